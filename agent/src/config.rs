@@ -1,0 +1,248 @@
+//! Configuration of `rigger-agent run`.
+//!
+//! Every setting can come from the TOML file (`--config`), an environment variable or a
+//! flag; a flag beats the environment, which beats the file, which beats the default.
+//! The whole configuration is validated before the agent binds or connects anything, and
+//! an error names the setting in all three spellings.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rigger_daemon::config::{ConfigError, load_toml};
+use rigger_daemon::logging::{LogFormat, parse_filter};
+
+use crate::runtime::DEFAULT_CONTAINERD_ADDRESS;
+
+/// Default address of the health/inventory HTTP endpoint.
+pub const DEFAULT_HEALTH_LISTEN: &str = "127.0.0.1:9440";
+
+/// The config file: every key optional, unknown keys refused.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfigFile {
+    pub containerd_address: Option<PathBuf>,
+    pub health_listen: Option<String>,
+    pub log_format: Option<String>,
+    pub log_level: Option<String>,
+    pub drain_timeout: Option<String>,
+    pub inventory_interval: Option<String>,
+}
+
+/// Flags (and their environment variables) of `rigger-agent run`.
+#[derive(Debug, Default, Clone, clap::Args)]
+pub struct RunArgs {
+    /// TOML config file; flags and environment variables override its keys.
+    #[arg(long, env = "RIGGER_AGENT_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// containerd's gRPC socket (file key: containerd_address).
+    #[arg(long = "address", visible_alias = "containerd-address", env = "RIGGER_CONTAINERD_ADDRESS", value_name = "SOCK")]
+    pub containerd_address: Option<PathBuf>,
+    /// Address for /healthz, /readyz and /inventory [default: 127.0.0.1:9440].
+    #[arg(long, env = "RIGGER_AGENT_HEALTH_LISTEN", value_name = "ADDR")]
+    pub health_listen: Option<String>,
+    /// Log format: text or json [default: text].
+    #[arg(long, env = "RIGGER_LOG_FORMAT", value_name = "FORMAT")]
+    pub log_format: Option<String>,
+    /// Log filter, e.g. `info` or `info,rigger_agent=debug` [default: info].
+    #[arg(long, env = "RIGGER_LOG_LEVEL", value_name = "FILTER")]
+    pub log_level: Option<String>,
+    /// How long to wait for work in flight on shutdown, e.g. `10s` [default: 10s].
+    #[arg(long, env = "RIGGER_AGENT_DRAIN_TIMEOUT", value_name = "DURATION")]
+    pub drain_timeout: Option<String>,
+    /// How often the inventory is refreshed, e.g. `30s` [default: 30s].
+    #[arg(long, env = "RIGGER_AGENT_INVENTORY_INTERVAL", value_name = "DURATION")]
+    pub inventory_interval: Option<String>,
+}
+
+/// The validated configuration the agent runs with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    pub containerd_address: PathBuf,
+    pub health_listen: SocketAddr,
+    pub log_format: LogFormat,
+    pub log_level: String,
+    pub drain_timeout: Duration,
+    pub inventory_interval: Duration,
+}
+
+impl AgentConfig {
+    /// Merge defaults, the file named by `--config` (if any) and `args`, then validate.
+    pub fn resolve(args: &RunArgs) -> Result<Self, ConfigError> {
+        let file = match &args.config {
+            Some(path) => load_toml::<AgentConfigFile>(path)?,
+            None => AgentConfigFile::default(),
+        };
+        Self::from_layers(file, args.clone())
+    }
+
+    fn from_layers(file: AgentConfigFile, args: RunArgs) -> Result<Self, ConfigError> {
+        let containerd_address = args
+            .containerd_address
+            .or(file.containerd_address)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_CONTAINERD_ADDRESS));
+        if !containerd_address.is_absolute() {
+            return Err(invalid(
+                Setting::ContainerdAddress,
+                format!("{} is not an absolute path", containerd_address.display()),
+            ));
+        }
+
+        let health_listen = args
+            .health_listen
+            .or(file.health_listen)
+            .unwrap_or_else(|| DEFAULT_HEALTH_LISTEN.to_owned());
+        let health_listen: SocketAddr = health_listen.parse().map_err(|_| {
+            invalid(
+                Setting::HealthListen,
+                format!("{health_listen:?} is not an IP:port address"),
+            )
+        })?;
+
+        let log_format = match args.log_format.or(file.log_format).as_deref() {
+            None | Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            Some(other) => {
+                return Err(invalid(
+                    Setting::LogFormat,
+                    format!("{other:?} is not one of text, json"),
+                ));
+            }
+        };
+
+        let log_level = args
+            .log_level
+            .or(file.log_level)
+            .unwrap_or_else(|| "info".to_owned());
+        parse_filter(&log_level).map_err(|e| invalid(Setting::LogLevel, e.to_string()))?;
+
+        let drain_timeout = duration(
+            Setting::DrainTimeout,
+            args.drain_timeout.or(file.drain_timeout),
+            Duration::from_secs(10),
+        )?;
+        if drain_timeout > Duration::from_secs(600) {
+            return Err(invalid(Setting::DrainTimeout, "must be at most 10m"));
+        }
+        let inventory_interval = duration(
+            Setting::InventoryInterval,
+            args.inventory_interval.or(file.inventory_interval),
+            Duration::from_secs(30),
+        )?;
+        if inventory_interval < Duration::from_secs(1) {
+            return Err(invalid(Setting::InventoryInterval, "must be at least 1s"));
+        }
+
+        Ok(Self {
+            containerd_address,
+            health_listen,
+            log_format,
+            log_level,
+            drain_timeout,
+            inventory_interval,
+        })
+    }
+
+    /// Where the containerd socket is; for messages.
+    pub fn containerd_address(&self) -> &Path {
+        &self.containerd_address
+    }
+}
+
+/// A setting, so errors can name it the way the user may have written it.
+#[derive(Debug, Clone, Copy)]
+enum Setting {
+    ContainerdAddress,
+    HealthListen,
+    LogFormat,
+    LogLevel,
+    DrainTimeout,
+    InventoryInterval,
+}
+
+impl Setting {
+    /// `file key (--flag, ENV_VAR)`
+    fn spellings(self) -> &'static str {
+        match self {
+            Self::ContainerdAddress => "containerd_address (--address, RIGGER_CONTAINERD_ADDRESS)",
+            Self::HealthListen => "health_listen (--health-listen, RIGGER_AGENT_HEALTH_LISTEN)",
+            Self::LogFormat => "log_format (--log-format, RIGGER_LOG_FORMAT)",
+            Self::LogLevel => "log_level (--log-level, RIGGER_LOG_LEVEL)",
+            Self::DrainTimeout => "drain_timeout (--drain-timeout, RIGGER_AGENT_DRAIN_TIMEOUT)",
+            Self::InventoryInterval => {
+                "inventory_interval (--inventory-interval, RIGGER_AGENT_INVENTORY_INTERVAL)"
+            }
+        }
+    }
+}
+
+fn invalid(setting: Setting, reason: impl Into<String>) -> ConfigError {
+    ConfigError::invalid(setting.spellings(), reason)
+}
+
+fn duration(setting: Setting, value: Option<String>, default: Duration) -> Result<Duration, ConfigError> {
+    match value {
+        None => Ok(default),
+        Some(text) => humantime::parse_duration(&text)
+            .map_err(|e| invalid(setting, format!("{text:?} is not a duration like 10s or 2m ({e})"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(text: &str) -> AgentConfigFile {
+        rigger_daemon::config::parse_toml(Path::new("agent.toml"), text).unwrap()
+    }
+
+    #[test]
+    fn defaults() {
+        let config = AgentConfig::from_layers(AgentConfigFile::default(), RunArgs::default()).unwrap();
+        assert_eq!(config.containerd_address, PathBuf::from(DEFAULT_CONTAINERD_ADDRESS));
+        assert_eq!(config.health_listen.to_string(), DEFAULT_HEALTH_LISTEN);
+        assert_eq!(config.log_format, LogFormat::Text);
+        assert_eq!(config.drain_timeout, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let f = file("health_listen = \"127.0.0.1:1\"\ndrain_timeout = \"3s\"\nlog_format = \"json\"\n");
+        let args = RunArgs {
+            health_listen: Some("127.0.0.1:2".into()),
+            ..RunArgs::default()
+        };
+        let config = AgentConfig::from_layers(f, args).unwrap();
+        assert_eq!(config.health_listen.port(), 2);
+        assert_eq!(config.drain_timeout, Duration::from_secs(3));
+        assert_eq!(config.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn bad_values_name_the_setting() {
+        let cases = [
+            ("drain_timeout = \"soon\"", "drain_timeout (--drain-timeout"),
+            ("health_listen = \"localhost\"", "health_listen"),
+            ("log_format = \"xml\"", "log_format"),
+            ("log_level = \"info,x=loud\"", "log_level"),
+            ("containerd_address = \"relative.sock\"", "containerd_address"),
+            ("inventory_interval = \"10ms\"", "inventory_interval"),
+        ];
+        for (text, field) in cases {
+            let err = AgentConfig::from_layers(file(text), RunArgs::default()).unwrap_err();
+            let msg = err.to_string();
+            assert!(msg.contains(field), "{text}: {msg}");
+            assert!(!msg.contains('\n'), "{msg}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let err = rigger_daemon::config::parse_toml::<AgentConfigFile>(
+            Path::new("agent.toml"),
+            "containerd_adress = \"/x.sock\"",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("containerd_adress"), "{err}");
+    }
+}

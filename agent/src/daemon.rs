@@ -1,0 +1,234 @@
+//! `rigger-agent run`: the long-running agent.
+//!
+//! Today it keeps a fresh node inventory and serves it with its health endpoints; the
+//! controller link and the node operations plug in here as they arrive.
+//!
+//! Start-up order matters: the config is already validated (see [`crate::config`]), then
+//! the HTTP listener is bound, then containerd is contacted once, then systemd is told
+//! READY. `/readyz` follows containerd's reachability from then on.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use rigger_daemon::health::{self, Readiness};
+use rigger_daemon::shutdown::{Drain, drain};
+use rigger_daemon::systemd;
+use tokio::sync::{RwLock, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::AgentConfig;
+use crate::inventory::{self, Inventory, InventoryOptions};
+use crate::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("cannot listen on {address} (health_listen): {source}")]
+    Bind {
+        address: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("health endpoint failed: {0}")]
+    Serve(std::io::Error),
+}
+
+type SharedInventory = Arc<RwLock<Option<Inventory>>>;
+
+#[derive(Debug, Clone)]
+struct AppState {
+    inventory: SharedInventory,
+}
+
+/// Run until `stop` resolves, then drain within the configured timeout.
+pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<(), DaemonError> {
+    let listener = tokio::net::TcpListener::bind(config.health_listen)
+        .await
+        .map_err(|source| DaemonError::Bind {
+            address: config.health_listen,
+            source,
+        })?;
+    let local = listener.local_addr().map_err(DaemonError::Serve)?;
+    tracing::info!(address = %local, "serving /healthz, /readyz and /inventory");
+
+    let token = CancellationToken::new();
+    let readiness = Readiness::new("containerd not contacted yet");
+    let shared: SharedInventory = Arc::default();
+
+    let app: Router = health::router(readiness.clone()).merge(
+        Router::new()
+            .route("/inventory", get(get_inventory))
+            .with_state(AppState {
+                inventory: shared.clone(),
+            }),
+    );
+    let server_token = token.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { server_token.cancelled().await })
+            .await
+    });
+
+    let (first_round_tx, mut first_round) = watch::channel(false);
+    let refresher = tokio::spawn(refresh_inventory(
+        config.clone(),
+        readiness.clone(),
+        shared,
+        token.clone(),
+        first_round_tx,
+    ));
+    // READY once we have tried containerd, so `systemctl start` returns with a real
+    // status line; the agent stays up (not ready) if containerd is down.
+    let _ = first_round.wait_for(|done| *done).await;
+    let status = match readiness.check() {
+        Ok(()) => "ready: connected to containerd".to_owned(),
+        Err(reason) => format!("running, not ready: {reason}"),
+    };
+    systemd::ready(&status);
+    tracing::info!(%status, "agent started");
+
+    stop.await;
+    tracing::info!(timeout = ?config.drain_timeout, "shutting down");
+    systemd::stopping("draining");
+    let outcome = drain(&token, config.drain_timeout, async {
+        let _ = refresher.await;
+        server.await
+    })
+    .await;
+    match outcome {
+        Drain::Completed => tracing::info!("stopped cleanly"),
+        Drain::TimedOut => tracing::warn!("drain timeout passed; stopping with work in flight"),
+    }
+    Ok(())
+}
+
+async fn get_inventory(State(state): State<AppState>) -> Response {
+    match &*state.inventory.read().await {
+        Some(inventory) => Json(inventory.clone()).into_response(),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "inventory not collected yet\n",
+        )
+            .into_response(),
+    }
+}
+
+/// Keep the inventory fresh; reconnect to containerd with backoff when it goes away.
+async fn refresh_inventory(
+    config: AgentConfig,
+    readiness: Readiness,
+    shared: SharedInventory,
+    token: CancellationToken,
+    first_round: watch::Sender<bool>,
+) {
+    let mut runtime: Option<Runtime> = None;
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    loop {
+        let wait = match refresh_once(&config, &mut runtime, &shared).await {
+            Ok(()) => {
+                readiness.set_ready();
+                backoff.reset();
+                config.inventory_interval
+            }
+            Err(reason) => {
+                tracing::warn!(%reason, "containerd unavailable");
+                readiness.set_not_ready(reason);
+                runtime = None;
+                backoff.next_delay().min(config.inventory_interval)
+            }
+        };
+        first_round.send_replace(true);
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+#[tracing::instrument(level = "debug", skip_all)]
+async fn refresh_once(
+    config: &AgentConfig,
+    runtime: &mut Option<Runtime>,
+    shared: &SharedInventory,
+) -> Result<(), String> {
+    if runtime.is_none() {
+        let connected = Runtime::connect(config.containerd_address(), DEFAULT_CONNECT_TIMEOUT)
+            .await
+            .map_err(|e| e.to_string())?;
+        tracing::info!(version = %connected.version().version, "connected to containerd");
+        *runtime = Some(connected);
+    }
+    let Some(rt) = runtime.as_ref() else {
+        return Err("not connected".to_owned());
+    };
+    let collected = inventory::collect(rt, &InventoryOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    tracing::debug!(
+        images = collected.images.len(),
+        pods = collected.pods.len(),
+        containers = collected.containers.len(),
+        "inventory refreshed"
+    );
+    *shared.write().await = Some(collected);
+    Ok(())
+}
+
+/// Exponential backoff with full jitter (derived from the clock; no RNG needed).
+#[derive(Debug)]
+struct Backoff {
+    base: Duration,
+    max: Duration,
+    attempt: u32,
+}
+
+impl Backoff {
+    fn new(base: Duration, max: Duration) -> Self {
+        Self {
+            base,
+            max,
+            attempt: 0,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.attempt = 0;
+    }
+
+    fn next_delay(&mut self) -> Duration {
+        let ceiling = self
+            .base
+            .saturating_mul(2u32.saturating_pow(self.attempt))
+            .min(self.max);
+        self.attempt = self.attempt.saturating_add(1);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        // Between half the ceiling and the ceiling: spread out, never zero.
+        let fraction = 0.5 + f64::from(nanos % 1000) / 2000.0;
+        ceiling.mul_f64(fraction)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_to_its_cap() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+        let first = b.next_delay();
+        assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
+        for _ in 0..10 {
+            assert!(b.next_delay() <= Duration::from_secs(1));
+        }
+        b.reset();
+        assert!(b.next_delay() <= Duration::from_millis(100));
+    }
+}

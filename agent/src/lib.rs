@@ -1,0 +1,17 @@
+//! `rigger-agent`: Rigger's node agent.
+//!
+//! It talks to containerd's gRPC API and the CRI socket directly. Modules:
+//! - [`runtime`]: connecting to containerd/CRI, with clear errors for bad sockets;
+//! - [`inventory`]: what the node has (images, pods, containers, host resources);
+//! - [`render`]: the inventory as tables or JSON;
+//! - [`config`]: the `rigger-agent run` configuration (file, env, flags);
+//! - [`daemon`]: the long-running agent (health endpoints, readiness, shutdown).
+
+pub mod config;
+pub mod daemon;
+pub mod inventory;
+pub mod render;
+pub mod runtime;
+
+/// The agent's version, as reported to users and to the controller.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

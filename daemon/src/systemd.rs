@@ -1,0 +1,25 @@
+//! systemd `Type=notify` support. Outside systemd (no `NOTIFY_SOCKET`) these do nothing.
+
+use sd_notify::NotifyState;
+
+fn send(states: &[NotifyState<'_>]) {
+    if let Err(error) = sd_notify::notify(states) {
+        // Not fatal: the service still works, only systemd's view of it is late.
+        tracing::warn!(%error, "could not notify systemd");
+    }
+}
+
+/// Tell systemd the daemon is serving.
+pub fn ready(status: &str) {
+    send(&[NotifyState::Ready, NotifyState::Status(status)]);
+}
+
+/// Tell systemd the daemon has begun to stop.
+pub fn stopping(status: &str) {
+    send(&[NotifyState::Stopping, NotifyState::Status(status)]);
+}
+
+/// Update the one-line status `systemctl status` shows.
+pub fn status(status: &str) {
+    send(&[NotifyState::Status(status)]);
+}
