@@ -101,7 +101,7 @@ async fn image_size(
             runtime,
             namespace,
             chosen.digest().as_ref(),
-            chosen.size() as i64,
+            i64::try_from(chosen.size()).unwrap_or(i64::MAX),
         ))
         .await?;
         Ok(own + inner)
@@ -119,8 +119,7 @@ async fn manifest_size(
     let blob = read_blob(runtime, namespace, digest, size).await?;
     let manifest: ImageManifest =
         serde_json::from_slice(&blob).map_err(|e| format!("manifest {digest}: {e}"))?;
-    let parts = manifest.config().size() as u64
-        + manifest.layers().iter().map(|l| l.size() as u64).sum::<u64>();
+    let parts = manifest.config().size() + manifest.layers().iter().map(|l| l.size()).sum::<u64>();
     Ok(blob.len() as u64 + parts)
 }
 

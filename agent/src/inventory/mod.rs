@@ -91,7 +91,7 @@ pub struct ContainerInfo {
     pub started_at: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct HostInfo {
     pub hostname: Option<String>,
     pub kernel_version: Option<String>,
@@ -205,15 +205,7 @@ pub async fn collect(
             })
             .ok()
     };
-    let host = host.unwrap_or_else(|| HostInfo {
-        hostname: None,
-        kernel_version: None,
-        cpus: 0,
-        load_average: [0.0; 3],
-        memory_total_bytes: 0,
-        memory_available_bytes: 0,
-        filesystem: None,
-    });
+    let host = host.unwrap_or_default();
 
     Ok(Inventory {
         collected_at: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),

@@ -1,0 +1,246 @@
+//! Support for Rigger's integration tests: the lab (real containerd, CRI and registry
+//! from `scripts/lab`), the built binaries, and daemons that stop when a test ends.
+//!
+//! Tests run in parallel (nextest runs each in its own process), so each test works in
+//! its own containerd namespace or CRI pod names; the lab itself is shared.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test support
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// The shared lab, started on first use (`scripts/lab up` is idempotent and locked).
+#[derive(Debug, Clone)]
+pub struct Lab {
+    pub dir: PathBuf,
+    /// `127.0.0.1:PORT` of the lab registry.
+    pub registry: String,
+    pub containerd_address: PathBuf,
+    pub containerd_root: PathBuf,
+    pub hosts_dir: PathBuf,
+}
+
+impl Lab {
+    pub fn get() -> &'static Lab {
+        static LAB: OnceLock<Lab> = OnceLock::new();
+        LAB.get_or_init(|| {
+            let script = repo_root().join("scripts/lab");
+            let dir = PathBuf::from(
+                std::env::var("RIGGER_LAB_DIR").unwrap_or_else(|_| "/tmp/rigger-lab".into()),
+            );
+            let running = dir.join("env").exists()
+                && Command::new(&script)
+                    .arg("status")
+                    .stdout(Stdio::null())
+                    .status()
+                    .unwrap()
+                    .success();
+            if !running {
+                let out = Command::new(&script).arg("up").output().unwrap();
+                assert!(
+                    out.status.success(),
+                    "scripts/lab up failed:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            let env: HashMap<String, String> = std::fs::read_to_string(dir.join("env"))
+                .unwrap()
+                .lines()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+            Lab {
+                dir,
+                registry: env["RIGGER_LAB_REGISTRY"].clone(),
+                containerd_address: env["RIGGER_LAB_CONTAINERD_ADDRESS"].clone().into(),
+                containerd_root: env["RIGGER_LAB_CONTAINERD_ROOT"].clone().into(),
+                hosts_dir: env["RIGGER_LAB_HOSTS_DIR"].clone().into(),
+            }
+        })
+    }
+
+    /// Full reference of a lab image, e.g. `image("rigger-lab/busybox:1")`.
+    pub fn image(&self, repo_and_tag: &str) -> String {
+        format!("{}/{repo_and_tag}", self.registry)
+    }
+
+    /// The manifest the lab pushed for `repo:tag`, and its digest.
+    pub fn manifest(&self, repo_and_tag: &str) -> (serde_json::Value, String) {
+        let (repo, tag) = repo_and_tag.split_once(':').unwrap();
+        let path = self
+            .dir
+            .join("images")
+            .join(format!("{}_{tag}.manifest.json", repo.replace('/', "_")));
+        let bytes = std::fs::read(&path).unwrap();
+        let digest = sha256_hex(&bytes);
+        (serde_json::from_slice(&bytes).unwrap(), format!("sha256:{digest}"))
+    }
+
+    /// Run `ctr` against the lab's containerd in namespace `ns`; panics on failure.
+    pub fn ctr(&self, ns: &str, args: &[&str]) -> String {
+        let out = Command::new("ctr")
+            .arg("--address")
+            .arg(&self.containerd_address)
+            .args(["--namespace", ns])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ctr {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// `ctr images pull` (containerd's own pull) of a lab image into `ns`.
+    pub fn ctr_pull(&self, ns: &str, reference: &str) {
+        let hosts = self.hosts_dir.to_str().unwrap().to_owned();
+        self.ctr(ns, &["images", "pull", "--hosts-dir", &hosts, reference]);
+    }
+}
+
+/// A containerd namespace of this test alone, removed (with its images) when dropped.
+#[derive(Debug)]
+pub struct TestNamespace {
+    pub name: String,
+}
+
+impl TestNamespace {
+    pub fn new(test: &str) -> Self {
+        Self {
+            name: format!("itest-{test}-{}", std::process::id()),
+        }
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let lab = Lab::get();
+        let ctr = |args: &[&str]| {
+            Command::new("ctr")
+                .arg("--address")
+                .arg(&lab.containerd_address)
+                .args(["--namespace", &self.name])
+                .args(args)
+                .output()
+        };
+        if let Ok(out) = ctr(&["images", "ls", "-q"]) {
+            for image in String::from_utf8_lossy(&out.stdout).lines() {
+                let _ = ctr(&["images", "rm", "--sync", image]);
+            }
+        }
+        let _ = Command::new("ctr")
+            .arg("--address")
+            .arg(&lab.containerd_address)
+            .args(["namespaces", "rm", &self.name])
+            .output();
+    }
+}
+
+/// Path of a binary of this workspace, built next to the test executables.
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<test> -> target/<profile>/<name>
+    let path = exe.parent().unwrap().parent().unwrap().join(name);
+    assert!(
+        path.exists(),
+        "{} is not built: run `cargo build --workspace --bins` first (make test does)",
+        path.display()
+    );
+    path
+}
+
+/// Run `rigger-agent ARGS` to completion.
+pub fn agent(args: &[&str]) -> Output {
+    Command::new(binary("rigger-agent")).args(args).output().unwrap()
+}
+
+/// A child process killed (SIGKILL) if the test ends before it exits.
+#[derive(Debug)]
+pub struct Daemon {
+    pub child: Child,
+}
+
+impl Daemon {
+    pub fn spawn(command: &mut Command) -> Self {
+        Self {
+            child: command.spawn().unwrap(),
+        }
+    }
+
+    pub fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap())
+    }
+
+    /// Send SIGTERM and wait (up to `timeout`) for the exit status.
+    pub fn terminate(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "process did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A loopback TCP port free right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Minimal HTTP/1.0 GET: (status code, body). `None` if nothing listens yet.
+pub fn http_get(address: &str, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(address).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body.to_owned()))
+}
+
+/// Poll `check` every 100 ms until it returns `Some`, or panic after `timeout`.
+pub fn wait_until<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
