@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rigger_daemon::config::{ConfigError, load_toml};
-use rigger_daemon::logging::{LogFormat, parse_filter};
+use rigger_daemon::config::{ConfigError, Setting, load_toml};
+use rigger_daemon::logging::LogFormat;
 
 use crate::runtime::DEFAULT_CONTAINERD_ADDRESS;
 
@@ -36,7 +36,12 @@ pub struct RunArgs {
     #[arg(long, env = "RIGGER_AGENT_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// containerd's gRPC socket (file key: containerd_address).
-    #[arg(long = "address", visible_alias = "containerd-address", env = "RIGGER_CONTAINERD_ADDRESS", value_name = "SOCK")]
+    #[arg(
+        long = "address",
+        visible_alias = "containerd-address",
+        env = "RIGGER_CONTAINERD_ADDRESS",
+        value_name = "SOCK"
+    )]
     pub containerd_address: Option<PathBuf>,
     /// Address for /healthz, /readyz and /inventory [default: 127.0.0.1:9440].
     #[arg(long, env = "RIGGER_AGENT_HEALTH_LISTEN", value_name = "ADDR")]
@@ -82,55 +87,30 @@ impl AgentConfig {
             .or(file.containerd_address)
             .unwrap_or_else(|| PathBuf::from(DEFAULT_CONTAINERD_ADDRESS));
         if !containerd_address.is_absolute() {
-            return Err(invalid(
-                Setting::ContainerdAddress,
-                format!("{} is not an absolute path", containerd_address.display()),
-            ));
+            return Err(CONTAINERD_ADDRESS.invalid(format!(
+                "{} is not an absolute path",
+                containerd_address.display()
+            )));
         }
-
-        let health_listen = args
-            .health_listen
-            .or(file.health_listen)
-            .unwrap_or_else(|| DEFAULT_HEALTH_LISTEN.to_owned());
-        let health_listen: SocketAddr = health_listen.parse().map_err(|_| {
-            invalid(
-                Setting::HealthListen,
-                format!("{health_listen:?} is not an IP:port address"),
-            )
-        })?;
-
-        let log_format = match args.log_format.or(file.log_format).as_deref() {
-            None | Some("text") => LogFormat::Text,
-            Some("json") => LogFormat::Json,
-            Some(other) => {
-                return Err(invalid(
-                    Setting::LogFormat,
-                    format!("{other:?} is not one of text, json"),
-                ));
-            }
-        };
-
-        let log_level = args
-            .log_level
-            .or(file.log_level)
-            .unwrap_or_else(|| "info".to_owned());
-        parse_filter(&log_level).map_err(|e| invalid(Setting::LogLevel, e.to_string()))?;
-
-        let drain_timeout = duration(
-            Setting::DrainTimeout,
+        let health_listen = HEALTH_LISTEN.socket_addr(
+            args.health_listen.or(file.health_listen),
+            DEFAULT_HEALTH_LISTEN,
+        )?;
+        let log_format = LOG_FORMAT.log_format(args.log_format.or(file.log_format).as_deref())?;
+        let log_level = LOG_LEVEL.log_filter(args.log_level.or(file.log_level))?;
+        let drain_timeout = DRAIN_TIMEOUT.duration(
             args.drain_timeout.or(file.drain_timeout),
             Duration::from_secs(10),
         )?;
         if drain_timeout > Duration::from_secs(600) {
-            return Err(invalid(Setting::DrainTimeout, "must be at most 10m"));
+            return Err(DRAIN_TIMEOUT.invalid("must be at most 10m"));
         }
-        let inventory_interval = duration(
-            Setting::InventoryInterval,
+        let inventory_interval = INVENTORY_INTERVAL.duration(
             args.inventory_interval.or(file.inventory_interval),
             Duration::from_secs(30),
         )?;
         if inventory_interval < Duration::from_secs(1) {
-            return Err(invalid(Setting::InventoryInterval, "must be at least 1s"));
+            return Err(INVENTORY_INTERVAL.invalid("must be at least 1s"));
         }
 
         Ok(Self {
@@ -149,44 +129,36 @@ impl AgentConfig {
     }
 }
 
-/// A setting, so errors can name it the way the user may have written it.
-#[derive(Debug, Clone, Copy)]
-enum Setting {
-    ContainerdAddress,
-    HealthListen,
-    LogFormat,
-    LogLevel,
-    DrainTimeout,
-    InventoryInterval,
-}
-
-impl Setting {
-    /// `file key (--flag, ENV_VAR)`
-    fn spellings(self) -> &'static str {
-        match self {
-            Self::ContainerdAddress => "containerd_address (--address, RIGGER_CONTAINERD_ADDRESS)",
-            Self::HealthListen => "health_listen (--health-listen, RIGGER_AGENT_HEALTH_LISTEN)",
-            Self::LogFormat => "log_format (--log-format, RIGGER_LOG_FORMAT)",
-            Self::LogLevel => "log_level (--log-level, RIGGER_LOG_LEVEL)",
-            Self::DrainTimeout => "drain_timeout (--drain-timeout, RIGGER_AGENT_DRAIN_TIMEOUT)",
-            Self::InventoryInterval => {
-                "inventory_interval (--inventory-interval, RIGGER_AGENT_INVENTORY_INTERVAL)"
-            }
-        }
-    }
-}
-
-fn invalid(setting: Setting, reason: impl Into<String>) -> ConfigError {
-    ConfigError::invalid(setting.spellings(), reason)
-}
-
-fn duration(setting: Setting, value: Option<String>, default: Duration) -> Result<Duration, ConfigError> {
-    match value {
-        None => Ok(default),
-        Some(text) => humantime::parse_duration(&text)
-            .map_err(|e| invalid(setting, format!("{text:?} is not a duration like 10s or 2m ({e})"))),
-    }
-}
+const CONTAINERD_ADDRESS: Setting = Setting {
+    key: "containerd_address",
+    flag: "--address",
+    env: "RIGGER_CONTAINERD_ADDRESS",
+};
+const HEALTH_LISTEN: Setting = Setting {
+    key: "health_listen",
+    flag: "--health-listen",
+    env: "RIGGER_AGENT_HEALTH_LISTEN",
+};
+const LOG_FORMAT: Setting = Setting {
+    key: "log_format",
+    flag: "--log-format",
+    env: "RIGGER_LOG_FORMAT",
+};
+const LOG_LEVEL: Setting = Setting {
+    key: "log_level",
+    flag: "--log-level",
+    env: "RIGGER_LOG_LEVEL",
+};
+const DRAIN_TIMEOUT: Setting = Setting {
+    key: "drain_timeout",
+    flag: "--drain-timeout",
+    env: "RIGGER_AGENT_DRAIN_TIMEOUT",
+};
+const INVENTORY_INTERVAL: Setting = Setting {
+    key: "inventory_interval",
+    flag: "--inventory-interval",
+    env: "RIGGER_AGENT_INVENTORY_INTERVAL",
+};
 
 #[cfg(test)]
 mod tests {
@@ -198,8 +170,12 @@ mod tests {
 
     #[test]
     fn defaults() {
-        let config = AgentConfig::from_layers(AgentConfigFile::default(), RunArgs::default()).unwrap();
-        assert_eq!(config.containerd_address, PathBuf::from(DEFAULT_CONTAINERD_ADDRESS));
+        let config =
+            AgentConfig::from_layers(AgentConfigFile::default(), RunArgs::default()).unwrap();
+        assert_eq!(
+            config.containerd_address,
+            PathBuf::from(DEFAULT_CONTAINERD_ADDRESS)
+        );
         assert_eq!(config.health_listen.to_string(), DEFAULT_HEALTH_LISTEN);
         assert_eq!(config.log_format, LogFormat::Text);
         assert_eq!(config.drain_timeout, Duration::from_secs(10));
@@ -207,7 +183,9 @@ mod tests {
 
     #[test]
     fn flags_override_the_file() {
-        let f = file("health_listen = \"127.0.0.1:1\"\ndrain_timeout = \"3s\"\nlog_format = \"json\"\n");
+        let f = file(
+            "health_listen = \"127.0.0.1:1\"\ndrain_timeout = \"3s\"\nlog_format = \"json\"\n",
+        );
         let args = RunArgs {
             health_listen: Some("127.0.0.1:2".into()),
             ..RunArgs::default()
@@ -221,11 +199,17 @@ mod tests {
     #[test]
     fn bad_values_name_the_setting() {
         let cases = [
-            ("drain_timeout = \"soon\"", "drain_timeout (--drain-timeout"),
+            (
+                "drain_timeout = \"soon\"",
+                "`drain_timeout` (--drain-timeout",
+            ),
             ("health_listen = \"localhost\"", "health_listen"),
             ("log_format = \"xml\"", "log_format"),
             ("log_level = \"info,x=loud\"", "log_level"),
-            ("containerd_address = \"relative.sock\"", "containerd_address"),
+            (
+                "containerd_address = \"relative.sock\"",
+                "containerd_address",
+            ),
             ("inventory_interval = \"10ms\"", "inventory_interval"),
         ];
         for (text, field) in cases {

@@ -12,7 +12,11 @@ use rigger_agent::runtime::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONTAINERD_ADDRESS,
 use rigger_daemon::config::EXIT_BAD_CONFIG;
 
 #[derive(Debug, Parser)]
-#[command(name = "rigger-agent", version, about = "Rigger's node agent for containerd nodes")]
+#[command(
+    name = "rigger-agent",
+    version,
+    about = "Rigger's node agent for containerd nodes"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -110,8 +114,8 @@ fn run(args: &RunArgs) -> ExitCode {
     }
     report(runtime().and_then(|rt| {
         rt.block_on(async {
-            let stop = rigger_daemon::shutdown::stop_signal()
-                .context("cannot install signal handlers")?;
+            let stop =
+                rigger_daemon::shutdown::stop_signal().context("cannot install signal handlers")?;
             let stop = async move {
                 let signal = stop.await;
                 tracing::info!(%signal, "stop requested");

@@ -90,7 +90,11 @@ fn table(inv: &Inventory) -> String {
     );
     let _ = writeln!(out, "HOST");
     let _ = writeln!(out, "  hostname    {}", or_dash(host.hostname.as_deref()));
-    let _ = writeln!(out, "  kernel      {}", or_dash(host.kernel_version.as_deref()));
+    let _ = writeln!(
+        out,
+        "  kernel      {}",
+        or_dash(host.kernel_version.as_deref())
+    );
     let [one, five, fifteen] = host.load_average;
     let _ = writeln!(
         out,
@@ -127,7 +131,11 @@ fn table(inv: &Inventory) -> String {
             ]
         })
         .collect();
-    let _ = writeln!(out, "{}", list(&["NAMESPACE", "NAME", "DIGEST", "SIZE"], rows));
+    let _ = writeln!(
+        out,
+        "{}",
+        list(&["NAMESPACE", "NAME", "DIGEST", "SIZE"], rows)
+    );
 
     let _ = writeln!(out, "\nPODS ({})", inv.pods.len());
     let rows = inv
@@ -147,7 +155,10 @@ fn table(inv: &Inventory) -> String {
     let _ = writeln!(
         out,
         "{}",
-        list(&["NAMESPACE", "NAME", "STATE", "ATTEMPT", "CREATED", "ID"], rows)
+        list(
+            &["NAMESPACE", "NAME", "STATE", "ATTEMPT", "CREATED", "ID"],
+            rows
+        )
     );
 
     let _ = writeln!(out, "\nCONTAINERS ({})", inv.containers.len());
@@ -175,7 +186,16 @@ fn table(inv: &Inventory) -> String {
         out,
         "{}",
         list(
-            &["POD", "CONTAINER", "IMAGE", "STATE", "ATTEMPT", "RESTARTS", "STARTED", "ID"],
+            &[
+                "POD",
+                "CONTAINER",
+                "IMAGE",
+                "STATE",
+                "ATTEMPT",
+                "RESTARTS",
+                "STARTED",
+                "ID"
+            ],
             rows
         )
     );

@@ -36,7 +36,9 @@ pub enum ConnectError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path} does not answer containerd's Version API ({reason}): is it containerd's socket?")]
+    #[error(
+        "{path} does not answer containerd's Version API ({reason}): is it containerd's socket?"
+    )]
     NotContainerd { path: PathBuf, reason: String },
     #[error("{path} did not answer containerd's Version API within {}", humantime::format_duration(*.timeout))]
     Timeout { path: PathBuf, timeout: Duration },
@@ -104,12 +106,13 @@ impl Runtime {
                 .into_inner();
             Ok::<_, ConnectError>((channel, version))
         };
-        let (channel, version) = tokio::time::timeout(timeout, handshake)
-            .await
-            .map_err(|_| ConnectError::Timeout {
-                path: path.clone(),
-                timeout,
-            })??;
+        let (channel, version) =
+            tokio::time::timeout(timeout, handshake)
+                .await
+                .map_err(|_| ConnectError::Timeout {
+                    path: path.clone(),
+                    timeout,
+                })??;
         tracing::debug!(version = %version.version, "connected to containerd");
         Ok(Self {
             address: path,
@@ -228,7 +231,10 @@ mod tests {
             .await
             .unwrap_err();
         assert!(
-            matches!(err, ConnectError::Timeout { .. } | ConnectError::NotContainerd { .. }),
+            matches!(
+                err,
+                ConnectError::Timeout { .. } | ConnectError::NotContainerd { .. }
+            ),
             "{err}"
         );
     }

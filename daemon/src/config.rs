@@ -4,9 +4,13 @@
 //! < command-line flag. The file is parsed into a struct of `Option`s with
 //! `deny_unknown_fields`, so a misspelt key is an error naming the key, not a silent default.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
+
+use crate::logging::{LogFormat, parse_filter};
 
 /// Exit status for a configuration the daemon refuses (`EX_USAGE` from sysexits.h).
 pub const EXIT_BAD_CONFIG: i32 = 64;
@@ -21,16 +25,75 @@ pub enum ConfigError {
     },
     #[error("config file {path}: {message}")]
     Parse { path: PathBuf, message: String },
-    #[error("config field `{field}`: {reason}")]
-    Invalid { field: &'static str, reason: String },
+    #[error("config field {setting}: {reason}")]
+    Invalid { setting: Setting, reason: String },
 }
 
-impl ConfigError {
-    pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
-        Self::Invalid {
-            field,
+/// One setting, with the three ways a user may have written it, so an error can name it
+/// whichever way it came in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Setting {
+    /// Key in the TOML file.
+    pub key: &'static str,
+    /// Command-line flag, with its dashes.
+    pub flag: &'static str,
+    /// Environment variable.
+    pub env: &'static str,
+}
+
+impl std::fmt::Display for Setting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "`{}` ({}, {})", self.key, self.flag, self.env)
+    }
+}
+
+impl Setting {
+    pub fn invalid(self, reason: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            setting: self,
             reason: reason.into(),
         }
+    }
+
+    /// A duration like `10s` or `2m`, or `default` when unset.
+    pub fn duration(
+        self,
+        value: Option<String>,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        match value {
+            None => Ok(default),
+            Some(text) => humantime::parse_duration(&text).map_err(|e| {
+                self.invalid(format!("{text:?} is not a duration like 10s or 2m ({e})"))
+            }),
+        }
+    }
+
+    /// An `IP:port` socket address.
+    pub fn socket_addr(
+        self,
+        value: Option<String>,
+        default: &str,
+    ) -> Result<SocketAddr, ConfigError> {
+        let text = value.unwrap_or_else(|| default.to_owned());
+        text.parse()
+            .map_err(|_| self.invalid(format!("{text:?} is not an IP:port address")))
+    }
+
+    /// `text` (the default) or `json`.
+    pub fn log_format(self, value: Option<&str>) -> Result<LogFormat, ConfigError> {
+        match value {
+            None | Some("text") => Ok(LogFormat::Text),
+            Some("json") => Ok(LogFormat::Json),
+            Some(other) => Err(self.invalid(format!("{other:?} is not one of text, json"))),
+        }
+    }
+
+    /// A tracing filter such as `info,rigger_agent=debug` (default `info`).
+    pub fn log_filter(self, value: Option<String>) -> Result<String, ConfigError> {
+        let filter = value.unwrap_or_else(|| "info".to_owned());
+        parse_filter(&filter).map_err(|e| self.invalid(e.to_string()))?;
+        Ok(filter)
     }
 }
 
@@ -80,9 +143,13 @@ mod tests {
 
     #[test]
     fn unknown_key_is_named_with_its_position() {
-        let err = parse_toml::<Sample>(Path::new("a.toml"), "name = \"x\"\ncuont = 3\n").unwrap_err();
+        let err =
+            parse_toml::<Sample>(Path::new("a.toml"), "name = \"x\"\ncuont = 3\n").unwrap_err();
         let msg = err.to_string();
-        assert!(msg.starts_with("config file a.toml: line 2, column 1:"), "{msg}");
+        assert!(
+            msg.starts_with("config file a.toml: line 2, column 1:"),
+            "{msg}"
+        );
         assert!(msg.contains("cuont"), "{msg}");
         assert!(!msg.contains('\n'), "{msg}");
     }
@@ -93,9 +160,39 @@ mod tests {
         assert!(err.to_string().contains("line 1"), "{err}");
     }
 
+    const SAMPLE: Setting = Setting {
+        key: "drain_timeout",
+        flag: "--drain-timeout",
+        env: "RIGGER_DRAIN_TIMEOUT",
+    };
+
+    #[test]
+    fn invalid_settings_name_all_spellings() {
+        let err = SAMPLE
+            .duration(Some("soon".into()), Duration::ZERO)
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with(
+                "config field `drain_timeout` (--drain-timeout, RIGGER_DRAIN_TIMEOUT):"
+            ),
+            "{msg}"
+        );
+        assert_eq!(
+            SAMPLE.duration(None, Duration::from_secs(3)).unwrap(),
+            Duration::from_secs(3)
+        );
+        assert!(SAMPLE.socket_addr(Some("localhost".into()), "").is_err());
+        assert!(SAMPLE.log_format(Some("xml")).is_err());
+        assert!(SAMPLE.log_filter(Some("info,x=loud".into())).is_err());
+    }
+
     #[test]
     fn missing_file_names_the_path() {
         let err = load_toml::<Sample>(Path::new("/nonexistent/rigger.toml")).unwrap_err();
-        assert!(err.to_string().contains("/nonexistent/rigger.toml"), "{err}");
+        assert!(
+            err.to_string().contains("/nonexistent/rigger.toml"),
+            "{err}"
+        );
     }
 }

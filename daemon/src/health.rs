@@ -56,7 +56,10 @@ pub fn router(readiness: Readiness) -> Router {
 async fn readyz(State(readiness): State<Readiness>) -> (StatusCode, String) {
     match readiness.check() {
         Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
-        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n")),
+        Err(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {reason}\n"),
+        ),
     }
 }
 

@@ -60,7 +60,10 @@ mod tests {
     async fn drain_reports_timeout() {
         let token = CancellationToken::new();
         let slow = std::future::pending::<()>();
-        assert_eq!(drain(&token, Duration::from_millis(10), slow).await, Drain::TimedOut);
+        assert_eq!(
+            drain(&token, Duration::from_millis(10), slow).await,
+            Drain::TimedOut
+        );
         assert!(token.is_cancelled());
     }
 

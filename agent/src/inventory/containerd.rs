@@ -51,10 +51,21 @@ pub(super) async fn images(
             .images;
         for record in records {
             let Some(target) = record.target else {
-                warnings.push(format!("image {} in {namespace} has no target", record.name));
+                warnings.push(format!(
+                    "image {} in {namespace} has no target",
+                    record.name
+                ));
                 continue;
             };
-            let size = match image_size(runtime, namespace, &target.media_type, &target.digest, target.size).await {
+            let size = match image_size(
+                runtime,
+                namespace,
+                &target.media_type,
+                &target.digest,
+                target.size,
+            )
+            .await
+            {
                 Ok(size) => Some(size),
                 Err(reason) => {
                     tracing::debug!(image = %record.name, %reason, "image size unknown");

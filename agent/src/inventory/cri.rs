@@ -29,7 +29,10 @@ pub(super) struct CriInventory {
 }
 
 /// CRI's view; `Err` carries a one-line reason when CRI cannot be used.
-pub(super) async fn collect(runtime: &Runtime, namespaces: &[String]) -> Result<CriInventory, String> {
+pub(super) async fn collect(
+    runtime: &Runtime,
+    namespaces: &[String],
+) -> Result<CriInventory, String> {
     let mut client = RuntimeServiceClient::new(runtime.channel());
     let version = client
         .version(Request::new(VersionRequest {
@@ -135,8 +138,12 @@ pub(super) async fn collect(runtime: &Runtime, namespaces: &[String]) -> Result<
         });
     }
     containers.sort_by(|a, b| {
-        (&a.pod_namespace, &a.pod_name, &a.name, a.attempt)
-            .cmp(&(&b.pod_namespace, &b.pod_name, &b.name, b.attempt))
+        (&a.pod_namespace, &a.pod_name, &a.name, a.attempt).cmp(&(
+            &b.pod_namespace,
+            &b.pod_name,
+            &b.name,
+            b.attempt,
+        ))
     });
     Ok(CriInventory {
         version,

@@ -233,7 +233,10 @@ fn rfc3339_from_nanos(nanos: i64) -> Option<String> {
 
 fn rfc3339_from_timestamp(ts: Option<&prost_types::Timestamp>) -> Option<String> {
     let ts = ts?;
-    let nanos = ts.seconds.checked_mul(1_000_000_000)?.checked_add(i64::from(ts.nanos))?;
+    let nanos = ts
+        .seconds
+        .checked_mul(1_000_000_000)?
+        .checked_add(i64::from(ts.nanos))?;
     rfc3339_from_nanos(nanos)
 }
 

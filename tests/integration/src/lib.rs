@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 /// The shared lab, started on first use (`scripts/lab up` is idempotent and locked).
@@ -83,7 +86,10 @@ impl Lab {
             .join(format!("{}_{tag}.manifest.json", repo.replace('/', "_")));
         let bytes = std::fs::read(&path).unwrap();
         let digest = sha256_hex(&bytes);
-        (serde_json::from_slice(&bytes).unwrap(), format!("sha256:{digest}"))
+        (
+            serde_json::from_slice(&bytes).unwrap(),
+            format!("sha256:{digest}"),
+        )
     }
 
     /// Run `ctr` against the lab's containerd in namespace `ns`; panics on failure.
@@ -163,7 +169,10 @@ pub fn binary(name: &str) -> PathBuf {
 
 /// Run `rigger-agent ARGS` to completion.
 pub fn agent(args: &[&str]) -> Output {
-    Command::new(binary("rigger-agent")).args(args).output().unwrap()
+    Command::new(binary("rigger-agent"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 /// A child process killed (SIGKILL) if the test ends before it exits.
@@ -191,7 +200,10 @@ impl Daemon {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "process did not exit after SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "process did not exit after SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -216,7 +228,9 @@ pub fn free_port() -> u16 {
 /// Minimal HTTP/1.0 GET: (status code, body). `None` if nothing listens yet.
 pub fn http_get(address: &str, path: &str) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect(address).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
     write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;

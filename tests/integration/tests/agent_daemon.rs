@@ -1,5 +1,7 @@
 //! `rigger-agent run`: config validation, readiness (HTTP and systemd), graceful stop.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
 use std::os::unix::net::UnixDatagram;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -27,7 +29,9 @@ fn runs_reports_ready_to_systemd_and_stops_on_sigterm() {
     // Stand in for systemd's notify socket.
     let notify_path = dir.path().join("notify.sock");
     let notify = UnixDatagram::bind(&notify_path).unwrap();
-    notify.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    notify
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
 
     let mut daemon = Daemon::spawn(
         Command::new(binary("rigger-agent"))
@@ -120,8 +124,7 @@ fn bad_config_exits_64_naming_the_field_before_binding() {
         );
         let status = daemon.child.wait().unwrap();
         let mut stderr = String::new();
-        std::io::Read::read_to_string(daemon.child.stderr.as_mut().unwrap(), &mut stderr)
-            .unwrap();
+        std::io::Read::read_to_string(daemon.child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
         assert_eq!(status.code(), Some(64), "{text}: {stderr}");
         assert!(stderr.contains(field), "{text}: {stderr}");
         assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");

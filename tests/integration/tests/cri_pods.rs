@@ -4,6 +4,8 @@
 //! it creates a host-network sandbox and a container with kubelet's labels, as kubelet
 //! would, and checks the agent's report.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -43,7 +45,10 @@ impl Pod {
 
 fn kubelet_pod_labels(namespace: &str, name: &str, uid: &str) -> HashMap<String, String> {
     HashMap::from([
-        ("io.kubernetes.pod.namespace".to_owned(), namespace.to_owned()),
+        (
+            "io.kubernetes.pod.namespace".to_owned(),
+            namespace.to_owned(),
+        ),
         ("io.kubernetes.pod.name".to_owned(), name.to_owned()),
         ("io.kubernetes.pod.uid".to_owned(), uid.to_owned()),
     ])
@@ -144,21 +149,41 @@ async fn cri_pod_and_container_are_reported_with_kubelet_names() {
 
     let address = lab.containerd_address.to_str().unwrap().to_owned();
     let inventory: Value = tokio::task::spawn_blocking(move || {
-        wait_until("the container to be running", Duration::from_secs(30), || {
-            let out = agent(&["status", "--address", &address, "-o", "json", "--no-disk-usage"]);
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-            let inv: Value = serde_json::from_slice(&out.stdout).unwrap();
-            let running = inv["containers"].as_array().unwrap().iter().any(|c| {
-                c["id"] == container_id.as_str() && c["state"] == "running"
-            });
-            running.then_some(inv)
-        })
+        wait_until(
+            "the container to be running",
+            Duration::from_secs(30),
+            || {
+                let out = agent(&[
+                    "status",
+                    "--address",
+                    &address,
+                    "-o",
+                    "json",
+                    "--no-disk-usage",
+                ]);
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let inv: Value = serde_json::from_slice(&out.stdout).unwrap();
+                let running = inv["containers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|c| c["id"] == container_id.as_str() && c["state"] == "running");
+                running.then_some(inv)
+            },
+        )
     })
     .await
     .unwrap();
 
     let pods = inventory["pods"].as_array().unwrap();
-    let reported_pod = pods.iter().find(|p| p["id"] == sandbox_id.as_str()).unwrap();
+    let reported_pod = pods
+        .iter()
+        .find(|p| p["id"] == sandbox_id.as_str())
+        .unwrap();
     assert_eq!(reported_pod["namespace"], pod_ns);
     assert_eq!(reported_pod["name"], pod_name.as_str());
     assert_eq!(reported_pod["uid"], uid.as_str());
@@ -180,7 +205,11 @@ async fn cri_pod_and_container_are_reported_with_kubelet_names() {
     // The sandbox is CRI's, so it is not listed again as a plain containerd container.
     assert!(!containers.iter().any(|c| c["id"] == sandbox_id.as_str()));
 
-    let table = agent(&["status", "--address", lab.containerd_address.to_str().unwrap()]);
+    let table = agent(&[
+        "status",
+        "--address",
+        lab.containerd_address.to_str().unwrap(),
+    ]);
     let table = String::from_utf8(table.stdout).unwrap();
     assert!(table.contains(&format!("shop/{pod_name}")), "{table}");
 

@@ -1,5 +1,7 @@
 //! `rigger-agent status` against the real lab containerd.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
 use std::process::{Command, Stdio};
 
 use rigger_integration_tests::{Lab, TestNamespace, agent};
@@ -64,7 +66,12 @@ fn image_pulled_by_ctr_shows_up_with_digest_and_size() {
     assert!(inventory["runtime"]["root_bytes_used"].as_u64().unwrap() > parts);
     assert!(inventory["host"]["cpus"].as_u64().unwrap() >= 1);
     assert!(inventory["host"]["memory_total_bytes"].as_u64().unwrap() > 0);
-    assert!(inventory["host"]["filesystem"]["total_bytes"].as_u64().unwrap() > 0);
+    assert!(
+        inventory["host"]["filesystem"]["total_bytes"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
 
     // And the table a person reads names the image.
     let out = agent(&[
@@ -107,7 +114,11 @@ fn all_namespaces_are_listed_by_default() {
 fn assert_clean_failure(out: &std::process::Output, expected: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(out.stdout.is_empty(), "stdout: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.stdout.is_empty(),
+        "stdout: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
     assert!(stderr.contains(expected), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
@@ -160,7 +171,11 @@ fn permission_denied_is_explained() {
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
         .arg(rigger_integration_tests::binary("rigger-agent"))
-        .args(["status", "--address", lab.containerd_address.to_str().unwrap()])
+        .args([
+            "status",
+            "--address",
+            lab.containerd_address.to_str().unwrap(),
+        ])
         .stdin(Stdio::null())
         .output()
         .unwrap();
