@@ -5,6 +5,7 @@
 //! The whole configuration is validated before the agent binds or connects anything, and
 //! an error names the setting in all three spellings.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -12,6 +13,7 @@ use std::time::Duration;
 use rigger_daemon::config::{ConfigError, Setting, load_toml};
 use rigger_daemon::logging::LogFormat;
 
+pub use crate::link::LinkConfig;
 use crate::runtime::DEFAULT_CONTAINERD_ADDRESS;
 
 /// Default address of the health/inventory HTTP endpoint.
@@ -27,6 +29,9 @@ pub struct AgentConfigFile {
     pub log_level: Option<String>,
     pub drain_timeout: Option<String>,
     pub inventory_interval: Option<String>,
+    pub controller: Option<String>,
+    pub node_name: Option<String>,
+    pub node_labels: Option<String>,
 }
 
 /// Flags (and their environment variables) of `rigger-agent run`.
@@ -58,10 +63,19 @@ pub struct RunArgs {
     /// How often the inventory is refreshed, e.g. `30s` [default: 30s].
     #[arg(long, env = "RIGGER_AGENT_INVENTORY_INTERVAL", value_name = "DURATION")]
     pub inventory_interval: Option<String>,
+    /// Controller URL, e.g. `http://controller:9450`; without it the agent runs alone.
+    #[arg(long, env = "RIGGER_AGENT_CONTROLLER", value_name = "URL")]
+    pub controller: Option<String>,
+    /// This node's name at the controller [default: the hostname].
+    #[arg(long, env = "RIGGER_AGENT_NODE_NAME", value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// Labels of this node, `key=value,key2=value2`, for job selectors.
+    #[arg(long, env = "RIGGER_AGENT_NODE_LABELS", value_name = "LABELS")]
+    pub node_labels: Option<String>,
 }
 
 /// The validated configuration the agent runs with.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct AgentConfig {
     pub containerd_address: PathBuf,
     pub health_listen: SocketAddr,
@@ -69,6 +83,8 @@ pub struct AgentConfig {
     pub log_level: String,
     pub drain_timeout: Duration,
     pub inventory_interval: Duration,
+    /// The controller link; `None` when the agent runs alone.
+    pub link: Option<LinkConfig>,
 }
 
 impl AgentConfig {
@@ -113,6 +129,32 @@ impl AgentConfig {
             return Err(INVENTORY_INTERVAL.invalid("must be at least 1s"));
         }
 
+        let node_labels = parse_labels(args.node_labels.or(file.node_labels).as_deref())?;
+        let node_name = args.node_name.or(file.node_name);
+        let link = match args.controller.or(file.controller) {
+            None => {
+                if node_name.is_some() || !node_labels.is_empty() {
+                    return Err(CONTROLLER.invalid("node_name and node_labels need a controller"));
+                }
+                None
+            }
+            Some(url) => {
+                let controller = controller_endpoint(&url)?;
+                let node_name = match node_name {
+                    Some(name) => name,
+                    None => hostname().ok_or_else(|| {
+                        NODE_NAME.invalid("the hostname cannot be read: set the node name")
+                    })?,
+                };
+                rigger_proto::check_node_name(&node_name).map_err(|e| NODE_NAME.invalid(e))?;
+                Some(LinkConfig {
+                    controller,
+                    node_name,
+                    node_labels,
+                })
+            }
+        };
+
         Ok(Self {
             containerd_address,
             health_listen,
@@ -120,6 +162,7 @@ impl AgentConfig {
             log_level,
             drain_timeout,
             inventory_interval,
+            link,
         })
     }
 
@@ -129,6 +172,84 @@ impl AgentConfig {
     }
 }
 
+fn controller_endpoint(url: &str) -> Result<tonic::transport::Endpoint, ConfigError> {
+    if !url.starts_with("http://") {
+        return Err(CONTROLLER.invalid(format!(
+            "{url:?}: only http:// controller URLs are supported so far (no TLS settings yet)"
+        )));
+    }
+    tonic::transport::Endpoint::from_shared(url.to_owned())
+        .map(|e| {
+            e.connect_timeout(Duration::from_secs(10))
+                .http2_keep_alive_interval(Duration::from_secs(30))
+                .keep_alive_timeout(Duration::from_secs(10))
+        })
+        .map_err(|e| CONTROLLER.invalid(format!("{url:?} is not a URL ({e})")))
+}
+
+/// The node's hostname, lowercased as node names are.
+fn hostname() -> Option<String> {
+    nix::unistd::gethostname()
+        .ok()?
+        .into_string()
+        .ok()
+        .map(|h| h.to_ascii_lowercase())
+}
+
+/// `key=value,key2=value2` with Kubernetes' label syntax (optional `prefix/` on keys).
+fn parse_labels(text: Option<&str>) -> Result<HashMap<String, String>, ConfigError> {
+    let mut labels = HashMap::new();
+    let Some(text) = text.filter(|t| !t.trim().is_empty()) else {
+        return Ok(labels);
+    };
+    let name_ok = |s: &str, allow_empty: bool| {
+        (allow_empty && s.is_empty())
+            || (!s.is_empty()
+                && s.len() <= 63
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+                && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+                && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric()))
+    };
+    for pair in text.split(',') {
+        let (key, value) = pair
+            .split_once('=')
+            .ok_or_else(|| NODE_LABELS.invalid(format!("{pair:?} is not key=value")))?;
+        let (key, value) = (key.trim(), value.trim());
+        let name = key.rsplit_once('/').map_or(key, |(prefix, name)| {
+            if prefix.is_empty() || prefix.len() > 253 {
+                ""
+            } else {
+                name
+            }
+        });
+        if !name_ok(name, false) || !name_ok(value, true) {
+            return Err(NODE_LABELS.invalid(format!(
+                "{pair:?} is not a valid label (names and values: up to 63 of [A-Za-z0-9._-], alphanumeric at both ends)"
+            )));
+        }
+        if labels.insert(key.to_owned(), value.to_owned()).is_some() {
+            return Err(NODE_LABELS.invalid(format!("label {key:?} is given twice")));
+        }
+    }
+    Ok(labels)
+}
+
+const CONTROLLER: Setting = Setting {
+    key: "controller",
+    flag: "--controller",
+    env: "RIGGER_AGENT_CONTROLLER",
+};
+const NODE_NAME: Setting = Setting {
+    key: "node_name",
+    flag: "--node-name",
+    env: "RIGGER_AGENT_NODE_NAME",
+};
+const NODE_LABELS: Setting = Setting {
+    key: "node_labels",
+    flag: "--node-labels",
+    env: "RIGGER_AGENT_NODE_LABELS",
+};
 const CONTAINERD_ADDRESS: Setting = Setting {
     key: "containerd_address",
     flag: "--address",
@@ -217,6 +338,41 @@ mod tests {
             let msg = err.to_string();
             assert!(msg.contains(field), "{text}: {msg}");
             assert!(!msg.contains('\n'), "{msg}");
+        }
+    }
+
+    #[test]
+    fn controller_link_settings() {
+        let f = file(
+            "controller = \"http://127.0.0.1:9450\"\nnode_name = \"n1\"\nnode_labels = \"zone=a, example.com/gpu=true\"\n",
+        );
+        let link = AgentConfig::from_layers(f, RunArgs::default())
+            .unwrap()
+            .link
+            .unwrap();
+        assert_eq!(link.node_name, "n1");
+        assert_eq!(link.node_labels["zone"], "a");
+        assert_eq!(link.node_labels["example.com/gpu"], "true");
+
+        let cases = [
+            ("controller = \"https://c:1\"", "`controller`"),
+            (
+                "controller = \"http://c:1\"\nnode_name = \"Bad_Name\"",
+                "`node_name`",
+            ),
+            (
+                "controller = \"http://c:1\"\nnode_labels = \"zone\"",
+                "`node_labels`",
+            ),
+            (
+                "controller = \"http://c:1\"\nnode_labels = \"-x=1\"",
+                "`node_labels`",
+            ),
+            ("node_name = \"n1\"", "`controller`"),
+        ];
+        for (text, field) in cases {
+            let err = AgentConfig::from_layers(file(text), RunArgs::default()).unwrap_err();
+            assert!(err.to_string().contains(field), "{text}: {err}");
         }
     }
 

@@ -1,7 +1,7 @@
 //! `rigger-agent run`: the long-running agent.
 //!
-//! Today it keeps a fresh node inventory and serves it with its health endpoints; the
-//! controller link and the node operations plug in here as they arrive.
+//! It keeps a fresh node inventory, serves it with its health endpoints, and (with a
+//! controller configured) keeps the link to the controller; node operations plug in here.
 //!
 //! Start-up order matters: the config is already validated (see [`crate::config`]), then
 //! the HTTP listener is bound, then containerd is contacted once, then systemd is told
@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::AgentConfig;
 use crate::inventory::{self, Inventory, InventoryOptions};
 use crate::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
+use rigger_daemon::backoff::Backoff;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -38,7 +39,8 @@ pub enum DaemonError {
     Serve(std::io::Error),
 }
 
-type SharedInventory = Arc<RwLock<Option<Inventory>>>;
+/// The latest inventory, shared by the refresher, the HTTP endpoint and the link.
+pub type SharedInventory = Arc<RwLock<Option<Inventory>>>;
 
 #[derive(Debug, Clone)]
 struct AppState {
@@ -78,10 +80,18 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
     let refresher = tokio::spawn(refresh_inventory(
         config.clone(),
         readiness.clone(),
-        shared,
+        shared.clone(),
         token.clone(),
         first_round_tx,
     ));
+    let link = config.link.clone().map(|link| {
+        tracing::warn!(
+            controller = %link.controller.uri(),
+            node = %link.node_name,
+            "controller link is plain-text and unauthenticated: use on trusted networks only"
+        );
+        tokio::spawn(crate::link::maintain(link, shared.clone(), token.clone()))
+    });
     // READY once we have tried containerd, so `systemctl start` returns with a real
     // status line; the agent stays up (not ready) if containerd is down.
     let _ = first_round.wait_for(|done| *done).await;
@@ -97,6 +107,9 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
     systemd::stopping("draining");
     let outcome = drain(&token, config.drain_timeout, async {
         let _ = refresher.await;
+        if let Some(link) = link {
+            let _ = link.await;
+        }
         server.await
     })
     .await;
@@ -177,58 +190,4 @@ async fn refresh_once(
     );
     *shared.write().await = Some(collected);
     Ok(())
-}
-
-/// Exponential backoff with full jitter (derived from the clock; no RNG needed).
-#[derive(Debug)]
-struct Backoff {
-    base: Duration,
-    max: Duration,
-    attempt: u32,
-}
-
-impl Backoff {
-    fn new(base: Duration, max: Duration) -> Self {
-        Self {
-            base,
-            max,
-            attempt: 0,
-        }
-    }
-
-    fn reset(&mut self) {
-        self.attempt = 0;
-    }
-
-    fn next_delay(&mut self) -> Duration {
-        let ceiling = self
-            .base
-            .saturating_mul(2u32.saturating_pow(self.attempt))
-            .min(self.max);
-        self.attempt = self.attempt.saturating_add(1);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        // Between half the ceiling and the ceiling: spread out, never zero.
-        let fraction = 0.5 + f64::from(nanos % 1000) / 2000.0;
-        ceiling.mul_f64(fraction)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_grows_to_its_cap() {
-        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
-        let first = b.next_delay();
-        assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
-        for _ in 0..10 {
-            assert!(b.next_delay() <= Duration::from_secs(1));
-        }
-        b.reset();
-        assert!(b.next_delay() <= Duration::from_millis(100));
-    }
 }

@@ -5,11 +5,13 @@
 //! - [`inventory`]: what the node has (images, pods, containers, host resources);
 //! - [`render`]: the inventory as tables or JSON;
 //! - [`config`]: the `rigger-agent run` configuration (file, env, flags);
-//! - [`daemon`]: the long-running agent (health endpoints, readiness, shutdown).
+//! - [`daemon`]: the long-running agent (health endpoints, readiness, shutdown);
+//! - [`link`]: the agent's stream to the controller (register, heartbeats).
 
 pub mod config;
 pub mod daemon;
 pub mod inventory;
+pub mod link;
 pub mod render;
 pub mod runtime;
 

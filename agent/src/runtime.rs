@@ -93,7 +93,7 @@ impl Runtime {
             let channel = containerd_client::connect(&path).await.map_err(|e| {
                 ConnectError::NotContainerd {
                     path: path.clone(),
-                    reason: error_chain(&e),
+                    reason: rigger_daemon::error_chain(&e),
                 }
             })?;
             let version = VersionClient::new(channel.clone())
@@ -175,17 +175,6 @@ async fn preflight(path: &Path) -> Result<(), ConnectError> {
         .await
         .map(drop)
         .map_err(classify)
-}
-
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -1,1 +1,17 @@
+//! `rigger-controller`: the slim controller. It never touches containers itself; it holds
+//! what the fleet should do, hands each node's share to that node's agent over the agent
+//! link, and folds the agents' reports into status.
+//!
+//! - [`config`]: configuration (file, env, flags), validated before binding;
+//! - [`nodes`]: the registry of nodes, fed by agents' registrations and heartbeats;
+//! - [`link`]: the agent link (`rigger.v1.AgentLink`), one stream per agent;
+//! - [`control`]: the user API (`rigger.v1.Control`) that riggerctl speaks;
+//! - [`server`]: wiring, health endpoints, graceful shutdown.
 
+pub mod config;
+pub mod control;
+pub mod link;
+pub mod nodes;
+pub mod server;
+
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -4,8 +4,21 @@
 //! up logging ([`logging`]), binds, tells systemd it is ready ([`systemd`]), serves its
 //! health endpoints ([`health`]) and stops gracefully on SIGTERM/SIGINT ([`shutdown`]).
 
+pub mod backoff;
 pub mod config;
 pub mod health;
 pub mod logging;
 pub mod shutdown;
 pub mod systemd;
+
+/// An error and its sources on one line: `outer: cause: root cause`.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -1,5 +1,7 @@
 //! Structured logging through `tracing`, as human text or JSON lines.
 
+use std::io::IsTerminal as _;
+
 use tracing_subscriber::EnvFilter;
 
 /// How log lines are written to stderr.
@@ -37,6 +39,8 @@ pub fn init(format: LogFormat, filter: &str) -> Result<(), LoggingError> {
     let filter = parse_filter(filter)?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colour codes only for people at a terminal, never into journald or files.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let result = match format {
         LogFormat::Text => builder.try_init(),

@@ -10,3 +10,39 @@
 pub mod v1 {
     tonic::include_proto!("rigger.v1");
 }
+
+/// Longest node name (a DNS subdomain, as Kubernetes node names are).
+pub const MAX_NODE_NAME_LEN: usize = 253;
+
+/// Node names follow Kubernetes' rule for node names: a DNS subdomain. Both ends of the
+/// link check it, so a bad name fails at the agent's start, not at the controller.
+pub fn check_node_name(name: &str) -> Result<(), String> {
+    let valid = !name.is_empty()
+        && name.len() <= MAX_NODE_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name
+            .split('.')
+            .all(|part| !part.is_empty() && !part.starts_with('-') && !part.ends_with('-'));
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "node name {name:?} is not a DNS subdomain (lowercase letters, digits, '-' and '.')"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names() {
+        assert!(check_node_name("node-1.example").is_ok());
+        for bad in ["", "Node", "-a", "a-", "a..b", "a_b"] {
+            assert!(check_node_name(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! The agent's side of the agent link: one long-lived stream to the controller, opened
+//! by the agent (so nodes behind NAT work). It registers the node, then sends heartbeats
+//! carrying the inventory when it changed; it reconnects with jittered backoff.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use rigger_proto::v1 as proto;
+use rigger_proto::v1::agent_link_client::AgentLinkClient;
+use rigger_proto::v1::{AgentMessage, Heartbeat, Register, agent_message, controller_message};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Endpoint;
+
+use crate::daemon::SharedInventory;
+use crate::inventory::Inventory;
+use rigger_daemon::backoff::Backoff;
+
+/// Who this agent is to the controller.
+#[derive(Debug, Clone)]
+pub struct LinkConfig {
+    pub controller: Endpoint,
+    pub node_name: String,
+    pub node_labels: HashMap<String, String>,
+}
+
+/// Keep a session to the controller open until `token` is cancelled.
+pub async fn maintain(config: LinkConfig, inventory: SharedInventory, token: CancellationToken) {
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    loop {
+        let started = std::time::Instant::now();
+        let outcome = tokio::select! {
+            _ = token.cancelled() => return,
+            outcome = session(&config, &inventory) => outcome,
+        };
+        if started.elapsed() > Duration::from_secs(60) {
+            backoff.reset();
+        }
+        let delay = backoff.next_delay();
+        match outcome {
+            Ok(()) => tracing::info!(retry_in = ?delay, "controller closed the link"),
+            Err(reason) => tracing::warn!(%reason, retry_in = ?delay, "controller link down"),
+        }
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+#[tracing::instrument(level = "debug", skip_all, fields(node = %config.node_name))]
+async fn session(config: &LinkConfig, inventory: &SharedInventory) -> Result<(), String> {
+    let channel = config.controller.connect().await.map_err(|e| {
+        format!(
+            "cannot connect to {}: {}",
+            config.controller.uri(),
+            rigger_daemon::error_chain(&e)
+        )
+    })?;
+    let (tx, rx) = mpsc::channel::<AgentMessage>(4);
+    let (mut sent_at, current) = snapshot(inventory).await;
+    let register = AgentMessage {
+        message: Some(agent_message::Message::Register(Register {
+            node_name: config.node_name.clone(),
+            labels: config.node_labels.clone(),
+            agent_version: crate::VERSION.to_owned(),
+            inventory: current,
+        })),
+    };
+    tx.send(register)
+        .await
+        .map_err(|_| "link closed before Register".to_owned())?;
+    let mut inbound = AgentLinkClient::new(channel)
+        .session(ReceiverStream::new(rx))
+        .await
+        .map_err(|s| format!("session refused: {}", s.message()))?
+        .into_inner();
+
+    let interval = match inbound.message().await {
+        Ok(Some(m)) => match m.message {
+            Some(controller_message::Message::RegisterAck(ack)) => {
+                Duration::from_secs(u64::from(ack.heartbeat_interval_seconds.max(1)))
+            }
+            None => return Err("controller sent an empty first message".to_owned()),
+        },
+        Ok(None) => return Err("controller closed the link during registration".to_owned()),
+        Err(s) => return Err(format!("registration refused: {}", s.message())),
+    };
+    tracing::info!(controller = %config.controller.uri(), heartbeat = ?interval, "registered with the controller");
+
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sequence = 0u64;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {
+                sequence += 1;
+                let (collected_at, current) = snapshot(inventory).await;
+                // Only send the inventory when it changed: heartbeats stay small.
+                let changed = collected_at != sent_at;
+                if changed {
+                    sent_at = collected_at;
+                }
+                let heartbeat = AgentMessage {
+                    message: Some(agent_message::Message::Heartbeat(Heartbeat {
+                        sequence,
+                        inventory: if changed { current } else { None },
+                    })),
+                };
+                tx.send(heartbeat).await.map_err(|_| "link closed".to_owned())?;
+            }
+            message = inbound.message() => match message {
+                Ok(Some(_)) => {} // work messages arrive in later protocol versions
+                Ok(None) => return Ok(()),
+                Err(s) => return Err(s.message().to_owned()),
+            },
+        }
+    }
+}
+
+async fn snapshot(inventory: &SharedInventory) -> (Option<String>, Option<proto::NodeInventory>) {
+    let guard = inventory.read().await;
+    (
+        guard.as_ref().map(|i| i.collected_at.clone()),
+        guard.as_ref().map(to_proto),
+    )
+}
+
+fn timestamp(rfc3339: Option<&str>) -> Option<prost_types::Timestamp> {
+    let time: SystemTime = humantime::parse_rfc3339(rfc3339?).ok()?;
+    Some(time.into())
+}
+
+/// The inventory in the protocol's shape.
+pub fn to_proto(inv: &Inventory) -> proto::NodeInventory {
+    let fs = inv.host.filesystem.as_ref();
+    proto::NodeInventory {
+        runtime: Some(proto::RuntimeInfo {
+            containerd_version: inv.runtime.containerd.version.clone(),
+            containerd_revision: inv.runtime.containerd.revision.clone(),
+            cri_runtime_name: inv
+                .runtime
+                .cri
+                .as_ref()
+                .map(|c| c.runtime_name.clone())
+                .unwrap_or_default(),
+            cri_runtime_version: inv
+                .runtime
+                .cri
+                .as_ref()
+                .map(|c| c.runtime_version.clone())
+                .unwrap_or_default(),
+            cri_api_version: inv
+                .runtime
+                .cri
+                .as_ref()
+                .map(|c| c.api_version.clone())
+                .unwrap_or_default(),
+            root_dir: inv.runtime.root_dir.clone().unwrap_or_default(),
+            root_bytes_used: inv.runtime.root_bytes_used.unwrap_or_default(),
+        }),
+        images: inv
+            .images
+            .iter()
+            .map(|i| proto::Image {
+                namespace: i.namespace.clone(),
+                name: i.name.clone(),
+                digest: i.digest.clone(),
+                media_type: i.media_type.clone(),
+                size: i.size.unwrap_or_default(),
+            })
+            .collect(),
+        pods: inv
+            .pods
+            .iter()
+            .map(|p| proto::PodSandbox {
+                id: p.id.clone(),
+                namespace: p.namespace.clone(),
+                name: p.name.clone(),
+                uid: p.uid.clone(),
+                state: p.state.clone(),
+                created_at: timestamp(p.created_at.as_deref()),
+                attempt: p.attempt,
+            })
+            .collect(),
+        containers: inv
+            .containers
+            .iter()
+            .map(|c| proto::Container {
+                id: c.id.clone(),
+                pod_sandbox_id: c.pod_sandbox_id.clone().unwrap_or_default(),
+                pod_namespace: c.pod_namespace.clone().unwrap_or_default(),
+                pod_name: c.pod_name.clone().unwrap_or_default(),
+                name: c.name.clone(),
+                image: c.image.clone(),
+                state: c.state.clone(),
+                attempt: c.attempt,
+                restart_count: c.restart_count,
+                started_at: timestamp(c.started_at.as_deref()),
+            })
+            .collect(),
+        host: Some(proto::HostInfo {
+            hostname: inv.host.hostname.clone().unwrap_or_default(),
+            kernel_version: inv.host.kernel_version.clone().unwrap_or_default(),
+            cpus: u32::try_from(inv.host.cpus).unwrap_or(u32::MAX),
+            load_average_1m: inv.host.load_average[0],
+            memory_total_bytes: inv.host.memory_total_bytes,
+            memory_available_bytes: inv.host.memory_available_bytes,
+            filesystem_mount_point: fs.map(|f| f.mount_point.clone()).unwrap_or_default(),
+            filesystem_total_bytes: fs.map_or(0, |f| f.total_bytes),
+            filesystem_available_bytes: fs.map_or(0, |f| f.available_bytes),
+        }),
+        warnings: inv.warnings.clone(),
+    }
+}

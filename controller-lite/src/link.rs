@@ -1,0 +1,145 @@
+//! The controller's side of the agent link: one bidirectional stream per agent.
+//!
+//! The agent opens the stream (so agents behind NAT work), sends `Register`, then
+//! heartbeats; the controller answers `RegisterAck` and, in later versions, work.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use rigger_proto::v1::agent_link_server::AgentLink;
+use rigger_proto::v1::{
+    AgentMessage, ControllerMessage, RegisterAck, agent_message, controller_message,
+};
+use tokio::sync::mpsc;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::nodes::{NodeRegistry, SessionId};
+
+#[derive(Debug, Clone)]
+pub struct AgentLinkService {
+    nodes: NodeRegistry,
+    heartbeat_interval: Duration,
+    node_timeout: Duration,
+    next_session: Arc<AtomicU64>,
+    shutdown: CancellationToken,
+}
+
+impl AgentLinkService {
+    pub fn new(
+        nodes: NodeRegistry,
+        heartbeat_interval: Duration,
+        node_timeout: Duration,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self {
+            nodes,
+            heartbeat_interval,
+            node_timeout,
+            next_session: Arc::new(AtomicU64::new(1)),
+            shutdown,
+        }
+    }
+}
+
+type MessageStream = Pin<Box<dyn Stream<Item = Result<ControllerMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AgentLink for AgentLinkService {
+    type SessionStream = MessageStream;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let peer = request
+            .remote_addr()
+            .map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+        let mut inbound = request.into_inner();
+        let first = tokio::time::timeout(self.node_timeout, inbound.message())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no Register message in time"))??;
+        let register = match first.and_then(|m| m.message) {
+            Some(agent_message::Message::Register(register)) => register,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "the first message must be Register",
+                ));
+            }
+        };
+        rigger_proto::check_node_name(&register.node_name).map_err(Status::invalid_argument)?;
+
+        let session: SessionId = self.next_session.fetch_add(1, Ordering::Relaxed);
+        let node = register.node_name.clone();
+        self.nodes.register(&register, session, SystemTime::now());
+        tracing::info!(%node, %peer, session, agent_version = %register.agent_version, "agent registered");
+
+        let (tx, rx) = mpsc::channel(16);
+        let ack = ControllerMessage {
+            message: Some(controller_message::Message::RegisterAck(RegisterAck {
+                heartbeat_interval_seconds: u32::try_from(self.heartbeat_interval.as_secs())
+                    .unwrap_or(u32::MAX)
+                    .max(1),
+            })),
+        };
+        tx.send(Ok(ack))
+            .await
+            .map_err(|_| Status::cancelled("agent went away"))?;
+
+        let this = self.clone();
+        tokio::spawn(async move {
+            let outcome = this.serve_session(&node, session, &mut inbound).await;
+            this.nodes.disconnect(&node, session);
+            match outcome {
+                Ok(()) => tracing::info!(%node, session, "agent disconnected"),
+                Err(status) => {
+                    tracing::warn!(%node, session, reason = %status.message(), "agent session ended");
+                    let _ = tx.send(Err(status)).await;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+impl AgentLinkService {
+    async fn serve_session(
+        &self,
+        node: &str,
+        session: SessionId,
+        inbound: &mut Streaming<AgentMessage>,
+    ) -> Result<(), Status> {
+        loop {
+            let next = tokio::select! {
+                _ = self.shutdown.cancelled() => {
+                    return Err(Status::unavailable("controller shutting down"));
+                }
+                next = tokio::time::timeout(self.node_timeout, inbound.message()) => next,
+            };
+            let message = match next {
+                Err(_) => return Err(Status::deadline_exceeded("heartbeats stopped")),
+                Ok(Err(status)) => return Err(status),
+                Ok(Ok(None)) => return Ok(()),
+                Ok(Ok(Some(message))) => message,
+            };
+            match message.message {
+                Some(agent_message::Message::Heartbeat(heartbeat)) => {
+                    if !self
+                        .nodes
+                        .heartbeat(node, session, heartbeat.inventory, SystemTime::now())
+                    {
+                        return Err(Status::aborted("replaced by a newer session of this node"));
+                    }
+                }
+                Some(agent_message::Message::Register(_)) => {
+                    return Err(Status::invalid_argument("Register sent twice"));
+                }
+                None => return Err(Status::invalid_argument("empty message")),
+            }
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! Wiring of `rigger-controller`: bind, serve the agent link and the user API, report
+//! health, stop gracefully.
+
+use std::future::Future;
+use std::net::SocketAddr;
+
+use rigger_daemon::health::{self, Readiness};
+use rigger_daemon::shutdown::{Drain, drain};
+use rigger_daemon::systemd;
+use rigger_proto::v1::agent_link_server::AgentLinkServer;
+use rigger_proto::v1::control_server::ControlServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ControllerConfig;
+use crate::control::ControlService;
+use crate::link::AgentLinkService;
+use crate::nodes::NodeRegistry;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {address} ({setting}): {source}")]
+    Bind {
+        setting: &'static str,
+        address: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("gRPC server failed: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+}
+
+async fn bind(setting: &'static str, address: SocketAddr) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(address)
+        .await
+        .map_err(|source| ServerError::Bind {
+            setting,
+            address,
+            source,
+        })
+}
+
+/// Serve until `stop` resolves, then drain within the configured timeout.
+pub async fn run(
+    config: ControllerConfig,
+    stop: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    let grpc_listener = bind("listen", config.listen).await?;
+    let health_listener = bind("health_listen", config.health_listen).await?;
+    let grpc_address = grpc_listener.local_addr().ok();
+    let health_address = health_listener.local_addr().ok();
+
+    let token = CancellationToken::new();
+    let nodes = NodeRegistry::default();
+    let link = AgentLinkService::new(
+        nodes.clone(),
+        config.heartbeat_interval,
+        config.node_timeout,
+        token.clone(),
+    );
+    let control = ControlService::new(nodes, config.node_timeout);
+    // The link is agent-initiated, so a plain listener; agents authenticate with mTLS once
+    // certificates are configured (not yet available: trusted networks only).
+    tracing::warn!(
+        "agent link and API are plain-text and unauthenticated: use on trusted networks only"
+    );
+
+    let grpc_token = token.clone();
+    let grpc = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AgentLinkServer::new(link))
+            .add_service(ControlServer::new(control))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async move {
+                grpc_token.cancelled().await;
+            }),
+    );
+    let readiness = Readiness::new("starting");
+    let health_token = token.clone();
+    let health_server = tokio::spawn(
+        axum::serve(health_listener, health::router(readiness.clone()))
+            .with_graceful_shutdown(async move { health_token.cancelled().await })
+            .into_future(),
+    );
+    readiness.set_ready();
+    let status = format!(
+        "serving agents and API on {}",
+        grpc_address.map_or_else(|| config.listen.to_string(), |a| a.to_string())
+    );
+    systemd::ready(&status);
+    tracing::info!(
+        listen = ?grpc_address,
+        health_listen = ?health_address,
+        "controller started"
+    );
+
+    stop.await;
+    tracing::info!(timeout = ?config.drain_timeout, "shutting down");
+    systemd::stopping("draining");
+    readiness.set_not_ready("shutting down");
+    let outcome = drain(&token, config.drain_timeout, async {
+        let grpc_result = grpc.await;
+        let _ = health_server.await;
+        grpc_result
+    })
+    .await;
+    match outcome {
+        Drain::Completed => tracing::info!("stopped cleanly"),
+        Drain::TimedOut => tracing::warn!("drain timeout passed; stopping with work in flight"),
+    }
+    Ok(())
+}
