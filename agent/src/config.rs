@@ -377,6 +377,15 @@ mod tests {
     }
 
     #[test]
+    fn documented_example_is_valid_and_matches_the_defaults() {
+        let example = file(include_str!("../../docs/config/agent.toml"));
+        let config = AgentConfig::from_layers(example, RunArgs::default()).unwrap();
+        let defaults =
+            AgentConfig::from_layers(AgentConfigFile::default(), RunArgs::default()).unwrap();
+        assert_eq!(format!("{config:?}"), format!("{defaults:?}"));
+    }
+
+    #[test]
     fn unknown_keys_are_refused() {
         let err = rigger_daemon::config::parse_toml::<AgentConfigFile>(
             Path::new("agent.toml"),

@@ -160,6 +160,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn documented_example_is_valid_and_matches_the_defaults() {
+        let example: ControllerConfigFile = rigger_daemon::config::parse_toml(
+            std::path::Path::new("controller.toml"),
+            include_str!("../../docs/config/controller.toml"),
+        )
+        .unwrap();
+        let config = ControllerConfig::from_layers(example, ControllerArgs::default()).unwrap();
+        let defaults = ControllerConfig::from_layers(
+            ControllerConfigFile::default(),
+            ControllerArgs::default(),
+        )
+        .unwrap();
+        assert_eq!(config, defaults);
+    }
+
+    #[test]
     fn defaults_and_checks() {
         let c = ControllerConfig::from_layers(
             ControllerConfigFile::default(),

@@ -1,0 +1,52 @@
+# Rigger: the two commands a newcomer needs are `make demo` and `make test`.
+# Both install what they need from Debian's packages (as root) and use the lab
+# (scripts/lab: a private containerd with CRI, a registry and test images).
+
+SHELL := /bin/bash
+CARGO ?= cargo
+LAB := scripts/lab
+export RIGGER_LAB_DIR ?= /tmp/rigger-lab
+
+# nextest runs each test in its own process, so the slow lab tests run in parallel.
+NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
+ifeq ($(NEXTEST),yes)
+TEST_CMD := $(CARGO) nextest run --workspace --no-fail-fast
+else
+TEST_CMD := $(CARGO) test --workspace --no-fail-fast
+endif
+
+.PHONY: all build deps fmt-check clippy test demo lab-up lab-down lab-status clean
+
+all: build
+
+deps:
+	@$(LAB) install
+
+build: deps
+	$(CARGO) build --workspace --bins
+
+fmt-check:
+	$(CARGO) fmt --all -- --check
+
+clippy: deps
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# Unit and integration tests against the real lab; the lab is stopped afterwards.
+test: deps fmt-check clippy build
+	@$(LAB) up
+	@set +e; $(TEST_CMD); rc=$$?; $(LAB) down; exit $$rc
+
+demo: build
+	scripts/demo
+
+lab-up: deps
+	$(LAB) up
+
+lab-down:
+	$(LAB) down
+
+lab-status:
+	$(LAB) status
+
+clean: lab-down
+	$(CARGO) clean
