@@ -9,7 +9,6 @@ use rigger_agent::config::{AgentConfig, RunArgs};
 use rigger_agent::inventory::{self, InventoryOptions};
 use rigger_agent::render::{self, OutputFormat};
 use rigger_agent::runtime::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONTAINERD_ADDRESS, Runtime};
-use rigger_daemon::config::EXIT_BAD_CONFIG;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -47,16 +46,9 @@ struct StatusArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match rigger_daemon::cli::parse_args::<Cli>() {
         Ok(cli) => cli,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(EXIT_BAD_CONFIG as u8)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
     match cli.command {
         Command::Status(args) => report(status(&args)),
@@ -103,14 +95,10 @@ fn run(args: &RunArgs) -> ExitCode {
     // Everything is validated before anything binds or connects.
     let config = match AgentConfig::resolve(args) {
         Ok(config) => config,
-        Err(e) => {
-            eprintln!("rigger-agent: error: {e}");
-            return ExitCode::from(EXIT_BAD_CONFIG as u8);
-        }
+        Err(e) => return rigger_daemon::cli::refuse_config("rigger-agent", &e),
     };
     if let Err(e) = rigger_daemon::logging::init(config.log_format, &config.log_level) {
-        eprintln!("rigger-agent: error: {e}");
-        return ExitCode::from(EXIT_BAD_CONFIG as u8);
+        return rigger_daemon::cli::refuse_config("rigger-agent", &e);
     }
     report(runtime().and_then(|rt| {
         rt.block_on(async {

@@ -5,6 +5,7 @@
 //! health endpoints ([`health`]) and stops gracefully on SIGTERM/SIGINT ([`shutdown`]).
 
 pub mod backoff;
+pub mod cli;
 pub mod config;
 pub mod health;
 pub mod logging;

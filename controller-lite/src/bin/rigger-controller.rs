@@ -5,7 +5,6 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::Parser;
 use rigger_controller::config::{ControllerArgs, ControllerConfig};
-use rigger_daemon::config::EXIT_BAD_CONFIG;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -19,27 +18,16 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match rigger_daemon::cli::parse_args::<Cli>() {
         Ok(cli) => cli,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(EXIT_BAD_CONFIG as u8)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
     let config = match ControllerConfig::resolve(&cli.args) {
         Ok(config) => config,
-        Err(e) => {
-            eprintln!("rigger-controller: error: {e}");
-            return ExitCode::from(EXIT_BAD_CONFIG as u8);
-        }
+        Err(e) => return rigger_daemon::cli::refuse_config("rigger-controller", &e),
     };
     if let Err(e) = rigger_daemon::logging::init(config.log_format, &config.log_level) {
-        eprintln!("rigger-controller: error: {e}");
-        return ExitCode::from(EXIT_BAD_CONFIG as u8);
+        return rigger_daemon::cli::refuse_config("rigger-controller", &e);
     }
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

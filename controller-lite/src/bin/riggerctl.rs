@@ -49,16 +49,9 @@ enum Output {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match rigger_daemon::cli::parse_args::<Cli>() {
         Ok(cli) => cli,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(64)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
     let result = tokio::runtime::Builder::new_current_thread()
         .enable_all()
