@@ -6,12 +6,15 @@
 //! - [`render`]: the inventory as tables or JSON;
 //! - [`config`]: the `rigger-agent run` configuration (file, env, flags);
 //! - [`daemon`]: the long-running agent (health endpoints, readiness, shutdown);
-//! - [`link`]: the agent's stream to the controller (register, heartbeats).
+//! - [`link`]: the agent's stream to the controller (register, heartbeats);
+//! - [`pull`]: the image pull engine (registry → containerd content, snapshots, images).
 
 pub mod config;
 pub mod daemon;
 pub mod inventory;
 pub mod link;
+pub mod progress;
+pub mod pull;
 pub mod render;
 pub mod runtime;
 

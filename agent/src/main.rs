@@ -1,5 +1,6 @@
 //! The `rigger-agent` command: `status` (node inventory) and `run` (the daemon).
 
+use std::io::IsTerminal as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -7,8 +8,13 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use rigger_agent::config::{AgentConfig, RunArgs};
 use rigger_agent::inventory::{self, InventoryOptions};
+use rigger_agent::pull::hosts::DEFAULT_HOSTS_DIR;
+use rigger_agent::pull::media::Platform;
+use rigger_agent::pull::{DEFAULT_MAX_CONNECTIONS, Progress, PullOptions, Puller};
 use rigger_agent::render::{self, OutputFormat};
-use rigger_agent::runtime::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONTAINERD_ADDRESS, Runtime};
+use rigger_agent::runtime::{
+    CRI_NAMESPACE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONTAINERD_ADDRESS, Runtime,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -25,8 +31,44 @@ struct Cli {
 enum Command {
     /// Show what this node has: runtime versions, images, pods, containers, resources.
     Status(StatusArgs),
+    /// Pull images into containerd (faster than containerd's own pull, same result).
+    Pull(PullArgs),
     /// Run the agent daemon.
     Run(RunArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct PullArgs {
+    /// containerd's gRPC socket.
+    #[arg(long, env = "RIGGER_CONTAINERD_ADDRESS", default_value = DEFAULT_CONTAINERD_ADDRESS, value_name = "SOCK")]
+    address: PathBuf,
+    /// containerd namespace (kubelet and CRI use k8s.io).
+    #[arg(long, short = 'n', default_value = CRI_NAMESPACE, value_name = "NS")]
+    namespace: String,
+    /// Use plain HTTP for registries without a hosts.toml.
+    #[arg(long)]
+    plain_http: bool,
+    /// containerd's certs.d directory of hosts.toml files (mirrors, per-host settings).
+    #[arg(long, default_value = DEFAULT_HOSTS_DIR, value_name = "DIR")]
+    registry_config: PathBuf,
+    /// Platform to pull from multi-platform images [default: this machine's].
+    #[arg(long, value_name = "OS/ARCH[/VARIANT]")]
+    platform: Option<String>,
+    /// Connections open at once, across all layers and images.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS, value_name = "N")]
+    max_connections: usize,
+    /// Bandwidth cap for all downloads together, e.g. 50MiB or 1000000 (bytes/s).
+    #[arg(long, value_name = "BYTES_PER_S")]
+    limit_rate: Option<String>,
+    /// docker config.json with registry credentials [default: $DOCKER_CONFIG or ~/.docker].
+    #[arg(long, value_name = "PATH")]
+    docker_config: Option<PathBuf>,
+    /// Snapshotter to unpack into.
+    #[arg(long, default_value = "overlayfs", value_name = "NAME")]
+    snapshotter: String,
+    /// Images to pull, e.g. docker.io/library/nginx:1.27 or registry:5000/app@sha256:...
+    #[arg(required = true, value_name = "IMAGE")]
+    images: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -52,6 +94,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Status(args) => report(status(&args)),
+        Command::Pull(args) => report(pull(&args)),
         Command::Run(args) => run(&args),
     }
 }
@@ -88,6 +131,70 @@ fn status(args: &StatusArgs) -> anyhow::Result<()> {
         let text = render::render(&inventory, args.output)?;
         print!("{text}");
         Ok(())
+    })
+}
+
+fn pull(args: &PullArgs) -> anyhow::Result<()> {
+    let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned());
+    let _ = rigger_daemon::logging::init(rigger_daemon::logging::LogFormat::Text, &filter);
+    let platform = match &args.platform {
+        Some(p) => Platform::parse(p).map_err(|e| anyhow::anyhow!("--platform: {e}"))?,
+        None => Platform::host(),
+    };
+    let limit_rate = match &args.limit_rate {
+        None => None,
+        Some(text) => {
+            let rate = text
+                .parse::<bytesize::ByteSize>()
+                .map_err(|e| anyhow::anyhow!("--limit-rate {text:?}: {e}"))?
+                .as_u64();
+            anyhow::ensure!(rate > 0, "--limit-rate must be more than 0");
+            Some(rate)
+        }
+    };
+    anyhow::ensure!(
+        args.max_connections > 0,
+        "--max-connections must be at least 1"
+    );
+    let options = PullOptions {
+        namespace: args.namespace.clone(),
+        snapshotter: args.snapshotter.clone(),
+        platform,
+        hosts_dir: args.registry_config.clone(),
+        plain_http: args.plain_http,
+        docker_config: args.docker_config.clone(),
+        max_connections: args.max_connections,
+        limit_rate,
+        ..PullOptions::default()
+    };
+    let progress: std::sync::Arc<dyn Progress> = if std::io::stderr().is_terminal() {
+        std::sync::Arc::new(rigger_agent::progress::TerminalProgress::new())
+    } else {
+        std::sync::Arc::new(rigger_agent::progress::LineProgress::new(
+            std::time::Duration::from_secs(2),
+        ))
+    };
+    runtime()?.block_on(async {
+        let rt = Runtime::connect(&args.address, DEFAULT_CONNECT_TIMEOUT).await?;
+        let puller = Puller::new(rt, options);
+        let pulls = args.images.iter().map(|image| {
+            let puller = puller.clone();
+            let progress = progress.clone();
+            async move { puller.pull(image, progress).await }
+        });
+        let results = futures::future::join_all(pulls).await;
+        let mut failed = Vec::new();
+        for result in results {
+            match result {
+                Ok(image) => println!("{} {}", image.name, image.digest),
+                Err(e) => failed.push(e.to_string()),
+            }
+        }
+        match failed.len() {
+            0 => Ok(()),
+            1 => Err(anyhow::anyhow!("{}", failed[0])),
+            n => Err(anyhow::anyhow!("{n} images failed: {}", failed.join("; "))),
+        }
     })
 }
 

@@ -1,0 +1,363 @@
+//! The registry side of a pull: resolving a reference to a manifest (through mirrors,
+//! with auth) and fetching blobs or byte ranges of them.
+//!
+//! `oci-client` does the protocol work that must be right (bearer-token and basic auth,
+//! manifest negotiation). Blob bytes are fetched with our own requests on the same
+//! `reqwest` stack, because the transfer needs what a convenience API hides: byte
+//! ranges, the status and `Retry-After` of every response, and fallback between hosts.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference, RegistryOperation};
+use reqwest::StatusCode;
+use reqwest::header::{ACCEPT, AUTHORIZATION, RANGE, RETRY_AFTER};
+use tokio::sync::Mutex;
+
+use super::hosts::Endpoint;
+use super::media;
+
+/// No byte for this long on an open response: the transfer is stalled.
+pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("{image}: not found at {endpoints}")]
+    NotFound { image: String, endpoints: String },
+    #[error("{image}: access denied by {endpoint} ({detail}); check credentials (--docker-config)")]
+    Denied {
+        image: String,
+        endpoint: String,
+        detail: String,
+    },
+    #[error("{image}: {detail}")]
+    Manifest { image: String, detail: String },
+    #[error("{what} from {endpoint}: {detail}")]
+    Transfer {
+        what: String,
+        endpoint: String,
+        detail: String,
+        /// Whether another try (same or next host) can help.
+        retryable: bool,
+        /// What the registry asked for with `Retry-After`.
+        retry_after: Option<Duration>,
+    },
+    #[error("{0}")]
+    Client(String),
+}
+
+impl RegistryError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::Transfer {
+                retryable: true,
+                ..
+            }
+        )
+    }
+
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Transfer { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+}
+
+/// A manifest (or index) as served, with its digest.
+#[derive(Debug, Clone)]
+pub struct RawManifest {
+    pub bytes: Bytes,
+    pub digest: String,
+    pub media_type: String,
+}
+
+/// One repository on one registry, reachable through `endpoints` in order.
+pub struct Registry {
+    /// The reference as the user gave it, normalised (`docker.io/library/x:1`).
+    pub reference: Reference,
+    endpoints: Vec<Endpoint>,
+    auth: RegistryAuth,
+    http: reqwest::Client,
+    /// One oci-client per endpoint (its protocol setting is per client).
+    clients: Vec<Client>,
+    /// Bearer tokens per endpoint, fetched on first use.
+    tokens: Vec<Mutex<Option<String>>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("reference", &self.reference.whole())
+            .field("endpoints", &self.endpoints)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Registry {
+    pub fn new(
+        reference: Reference,
+        endpoints: Vec<Endpoint>,
+        auth: RegistryAuth,
+        stall_timeout: Duration,
+    ) -> Result<Self, RegistryError> {
+        install_crypto_provider();
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .read_timeout(stall_timeout)
+            .pool_max_idle_per_host(32)
+            .build()
+            .map_err(|e| RegistryError::Client(format!("HTTP client: {e}")))?;
+        let clients = endpoints
+            .iter()
+            .map(|e| {
+                Client::new(ClientConfig {
+                    protocol: if e.is_plain_http() {
+                        ClientProtocol::Http
+                    } else {
+                        ClientProtocol::Https
+                    },
+                    accept_invalid_certificates: e.skip_verify,
+                    read_timeout: Some(stall_timeout),
+                    connect_timeout: Some(Duration::from_secs(10)),
+                    user_agent: concat!("rigger-agent/", env!("CARGO_PKG_VERSION")),
+                    ..ClientConfig::default()
+                })
+            })
+            .collect();
+        let tokens = endpoints.iter().map(|_| Mutex::new(None)).collect();
+        Ok(Self {
+            reference,
+            endpoints,
+            auth,
+            http,
+            clients,
+            tokens,
+        })
+    }
+
+    /// The reference as served by endpoint `i` (mirrors keep the repository path).
+    fn reference_at(&self, i: usize, by_digest: Option<&str>) -> Reference {
+        let host = self.endpoints[i].authority().to_owned();
+        let repo = self.reference.repository().to_owned();
+        match (by_digest, self.reference.digest(), self.reference.tag()) {
+            (Some(d), _, _) | (None, Some(d), _) => {
+                Reference::with_digest(host, repo, d.to_owned())
+            }
+            (None, None, tag) => {
+                Reference::with_tag(host, repo, tag.unwrap_or("latest").to_owned())
+            }
+        }
+    }
+
+    fn image(&self) -> String {
+        self.reference.whole()
+    }
+
+    /// Fetch the manifest or index the reference names (a tag needs `resolve`).
+    pub async fn manifest(&self, digest: Option<&str>) -> Result<RawManifest, RegistryError> {
+        let by_tag = digest.is_none() && self.reference.digest().is_none();
+        let mut last = None;
+        for (i, endpoint) in self.endpoints.iter().enumerate() {
+            if (by_tag || !endpoint.pull) && !endpoint.resolve {
+                continue;
+            }
+            let reference = self.reference_at(i, digest);
+            match self.clients[i]
+                .pull_manifest_raw(&reference, &self.auth, media::ACCEPTED_MANIFESTS)
+                .await
+            {
+                Ok((bytes, served_digest)) => {
+                    let media_type = media::manifest_media_type(&bytes).map_err(|detail| {
+                        RegistryError::Manifest {
+                            image: self.image(),
+                            detail,
+                        }
+                    })?;
+                    return Ok(RawManifest {
+                        bytes,
+                        digest: served_digest,
+                        media_type,
+                    });
+                }
+                Err(e) => {
+                    let text = rigger_daemon::error_chain(&e);
+                    tracing::debug!(endpoint = %endpoint.url, error = %text, "manifest fetch failed");
+                    if text.contains("401")
+                        || text.contains("403")
+                        || text.contains("nauthorized")
+                        || text.contains("DENIED")
+                    {
+                        return Err(RegistryError::Denied {
+                            image: self.image(),
+                            endpoint: endpoint.url.clone(),
+                            detail: text,
+                        });
+                    }
+                    // Not found, server error, connection error, timeout: next host.
+                    last = Some((endpoint.url.clone(), text));
+                }
+            }
+        }
+        match last {
+            Some((endpoint, detail))
+                if !detail.contains("404")
+                    && !detail.contains("MANIFEST_UNKNOWN")
+                    && !detail.contains("not found") =>
+            {
+                Err(RegistryError::Manifest {
+                    image: self.image(),
+                    detail: format!("{endpoint}: {detail}"),
+                })
+            }
+            _ => Err(RegistryError::NotFound {
+                image: self.image(),
+                endpoints: self
+                    .endpoints
+                    .iter()
+                    .map(|e| e.url.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        }
+    }
+
+    /// Endpoints that may serve blobs, in fallback order.
+    pub fn blob_endpoints(&self) -> impl Iterator<Item = usize> + '_ {
+        self.endpoints
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.pull)
+            .map(|(i, _)| i)
+    }
+
+    pub fn endpoint_url(&self, i: usize) -> &str {
+        &self.endpoints[i].url
+    }
+
+    async fn authorization(&self, i: usize) -> Option<String> {
+        match &self.auth {
+            RegistryAuth::Basic(user, password) => {
+                use base64::Engine as _;
+                let encoded =
+                    base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+                return Some(format!("Basic {encoded}"));
+            }
+            RegistryAuth::Bearer(token) => return Some(format!("Bearer {token}")),
+            RegistryAuth::Anonymous => {}
+        }
+        let mut cached = self.tokens[i].lock().await;
+        if cached.is_none() {
+            let reference = self.reference_at(i, None);
+            // Anonymous registries answer without a token; token-protected ones issue one.
+            if let Ok(Some(token)) = self.clients[i]
+                .auth(&reference, &self.auth, RegistryOperation::Pull)
+                .await
+            {
+                *cached = Some(token);
+            }
+        }
+        cached.as_ref().map(|t| format!("Bearer {t}"))
+    }
+
+    /// GET a blob (or `range` of it) from endpoint `i`. `Ok((true, body))` when the server
+    /// honoured the range (206), `Ok((false, body))` when it sent the whole blob (200).
+    pub async fn fetch_blob(
+        &self,
+        i: usize,
+        digest: &str,
+        range: Option<(u64, u64)>,
+    ) -> Result<(bool, BlobBody), RegistryError> {
+        let endpoint = &self.endpoints[i];
+        let url = format!(
+            "{}/v2/{}/blobs/{digest}",
+            endpoint.url,
+            self.reference.repository()
+        );
+        let what = match range {
+            Some((start, end)) => format!("blob {digest} bytes {start}-{end}"),
+            None => format!("blob {digest}"),
+        };
+        let transfer = |detail: String, retryable: bool, retry_after: Option<Duration>| {
+            RegistryError::Transfer {
+                what: what.clone(),
+                endpoint: endpoint.url.clone(),
+                detail,
+                retryable,
+                retry_after,
+            }
+        };
+        let mut request = self.http.get(&url).header(ACCEPT, "*/*");
+        if let Some((start, end)) = range {
+            request = request.header(RANGE, format!("bytes={start}-{end}"));
+        }
+        if let Some(authorization) = self.authorization(i).await {
+            request = request.header(AUTHORIZATION, authorization);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| transfer(rigger_daemon::error_chain(&e), true, None))?;
+        let status = response.status();
+        match status {
+            StatusCode::OK | StatusCode::PARTIAL_CONTENT => Ok((
+                status == StatusCode::PARTIAL_CONTENT,
+                BlobBody {
+                    stream: Box::pin(response.bytes_stream()),
+                },
+            )),
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
+                let retry_after = response
+                    .headers()
+                    .get(RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map(Duration::from_secs);
+                Err(transfer(format!("HTTP {status}"), true, retry_after))
+            }
+            s if s.is_server_error() => Err(transfer(format!("HTTP {status}"), true, None)),
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Err(transfer(
+                format!("HTTP {status}: access denied"),
+                false,
+                None,
+            )),
+            _ => Err(transfer(format!("HTTP {status}"), false, None)),
+        }
+    }
+}
+
+/// rustls needs a process-wide crypto provider; we build with ring (see Cargo.toml).
+fn install_crypto_provider() {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        // Err only means another provider is already installed, which serves as well.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// A response body being received.
+pub struct BlobBody {
+    stream: futures::stream::BoxStream<'static, reqwest::Result<Bytes>>,
+}
+
+impl std::fmt::Debug for BlobBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlobBody").finish_non_exhaustive()
+    }
+}
+
+impl BlobBody {
+    /// The next piece of the body; `Ok(None)` at its end. A stall (no byte within the
+    /// stall timeout) is an error.
+    pub async fn next(&mut self) -> Result<Option<Bytes>, String> {
+        match self.stream.next().await {
+            None => Ok(None),
+            Some(Ok(bytes)) => Ok(Some(bytes)),
+            Some(Err(e)) => Err(rigger_daemon::error_chain(&e)),
+        }
+    }
+}

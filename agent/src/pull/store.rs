@@ -1,0 +1,351 @@
+//! The containerd side of a pull: a lease that keeps everything safe from garbage
+//! collection until the image record exists, content ingestion through `Content.Write`
+//! (resumable under a stable ingest ref), content labels, and image records.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use containerd_client::services::v1::content_client::ContentClient;
+use containerd_client::services::v1::images_client::ImagesClient;
+use containerd_client::services::v1::leases_client::LeasesClient;
+use containerd_client::services::v1::{
+    CreateImageRequest, CreateRequest, DeleteRequest, Image, InfoRequest, UpdateImageRequest,
+    UpdateRequest, WriteAction, WriteContentRequest, WriteContentResponse,
+};
+use containerd_client::types::Descriptor as ContainerdDescriptor;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Status, Streaming};
+
+use crate::runtime::{CallError, Runtime, describe_status};
+
+/// containerd's default gRPC message limit is 16 MiB: write in smaller pieces.
+pub const WRITE_CHUNK: usize = 1 << 20;
+
+/// Leases expire by themselves if the agent dies before deleting them.
+const LEASE_EXPIRY: Duration = Duration::from_secs(24 * 3600);
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(transparent)]
+    Call(#[from] CallError),
+    #[error("{what}: {detail}")]
+    Write { what: String, detail: String },
+    #[error(
+        "digest mismatch for {digest}: the bytes received hash to something else (corrupt transfer or a registry serving wrong content)"
+    )]
+    DigestMismatch { digest: String },
+}
+
+/// containerd access for one pull: namespace plus lease on every request.
+#[derive(Debug, Clone)]
+pub struct Store {
+    channel: Channel,
+    namespace: String,
+    lease: Option<String>,
+}
+
+impl Store {
+    pub fn new(runtime: &Runtime, namespace: &str) -> Self {
+        Self {
+            channel: runtime.channel(),
+            namespace: namespace.to_owned(),
+            lease: None,
+        }
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    pub(crate) fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
+    /// A request carrying our namespace (and lease, once taken).
+    pub(crate) fn request<T>(&self, message: T) -> Result<Request<T>, Status> {
+        let mut request = crate::runtime::namespaced(message, &self.namespace)?;
+        if let Some(lease) = &self.lease {
+            let value = lease
+                .parse()
+                .map_err(|_| Status::invalid_argument("invalid lease id"))?;
+            request.metadata_mut().insert("containerd-lease", value);
+        }
+        Ok(request)
+    }
+
+    /// Take a lease; everything written from now on is kept until [`Store::release`].
+    pub async fn take_lease(&mut self, purpose: &str) -> Result<(), StoreError> {
+        let id = format!(
+            "rigger-{purpose}-{}-{:08x}",
+            std::process::id(),
+            fastrand::u32(..)
+        );
+        let expire =
+            humantime::format_rfc3339_seconds(SystemTime::now() + LEASE_EXPIRY).to_string();
+        let request = self
+            .request(CreateRequest {
+                id: id.clone(),
+                labels: HashMap::from([("containerd.io/gc.expire".to_owned(), expire)]),
+            })
+            .map_err(|s| CallError::new("create lease", s))?;
+        LeasesClient::new(self.channel())
+            .create(request)
+            .await
+            .map_err(|s| CallError::new("create lease", s))?;
+        self.lease = Some(id);
+        Ok(())
+    }
+
+    /// Drop the lease: what the image record references stays, the rest becomes garbage.
+    pub async fn release(&mut self) -> Result<(), StoreError> {
+        let Some(id) = self.lease.take() else {
+            return Ok(());
+        };
+        let request =
+            crate::runtime::namespaced(DeleteRequest { id, sync: false }, &self.namespace)
+                .map_err(|s| CallError::new("delete lease", s))?;
+        LeasesClient::new(self.channel())
+            .delete(request)
+            .await
+            .map_err(|s| CallError::new("delete lease", s))?;
+        Ok(())
+    }
+
+    /// Labels of a blob already in the content store; `None` if it is not there.
+    pub async fn blob_labels(
+        &self,
+        digest: &str,
+    ) -> Result<Option<HashMap<String, String>>, StoreError> {
+        let request = self
+            .request(InfoRequest {
+                digest: digest.to_owned(),
+            })
+            .map_err(|s| CallError::new("content info", s))?;
+        match ContentClient::new(self.channel()).info(request).await {
+            Ok(response) => Ok(Some(
+                response
+                    .into_inner()
+                    .info
+                    .map(|i| i.labels)
+                    .unwrap_or_default(),
+            )),
+            Err(status) if status.code() == Code::NotFound => Ok(None),
+            Err(status) => Err(CallError::new("content info", status).into()),
+        }
+    }
+
+    /// Add `labels` to a blob already in the store (keeping the others).
+    pub async fn add_labels(
+        &self,
+        digest: &str,
+        labels: HashMap<String, String>,
+    ) -> Result<(), StoreError> {
+        if labels.is_empty() {
+            return Ok(());
+        }
+        let paths = labels.keys().map(|k| format!("labels.{k}")).collect();
+        let request = self
+            .request(UpdateRequest {
+                info: Some(containerd_client::services::v1::Info {
+                    digest: digest.to_owned(),
+                    labels,
+                    ..Default::default()
+                }),
+                update_mask: Some(prost_types::FieldMask { paths }),
+            })
+            .map_err(|s| CallError::new("content update", s))?;
+        ContentClient::new(self.channel())
+            .update(request)
+            .await
+            .map_err(|s| CallError::new("content update", s))?;
+        Ok(())
+    }
+
+    /// Open (or resume) the ingest `reference` for a blob of `size` bytes and `digest`.
+    pub async fn open_writer(
+        &self,
+        reference: &str,
+        digest: &str,
+        size: u64,
+    ) -> Result<BlobWriter, StoreError> {
+        let what = format!("write {digest}");
+        let (tx, rx) = mpsc::channel::<WriteContentRequest>(4);
+        let stat = WriteContentRequest {
+            action: WriteAction::Stat as i32,
+            r#ref: reference.to_owned(),
+            total: i64::try_from(size).unwrap_or(i64::MAX),
+            expected: digest.to_owned(),
+            ..Default::default()
+        };
+        tx.send(stat).await.map_err(|_| StoreError::Write {
+            what: what.clone(),
+            detail: "write stream closed".into(),
+        })?;
+        let request = self
+            .request(ReceiverStream::new(rx))
+            .map_err(|s| CallError::new("content write", s))?;
+        let mut responses = ContentClient::new(self.channel())
+            .write(request)
+            .await
+            .map_err(|s| CallError::new("content write", s))?
+            .into_inner();
+        let status = next_response(&mut responses, &what).await?;
+        let offset = u64::try_from(status.offset).unwrap_or(0);
+        Ok(BlobWriter {
+            tx,
+            responses,
+            reference: reference.to_owned(),
+            digest: digest.to_owned(),
+            size,
+            offset,
+            what,
+        })
+    }
+
+    /// Create or update an image record pointing at `target`.
+    pub async fn put_image(
+        &self,
+        name: &str,
+        target: &ContainerdDescriptor,
+        labels: &HashMap<String, String>,
+    ) -> Result<(), StoreError> {
+        let image = Image {
+            name: name.to_owned(),
+            labels: labels.clone(),
+            target: Some(target.clone()),
+            created_at: None,
+            updated_at: None,
+        };
+        let create = self
+            .request(CreateImageRequest {
+                image: Some(image.clone()),
+                source_date_epoch: None,
+            })
+            .map_err(|s| CallError::new("create image", s))?;
+        match ImagesClient::new(self.channel()).create(create).await {
+            Ok(_) => Ok(()),
+            Err(status) if status.code() == Code::AlreadyExists => {
+                let update = self
+                    .request(UpdateImageRequest {
+                        image: Some(image),
+                        update_mask: None,
+                        source_date_epoch: None,
+                    })
+                    .map_err(|s| CallError::new("update image", s))?;
+                ImagesClient::new(self.channel())
+                    .update(update)
+                    .await
+                    .map_err(|s| CallError::new("update image", s))?;
+                Ok(())
+            }
+            Err(status) => Err(CallError::new("create image", status).into()),
+        }
+    }
+}
+
+async fn next_response(
+    responses: &mut Streaming<WriteContentResponse>,
+    what: &str,
+) -> Result<WriteContentResponse, StoreError> {
+    match responses.message().await {
+        Ok(Some(r)) => Ok(r),
+        Ok(None) => Err(StoreError::Write {
+            what: what.to_owned(),
+            detail: "containerd closed the write stream".into(),
+        }),
+        Err(status) => Err(StoreError::Write {
+            what: what.to_owned(),
+            detail: describe_status(&status),
+        }),
+    }
+}
+
+/// An open ingest: bytes go in order from `offset()`, then `commit`.
+#[derive(Debug)]
+pub struct BlobWriter {
+    tx: mpsc::Sender<WriteContentRequest>,
+    responses: Streaming<WriteContentResponse>,
+    reference: String,
+    digest: String,
+    size: u64,
+    offset: u64,
+    what: String,
+}
+
+impl BlobWriter {
+    /// Bytes containerd already holds for this ingest (where a resumed download starts).
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Start over from byte 0 (the held bytes are unusable, e.g. after a digest mismatch).
+    pub async fn truncate(&mut self) -> Result<(), StoreError> {
+        self.send(WriteContentRequest {
+            action: WriteAction::Write as i32,
+            r#ref: self.reference.clone(),
+            offset: 0,
+            ..Default::default()
+        })
+        .await?;
+        self.offset = 0;
+        Ok(())
+    }
+
+    /// Append `data` at the current offset.
+    pub async fn write(&mut self, mut data: &[u8]) -> Result<(), StoreError> {
+        while !data.is_empty() {
+            let n = data.len().min(WRITE_CHUNK);
+            let request = WriteContentRequest {
+                action: WriteAction::Write as i32,
+                r#ref: self.reference.clone(),
+                offset: i64::try_from(self.offset).unwrap_or(i64::MAX),
+                data: data[..n].to_vec(),
+                ..Default::default()
+            };
+            let response = self.send(request).await?;
+            self.offset = u64::try_from(response.offset).unwrap_or(self.offset + n as u64);
+            data = &data[n..];
+        }
+        Ok(())
+    }
+
+    /// Verify and commit; containerd checks size and digest. `AlreadyExists` (another
+    /// pull finished the same blob) counts as success.
+    pub async fn commit(mut self, labels: HashMap<String, String>) -> Result<(), StoreError> {
+        let request = WriteContentRequest {
+            action: WriteAction::Commit as i32,
+            r#ref: self.reference.clone(),
+            total: i64::try_from(self.size).unwrap_or(i64::MAX),
+            expected: self.digest.clone(),
+            offset: i64::try_from(self.offset).unwrap_or(i64::MAX),
+            labels,
+            ..Default::default()
+        };
+        match self.send(request).await {
+            Ok(_) => Ok(()),
+            Err(StoreError::Write { detail, .. }) if detail.starts_with("AlreadyExists") => Ok(()),
+            Err(StoreError::Write { detail, .. })
+                if detail.contains("unexpected commit digest")
+                    || detail.contains("digest") && detail.contains("FailedPrecondition") =>
+            {
+                Err(StoreError::DigestMismatch {
+                    digest: self.digest.clone(),
+                })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn send(
+        &mut self,
+        request: WriteContentRequest,
+    ) -> Result<WriteContentResponse, StoreError> {
+        self.tx.send(request).await.map_err(|_| StoreError::Write {
+            what: self.what.clone(),
+            detail: "write stream closed".into(),
+        })?;
+        next_response(&mut self.responses, &self.what).await
+    }
+}
