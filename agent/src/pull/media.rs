@@ -131,6 +131,11 @@ impl Platform {
         }
     }
 
+    /// Whether an image config (of a manifest that is not in an index) is for us.
+    pub fn matches_config(&self, config: &oci_spec::image::ImageConfiguration) -> bool {
+        config.os().to_string() == self.os && config.architecture().to_string() == self.architecture
+    }
+
     fn matches(&self, descriptor: &Descriptor) -> bool {
         let Some(p) = descriptor.platform() else {
             return false;

@@ -223,6 +223,16 @@ impl Puller {
             image: image.to_owned(),
             detail: e.to_string(),
         })?;
+        if reference
+            .repository()
+            .chars()
+            .any(|c| c.is_ascii_uppercase())
+        {
+            return Err(PullError::InvalidReference {
+                image: image.to_owned(),
+                detail: "repository names must be lowercase".to_owned(),
+            });
+        }
         let name = reference.whole();
         let registry_host = reference.registry().to_owned();
         let endpoints = hosts::endpoints(
@@ -349,6 +359,15 @@ impl Puller {
         verify_digest(&config_bytes, config_desc.digest().as_ref()).map_err(&image_err)?;
         let config: ImageConfiguration = serde_json::from_slice(&config_bytes)
             .map_err(|e| image_err(format!("image config is invalid: {e}")))?;
+        // A plain manifest has no platform list: containerd checks the config instead.
+        if index.is_none() && !self.options.platform.matches_config(&config) {
+            return Err(image_err(format!(
+                "the image is for {}/{}, not {}",
+                config.os(),
+                config.architecture(),
+                self.options.platform
+            )));
+        }
         let diff_ids: Vec<String> = config.rootfs().diff_ids().clone();
         if diff_ids.len() != layers.len() {
             return Err(image_err(format!(

@@ -162,6 +162,7 @@ impl Registry {
     pub async fn manifest(&self, digest: Option<&str>) -> Result<RawManifest, RegistryError> {
         let by_tag = digest.is_none() && self.reference.digest().is_none();
         let mut last = None;
+        let mut not_found = false;
         for (i, endpoint) in self.endpoints.iter().enumerate() {
             if (by_tag || !endpoint.pull) && !endpoint.resolve {
                 continue;
@@ -187,33 +188,26 @@ impl Registry {
                 Err(e) => {
                     let text = rigger_daemon::error_chain(&e);
                     tracing::debug!(endpoint = %endpoint.url, error = %text, "manifest fetch failed");
-                    if text.contains("401")
-                        || text.contains("403")
-                        || text.contains("nauthorized")
-                        || text.contains("DENIED")
-                    {
-                        return Err(RegistryError::Denied {
-                            image: self.image(),
-                            endpoint: endpoint.url.clone(),
-                            detail: text,
-                        });
+                    match classify(&e) {
+                        Failure::Denied => {
+                            return Err(RegistryError::Denied {
+                                image: self.image(),
+                                endpoint: endpoint.url.clone(),
+                                detail: text,
+                            });
+                        }
+                        // containerd also moves on to the next host when one lacks the image.
+                        Failure::NotFound => not_found = true,
+                        Failure::Other => last = Some((endpoint.url.clone(), text)),
                     }
-                    // Not found, server error, connection error, timeout: next host.
-                    last = Some((endpoint.url.clone(), text));
                 }
             }
         }
         match last {
-            Some((endpoint, detail))
-                if !detail.contains("404")
-                    && !detail.contains("MANIFEST_UNKNOWN")
-                    && !detail.contains("not found") =>
-            {
-                Err(RegistryError::Manifest {
-                    image: self.image(),
-                    detail: format!("{endpoint}: {detail}"),
-                })
-            }
+            Some((endpoint, detail)) if !not_found => Err(RegistryError::Manifest {
+                image: self.image(),
+                detail: format!("{endpoint}: {detail}"),
+            }),
             _ => Err(RegistryError::NotFound {
                 image: self.image(),
                 endpoints: self
@@ -327,6 +321,43 @@ impl Registry {
             )),
             _ => Err(transfer(format!("HTTP {status}"), false, None)),
         }
+    }
+}
+
+enum Failure {
+    NotFound,
+    Denied,
+    Other,
+}
+
+fn classify(error: &oci_client::errors::OciDistributionError) -> Failure {
+    use oci_client::errors::{OciDistributionError as E, OciErrorCode as C};
+    match error {
+        E::ImageManifestNotFoundError(_) => Failure::NotFound,
+        E::AuthenticationFailure(_) | E::UnauthorizedError { .. } => Failure::Denied,
+        E::ServerError { code: 404, .. } => Failure::NotFound,
+        E::ServerError {
+            code: 401 | 403, ..
+        } => Failure::Denied,
+        E::RegistryError { envelope, .. } => {
+            if envelope
+                .errors
+                .iter()
+                .any(|e| matches!(e.code, C::Unauthorized | C::Denied))
+            {
+                Failure::Denied
+            } else if envelope.errors.iter().any(|e| {
+                matches!(
+                    e.code,
+                    C::ManifestUnknown | C::NameUnknown | C::NotFound | C::BlobUnknown
+                )
+            }) {
+                Failure::NotFound
+            } else {
+                Failure::Other
+            }
+        }
+        _ => Failure::Other,
     }
 }
 

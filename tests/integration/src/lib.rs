@@ -258,3 +258,142 @@ fn sha256_hex(data: &[u8]) -> String {
         .map(|b| format!("{b:02x}"))
         .collect()
 }
+
+/// A read-only view of a committed snapshot, mounted at a temporary directory, unmounted
+/// and removed when dropped.
+#[derive(Debug)]
+pub struct MountedSnapshot {
+    pub path: PathBuf,
+    namespace: String,
+    key: String,
+    _dir: tempfile::TempDir,
+}
+
+impl MountedSnapshot {
+    /// Mount the snapshot `chain_id` of namespace `ns` (it must exist: no unpacking here).
+    pub fn view(ns: &str, chain_id: &str) -> Self {
+        let lab = Lab::get();
+        let dir = tempfile::tempdir().unwrap();
+        let key = format!("itest-view-{}-{}", std::process::id(), &chain_id[7..19]);
+        let json = lab.ctr(ns, &["snapshots", "view", "--mounts", &key, chain_id]);
+        let mounts: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
+        assert_eq!(mounts.len(), 1, "{json}");
+        let m = &mounts[0];
+        let options: Vec<&str> = m["Options"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o.as_str().unwrap())
+            .collect();
+        let status = Command::new("mount")
+            .args(["-t", m["Type"].as_str().unwrap()])
+            .args(["-o", &options.join(",")])
+            .arg(m["Source"].as_str().unwrap())
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount of {chain_id} failed");
+        Self {
+            path: dir.path().to_owned(),
+            namespace: ns.to_owned(),
+            key,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for MountedSnapshot {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.path).status();
+        let lab = Lab::get();
+        let _ = Command::new("ctr")
+            .arg("--address")
+            .arg(&lab.containerd_address)
+            .args(["--namespace", &self.namespace, "snapshots", "rm", &self.key])
+            .output();
+    }
+}
+
+/// Everything about a file tree that unpacking must reproduce: per path its type, mode,
+/// owner, size, link count, and content hash or link target.
+pub fn tree_listing(root: &Path) -> std::collections::BTreeMap<String, String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let entry = entry.unwrap();
+            let path = entry.path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let ft = meta.file_type();
+            let what = if ft.is_dir() {
+                stack.push(path.clone());
+                "dir".to_owned()
+            } else if ft.is_symlink() {
+                format!(
+                    "symlink -> {}",
+                    std::fs::read_link(&path).unwrap().display()
+                )
+            } else if ft.is_file() {
+                format!(
+                    "file sha256:{} nlink {}",
+                    sha256_hex(&std::fs::read(&path).unwrap()),
+                    meta.nlink()
+                )
+            } else if ft.is_fifo() {
+                "fifo".to_owned()
+            } else if ft.is_char_device() || ft.is_block_device() {
+                format!("device {}", meta.rdev())
+            } else {
+                "socket".to_owned()
+            };
+            let rel = path.strip_prefix(root).unwrap().display().to_string();
+            out.insert(
+                rel,
+                format!(
+                    "{what} mode {:o} owner {}:{} size {}",
+                    meta.mode(),
+                    meta.uid(),
+                    meta.gid(),
+                    if ft.is_dir() { 0 } else { meta.size() }
+                ),
+            );
+        }
+    }
+    out
+}
+
+/// ChainID of the top layer of a manifest's config (as containerd names snapshots).
+pub fn top_chain_id(diff_ids: &[String]) -> String {
+    let mut chain = diff_ids[0].clone();
+    for diff_id in &diff_ids[1..] {
+        chain = format!(
+            "sha256:{}",
+            sha256_hex(format!("{chain} {diff_id}").as_bytes())
+        );
+    }
+    chain
+}
+
+/// Labels of each blob in namespace `ns`, from `ctr content ls`.
+pub fn content_labels(ns: &str) -> HashMap<String, std::collections::BTreeMap<String, String>> {
+    let out = Lab::get().ctr(ns, &["content", "ls"]);
+    out.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let digest = cols.first()?.to_string();
+            let labels = cols
+                .last()
+                .filter(|l| l.contains('='))
+                .map(|l| {
+                    l.split(',')
+                        .filter_map(|kv| kv.split_once('='))
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            Some((digest, labels))
+        })
+        .collect()
+}

@@ -1,0 +1,237 @@
+//! `rigger-agent pull` against the lab: the result must be what containerd's own pull
+//! leaves (same rootfs, same labels, same records), and CRI must use it as pulled.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::collections::HashMap;
+use std::process::{Command, Output};
+
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::{ImageSpec, ImageStatusRequest};
+use rigger_agent::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
+use rigger_integration_tests::{
+    Lab, MountedSnapshot, TestNamespace, agent, binary, content_labels, top_chain_id, tree_listing,
+};
+
+fn agent_pull(ns: &str, images: &[&str]) -> Output {
+    let lab = Lab::get();
+    let mut args = vec![
+        "pull".to_owned(),
+        "--address".to_owned(),
+        lab.containerd_address.display().to_string(),
+        "--registry-config".to_owned(),
+        lab.hosts_dir.display().to_string(),
+        "--namespace".to_owned(),
+        ns.to_owned(),
+    ];
+    args.extend(images.iter().map(|s| (*s).to_owned()));
+    Command::new(binary("rigger-agent"))
+        .args(&args)
+        .output()
+        .unwrap()
+}
+
+fn assert_pulled(out: &Output) {
+    assert!(
+        out.status.success(),
+        "pull failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// diff IDs of a lab image, from the config the registry serves.
+fn diff_ids(lab: &Lab, ns: &str, repo_tag: &str) -> Vec<String> {
+    let (manifest, _) = lab.manifest(repo_tag);
+    let config = lab.ctr(
+        ns,
+        &[
+            "content",
+            "get",
+            manifest["config"]["digest"].as_str().unwrap(),
+        ],
+    );
+    let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+    config["rootfs"]["diff_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn compare_with_ctr(repo_tag: &str, test: &str) {
+    let lab = Lab::get();
+    let ours = TestNamespace::new(&format!("{test}-agent"));
+    let theirs = TestNamespace::new(&format!("{test}-ctr"));
+    let image = lab.image(repo_tag);
+
+    // The agent first, so it really downloads (content is shared across namespaces).
+    assert_pulled(&agent_pull(&ours.name, &[&image]));
+    lab.ctr_pull(&theirs.name, &image);
+
+    // Same image record.
+    let record = |ns: &str| {
+        lab.ctr(ns, &["images", "ls"])
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(record(&ours.name), record(&theirs.name));
+
+    // Same labels on every blob of the image.
+    let (ours_labels, theirs_labels) = (content_labels(&ours.name), content_labels(&theirs.name));
+    let (manifest, manifest_digest) = lab.manifest(repo_tag);
+    let mut blobs = vec![
+        manifest_digest,
+        manifest["config"]["digest"].as_str().unwrap().to_owned(),
+    ];
+    blobs.extend(
+        manifest["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["digest"].as_str().unwrap().to_owned()),
+    );
+    for blob in &blobs {
+        assert_eq!(
+            ours_labels.get(blob),
+            theirs_labels.get(blob),
+            "labels of {blob} differ (agent vs ctr)"
+        );
+        assert!(ours_labels.contains_key(blob), "{blob} missing");
+    }
+
+    // Same snapshots and the same rootfs, file by file.
+    let ids = diff_ids(lab, &ours.name, repo_tag);
+    let chain = top_chain_id(&ids);
+    let ours_root = MountedSnapshot::view(&ours.name, &chain);
+    let theirs_root = MountedSnapshot::view(&theirs.name, &chain);
+    let (a, b) = (
+        tree_listing(&ours_root.path),
+        tree_listing(&theirs_root.path),
+    );
+    assert!(!a.is_empty());
+    for (path, entry) in &b {
+        assert_eq!(a.get(path), Some(entry), "{path} differs");
+    }
+    assert_eq!(a.len(), b.len(), "extra paths in the agent's rootfs");
+}
+
+#[test]
+fn fixtures_rootfs_matches_containerds_pull() {
+    // Whiteouts, opaque dirs, hardlinks, symlinks, setuid, owners, fifos, long names.
+    compare_with_ctr("rigger-lab/fixtures:1", "pull-fixtures");
+}
+
+#[test]
+fn multi_layer_rootfs_matches_containerds_pull() {
+    compare_with_ctr("rigger-lab/multi:1", "pull-multi");
+}
+
+#[test]
+fn cri_finds_an_agent_pulled_image() {
+    let lab = Lab::get();
+    // An image no other test pulls, so CRI can only know it from the agent.
+    let repo = format!("rigger-lab/cri-{}", std::process::id());
+    let out = Command::new(rigger_integration_tests::repo_root().join("scripts/lab"))
+        .args([
+            "image", "layers", "--name", &repo, "--count", "2", "--size", "65536",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let image = lab.image(&format!("{repo}:1"));
+    let out = agent_pull("k8s.io", &[&image]);
+    assert_pulled(&out);
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let status = runtime.block_on(async {
+        let rt = Runtime::connect(&lab.containerd_address, DEFAULT_CONNECT_TIMEOUT)
+            .await
+            .unwrap();
+        ImageServiceClient::new(rt.channel())
+            .image_status(ImageStatusRequest {
+                image: Some(ImageSpec {
+                    image: image.clone(),
+                    ..Default::default()
+                }),
+                verbose: false,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+    });
+    let found = status.image.expect("CRI ImageStatus finds the image");
+    let (manifest, digest) = lab.manifest(&format!("{repo}:1"));
+    assert_eq!(found.id, manifest["config"]["digest"].as_str().unwrap());
+    assert!(found.repo_tags.contains(&image), "{:?}", found.repo_tags);
+    assert!(
+        found.repo_digests.iter().any(|d| d.ends_with(&digest)),
+        "{:?}",
+        found.repo_digests
+    );
+
+    // Clean up the image from CRI's namespace.
+    let records = lab.ctr("k8s.io", &["images", "ls", "-q"]);
+    for name in records
+        .lines()
+        .filter(|l| l.contains(&repo) || l == &found.id)
+    {
+        lab.ctr("k8s.io", &["images", "rm", name]);
+    }
+}
+
+#[test]
+fn already_present_image_downloads_nothing() {
+    let lab = Lab::get();
+    let ns = TestNamespace::new("pull-again");
+    let image = lab.image("rigger-lab/busybox:1");
+    assert_pulled(&agent_pull(&ns.name, &[&image]));
+    let again = agent_pull(&ns.name, &[&image]);
+    assert_pulled(&again);
+    let log = String::from_utf8_lossy(&again.stderr);
+    assert!(log.contains("already present"), "{log}");
+    assert!(!log.contains(": downloaded"), "{log}");
+}
+
+#[test]
+fn bad_references_fail_with_one_line_naming_the_image() {
+    let lab = Lab::get();
+    let ns = TestNamespace::new("pull-bad");
+    let cases: HashMap<String, &str> = HashMap::from([
+        (lab.image("rigger-lab/busybox:no-such-tag"), "not found"),
+        (lab.image("rigger-lab/no-such-repo:1"), "not found"),
+        (format!("{}/UPPER/case:1", lab.registry), "invalid"),
+        ("no spaces allowed:1".to_owned(), "invalid"),
+    ]);
+    for (image, expected) in cases {
+        let out = agent_pull(&ns.name, &[&image]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{image}");
+        let last = stderr.trim_end().lines().last().unwrap_or_default();
+        assert!(last.starts_with("rigger-agent: error:"), "{stderr}");
+        assert!(last.contains(expected), "{image}: {last}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    // Nothing was recorded.
+    assert!(lab.ctr(&ns.name, &["images", "ls", "-q"]).trim().is_empty());
+
+    let out = agent(&[
+        "pull",
+        "--address",
+        lab.containerd_address.to_str().unwrap(),
+        "--registry-config",
+        lab.hosts_dir.to_str().unwrap(),
+        "--namespace",
+        &ns.name,
+        "--platform",
+        "linux/s390x",
+        &lab.image("rigger-lab/busybox:1"),
+    ]);
+    assert!(!out.status.success());
+}
