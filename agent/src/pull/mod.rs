@@ -15,6 +15,7 @@
 //! - [`unpack`]: chain IDs and snapshots;
 //! - [`limit`]: the node-wide bandwidth cap.
 
+pub mod apply;
 pub mod hosts;
 pub mod limit;
 pub mod media;
@@ -40,8 +41,9 @@ use self::limit::RateLimit;
 use self::media::Platform;
 use self::registry::{Registry, RegistryError};
 use self::store::{BlobWriter, Store, StoreError};
-use self::unpack::{UnpackError, chain_ids};
+use self::unpack::{StreamingApply, UnpackError, chain_ids};
 use crate::runtime::{CRI_NAMESPACE, Runtime};
+use bytes::Bytes;
 
 /// Blobs this big or bigger are fetched as parallel byte ranges.
 pub const DEFAULT_CHUNK_SIZE: u64 = 8 << 20;
@@ -381,19 +383,22 @@ impl Puller {
         // Every layer downloads at once (bounded by the connection limit); each is
         // unpacked as soon as it and the layers below it are in.
         let mut downloads = Vec::with_capacity(layers.len());
-        for (layer, diff_id) in layers.iter().zip(&diff_ids) {
+        for (i, (layer, diff_id)) in layers.iter().zip(&diff_ids).enumerate() {
             let t = transfer.clone();
             let layer = layer.clone();
             let labels =
                 HashMap::from([("containerd.io/uncompressed".to_owned(), diff_id.clone())]);
-            let skip_if_unpacked = (
-                self.options.snapshotter.clone(),
-                chains[downloads.len()].clone(),
-            );
+            let plan = StreamPlan {
+                snapshotter: self.options.snapshotter.clone(),
+                parent: i.checked_sub(1).map(|p| chains[p].clone()),
+                chain_id: chains[i].clone(),
+                compression: media::layer_compression(layer.media_type().as_ref())
+                    .map_err(&image_err)?,
+                diff_id: diff_id.clone(),
+            };
             downloads.push(tokio::spawn(async move {
-                // An unpacked layer whose blob is gone (GC after unpack) need not be fetched:
-                // containerd's pull skips it the same way.
-                if unpack::is_unpacked(&t.store, &skip_if_unpacked.0, &skip_if_unpacked.1)
+                // Unpacked and stored already: nothing to do for this layer.
+                if unpack::is_unpacked(&t.store, &plan.snapshotter, &plan.chain_id)
                     .await
                     .unwrap_or(false)
                     && t.store
@@ -409,7 +414,7 @@ impl Puller {
                     });
                     return Ok(0);
                 }
-                t.fetch_blob(layer.digest().as_ref(), layer.size(), labels)
+                t.fetch_blob(layer.digest().as_ref(), layer.size(), labels, Some(plan))
                     .await
             }));
         }
@@ -441,10 +446,13 @@ impl Puller {
                 continue;
             }
             let descriptor = containerd_descriptor(layer);
-            unpack::apply_layer(
+            let compression =
+                media::layer_compression(layer.media_type().as_ref()).map_err(&image_err)?;
+            unpack::apply_from_store(
                 store,
                 &self.options.snapshotter,
                 &descriptor,
+                compression,
                 &diff_ids[i],
                 i.checked_sub(1).map(|p| chains[p].as_str()),
                 &chains[i],
@@ -639,13 +647,14 @@ impl Transfer {
         writer.commit(self.labels_with_source(labels, None)).await
     }
 
-    /// Download a blob into the store (resuming what containerd holds). Returns the
-    /// bytes fetched from the registry.
+    /// Download a blob into the store (resuming what containerd holds), unpacking it on
+    /// the way when `plan` allows. Returns the bytes fetched from the registry.
     async fn fetch_blob(
         &self,
         digest: &str,
         size: u64,
         labels: HashMap<String, String>,
+        plan: Option<StreamPlan>,
     ) -> Result<u64, PullError> {
         // One fetch per blob in this agent: a concurrent pull of the same layer waits here
         // and then finds the blob present.
@@ -673,54 +682,127 @@ impl Transfer {
             return Ok(0);
         }
         let labels = self.labels_with_source(labels, None);
-        let mut writer = self.open_writer_waiting(digest, size).await?;
+        let writer = self.open_writer_waiting(digest, size).await?;
         self.progress.event(ProgressEvent::BlobStarted {
             digest: digest.to_owned(),
             size,
             resumed_from: writer.offset(),
         });
-        let mut fetched = 0u64;
+        let streaming = match &plan {
+            Some(plan) if writer.offset() == 0 => self.start_streaming(plan).await,
+            _ => None,
+        };
+        let mut sink = Sink {
+            writer,
+            streaming,
+            fetched: 0,
+            fed: 0,
+        };
+        let result = self.download(digest, size, labels, &mut sink).await;
+        match (result, sink.streaming.take(), &plan) {
+            (Ok(()), Some(streaming), Some(plan)) => {
+                streaming
+                    .finish(&self.store, digest, &plan.diff_id)
+                    .await
+                    .map_err(|source| PullError::Unpack {
+                        image: self.image.clone(),
+                        source,
+                    })?;
+                self.progress.event(ProgressEvent::LayerUnpacked {
+                    digest: digest.to_owned(),
+                });
+                Ok(sink.fetched)
+            }
+            (Ok(()), _, _) => Ok(sink.fetched),
+            (Err(e), streaming, _) => {
+                if let Some(streaming) = streaming {
+                    streaming.abandon(&self.store).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Unpack while downloading, if the layer's parent is already unpacked (layers are
+    /// stacked: a child cannot be prepared before its parent is committed).
+    async fn start_streaming(&self, plan: &StreamPlan) -> Option<StreamingApply> {
+        let parent_ready = match &plan.parent {
+            None => true,
+            Some(parent) => unpack::is_unpacked(&self.store, &plan.snapshotter, parent)
+                .await
+                .unwrap_or(false),
+        };
+        let done = unpack::is_unpacked(&self.store, &plan.snapshotter, &plan.chain_id)
+            .await
+            .unwrap_or(true);
+        if !parent_ready || done {
+            return None;
+        }
+        match StreamingApply::start(
+            &self.store,
+            &plan.snapshotter,
+            plan.parent.as_deref(),
+            &plan.chain_id,
+            plan.compression,
+        )
+        .await
+        {
+            Ok(streaming) => streaming,
+            Err(error) => {
+                tracing::debug!(%error, "unpacking after the download instead");
+                None
+            }
+        }
+    }
+
+    /// Fetch until containerd holds the whole blob and accepts its digest.
+    async fn download(
+        &self,
+        digest: &str,
+        size: u64,
+        labels: HashMap<String, String>,
+        sink: &mut Sink,
+    ) -> Result<(), PullError> {
         let mut last = String::new();
         let mut ranges_supported = true;
         for attempt in 0..self.attempts {
-            let start = writer.offset();
+            let start = sink.writer.offset();
             let outcome = if start >= size {
                 Ok(())
             } else if ranges_supported && size - start > self.chunk_size {
-                match self
-                    .fetch_ranges(digest, size, &mut writer, &mut fetched)
-                    .await
-                {
+                match self.fetch_ranges(digest, size, sink).await {
                     Err(RangeOutcome::Ignored) => {
                         ranges_supported = false;
-                        self.fetch_stream(digest, size, &mut writer, &mut fetched)
-                            .await
+                        self.fetch_stream(digest, size, sink).await
                     }
                     Err(RangeOutcome::Failed(e)) => Err(e),
                     Ok(()) => Ok(()),
                 }
             } else {
-                self.fetch_stream(digest, size, &mut writer, &mut fetched)
-                    .await
+                self.fetch_stream(digest, size, sink).await
             };
             match outcome {
                 Ok(()) => {
-                    match writer.commit(labels.clone()).await {
+                    match sink.writer.commit(labels.clone()).await {
                         Ok(()) => {
                             self.progress.event(ProgressEvent::BlobDone {
                                 digest: digest.to_owned(),
                                 skipped: false,
                             });
-                            return Ok(fetched);
+                            return Ok(());
                         }
                         Err(StoreError::DigestMismatch { .. }) => {
                             // The bytes are wrong: start over (maybe from another host).
                             last = format!("{digest}: content does not match its digest");
                             tracing::warn!(%digest, "digest mismatch; downloading again");
+                            sink.drop_streaming(&self.store).await;
                             let _ = self.store_abort(digest).await;
-                            writer = self.open_writer_waiting(digest, size).await?;
-                            if writer.offset() != 0 {
-                                writer.truncate().await.map_err(|e| self.store_err(e))?;
+                            sink.writer = self.open_writer_waiting(digest, size).await?;
+                            if sink.writer.offset() != 0 {
+                                sink.writer
+                                    .truncate()
+                                    .await
+                                    .map_err(|e| self.store_err(e))?;
                             }
                         }
                         Err(e) => return Err(self.store_err(e)),
@@ -735,7 +817,10 @@ impl Transfer {
                         backoff(attempt, re.retry_after()).await;
                         // The writer may be out of step after a failed stream: reopen it to
                         // learn the offset containerd really holds.
-                        writer = self.open_writer_waiting(digest, size).await?;
+                        sink.writer = self.open_writer_waiting(digest, size).await?;
+                        if sink.writer.offset() != sink.fed {
+                            sink.drop_streaming(&self.store).await;
+                        }
                         continue;
                     }
                     return Err(e);
@@ -783,13 +868,12 @@ impl Transfer {
         &self,
         digest: &str,
         size: u64,
-        writer: &mut BlobWriter,
-        fetched: &mut u64,
+        sink: &mut Sink,
     ) -> Result<(), PullError> {
         let _permit = self.connections.acquire().await;
         let mut last: Option<RegistryError> = None;
         for i in self.registry.blob_endpoints() {
-            let start = writer.offset();
+            let start = sink.writer.offset();
             let range = (start > 0).then(|| (start, size - 1));
             let (partial, mut body) = match self.registry.fetch_blob(i, digest, range).await {
                 Ok(ok) => ok,
@@ -812,7 +896,7 @@ impl Transfer {
                                 continue;
                             }
                         }
-                        if writer.offset() + piece.len() as u64 > size {
+                        if sink.writer.offset() + piece.len() as u64 > size {
                             return Err(RegistryError::Transfer {
                                 what: format!("blob {digest}"),
                                 endpoint: self.registry.endpoint_url(i).to_owned(),
@@ -825,8 +909,9 @@ impl Transfer {
                         if let Some(rate) = &self.rate {
                             rate.acquire(piece.len()).await;
                         }
-                        writer.write(&piece).await.map_err(|e| self.store_err(e))?;
-                        *fetched += piece.len() as u64;
+                        sink.write(piece.clone())
+                            .await
+                            .map_err(|e| self.store_err(e))?;
                         self.progress.event(ProgressEvent::BlobBytes {
                             digest: digest.to_owned(),
                             bytes: piece.len() as u64,
@@ -845,11 +930,11 @@ impl Transfer {
                     }
                 }
             }
-            if writer.offset() < size {
+            if sink.writer.offset() < size {
                 return Err(RegistryError::Transfer {
                     what: format!("blob {digest}"),
                     endpoint: self.registry.endpoint_url(i).to_owned(),
-                    detail: format!("body ended at byte {} of {size}", writer.offset()),
+                    detail: format!("body ended at byte {} of {size}", sink.writer.offset()),
                     retryable: true,
                     retry_after: None,
                 }
@@ -873,10 +958,9 @@ impl Transfer {
         &self,
         digest: &str,
         size: u64,
-        writer: &mut BlobWriter,
-        fetched: &mut u64,
+        sink: &mut Sink,
     ) -> Result<(), RangeOutcome> {
-        let start = writer.offset();
+        let start = sink.writer.offset();
         let chunk = self.chunk_size;
         let ranges: Vec<(u64, u64)> = (start..size)
             .step_by(usize::try_from(chunk).unwrap_or(usize::MAX))
@@ -888,11 +972,9 @@ impl Transfer {
             .buffered(window);
         while let Some(result) = chunks.next().await {
             let data = result?;
-            writer
-                .write(&data)
+            sink.write(Bytes::from(data))
                 .await
                 .map_err(|e| RangeOutcome::Failed(self.store_err(e)))?;
-            *fetched += data.len() as u64;
         }
         Ok(())
     }
@@ -966,6 +1048,46 @@ impl Transfer {
             self.exhausted(&format!("{digest} bytes {start}-{end}"), last),
         ))
     }
+}
+
+/// Where downloaded bytes go: containerd's ingest, and the unpacker when streaming.
+struct Sink {
+    writer: BlobWriter,
+    streaming: Option<StreamingApply>,
+    /// Bytes fetched from registries in this run.
+    fetched: u64,
+    /// Bytes handed to the unpacker (equals the ingest offset while streaming works).
+    fed: u64,
+}
+
+impl Sink {
+    async fn write(&mut self, bytes: Bytes) -> Result<(), StoreError> {
+        let n = bytes.len() as u64;
+        self.writer.write(&bytes).await?;
+        self.fetched += n;
+        if let Some(streaming) = &mut self.streaming
+            && streaming.feed(bytes).await
+        {
+            self.fed += n;
+        }
+        Ok(())
+    }
+
+    async fn drop_streaming(&mut self, store: &Store) {
+        if let Some(streaming) = self.streaming.take() {
+            streaming.abandon(store).await;
+        }
+    }
+}
+
+/// What a layer needs to be unpacked while it downloads.
+#[derive(Debug, Clone)]
+struct StreamPlan {
+    snapshotter: String,
+    parent: Option<String>,
+    chain_id: String,
+    compression: media::Compression,
+    diff_id: String,
 }
 
 enum RangeOutcome {

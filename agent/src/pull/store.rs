@@ -313,7 +313,7 @@ impl BlobWriter {
 
     /// Verify and commit; containerd checks size and digest. `AlreadyExists` (another
     /// pull finished the same blob) counts as success.
-    pub async fn commit(mut self, labels: HashMap<String, String>) -> Result<(), StoreError> {
+    pub async fn commit(&mut self, labels: HashMap<String, String>) -> Result<(), StoreError> {
         let request = WriteContentRequest {
             action: WriteAction::Commit as i32,
             r#ref: self.reference.clone(),

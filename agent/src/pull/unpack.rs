@@ -1,11 +1,22 @@
-//! Unpacking layers into containerd's snapshotter exactly as containerd does: one
-//! committed snapshot per layer named by its chain ID, applied through containerd's own
-//! diff service (so whiteouts, hardlinks and unsafe paths are handled, and refused, by
-//! the same code as containerd's pull).
+//! Unpacking layers into containerd's snapshotter as containerd does: one committed
+//! snapshot per layer, named by its chain ID and labelled `containerd.io/snapshot.ref`.
+//!
+//! For overlayfs (and the bind-mounted base layer) the layer is applied by Rigger's own
+//! applier ([`super::apply`]) straight into the snapshot directory — while the layer is
+//! still downloading ([`StreamingApply`]), or from the content store afterwards
+//! ([`apply_from_store`]). Other snapshotters go through containerd's diff service.
 
 use std::collections::HashMap;
 
-use containerd_client::services::v1::ApplyRequest;
+use bytes::Bytes;
+use containerd_client::services::v1::content_client::ContentClient;
+use containerd_client::services::v1::{ApplyRequest, ReadContentRequest};
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::apply::{ApplyError, ApplyTarget, apply_layer};
+use super::media::Compression;
 use containerd_client::services::v1::diff_client::DiffClient;
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
 use containerd_client::services::v1::snapshots::{
@@ -25,6 +36,8 @@ pub const SNAPSHOT_REF_LABEL: &str = "containerd.io/snapshot.ref";
 pub enum UnpackError {
     #[error(transparent)]
     Call(#[from] CallError),
+    #[error("layer {digest}: {source}")]
+    Apply { digest: String, source: ApplyError },
     #[error("layer {digest} was refused by containerd's unpack: {detail}")]
     Refused { digest: String, detail: String },
     #[error("layer {digest} unpacked to {actual}, but the image config says {expected}")]
@@ -76,7 +89,7 @@ pub async fn is_unpacked(
 
 /// Apply `layer` on top of `parent` (a chain ID, or `None` for the base layer) and commit
 /// it as `chain_id`. A failed apply leaves no snapshot behind.
-pub async fn apply_layer(
+pub async fn apply_with_diff_service(
     store: &Store,
     snapshotter: &str,
     layer: &ContainerdDescriptor,
@@ -166,6 +179,265 @@ pub async fn apply_layer(
                 UnpackError::Call(call) if call.status.code() == Code::AlreadyExists => Ok(()),
                 _ => Err(error),
             }
+        }
+    }
+}
+
+/// A layer snapshot being prepared: the key it lives under until committed.
+#[derive(Debug)]
+struct Prepared {
+    key: String,
+    mounts: Vec<containerd_client::types::Mount>,
+}
+
+async fn prepare(
+    store: &Store,
+    snapshotter: &str,
+    parent: Option<&str>,
+    chain_id: &str,
+) -> Result<Prepared, UnpackError> {
+    let labels = HashMap::from([(SNAPSHOT_REF_LABEL.to_owned(), chain_id.to_owned())]);
+    // containerd's own key format for unpacking: "extract-<unique> <chain id>".
+    let key = format!(
+        "extract-{}-{:08x} {chain_id}",
+        std::process::id(),
+        fastrand::u32(..)
+    );
+    let request = store
+        .request(PrepareSnapshotRequest {
+            snapshotter: snapshotter.to_owned(),
+            key: key.clone(),
+            parent: parent.unwrap_or_default().to_owned(),
+            labels,
+        })
+        .map_err(|s| CallError::new("prepare snapshot", s))?;
+    let mounts = SnapshotsClient::new(store.channel())
+        .prepare(request)
+        .await
+        .map_err(|s| CallError::new("prepare snapshot", s))?
+        .into_inner()
+        .mounts;
+    Ok(Prepared { key, mounts })
+}
+
+/// Commit `key` as `chain_id`; another pull having committed it first is fine.
+async fn commit(
+    store: &Store,
+    snapshotter: &str,
+    key: &str,
+    chain_id: &str,
+) -> Result<(), UnpackError> {
+    let labels = HashMap::from([(SNAPSHOT_REF_LABEL.to_owned(), chain_id.to_owned())]);
+    let request = store
+        .request(CommitSnapshotRequest {
+            snapshotter: snapshotter.to_owned(),
+            name: chain_id.to_owned(),
+            key: key.to_owned(),
+            labels,
+        })
+        .map_err(|s| CallError::new("commit snapshot", s))?;
+    match SnapshotsClient::new(store.channel()).commit(request).await {
+        Ok(_) => Ok(()),
+        Err(status) if status.code() == Code::AlreadyExists => {
+            remove(store, snapshotter, key).await;
+            Ok(())
+        }
+        Err(status) => Err(CallError::new("commit snapshot", status).into()),
+    }
+}
+
+async fn remove(store: &Store, snapshotter: &str, key: &str) {
+    if let Ok(request) = store.request(RemoveSnapshotRequest {
+        snapshotter: snapshotter.to_owned(),
+        key: key.to_owned(),
+    }) && let Err(status) = SnapshotsClient::new(store.channel()).remove(request).await
+    {
+        tracing::warn!(%key, error = %describe_status(&status), "could not remove a half-unpacked snapshot");
+    }
+}
+
+/// A `Read` over byte pieces sent from async code.
+struct ChannelReader {
+    rx: mpsc::Receiver<Bytes>,
+    current: Bytes,
+}
+
+impl std::io::Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(next) => self.current = next,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current[..n]);
+        self.current = self.current.slice(n..);
+        Ok(n)
+    }
+}
+
+/// Decompress and apply on a blocking thread; returns the diff ID.
+fn spawn_applier(
+    target: ApplyTarget,
+    compression: Compression,
+    rx: mpsc::Receiver<Bytes>,
+) -> JoinHandle<Result<String, ApplyError>> {
+    tokio::task::spawn_blocking(move || {
+        let reader = std::io::BufReader::with_capacity(
+            256 << 10,
+            ChannelReader {
+                rx,
+                current: Bytes::new(),
+            },
+        );
+        match compression {
+            Compression::None => apply_layer(reader, &target),
+            // Multi-member gzip, as Go's reader (and so containerd) accepts.
+            Compression::Gzip => apply_layer(flate2::read::MultiGzDecoder::new(reader), &target),
+            Compression::Zstd => {
+                let decoder =
+                    zstd::stream::read::Decoder::with_buffer(reader).map_err(ApplyError::Read)?;
+                apply_layer(decoder, &target)
+            }
+        }
+    })
+}
+
+/// A layer being unpacked while its bytes download.
+#[derive(Debug)]
+pub struct StreamingApply {
+    snapshotter: String,
+    chain_id: String,
+    key: String,
+    tx: Option<mpsc::Sender<Bytes>>,
+    handle: JoinHandle<Result<String, ApplyError>>,
+}
+
+impl StreamingApply {
+    /// Prepare the snapshot and start the applier; `None` when the snapshotter's mounts
+    /// are not ones Rigger applies to directly (then the layer is unpacked afterwards).
+    pub async fn start(
+        store: &Store,
+        snapshotter: &str,
+        parent: Option<&str>,
+        chain_id: &str,
+        compression: Compression,
+    ) -> Result<Option<Self>, UnpackError> {
+        let prepared = prepare(store, snapshotter, parent, chain_id).await?;
+        let Some(target) = ApplyTarget::from_mounts(&prepared.mounts) else {
+            remove(store, snapshotter, &prepared.key).await;
+            return Ok(None);
+        };
+        let (tx, rx) = mpsc::channel(32);
+        Ok(Some(Self {
+            snapshotter: snapshotter.to_owned(),
+            chain_id: chain_id.to_owned(),
+            key: prepared.key,
+            tx: Some(tx),
+            handle: spawn_applier(target, compression, rx),
+        }))
+    }
+
+    /// Hand the next downloaded bytes to the applier. `false` once the applier stopped
+    /// (it failed; [`StreamingApply::finish`] tells why).
+    pub async fn feed(&mut self, bytes: Bytes) -> bool {
+        match &self.tx {
+            Some(tx) => tx.send(bytes).await.is_ok(),
+            None => false,
+        }
+    }
+
+    /// All bytes are in: wait for the applier, check the diff ID and commit.
+    pub async fn finish(
+        mut self,
+        store: &Store,
+        layer_digest: &str,
+        diff_id: &str,
+    ) -> Result<(), UnpackError> {
+        self.tx = None;
+        let applied = match self.handle.await {
+            Ok(result) => result,
+            Err(join) => Err(ApplyError::Read(std::io::Error::other(join.to_string()))),
+        };
+        let outcome = match applied {
+            Ok(actual) if actual == diff_id => {
+                commit(store, &self.snapshotter, &self.key, &self.chain_id).await
+            }
+            Ok(actual) => Err(UnpackError::DiffIdMismatch {
+                digest: layer_digest.to_owned(),
+                expected: diff_id.to_owned(),
+                actual,
+            }),
+            Err(source) => Err(UnpackError::Apply {
+                digest: layer_digest.to_owned(),
+                source,
+            }),
+        };
+        if outcome.is_err() {
+            remove(store, &self.snapshotter, &self.key).await;
+        }
+        outcome
+    }
+
+    /// Give up (the download failed or restarted): stop the applier, drop the snapshot.
+    pub async fn abandon(mut self, store: &Store) {
+        self.tx = None;
+        let _ = self.handle.await;
+        remove(store, &self.snapshotter, &self.key).await;
+    }
+}
+
+/// Unpack a layer whose blob is in the content store.
+pub async fn apply_from_store(
+    store: &Store,
+    snapshotter: &str,
+    layer: &ContainerdDescriptor,
+    compression: Compression,
+    diff_id: &str,
+    parent: Option<&str>,
+    chain_id: &str,
+) -> Result<(), UnpackError> {
+    let prepared = prepare(store, snapshotter, parent, chain_id).await?;
+    let Some(target) = ApplyTarget::from_mounts(&prepared.mounts) else {
+        remove(store, snapshotter, &prepared.key).await;
+        return apply_with_diff_service(store, snapshotter, layer, diff_id, parent, chain_id).await;
+    };
+    let (tx, rx) = mpsc::channel(32);
+    let mut streaming = StreamingApply {
+        snapshotter: snapshotter.to_owned(),
+        chain_id: chain_id.to_owned(),
+        key: prepared.key,
+        tx: Some(tx),
+        handle: spawn_applier(target, compression, rx),
+    };
+    let read = async {
+        let request = store
+            .request(ReadContentRequest {
+                digest: layer.digest.clone(),
+                offset: 0,
+                size: 0,
+            })
+            .map_err(|s| CallError::new("read content", s))?;
+        let mut stream = ContentClient::new(store.channel())
+            .read(request)
+            .await
+            .map_err(|s| CallError::new("read content", s))?
+            .into_inner();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|s| CallError::new("read content", s))?;
+            if !streaming.feed(Bytes::from(chunk.data)).await {
+                break; // the applier failed; finish() reports why
+            }
+        }
+        Ok::<_, UnpackError>(())
+    }
+    .await;
+    match read {
+        Ok(()) => streaming.finish(store, &layer.digest, diff_id).await,
+        Err(e) => {
+            streaming.abandon(store).await;
+            Err(e)
         }
     }
 }

@@ -315,7 +315,7 @@ impl Drop for MountedSnapshot {
 }
 
 /// Everything about a file tree that unpacking must reproduce: per path its type, mode,
-/// owner, size, link count, and content hash or link target.
+/// owner, size, modification time, link count, and content hash or link target.
 pub fn tree_listing(root: &Path) -> std::collections::BTreeMap<String, String> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let mut out = std::collections::BTreeMap::new();
@@ -348,14 +348,25 @@ pub fn tree_listing(root: &Path) -> std::collections::BTreeMap<String, String> {
                 "socket".to_owned()
             };
             let rel = path.strip_prefix(root).unwrap().display().to_string();
+            // A directory created implicitly while unpacking gets "now" as its mtime once
+            // files land in it (containerd's unpack does the same): only compare old ones.
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs() as i64;
+            let mtime = if ft.is_dir() && now - meta.mtime() < 3600 {
+                "recent".to_owned()
+            } else {
+                format!("{}.{:09}", meta.mtime(), meta.mtime_nsec())
+            };
             out.insert(
                 rel,
                 format!(
-                    "{what} mode {:o} owner {}:{} size {}",
+                    "{what} mode {:o} owner {}:{} size {} mtime {mtime}",
                     meta.mode(),
                     meta.uid(),
                     meta.gid(),
-                    if ft.is_dir() { 0 } else { meta.size() }
+                    if ft.is_dir() { 0 } else { meta.size() },
                 ),
             );
         }
