@@ -45,8 +45,19 @@ use self::unpack::{StreamingApply, UnpackError, chain_ids};
 use crate::runtime::{CRI_NAMESPACE, Runtime};
 use bytes::Bytes;
 
-/// Blobs this big or bigger are fetched as parallel byte ranges.
-pub const DEFAULT_CHUNK_SIZE: u64 = 8 << 20;
+/// Blobs bigger than this are fetched as parallel byte ranges of this size.
+pub const DEFAULT_CHUNK_SIZE: u64 = 4 << 20;
+/// Byte ranges fetched ahead of the write position, per blob.
+const RANGE_WINDOW: usize = 4;
+/// Memory for downloaded-but-not-yet-stored bytes across all pulls of this agent: range
+/// chunks in flight, and the start of a layer held until its parent layer is unpacked.
+const BUFFER_BUDGET: u64 = 32 << 20;
+/// A single connection slower than this (bytes/s) is supplemented by parallel ranges.
+const SLOW_STREAM_RATE: u64 = 48 << 20;
+/// How long a single connection is watched before judging its speed.
+const PROBE_TIME: Duration = Duration::from_millis(250);
+/// Pieces handed to the unpacker are at most this big, so a slow unpacker holds little.
+const FEED_PIECE: usize = 256 << 10;
 /// Connections open at once across all pulls of this agent.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16;
 /// Configs and manifests larger than this are refused (they are kilobytes in practice).
@@ -184,6 +195,7 @@ pub struct Puller {
     rate: Option<Arc<RateLimit>>,
     /// One fetch per blob at a time in this agent; concurrent pulls wait and reuse it.
     in_flight: Arc<Mutex<HashMap<String, Arc<Mutex<()>>>>>,
+    buffers: Arc<Semaphore>,
 }
 
 /// Everything one blob transfer needs, cheap to clone into a task.
@@ -199,6 +211,10 @@ struct Transfer {
     chunk_size: u64,
     attempts: u32,
     source_label: (String, String),
+    /// KiB of [`BUFFER_BUDGET`].
+    buffers: Arc<Semaphore>,
+    /// How many layers of this image, from the bottom, are unpacked.
+    unpacked: Arc<tokio::sync::watch::Sender<usize>>,
 }
 
 impl Puller {
@@ -211,6 +227,7 @@ impl Puller {
             connections,
             rate,
             in_flight: Arc::default(),
+            buffers: Arc::new(Semaphore::new((BUFFER_BUDGET >> 10) as usize)),
         }
     }
 
@@ -344,9 +361,14 @@ impl Puller {
             connections: self.connections.clone(),
             rate: self.rate.clone(),
             in_flight: self.in_flight.clone(),
-            chunk_size: self.options.chunk_size.max(1 << 20),
+            chunk_size: self
+                .options
+                .chunk_size
+                .clamp(1 << 20, BUFFER_BUDGET / RANGE_WINDOW as u64),
             attempts: self.options.attempts.max(1),
             source_label: distribution_source(reference),
+            buffers: self.buffers.clone(),
+            unpacked: Arc::new(tokio::sync::watch::Sender::new(0)),
         };
 
         // The config is small and tells us the uncompressed digests (diff IDs).
@@ -389,6 +411,7 @@ impl Puller {
             let labels =
                 HashMap::from([("containerd.io/uncompressed".to_owned(), diff_id.clone())]);
             let plan = StreamPlan {
+                index: i,
                 snapshotter: self.options.snapshotter.clone(),
                 parent: i.checked_sub(1).map(|p| chains[p].clone()),
                 chain_id: chains[i].clone(),
@@ -462,6 +485,7 @@ impl Puller {
                 image: name.to_owned(),
                 source,
             })?;
+            transfer.mark_unpacked(i);
             progress.event(ProgressEvent::LayerUnpacked {
                 digest: layer.digest().to_string(),
             });
@@ -688,16 +712,28 @@ impl Transfer {
             size,
             resumed_from: writer.offset(),
         });
-        let streaming = match &plan {
-            Some(plan) if writer.offset() == 0 => self.start_streaming(plan).await,
-            _ => None,
-        };
         let mut sink = Sink {
             writer,
-            streaming,
+            streaming: None,
+            waiting: None,
             fetched: 0,
             fed: 0,
         };
+        if let Some(plan) = &plan
+            && sink.writer.offset() == 0
+        {
+            if *self.unpacked.borrow() >= plan.index {
+                sink.streaming = self.start_streaming(plan).await;
+            } else {
+                // The parent is still unpacking: hold the start of this layer (within the
+                // buffer budget) and begin unpacking as soon as the parent is done.
+                sink.waiting = Some(Waiting {
+                    plan: plan.clone(),
+                    held: Vec::new(),
+                    permits: Vec::new(),
+                });
+            }
+        }
         let result = self.download(digest, size, labels, &mut sink).await;
         match (result, sink.streaming.take(), &plan) {
             (Ok(()), Some(streaming), Some(plan)) => {
@@ -708,6 +744,7 @@ impl Transfer {
                         image: self.image.clone(),
                         source,
                     })?;
+                self.mark_unpacked(plan.index);
                 self.progress.event(ProgressEvent::LayerUnpacked {
                     digest: digest.to_owned(),
                 });
@@ -723,19 +760,21 @@ impl Transfer {
         }
     }
 
-    /// Unpack while downloading, if the layer's parent is already unpacked (layers are
-    /// stacked: a child cannot be prepared before its parent is committed).
+    fn mark_unpacked(&self, index: usize) {
+        self.unpacked.send_if_modified(|upto| {
+            let changed = *upto < index + 1;
+            *upto = (*upto).max(index + 1);
+            changed
+        });
+    }
+
+    /// Unpack while downloading. Only once the parent is unpacked: layers are stacked,
+    /// and a child snapshot cannot be prepared before its parent is committed.
     async fn start_streaming(&self, plan: &StreamPlan) -> Option<StreamingApply> {
-        let parent_ready = match &plan.parent {
-            None => true,
-            Some(parent) => unpack::is_unpacked(&self.store, &plan.snapshotter, parent)
-                .await
-                .unwrap_or(false),
-        };
         let done = unpack::is_unpacked(&self.store, &plan.snapshotter, &plan.chain_id)
             .await
             .unwrap_or(true);
-        if !parent_ready || done {
+        if done {
             return None;
         }
         match StreamingApply::start(
@@ -769,17 +808,22 @@ impl Transfer {
             let start = sink.writer.offset();
             let outcome = if start >= size {
                 Ok(())
-            } else if ranges_supported && size - start > self.chunk_size {
-                match self.fetch_ranges(digest, size, sink).await {
-                    Err(RangeOutcome::Ignored) => {
-                        ranges_supported = false;
-                        self.fetch_stream(digest, size, sink).await
-                    }
-                    Err(RangeOutcome::Failed(e)) => Err(e),
-                    Ok(()) => Ok(()),
-                }
             } else {
-                self.fetch_stream(digest, size, sink).await
+                // One connection first: on a fast registry it is all we need, and ranges only
+                // cost CPU. When it proves slow, the rest comes as parallel ranges.
+                let probe = ranges_supported && size - start > 2 * self.chunk_size;
+                match self.fetch_stream(digest, size, sink, probe).await {
+                    Ok(StreamEnd::Complete) => Ok(()),
+                    Ok(StreamEnd::Slow) => match self.fetch_ranges(digest, size, sink).await {
+                        Err(RangeOutcome::Ignored) => {
+                            ranges_supported = false;
+                            self.fetch_stream(digest, size, sink, false).await.map(drop)
+                        }
+                        Err(RangeOutcome::Failed(e)) => Err(e),
+                        Ok(()) => Ok(()),
+                    },
+                    Err(e) => Err(e),
+                }
             };
             match outcome {
                 Ok(()) => {
@@ -863,13 +907,16 @@ impl Transfer {
         }
     }
 
-    /// One stream from the writer's offset to the end, written as it arrives.
+    /// One stream from the writer's offset to the end, written as it arrives. With
+    /// `probe`, gives up early (`Slow`) when the connection is slower than
+    /// [`SLOW_STREAM_RATE`], so the rest can be fetched as parallel ranges.
     async fn fetch_stream(
         &self,
         digest: &str,
         size: u64,
         sink: &mut Sink,
-    ) -> Result<(), PullError> {
+        probe: bool,
+    ) -> Result<StreamEnd, PullError> {
         let _permit = self.connections.acquire().await;
         let mut last: Option<RegistryError> = None;
         for i in self.registry.blob_endpoints() {
@@ -885,6 +932,8 @@ impl Transfer {
             };
             // A server that ignores Range sends from byte 0: skip what we hold.
             let mut skip = if partial { 0 } else { start };
+            let probe_start = std::time::Instant::now();
+            let mut probed = 0u64;
             loop {
                 match body.next().await {
                     Ok(Some(mut piece)) => {
@@ -909,13 +958,22 @@ impl Transfer {
                         if let Some(rate) = &self.rate {
                             rate.acquire(piece.len()).await;
                         }
-                        sink.write(piece.clone())
+                        sink.write(self, piece.clone())
                             .await
                             .map_err(|e| self.store_err(e))?;
                         self.progress.event(ProgressEvent::BlobBytes {
                             digest: digest.to_owned(),
                             bytes: piece.len() as u64,
                         });
+                        probed += piece.len() as u64;
+                        let elapsed = probe_start.elapsed();
+                        if probe
+                            && elapsed >= PROBE_TIME
+                            && (probed as f64 / elapsed.as_secs_f64()) < SLOW_STREAM_RATE as f64
+                            && size - sink.writer.offset() > 2 * self.chunk_size
+                        {
+                            return Ok(StreamEnd::Slow);
+                        }
                     }
                     Ok(None) => break,
                     Err(detail) => {
@@ -940,7 +998,7 @@ impl Transfer {
                 }
                 .into());
             }
-            return Ok(());
+            return Ok(StreamEnd::Complete);
         }
         Err(last.map_or_else(
             || PullError::Image {
@@ -966,13 +1024,14 @@ impl Transfer {
             .step_by(usize::try_from(chunk).unwrap_or(usize::MAX))
             .map(|s| (s, (s + chunk).min(size) - 1))
             .collect();
-        let window = 4usize;
+        let window = RANGE_WINDOW;
         let mut chunks = futures::stream::iter(ranges)
             .map(|(s, e)| self.fetch_range(digest, s, e))
             .buffered(window);
         while let Some(result) = chunks.next().await {
             let data = result?;
-            sink.write(Bytes::from(data))
+            let (data, _permit) = data;
+            sink.write(self, Bytes::from(data))
                 .await
                 .map_err(|e| RangeOutcome::Failed(self.store_err(e)))?;
         }
@@ -984,8 +1043,20 @@ impl Transfer {
         digest: &str,
         start: u64,
         end: u64,
-    ) -> Result<Vec<u8>, RangeOutcome> {
+    ) -> Result<(Vec<u8>, tokio::sync::OwnedSemaphorePermit), RangeOutcome> {
         let want = (end - start + 1) as usize;
+        // The chunk's memory is budgeted from before it is fetched until it is stored.
+        let budget = self
+            .buffers
+            .clone()
+            .acquire_many_owned(kib(want as u64))
+            .await
+            .map_err(|_| {
+                RangeOutcome::Failed(PullError::Image {
+                    image: self.image.clone(),
+                    detail: "buffer budget closed".to_owned(),
+                })
+            })?;
         let mut last = String::new();
         for attempt in 0..self.attempts {
             for i in self.registry.blob_endpoints() {
@@ -1035,7 +1106,7 @@ impl Transfer {
                     }
                 }
                 match failed {
-                    None if data.len() == want => return Ok(data),
+                    None if data.len() == want => return Ok((data, budget)),
                     None => {
                         last = format!("range {start}-{end}: got {} of {want} bytes", data.len())
                     }
@@ -1054,26 +1125,110 @@ impl Transfer {
 struct Sink {
     writer: BlobWriter,
     streaming: Option<StreamingApply>,
+    /// Waiting for the parent layer before streaming can start.
+    waiting: Option<Waiting>,
     /// Bytes fetched from registries in this run.
     fetched: u64,
     /// Bytes handed to the unpacker (equals the ingest offset while streaming works).
     fed: u64,
 }
 
+/// The start of a layer, held in memory until its parent is unpacked.
+struct Waiting {
+    plan: StreamPlan,
+    held: Vec<Bytes>,
+    permits: Vec<tokio::sync::OwnedSemaphorePermit>,
+}
+
+fn kib(bytes: u64) -> u32 {
+    u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX)
+}
+
 impl Sink {
-    async fn write(&mut self, bytes: Bytes) -> Result<(), StoreError> {
+    async fn write(&mut self, transfer: &Transfer, bytes: Bytes) -> Result<(), StoreError> {
+        if self.waiting.is_none() {
+            return self.store_and_feed(bytes).await;
+        }
         let n = bytes.len() as u64;
         self.writer.write(&bytes).await?;
         self.fetched += n;
-        if let Some(streaming) = &mut self.streaming
-            && streaming.feed(bytes).await
-        {
-            self.fed += n;
+        if let Some(mut waiting) = self.waiting.take() {
+            if *transfer.unpacked.borrow() >= waiting.plan.index {
+                // The parent is in: start unpacking with what was held.
+                self.streaming = transfer.start_streaming(&waiting.plan).await;
+                self.fed = 0;
+                for held in std::mem::take(&mut waiting.held) {
+                    self.feed(held).await;
+                }
+            } else {
+                match transfer.buffers.clone().try_acquire_many_owned(kib(n)) {
+                    Ok(permit) => {
+                        waiting.permits.push(permit);
+                        waiting.held.push(bytes);
+                        self.fed += n;
+                        self.waiting = Some(waiting);
+                        return Ok(());
+                    }
+                    // Out of budget: this layer is unpacked after its download instead.
+                    Err(_) => {
+                        self.fed = 0;
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        if self.streaming.is_some() {
+            self.feed(bytes).await;
         }
         Ok(())
     }
 
+    /// Store and unpack at once: the unpacker works while containerd writes.
+    async fn store_and_feed(&mut self, bytes: Bytes) -> Result<(), StoreError> {
+        let n = bytes.len() as u64;
+        let Self {
+            writer,
+            streaming,
+            fed,
+            ..
+        } = self;
+        let feed = async {
+            if let Some(streaming) = streaming {
+                let mut rest = bytes.clone();
+                while !rest.is_empty() {
+                    let piece = rest.split_to(rest.len().min(FEED_PIECE));
+                    let len = piece.len() as u64;
+                    if !streaming.feed(piece).await {
+                        break;
+                    }
+                    *fed += len;
+                }
+            }
+        };
+        let (written, ()) = tokio::join!(writer.write(&bytes), feed);
+        written?;
+        self.fetched += n;
+        Ok(())
+    }
+
+    /// Hand bytes to the unpacker in small pieces (cheap slices of one buffer).
+    async fn feed(&mut self, bytes: Bytes) {
+        let Some(streaming) = &mut self.streaming else {
+            return;
+        };
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let piece = rest.split_to(rest.len().min(FEED_PIECE));
+            let n = piece.len() as u64;
+            if !streaming.feed(piece).await {
+                return; // the unpacker stopped; finish() reports why
+            }
+            self.fed += n;
+        }
+    }
+
     async fn drop_streaming(&mut self, store: &Store) {
+        self.waiting = None;
         if let Some(streaming) = self.streaming.take() {
             streaming.abandon(store).await;
         }
@@ -1083,11 +1238,20 @@ impl Sink {
 /// What a layer needs to be unpacked while it downloads.
 #[derive(Debug, Clone)]
 struct StreamPlan {
+    /// Position of the layer, bottom first.
+    index: usize,
     snapshotter: String,
     parent: Option<String>,
     chain_id: String,
     compression: media::Compression,
     diff_id: String,
+}
+
+/// How a single stream ended.
+enum StreamEnd {
+    Complete,
+    /// Slower than [`SLOW_STREAM_RATE`]: fetch the rest as ranges.
+    Slow,
 }
 
 enum RangeOutcome {

@@ -21,7 +21,7 @@ use tonic::{Code, Request, Status, Streaming};
 use crate::runtime::{CallError, Runtime, describe_status};
 
 /// containerd's default gRPC message limit is 16 MiB: write in smaller pieces.
-pub const WRITE_CHUNK: usize = 1 << 20;
+pub const WRITE_CHUNK: usize = 4 << 20;
 
 /// Leases expire by themselves if the agent dies before deleting them.
 const LEASE_EXPIRY: Duration = Duration::from_secs(24 * 3600);
@@ -171,7 +171,7 @@ impl Store {
         size: u64,
     ) -> Result<BlobWriter, StoreError> {
         let what = format!("write {digest}");
-        let (tx, rx) = mpsc::channel::<WriteContentRequest>(4);
+        let (tx, rx) = mpsc::channel::<WriteContentRequest>(16);
         let stat = WriteContentRequest {
             action: WriteAction::Stat as i32,
             r#ref: reference.to_owned(),
@@ -293,20 +293,35 @@ impl BlobWriter {
         Ok(())
     }
 
-    /// Append `data` at the current offset.
-    pub async fn write(&mut self, mut data: &[u8]) -> Result<(), StoreError> {
-        while !data.is_empty() {
-            let n = data.len().min(WRITE_CHUNK);
+    /// Append `data` at the current offset. The pieces are sent back to back and their
+    /// acknowledgements read afterwards, so containerd never waits for us in between.
+    pub async fn write(&mut self, data: &[u8]) -> Result<(), StoreError> {
+        let mut pending = 0usize;
+        let mut offset = self.offset;
+        for piece in data.chunks(WRITE_CHUNK) {
             let request = WriteContentRequest {
                 action: WriteAction::Write as i32,
                 r#ref: self.reference.clone(),
-                offset: i64::try_from(self.offset).unwrap_or(i64::MAX),
-                data: data[..n].to_vec(),
+                offset: i64::try_from(offset).unwrap_or(i64::MAX),
+                data: piece.to_vec(),
                 ..Default::default()
             };
-            let response = self.send(request).await?;
-            self.offset = u64::try_from(response.offset).unwrap_or(self.offset + n as u64);
-            data = &data[n..];
+            offset += piece.len() as u64;
+            self.tx.send(request).await.map_err(|_| StoreError::Write {
+                what: self.what.clone(),
+                detail: "write stream closed".into(),
+            })?;
+            pending += 1;
+        }
+        for _ in 0..pending {
+            let response = next_response(&mut self.responses, &self.what).await?;
+            self.offset = u64::try_from(response.offset).unwrap_or(self.offset);
+        }
+        if self.offset != offset {
+            return Err(StoreError::Write {
+                what: self.what.clone(),
+                detail: format!("containerd holds {} bytes, expected {offset}", self.offset),
+            });
         }
         Ok(())
     }

@@ -329,7 +329,7 @@ impl StreamingApply {
             remove(store, snapshotter, &prepared.key).await;
             return Ok(None);
         };
-        let (tx, rx) = mpsc::channel(32);
+        let (tx, rx) = mpsc::channel(64);
         Ok(Some(Self {
             snapshotter: snapshotter.to_owned(),
             chain_id: chain_id.to_owned(),
@@ -403,7 +403,7 @@ pub async fn apply_from_store(
         remove(store, snapshotter, &prepared.key).await;
         return apply_with_diff_service(store, snapshotter, layer, diff_id, parent, chain_id).await;
     };
-    let (tx, rx) = mpsc::channel(32);
+    let (tx, rx) = mpsc::channel(64);
     let mut streaming = StreamingApply {
         snapshotter: snapshotter.to_owned(),
         chain_id: chain_id.to_owned(),

@@ -1,0 +1,365 @@
+//! `rigger-lab-proxy`: an HTTP proxy in front of the lab registry, for tests and
+//! benchmarks. It models a distant registry (a delay on every new connection, a
+//! bandwidth cap per TCP connection) and injects the faults real registries produce:
+//! error statuses (with `Retry-After`), connections reset mid-body, truncated or corrupt
+//! bodies, and bodies that stall without closing.
+//!
+//! It prints `listening on ADDR` on its first stdout line. Faults are rules, from
+//! `--faults FILE` or `PUT /_proxy/faults` (JSON list); `GET /_proxy/requests` lists what
+//! it served. Rules apply in order to requests whose path contains `path_contains`,
+//! each at most `times` times:
+//!
+//! ```json
+//! [{"path_contains": "/blobs/", "action": {"status": 429, "retry_after": 1}, "times": 2},
+//!  {"path_contains": "/blobs/", "action": {"reset_after": 100000}, "times": 1},
+//!  {"path_contains": "/blobs/", "action": "corrupt", "times": 1},
+//!  {"path_contains": "/blobs/", "action": {"stall_after": 0}, "times": 1}]
+//! ```
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use clap::Parser;
+use futures::StreamExt;
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rigger-lab-proxy",
+    about = "Registry proxy with latency, bandwidth caps and faults"
+)]
+struct Args {
+    /// Address to listen on (port 0 picks one; see the first stdout line).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// The registry behind the proxy, e.g. http://127.0.0.1:5000
+    #[arg(long)]
+    upstream: String,
+    /// Delay before serving each new TCP connection, e.g. 40ms.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    connection_latency: Option<Duration>,
+    /// Bytes per second per TCP connection for response bodies, e.g. 16MiB.
+    #[arg(long)]
+    connection_rate: Option<bytesize::ByteSize>,
+    /// JSON file with fault rules.
+    #[arg(long)]
+    faults: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Action {
+    /// Answer with this status (and `Retry-After` seconds, when given).
+    Status {
+        status: u16,
+        retry_after: Option<u64>,
+    },
+    /// Send this many body bytes, then reset the connection.
+    ResetAfter { reset_after: u64 },
+    /// Send this many body bytes, then stop sending without closing.
+    StallAfter { stall_after: u64 },
+    /// Flip bits in the first body byte (a wrong digest).
+    #[serde(rename = "corrupt")]
+    Corrupt,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+struct Rule {
+    path_contains: String,
+    action: Action,
+    times: u32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Served {
+    method: String,
+    path: String,
+    range: Option<String>,
+    status: u16,
+    fault: Option<String>,
+}
+
+struct State {
+    upstream: String,
+    client: reqwest::Client,
+    rules: Mutex<Vec<Rule>>,
+    served: Mutex<Vec<Served>>,
+    latency: Option<Duration>,
+    rate: Option<u64>,
+}
+
+type Body = BoxBody<Bytes, std::io::Error>;
+
+fn full(status: StatusCode, text: impl Into<Bytes>) -> Response<Body> {
+    let mut response = Response::new(
+        Full::new(text.into())
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *response.status_mut() = status;
+    response
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    // reqwest is built without a default TLS provider in this workspace (see Cargo.toml).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let rules: Vec<Rule> = match &args.faults {
+        Some(path) => serde_json::from_slice(
+            &std::fs::read(path).with_context(|| format!("{}", path.display()))?,
+        )
+        .with_context(|| format!("fault rules in {}", path.display()))?,
+        None => Vec::new(),
+    };
+    let state = Arc::new(State {
+        upstream: args.upstream.trim_end_matches('/').to_owned(),
+        client: reqwest::Client::builder()
+            .pool_max_idle_per_host(64)
+            .build()
+            .context("HTTP client")?,
+        rules: Mutex::new(rules),
+        served: Mutex::default(),
+        latency: args.connection_latency,
+        rate: args.connection_rate.map(|r| r.as_u64()),
+    });
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listen on {}", args.listen))?;
+    println!("listening on {}", listener.local_addr()?);
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let state = state.clone();
+        tokio::spawn(async move {
+            if let Some(latency) = state.latency {
+                tokio::time::sleep(latency).await;
+            }
+            // One bandwidth budget per TCP connection, shared by its requests.
+            let bucket = Arc::new(tokio::sync::Mutex::new(Bucket::new(state.rate)));
+            let service = service_fn(move |request| handle(state.clone(), bucket.clone(), request));
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn handle(
+    state: Arc<State>,
+    bucket: Arc<tokio::sync::Mutex<Bucket>>,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let path = request
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    match (request.method().as_str(), path.as_str()) {
+        ("GET", "/_proxy/requests") => {
+            let served = state.served.lock().map(|s| s.clone()).unwrap_or_default();
+            return Ok(full(
+                StatusCode::OK,
+                serde_json::to_vec(&served).unwrap_or_default(),
+            ));
+        }
+        ("PUT", "/_proxy/faults") => {
+            let body = request
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            return Ok(match serde_json::from_slice::<Vec<Rule>>(&body) {
+                Ok(rules) => {
+                    if let Ok(mut current) = state.rules.lock() {
+                        *current = rules;
+                    }
+                    full(StatusCode::OK, "ok\n")
+                }
+                Err(e) => full(StatusCode::BAD_REQUEST, format!("{e}\n")),
+            });
+        }
+        _ => {}
+    }
+    let range = request
+        .headers()
+        .get(hyper::header::RANGE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let fault = take_rule(&state, &path);
+    let record = |status: u16, fault: Option<&Action>| {
+        if let Ok(mut served) = state.served.lock() {
+            served.push(Served {
+                method: request.method().to_string(),
+                path: path.clone(),
+                range: range.clone(),
+                status,
+                fault: fault.map(|f| format!("{f:?}")),
+            });
+        }
+    };
+    if let Some(Action::Status {
+        status,
+        retry_after,
+    }) = &fault
+    {
+        record(*status, fault.as_ref());
+        let mut response = full(
+            StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            "injected\n",
+        );
+        if let Some(seconds) = retry_after
+            && let Ok(value) = seconds.to_string().parse()
+        {
+            response
+                .headers_mut()
+                .insert(hyper::header::RETRY_AFTER, value);
+        }
+        return Ok(response);
+    }
+
+    let mut upstream = state.client.request(
+        request.method().clone(),
+        format!("{}{path}", state.upstream),
+    );
+    for (name, value) in request.headers() {
+        if name != hyper::header::HOST {
+            upstream = upstream.header(name, value);
+        }
+    }
+    let response = match upstream.send().await {
+        Ok(r) => r,
+        Err(e) => {
+            record(502, None);
+            return Ok(full(StatusCode::BAD_GATEWAY, format!("upstream: {e}\n")));
+        }
+    };
+    let status = response.status().as_u16();
+    record(status, fault.as_ref());
+    let mut builder = Response::builder().status(status);
+    for (name, value) in response.headers() {
+        builder = builder.header(name, value);
+    }
+    let body = faulty_body(response.bytes_stream(), fault.as_ref(), bucket);
+    Ok(builder
+        .body(BodyExt::boxed(StreamBody::new(
+            body.map(|r| r.map(Frame::data)),
+        )))
+        .unwrap_or_else(|_| full(StatusCode::BAD_GATEWAY, "bad upstream response\n")))
+}
+
+/// What happens after the bytes a fault lets through.
+enum After {
+    Continue,
+    Reset,
+    Stall,
+    Ended,
+}
+
+/// The upstream body, throttled by the connection's bucket, with `fault` applied.
+fn faulty_body(
+    upstream: impl futures::Stream<Item = reqwest::Result<Bytes>> + Send + Unpin + 'static,
+    fault: Option<&Action>,
+    bucket: Arc<tokio::sync::Mutex<Bucket>>,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    let limit = match fault {
+        Some(Action::ResetAfter { reset_after }) => Some((*reset_after, After::Reset)),
+        Some(Action::StallAfter { stall_after }) => Some((*stall_after, After::Stall)),
+        _ => None,
+    };
+    let corrupt = matches!(fault, Some(Action::Corrupt));
+    let state = (upstream, 0u64, corrupt, limit, After::Continue);
+    futures::stream::unfold(state, move |(mut upstream, sent, corrupt, limit, after)| {
+        let bucket = bucket.clone();
+        async move {
+            match after {
+                After::Ended => return None,
+                After::Reset => {
+                    let reset =
+                        std::io::Error::new(std::io::ErrorKind::ConnectionReset, "injected reset");
+                    return Some((Err(reset), (upstream, sent, corrupt, limit, After::Ended)));
+                }
+                After::Stall => {
+                    futures::future::pending::<()>().await;
+                    return None;
+                }
+                After::Continue => {}
+            }
+            let mut piece = match upstream.next().await? {
+                Ok(piece) => piece,
+                Err(e) => {
+                    return Some((
+                        Err(std::io::Error::other(e)),
+                        (upstream, sent, corrupt, limit, After::Ended),
+                    ));
+                }
+            };
+            if corrupt && sent == 0 && !piece.is_empty() {
+                let mut bytes = piece.to_vec();
+                bytes[0] ^= 0xff;
+                piece = Bytes::from(bytes);
+            }
+            let mut next = After::Continue;
+            if let Some((at, what)) = &limit
+                && sent + piece.len() as u64 >= *at
+            {
+                piece = piece.slice(..usize::try_from(at - sent).unwrap_or(0).min(piece.len()));
+                next = match what {
+                    After::Stall => After::Stall,
+                    _ => After::Reset,
+                };
+            }
+            bucket.lock().await.take(piece.len() as u64).await;
+            let sent = sent + piece.len() as u64;
+            Some((Ok(piece), (upstream, sent, corrupt, limit, next)))
+        }
+    })
+}
+
+/// Find (and count down) the first rule matching `path`.
+fn take_rule(state: &State, path: &str) -> Option<Action> {
+    let mut rules = state.rules.lock().ok()?;
+    let rule = rules
+        .iter_mut()
+        .find(|r| r.times > 0 && path.contains(&r.path_contains))?;
+    rule.times -= 1;
+    Some(rule.action.clone())
+}
+
+/// A per-connection token bucket (one second of burst).
+struct Bucket {
+    rate: Option<u64>,
+    tokens: f64,
+    last: Instant,
+}
+
+impl Bucket {
+    fn new(rate: Option<u64>) -> Self {
+        Self {
+            rate,
+            tokens: rate.unwrap_or(0) as f64,
+            last: Instant::now(),
+        }
+    }
+
+    async fn take(&mut self, n: u64) {
+        let Some(rate) = self.rate else { return };
+        let rate = rate as f64;
+        let now = Instant::now();
+        self.tokens = (self.tokens + now.duration_since(self.last).as_secs_f64() * rate).min(rate);
+        self.last = now;
+        self.tokens -= n as f64;
+        if self.tokens < 0.0 {
+            tokio::time::sleep(Duration::from_secs_f64(-self.tokens / rate)).await;
+        }
+    }
+}
