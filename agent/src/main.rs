@@ -63,6 +63,9 @@ struct PullArgs {
     /// docker config.json with registry credentials [default: $DOCKER_CONFIG or ~/.docker].
     #[arg(long, value_name = "PATH")]
     docker_config: Option<PathBuf>,
+    /// A transfer that receives nothing for this long is retried, e.g. 30s.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    stall_timeout: Option<std::time::Duration>,
     /// Snapshotter to unpack into.
     #[arg(long, default_value = "overlayfs", value_name = "NAME")]
     snapshotter: String,
@@ -165,6 +168,9 @@ fn pull(args: &PullArgs) -> anyhow::Result<()> {
         docker_config: args.docker_config.clone(),
         max_connections: args.max_connections,
         limit_rate,
+        stall_timeout: args
+            .stall_timeout
+            .unwrap_or(rigger_agent::pull::registry::DEFAULT_STALL_TIMEOUT),
         ..PullOptions::default()
     };
     let progress: std::sync::Arc<dyn Progress> = if std::io::stderr().is_terminal() {

@@ -840,8 +840,10 @@ impl Transfer {
                             last = format!("{digest}: content does not match its digest");
                             tracing::warn!(%digest, "digest mismatch; downloading again");
                             sink.drop_streaming(&self.store).await;
-                            let _ = self.store_abort(digest).await;
-                            sink.writer = self.open_writer_waiting(digest, size).await?;
+                            sink.writer
+                                .reopen(&self.store)
+                                .await
+                                .map_err(|e| self.store_err(e))?;
                             if sink.writer.offset() != 0 {
                                 sink.writer
                                     .truncate()
@@ -861,7 +863,10 @@ impl Transfer {
                         backoff(attempt, re.retry_after()).await;
                         // The writer may be out of step after a failed stream: reopen it to
                         // learn the offset containerd really holds.
-                        sink.writer = self.open_writer_waiting(digest, size).await?;
+                        sink.writer
+                            .reopen(&self.store)
+                            .await
+                            .map_err(|e| self.store_err(e))?;
                         if sink.writer.offset() != sink.fed {
                             sink.drop_streaming(&self.store).await;
                         }
@@ -874,18 +879,6 @@ impl Transfer {
         Err(self.exhausted(digest, last))
     }
 
-    async fn store_abort(&self, digest: &str) -> Result<(), tonic::Status> {
-        let request = self
-            .store
-            .request(containerd_client::services::v1::AbortRequest {
-                r#ref: ingest_ref(digest),
-            })?;
-        containerd_client::services::v1::content_client::ContentClient::new(self.store.channel())
-            .abort(request)
-            .await
-            .map(drop)
-    }
-
     /// Open the ingest; if another process (a concurrent `ctr pull`) holds its lock,
     /// wait for it to finish or give up the lock.
     async fn open_writer_waiting(&self, digest: &str, size: u64) -> Result<BlobWriter, PullError> {
@@ -896,9 +889,9 @@ impl Transfer {
                 Ok(writer) => return Ok(writer),
                 Err(e) => {
                     let text = e.to_string();
-                    if (text.contains("locked") || text.contains("Unavailable")) && waited < 600 {
+                    if (text.contains("locked") || text.contains("Unavailable")) && waited < 3000 {
                         waited += 1;
-                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
                         continue;
                     }
                     return Err(self.store_err(e));

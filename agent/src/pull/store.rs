@@ -275,6 +275,19 @@ pub struct BlobWriter {
 }
 
 impl BlobWriter {
+    /// End this write stream and open a new one on the same ingest, to learn the offset
+    /// containerd really holds (after a failed transfer, say). containerd keeps the
+    /// ingest locked until it sees the old stream end, so that comes first.
+    pub async fn reopen(&mut self, store: &Store) -> Result<(), StoreError> {
+        let (closed, _) = mpsc::channel(1);
+        drop(std::mem::replace(&mut self.tx, closed));
+        while let Ok(Some(_)) = self.responses.message().await {}
+        *self = store
+            .open_writer(&self.reference, &self.digest, self.size)
+            .await?;
+        Ok(())
+    }
+
     /// Bytes containerd already holds for this ingest (where a resumed download starts).
     pub fn offset(&self) -> u64 {
         self.offset

@@ -408,3 +408,65 @@ pub fn content_labels(ns: &str) -> HashMap<String, std::collections::BTreeMap<St
         })
         .collect()
 }
+
+/// `rigger-lab-proxy` in front of the lab registry, with fault rules; stopped on drop.
+#[derive(Debug)]
+pub struct Proxy {
+    /// `127.0.0.1:PORT`
+    pub address: String,
+    _daemon: Daemon,
+}
+
+impl Proxy {
+    /// Start the proxy with `faults` (a JSON list of rules, see the proxy's docs) and
+    /// extra flags.
+    pub fn start(faults: &serde_json::Value, flags: &[&str]) -> Self {
+        use std::io::BufRead;
+        let lab = Lab::get();
+        let dir = tempfile::tempdir().unwrap();
+        let rules = dir.path().join("faults.json");
+        std::fs::write(&rules, faults.to_string()).unwrap();
+        let mut daemon = Daemon::spawn(
+            Command::new(binary("rigger-lab-proxy"))
+                .args(["--upstream", &format!("http://{}", lab.registry)])
+                .arg("--faults")
+                .arg(&rules)
+                .args(flags)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null()),
+        );
+        let mut line = String::new();
+        std::io::BufReader::new(daemon.child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let address = line.split_whitespace().last().unwrap().to_owned();
+        Self {
+            address,
+            _daemon: daemon,
+        }
+    }
+
+    /// Requests served so far: `[{method, path, range, status, fault}]`.
+    pub fn requests(&self) -> Vec<serde_json::Value> {
+        let (code, body) = http_get(&self.address, "/_proxy/requests").unwrap();
+        assert_eq!(code, 200);
+        serde_json::from_str(&body).unwrap()
+    }
+}
+
+/// Build and push an image no other test uses (its content is unique to `name`).
+pub fn unique_image(name: &str, layers: usize, size: usize) -> String {
+    let repo = format!("rigger-lab/{name}-{}", std::process::id());
+    let out = Command::new(repo_root().join("scripts/lab"))
+        .args(["image", "layers", "--name", &repo, "--base", "none"])
+        .args(["--count", &layers.to_string(), "--size", &size.to_string()])
+        .args(["--compressibility", "0.1"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    format!("{repo}:1")
+}

@@ -12,7 +12,7 @@
 //! ```json
 //! [{"path_contains": "/blobs/", "action": {"status": 429, "retry_after": 1}, "times": 2},
 //!  {"path_contains": "/blobs/", "action": {"reset_after": 100000}, "times": 1},
-//!  {"path_contains": "/blobs/", "action": "corrupt", "times": 1},
+//!  {"path_contains": "/blobs/", "action": {"corrupt": true}, "times": 1},
 //!  {"path_contains": "/blobs/", "action": {"stall_after": 0}, "times": 1}]
 //! ```
 
@@ -56,7 +56,7 @@ struct Args {
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(untagged)]
 enum Action {
     /// Answer with this status (and `Retry-After` seconds, when given).
     Status {
@@ -67,9 +67,8 @@ enum Action {
     ResetAfter { reset_after: u64 },
     /// Send this many body bytes, then stop sending without closing.
     StallAfter { stall_after: u64 },
-    /// Flip bits in the first body byte (a wrong digest).
-    #[serde(rename = "corrupt")]
-    Corrupt,
+    /// Flip bits in the first body byte (a wrong digest): `{"corrupt": true}`.
+    Corrupt { corrupt: bool },
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -276,7 +275,7 @@ fn faulty_body(
         Some(Action::StallAfter { stall_after }) => Some((*stall_after, After::Stall)),
         _ => None,
     };
-    let corrupt = matches!(fault, Some(Action::Corrupt));
+    let corrupt = matches!(fault, Some(Action::Corrupt { corrupt: true }));
     let state = (upstream, 0u64, corrupt, limit, After::Continue);
     futures::stream::unfold(state, move |(mut upstream, sent, corrupt, limit, after)| {
         let bucket = bucket.clone();

@@ -1,0 +1,201 @@
+//! The pull engine against a misbehaving registry (rigger-lab-proxy injects the faults):
+//! it retries, falls back, resumes, or fails with a clear reason — and never leaves a
+//! corrupt image behind.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::process::{Command, Output};
+
+use rigger_integration_tests::{Lab, Proxy, TestNamespace, binary, unique_image};
+use serde_json::json;
+
+fn pull_through(proxy: &str, ns: &str, repo_tag: &str, extra: &[&str]) -> Output {
+    let lab = Lab::get();
+    Command::new(binary("rigger-agent"))
+        .args(["pull", "--plain-http", "--registry-config", "/nonexistent"])
+        .arg("--address")
+        .arg(&lab.containerd_address)
+        .args(["--namespace", ns])
+        .args(extra)
+        .arg(format!("{proxy}/{repo_tag}"))
+        .output()
+        .unwrap()
+}
+
+fn blob_requests(proxy: &Proxy) -> Vec<serde_json::Value> {
+    proxy
+        .requests()
+        .into_iter()
+        .filter(|r| r["path"].as_str().unwrap().contains("/blobs/sha256:"))
+        .collect()
+}
+
+fn layer_digest(repo_tag: &str) -> String {
+    let (manifest, _) = Lab::get().manifest(repo_tag);
+    manifest["layers"][0]["digest"].as_str().unwrap().to_owned()
+}
+
+fn assert_ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn image_records(ns: &str) -> Vec<String> {
+    Lab::get()
+        .ctr(ns, &["images", "ls", "-q"])
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn retries_429_with_retry_after_and_500() {
+    let image = unique_image("fault-429", 1, 1 << 20);
+    let proxy = Proxy::start(
+        &json!([
+            {"path_contains": "/blobs/", "action": {"status": 429, "retry_after": 1}, "times": 2},
+            {"path_contains": "/blobs/", "action": {"status": 500}, "times": 1}
+        ]),
+        &[],
+    );
+    let ns = TestNamespace::new("fault-429");
+    assert_ok(&pull_through(&proxy.address, &ns.name, &image, &[]));
+    let statuses: Vec<u64> = blob_requests(&proxy)
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(&statuses[..3], &[429, 429, 500], "{statuses:?}");
+    assert!(
+        statuses[3..].iter().all(|s| *s == 200 || *s == 206),
+        "{statuses:?}"
+    );
+    assert_eq!(image_records(&ns.name).len(), 1);
+}
+
+#[test]
+fn a_reset_mid_blob_resumes_from_the_offset_containerd_holds() {
+    let image = unique_image("fault-reset", 1, 4 << 20);
+    let layer = layer_digest(&image);
+    let proxy = Proxy::start(
+        &json!([{"path_contains": layer, "action": {"reset_after": 300000}, "times": 1}]),
+        &[],
+    );
+    let ns = TestNamespace::new("fault-reset");
+    assert_ok(&pull_through(&proxy.address, &ns.name, &image, &[]));
+    let blobs = blob_requests(&proxy);
+    let resumed = blobs
+        .iter()
+        .find_map(|r| r["range"].as_str())
+        .expect("a ranged request after the reset");
+    // It starts where the reset cut the first response, not at 0.
+    let start: u64 = resumed
+        .trim_start_matches("bytes=")
+        .split('-')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(start > 0 && start <= 300_000, "{resumed}");
+}
+
+#[test]
+fn a_wrong_digest_is_downloaded_again() {
+    let image = unique_image("fault-digest", 1, 1 << 20);
+    let layer = layer_digest(&image);
+    let proxy = Proxy::start(
+        &json!([{"path_contains": layer, "action": {"corrupt": true}, "times": 1}]),
+        &[],
+    );
+    let ns = TestNamespace::new("fault-digest");
+    assert_ok(&pull_through(&proxy.address, &ns.name, &image, &[]));
+    let fetches = blob_requests(&proxy)
+        .iter()
+        .filter(|r| r["path"].as_str().unwrap().contains(&layer))
+        .count();
+    assert!(fetches >= 2, "the corrupt layer was fetched again");
+    assert_eq!(image_records(&ns.name).len(), 1);
+}
+
+#[test]
+fn a_registry_that_always_corrupts_fails_clearly_and_records_nothing() {
+    let image = unique_image("fault-corrupt", 1, 1 << 20);
+    let proxy = Proxy::start(
+        &json!([{"path_contains": "/blobs/", "action": {"corrupt": true}, "times": 1000}]),
+        &[],
+    );
+    let ns = TestNamespace::new("fault-corrupt");
+    let out = pull_through(&proxy.address, &ns.name, &image, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let last = stderr.trim_end().lines().last().unwrap();
+    assert!(last.starts_with("rigger-agent: error:"), "{stderr}");
+    assert!(last.contains(&image), "names the image: {last}");
+    assert!(
+        image_records(&ns.name).is_empty(),
+        "no image record is left"
+    );
+    // No snapshot either.
+    assert!(
+        Lab::get()
+            .ctr(&ns.name, &["snapshots", "ls"])
+            .lines()
+            .count()
+            <= 1
+    );
+}
+
+#[test]
+fn a_stalled_transfer_is_retried() {
+    let image = unique_image("fault-stall", 1, 1 << 20);
+    let layer = layer_digest(&image);
+    let proxy = Proxy::start(
+        &json!([{"path_contains": layer, "action": {"stall_after": 1000}, "times": 1}]),
+        &[],
+    );
+    let ns = TestNamespace::new("fault-stall");
+    assert_ok(&pull_through(
+        &proxy.address,
+        &ns.name,
+        &image,
+        &["--stall-timeout", "1s"],
+    ));
+    assert!(blob_requests(&proxy).len() >= 2);
+}
+
+#[test]
+fn falls_back_to_the_next_host_on_server_errors() {
+    let lab = Lab::get();
+    let image = unique_image("fault-fallback", 1, 1 << 20);
+    // A mirror that fails everything, listed before the real registry.
+    let broken = Proxy::start(
+        &json!([{"path_contains": "/v2/", "action": {"status": 503}, "times": 1000}]),
+        &[],
+    );
+    let certs = tempfile::tempdir().unwrap();
+    let dir = certs.path().join(&lab.registry);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("hosts.toml"),
+        format!(
+            "server = \"http://{}\"\n[host.\"http://{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+            lab.registry, broken.address
+        ),
+    )
+    .unwrap();
+    let ns = TestNamespace::new("fault-fallback");
+    let out = Command::new(binary("rigger-agent"))
+        .args(["pull", "--registry-config"])
+        .arg(certs.path())
+        .arg("--address")
+        .arg(&lab.containerd_address)
+        .args(["--namespace", &ns.name])
+        .arg(lab.image(&image))
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    assert!(!broken.requests().is_empty(), "the mirror was tried first");
+    assert_eq!(image_records(&ns.name).len(), 1);
+}
