@@ -213,6 +213,8 @@ struct Transfer {
     source_label: (String, String),
     /// KiB of [`BUFFER_BUDGET`].
     buffers: Arc<Semaphore>,
+    /// More than one connection allowed: ranges can help a slow single stream.
+    parallel: bool,
     /// How many layers of this image, from the bottom, are unpacked.
     unpacked: Arc<tokio::sync::watch::Sender<usize>>,
 }
@@ -368,6 +370,7 @@ impl Puller {
             attempts: self.options.attempts.max(1),
             source_label: distribution_source(reference),
             buffers: self.buffers.clone(),
+            parallel: self.options.max_connections > 1,
             unpacked: Arc::new(tokio::sync::watch::Sender::new(0)),
         };
 
@@ -811,7 +814,7 @@ impl Transfer {
             } else {
                 // One connection first: on a fast registry it is all we need, and ranges only
                 // cost CPU. When it proves slow, the rest comes as parallel ranges.
-                let probe = ranges_supported && size - start > 2 * self.chunk_size;
+                let probe = ranges_supported && self.parallel && size - start > 2 * self.chunk_size;
                 match self.fetch_stream(digest, size, sink, probe).await {
                     Ok(StreamEnd::Complete) => Ok(()),
                     Ok(StreamEnd::Slow) => match self.fetch_ranges(digest, size, sink).await {

@@ -199,3 +199,88 @@ fn falls_back_to_the_next_host_on_server_errors() {
     assert!(!broken.requests().is_empty(), "the mirror was tried first");
     assert_eq!(image_records(&ns.name).len(), 1);
 }
+
+/// Unfinished ingests in `ns`, from containerd's Content.ListStatuses: (ref, offset).
+fn active_ingests(ns: &str) -> Vec<(String, u64)> {
+    use containerd_client::services::v1::ListStatusesRequest;
+    use containerd_client::services::v1::content_client::ContentClient;
+    use rigger_agent::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime, namespaced};
+    let lab = Lab::get();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let runtime = Runtime::connect(&lab.containerd_address, DEFAULT_CONNECT_TIMEOUT)
+            .await
+            .unwrap();
+        let request = namespaced(ListStatusesRequest { filters: vec![] }, ns).unwrap();
+        ContentClient::new(runtime.channel())
+            .list_statuses(request)
+            .await
+            .unwrap()
+            .into_inner()
+            .statuses
+            .into_iter()
+            .map(|s| (s.r#ref, u64::try_from(s.offset).unwrap()))
+            .collect()
+    })
+}
+
+#[test]
+fn a_killed_pull_resumes_where_containerd_stopped() {
+    use rigger_integration_tests::{Daemon, wait_until};
+    use std::time::Duration;
+
+    let lab = Lab::get();
+    let image = unique_image("resume", 1, 16 << 20);
+    let layer = layer_digest(&image);
+    let ns = TestNamespace::new("resume");
+    // A slow registry, so the pull is surely mid-layer when it is killed.
+    let slow = Proxy::start(&json!([]), &["--connection-rate", "1MiB"]);
+    let mut first = Daemon::spawn(
+        Command::new(binary("rigger-agent"))
+            .args(["pull", "--plain-http", "--registry-config", "/nonexistent"])
+            .arg("--address")
+            .arg(&lab.containerd_address)
+            .args(["--namespace", &ns.name, "--max-connections", "1"])
+            .arg(format!("{}/{image}", slow.address))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null()),
+    );
+    let held = wait_until("a partly written layer", Duration::from_secs(60), || {
+        active_ingests(&ns.name)
+            .into_iter()
+            .find(|(r, n)| r.contains(&layer) && *n > 1 << 20)
+    });
+    nix::sys::signal::kill(first.pid(), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let _ = first.child.wait();
+    let (_, offset) = active_ingests(&ns.name)
+        .into_iter()
+        .find(|(r, _)| r.contains(&layer))
+        .unwrap_or(held);
+
+    // Restart through an unthrottled path: only the missing bytes are fetched.
+    let fast = Proxy::start(&json!([]), &[]);
+    assert_ok(&pull_through(&fast.address, &ns.name, &image, &[]));
+    let layer_requests: Vec<serde_json::Value> = fast
+        .requests()
+        .into_iter()
+        .filter(|r| r["path"].as_str().unwrap().contains(&layer))
+        .collect();
+    assert_eq!(layer_requests.len(), 1, "{layer_requests:?}");
+    let range = layer_requests[0]["range"]
+        .as_str()
+        .expect("a ranged request");
+    assert_eq!(
+        range,
+        format!("bytes={offset}-{}", lab_layer_size(&image) - 1)
+    );
+    assert_eq!(image_records(&ns.name).len(), 1);
+    assert!(active_ingests(&ns.name).is_empty(), "no ingest left behind");
+}
+
+fn lab_layer_size(repo_tag: &str) -> u64 {
+    let (manifest, _) = Lab::get().manifest(repo_tag);
+    manifest["layers"][0]["size"].as_u64().unwrap()
+}
