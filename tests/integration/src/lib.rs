@@ -456,11 +456,18 @@ impl Proxy {
 
 /// Build and push an image no other test uses (its content is unique to `name`).
 pub fn unique_image(name: &str, layers: usize, size: usize) -> String {
+    unique_image_with(name, layers, size, &["--base", "none"])
+}
+
+/// Like [`unique_image`], with more `scripts/lab image layers` flags (`--compression zstd`,
+/// `--format docker`, `--base busybox`, ...).
+pub fn unique_image_with(name: &str, layers: usize, size: usize, flags: &[&str]) -> String {
     let repo = format!("rigger-lab/{name}-{}", std::process::id());
     let out = Command::new(repo_root().join("scripts/lab"))
-        .args(["image", "layers", "--name", &repo, "--base", "none"])
+        .args(["image", "layers", "--name", &repo])
         .args(["--count", &layers.to_string(), "--size", &size.to_string()])
         .args(["--compressibility", "0.1"])
+        .args(flags)
         .output()
         .unwrap();
     assert!(
@@ -469,4 +476,139 @@ pub fn unique_image(name: &str, layers: usize, size: usize) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     format!("{repo}:1")
+}
+
+/// Playing kubelet's part over the real CRI API (kubelet cannot run here): a host-network
+/// pod sandbox with one container, removed when dropped.
+#[derive(Debug)]
+pub struct CriPod {
+    pub sandbox_id: String,
+    pub container_id: String,
+    runtime: tokio::runtime::Runtime,
+    client: k8s_cri::v1::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
+}
+
+impl CriPod {
+    /// Run `command` from `image` (which must already be pulled: this never pulls it).
+    pub fn run(name: &str, image: &str, command: &[&str]) -> Self {
+        use k8s_cri::v1::*;
+        let lab = Lab::get();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut client = runtime.block_on(async {
+            let rt = rigger_agent::runtime::Runtime::connect(
+                &lab.containerd_address,
+                rigger_agent::runtime::DEFAULT_CONNECT_TIMEOUT,
+            )
+            .await
+            .unwrap();
+            runtime_service_client::RuntimeServiceClient::new(rt.channel())
+        });
+        let uid = format!("{name}-{}", std::process::id());
+        let sandbox_config = PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: name.to_owned(),
+                uid,
+                namespace: "itest".to_owned(),
+                attempt: 0,
+            }),
+            linux: Some(LinuxPodSandboxConfig {
+                security_context: Some(LinuxSandboxSecurityContext {
+                    namespace_options: Some(NamespaceOption {
+                        network: NamespaceMode::Node as i32,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let (sandbox_id, container_id) = runtime.block_on(async {
+            let sandbox_id = client
+                .run_pod_sandbox(RunPodSandboxRequest {
+                    config: Some(sandbox_config.clone()),
+                    runtime_handler: String::new(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .pod_sandbox_id;
+            let container_id = client
+                .create_container(CreateContainerRequest {
+                    pod_sandbox_id: sandbox_id.clone(),
+                    config: Some(ContainerConfig {
+                        metadata: Some(ContainerMetadata {
+                            name: "main".into(),
+                            attempt: 0,
+                        }),
+                        image: Some(ImageSpec {
+                            image: image.to_owned(),
+                            ..Default::default()
+                        }),
+                        command: command.iter().map(|s| (*s).to_owned()).collect(),
+                        ..Default::default()
+                    }),
+                    sandbox_config: Some(sandbox_config),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .container_id;
+            client
+                .start_container(StartContainerRequest {
+                    container_id: container_id.clone(),
+                })
+                .await
+                .unwrap();
+            (sandbox_id, container_id)
+        });
+        Self {
+            sandbox_id,
+            container_id,
+            runtime,
+            client,
+        }
+    }
+
+    /// The container's CRI state name, e.g. `CONTAINER_RUNNING`.
+    pub fn container_state(&mut self) -> String {
+        let id = self.container_id.clone();
+        let status = self
+            .runtime
+            .block_on(
+                self.client
+                    .container_status(k8s_cri::v1::ContainerStatusRequest {
+                        container_id: id,
+                        verbose: false,
+                    }),
+            )
+            .unwrap()
+            .into_inner()
+            .status
+            .unwrap();
+        k8s_cri::v1::ContainerState::try_from(status.state)
+            .unwrap()
+            .as_str_name()
+            .to_owned()
+    }
+}
+
+impl Drop for CriPod {
+    fn drop(&mut self) {
+        let id = self.sandbox_id.clone();
+        let client = &mut self.client;
+        self.runtime.block_on(async {
+            let _ = client
+                .stop_pod_sandbox(k8s_cri::v1::StopPodSandboxRequest {
+                    pod_sandbox_id: id.clone(),
+                })
+                .await;
+            let _ = client
+                .remove_pod_sandbox(k8s_cri::v1::RemovePodSandboxRequest { pod_sandbox_id: id })
+                .await;
+        });
+    }
 }

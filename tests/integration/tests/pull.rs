@@ -130,6 +130,31 @@ fn multi_layer_rootfs_matches_containerds_pull() {
 }
 
 #[test]
+fn zstd_layers_match_containerds_pull() {
+    let image =
+        rigger_integration_tests::unique_image_with("zstd", 2, 300_000, &["--compression", "zstd"]);
+    compare_with_ctr(&image, "pull-zstd");
+}
+
+#[test]
+fn uncompressed_layers_match_containerds_pull() {
+    let image = rigger_integration_tests::unique_image_with(
+        "plain",
+        2,
+        300_000,
+        &["--compression", "none"],
+    );
+    compare_with_ctr(&image, "pull-plain");
+}
+
+#[test]
+fn docker_schema2_images_match_containerds_pull() {
+    let image =
+        rigger_integration_tests::unique_image_with("docker", 2, 300_000, &["--format", "docker"]);
+    compare_with_ctr(&image, "pull-docker");
+}
+
+#[test]
 fn cri_finds_an_agent_pulled_image() {
     let lab = Lab::get();
     // An image no other test pulls, so CRI can only know it from the agent.
@@ -175,6 +200,16 @@ fn cri_finds_an_agent_pulled_image() {
         "{:?}",
         found.repo_digests
     );
+
+    // kubelet would now start a container from it without pulling: so does this.
+    let mut pod =
+        rigger_integration_tests::CriPod::run("agent-pulled", &image, &["/bin/sleep", "3600"]);
+    rigger_integration_tests::wait_until(
+        "the container to run",
+        std::time::Duration::from_secs(30),
+        || (pod.container_state() == "CONTAINER_RUNNING").then_some(()),
+    );
+    drop(pod);
 
     // Clean up the image from CRI's namespace.
     let records = lab.ctr("k8s.io", &["images", "ls", "-q"]);
