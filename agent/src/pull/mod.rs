@@ -46,18 +46,19 @@ use crate::runtime::{CRI_NAMESPACE, Runtime};
 use bytes::Bytes;
 
 /// Blobs bigger than this are fetched as parallel byte ranges of this size.
-pub const DEFAULT_CHUNK_SIZE: u64 = 4 << 20;
+pub const DEFAULT_CHUNK_SIZE: u64 = 2 << 20;
+/// Layers downloading at once in one pull (bottom first).
+const LAYERS_AT_ONCE: usize = 4;
 /// Byte ranges fetched ahead of the write position, per blob.
-const RANGE_WINDOW: usize = 4;
+const RANGE_WINDOW: usize = 12;
 /// Memory for downloaded-but-not-yet-stored bytes across all pulls of this agent: range
 /// chunks in flight, and the start of a layer held until its parent layer is unpacked.
-const BUFFER_BUDGET: u64 = 32 << 20;
+const BUFFER_BUDGET: u64 = 24 << 20;
 /// A single connection slower than this (bytes/s) is supplemented by parallel ranges.
 const SLOW_STREAM_RATE: u64 = 48 << 20;
 /// How long a single connection is watched before judging its speed.
 const PROBE_TIME: Duration = Duration::from_millis(250);
-/// Pieces handed to the unpacker are at most this big, so a slow unpacker holds little.
-const FEED_PIECE: usize = 256 << 10;
+use self::unpack::FEED_PIECE;
 /// Connections open at once across all pulls of this agent.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16;
 /// Configs and manifests larger than this are refused (they are kilobytes in practice).
@@ -274,6 +275,9 @@ impl Puller {
         )?);
 
         let mut store = Store::new(&self.runtime, &self.options.namespace);
+        if let Err(error) = store.reap_stale_leases().await {
+            tracing::warn!(%error, "could not look for leases of interrupted pulls");
+        }
         store
             .take_lease("pull")
             .await
@@ -407,10 +411,8 @@ impl Puller {
 
         // Every layer downloads at once (bounded by the connection limit); each is
         // unpacked as soon as it and the layers below it are in.
-        let mut downloads = Vec::with_capacity(layers.len());
+        let mut jobs = Vec::with_capacity(layers.len());
         for (i, (layer, diff_id)) in layers.iter().zip(&diff_ids).enumerate() {
-            let t = transfer.clone();
-            let layer = layer.clone();
             let labels =
                 HashMap::from([("containerd.io/uncompressed".to_owned(), diff_id.clone())]);
             let plan = StreamPlan {
@@ -422,31 +424,55 @@ impl Puller {
                     .map_err(&image_err)?,
                 diff_id: diff_id.clone(),
             };
-            downloads.push(tokio::spawn(async move {
-                // Unpacked and stored already: nothing to do for this layer.
-                if unpack::is_unpacked(&t.store, &plan.snapshotter, &plan.chain_id)
-                    .await
-                    .unwrap_or(false)
-                    && t.store
-                        .blob_labels(layer.digest().as_ref())
-                        .await
-                        .ok()
-                        .flatten()
-                        .is_some()
-                {
-                    t.progress.event(ProgressEvent::BlobDone {
-                        digest: layer.digest().to_string(),
-                        skipped: true,
-                    });
-                    return Ok(0);
-                }
-                t.fetch_blob(layer.digest().as_ref(), layer.size(), labels, Some(plan))
-                    .await
-            }));
+            jobs.push((layer.clone(), labels, plan));
         }
+        // Layers start bottom first, a few at a time: the lower ones finish early and
+        // unpack while the upper ones still download (a layer cannot be unpacked before
+        // the one below it).
+        let (handles_tx, mut handles_rx) = tokio::sync::mpsc::unbounded_channel();
+        let slots = Arc::new(Semaphore::new(LAYERS_AT_ONCE));
+        let dispatcher_transfer = transfer.clone();
+        let dispatcher = tokio::spawn(async move {
+            for (layer, labels, plan) in jobs {
+                let Ok(slot) = slots.clone().acquire_owned().await else {
+                    return;
+                };
+                let t = dispatcher_transfer.clone();
+                let handle = tokio::spawn(async move {
+                    let _slot = slot;
+                    // Unpacked and stored already: nothing to do for this layer.
+                    if unpack::is_unpacked(&t.store, &plan.snapshotter, &plan.chain_id)
+                        .await
+                        .unwrap_or(false)
+                        && t.store
+                            .blob_labels(layer.digest().as_ref())
+                            .await
+                            .ok()
+                            .flatten()
+                            .is_some()
+                    {
+                        t.progress.event(ProgressEvent::BlobDone {
+                            digest: layer.digest().to_string(),
+                            skipped: true,
+                        });
+                        return Ok(0);
+                    }
+                    t.fetch_blob(layer.digest().as_ref(), layer.size(), labels, Some(plan))
+                        .await
+                });
+                if handles_tx.send(handle).is_err() {
+                    return;
+                }
+            }
+        });
         let mut bytes_downloaded = 0u64;
         let mut failure = None;
-        for (i, download) in downloads.into_iter().enumerate() {
+        for i in 0..layers.len() {
+            // In order: layer i is unpacked while later layers still download.
+            let Some(download) = handles_rx.recv().await else {
+                failure.get_or_insert(image_err("layer dispatch stopped".to_owned()));
+                break;
+            };
             let outcome = match download.await {
                 Ok(outcome) => outcome,
                 Err(join) => Err(image_err(format!("layer task failed: {join}"))),
@@ -493,6 +519,7 @@ impl Puller {
                 digest: layer.digest().to_string(),
             });
         }
+        let _ = dispatcher.await;
         if let Some(e) = failure {
             return Err(e);
         }
@@ -725,9 +752,10 @@ impl Transfer {
         if let Some(plan) = &plan
             && sink.writer.offset() == 0
         {
-            if *self.unpacked.borrow() >= plan.index {
+            let unpacked = *self.unpacked.borrow();
+            if unpacked >= plan.index {
                 sink.streaming = self.start_streaming(plan).await;
-            } else {
+            } else if unpacked + 1 == plan.index {
                 // The parent is still unpacking: hold the start of this layer (within the
                 // buffer budget) and begin unpacking as soon as the parent is done.
                 sink.waiting = Some(Waiting {

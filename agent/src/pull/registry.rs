@@ -85,8 +85,9 @@ pub struct Registry {
     http: reqwest::Client,
     /// One oci-client per endpoint (its protocol setting is per client).
     clients: Vec<Client>,
-    /// Bearer tokens per endpoint, fetched on first use.
-    tokens: Vec<Mutex<Option<String>>>,
+    /// Bearer tokens per endpoint, asked for on first use: `Some(None)` means the
+    /// endpoint needs none (so it is not asked again for every blob).
+    tokens: Vec<Mutex<Option<Option<String>>>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -248,14 +249,16 @@ impl Registry {
         if cached.is_none() {
             let reference = self.reference_at(i, None);
             // Anonymous registries answer without a token; token-protected ones issue one.
-            if let Ok(Some(token)) = self.clients[i]
+            match self.clients[i]
                 .auth(&reference, &self.auth, RegistryOperation::Pull)
                 .await
             {
-                *cached = Some(token);
+                Ok(token) => *cached = Some(token),
+                // Not cached: the next request asks again.
+                Err(error) => tracing::debug!(%error, "registry auth failed"),
             }
         }
-        cached.as_ref().map(|t| format!("Bearer {t}"))
+        cached.clone().flatten().map(|t| format!("Bearer {t}"))
     }
 
     /// GET a blob (or `range` of it) from endpoint `i`. `Ok((true, body))` when the server

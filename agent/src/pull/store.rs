@@ -21,7 +21,7 @@ use tonic::{Code, Request, Status, Streaming};
 use crate::runtime::{CallError, Runtime, describe_status};
 
 /// containerd's default gRPC message limit is 16 MiB: write in smaller pieces.
-pub const WRITE_CHUNK: usize = 4 << 20;
+pub const WRITE_CHUNK: usize = 1 << 20;
 
 /// Leases expire by themselves if the agent dies before deleting them.
 const LEASE_EXPIRY: Duration = Duration::from_secs(24 * 3600);
@@ -95,6 +95,72 @@ impl Store {
             .await
             .map_err(|s| CallError::new("create lease", s))?;
         self.lease = Some(id);
+        Ok(())
+    }
+
+    /// Release the snapshots held by leases of pulls whose process is gone (killed
+    /// mid-pull): they would otherwise keep half-unpacked snapshots for a day. The lease
+    /// itself, and the ingests it holds, stay until it expires: the bytes already
+    /// downloaded are resumed from.
+    pub async fn reap_stale_leases(&self) -> Result<(), StoreError> {
+        use containerd_client::services::v1::{
+            DeleteResourceRequest, ListRequest, ListResourcesRequest,
+        };
+        let request = crate::runtime::namespaced(ListRequest { filters: vec![] }, &self.namespace)
+            .map_err(|s| CallError::new("list leases", s))?;
+        let leases = LeasesClient::new(self.channel())
+            .list(request)
+            .await
+            .map_err(|s| CallError::new("list leases", s))?
+            .into_inner()
+            .leases;
+        for lease in leases {
+            let Some(pid) = lease
+                .id
+                .strip_prefix("rigger-pull-")
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|pid| pid.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
+            if alive {
+                continue;
+            }
+            let request = crate::runtime::namespaced(
+                ListResourcesRequest {
+                    id: lease.id.clone(),
+                },
+                &self.namespace,
+            )
+            .map_err(|s| CallError::new("list lease resources", s))?;
+            let resources = LeasesClient::new(self.channel())
+                .list_resources(request)
+                .await
+                .map_err(|s| CallError::new("list lease resources", s))?
+                .into_inner()
+                .resources;
+            for resource in resources
+                .into_iter()
+                .filter(|r| r.r#type.starts_with("snapshots/"))
+            {
+                tracing::info!(lease = %lease.id, snapshot = %resource.id, "releasing a snapshot of an interrupted pull");
+                let request = crate::runtime::namespaced(
+                    DeleteResourceRequest {
+                        id: lease.id.clone(),
+                        resource: Some(resource),
+                    },
+                    &self.namespace,
+                )
+                .map_err(|s| CallError::new("release lease resource", s))?;
+                if let Err(status) = LeasesClient::new(self.channel())
+                    .delete_resource(request)
+                    .await
+                {
+                    tracing::warn!(lease = %lease.id, error = %describe_status(&status), "could not release a snapshot");
+                }
+            }
+        }
         Ok(())
     }
 

@@ -29,6 +29,9 @@ use tonic::Code;
 use super::store::Store;
 use crate::runtime::{CallError, describe_status};
 
+/// Pieces handed to the applier are at most this big, so a slow applier holds little.
+pub const FEED_PIECE: usize = 256 << 10;
+
 /// The label containerd puts on every unpacked layer snapshot.
 pub const SNAPSHOT_REF_LABEL: &str = "containerd.io/snapshot.ref";
 
@@ -329,7 +332,7 @@ impl StreamingApply {
             remove(store, snapshotter, &prepared.key).await;
             return Ok(None);
         };
-        let (tx, rx) = mpsc::channel(64);
+        let (tx, rx) = mpsc::channel(16);
         Ok(Some(Self {
             snapshotter: snapshotter.to_owned(),
             chain_id: chain_id.to_owned(),
@@ -403,7 +406,7 @@ pub async fn apply_from_store(
         remove(store, snapshotter, &prepared.key).await;
         return apply_with_diff_service(store, snapshotter, layer, diff_id, parent, chain_id).await;
     };
-    let (tx, rx) = mpsc::channel(64);
+    let (tx, rx) = mpsc::channel(16);
     let mut streaming = StreamingApply {
         snapshotter: snapshotter.to_owned(),
         chain_id: chain_id.to_owned(),
@@ -424,10 +427,14 @@ pub async fn apply_from_store(
             .await
             .map_err(|s| CallError::new("read content", s))?
             .into_inner();
-        while let Some(chunk) = stream.next().await {
+        'read: while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|s| CallError::new("read content", s))?;
-            if !streaming.feed(Bytes::from(chunk.data)).await {
-                break; // the applier failed; finish() reports why
+            let mut rest = Bytes::from(chunk.data);
+            while !rest.is_empty() {
+                let piece = rest.split_to(rest.len().min(FEED_PIECE));
+                if !streaming.feed(piece).await {
+                    break 'read; // the applier failed; finish() reports why
+                }
             }
         }
         Ok::<_, UnpackError>(())

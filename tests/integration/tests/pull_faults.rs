@@ -278,6 +278,10 @@ fn a_killed_pull_resumes_where_containerd_stopped() {
     );
     assert_eq!(image_records(&ns.name).len(), 1);
     assert!(active_ingests(&ns.name).is_empty(), "no ingest left behind");
+    // The killed pull's half-unpacked snapshot is released: only the committed layer
+    // snapshot of the image is left.
+    let snapshots = Lab::get().ctr(&ns.name, &["snapshots", "ls"]);
+    assert_eq!(snapshots.lines().count(), 2, "{snapshots}");
 }
 
 fn lab_layer_size(repo_tag: &str) -> u64 {

@@ -334,7 +334,8 @@ fn take_rule(state: &State, path: &str) -> Option<Action> {
     Some(rule.action.clone())
 }
 
-/// A per-connection token bucket (one second of burst).
+/// A per-connection token bucket. It starts empty and holds at most 50 ms of bytes, so a
+/// fresh connection gets no free burst (a distant registry's TCP slow start gives none).
 struct Bucket {
     rate: Option<u64>,
     tokens: f64,
@@ -345,7 +346,7 @@ impl Bucket {
     fn new(rate: Option<u64>) -> Self {
         Self {
             rate,
-            tokens: rate.unwrap_or(0) as f64,
+            tokens: 0.0,
             last: Instant::now(),
         }
     }
@@ -354,7 +355,8 @@ impl Bucket {
         let Some(rate) = self.rate else { return };
         let rate = rate as f64;
         let now = Instant::now();
-        self.tokens = (self.tokens + now.duration_since(self.last).as_secs_f64() * rate).min(rate);
+        self.tokens =
+            (self.tokens + now.duration_since(self.last).as_secs_f64() * rate).min(rate / 20.0);
         self.last = now;
         self.tokens -= n as f64;
         if self.tokens < 0.0 {
