@@ -185,6 +185,17 @@ pub fn select_manifest(bytes: &[u8], platform: &Platform) -> Result<Descriptor, 
         })
 }
 
+/// The digests an index lists, in its order.
+pub fn index_manifests(bytes: &[u8]) -> Result<Vec<String>, String> {
+    let index: ImageIndex =
+        serde_json::from_slice(bytes).map_err(|e| format!("index is not valid: {e}"))?;
+    Ok(index
+        .manifests()
+        .iter()
+        .map(|m| m.digest().to_string())
+        .collect())
+}
+
 /// An image manifest, with its config and layers checked for types we can unpack.
 pub fn parse_manifest(bytes: &[u8]) -> Result<ImageManifest, String> {
     let manifest: ImageManifest =

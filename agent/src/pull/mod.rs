@@ -550,10 +550,14 @@ impl Puller {
             .map_err(store_err)?;
         let target = match &index {
             Some(index) => {
-                let labels = HashMap::from([(
-                    "containerd.io/gc.ref.content.m.0".to_owned(),
-                    manifest_raw.digest.clone(),
-                )]);
+                // containerd labels every manifest of the index by its position (not only
+                // the platform it fetched): GC keeps what is there.
+                let labels = media::index_manifests(&index.bytes)
+                    .map_err(&image_err)?
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, digest)| (format!("containerd.io/gc.ref.content.m.{i}"), digest))
+                    .collect();
                 transfer
                     .put_small(&index.digest, &index.bytes, labels)
                     .await

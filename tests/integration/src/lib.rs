@@ -92,6 +92,21 @@ impl Lab {
         )
     }
 
+    /// The index (manifest list) the lab pushed for `repo:tag`, and its digest.
+    pub fn index(&self, repo_and_tag: &str) -> (serde_json::Value, String) {
+        let (repo, tag) = repo_and_tag.split_once(':').unwrap();
+        let path = self
+            .dir
+            .join("images")
+            .join(format!("{}_{tag}.index.json", repo.replace('/', "_")));
+        let bytes = std::fs::read(&path).unwrap();
+        let digest = sha256_hex(&bytes);
+        (
+            serde_json::from_slice(&bytes).unwrap(),
+            format!("sha256:{digest}"),
+        )
+    }
+
     /// Run `ctr` against the lab's containerd in namespace `ns`; panics on failure.
     pub fn ctr(&self, ns: &str, args: &[&str]) -> String {
         let out = Command::new("ctr")
@@ -488,9 +503,44 @@ pub struct CriPod {
     client: k8s_cri::v1::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
 }
 
+/// What a test pod looks like; `CriPodSpec::new` fills the usual values.
+#[derive(Debug, Clone, Default)]
+pub struct CriPodSpec {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    /// Labels of the sandbox and its container (kubelet puts its own here).
+    pub labels: HashMap<String, String>,
+    pub container: String,
+    pub container_labels: HashMap<String, String>,
+    pub container_annotations: HashMap<String, String>,
+    pub attempt: u32,
+    pub image: String,
+    pub command: Vec<String>,
+}
+
+impl CriPodSpec {
+    pub fn new(name: &str, image: &str, command: &[&str]) -> Self {
+        Self {
+            name: name.to_owned(),
+            namespace: "itest".to_owned(),
+            uid: format!("{name}-{}", std::process::id()),
+            container: "main".to_owned(),
+            image: image.to_owned(),
+            command: command.iter().map(|s| (*s).to_owned()).collect(),
+            ..Self::default()
+        }
+    }
+}
+
 impl CriPod {
     /// Run `command` from `image` (which must already be pulled: this never pulls it).
     pub fn run(name: &str, image: &str, command: &[&str]) -> Self {
+        Self::run_spec(&CriPodSpec::new(name, image, command))
+    }
+
+    /// Run the pod `spec` describes (its image must already be pulled).
+    pub fn run_spec(spec: &CriPodSpec) -> Self {
         use k8s_cri::v1::*;
         let lab = Lab::get();
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -506,14 +556,17 @@ impl CriPod {
             .unwrap();
             runtime_service_client::RuntimeServiceClient::new(rt.channel())
         });
-        let uid = format!("{name}-{}", std::process::id());
         let sandbox_config = PodSandboxConfig {
             metadata: Some(PodSandboxMetadata {
-                name: name.to_owned(),
-                uid,
-                namespace: "itest".to_owned(),
+                name: spec.name.clone(),
+                uid: spec.uid.clone(),
+                namespace: spec.namespace.clone(),
                 attempt: 0,
             }),
+            // No CNI here: host network, and no hostname (runc cannot set one without a
+            // UTS namespace).
+            hostname: String::new(),
+            labels: spec.labels.clone(),
             linux: Some(LinuxPodSandboxConfig {
                 security_context: Some(LinuxSandboxSecurityContext {
                     namespace_options: Some(NamespaceOption {
@@ -541,14 +594,16 @@ impl CriPod {
                     pod_sandbox_id: sandbox_id.clone(),
                     config: Some(ContainerConfig {
                         metadata: Some(ContainerMetadata {
-                            name: "main".into(),
-                            attempt: 0,
+                            name: spec.container.clone(),
+                            attempt: spec.attempt,
                         }),
                         image: Some(ImageSpec {
-                            image: image.to_owned(),
+                            image: spec.image.clone(),
                             ..Default::default()
                         }),
-                        command: command.iter().map(|s| (*s).to_owned()).collect(),
+                        command: spec.command.clone(),
+                        labels: spec.container_labels.clone(),
+                        annotations: spec.container_annotations.clone(),
                         ..Default::default()
                     }),
                     sandbox_config: Some(sandbox_config),

@@ -154,6 +154,116 @@ fn docker_schema2_images_match_containerds_pull() {
     compare_with_ctr(&image, "pull-docker");
 }
 
+fn compare_index_with_ctr(format: &str, test: &str) {
+    let lab = Lab::get();
+    let repo = format!("rigger-lab/{test}-{}", std::process::id());
+    let out = Command::new(rigger_integration_tests::repo_root().join("scripts/lab"))
+        .args(["image", "index", "--name", &repo, "--format", format])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let repo_tag = format!("{repo}:1");
+    let image = lab.image(&repo_tag);
+    let ours = TestNamespace::new(&format!("{test}-agent"));
+    let theirs = TestNamespace::new(&format!("{test}-ctr"));
+    assert_pulled(&agent_pull(&ours.name, &[&image]));
+    lab.ctr_pull(&theirs.name, &image);
+
+    let (index, index_digest) = lab.index(&repo_tag);
+    let record = |ns: &str| {
+        lab.ctr(ns, &["images", "ls"])
+            .lines()
+            .nth(1)
+            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+    };
+    assert_eq!(record(&ours.name), record(&theirs.name));
+    assert!(record(&ours.name).unwrap().contains(&index_digest));
+
+    // The host's manifest was chosen, and every blob carries ctr's labels.
+    let host_arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    let chosen = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["platform"]["architecture"] == host_arch)
+        .unwrap()["digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let manifest: serde_json::Value =
+        serde_json::from_str(&lab.ctr(&ours.name, &["content", "get", &chosen])).unwrap();
+    let mut blobs = vec![
+        index_digest,
+        chosen,
+        manifest["config"]["digest"].as_str().unwrap().to_owned(),
+    ];
+    blobs.extend(
+        manifest["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["digest"].as_str().unwrap().to_owned()),
+    );
+    let (a, b) = (content_labels(&ours.name), content_labels(&theirs.name));
+    for blob in &blobs {
+        assert!(a.contains_key(blob), "{blob} missing");
+        assert_eq!(
+            a.get(blob),
+            b.get(blob),
+            "labels of {blob} differ (agent vs ctr)"
+        );
+    }
+    // Other platforms' manifests were not fetched.
+    for other in index["manifests"].as_array().unwrap() {
+        let digest = other["digest"].as_str().unwrap();
+        if other["platform"]["architecture"] != host_arch {
+            assert!(
+                !a.contains_key(digest),
+                "{digest} of another platform was stored"
+            );
+        }
+    }
+    let config: serde_json::Value = serde_json::from_str(&lab.ctr(
+        &ours.name,
+        &[
+            "content",
+            "get",
+            manifest["config"]["digest"].as_str().unwrap(),
+        ],
+    ))
+    .unwrap();
+    let ids: Vec<String> = config["rootfs"]["diff_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap().to_owned())
+        .collect();
+    let chain = top_chain_id(&ids);
+    let (x, y) = (
+        MountedSnapshot::view(&ours.name, &chain),
+        MountedSnapshot::view(&theirs.name, &chain),
+    );
+    assert_eq!(tree_listing(&x.path), tree_listing(&y.path));
+}
+
+#[test]
+fn oci_index_picks_the_host_platform_like_ctr() {
+    compare_index_with_ctr("oci", "pull-index");
+}
+
+#[test]
+fn docker_manifest_list_picks_the_host_platform_like_ctr() {
+    compare_index_with_ctr("docker", "pull-list");
+}
+
 #[test]
 fn cri_finds_an_agent_pulled_image() {
     let lab = Lab::get();
