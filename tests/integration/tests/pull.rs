@@ -380,3 +380,53 @@ fn bad_references_fail_with_one_line_naming_the_image() {
     ]);
     assert!(!out.status.success());
 }
+
+fn hostile_image(kind: &str) -> String {
+    let lab = Lab::get();
+    let repo = format!("rigger-lab/hostile-{kind}-{}", std::process::id());
+    let out = Command::new(rigger_integration_tests::repo_root().join("scripts/lab"))
+        .args(["image", "hostile", "--name", &repo, "--kind", kind])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    lab.image(&format!("{repo}:1"))
+}
+
+fn assert_refused_leaving_nothing(kind: &str, expected: &str) {
+    let lab = Lab::get();
+    let ns = TestNamespace::new(&format!("hostile-{kind}"));
+    let image = hostile_image(kind);
+    let out = agent_pull(&ns.name, &[&image]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let last = stderr.trim_end().lines().last().unwrap();
+    assert!(last.starts_with("rigger-agent: error:") && last.contains(&image), "{last}");
+    assert!(last.contains(expected), "{last}");
+    assert!(lab.ctr(&ns.name, &["images", "ls", "-q"]).trim().is_empty(), "no image record");
+    // No half-unpacked snapshot (the good base layer may linger until GC runs).
+    let snapshots = lab.ctr(&ns.name, &["snapshots", "ls"]);
+    assert!(!snapshots.contains("Active"), "{snapshots}");
+}
+
+#[test]
+fn a_hardlink_into_a_lower_layer_is_refused_as_containerd_does() {
+    assert_refused_leaving_nothing("hardlink-lower", "links must point into the same layer");
+    // containerd's own unpack refuses it too.
+    let lab = Lab::get();
+    let ns = TestNamespace::new("hostile-ctr");
+    let out = Command::new("ctr")
+        .arg("--address")
+        .arg(&lab.containerd_address)
+        .args(["--namespace", &ns.name, "images", "pull", "--hosts-dir"])
+        .arg(&lab.hosts_dir)
+        .arg(hostile_image("hardlink-lower"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
+
+#[test]
+fn a_path_escaping_the_root_is_refused() {
+    // Stricter than containerd 1.6, which cleans such a name back into the root.
+    assert_refused_leaving_nothing("escape", "outside of the layer root");
+}

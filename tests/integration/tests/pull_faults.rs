@@ -278,9 +278,12 @@ fn a_killed_pull_resumes_where_containerd_stopped() {
     );
     assert_eq!(image_records(&ns.name).len(), 1);
     assert!(active_ingests(&ns.name).is_empty(), "no ingest left behind");
-    // The killed pull's half-unpacked snapshot is released: only the committed layer
-    // snapshot of the image is left.
-    let snapshots = Lab::get().ctr(&ns.name, &["snapshots", "ls"]);
+    // The killed pull's half-unpacked snapshot is released (GC removes it): what is left
+    // is the image's committed layer.
+    let snapshots = wait_until("the killed pull's snapshot to go", Duration::from_secs(30), || {
+        let list = Lab::get().ctr(&ns.name, &["snapshots", "ls"]);
+        (!list.contains("Active")).then_some(list)
+    });
     assert_eq!(snapshots.lines().count(), 2, "{snapshots}");
 }
 
