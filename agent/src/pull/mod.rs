@@ -739,8 +739,25 @@ impl Transfer {
             });
             return Ok(0);
         }
+        let Some(writer) = self.open_writer_waiting(digest, size).await? else {
+            // Fetched meanwhile by a concurrent pull: only our labels are missing.
+            let existing = self
+                .store
+                .blob_labels(digest)
+                .await
+                .map_err(|e| self.store_err(e))?;
+            let labels = self.labels_with_source(labels, existing.as_ref());
+            self.store
+                .add_labels(digest, labels)
+                .await
+                .map_err(|e| self.store_err(e))?;
+            self.progress.event(ProgressEvent::BlobDone {
+                digest: digest.to_owned(),
+                skipped: true,
+            });
+            return Ok(0);
+        };
         let labels = self.labels_with_source(labels, None);
-        let writer = self.open_writer_waiting(digest, size).await?;
         self.progress.event(ProgressEvent::BlobStarted {
             digest: digest.to_owned(),
             size,
@@ -916,17 +933,37 @@ impl Transfer {
 
     /// Open the ingest; if another process (a concurrent `ctr pull`) holds its lock,
     /// wait for it to finish or give up the lock.
-    async fn open_writer_waiting(&self, digest: &str, size: u64) -> Result<BlobWriter, PullError> {
+    /// `None` when the blob appeared in the store while we waited (another pull, ours or
+    /// containerd's, fetched it): then there is nothing to download.
+    async fn open_writer_waiting(
+        &self,
+        digest: &str,
+        size: u64,
+    ) -> Result<Option<BlobWriter>, PullError> {
         let reference = ingest_ref(digest);
         let mut waited = 0;
         loop {
             match self.store.open_writer(&reference, digest, size).await {
-                Ok(writer) => return Ok(writer),
+                Ok(writer) => return Ok(Some(writer)),
+                // Committed by a concurrent pull between our look and the open.
+                Err(StoreError::Call(call)) if call.status.code() == tonic::Code::AlreadyExists => {
+                    return Ok(None);
+                }
+                Err(e) if e.to_string().contains("AlreadyExists") => return Ok(None),
                 Err(e) => {
                     let text = e.to_string();
                     if (text.contains("locked") || text.contains("Unavailable")) && waited < 3000 {
                         waited += 1;
                         tokio::time::sleep(Duration::from_millis(100)).await;
+                        if self
+                            .store
+                            .blob_labels(digest)
+                            .await
+                            .map_err(|e| self.store_err(e))?
+                            .is_some()
+                        {
+                            return Ok(None);
+                        }
                         continue;
                     }
                     return Err(self.store_err(e));

@@ -388,7 +388,11 @@ fn hostile_image(kind: &str) -> String {
         .args(["image", "hostile", "--name", &repo, "--kind", kind])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     lab.image(&format!("{repo}:1"))
 }
 
@@ -400,9 +404,15 @@ fn assert_refused_leaving_nothing(kind: &str, expected: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     let last = stderr.trim_end().lines().last().unwrap();
-    assert!(last.starts_with("rigger-agent: error:") && last.contains(&image), "{last}");
+    assert!(
+        last.starts_with("rigger-agent: error:") && last.contains(&image),
+        "{last}"
+    );
     assert!(last.contains(expected), "{last}");
-    assert!(lab.ctr(&ns.name, &["images", "ls", "-q"]).trim().is_empty(), "no image record");
+    assert!(
+        lab.ctr(&ns.name, &["images", "ls", "-q"]).trim().is_empty(),
+        "no image record"
+    );
     // No half-unpacked snapshot (the good base layer may linger until GC runs).
     let snapshots = lab.ctr(&ns.name, &["snapshots", "ls"]);
     assert!(!snapshots.contains("Active"), "{snapshots}");

@@ -280,14 +280,59 @@ fn a_killed_pull_resumes_where_containerd_stopped() {
     assert!(active_ingests(&ns.name).is_empty(), "no ingest left behind");
     // The killed pull's half-unpacked snapshot is released (GC removes it): what is left
     // is the image's committed layer.
-    let snapshots = wait_until("the killed pull's snapshot to go", Duration::from_secs(30), || {
-        let list = Lab::get().ctr(&ns.name, &["snapshots", "ls"]);
-        (!list.contains("Active")).then_some(list)
-    });
+    let snapshots = wait_until(
+        "the killed pull's snapshot to go",
+        Duration::from_secs(30),
+        || {
+            let list = Lab::get().ctr(&ns.name, &["snapshots", "ls"]);
+            (!list.contains("Active")).then_some(list)
+        },
+    );
     assert_eq!(snapshots.lines().count(), 2, "{snapshots}");
 }
 
 fn lab_layer_size(repo_tag: &str) -> u64 {
     let (manifest, _) = Lab::get().manifest(repo_tag);
     manifest["layers"][0]["size"].as_u64().unwrap()
+}
+
+#[test]
+fn concurrent_pulls_of_shared_layers_fetch_each_blob_once() {
+    use rigger_integration_tests::Daemon;
+
+    let lab = Lab::get();
+    let image = unique_image("shared", 2, 4 << 20);
+    // Slow enough that the two pulls overlap.
+    let proxy = Proxy::start(&json!([]), &["--connection-rate", "4MiB"]);
+    // Two agents pulling into one namespace (as two kubelet-side pulls into k8s.io would):
+    // they meet on containerd's ingest lock for each blob.
+    let ns = TestNamespace::new("shared");
+    let mut pulls: Vec<Daemon> = [0, 1]
+        .iter()
+        .map(|_| {
+            Daemon::spawn(
+                Command::new(binary("rigger-agent"))
+                    .args(["pull", "--plain-http", "--registry-config", "/nonexistent"])
+                    .arg("--address")
+                    .arg(&lab.containerd_address)
+                    .args(["--namespace", &ns.name, "--max-connections", "1"])
+                    .arg(format!("{}/{image}", proxy.address))
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null()),
+            )
+        })
+        .collect();
+    for pull in &mut pulls {
+        assert!(pull.child.wait().unwrap().success());
+    }
+    let (manifest, _) = lab.manifest(&image);
+    for layer in manifest["layers"].as_array().unwrap() {
+        let digest = layer["digest"].as_str().unwrap();
+        let fetches = blob_requests(&proxy)
+            .iter()
+            .filter(|r| r["path"].as_str().unwrap().contains(digest))
+            .count();
+        assert_eq!(fetches, 1, "layer {digest} fetched {fetches} times");
+    }
+    assert_eq!(image_records(&ns.name).len(), 1);
 }
