@@ -48,7 +48,7 @@ use bytes::Bytes;
 /// Blobs bigger than this are fetched as parallel byte ranges of this size.
 pub const DEFAULT_CHUNK_SIZE: u64 = 2 << 20;
 /// Layers downloading at once in one pull (bottom first).
-const LAYERS_AT_ONCE: usize = 4;
+const LAYERS_AT_ONCE: usize = 3;
 /// Byte ranges fetched ahead of the write position, per blob.
 const RANGE_WINDOW: usize = 12;
 /// Memory for downloaded-but-not-yet-stored bytes across all pulls of this agent: range
