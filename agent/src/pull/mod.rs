@@ -689,20 +689,42 @@ impl Transfer {
         data: &[u8],
         labels: HashMap<String, String>,
     ) -> Result<(), StoreError> {
-        if let Some(existing) = self.store.blob_labels(digest).await? {
-            let labels = self.labels_with_source(labels, Some(&existing));
-            return self.store.add_labels(digest, labels).await;
-        }
         let reference = ingest_ref(digest);
-        let mut writer = self
-            .store
-            .open_writer(&reference, digest, data.len() as u64)
-            .await?;
-        if writer.offset() != 0 {
-            writer.truncate().await?;
+        // A concurrent pull of the same image may be writing this blob: wait for it (it
+        // holds containerd's lock on the ingest) and then label what it stored.
+        for _ in 0..3000 {
+            if let Some(existing) = self.store.blob_labels(digest).await? {
+                let labels = self.labels_with_source(labels, Some(&existing));
+                return self.store.add_labels(digest, labels).await;
+            }
+            match self
+                .store
+                .open_writer(&reference, digest, data.len() as u64)
+                .await
+            {
+                Ok(mut writer) => {
+                    if writer.offset() != 0 {
+                        writer.truncate().await?;
+                    }
+                    writer.write(data).await?;
+                    return writer.commit(self.labels_with_source(labels, None)).await;
+                }
+                Err(e) => {
+                    let text = e.to_string();
+                    if text.contains("AlreadyExists") {
+                        continue;
+                    }
+                    if !(text.contains("locked") || text.contains("Unavailable")) {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
         }
-        writer.write(data).await?;
-        writer.commit(self.labels_with_source(labels, None)).await
+        Err(StoreError::Write {
+            what: format!("write {digest}"),
+            detail: "another writer held the ingest for 5 minutes".to_owned(),
+        })
     }
 
     /// Download a blob into the store (resuming what containerd holds), unpacking it on

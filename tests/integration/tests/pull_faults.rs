@@ -298,8 +298,6 @@ fn lab_layer_size(repo_tag: &str) -> u64 {
 
 #[test]
 fn concurrent_pulls_of_shared_layers_fetch_each_blob_once() {
-    use rigger_integration_tests::Daemon;
-
     let lab = Lab::get();
     let image = unique_image("shared", 2, 4 << 20);
     // Slow enough that the two pulls overlap.
@@ -307,23 +305,21 @@ fn concurrent_pulls_of_shared_layers_fetch_each_blob_once() {
     // Two agents pulling into one namespace (as two kubelet-side pulls into k8s.io would):
     // they meet on containerd's ingest lock for each blob.
     let ns = TestNamespace::new("shared");
-    let mut pulls: Vec<Daemon> = [0, 1]
+    let pulls: Vec<_> = [0, 1]
         .iter()
         .map(|_| {
-            Daemon::spawn(
-                Command::new(binary("rigger-agent"))
-                    .args(["pull", "--plain-http", "--registry-config", "/nonexistent"])
-                    .arg("--address")
-                    .arg(&lab.containerd_address)
-                    .args(["--namespace", &ns.name, "--max-connections", "1"])
-                    .arg(format!("{}/{image}", proxy.address))
-                    .stdout(std::process::Stdio::null())
-                    .stderr(std::process::Stdio::null()),
-            )
+            let mut command = Command::new(binary("rigger-agent"));
+            command
+                .args(["pull", "--plain-http", "--registry-config", "/nonexistent"])
+                .arg("--address")
+                .arg(&lab.containerd_address)
+                .args(["--namespace", &ns.name, "--max-connections", "1"])
+                .arg(format!("{}/{image}", proxy.address));
+            std::thread::spawn(move || command.output().unwrap())
         })
         .collect();
-    for pull in &mut pulls {
-        assert!(pull.child.wait().unwrap().success());
+    for pull in pulls {
+        assert_ok(&pull.join().unwrap());
     }
     let (manifest, _) = lab.manifest(&image);
     for layer in manifest["layers"].as_array().unwrap() {
