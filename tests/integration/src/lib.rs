@@ -667,3 +667,110 @@ impl Drop for CriPod {
         });
     }
 }
+
+/// A second registry that wants basic auth (htpasswd, bcrypt), for credential tests.
+#[derive(Debug)]
+pub struct AuthRegistry {
+    /// `127.0.0.1:PORT`
+    pub address: String,
+    pub user: String,
+    pub password: String,
+    _dir: tempfile::TempDir,
+    _daemon: Daemon,
+}
+
+impl AuthRegistry {
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (user, password) = (
+            "rigger".to_owned(),
+            format!("secret-{}", std::process::id()),
+        );
+        // bcrypt, as the registry's htpasswd wants; Python's crypt module has it.
+        let hash = Command::new("python3")
+            .args(["-W", "ignore", "-c", "import crypt,sys; print(crypt.crypt(sys.argv[1], crypt.mksalt(crypt.METHOD_BLOWFISH)))"])
+            .arg(&password)
+            .output()
+            .unwrap();
+        assert!(hash.status.success());
+        let htpasswd = dir.path().join("htpasswd");
+        std::fs::write(
+            &htpasswd,
+            format!("{user}:{}", String::from_utf8(hash.stdout).unwrap()),
+        )
+        .unwrap();
+        let port = free_port();
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog: {{level: error, accesslog: {{disabled: true}}}}\nstorage: {{filesystem: {{rootdirectory: {}}}}}\nauth:\n  htpasswd:\n    realm: rigger-lab\n    path: {}\nhttp: {{addr: 127.0.0.1:{port}}}\n",
+                dir.path().join("data").display(),
+                htpasswd.display()
+            ),
+        )
+        .unwrap();
+        let daemon = Daemon::spawn(
+            Command::new("docker-registry")
+                .arg("serve")
+                .arg(&config)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        );
+        let address = format!("127.0.0.1:{port}");
+        wait_until("the auth registry", Duration::from_secs(20), || {
+            http_get(&address, "/v2/").filter(|(code, _)| *code == 401)
+        });
+        Self {
+            address,
+            user,
+            password,
+            _dir: dir,
+            _daemon: daemon,
+        }
+    }
+
+    /// Push a small image (`repo:1`) with the registry's credentials.
+    pub fn push(&self, repo: &str) {
+        let out = Command::new("python3")
+            .arg(repo_root().join("scripts/lab-images"))
+            .arg("--work")
+            .arg(self._dir.path().join("images"))
+            .args(["--registry", &self.address])
+            .args(["--user", &format!("{}:{}", self.user, self.password)])
+            .args(["layers", "--name", repo, "--count", "1", "--size", "65536"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A docker config.json with this registry's credentials.
+    pub fn docker_config(&self, dir: &Path) -> PathBuf {
+        use std::io::Write as _;
+        let path = dir.join("config.json");
+        let token = {
+            // base64 without a crate: python is already a lab dependency.
+            let out = Command::new("python3")
+                .args([
+                    "-c",
+                    "import base64,sys; print(base64.b64encode(sys.argv[1].encode()).decode())",
+                ])
+                .arg(format!("{}:{}", self.user, self.password))
+                .output()
+                .unwrap();
+            String::from_utf8(out.stdout).unwrap().trim().to_owned()
+        };
+        let mut f = std::fs::File::create(&path).unwrap();
+        write!(
+            f,
+            r#"{{"auths":{{"{}":{{"auth":"{token}"}}}}}}"#,
+            self.address
+        )
+        .unwrap();
+        path
+    }
+}

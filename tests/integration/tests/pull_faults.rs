@@ -332,3 +332,42 @@ fn concurrent_pulls_of_shared_layers_fetch_each_blob_once() {
     }
     assert_eq!(image_records(&ns.name).len(), 1);
 }
+
+#[test]
+fn basic_auth_credentials_come_from_docker_config() {
+    use rigger_integration_tests::AuthRegistry;
+
+    let lab = Lab::get();
+    let registry = AuthRegistry::start();
+    registry.push("private/app");
+    let ns = TestNamespace::new("auth");
+    let dir = tempfile::tempdir().unwrap();
+    let image = format!("{}/private/app:1", registry.address);
+    let pull = |extra: &[&str]| {
+        Command::new(binary("rigger-agent"))
+            .args(["pull", "--plain-http", "--registry-config", "/nonexistent"])
+            .arg("--address")
+            .arg(&lab.containerd_address)
+            .args(["--namespace", &ns.name])
+            .args(extra)
+            .arg(&image)
+            .env("DOCKER_CONFIG", dir.path().join("nowhere"))
+            .output()
+            .unwrap()
+    };
+
+    // Without credentials: refused, one line, naming the image, nothing recorded.
+    let out = pull(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let last = stderr.trim_end().lines().last().unwrap();
+    assert!(last.contains(&image) && last.contains("denied"), "{last}");
+    assert!(image_records(&ns.name).is_empty());
+
+    // With the docker config: pulled. The password never shows in the output.
+    let config = registry.docker_config(dir.path());
+    let out = pull(&["--docker-config", config.to_str().unwrap()]);
+    assert_ok(&out);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains(&registry.password));
+    assert_eq!(image_records(&ns.name).len(), 1);
+}
