@@ -58,7 +58,6 @@ const BUFFER_BUDGET: u64 = 24 << 20;
 const SLOW_STREAM_RATE: u64 = 48 << 20;
 /// How long a single connection is watched before judging its speed.
 const PROBE_TIME: Duration = Duration::from_millis(250);
-use self::unpack::FEED_PIECE;
 /// Connections open at once across all pulls of this agent.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16;
 /// Configs and manifests larger than this are refused (they are kilobytes in practice).
@@ -689,42 +688,52 @@ impl Transfer {
         data: &[u8],
         labels: HashMap<String, String>,
     ) -> Result<(), StoreError> {
-        let reference = ingest_ref(digest);
-        // A concurrent pull of the same image may be writing this blob: wait for it (it
-        // holds containerd's lock on the ingest) and then label what it stored.
-        for _ in 0..3000 {
-            if let Some(existing) = self.store.blob_labels(digest).await? {
-                let labels = self.labels_with_source(labels, Some(&existing));
-                return self.store.add_labels(digest, labels).await;
+        if let Some(existing) = self.store.blob_labels(digest).await? {
+            let labels = self.labels_with_source(labels, Some(&existing));
+            return self.store.add_labels(digest, labels).await;
+        }
+        match self.open_writer_waiting(digest, data.len() as u64).await? {
+            Some(mut writer) => {
+                if writer.offset() != 0 {
+                    writer.truncate().await?;
+                }
+                writer.write(data).await?;
+                writer.commit(self.labels_with_source(labels, None)).await
             }
-            match self
-                .store
-                .open_writer(&reference, digest, data.len() as u64)
-                .await
-            {
-                Ok(mut writer) => {
-                    if writer.offset() != 0 {
-                        writer.truncate().await?;
-                    }
-                    writer.write(data).await?;
-                    return writer.commit(self.labels_with_source(labels, None)).await;
-                }
-                Err(e) => {
-                    let text = e.to_string();
-                    if text.contains("AlreadyExists") {
-                        continue;
-                    }
-                    if !(text.contains("locked") || text.contains("Unavailable")) {
-                        return Err(e);
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+            // A concurrent pull of the same image stored it: label what it stored.
+            None => {
+                let existing = self.store.blob_labels(digest).await?;
+                let labels = self.labels_with_source(labels, existing.as_ref());
+                self.store.add_labels(digest, labels).await
             }
         }
-        Err(StoreError::Write {
-            what: format!("write {digest}"),
-            detail: "another writer held the ingest for 5 minutes".to_owned(),
-        })
+    }
+
+    /// The blob is in the store already: add this image's labels to it.
+    async fn mark_present(
+        &self,
+        digest: &str,
+        labels: HashMap<String, String>,
+        existing: Option<HashMap<String, String>>,
+    ) -> Result<u64, PullError> {
+        let existing = match existing {
+            Some(existing) => Some(existing),
+            None => self
+                .store
+                .blob_labels(digest)
+                .await
+                .map_err(|e| self.store_err(e))?,
+        };
+        let labels = self.labels_with_source(labels, existing.as_ref());
+        self.store
+            .add_labels(digest, labels)
+            .await
+            .map_err(|e| self.store_err(e))?;
+        self.progress.event(ProgressEvent::BlobDone {
+            digest: digest.to_owned(),
+            skipped: true,
+        });
+        Ok(0)
     }
 
     /// Download a blob into the store (resuming what containerd holds), unpacking it on
@@ -750,34 +759,15 @@ impl Transfer {
             .await
             .map_err(|e| self.store_err(e))?
         {
-            let labels = self.labels_with_source(labels, Some(&existing));
-            self.store
-                .add_labels(digest, labels)
-                .await
-                .map_err(|e| self.store_err(e))?;
-            self.progress.event(ProgressEvent::BlobDone {
-                digest: digest.to_owned(),
-                skipped: true,
-            });
-            return Ok(0);
+            return self.mark_present(digest, labels, Some(existing)).await;
         }
-        let Some(writer) = self.open_writer_waiting(digest, size).await? else {
+        let Some(writer) = self
+            .open_writer_waiting(digest, size)
+            .await
+            .map_err(|e| self.store_err(e))?
+        else {
             // Fetched meanwhile by a concurrent pull: only our labels are missing.
-            let existing = self
-                .store
-                .blob_labels(digest)
-                .await
-                .map_err(|e| self.store_err(e))?;
-            let labels = self.labels_with_source(labels, existing.as_ref());
-            self.store
-                .add_labels(digest, labels)
-                .await
-                .map_err(|e| self.store_err(e))?;
-            self.progress.event(ProgressEvent::BlobDone {
-                digest: digest.to_owned(),
-                skipped: true,
-            });
-            return Ok(0);
+            return self.mark_present(digest, labels, None).await;
         };
         let labels = self.labels_with_source(labels, None);
         self.progress.event(ProgressEvent::BlobStarted {
@@ -961,7 +951,7 @@ impl Transfer {
         &self,
         digest: &str,
         size: u64,
-    ) -> Result<Option<BlobWriter>, PullError> {
+    ) -> Result<Option<BlobWriter>, StoreError> {
         let reference = ingest_ref(digest);
         let mut waited = 0;
         loop {
@@ -977,18 +967,12 @@ impl Transfer {
                     if (text.contains("locked") || text.contains("Unavailable")) && waited < 3000 {
                         waited += 1;
                         tokio::time::sleep(Duration::from_millis(100)).await;
-                        if self
-                            .store
-                            .blob_labels(digest)
-                            .await
-                            .map_err(|e| self.store_err(e))?
-                            .is_some()
-                        {
+                        if self.store.blob_labels(digest).await?.is_some() {
                             return Ok(None);
                         }
                         continue;
                     }
-                    return Err(self.store_err(e));
+                    return Err(e);
                 }
             }
         }
@@ -1281,15 +1265,7 @@ impl Sink {
         } = self;
         let feed = async {
             if let Some(streaming) = streaming {
-                let mut rest = bytes.clone();
-                while !rest.is_empty() {
-                    let piece = rest.split_to(rest.len().min(FEED_PIECE));
-                    let len = piece.len() as u64;
-                    if !streaming.feed(piece).await {
-                        break;
-                    }
-                    *fed += len;
-                }
+                *fed += streaming.feed(bytes.clone()).await;
             }
         };
         let (written, ()) = tokio::join!(writer.write(&bytes), feed);
@@ -1298,19 +1274,10 @@ impl Sink {
         Ok(())
     }
 
-    /// Hand bytes to the unpacker in small pieces (cheap slices of one buffer).
+    /// Hand bytes to the unpacker, if one is running.
     async fn feed(&mut self, bytes: Bytes) {
-        let Some(streaming) = &mut self.streaming else {
-            return;
-        };
-        let mut rest = bytes;
-        while !rest.is_empty() {
-            let piece = rest.split_to(rest.len().min(FEED_PIECE));
-            let n = piece.len() as u64;
-            if !streaming.feed(piece).await {
-                return; // the unpacker stopped; finish() reports why
-            }
-            self.fed += n;
+        if let Some(streaming) = &mut self.streaming {
+            self.fed += streaming.feed(bytes).await;
         }
     }
 

@@ -30,7 +30,7 @@ use super::store::Store;
 use crate::runtime::{CallError, describe_status};
 
 /// Pieces handed to the applier are at most this big, so a slow applier holds little.
-pub const FEED_PIECE: usize = 256 << 10;
+const FEED_PIECE: usize = 256 << 10;
 
 /// The label containerd puts on every unpacked layer snapshot.
 pub const SNAPSHOT_REF_LABEL: &str = "containerd.io/snapshot.ref";
@@ -90,44 +90,22 @@ pub async fn is_unpacked(
     }
 }
 
-/// Apply `layer` on top of `parent` (a chain ID, or `None` for the base layer) and commit
-/// it as `chain_id`. A failed apply leaves no snapshot behind.
-pub async fn apply_with_diff_service(
+/// Apply `layer` into the prepared snapshot through containerd's diff service (for
+/// snapshotters whose mounts Rigger does not write to itself), then commit it as
+/// `chain_id`. A failed apply leaves no snapshot behind.
+async fn apply_with_diff_service(
     store: &Store,
     snapshotter: &str,
+    prepared: Prepared,
     layer: &ContainerdDescriptor,
     diff_id: &str,
-    parent: Option<&str>,
     chain_id: &str,
 ) -> Result<(), UnpackError> {
-    let labels = HashMap::from([(SNAPSHOT_REF_LABEL.to_owned(), chain_id.to_owned())]);
-    // containerd's own key format for unpacking: "extract-<unique> <chain id>".
-    let key = format!(
-        "extract-{}-{:08x} {chain_id}",
-        std::process::id(),
-        fastrand::u32(..)
-    );
-    let mut snapshots = SnapshotsClient::new(store.channel());
-    let prepare = store
-        .request(PrepareSnapshotRequest {
-            snapshotter: snapshotter.to_owned(),
-            key: key.clone(),
-            parent: parent.unwrap_or_default().to_owned(),
-            labels: labels.clone(),
-        })
-        .map_err(|s| CallError::new("prepare snapshot", s))?;
-    let mounts = snapshots
-        .prepare(prepare)
-        .await
-        .map_err(|s| CallError::new("prepare snapshot", s))?
-        .into_inner()
-        .mounts;
-
     let applied = async {
         let apply = store
             .request(ApplyRequest {
                 diff: Some(layer.clone()),
-                mounts,
+                mounts: prepared.mounts,
                 payloads: HashMap::new(),
                 sync_fs: false,
             })
@@ -150,40 +128,13 @@ pub async fn apply_with_diff_service(
                 actual: applied,
             });
         }
-        let commit = store
-            .request(CommitSnapshotRequest {
-                snapshotter: snapshotter.to_owned(),
-                name: chain_id.to_owned(),
-                key: key.clone(),
-                labels,
-            })
-            .map_err(|s| CallError::new("commit snapshot", s))?;
-        match SnapshotsClient::new(store.channel()).commit(commit).await {
-            Ok(_) => Ok(()),
-            // Another pull unpacked the same layer meanwhile: theirs is as good.
-            Err(status) if status.code() == Code::AlreadyExists => {
-                Err(UnpackError::Call(CallError::new("commit snapshot", status)))
-            }
-            Err(status) => Err(CallError::new("commit snapshot", status).into()),
-        }
+        commit(store, snapshotter, &prepared.key, chain_id).await
     }
     .await;
-
-    match applied {
-        Ok(()) => Ok(()),
-        Err(error) => {
-            if let Ok(remove) = store.request(RemoveSnapshotRequest {
-                snapshotter: snapshotter.to_owned(),
-                key,
-            }) {
-                let _ = snapshots.remove(remove).await;
-            }
-            match &error {
-                UnpackError::Call(call) if call.status.code() == Code::AlreadyExists => Ok(()),
-                _ => Err(error),
-            }
-        }
+    if applied.is_err() {
+        remove(store, snapshotter, &prepared.key).await;
     }
+    applied
 }
 
 /// A layer snapshot being prepared: the key it lives under until committed.
@@ -342,13 +293,22 @@ impl StreamingApply {
         }))
     }
 
-    /// Hand the next downloaded bytes to the applier. `false` once the applier stopped
-    /// (it failed; [`StreamingApply::finish`] tells why).
-    pub async fn feed(&mut self, bytes: Bytes) -> bool {
-        match &self.tx {
-            Some(tx) => tx.send(bytes).await.is_ok(),
-            None => false,
+    /// Hand downloaded bytes to the applier, in pieces of at most [`FEED_PIECE`] (cheap
+    /// slices of one buffer, so a slow applier holds little). Returns how many bytes it
+    /// took: fewer than given once the applier stopped ([`StreamingApply::finish`] tells
+    /// why).
+    pub async fn feed(&mut self, mut bytes: Bytes) -> u64 {
+        let Some(tx) = &self.tx else { return 0 };
+        let mut taken = 0;
+        while !bytes.is_empty() {
+            let piece = bytes.split_to(bytes.len().min(FEED_PIECE));
+            let n = piece.len() as u64;
+            if tx.send(piece).await.is_err() {
+                break;
+            }
+            taken += n;
         }
+        taken
     }
 
     /// All bytes are in: wait for the applier, check the diff ID and commit.
@@ -403,8 +363,8 @@ pub async fn apply_from_store(
 ) -> Result<(), UnpackError> {
     let prepared = prepare(store, snapshotter, parent, chain_id).await?;
     let Some(target) = ApplyTarget::from_mounts(&prepared.mounts) else {
-        remove(store, snapshotter, &prepared.key).await;
-        return apply_with_diff_service(store, snapshotter, layer, diff_id, parent, chain_id).await;
+        return apply_with_diff_service(store, snapshotter, prepared, layer, diff_id, chain_id)
+            .await;
     };
     let (tx, rx) = mpsc::channel(16);
     let mut streaming = StreamingApply {
@@ -427,14 +387,11 @@ pub async fn apply_from_store(
             .await
             .map_err(|s| CallError::new("read content", s))?
             .into_inner();
-        'read: while let Some(chunk) = stream.next().await {
+        while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|s| CallError::new("read content", s))?;
-            let mut rest = Bytes::from(chunk.data);
-            while !rest.is_empty() {
-                let piece = rest.split_to(rest.len().min(FEED_PIECE));
-                if !streaming.feed(piece).await {
-                    break 'read; // the applier failed; finish() reports why
-                }
+            let len = chunk.data.len() as u64;
+            if streaming.feed(Bytes::from(chunk.data)).await < len {
+                break; // the applier failed; finish() reports why
             }
         }
         Ok::<_, UnpackError>(())
