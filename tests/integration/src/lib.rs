@@ -79,26 +79,21 @@ impl Lab {
 
     /// The manifest the lab pushed for `repo:tag`, and its digest.
     pub fn manifest(&self, repo_and_tag: &str) -> (serde_json::Value, String) {
-        let (repo, tag) = repo_and_tag.split_once(':').unwrap();
-        let path = self
-            .dir
-            .join("images")
-            .join(format!("{}_{tag}.manifest.json", repo.replace('/', "_")));
-        let bytes = std::fs::read(&path).unwrap();
-        let digest = sha256_hex(&bytes);
-        (
-            serde_json::from_slice(&bytes).unwrap(),
-            format!("sha256:{digest}"),
-        )
+        self.pushed_document(repo_and_tag, "manifest")
     }
 
     /// The index (manifest list) the lab pushed for `repo:tag`, and its digest.
     pub fn index(&self, repo_and_tag: &str) -> (serde_json::Value, String) {
+        self.pushed_document(repo_and_tag, "index")
+    }
+
+    /// `scripts/lab-images` keeps what it pushed as `<repo>_<tag>.<kind>.json`.
+    fn pushed_document(&self, repo_and_tag: &str, kind: &str) -> (serde_json::Value, String) {
         let (repo, tag) = repo_and_tag.split_once(':').unwrap();
         let path = self
             .dir
             .join("images")
-            .join(format!("{}_{tag}.index.json", repo.replace('/', "_")));
+            .join(format!("{}_{tag}.{kind}.json", repo.replace('/', "_")));
         let bytes = std::fs::read(&path).unwrap();
         let digest = sha256_hex(&bytes);
         (
@@ -478,19 +473,28 @@ pub fn unique_image(name: &str, layers: usize, size: usize) -> String {
 /// `--format docker`, `--base busybox`, ...).
 pub fn unique_image_with(name: &str, layers: usize, size: usize, flags: &[&str]) -> String {
     let repo = format!("rigger-lab/{name}-{}", std::process::id());
+    let (layers, size) = (layers.to_string(), size.to_string());
+    let mut args = vec![
+        "layers", "--name", &repo, "--count", &layers, "--size", &size,
+    ];
+    args.extend(["--compressibility", "0.1"]);
+    args.extend_from_slice(flags);
+    lab_image(&args);
+    format!("{repo}:1")
+}
+
+/// `scripts/lab image ARGS...`: build and push one more lab image; panics on failure.
+pub fn lab_image(args: &[&str]) {
     let out = Command::new(repo_root().join("scripts/lab"))
-        .args(["image", "layers", "--name", &repo])
-        .args(["--count", &layers.to_string(), "--size", &size.to_string()])
-        .args(["--compressibility", "0.1"])
-        .args(flags)
+        .arg("image")
+        .args(args)
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "{}",
+        "scripts/lab image {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    format!("{repo}:1")
 }
 
 /// Playing kubelet's part over the real CRI API (kubelet cannot run here): a host-network

@@ -157,15 +157,7 @@ fn docker_schema2_images_match_containerds_pull() {
 fn compare_index_with_ctr(format: &str, test: &str) {
     let lab = Lab::get();
     let repo = format!("rigger-lab/{test}-{}", std::process::id());
-    let out = Command::new(rigger_integration_tests::repo_root().join("scripts/lab"))
-        .args(["image", "index", "--name", &repo, "--format", format])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    rigger_integration_tests::lab_image(&["index", "--name", &repo, "--format", format]);
     let repo_tag = format!("{repo}:1");
     let image = lab.image(&repo_tag);
     let ours = TestNamespace::new(&format!("{test}-agent"));
@@ -269,17 +261,9 @@ fn cri_finds_an_agent_pulled_image() {
     let lab = Lab::get();
     // An image no other test pulls, so CRI can only know it from the agent.
     let repo = format!("rigger-lab/cri-{}", std::process::id());
-    let out = Command::new(rigger_integration_tests::repo_root().join("scripts/lab"))
-        .args([
-            "image", "layers", "--name", &repo, "--count", "2", "--size", "65536",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    rigger_integration_tests::lab_image(&[
+        "layers", "--name", &repo, "--count", "2", "--size", "65536",
+    ]);
     let image = lab.image(&format!("{repo}:1"));
     let out = agent_pull("k8s.io", &[&image]);
     assert_pulled(&out);
@@ -384,15 +368,7 @@ fn bad_references_fail_with_one_line_naming_the_image() {
 fn hostile_image(kind: &str) -> String {
     let lab = Lab::get();
     let repo = format!("rigger-lab/hostile-{kind}-{}", std::process::id());
-    let out = Command::new(rigger_integration_tests::repo_root().join("scripts/lab"))
-        .args(["image", "hostile", "--name", &repo, "--kind", kind])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    rigger_integration_tests::lab_image(&["hostile", "--name", &repo, "--kind", kind]);
     lab.image(&format!("{repo}:1"))
 }
 
