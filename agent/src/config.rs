@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rigger_daemon::config::{ConfigError, Setting, load_toml};
+use rigger_daemon::config::{ConfigError, LOG_FORMAT, LOG_LEVEL, Setting, load_toml};
 use rigger_daemon::logging::LogFormat;
 
 pub use crate::link::LinkConfig;
@@ -259,16 +259,6 @@ const HEALTH_LISTEN: Setting = Setting {
     key: "health_listen",
     flag: "--health-listen",
     env: "RIGGER_AGENT_HEALTH_LISTEN",
-};
-const LOG_FORMAT: Setting = Setting {
-    key: "log_format",
-    flag: "--log-format",
-    env: "RIGGER_LOG_FORMAT",
-};
-const LOG_LEVEL: Setting = Setting {
-    key: "log_level",
-    flag: "--log-level",
-    env: "RIGGER_LOG_LEVEL",
 };
 const DRAIN_TIMEOUT: Setting = Setting {
     key: "drain_timeout",

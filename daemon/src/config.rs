@@ -41,6 +41,20 @@ pub struct Setting {
     pub env: &'static str,
 }
 
+/// The log format; every Rigger daemon spells it the same way.
+pub const LOG_FORMAT: Setting = Setting {
+    key: "log_format",
+    flag: "--log-format",
+    env: "RIGGER_LOG_FORMAT",
+};
+
+/// The log filter; every Rigger daemon spells it the same way.
+pub const LOG_LEVEL: Setting = Setting {
+    key: "log_level",
+    flag: "--log-level",
+    env: "RIGGER_LOG_LEVEL",
+};
+
 impl std::fmt::Display for Setting {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "`{}` ({}, {})", self.key, self.flag, self.env)
