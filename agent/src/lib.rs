@@ -20,3 +20,6 @@ pub mod runtime;
 
 /// The agent's version, as reported to users and to the controller.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Where the agent keeps what must outlive it (spooled downloads, accepted tasks).
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/rigger";

@@ -69,6 +69,10 @@ struct PullArgs {
     /// Snapshotter to unpack into.
     #[arg(long, default_value = "overlayfs", value_name = "NAME")]
     snapshotter: String,
+    /// The agent's state directory; downloads in progress wait in its `spool/`, so a
+    /// pull that is interrupted and run again continues where it stopped.
+    #[arg(long, env = "RIGGER_AGENT_STATE_DIR", default_value = rigger_agent::DEFAULT_STATE_DIR, value_name = "DIR")]
+    state_dir: PathBuf,
     /// Images to pull, e.g. docker.io/library/nginx:1.27 or registry:5000/app@sha256:...
     #[arg(required = true, value_name = "IMAGE")]
     images: Vec<String>,
@@ -164,6 +168,7 @@ fn pull(args: &PullArgs) -> anyhow::Result<()> {
         snapshotter: args.snapshotter.clone(),
         platform,
         hosts_dir: args.registry_config.clone(),
+        spool_dir: args.state_dir.join("spool"),
         plain_http: args.plain_http,
         docker_config: args.docker_config.clone(),
         max_connections: args.max_connections,

@@ -16,7 +16,6 @@
 //! - hard links resolve within this layer only (a link to a lower layer's file fails);
 //! - owner, then xattrs, then mode, then times; directory times last of all.
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -124,11 +123,73 @@ impl<R: Read> Read for DiffIdReader<R> {
     }
 }
 
-/// Apply the uncompressed layer tar read from `reader` to `target`; returns the diff ID.
-pub fn apply_layer<R: Read>(reader: R, target: &ApplyTarget) -> Result<String, ApplyError> {
+/// What applying a layer produced.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// `sha256:<hex>` of the uncompressed tar.
+    pub diff_id: String,
+    /// Directories the layer implies but does not contain, parents first.
+    pub implied_parents: Vec<ImpliedParent>,
+}
+
+/// A directory created because an entry below it came without it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImpliedParent {
+    /// Relative to the layer root.
+    pub path: PathBuf,
+    /// The layer gave the directory itself later on (its attributes then win).
+    pub explicit: bool,
+}
+
+/// Apply the uncompressed layer tar read from `reader` to `target`.
+pub fn apply_layer<R: Read>(reader: R, target: &ApplyTarget) -> Result<Applied, ApplyError> {
     let mut hashing = DiffIdReader::new(reader);
-    apply_entries(&mut hashing, target)?;
-    hashing.finish().map_err(ApplyError::Read)
+    let implied_parents = apply_entries(&mut hashing, target)?;
+    Ok(Applied {
+        diff_id: hashing.finish().map_err(ApplyError::Read)?,
+        implied_parents,
+    })
+}
+
+/// Give implied parent directories what they would have had if the layer had been
+/// applied with its lower layers in place (it was applied without them, in parallel
+/// with the layers below): owner, mode and atime of the nearest lower directory, and
+/// its extended attributes where the layer set none of the same name. Their mtime is
+/// the apply time either way.
+pub fn adopt_lowers(
+    root: &Path,
+    lowers: &[PathBuf],
+    implied: &[ImpliedParent],
+) -> Result<(), ApplyError> {
+    for parent in implied {
+        let path = root.join(&parent.path);
+        for lower in lowers {
+            let lower_path = scoped_resolve(lower, &parent.path)?;
+            match std::fs::symlink_metadata(&lower_path) {
+                Ok(m) if m.is_dir() => {
+                    if !parent.explicit {
+                        chown(&path, u64::from(m.uid()), u64::from(m.gid()))?;
+                        std::fs::set_permissions(
+                            &path,
+                            std::fs::Permissions::from_mode(m.mode() & 0o7777),
+                        )
+                        .map_err(|e| io_err(&path, e))?;
+                        set_times(
+                            &path,
+                            TimeSpec::new(m.atime(), m.atime_nsec()),
+                            TimeSpec::UTIME_OMIT,
+                        )?;
+                    }
+                    copy_up_xattrs(&lower_path, &path, false)?;
+                    break;
+                }
+                Ok(_) => break, // replaced by a non-directory: keep the defaults
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(&lower_path, e)),
+            }
+        }
+    }
+    Ok(())
 }
 
 struct DirTimes {
@@ -137,8 +198,12 @@ struct DirTimes {
     mtime: TimeSpec,
 }
 
-fn apply_entries<R: Read>(reader: &mut R, target: &ApplyTarget) -> Result<(), ApplyError> {
+fn apply_entries<R: Read>(
+    reader: &mut R,
+    target: &ApplyTarget,
+) -> Result<Vec<ImpliedParent>, ApplyError> {
     let root = &target.root;
+    let mut implied = Vec::new();
     let mut archive = tar::Archive::new(reader);
     let mut dirs: Vec<DirTimes> = Vec::new();
     let entries = archive.entries().map_err(ApplyError::Read)?;
@@ -164,7 +229,7 @@ fn apply_entries<R: Read>(reader: &mut R, target: &ApplyTarget) -> Result<(), Ap
             continue;
         }
         if parent != *root {
-            make_parent(&parent, root, &target.lowers)?;
+            make_parent(&parent, root, &target.lowers, &mut implied)?;
         }
 
         // AUFS metadata at the top level is not part of the filesystem.
@@ -212,6 +277,9 @@ fn apply_entries<R: Read>(reader: &mut R, target: &ApplyTarget) -> Result<(), Ap
         let mut is_symlink = false;
         match kind {
             k if k.is_dir() => {
+                if let Some(earlier) = implied.iter_mut().find(|p| root.join(&p.path) == path) {
+                    earlier.explicit = true;
+                }
                 if !path.is_dir() {
                     std::fs::create_dir(&path).map_err(|e| io_err(&path, e))?;
                 }
@@ -319,7 +387,7 @@ fn apply_entries<R: Read>(reader: &mut R, target: &ApplyTarget) -> Result<(), Ap
     for dir in dirs {
         set_times(&dir.path, dir.atime, dir.mtime)?;
     }
-    Ok(())
+    Ok(implied)
 }
 
 /// atime = the later of atime and mtime (containerd's rule), both from PAX when given.
@@ -461,7 +529,12 @@ fn scoped_resolve(root: &Path, rel: &Path) -> Result<PathBuf, ApplyError> {
 
 /// Create `path` (and missing ancestors below `root`) with the attributes the same
 /// directory has in the nearest lower layer, or 0755.
-fn make_parent(path: &Path, root: &Path, lowers: &[PathBuf]) -> Result<(), ApplyError> {
+fn make_parent(
+    path: &Path,
+    root: &Path,
+    lowers: &[PathBuf],
+    implied: &mut Vec<ImpliedParent>,
+) -> Result<(), ApplyError> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.is_dir() => return Ok(()),
         Ok(_) => {
@@ -477,12 +550,16 @@ fn make_parent(path: &Path, root: &Path, lowers: &[PathBuf]) -> Result<(), Apply
         && up != root
         && up.starts_with(root)
     {
-        make_parent(up, root, lowers)?;
+        make_parent(up, root, lowers, implied)?;
     }
     std::fs::create_dir(path).map_err(|e| io_err(path, e))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
         .map_err(|e| io_err(path, e))?;
     let rel = path.strip_prefix(root).unwrap_or(path);
+    implied.push(ImpliedParent {
+        path: rel.to_owned(),
+        explicit: false,
+    });
     for lower in lowers {
         let lower_path = scoped_resolve(lower, rel)?;
         match std::fs::symlink_metadata(&lower_path) {
@@ -490,7 +567,7 @@ fn make_parent(path: &Path, root: &Path, lowers: &[PathBuf]) -> Result<(), Apply
                 chown(path, u64::from(m.uid()), u64::from(m.gid()))?;
                 std::fs::set_permissions(path, std::fs::Permissions::from_mode(m.mode() & 0o7777))
                     .map_err(|e| io_err(path, e))?;
-                copy_up_xattrs(&lower_path, path)?;
+                copy_up_xattrs(&lower_path, path, true)?;
                 set_times(
                     path,
                     TimeSpec::new(m.atime(), m.atime_nsec()),
@@ -506,22 +583,22 @@ fn make_parent(path: &Path, root: &Path, lowers: &[PathBuf]) -> Result<(), Apply
     Ok(())
 }
 
-/// Extended attributes of a lower directory, except overlayfs' own.
-fn copy_up_xattrs(from: &Path, to: &Path) -> Result<(), ApplyError> {
-    let names = match xattr::list(from) {
-        Ok(names) => names,
-        Err(_) => return Ok(()),
+/// Extended attributes of a lower directory, except overlayfs' own; with `overwrite`
+/// false, only names `to` does not have yet.
+fn copy_up_xattrs(from: &Path, to: &Path, overwrite: bool) -> Result<(), ApplyError> {
+    let Ok(names) = xattr::list(from) else {
+        return Ok(());
     };
-    let mut copied: HashMap<String, ()> = HashMap::new();
     for name in names {
-        let key = name.to_string_lossy().into_owned();
-        if key.starts_with("trusted.overlay.") || copied.contains_key(&key) {
+        if name.to_string_lossy().starts_with("trusted.overlay.") {
+            continue;
+        }
+        if !overwrite && matches!(xattr::get(to, &name), Ok(Some(_))) {
             continue;
         }
         if let Ok(Some(value)) = xattr::get(from, &name) {
             xattr::set(to, &name, &value).map_err(|e| io_err(to, e))?;
         }
-        copied.insert(key, ());
     }
     Ok(())
 }
@@ -618,6 +695,64 @@ mod tests {
     }
 
     #[test]
+    fn a_layer_applied_before_its_lowers_ends_up_as_if_applied_on_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let lower = dir.path().join("lower");
+        std::fs::create_dir_all(lower.join("opt/app")).unwrap();
+        std::fs::set_permissions(lower.join("opt"), std::fs::Permissions::from_mode(0o711))
+            .unwrap();
+        std::fs::set_permissions(
+            lower.join("opt/app"),
+            std::fs::Permissions::from_mode(0o750),
+        )
+        .unwrap();
+        let data = tar_with(|b| {
+            let mut h = header(tar::EntryType::Regular, 0o644, 2);
+            b.append_data(&mut h, "opt/app/bin/tool", &b"hi"[..])
+                .unwrap();
+            // `opt` given after its content: the layer's own attributes win.
+            let mut h = header(tar::EntryType::Directory, 0o700, 0);
+            b.append_data(&mut h, "opt/", &b""[..]).unwrap();
+        });
+        let on_lowers = dir.path().join("on-lowers");
+        let staged = dir.path().join("staged");
+        std::fs::create_dir(&on_lowers).unwrap();
+        std::fs::create_dir(&staged).unwrap();
+        apply_layer(
+            &data[..],
+            &ApplyTarget {
+                root: on_lowers.clone(),
+                lowers: vec![lower.clone()],
+            },
+        )
+        .unwrap();
+        let applied = apply_layer(
+            &data[..],
+            &ApplyTarget {
+                root: staged.clone(),
+                lowers: vec![],
+            },
+        )
+        .unwrap();
+        let implied: Vec<_> = applied
+            .implied_parents
+            .iter()
+            .map(|p| (p.path.to_str().unwrap(), p.explicit))
+            .collect();
+        assert_eq!(
+            implied,
+            [("opt", true), ("opt/app", false), ("opt/app/bin", false)]
+        );
+        adopt_lowers(&staged, &[lower], &applied.implied_parents).unwrap();
+        for path in ["opt", "opt/app", "opt/app/bin", "opt/app/bin/tool"] {
+            let mode = |root: &Path| std::fs::metadata(root.join(path)).unwrap().mode();
+            assert_eq!(mode(&staged), mode(&on_lowers), "{path}");
+        }
+        let mode = std::fs::metadata(staged.join("opt/app")).unwrap().mode();
+        assert_eq!(mode & 0o7777, 0o750, "from the lower layer");
+    }
+
+    #[test]
     fn whiteouts_and_implied_parents() {
         let dir = tempfile::tempdir().unwrap();
         let lower = dir.path().join("lower");
@@ -639,7 +774,7 @@ mod tests {
             root: root.clone(),
             lowers: vec![lower],
         };
-        let diff_id = apply_layer(&data[..], &target).unwrap();
+        let diff_id = apply_layer(&data[..], &target).unwrap().diff_id;
         assert_eq!(
             diff_id,
             format!(

@@ -12,6 +12,7 @@
 //! - [`registry`]: manifests and blob ranges over HTTP;
 //! - [`media`]: media types, platform selection;
 //! - [`store`]: lease, content ingestion (resumable), labels, image records;
+//! - [`spool`]: ranges that arrived ahead of containerd's ingest, on disk;
 //! - [`unpack`]: chain IDs and snapshots;
 //! - [`limit`]: the node-wide bandwidth cap.
 
@@ -20,6 +21,7 @@ pub mod hosts;
 pub mod limit;
 pub mod media;
 pub mod registry;
+pub mod spool;
 pub mod store;
 pub mod unpack;
 
@@ -27,6 +29,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use containerd_client::types::Descriptor as ContainerdDescriptor;
@@ -40,6 +43,7 @@ use tokio::sync::{Mutex, Semaphore};
 use self::limit::RateLimit;
 use self::media::Platform;
 use self::registry::{Registry, RegistryError};
+use self::spool::{Spool, SpoolError};
 use self::store::{BlobWriter, Store, StoreError};
 use self::unpack::{StreamingApply, UnpackError, chain_ids};
 use crate::runtime::{CRI_NAMESPACE, Runtime};
@@ -49,15 +53,16 @@ use bytes::Bytes;
 pub const DEFAULT_CHUNK_SIZE: u64 = 2 << 20;
 /// Layers downloading at once in one pull (bottom first).
 const LAYERS_AT_ONCE: usize = 3;
-/// Byte ranges fetched ahead of the write position, per blob.
-const RANGE_WINDOW: usize = 12;
-/// Memory for downloaded-but-not-yet-stored bytes across all pulls of this agent: range
-/// chunks in flight, and the start of a layer held until its parent layer is unpacked.
-const BUFFER_BUDGET: u64 = 24 << 20;
+/// Byte ranges fetched ahead of the write position, per blob (they wait in the spool,
+/// on disk, until containerd's ingest reaches them).
+const RANGE_WINDOW: usize = 16;
+/// Range data is appended to the spool in pieces of at least this much: few syscalls,
+/// and little lost if the agent is killed.
+const SPOOL_PIECE: usize = 64 << 10;
 /// A single connection slower than this (bytes/s) is supplemented by parallel ranges.
 const SLOW_STREAM_RATE: u64 = 48 << 20;
 /// How long a single connection is watched before judging its speed.
-const PROBE_TIME: Duration = Duration::from_millis(250);
+const PROBE_TIME: Duration = Duration::from_millis(100);
 /// Connections open at once across all pulls of this agent.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16;
 /// Configs and manifests larger than this are refused (they are kilobytes in practice).
@@ -72,6 +77,8 @@ pub struct PullOptions {
     pub platform: Platform,
     /// containerd's `certs.d` directory of `hosts.toml` files.
     pub hosts_dir: PathBuf,
+    /// Where ranges wait for containerd's ingest (see [`spool`]).
+    pub spool_dir: PathBuf,
     /// Talk plain HTTP to registries that have no `hosts.toml`.
     pub plain_http: bool,
     /// A docker `config.json` with credentials; `None` for `$DOCKER_CONFIG` or `~/.docker`.
@@ -93,6 +100,7 @@ impl Default for PullOptions {
             snapshotter: "overlayfs".to_owned(),
             platform: Platform::host(),
             hosts_dir: PathBuf::from(hosts::DEFAULT_HOSTS_DIR),
+            spool_dir: PathBuf::from(crate::DEFAULT_STATE_DIR).join("spool"),
             plain_http: false,
             docker_config: None,
             max_connections: DEFAULT_MAX_CONNECTIONS,
@@ -123,6 +131,8 @@ pub enum PullError {
     Store { image: String, source: StoreError },
     #[error("{image}: {source}")]
     Unpack { image: String, source: UnpackError },
+    #[error("{image}: {source}")]
+    Spool { image: String, source: SpoolError },
     #[error("{image}: {blob}: gave up after {attempts} attempts; last error: {last}")]
     Exhausted {
         image: String,
@@ -195,7 +205,6 @@ pub struct Puller {
     rate: Option<Arc<RateLimit>>,
     /// One fetch per blob at a time in this agent; concurrent pulls wait and reuse it.
     in_flight: Arc<Mutex<HashMap<String, Arc<Mutex<()>>>>>,
-    buffers: Arc<Semaphore>,
 }
 
 /// Everything one blob transfer needs, cheap to clone into a task.
@@ -211,12 +220,13 @@ struct Transfer {
     chunk_size: u64,
     attempts: u32,
     source_label: (String, String),
-    /// KiB of [`BUFFER_BUDGET`].
-    buffers: Arc<Semaphore>,
     /// More than one connection allowed: ranges can help a slow single stream.
     parallel: bool,
-    /// How many layers of this image, from the bottom, are unpacked.
-    unpacked: Arc<tokio::sync::watch::Sender<usize>>,
+    /// A stream from this registry proved slow: later blobs start with ranges.
+    slow_registry: Arc<AtomicBool>,
+    spool_dir: PathBuf,
+    /// How far this image's layers are unpacked.
+    stack: Arc<tokio::sync::watch::Sender<Stack>>,
 }
 
 impl Puller {
@@ -229,7 +239,6 @@ impl Puller {
             connections,
             rate,
             in_flight: Arc::default(),
-            buffers: Arc::new(Semaphore::new((BUFFER_BUDGET >> 10) as usize)),
         }
     }
 
@@ -276,6 +285,11 @@ impl Puller {
         let mut store = Store::new(&self.runtime, &self.options.namespace);
         if let Err(error) = store.reap_stale_leases().await {
             tracing::warn!(%error, "could not look for leases of interrupted pulls");
+        }
+        match spool::reap_stale(&self.options.spool_dir) {
+            Ok(0) => {}
+            Ok(removed) => tracing::info!(removed, "removed spools of abandoned pulls"),
+            Err(error) => tracing::warn!(%error, "could not look for abandoned spools"),
         }
         store
             .take_lease("pull")
@@ -366,15 +380,13 @@ impl Puller {
             connections: self.connections.clone(),
             rate: self.rate.clone(),
             in_flight: self.in_flight.clone(),
-            chunk_size: self
-                .options
-                .chunk_size
-                .clamp(1 << 20, BUFFER_BUDGET / RANGE_WINDOW as u64),
+            chunk_size: self.options.chunk_size.clamp(1 << 20, 64 << 20),
             attempts: self.options.attempts.max(1),
             source_label: distribution_source(reference),
-            buffers: self.buffers.clone(),
             parallel: self.options.max_connections > 1,
-            unpacked: Arc::new(tokio::sync::watch::Sender::new(0)),
+            slow_registry: Arc::default(),
+            spool_dir: self.options.spool_dir.clone(),
+            stack: Arc::new(tokio::sync::watch::Sender::new(Stack::default())),
         };
 
         // The config is small and tells us the uncompressed digests (diff IDs).
@@ -411,6 +423,7 @@ impl Puller {
         // Every layer downloads at once (bounded by the connection limit); each is
         // unpacked as soon as it and the layers below it are in.
         let mut jobs = Vec::with_capacity(layers.len());
+        let mut compressions = Vec::with_capacity(layers.len());
         for (i, (layer, diff_id)) in layers.iter().zip(&diff_ids).enumerate() {
             let labels =
                 HashMap::from([("containerd.io/uncompressed".to_owned(), diff_id.clone())]);
@@ -423,11 +436,12 @@ impl Puller {
                     .map_err(&image_err)?,
                 diff_id: diff_id.clone(),
             };
+            compressions.push(plan.compression);
             jobs.push((layer.clone(), labels, plan));
         }
-        // Layers start bottom first, a few at a time: the lower ones finish early and
-        // unpack while the upper ones still download (a layer cannot be unpacked before
-        // the one below it).
+        // Layers start bottom first, a few downloading at a time: the lower ones finish
+        // early. Each is decompressed and applied while it downloads (in a staging
+        // snapshot while the layers below are not in yet) and then stacked in order.
         let (handles_tx, mut handles_rx) = tokio::sync::mpsc::unbounded_channel();
         let slots = Arc::new(Semaphore::new(LAYERS_AT_ONCE));
         let dispatcher_transfer = transfer.clone();
@@ -438,7 +452,6 @@ impl Puller {
                 };
                 let t = dispatcher_transfer.clone();
                 let handle = tokio::spawn(async move {
-                    let _slot = slot;
                     // Unpacked and stored already: nothing to do for this layer.
                     if unpack::is_unpacked(&t.store, &plan.snapshotter, &plan.chain_id)
                         .await
@@ -456,8 +469,13 @@ impl Puller {
                         });
                         return Ok(0);
                     }
-                    t.fetch_blob(layer.digest().as_ref(), layer.size(), labels, Some(plan))
-                        .await
+                    t.fetch_blob(
+                        layer.digest().as_ref(),
+                        layer.size(),
+                        labels,
+                        Some((plan, slot)),
+                    )
+                    .await
                 });
                 if handles_tx.send(handle).is_err() {
                     return;
@@ -466,8 +484,8 @@ impl Puller {
         });
         let mut bytes_downloaded = 0u64;
         let mut failure = None;
-        for i in 0..layers.len() {
-            // In order: layer i is unpacked while later layers still download.
+        for (i, layer) in layers.iter().enumerate() {
+            // In order: layer i is stacked while later layers still download.
             let Some(download) = handles_rx.recv().await else {
                 failure.get_or_insert(image_err("layer dispatch stopped".to_owned()));
                 break;
@@ -476,47 +494,40 @@ impl Puller {
                 Ok(outcome) => outcome,
                 Err(join) => Err(image_err(format!("layer task failed: {join}"))),
             };
-            match outcome {
-                Ok(n) => bytes_downloaded += n,
+            let stacked = match outcome {
+                Ok(n) if failure.is_none() => {
+                    bytes_downloaded += n;
+                    let parent = i.checked_sub(1).map(|p| chains[p].as_str());
+                    self.stack_layer(
+                        store,
+                        layer,
+                        compressions[i],
+                        &diff_ids[i],
+                        parent,
+                        &chains[i],
+                    )
+                    .await
+                    .inspect(|()| {
+                        progress.event(ProgressEvent::LayerUnpacked {
+                            digest: layer.digest().to_string(),
+                        });
+                    })
+                    .map_err(|source| PullError::Unpack {
+                        image: name.to_owned(),
+                        source,
+                    })
+                }
+                Ok(_) => continue,
+                Err(e) => Err(e),
+            };
+            match stacked {
+                Ok(()) => transfer.mark_unpacked(i),
                 Err(e) => {
+                    // Layers staged above this one stop waiting for it.
+                    transfer.mark_failed();
                     failure.get_or_insert(e);
-                    continue;
                 }
             }
-            if failure.is_some() {
-                continue;
-            }
-            let layer = &layers[i];
-            if unpack::is_unpacked(store, &self.options.snapshotter, &chains[i])
-                .await
-                .map_err(|source| PullError::Unpack {
-                    image: name.to_owned(),
-                    source,
-                })?
-            {
-                continue;
-            }
-            let descriptor = containerd_descriptor(layer);
-            let compression =
-                media::layer_compression(layer.media_type().as_ref()).map_err(&image_err)?;
-            unpack::apply_from_store(
-                store,
-                &self.options.snapshotter,
-                &descriptor,
-                compression,
-                &diff_ids[i],
-                i.checked_sub(1).map(|p| chains[p].as_str()),
-                &chains[i],
-            )
-            .await
-            .map_err(|source| PullError::Unpack {
-                image: name.to_owned(),
-                source,
-            })?;
-            transfer.mark_unpacked(i);
-            progress.event(ProgressEvent::LayerUnpacked {
-                digest: layer.digest().to_string(),
-            });
         }
         let _ = dispatcher.await;
         if let Some(e) = failure {
@@ -610,6 +621,34 @@ impl Puller {
     }
 }
 
+impl Puller {
+    /// Make sure a layer is in the snapshotter: unpacked while it downloaded (or by an
+    /// earlier pull), else now, from the content store.
+    async fn stack_layer(
+        &self,
+        store: &Store,
+        layer: &Descriptor,
+        compression: media::Compression,
+        diff_id: &str,
+        parent: Option<&str>,
+        chain_id: &str,
+    ) -> Result<(), UnpackError> {
+        if unpack::is_unpacked(store, &self.options.snapshotter, chain_id).await? {
+            return Ok(());
+        }
+        unpack::apply_from_store(
+            store,
+            &self.options.snapshotter,
+            &containerd_descriptor(layer),
+            compression,
+            diff_id,
+            parent,
+            chain_id,
+        )
+        .await
+    }
+}
+
 impl Transfer {
     fn exhausted(&self, blob: &str, last: String) -> PullError {
         PullError::Exhausted {
@@ -617,6 +656,20 @@ impl Transfer {
             blob: blob.to_owned(),
             attempts: self.attempts,
             last,
+        }
+    }
+
+    fn spool_err(&self, source: SpoolError) -> PullError {
+        PullError::Spool {
+            image: self.image.clone(),
+            source,
+        }
+    }
+
+    /// The blob is in containerd (or its bytes were wrong): its spool is not needed.
+    fn remove_spool(&self, digest: &str) {
+        if let Err(error) = spool::remove(&self.spool_dir, digest) {
+            tracing::warn!(%error, "could not remove a spool");
         }
     }
 
@@ -743,8 +796,9 @@ impl Transfer {
         digest: &str,
         size: u64,
         labels: HashMap<String, String>,
-        plan: Option<StreamPlan>,
+        layer: Option<(StreamPlan, tokio::sync::OwnedSemaphorePermit)>,
     ) -> Result<u64, PullError> {
+        let (plan, slot) = layer.unzip();
         // One fetch per blob in this agent: a concurrent pull of the same layer waits here
         // and then finds the blob present.
         let gate = {
@@ -778,40 +832,37 @@ impl Transfer {
         let mut sink = Sink {
             writer,
             streaming: None,
-            waiting: None,
             fetched: 0,
             fed: 0,
         };
+        // Unpacking streams along from byte 0 (a resumed download is unpacked from the
+        // content store afterwards).
         if let Some(plan) = &plan
             && sink.writer.offset() == 0
         {
-            let unpacked = *self.unpacked.borrow();
-            if unpacked >= plan.index {
-                sink.streaming = self.start_streaming(plan).await;
-            } else if unpacked + 1 == plan.index {
-                // The parent is still unpacking: hold the start of this layer (within the
-                // buffer budget) and begin unpacking as soon as the parent is done.
-                sink.waiting = Some(Waiting {
-                    plan: plan.clone(),
-                    held: Vec::new(),
-                    permits: Vec::new(),
-                });
-            }
+            sink.streaming = self.start_streaming(plan).await;
         }
         let result = self.download(digest, size, labels, &mut sink).await;
+        // The download slot goes to the next layer; applying and stacking this one may
+        // still take a while.
+        drop(slot);
         match (result, sink.streaming.take(), &plan) {
             (Ok(()), Some(streaming), Some(plan)) => {
+                let mut stack = self.stack.subscribe();
+                let below = plan.index;
+                let parent_unpacked = async move {
+                    stack
+                        .wait_for(|s| s.unpacked >= below || s.failed)
+                        .await
+                        .is_ok_and(|s| !s.failed)
+                };
                 streaming
-                    .finish(&self.store, digest, &plan.diff_id)
+                    .finish(&self.store, digest, &plan.diff_id, parent_unpacked)
                     .await
                     .map_err(|source| PullError::Unpack {
                         image: self.image.clone(),
                         source,
                     })?;
-                self.mark_unpacked(plan.index);
-                self.progress.event(ProgressEvent::LayerUnpacked {
-                    digest: digest.to_owned(),
-                });
                 Ok(sink.fetched)
             }
             (Ok(()), _, _) => Ok(sink.fetched),
@@ -824,16 +875,21 @@ impl Transfer {
         }
     }
 
+    /// Layers `0..=index` are in the snapshotter.
     fn mark_unpacked(&self, index: usize) {
-        self.unpacked.send_if_modified(|upto| {
-            let changed = *upto < index + 1;
-            *upto = (*upto).max(index + 1);
+        self.stack.send_if_modified(|s| {
+            let changed = s.unpacked < index + 1;
+            s.unpacked = s.unpacked.max(index + 1);
             changed
         });
     }
 
-    /// Unpack while downloading. Only once the parent is unpacked: layers are stacked,
-    /// and a child snapshot cannot be prepared before its parent is committed.
+    /// A layer failed: the ones above it will never be stacked.
+    fn mark_failed(&self) {
+        self.stack.send_modify(|s| s.failed = true);
+    }
+
+    /// Unpack while downloading: onto the parent when it is unpacked, else staged.
     async fn start_streaming(&self, plan: &StreamPlan) -> Option<StreamingApply> {
         let done = unpack::is_unpacked(&self.store, &plan.snapshotter, &plan.chain_id)
             .await
@@ -841,10 +897,12 @@ impl Transfer {
         if done {
             return None;
         }
+        let parent_ready = self.stack.borrow().unpacked >= plan.index;
         match StreamingApply::start(
             &self.store,
             &plan.snapshotter,
             plan.parent.as_deref(),
+            parent_ready,
             &plan.chain_id,
             plan.compression,
         )
@@ -874,18 +932,33 @@ impl Transfer {
                 Ok(())
             } else {
                 // One connection first: on a fast registry it is all we need, and ranges only
-                // cost CPU. When it proves slow, the rest comes as parallel ranges.
-                let probe = ranges_supported && self.parallel && size - start > 2 * self.chunk_size;
-                match self.fetch_stream(digest, size, sink, probe).await {
+                // cost CPU. When it proves slow, the rest comes as parallel ranges; once
+                // one blob found the registry slow, the others start with ranges. So does
+                // a blob an interrupted pull left ranges of.
+                let ranged =
+                    ranges_supported && self.parallel && size - start > 2 * self.chunk_size;
+                let first = if ranged
+                    && (self.slow_registry.load(Ordering::Relaxed)
+                        || spool::exists(&self.spool_dir, digest))
+                {
+                    Ok(StreamEnd::Slow)
+                } else {
+                    self.fetch_stream(digest, size, sink, ranged).await
+                };
+                match first {
                     Ok(StreamEnd::Complete) => Ok(()),
-                    Ok(StreamEnd::Slow) => match self.fetch_ranges(digest, size, sink).await {
-                        Err(RangeOutcome::Ignored) => {
-                            ranges_supported = false;
-                            self.fetch_stream(digest, size, sink, false).await.map(drop)
+                    Ok(StreamEnd::Slow) => {
+                        self.slow_registry.store(true, Ordering::Relaxed);
+                        match self.fetch_ranges(digest, size, sink).await {
+                            Err(RangeOutcome::Ignored) => {
+                                ranges_supported = false;
+                                self.remove_spool(digest);
+                                self.fetch_stream(digest, size, sink, false).await.map(drop)
+                            }
+                            Err(RangeOutcome::Failed(e)) => Err(e),
+                            Ok(()) => Ok(()),
                         }
-                        Err(RangeOutcome::Failed(e)) => Err(e),
-                        Ok(()) => Ok(()),
-                    },
+                    }
                     Err(e) => Err(e),
                 }
             };
@@ -893,6 +966,7 @@ impl Transfer {
                 Ok(()) => {
                     match sink.writer.commit(labels.clone()).await {
                         Ok(()) => {
+                            self.remove_spool(digest);
                             self.progress.event(ProgressEvent::BlobDone {
                                 digest: digest.to_owned(),
                                 skipped: false,
@@ -903,6 +977,7 @@ impl Transfer {
                             // The bytes are wrong: start over (maybe from another host).
                             last = format!("{digest}: content does not match its digest");
                             tracing::warn!(%digest, "digest mismatch; downloading again");
+                            self.remove_spool(digest);
                             sink.drop_streaming(&self.store).await;
                             sink.writer
                                 .reopen(&self.store)
@@ -1003,10 +1078,17 @@ impl Transfer {
             };
             // A server that ignores Range sends from byte 0: skip what we hold.
             let mut skip = if partial { 0 } else { start };
+            // The connection is judged by the time spent waiting for its bytes, not by
+            // the time spent storing and unpacking them: a busy agent is no reason for
+            // more connections.
             let probe_start = std::time::Instant::now();
+            let mut waited = Duration::ZERO;
             let mut probed = 0u64;
             loop {
-                match body.next().await {
+                let asked = std::time::Instant::now();
+                let next = body.next().await;
+                waited += asked.elapsed();
+                match next {
                     Ok(Some(mut piece)) => {
                         if skip > 0 {
                             let n = skip.min(piece.len() as u64) as usize;
@@ -1029,7 +1111,7 @@ impl Transfer {
                         if let Some(rate) = &self.rate {
                             rate.acquire(piece.len()).await;
                         }
-                        sink.write(self, piece.clone())
+                        sink.write(piece.clone())
                             .await
                             .map_err(|e| self.store_err(e))?;
                         self.progress.event(ProgressEvent::BlobBytes {
@@ -1037,10 +1119,9 @@ impl Transfer {
                             bytes: piece.len() as u64,
                         });
                         probed += piece.len() as u64;
-                        let elapsed = probe_start.elapsed();
                         if probe
-                            && elapsed >= PROBE_TIME
-                            && (probed as f64 / elapsed.as_secs_f64()) < SLOW_STREAM_RATE as f64
+                            && probe_start.elapsed() >= PROBE_TIME
+                            && (probed as f64 / waited.as_secs_f64()) < SLOW_STREAM_RATE as f64
                             && size - sink.writer.offset() > 2 * self.chunk_size
                         {
                             return Ok(StreamEnd::Slow);
@@ -1081,57 +1162,80 @@ impl Transfer {
         ))
     }
 
-    /// Parallel byte ranges from the writer's offset, written in order. At most
-    /// `window` ranges are held at once, so memory stays bounded whatever the blob size.
+    /// Parallel byte ranges from the writer's offset to the end, written to containerd
+    /// in order. Ranges are aligned to the chunk size and wait in the blob's spool, so a
+    /// killed agent continues each one where its bytes end. At most [`RANGE_WINDOW`]
+    /// ranges run ahead of the write position.
     async fn fetch_ranges(
         &self,
         digest: &str,
         size: u64,
         sink: &mut Sink,
     ) -> Result<(), RangeOutcome> {
+        let spool = Spool::open(&self.spool_dir, digest, size, self.chunk_size)
+            .map_err(|e| RangeOutcome::Failed(self.spool_err(e)))?;
+        let spool = Arc::new(spool);
+        let chunk = spool.range_size();
         let start = sink.writer.offset();
-        let chunk = self.chunk_size;
-        let ranges: Vec<(u64, u64)> = (start..size)
-            .step_by(usize::try_from(chunk).unwrap_or(usize::MAX))
-            .map(|s| (s, (s + chunk).min(size) - 1))
-            .collect();
-        let window = RANGE_WINDOW;
-        let mut chunks = futures::stream::iter(ranges)
-            .map(|(s, e)| self.fetch_range(digest, s, e))
-            .buffered(window);
-        while let Some(result) = chunks.next().await {
-            let data = result?;
-            let (data, _permit) = data;
-            sink.write(self, Bytes::from(data))
-                .await
-                .map_err(|e| RangeOutcome::Failed(self.store_err(e)))?;
+        let first = start / chunk;
+        // containerd holds the start of the first range already.
+        spool
+            .skip_to(first, start - first * chunk)
+            .map_err(|e| RangeOutcome::Failed(self.spool_err(e)))?;
+        // Each range in its own task: they keep downloading while a finished one is
+        // being written (a stream polled only between writes would stall them).
+        let mut ranges = futures::stream::iter(first..spool.ranges())
+            .map(|k| {
+                let transfer = self.clone();
+                let digest = digest.to_owned();
+                let spool = spool.clone();
+                AbortOnDrop(tokio::spawn(async move {
+                    transfer.fetch_range(&digest, &spool, k).await
+                }))
+            })
+            .buffered(RANGE_WINDOW);
+        while let Some(joined) = ranges.next().await {
+            let k = joined.map_err(|e| {
+                RangeOutcome::Failed(PullError::Image {
+                    image: self.image.clone(),
+                    detail: format!("range task failed: {e}"),
+                })
+            })??;
+            let end = k * chunk + spool.range_len(k);
+            loop {
+                let from = sink.writer.offset().max(k * chunk);
+                if from >= end {
+                    break;
+                }
+                let len = (end - from).min(SPOOL_PIECE as u64 * 8);
+                let data = spool
+                    .read(from, usize::try_from(len).unwrap_or(usize::MAX))
+                    .map_err(|e| RangeOutcome::Failed(self.spool_err(e)))?;
+                sink.write(Bytes::from(data))
+                    .await
+                    .map_err(|e| RangeOutcome::Failed(self.store_err(e)))?;
+            }
+            if let Err(error) = spool.discard(k) {
+                tracing::debug!(%error, "could not free a written range");
+            }
         }
         Ok(())
     }
 
-    async fn fetch_range(
-        &self,
-        digest: &str,
-        start: u64,
-        end: u64,
-    ) -> Result<(Vec<u8>, tokio::sync::OwnedSemaphorePermit), RangeOutcome> {
-        let want = (end - start + 1) as usize;
-        // The chunk's memory is budgeted from before it is fetched until it is stored.
-        let budget = self
-            .buffers
-            .clone()
-            .acquire_many_owned(kib(want as u64))
-            .await
-            .map_err(|_| {
-                RangeOutcome::Failed(PullError::Image {
-                    image: self.image.clone(),
-                    detail: "buffer budget closed".to_owned(),
-                })
-            })?;
+    /// Fetch range `k` of the blob into the spool, from where its bytes end.
+    async fn fetch_range(&self, digest: &str, spool: &Spool, k: u64) -> Result<u64, RangeOutcome> {
+        let begin = k * spool.range_size();
+        let len = spool.range_len(k);
         let mut last = String::new();
         for attempt in 0..self.attempts {
+            let have = spool.received(k);
+            if have >= len {
+                return Ok(k);
+            }
+            let (start, end) = (begin + have, begin + len - 1);
             for i in self.registry.blob_endpoints() {
                 let _permit = self.connections.acquire().await;
+                let began = std::time::Instant::now();
                 let (partial, mut body) = match self
                     .registry
                     .fetch_blob(i, digest, Some((start, end)))
@@ -1150,7 +1254,7 @@ impl Transfer {
                 if !partial {
                     return Err(RangeOutcome::Ignored);
                 }
-                let mut data = Vec::with_capacity(want);
+                let mut pending: Vec<u8> = Vec::with_capacity(SPOOL_PIECE * 2);
                 let mut failed = None;
                 loop {
                     match body.next().await {
@@ -1158,15 +1262,21 @@ impl Transfer {
                             if let Some(rate) = &self.rate {
                                 rate.acquire(piece.len()).await;
                             }
-                            data.extend_from_slice(&piece);
+                            if spool.received(k) + (pending.len() + piece.len()) as u64 > len {
+                                failed =
+                                    Some(format!("range {start}-{end} returned more than asked"));
+                                break;
+                            }
+                            pending.extend_from_slice(&piece);
                             self.progress.event(ProgressEvent::BlobBytes {
                                 digest: digest.to_owned(),
                                 bytes: piece.len() as u64,
                             });
-                            if data.len() > want {
-                                failed =
-                                    Some(format!("range {start}-{end} returned more than asked"));
-                                break;
+                            if pending.len() >= SPOOL_PIECE {
+                                spool
+                                    .append(k, &pending)
+                                    .map_err(|e| RangeOutcome::Failed(self.spool_err(e)))?;
+                                pending.clear();
                             }
                         }
                         Ok(None) => break,
@@ -1176,19 +1286,53 @@ impl Transfer {
                         }
                     }
                 }
+                // What arrived is kept even when the transfer broke: the retry continues.
+                if !pending.is_empty() {
+                    spool
+                        .append(k, &pending)
+                        .map_err(|e| RangeOutcome::Failed(self.spool_err(e)))?;
+                }
                 match failed {
-                    None if data.len() == want => return Ok((data, budget)),
+                    None if spool.received(k) == len => {
+                        tracing::debug!(%digest, range = k, bytes = end + 1 - start, elapsed = ?began.elapsed(), "range fetched");
+                        return Ok(k);
+                    }
                     None => {
-                        last = format!("range {start}-{end}: got {} of {want} bytes", data.len())
+                        last = format!(
+                            "range {start}-{end}: body ended at byte {} of the range",
+                            spool.received(k)
+                        );
                     }
                     Some(e) => last = format!("{}: {e}", self.registry.endpoint_url(i)),
                 }
             }
             backoff(attempt, None).await;
         }
-        Err(RangeOutcome::Failed(
-            self.exhausted(&format!("{digest} bytes {start}-{end}"), last),
-        ))
+        Err(RangeOutcome::Failed(self.exhausted(
+            &format!("{digest} bytes {begin}-{}", begin + len - 1),
+            last,
+        )))
+    }
+}
+
+/// A spawned task that is cancelled when its handle is dropped: ranges of a failed or
+/// abandoned blob stop downloading.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> std::future::Future for AbortOnDrop<T> {
+    type Output = Result<T, tokio::task::JoinError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
     }
 }
 
@@ -1196,66 +1340,24 @@ impl Transfer {
 struct Sink {
     writer: BlobWriter,
     streaming: Option<StreamingApply>,
-    /// Waiting for the parent layer before streaming can start.
-    waiting: Option<Waiting>,
-    /// Bytes fetched from registries in this run.
+    /// Bytes written to containerd in this run.
     fetched: u64,
     /// Bytes handed to the unpacker (equals the ingest offset while streaming works).
     fed: u64,
 }
 
-/// The start of a layer, held in memory until its parent is unpacked.
-struct Waiting {
-    plan: StreamPlan,
-    held: Vec<Bytes>,
-    permits: Vec<tokio::sync::OwnedSemaphorePermit>,
-}
-
-fn kib(bytes: u64) -> u32 {
-    u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX)
+/// How far the layers of one image are stacked in the snapshotter.
+#[derive(Debug, Clone, Copy, Default)]
+struct Stack {
+    /// Layers `0..unpacked` are committed snapshots.
+    unpacked: usize,
+    /// A layer failed: nothing above it will be stacked.
+    failed: bool,
 }
 
 impl Sink {
-    async fn write(&mut self, transfer: &Transfer, bytes: Bytes) -> Result<(), StoreError> {
-        if self.waiting.is_none() {
-            return self.store_and_feed(bytes).await;
-        }
-        let n = bytes.len() as u64;
-        self.writer.write(&bytes).await?;
-        self.fetched += n;
-        if let Some(mut waiting) = self.waiting.take() {
-            if *transfer.unpacked.borrow() >= waiting.plan.index {
-                // The parent is in: start unpacking with what was held.
-                self.streaming = transfer.start_streaming(&waiting.plan).await;
-                self.fed = 0;
-                for held in std::mem::take(&mut waiting.held) {
-                    self.feed(held).await;
-                }
-            } else {
-                match transfer.buffers.clone().try_acquire_many_owned(kib(n)) {
-                    Ok(permit) => {
-                        waiting.permits.push(permit);
-                        waiting.held.push(bytes);
-                        self.fed += n;
-                        self.waiting = Some(waiting);
-                        return Ok(());
-                    }
-                    // Out of budget: this layer is unpacked after its download instead.
-                    Err(_) => {
-                        self.fed = 0;
-                        return Ok(());
-                    }
-                }
-            }
-        }
-        if self.streaming.is_some() {
-            self.feed(bytes).await;
-        }
-        Ok(())
-    }
-
     /// Store and unpack at once: the unpacker works while containerd writes.
-    async fn store_and_feed(&mut self, bytes: Bytes) -> Result<(), StoreError> {
+    async fn write(&mut self, bytes: Bytes) -> Result<(), StoreError> {
         let n = bytes.len() as u64;
         let Self {
             writer,
@@ -1274,15 +1376,7 @@ impl Sink {
         Ok(())
     }
 
-    /// Hand bytes to the unpacker, if one is running.
-    async fn feed(&mut self, bytes: Bytes) {
-        if let Some(streaming) = &mut self.streaming {
-            self.fed += streaming.feed(bytes).await;
-        }
-    }
-
     async fn drop_streaming(&mut self, store: &Store) {
-        self.waiting = None;
         if let Some(streaming) = self.streaming.take() {
             streaming.abandon(store).await;
         }

@@ -5,8 +5,16 @@
 //! applier ([`super::apply`]) straight into the snapshot directory — while the layer is
 //! still downloading ([`StreamingApply`]), or from the content store afterwards
 //! ([`apply_from_store`]). Other snapshotters go through containerd's diff service.
+//!
+//! A snapshot can only be prepared on a committed parent, but layers download (and
+//! decompress) in parallel. So a layer whose parent is not unpacked yet is applied into
+//! a parentless staging snapshot, then moved into its real snapshot once the parent is
+//! committed: overlayfs keeps a layer's files in one directory of its own, which is all
+//! that moves.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
 
 use bytes::Bytes;
 use containerd_client::services::v1::content_client::ContentClient;
@@ -15,7 +23,7 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::apply::{ApplyError, ApplyTarget, apply_layer};
+use super::apply::{Applied, ApplyError, ApplyTarget, adopt_lowers, apply_layer};
 use super::media::Compression;
 use containerd_client::services::v1::diff_client::DiffClient;
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
@@ -29,8 +37,10 @@ use tonic::Code;
 use super::store::Store;
 use crate::runtime::{CallError, describe_status};
 
-/// Pieces handed to the applier are at most this big, so a slow applier holds little.
+/// Pieces handed to the applier are at most this big, and at most this many wait for
+/// it, so a slow applier holds little (and slows its download down instead).
 const FEED_PIECE: usize = 256 << 10;
+const FEED_QUEUE: usize = 4;
 
 /// The label containerd puts on every unpacked layer snapshot.
 pub const SNAPSHOT_REF_LABEL: &str = "containerd.io/snapshot.ref";
@@ -43,6 +53,10 @@ pub enum UnpackError {
     Apply { digest: String, source: ApplyError },
     #[error("layer {digest} was refused by containerd's unpack: {detail}")]
     Refused { digest: String, detail: String },
+    #[error("layer {digest}: moving it onto its parent layer: {detail}")]
+    Promote { digest: String, detail: String },
+    #[error("layer {digest}: the layer below it failed")]
+    ParentFailed { digest: String },
     #[error("layer {digest} unpacked to {actual}, but the image config says {expected}")]
     DiffIdMismatch {
         digest: String,
@@ -157,6 +171,30 @@ async fn prepare(
         std::process::id(),
         fastrand::u32(..)
     );
+    prepare_key(store, snapshotter, parent, key, labels).await
+}
+
+/// A parentless snapshot to apply a layer into before its parent is committed.
+async fn prepare_staging(
+    store: &Store,
+    snapshotter: &str,
+    chain_id: &str,
+) -> Result<Prepared, UnpackError> {
+    let key = format!(
+        "extract-{}-{:08x} staging {chain_id}",
+        std::process::id(),
+        fastrand::u32(..)
+    );
+    prepare_key(store, snapshotter, None, key, HashMap::new()).await
+}
+
+async fn prepare_key(
+    store: &Store,
+    snapshotter: &str,
+    parent: Option<&str>,
+    key: String,
+    labels: HashMap<String, String>,
+) -> Result<Prepared, UnpackError> {
     let request = store
         .request(PrepareSnapshotRequest {
             snapshotter: snapshotter.to_owned(),
@@ -236,7 +274,7 @@ fn spawn_applier(
     target: ApplyTarget,
     compression: Compression,
     rx: mpsc::Receiver<Bytes>,
-) -> JoinHandle<Result<String, ApplyError>> {
+) -> JoinHandle<Result<Applied, ApplyError>> {
     tokio::task::spawn_blocking(move || {
         let reader = std::io::BufReader::with_capacity(
             256 << 10,
@@ -263,31 +301,45 @@ fn spawn_applier(
 pub struct StreamingApply {
     snapshotter: String,
     chain_id: String,
+    parent: Option<String>,
+    /// The snapshot the files go to: the layer's own, or a staging one.
     key: String,
+    /// Where the files go, when that is a staging snapshot (parent not committed yet).
+    staging_root: Option<PathBuf>,
     tx: Option<mpsc::Sender<Bytes>>,
-    handle: JoinHandle<Result<String, ApplyError>>,
+    handle: JoinHandle<Result<Applied, ApplyError>>,
 }
 
 impl StreamingApply {
-    /// Prepare the snapshot and start the applier; `None` when the snapshotter's mounts
+    /// Prepare the snapshot and start the applier: on `parent` when it is committed
+    /// (`parent_ready`), else in a staging snapshot. `None` when the snapshotter's mounts
     /// are not ones Rigger applies to directly (then the layer is unpacked afterwards).
     pub async fn start(
         store: &Store,
         snapshotter: &str,
         parent: Option<&str>,
+        parent_ready: bool,
         chain_id: &str,
         compression: Compression,
     ) -> Result<Option<Self>, UnpackError> {
-        let prepared = prepare(store, snapshotter, parent, chain_id).await?;
-        let Some(target) = ApplyTarget::from_mounts(&prepared.mounts) else {
+        let staged = parent.is_some() && !parent_ready;
+        let prepared = if staged {
+            prepare_staging(store, snapshotter, chain_id).await?
+        } else {
+            prepare(store, snapshotter, parent, chain_id).await?
+        };
+        let target = ApplyTarget::from_mounts(&prepared.mounts);
+        let Some(target) = target.filter(|t| !staged || t.lowers.is_empty()) else {
             remove(store, snapshotter, &prepared.key).await;
             return Ok(None);
         };
-        let (tx, rx) = mpsc::channel(16);
+        let (tx, rx) = mpsc::channel(FEED_QUEUE);
         Ok(Some(Self {
             snapshotter: snapshotter.to_owned(),
             chain_id: chain_id.to_owned(),
+            parent: parent.map(str::to_owned),
             key: prepared.key,
+            staging_root: staged.then(|| target.root.clone()),
             tx: Some(tx),
             handle: spawn_applier(target, compression, rx),
         }))
@@ -311,42 +363,107 @@ impl StreamingApply {
         taken
     }
 
-    /// All bytes are in: wait for the applier, check the diff ID and commit.
+    /// All bytes are in: wait for the applier and check the diff ID; a staged layer then
+    /// waits for `parent_unpacked` (false: the parent failed) and moves onto its parent.
+    /// Finally the snapshot is committed as the chain ID.
     pub async fn finish(
         mut self,
         store: &Store,
         layer_digest: &str,
         diff_id: &str,
+        parent_unpacked: impl Future<Output = bool>,
     ) -> Result<(), UnpackError> {
         self.tx = None;
-        let applied = match self.handle.await {
+        let applied = match (&mut self.handle).await {
             Ok(result) => result,
             Err(join) => Err(ApplyError::Read(std::io::Error::other(join.to_string()))),
         };
-        let outcome = match applied {
-            Ok(actual) if actual == diff_id => {
-                commit(store, &self.snapshotter, &self.key, &self.chain_id).await
+        let applied = match applied {
+            Ok(applied) if applied.diff_id == diff_id => applied,
+            Ok(applied) => {
+                remove(store, &self.snapshotter, &self.key).await;
+                return Err(UnpackError::DiffIdMismatch {
+                    digest: layer_digest.to_owned(),
+                    expected: diff_id.to_owned(),
+                    actual: applied.diff_id,
+                });
             }
-            Ok(actual) => Err(UnpackError::DiffIdMismatch {
-                digest: layer_digest.to_owned(),
-                expected: diff_id.to_owned(),
-                actual,
-            }),
-            Err(source) => Err(UnpackError::Apply {
-                digest: layer_digest.to_owned(),
-                source,
-            }),
+            Err(source) => {
+                remove(store, &self.snapshotter, &self.key).await;
+                return Err(UnpackError::Apply {
+                    digest: layer_digest.to_owned(),
+                    source,
+                });
+            }
         };
-        if outcome.is_err() {
-            remove(store, &self.snapshotter, &self.key).await;
-        }
+        let Some(staging_root) = self.staging_root.take() else {
+            let outcome = commit(store, &self.snapshotter, &self.key, &self.chain_id).await;
+            if outcome.is_err() {
+                remove(store, &self.snapshotter, &self.key).await;
+            }
+            return outcome;
+        };
+        let outcome = if parent_unpacked.await {
+            self.promote(store, layer_digest, staging_root, applied)
+                .await
+        } else {
+            Err(UnpackError::ParentFailed {
+                digest: layer_digest.to_owned(),
+            })
+        };
+        remove(store, &self.snapshotter, &self.key).await;
         outcome
+    }
+
+    /// Move the staged files into the layer's own snapshot on its (now committed)
+    /// parent, complete implied directories from the layers below, and commit.
+    async fn promote(
+        &self,
+        store: &Store,
+        layer_digest: &str,
+        staging_root: PathBuf,
+        applied: Applied,
+    ) -> Result<(), UnpackError> {
+        let promote_err = |detail: String| UnpackError::Promote {
+            digest: layer_digest.to_owned(),
+            detail,
+        };
+        let prepared = prepare(
+            store,
+            &self.snapshotter,
+            self.parent.as_deref(),
+            &self.chain_id,
+        )
+        .await?;
+        let moved = async {
+            let target = ApplyTarget::from_mounts(&prepared.mounts)
+                .ok_or_else(|| promote_err("the snapshot is not an overlay".to_owned()))?;
+            tokio::task::spawn_blocking(move || -> Result<(), String> {
+                // The new snapshot's directory is empty: the staged one takes its place,
+                // and the staging snapshot gets an empty one back for its removal.
+                std::fs::remove_dir(&target.root)
+                    .and_then(|()| std::fs::rename(&staging_root, &target.root))
+                    .and_then(|()| std::fs::create_dir(&staging_root))
+                    .map_err(|e| format!("{}: {e}", target.root.display()))?;
+                adopt_lowers(&target.root, &target.lowers, &applied.implied_parents)
+                    .map_err(|e| e.to_string())
+            })
+            .await
+            .map_err(|e| promote_err(e.to_string()))?
+            .map_err(promote_err)?;
+            commit(store, &self.snapshotter, &prepared.key, &self.chain_id).await
+        }
+        .await;
+        if moved.is_err() {
+            remove(store, &self.snapshotter, &prepared.key).await;
+        }
+        moved
     }
 
     /// Give up (the download failed or restarted): stop the applier, drop the snapshot.
     pub async fn abandon(mut self, store: &Store) {
         self.tx = None;
-        let _ = self.handle.await;
+        let _ = (&mut self.handle).await;
         remove(store, &self.snapshotter, &self.key).await;
     }
 }
@@ -366,11 +483,13 @@ pub async fn apply_from_store(
         return apply_with_diff_service(store, snapshotter, prepared, layer, diff_id, chain_id)
             .await;
     };
-    let (tx, rx) = mpsc::channel(16);
+    let (tx, rx) = mpsc::channel(FEED_QUEUE);
     let mut streaming = StreamingApply {
         snapshotter: snapshotter.to_owned(),
         chain_id: chain_id.to_owned(),
+        parent: parent.map(str::to_owned),
         key: prepared.key,
+        staging_root: None,
         tx: Some(tx),
         handle: spawn_applier(target, compression, rx),
     };
@@ -398,7 +517,11 @@ pub async fn apply_from_store(
     }
     .await;
     match read {
-        Ok(()) => streaming.finish(store, &layer.digest, diff_id).await,
+        Ok(()) => {
+            streaming
+                .finish(store, &layer.digest, diff_id, async { true })
+                .await
+        }
         Err(e) => {
             streaming.abandon(store).await;
             Err(e)

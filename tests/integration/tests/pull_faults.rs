@@ -371,3 +371,104 @@ fn basic_auth_credentials_come_from_docker_config() {
     assert!(!String::from_utf8_lossy(&out.stderr).contains(&registry.password));
     assert_eq!(image_records(&ns.name).len(), 1);
 }
+
+/// Bytes the proxy delivered per layer blob: (digest, bytes).
+fn delivered_per_layer(proxy: &Proxy, layers: &[(String, u64)]) -> Vec<u64> {
+    let requests = proxy.requests();
+    layers
+        .iter()
+        .map(|(digest, _)| {
+            requests
+                .iter()
+                .filter(|r| r["path"].as_str().unwrap().ends_with(digest.as_str()))
+                .map(|r| r["sent"].as_u64().unwrap())
+                .sum()
+        })
+        .collect()
+}
+
+#[test]
+fn a_killed_parallel_pull_refetches_less_than_a_range_per_layer() {
+    use rigger_integration_tests::{Daemon, wait_until};
+    use std::time::Duration;
+
+    let lab = Lab::get();
+    let image = unique_image("resume-ranges", 2, 12 << 20);
+    let (manifest, _) = lab.manifest(&image);
+    let layers: Vec<(String, u64)> = manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["digest"].as_str().unwrap().to_owned(),
+                l["size"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let ns = TestNamespace::new("resume-ranges");
+    let state = tempfile::tempdir().unwrap();
+    let pull = |proxy: &str| {
+        let mut command = Command::new(binary("rigger-agent"));
+        command
+            .args(["pull", "--plain-http", "--registry-config", "/nonexistent"])
+            .arg("--address")
+            .arg(&lab.containerd_address)
+            .args(["--namespace", &ns.name])
+            .arg("--state-dir")
+            .arg(state.path())
+            .arg(format!("{proxy}/{image}"));
+        command
+    };
+
+    // A slow registry: every layer goes to parallel ranges, which are cut off mid-way.
+    let slow = Proxy::start(&json!([]), &["--connection-rate", "1MiB"]);
+    let mut first = Daemon::spawn(
+        pull(&slow.address)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null()),
+    );
+    wait_until("ranges under way", Duration::from_secs(60), || {
+        let ranged = blob_requests(&slow)
+            .iter()
+            .filter(|r| r["range"].is_string() && r["sent"].as_u64().unwrap() > 256 << 10)
+            .count();
+        (ranged >= 6).then_some(())
+    });
+    nix::sys::signal::kill(first.pid(), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let _ = first.child.wait();
+    let before = delivered_per_layer(&slow, &layers);
+    assert!(
+        before.iter().any(|&b| b > 0),
+        "the first pull fetched something"
+    );
+    assert!(
+        std::fs::read_dir(state.path().join("spool"))
+            .unwrap()
+            .next()
+            .is_some(),
+        "ranges were spooled"
+    );
+
+    let fast = Proxy::start(&json!([]), &[]);
+    assert_ok(&pull(&fast.address).output().unwrap());
+    let after = delivered_per_layer(&fast, &layers);
+    let range = rigger_agent::pull::DEFAULT_CHUNK_SIZE;
+    for (((digest, size), before), after) in layers.iter().zip(&before).zip(&after) {
+        let refetched = (before + after).saturating_sub(*size);
+        assert!(
+            refetched < range,
+            "{digest}: {before} bytes before the kill, {after} after, {size} in all: \
+             {refetched} fetched twice"
+        );
+    }
+    assert_eq!(image_records(&ns.name).len(), 1);
+    assert!(active_ingests(&ns.name).is_empty(), "no ingest left behind");
+    assert_eq!(
+        std::fs::read_dir(state.path().join("spool"))
+            .unwrap()
+            .count(),
+        0,
+        "no spool left behind"
+    );
+}

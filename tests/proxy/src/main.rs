@@ -85,6 +85,8 @@ struct Served {
     range: Option<String>,
     status: u16,
     fault: Option<String>,
+    /// Body bytes handed to the client's connection so far.
+    sent: u64,
 }
 
 struct State {
@@ -196,15 +198,16 @@ async fn handle(
         .map(str::to_owned);
     let fault = take_rule(&state, &path);
     let record = |status: u16, fault: Option<&Action>| {
-        if let Ok(mut served) = state.served.lock() {
-            served.push(Served {
-                method: request.method().to_string(),
-                path: path.clone(),
-                range: range.clone(),
-                status,
-                fault: fault.map(|f| format!("{f:?}")),
-            });
-        }
+        let mut served = state.served.lock().ok()?;
+        served.push(Served {
+            method: request.method().to_string(),
+            path: path.clone(),
+            range: range.clone(),
+            status,
+            fault: fault.map(|f| format!("{f:?}")),
+            sent: 0,
+        });
+        Some(served.len() - 1)
     };
     if let Some(Action::Status {
         status,
@@ -243,12 +246,20 @@ async fn handle(
         }
     };
     let status = response.status().as_u16();
-    record(status, fault.as_ref());
+    let index = record(status, fault.as_ref());
     let mut builder = Response::builder().status(status);
     for (name, value) in response.headers() {
         builder = builder.header(name, value);
     }
-    let body = faulty_body(response.bytes_stream(), fault.as_ref(), bucket);
+    let counter = state.clone();
+    let count_sent = move |n: u64| {
+        if let (Some(i), Ok(mut served)) = (index, counter.served.lock())
+            && let Some(record) = served.get_mut(i)
+        {
+            record.sent += n;
+        }
+    };
+    let body = faulty_body(response.bytes_stream(), fault.as_ref(), bucket, count_sent);
     Ok(builder
         .body(BodyExt::boxed(StreamBody::new(
             body.map(|r| r.map(Frame::data)),
@@ -269,6 +280,7 @@ fn faulty_body(
     upstream: impl futures::Stream<Item = reqwest::Result<Bytes>> + Send + Unpin + 'static,
     fault: Option<&Action>,
     bucket: Arc<tokio::sync::Mutex<Bucket>>,
+    count_sent: impl Fn(u64) + Clone + Send + 'static,
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
     let limit = match fault {
         Some(Action::ResetAfter { reset_after }) => Some((*reset_after, After::Reset)),
@@ -279,6 +291,7 @@ fn faulty_body(
     let state = (upstream, 0u64, corrupt, limit, After::Continue);
     futures::stream::unfold(state, move |(mut upstream, sent, corrupt, limit, after)| {
         let bucket = bucket.clone();
+        let count_sent = count_sent.clone();
         async move {
             match after {
                 After::Ended => return None,
@@ -318,6 +331,7 @@ fn faulty_body(
                 };
             }
             bucket.lock().await.take(piece.len() as u64).await;
+            count_sent(piece.len() as u64);
             let sent = sent + piece.len() as u64;
             Some((Ok(piece), (upstream, sent, corrupt, limit, next)))
         }
