@@ -142,6 +142,19 @@ pub enum PullError {
     },
 }
 
+impl PullError {
+    /// Every error names the image; a transfer error alone names only the blob.
+    fn naming(self, image: &str) -> Self {
+        match self {
+            Self::Registry(e @ RegistryError::Transfer { .. }) => Self::Image {
+                image: image.to_owned(),
+                detail: e.to_string(),
+            },
+            other => other,
+        }
+    }
+}
+
 /// What progress displays are told.
 #[derive(Debug, Clone)]
 pub enum ProgressEvent {
@@ -300,7 +313,8 @@ impl Puller {
             })?;
         let result = self
             .pull_with_lease(&name, &reference, registry, &store, progress)
-            .await;
+            .await
+            .map_err(|e| e.naming(&name));
         // The lease goes in every case: on success the image record now holds everything;
         // on failure what was written becomes garbage (ingests stay, for resuming).
         if let Err(error) = store.release().await {

@@ -6,7 +6,7 @@
 //! `reqwest` stack, because the transfer needs what a convenience API hides: byte
 //! ranges, the status and `Retry-After` of every response, and fallback between hosts.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -87,7 +87,7 @@ pub struct Registry {
     clients: Vec<Client>,
     /// Bearer tokens per endpoint, asked for on first use: `Some(None)` means the
     /// endpoint needs none (so it is not asked again for every blob).
-    tokens: Vec<Mutex<Option<Option<String>>>>,
+    tokens: Vec<Mutex<Option<Option<IssuedToken>>>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -234,31 +234,57 @@ impl Registry {
         &self.endpoints[i].url
     }
 
-    async fn authorization(&self, i: usize) -> Option<String> {
+    /// The `Authorization` header for blob requests to endpoint `i`. The registry decides
+    /// the scheme: oci-client asks it (once per endpoint) and, for a token registry,
+    /// trades the credentials (or nothing) for a bearer token; a registry that wants
+    /// basic auth gets the credentials themselves.
+    async fn authorization(&self, i: usize) -> Option<Authorization> {
+        if let RegistryAuth::Bearer(token) = &self.auth {
+            return Some(Authorization {
+                header: format!("Bearer {token}"),
+                issued: None,
+            });
+        }
+        let mut cached = self.tokens[i].lock().await;
+        if cached.is_none() {
+            let reference = self.reference_at(i, None);
+            match self.clients[i]
+                .auth(&reference, &self.auth, RegistryOperation::Pull)
+                .await
+            {
+                Ok(token) => {
+                    *cached = Some(token.map(|token| IssuedToken {
+                        token,
+                        issued: Instant::now(),
+                    }));
+                }
+                // Not cached: the next request asks again.
+                Err(error) => tracing::debug!(%error, "registry auth failed"),
+            }
+        }
+        if let Some(Some(issued)) = cached.as_ref() {
+            return Some(Authorization {
+                header: format!("Bearer {}", issued.token),
+                issued: Some(issued.issued),
+            });
+        }
         match &self.auth {
             RegistryAuth::Basic(user, password) => {
                 use base64::Engine as _;
                 let encoded =
                     base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
-                return Some(format!("Basic {encoded}"));
+                Some(Authorization {
+                    header: format!("Basic {encoded}"),
+                    issued: None,
+                })
             }
-            RegistryAuth::Bearer(token) => return Some(format!("Bearer {token}")),
-            RegistryAuth::Anonymous => {}
+            _ => None,
         }
-        let mut cached = self.tokens[i].lock().await;
-        if cached.is_none() {
-            let reference = self.reference_at(i, None);
-            // Anonymous registries answer without a token; token-protected ones issue one.
-            match self.clients[i]
-                .auth(&reference, &self.auth, RegistryOperation::Pull)
-                .await
-            {
-                Ok(token) => *cached = Some(token),
-                // Not cached: the next request asks again.
-                Err(error) => tracing::debug!(%error, "registry auth failed"),
-            }
-        }
-        cached.clone().flatten().map(|t| format!("Bearer {t}"))
+    }
+
+    /// Drop endpoint `i`'s token (it expired): the next request asks for a new one.
+    async fn forget_token(&self, i: usize) {
+        *self.tokens[i].lock().await = None;
     }
 
     /// GET a blob (or `range` of it) from endpoint `i`. `Ok((true, body))` when the server
@@ -292,8 +318,9 @@ impl Registry {
         if let Some((start, end)) = range {
             request = request.header(RANGE, format!("bytes={start}-{end}"));
         }
-        if let Some(authorization) = self.authorization(i).await {
-            request = request.header(AUTHORIZATION, authorization);
+        let authorization = self.authorization(i).await;
+        if let Some(authorization) = &authorization {
+            request = request.header(AUTHORIZATION, &authorization.header);
         }
         let response = request
             .send()
@@ -317,14 +344,51 @@ impl Registry {
                 Err(transfer(format!("HTTP {status}"), true, retry_after))
             }
             s if s.is_server_error() => Err(transfer(format!("HTTP {status}"), true, None)),
-            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Err(transfer(
-                format!("HTTP {status}: access denied"),
-                false,
-                None,
-            )),
+            // Tokens live minutes (Docker Hub: 5); a long pull outlives them.
+            StatusCode::UNAUTHORIZED
+                if authorization
+                    .and_then(|a| a.issued)
+                    .is_some_and(|issued| issued.elapsed() > TOKEN_REFRESH_AGE) =>
+            {
+                self.forget_token(i).await;
+                Err(transfer(
+                    format!("HTTP {status}: the token expired; asking for a new one"),
+                    true,
+                    None,
+                ))
+            }
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Err(RegistryError::Denied {
+                image: self.reference.whole(),
+                endpoint: endpoint.url.clone(),
+                detail: format!("{what}: HTTP {status}"),
+            }),
             _ => Err(transfer(format!("HTTP {status}"), false, None)),
         }
     }
+}
+
+/// A token refused after this long is taken as expired, not as denied.
+const TOKEN_REFRESH_AGE: Duration = Duration::from_secs(1);
+
+/// A bearer token the registry's token service gave us, and when.
+struct IssuedToken {
+    token: String,
+    issued: Instant,
+}
+
+/// Tokens are secrets: never printed.
+impl std::fmt::Debug for IssuedToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IssuedToken")
+            .field("issued", &self.issued)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An `Authorization` header, and when its bearer token was issued (for our own tokens).
+struct Authorization {
+    header: String,
+    issued: Option<Instant>,
 }
 
 enum Failure {

@@ -672,15 +672,19 @@ impl Drop for CriPod {
     }
 }
 
-/// A second registry that wants basic auth (htpasswd, bcrypt), for credential tests.
+/// A second registry that wants credentials, for auth tests: basic auth (htpasswd,
+/// bcrypt) with [`AuthRegistry::start`], or bearer tokens from `rigger-lab-token-server`
+/// with [`AuthRegistry::with_tokens`].
 #[derive(Debug)]
 pub struct AuthRegistry {
     /// `127.0.0.1:PORT`
     pub address: String,
     pub user: String,
     pub password: String,
+    /// The token server's `127.0.0.1:PORT`, for a token registry.
+    pub token_server: Option<String>,
     _dir: tempfile::TempDir,
-    _daemon: Daemon,
+    _daemons: Vec<Daemon>,
 }
 
 impl AuthRegistry {
@@ -729,9 +733,96 @@ impl AuthRegistry {
             address,
             user,
             password,
+            token_server: None,
             _dir: dir,
-            _daemon: daemon,
+            _daemons: vec![daemon],
         }
+    }
+
+    /// A registry serving the lab registry's images (read-only, same storage) that wants
+    /// bearer tokens, issued by `rigger-lab-token-server` to this registry's user (and to
+    /// anyone with `allow_anonymous`).
+    pub fn with_tokens(allow_anonymous: bool) -> Self {
+        Self::with_tokens_expiring(allow_anonymous, Duration::from_secs(300))
+    }
+
+    /// [`AuthRegistry::with_tokens`] whose tokens expire after `lifetime`.
+    pub fn with_tokens_expiring(allow_anonymous: bool, lifetime: Duration) -> Self {
+        let lab = Lab::get();
+        let dir = tempfile::tempdir().unwrap();
+        let (user, password) = (
+            "rigger".to_owned(),
+            format!("token-secret-{}", std::process::id()),
+        );
+        let cert = dir.path().join("token-cert.pem");
+        let mut command = Command::new(binary("rigger-lab-token-server"));
+        command
+            .arg("--cert-out")
+            .arg(&cert)
+            .args(["--user", &user, "--password", &password])
+            .args(["--expires-in", &lifetime.as_secs().to_string()]);
+        if allow_anonymous {
+            command.arg("--allow-anonymous");
+        }
+        let mut token_daemon = Daemon::spawn(command.stdout(Stdio::piped()).stderr(Stdio::null()));
+        let token_server = {
+            use std::io::BufRead as _;
+            let stdout = token_daemon.child.stdout.take().unwrap();
+            let mut line = String::new();
+            std::io::BufReader::new(stdout)
+                .read_line(&mut line)
+                .unwrap();
+            line.split_whitespace().last().unwrap().to_owned()
+        };
+        let port = free_port();
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog: {{level: error, accesslog: {{disabled: true}}}}\nstorage: {{filesystem: {{rootdirectory: {}}}}}\nauth:\n  token:\n    realm: http://{token_server}/token\n    service: rigger-lab\n    issuer: rigger-lab-token-server\n    rootcertbundle: {}\nhttp: {{addr: 127.0.0.1:{port}}}\n",
+                lab.dir.join("registry/data").display(),
+                cert.display()
+            ),
+        )
+        .unwrap();
+        let registry = Daemon::spawn(
+            Command::new("docker-registry")
+                .arg("serve")
+                .arg(&config)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        );
+        let address = format!("127.0.0.1:{port}");
+        wait_until("the token registry", Duration::from_secs(20), || {
+            http_get(&address, "/v2/").filter(|(code, _)| *code == 401)
+        });
+        Self {
+            address,
+            user,
+            password,
+            token_server: Some(token_server),
+            _dir: dir,
+            _daemons: vec![token_daemon, registry],
+        }
+    }
+
+    /// Who the token server gave tokens to: `(account, scope)`; account is empty for
+    /// anonymous clients.
+    pub fn tokens_issued(&self) -> Vec<(String, String)> {
+        let server = self.token_server.as_deref().expect("a token registry");
+        let (_, body) = http_get(server, "/_token/issued").unwrap();
+        let issued: serde_json::Value = serde_json::from_str(&body).unwrap();
+        issued
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| {
+                (
+                    i["account"].as_str().unwrap().to_owned(),
+                    i["scope"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
     }
 
     /// Push a small image (`repo:1`) with the registry's credentials.

@@ -372,6 +372,107 @@ fn basic_auth_credentials_come_from_docker_config() {
     assert_eq!(image_records(&ns.name).len(), 1);
 }
 
+#[test]
+fn bearer_tokens_are_fetched_with_docker_config_credentials() {
+    use rigger_integration_tests::AuthRegistry;
+
+    let lab = Lab::get();
+    let registry = AuthRegistry::with_tokens(false);
+    let repo_tag = unique_image("bearer", 2, 2 << 20);
+    let image = format!("{}/{repo_tag}", registry.address);
+    let ns = TestNamespace::new("bearer");
+    let dir = tempfile::tempdir().unwrap();
+    let pull = |extra: &[&str]| {
+        Command::new(binary("rigger-agent"))
+            .args(["pull", "--plain-http", "--registry-config", "/nonexistent"])
+            .arg("--address")
+            .arg(&lab.containerd_address)
+            .args(["--namespace", &ns.name])
+            .args(extra)
+            .arg(&image)
+            .env("DOCKER_CONFIG", dir.path().join("nowhere"))
+            .output()
+            .unwrap()
+    };
+
+    // No credentials, no token: refused in one line naming the image.
+    let out = pull(&[]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.trim_end().lines().last().unwrap();
+    assert!(last.contains(&image), "{last}");
+    assert!(image_records(&ns.name).is_empty());
+    assert!(registry.tokens_issued().is_empty());
+
+    // The docker config's credentials buy a token from the token server; every blob is
+    // fetched with it (the registry answers nothing without one).
+    let config = registry.docker_config(dir.path());
+    let out = pull(&["--docker-config", config.to_str().unwrap()]);
+    assert_ok(&out);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains(&registry.password));
+    assert_eq!(image_records(&ns.name).len(), 1);
+    let repository = repo_tag.split(':').next().unwrap();
+    let issued = registry.tokens_issued();
+    assert!(
+        issued.iter().any(|(account, scope)| account == "rigger"
+            && scope == &format!("repository:{repository}:pull")),
+        "{issued:?}"
+    );
+}
+
+/// Pull `repo_tag` from a token registry without credentials; returns the tokens issued.
+fn pull_anonymously(
+    registry: &rigger_integration_tests::AuthRegistry,
+    name: &str,
+    extra: &[&str],
+) -> Vec<(String, String)> {
+    let lab = Lab::get();
+    let repo_tag = unique_image(name, 3, 1 << 20);
+    let ns = TestNamespace::new(name);
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(binary("rigger-agent"))
+        .args(["pull", "--plain-http", "--registry-config", "/nonexistent"])
+        .arg("--address")
+        .arg(&lab.containerd_address)
+        .args(["--namespace", &ns.name])
+        .args(extra)
+        .arg(format!("{}/{repo_tag}", registry.address))
+        .env("DOCKER_CONFIG", dir.path())
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    assert_eq!(image_records(&ns.name).len(), 1);
+    registry.tokens_issued()
+}
+
+#[test]
+fn anonymous_bearer_tokens_are_used_when_the_registry_allows_them() {
+    let registry = rigger_integration_tests::AuthRegistry::with_tokens(true);
+    let issued = pull_anonymously(&registry, "bearer-anonymous", &[]);
+    assert!(
+        !issued.is_empty() && issued.iter().all(|(account, _)| account.is_empty()),
+        "{issued:?}"
+    );
+}
+
+#[test]
+fn an_expired_token_is_renewed_mid_pull() {
+    use std::time::Duration;
+    let lasting = rigger_integration_tests::AuthRegistry::with_tokens(true);
+    // One connection at 512 KiB/s: the layers' requests come seconds apart.
+    let slowly = ["--limit-rate", "512KiB", "--max-connections", "1"];
+    let usual = pull_anonymously(&lasting, "bearer-lasting", &slowly).len();
+    // Tokens accepted for 2 s: the later requests need new ones.
+    let expiring =
+        rigger_integration_tests::AuthRegistry::with_tokens_expiring(true, Duration::from_secs(2));
+    let issued = pull_anonymously(&expiring, "bearer-expiry", &slowly);
+    assert!(
+        issued.len() > usual,
+        "{} tokens with expiry, {usual} without",
+        issued.len()
+    );
+}
+
 /// Bytes the proxy delivered per layer blob: (digest, bytes).
 fn delivered_per_layer(proxy: &Proxy, layers: &[(String, u64)]) -> Vec<u64> {
     let requests = proxy.requests();
