@@ -51,8 +51,11 @@ use bytes::Bytes;
 
 /// Blobs bigger than this are fetched as parallel byte ranges of this size.
 pub const DEFAULT_CHUNK_SIZE: u64 = 2 << 20;
-/// Layers downloading at once in one pull (bottom first).
-const LAYERS_AT_ONCE: usize = 3;
+/// Layers downloading at once in one pull (bottom first). Each decompresses as it
+/// arrives, so this also bounds the appliers running (and their memory, about 2 MiB each).
+const LAYERS_AT_ONCE: usize = 8;
+/// Layers smaller than this are not unpacked in a staging snapshot.
+const STAGING_MIN_SIZE: u64 = 1 << 20;
 /// Byte ranges fetched ahead of the write position, per blob (they wait in the spool,
 /// on disk, until containerd's ingest reaches them).
 const RANGE_WINDOW: usize = 16;
@@ -850,9 +853,11 @@ impl Transfer {
             fed: 0,
         };
         // Unpacking streams along from byte 0 (a resumed download is unpacked from the
-        // content store afterwards).
+        // content store afterwards). Staging costs two more snapshot calls, which small
+        // layers do not win back: they wait for their parent and unpack from the store.
         if let Some(plan) = &plan
             && sink.writer.offset() == 0
+            && (size >= STAGING_MIN_SIZE || self.stack.borrow().unpacked >= plan.index)
         {
             sink.streaming = self.start_streaming(plan).await;
         }
