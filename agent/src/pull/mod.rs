@@ -1018,9 +1018,12 @@ impl Transfer {
                             return Err(e);
                         }
                         last = re.to_string();
+                        // What arrived before the failure is good: store it all, then
+                        // reopen the writer to learn the offset containerd really holds.
+                        if let Err(error) = sink.writer.flush().await {
+                            tracing::debug!(%error, "could not store the bytes before a failure");
+                        }
                         backoff(attempt, re.retry_after()).await;
-                        // The writer may be out of step after a failed stream: reopen it to
-                        // learn the offset containerd really holds.
                         sink.writer
                             .reopen(&self.store)
                             .await
@@ -1195,6 +1198,11 @@ impl Transfer {
             .map_err(|e| RangeOutcome::Failed(self.spool_err(e)))?;
         let spool = Arc::new(spool);
         let chunk = spool.range_size();
+        // The start of the first range is taken as held by containerd: make it so.
+        sink.writer
+            .flush()
+            .await
+            .map_err(|e| RangeOutcome::Failed(self.store_err(e)))?;
         let start = sink.writer.offset();
         let first = start / chunk;
         // containerd holds the start of the first range already.
@@ -1213,6 +1221,8 @@ impl Transfer {
                 }))
             })
             .buffered(RANGE_WINDOW);
+        // Written ranges leave the spool once containerd confirmed holding them.
+        let mut written = std::collections::VecDeque::new();
         while let Some(joined) = ranges.next().await {
             let k = joined.map_err(|e| {
                 RangeOutcome::Failed(PullError::Image {
@@ -1234,8 +1244,14 @@ impl Transfer {
                     .await
                     .map_err(|e| RangeOutcome::Failed(self.store_err(e)))?;
             }
-            if let Err(error) = spool.discard(k) {
-                tracing::debug!(%error, "could not free a written range");
+            written.push_back(k);
+            while let Some(&done) = written.front()
+                && (done + 1) * chunk <= sink.writer.acked()
+            {
+                written.pop_front();
+                if let Err(error) = spool.discard(done) {
+                    tracing::debug!(%error, "could not free a written range");
+                }
             }
         }
         Ok(())

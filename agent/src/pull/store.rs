@@ -20,8 +20,12 @@ use tonic::{Code, Request, Status, Streaming};
 
 use crate::runtime::{CallError, Runtime, describe_status};
 
-/// containerd's default gRPC message limit is 16 MiB: write in smaller pieces.
-pub const WRITE_CHUNK: usize = 1 << 20;
+/// Bytes per `Content.Write` message: big enough that containerd's per-message cost
+/// does not show, small enough to stay far below its 16 MiB message limit and to keep
+/// little memory in flight.
+pub const WRITE_CHUNK: usize = 256 << 10;
+/// Messages sent ahead of containerd's acknowledgements, per blob.
+pub const WRITES_IN_FLIGHT: usize = 4;
 
 /// Leases expire by themselves if the agent dies before deleting them.
 const LEASE_EXPIRY: Duration = Duration::from_secs(24 * 3600);
@@ -266,6 +270,9 @@ impl Store {
             digest: digest.to_owned(),
             size,
             offset,
+            acked: offset,
+            pending: Vec::with_capacity(WRITE_CHUNK),
+            in_flight: 0,
             what,
         })
     }
@@ -329,6 +336,11 @@ async fn next_response(
 }
 
 /// An open ingest: bytes go in order from `offset()`, then `commit`.
+///
+/// Writes are gathered into messages of [`WRITE_CHUNK`] and sent without waiting for
+/// containerd's acknowledgement of each (at most [`WRITES_IN_FLIGHT`] unacknowledged):
+/// a round trip per network read would leave containerd idle between them. `acked()`
+/// tells what containerd confirmed holding; `flush()` waits for all of it.
 #[derive(Debug)]
 pub struct BlobWriter {
     tx: mpsc::Sender<WriteContentRequest>,
@@ -336,7 +348,14 @@ pub struct BlobWriter {
     reference: String,
     digest: String,
     size: u64,
+    /// Bytes taken by `write` (sent, in flight or gathered).
     offset: u64,
+    /// Bytes containerd confirmed.
+    acked: u64,
+    /// Gathered bytes not sent yet.
+    pending: Vec<u8>,
+    /// Messages sent and not acknowledged yet.
+    in_flight: usize,
     what: String,
 }
 
@@ -354,13 +373,20 @@ impl BlobWriter {
         Ok(())
     }
 
-    /// Bytes containerd already holds for this ingest (where a resumed download starts).
+    /// Bytes taken so far (where the next `write` goes; where a resumed download starts).
     pub fn offset(&self) -> u64 {
         self.offset
     }
 
+    /// Bytes containerd has confirmed holding.
+    pub fn acked(&self) -> u64 {
+        self.acked
+    }
+
     /// Start over from byte 0 (the held bytes are unusable, e.g. after a digest mismatch).
     pub async fn truncate(&mut self) -> Result<(), StoreError> {
+        self.pending.clear();
+        self.drain(0).await?;
         self.send(WriteContentRequest {
             action: WriteAction::Write as i32,
             r#ref: self.reference.clone(),
@@ -369,38 +395,64 @@ impl BlobWriter {
         })
         .await?;
         self.offset = 0;
+        self.acked = 0;
         Ok(())
     }
 
-    /// Append `data` at the current offset. The pieces are sent back to back and their
-    /// acknowledgements read afterwards, so containerd never waits for us in between.
+    /// Append `data` at the current offset.
     pub async fn write(&mut self, data: &[u8]) -> Result<(), StoreError> {
-        let mut pending = 0usize;
-        let mut offset = self.offset;
-        for piece in data.chunks(WRITE_CHUNK) {
-            let request = WriteContentRequest {
-                action: WriteAction::Write as i32,
-                r#ref: self.reference.clone(),
-                offset: i64::try_from(offset).unwrap_or(i64::MAX),
-                data: piece.to_vec(),
-                ..Default::default()
-            };
-            offset += piece.len() as u64;
-            self.tx.send(request).await.map_err(|_| StoreError::Write {
-                what: self.what.clone(),
-                detail: "write stream closed".into(),
-            })?;
-            pending += 1;
+        self.pending.extend_from_slice(data);
+        self.offset += data.len() as u64;
+        while self.pending.len() >= WRITE_CHUNK {
+            let rest = self.pending.split_off(WRITE_CHUNK);
+            let message = std::mem::replace(&mut self.pending, rest);
+            self.send_data(message).await?;
         }
-        for _ in 0..pending {
-            let response = next_response(&mut self.responses, &self.what).await?;
-            self.offset = u64::try_from(response.offset).unwrap_or(self.offset);
+        Ok(())
+    }
+
+    /// Send what is gathered and wait until containerd confirmed all of it.
+    pub async fn flush(&mut self) -> Result<(), StoreError> {
+        if !self.pending.is_empty() {
+            let message = std::mem::take(&mut self.pending);
+            self.send_data(message).await?;
         }
-        if self.offset != offset {
+        self.drain(0).await?;
+        if self.acked != self.offset {
             return Err(StoreError::Write {
                 what: self.what.clone(),
-                detail: format!("containerd holds {} bytes, expected {offset}", self.offset),
+                detail: format!(
+                    "containerd holds {} bytes, expected {}",
+                    self.acked, self.offset
+                ),
             });
+        }
+        Ok(())
+    }
+
+    async fn send_data(&mut self, data: Vec<u8>) -> Result<(), StoreError> {
+        let at = self.offset - (self.pending.len() + data.len()) as u64;
+        let request = WriteContentRequest {
+            action: WriteAction::Write as i32,
+            r#ref: self.reference.clone(),
+            offset: i64::try_from(at).unwrap_or(i64::MAX),
+            data,
+            ..Default::default()
+        };
+        self.tx.send(request).await.map_err(|_| StoreError::Write {
+            what: self.what.clone(),
+            detail: "write stream closed".into(),
+        })?;
+        self.in_flight += 1;
+        self.drain(WRITES_IN_FLIGHT).await
+    }
+
+    /// Read acknowledgements until at most `left` messages are unacknowledged.
+    async fn drain(&mut self, left: usize) -> Result<(), StoreError> {
+        while self.in_flight > left {
+            let response = next_response(&mut self.responses, &self.what).await?;
+            self.in_flight -= 1;
+            self.acked = u64::try_from(response.offset).unwrap_or(self.acked);
         }
         Ok(())
     }
@@ -408,6 +460,7 @@ impl BlobWriter {
     /// Verify and commit; containerd checks size and digest. `AlreadyExists` (another
     /// pull finished the same blob) counts as success.
     pub async fn commit(&mut self, labels: HashMap<String, String>) -> Result<(), StoreError> {
+        self.flush().await?;
         let request = WriteContentRequest {
             action: WriteAction::Commit as i32,
             r#ref: self.reference.clone(),

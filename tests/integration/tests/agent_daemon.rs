@@ -89,8 +89,9 @@ fn not_ready_while_containerd_is_unreachable() {
             .stderr(Stdio::null()),
     );
     let address = format!("127.0.0.1:{port}");
-    let (code, body) = wait_until("the health endpoint", Duration::from_secs(20), || {
-        http_get(&address, "/readyz")
+    // Until its first look at containerd the agent is not ready for another reason.
+    let (code, body) = wait_until("the readiness verdict", Duration::from_secs(20), || {
+        http_get(&address, "/readyz").filter(|(_, body)| !body.contains("not contacted yet"))
     });
     assert_eq!(code, 503);
     assert!(body.contains("no containerd socket"), "{body}");

@@ -89,7 +89,7 @@ fn a_reset_mid_blob_resumes_from_the_offset_containerd_holds() {
     let resumed = blobs
         .iter()
         .find_map(|r| r["range"].as_str())
-        .expect("a ranged request after the reset");
+        .unwrap_or_else(|| panic!("a ranged request after the reset: {blobs:?}"));
     // It starts where the reset cut the first response, not at 0.
     let start: u64 = resumed
         .trim_start_matches("bytes=")
