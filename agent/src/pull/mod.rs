@@ -1236,7 +1236,7 @@ impl Transfer {
                 if from >= end {
                     break;
                 }
-                let len = (end - from).min(SPOOL_PIECE as u64 * 8);
+                let len = (end - from).min(SPOOL_PIECE as u64 * 4);
                 let data = spool
                     .read(from, usize::try_from(len).unwrap_or(usize::MAX))
                     .map_err(|e| RangeOutcome::Failed(self.spool_err(e)))?;

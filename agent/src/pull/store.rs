@@ -25,7 +25,7 @@ use crate::runtime::{CallError, Runtime, describe_status};
 /// little memory in flight.
 pub const WRITE_CHUNK: usize = 256 << 10;
 /// Messages sent ahead of containerd's acknowledgements, per blob.
-pub const WRITES_IN_FLIGHT: usize = 4;
+pub const WRITES_IN_FLIGHT: usize = 2;
 
 /// Leases expire by themselves if the agent dies before deleting them.
 const LEASE_EXPIRY: Duration = Duration::from_secs(24 * 3600);

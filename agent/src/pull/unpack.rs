@@ -40,7 +40,7 @@ use crate::runtime::{CallError, describe_status};
 /// Pieces handed to the applier are at most this big, and at most this many wait for
 /// it, so a slow applier holds little (and slows its download down instead).
 const FEED_PIECE: usize = 256 << 10;
-const FEED_QUEUE: usize = 4;
+const FEED_QUEUE: usize = 2;
 
 /// The label containerd puts on every unpacked layer snapshot.
 pub const SNAPSHOT_REF_LABEL: &str = "containerd.io/snapshot.ref";
@@ -277,7 +277,7 @@ fn spawn_applier(
 ) -> JoinHandle<Result<Applied, ApplyError>> {
     tokio::task::spawn_blocking(move || {
         let reader = std::io::BufReader::with_capacity(
-            256 << 10,
+            64 << 10,
             ChannelReader {
                 rx,
                 current: Bytes::new(),
