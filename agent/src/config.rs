@@ -24,6 +24,7 @@ pub const DEFAULT_HEALTH_LISTEN: &str = "127.0.0.1:9440";
 #[serde(deny_unknown_fields)]
 pub struct AgentConfigFile {
     pub containerd_address: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
     pub health_listen: Option<String>,
     pub log_format: Option<String>,
     pub log_level: Option<String>,
@@ -48,6 +49,10 @@ pub struct RunArgs {
         value_name = "SOCK"
     )]
     pub containerd_address: Option<PathBuf>,
+    /// What must outlive the agent: downloads in progress, accepted tasks
+    /// [default: /var/lib/rigger] (file key: state_dir).
+    #[arg(long, env = "RIGGER_AGENT_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Address for /healthz, /readyz and /inventory [default: 127.0.0.1:9440].
     #[arg(long, env = "RIGGER_AGENT_HEALTH_LISTEN", value_name = "ADDR")]
     pub health_listen: Option<String>,
@@ -78,6 +83,8 @@ pub struct RunArgs {
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     pub containerd_address: PathBuf,
+    /// Spooled downloads live in its `spool/`.
+    pub state_dir: PathBuf,
     pub health_listen: SocketAddr,
     pub log_format: LogFormat,
     pub log_level: String,
@@ -107,6 +114,15 @@ impl AgentConfig {
                 "{} is not an absolute path",
                 containerd_address.display()
             )));
+        }
+        let state_dir = args
+            .state_dir
+            .or(file.state_dir)
+            .unwrap_or_else(|| PathBuf::from(crate::DEFAULT_STATE_DIR));
+        if !state_dir.is_absolute() {
+            return Err(
+                STATE_DIR.invalid(format!("{} is not an absolute path", state_dir.display()))
+            );
         }
         let health_listen = HEALTH_LISTEN.socket_addr(
             args.health_listen.or(file.health_listen),
@@ -157,6 +173,7 @@ impl AgentConfig {
 
         Ok(Self {
             containerd_address,
+            state_dir,
             health_listen,
             log_format,
             log_level,
@@ -254,6 +271,11 @@ const CONTAINERD_ADDRESS: Setting = Setting {
     key: "containerd_address",
     flag: "--address",
     env: "RIGGER_CONTAINERD_ADDRESS",
+};
+const STATE_DIR: Setting = Setting {
+    key: "state_dir",
+    flag: "--state-dir",
+    env: "RIGGER_AGENT_STATE_DIR",
 };
 const HEALTH_LISTEN: Setting = Setting {
     key: "health_listen",
@@ -359,6 +381,7 @@ mod tests {
                 "`node_labels`",
             ),
             ("node_name = \"n1\"", "`controller`"),
+            ("state_dir = \"relative/dir\"", "`state_dir`"),
         ];
         for (text, field) in cases {
             let err = AgentConfig::from_layers(file(text), RunArgs::default()).unwrap_err();
