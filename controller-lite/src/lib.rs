@@ -6,12 +6,14 @@
 //! - [`nodes`]: the registry of nodes, fed by agents' registrations and heartbeats;
 //! - [`link`]: the agent link (`rigger.v1.AgentLink`), one stream per agent;
 //! - [`control`]: the user API (`rigger.v1.Control`) that riggerctl speaks;
+//! - [`objects`]: the kinds users apply (ImagePullJob, ...) and their validation;
 //! - [`server`]: wiring, health endpoints, graceful shutdown.
 
 pub mod config;
 pub mod control;
 pub mod link;
 pub mod nodes;
+pub mod objects;
 pub mod server;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

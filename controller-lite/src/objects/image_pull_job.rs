@@ -1,0 +1,349 @@
+//! `kind: ImagePullJob` — OpenKruise's object and field names: pre-download one image on a
+//! set of nodes, at most `parallelism` nodes at a time.
+
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::{API_VERSION, FieldError, IntOrPercent, KRUISE_API_VERSION, LabelSelector, ObjectMeta};
+
+pub const KIND: &str = "ImagePullJob";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImagePullJob {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: ImagePullJobSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<ImagePullJobStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImagePullJobSpec {
+    pub image: String,
+    /// Which nodes: by name or labels. Exclusive with `podSelector`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<NodeSelector>,
+    /// Nodes running pods whose labels match. Exclusive with `selector`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<LabelSelector>,
+    /// Nodes pulling at once [default: 1].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallelism: Option<IntOrPercent>,
+    #[serde(default)]
+    pub completion_policy: CompletionPolicy,
+    #[serde(default)]
+    pub pull_policy: PullPolicy,
+    /// Names of `kind: Secret` objects (docker config JSON) in the job's namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pull_secrets: Vec<String>,
+    #[serde(default)]
+    pub image_pull_policy: ImagePullPolicy,
+}
+
+/// Kruise's `selector`: node names, or node labels — not both.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeSelector {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+    #[serde(flatten)]
+    pub labels: LabelSelector,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CompletionPolicy {
+    #[serde(rename = "type", default)]
+    pub kind: CompletionPolicyType,
+    /// `Always` only: the job fails when it runs longer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_deadline_seconds: Option<u64>,
+    /// `Always` only: the job is deleted this long after it finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds_after_finished: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CompletionPolicyType {
+    /// Finish once every selected node pulled (or failed).
+    #[default]
+    Always,
+    /// Never finish: keep the image on matching nodes, including nodes that join later.
+    Never,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PullPolicy {
+    /// One node's pull fails after this long [default: 600].
+    #[serde(default = "default_timeout_seconds")]
+    pub timeout_seconds: u64,
+    /// Retries of one node's pull before it counts as failed [default: 3].
+    #[serde(default = "default_backoff_limit")]
+    pub backoff_limit: u32,
+}
+
+impl Default for PullPolicy {
+    fn default() -> Self {
+        Self {
+            timeout_seconds: default_timeout_seconds(),
+            backoff_limit: default_backoff_limit(),
+        }
+    }
+}
+
+fn default_timeout_seconds() -> u64 {
+    600
+}
+
+fn default_backoff_limit() -> u32 {
+    3
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ImagePullPolicy {
+    /// Pull even when the node has the image (a tag may have moved).
+    Always,
+    /// Skip nodes that have the image already.
+    #[default]
+    IfNotPresent,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImagePullJobStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<String>,
+    pub desired: u32,
+    pub active: u32,
+    pub succeeded: u32,
+    pub failed: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_nodes: Vec<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+impl ImagePullJob {
+    /// Refuse what cannot run, naming the field; Kruise's API group is accepted too.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        if self.api_version != API_VERSION && self.api_version != KRUISE_API_VERSION {
+            return Err(FieldError::new(
+                "apiVersion",
+                format!(
+                    "{:?}: expected {API_VERSION} (or {KRUISE_API_VERSION})",
+                    self.api_version
+                ),
+            ));
+        }
+        if self.kind != KIND {
+            return Err(FieldError::new(
+                "kind",
+                format!("{:?}: expected {KIND}", self.kind),
+            ));
+        }
+        self.metadata.validate()?;
+        self.spec.validate()
+    }
+}
+
+impl ImagePullJobSpec {
+    pub fn validate(&self) -> Result<(), FieldError> {
+        if self.image.trim().is_empty() {
+            return Err(FieldError::new("spec.image", "is required"));
+        }
+        oci_spec::distribution::Reference::from_str(&self.image).map_err(|e| {
+            FieldError::new(
+                "spec.image",
+                format!("{:?} is not an image reference: {e}", self.image),
+            )
+        })?;
+        match (&self.selector, &self.pod_selector) {
+            (Some(_), Some(_)) => {
+                return Err(FieldError::new(
+                    "spec.podSelector",
+                    "selector and podSelector are mutually exclusive",
+                ));
+            }
+            (Some(selector), None) => {
+                if !selector.names.is_empty() && !selector.labels.is_empty() {
+                    return Err(FieldError::new(
+                        "spec.selector.names",
+                        "names and matchLabels/matchExpressions are mutually exclusive",
+                    ));
+                }
+                for (i, name) in selector.names.iter().enumerate() {
+                    if rigger_proto::check_node_name(name).is_err() {
+                        return Err(FieldError::new(
+                            format!("spec.selector.names[{i}]"),
+                            format!("{name:?} is not a node name"),
+                        ));
+                    }
+                }
+                selector.labels.validate("spec.selector")?;
+            }
+            (None, Some(pods)) => pods.validate("spec.podSelector")?,
+            (None, None) => {}
+        }
+        match self.parallelism {
+            Some(IntOrPercent::Int(0)) | Some(IntOrPercent::Percent(0)) => {
+                return Err(FieldError::new(
+                    "spec.parallelism",
+                    "must be at least 1 (or 1%)",
+                ));
+            }
+            _ => {}
+        }
+        let policy = &self.completion_policy;
+        if policy.kind == CompletionPolicyType::Never
+            && (policy.active_deadline_seconds.is_some()
+                || policy.ttl_seconds_after_finished.is_some())
+        {
+            return Err(FieldError::new(
+                "spec.completionPolicy",
+                "activeDeadlineSeconds and ttlSecondsAfterFinished only apply to type Always",
+            ));
+        }
+        if policy.active_deadline_seconds == Some(0) {
+            return Err(FieldError::new(
+                "spec.completionPolicy.activeDeadlineSeconds",
+                "must be at least 1",
+            ));
+        }
+        if self.pull_policy.timeout_seconds == 0 {
+            return Err(FieldError::new(
+                "spec.pullPolicy.timeoutSeconds",
+                "must be at least 1",
+            ));
+        }
+        for (i, secret) in self.pull_secrets.iter().enumerate() {
+            if super::check_dns_subdomain(secret).is_err() {
+                return Err(FieldError::new(
+                    format!("spec.pullSecrets[{i}]"),
+                    format!("{secret:?} is not a Secret name"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Nodes pulling at once for a job over `nodes` nodes: never 0 while there are nodes.
+    pub fn parallelism_for(&self, nodes: usize) -> usize {
+        self.parallelism
+            .unwrap_or(IntOrPercent::Int(1))
+            .of(nodes)
+            .clamp(1, nodes.max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn job(spec: &serde_json::Value) -> Result<ImagePullJob, String> {
+        let value = serde_json::json!({
+            "apiVersion": KRUISE_API_VERSION,
+            "kind": "ImagePullJob",
+            "metadata": {"name": "warm-nginx", "namespace": "default"},
+            "spec": spec,
+        });
+        let job: ImagePullJob = serde_json::from_value(value).map_err(|e| e.to_string())?;
+        job.validate().map_err(|e| e.to_string())?;
+        Ok(job)
+    }
+
+    #[test]
+    fn kruise_example_applies_with_kruise_defaults() {
+        let job = job(&serde_json::json!({
+            "image": "nginx:1.27",
+            "parallelism": "25%",
+            "selector": {"matchLabels": {"pool": "web"}},
+            "completionPolicy": {"type": "Always", "activeDeadlineSeconds": 1200},
+        }))
+        .unwrap();
+        assert_eq!(job.spec.pull_policy, PullPolicy::default());
+        assert_eq!(job.spec.pull_policy.timeout_seconds, 600);
+        assert_eq!(job.spec.image_pull_policy, ImagePullPolicy::IfNotPresent);
+        assert_eq!(job.spec.parallelism_for(10), 3);
+        assert_eq!(job.spec.parallelism_for(0), 1);
+        let round = serde_json::to_value(&job).unwrap();
+        assert_eq!(round["spec"]["parallelism"], "25%");
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        let cases = [
+            (serde_json::json!({"image": ""}), "spec.image"),
+            (serde_json::json!({"image": "Not A Ref"}), "spec.image"),
+            (
+                serde_json::json!({"image": "a:1", "selector": {"names": ["n1"]}, "podSelector": {}}),
+                "spec.podSelector",
+            ),
+            (
+                serde_json::json!({"image": "a:1", "selector": {"names": ["n1"], "matchLabels": {"a": "b"}}}),
+                "spec.selector.names",
+            ),
+            (
+                serde_json::json!({"image": "a:1", "selector": {"matchExpressions": [{"key": "a", "operator": "In"}]}}),
+                "spec.selector.matchExpressions[0].values",
+            ),
+            (
+                serde_json::json!({"image": "a:1", "parallelism": 0}),
+                "spec.parallelism",
+            ),
+            (
+                serde_json::json!({"image": "a:1", "parallelism": "150%"}),
+                "150%",
+            ),
+            (
+                serde_json::json!({"image": "a:1", "completionPolicy": {"type": "Never", "ttlSecondsAfterFinished": 5}}),
+                "spec.completionPolicy",
+            ),
+            (
+                serde_json::json!({"image": "a:1", "pullSecrets": ["Bad_Name"]}),
+                "spec.pullSecrets[0]",
+            ),
+            (
+                serde_json::json!({"image": "a:1", "imagePullPolicy": "Sometimes"}),
+                "Sometimes",
+            ),
+            (
+                serde_json::json!({"image": "a:1", "paralelism": 2}),
+                "paralelism",
+            ),
+        ];
+        for (spec, field) in cases {
+            let err = job(&spec).unwrap_err();
+            assert!(err.contains(field), "{spec}: {err}");
+        }
+    }
+
+    #[test]
+    fn selectors_match_like_kubernetes() {
+        let selector: LabelSelector = serde_json::from_value(serde_json::json!({
+            "matchLabels": {"pool": "web"},
+            "matchExpressions": [
+                {"key": "zone", "operator": "In", "values": ["a", "b"]},
+                {"key": "drain", "operator": "DoesNotExist"},
+            ],
+        }))
+        .unwrap();
+        let labels = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        assert!(selector.matches(&labels(&[("pool", "web"), ("zone", "a")])));
+        assert!(!selector.matches(&labels(&[("pool", "web"), ("zone", "c")])));
+        assert!(!selector.matches(&labels(&[("pool", "web"), ("zone", "a"), ("drain", "y")])));
+        assert!(LabelSelector::default().matches(&labels(&[])));
+    }
+}

@@ -1,0 +1,245 @@
+//! The objects users apply, in Kubernetes' shape (`apiVersion`, `kind`, `metadata`,
+//! `spec`, `status`) and with OpenKruise's field names where Kruise has the object.
+//!
+//! Each kind validates itself whole before anything is stored; an error names the field
+//! path (`spec.parallelism`) and why, as `kubectl` users expect.
+
+pub mod image_pull_job;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Rigger's API group and version.
+pub const API_VERSION: &str = "rigger.dev/v1alpha1";
+/// OpenKruise's, accepted as-is for the kinds Kruise has, so its YAML applies unchanged.
+pub const KRUISE_API_VERSION: &str = "apps.kruise.io/v1alpha1";
+
+/// A refused object: the field at fault and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {reason}")]
+pub struct FieldError {
+    /// e.g. `spec.selector.matchExpressions[0].operator`
+    pub path: String,
+    pub reason: String,
+}
+
+impl FieldError {
+    pub fn new(path: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ObjectMeta {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Set by the controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creation_timestamp: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+}
+
+impl ObjectMeta {
+    /// Names are DNS-1123 subdomains, as in Kubernetes.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        check_dns_subdomain(&self.name).map_err(|r| FieldError::new("metadata.name", r))?;
+        if let Some(namespace) = &self.namespace {
+            check_dns_subdomain(namespace).map_err(|r| FieldError::new("metadata.namespace", r))?;
+        }
+        for key in self.labels.keys() {
+            check_label_key(key)
+                .map_err(|r| FieldError::new(format!("metadata.labels[{key:?}]"), r))?;
+        }
+        Ok(())
+    }
+}
+
+fn check_dns_subdomain(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a valid name (lowercase letters, digits, '-' and '.', at most 253, alphanumeric at both ends)"
+        ))
+    }
+}
+
+/// `[prefix/]name`, name up to 63 of `[A-Za-z0-9._-]`, alphanumeric at both ends.
+fn check_label_key(key: &str) -> Result<(), String> {
+    let name = key.rsplit_once('/').map_or(key, |(prefix, name)| {
+        if check_dns_subdomain(prefix).is_err() {
+            return "";
+        }
+        name
+    });
+    if check_label_value(name) && !name.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{key:?} is not a valid label key"))
+    }
+}
+
+fn check_label_value(value: &str) -> bool {
+    value.is_empty()
+        || (value.len() <= 63
+            && value
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && value.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && value.ends_with(|c: char| c.is_ascii_alphanumeric()))
+}
+
+/// Kubernetes' label selector: every `matchLabels` pair and every expression must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LabelSelector {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub match_labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_expressions: Vec<LabelSelectorRequirement>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LabelSelectorRequirement {
+    pub key: String,
+    pub operator: SelectorOperator,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SelectorOperator {
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+}
+
+impl LabelSelector {
+    pub fn is_empty(&self) -> bool {
+        self.match_labels.is_empty() && self.match_expressions.is_empty()
+    }
+
+    pub fn validate(&self, path: &str) -> Result<(), FieldError> {
+        for (key, value) in &self.match_labels {
+            check_label_key(key)
+                .map_err(|r| FieldError::new(format!("{path}.matchLabels[{key:?}]"), r))?;
+            if !check_label_value(value) {
+                return Err(FieldError::new(
+                    format!("{path}.matchLabels[{key:?}]"),
+                    format!("{value:?} is not a valid label value"),
+                ));
+            }
+        }
+        for (i, requirement) in self.match_expressions.iter().enumerate() {
+            let at = format!("{path}.matchExpressions[{i}]");
+            check_label_key(&requirement.key)
+                .map_err(|r| FieldError::new(format!("{at}.key"), r))?;
+            let needs_values = matches!(
+                requirement.operator,
+                SelectorOperator::In | SelectorOperator::NotIn
+            );
+            if needs_values == requirement.values.is_empty() {
+                return Err(FieldError::new(
+                    format!("{at}.values"),
+                    if needs_values {
+                        "must not be empty for In and NotIn"
+                    } else {
+                        "must be empty for Exists and DoesNotExist"
+                    },
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `labels` satisfy the selector (an empty selector matches everything).
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+            && self.match_expressions.iter().all(|r| {
+                let value = labels.get(&r.key);
+                match r.operator {
+                    SelectorOperator::In => value.is_some_and(|v| r.values.contains(v)),
+                    SelectorOperator::NotIn => value.is_none_or(|v| !r.values.contains(v)),
+                    SelectorOperator::Exists => value.is_some(),
+                    SelectorOperator::DoesNotExist => value.is_none(),
+                }
+            })
+    }
+}
+
+/// An int or a percentage string (`"25%"`), as Kubernetes' `IntOrString` for counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntOrPercent {
+    Int(u32),
+    Percent(u32),
+}
+
+impl IntOrPercent {
+    /// The count for `total` (percentages round up, and are at least 1 for any nonzero
+    /// percentage, so `1%` of 10 nodes still lets one pull).
+    pub fn of(self, total: usize) -> usize {
+        match self {
+            Self::Int(n) => n as usize,
+            Self::Percent(p) => (total * p as usize).div_ceil(100),
+        }
+    }
+}
+
+impl Serialize for IntOrPercent {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Int(n) => serializer.serialize_u32(*n),
+            Self::Percent(p) => serializer.serialize_str(&format!("{p}%")),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for IntOrPercent {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(u32),
+            Text(String),
+        }
+        match Raw::deserialize(deserializer)? {
+            Raw::Int(n) => Ok(Self::Int(n)),
+            Raw::Text(text) => {
+                let percent = text
+                    .strip_suffix('%')
+                    .and_then(|p| p.parse::<u32>().ok())
+                    .filter(|p| *p <= 100)
+                    .ok_or_else(|| {
+                        serde::de::Error::custom(format!(
+                            "{text:?} is neither a count nor a percentage like \"25%\""
+                        ))
+                    })?;
+                Ok(Self::Percent(percent))
+            }
+        }
+    }
+}
