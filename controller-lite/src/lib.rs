@@ -7,6 +7,7 @@
 //! - [`link`]: the agent link (`rigger.v1.AgentLink`), one stream per agent;
 //! - [`control`]: the user API (`rigger.v1.Control`) that riggerctl speaks;
 //! - [`objects`]: the kinds users apply (ImagePullJob, ...) and their validation;
+//! - [`store`]: the embedded object store (redb), conditional writes by revision;
 //! - [`server`]: wiring, health endpoints, graceful shutdown.
 
 pub mod config;
@@ -15,5 +16,6 @@ pub mod link;
 pub mod nodes;
 pub mod objects;
 pub mod server;
+pub mod store;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,390 @@
+//! Where the controller keeps what users applied and what agents reported: objects by
+//! `(kind, namespace, name)`, each with the store-wide revision of its last change, so
+//! updates can be made conditional (nothing overwritten by a stale read) and a
+//! restarted controller continues from exactly what was committed.
+//!
+//! The embedded store (the default) is a redb file in the data directory: one writer,
+//! fsync'd commits. etcd (for several controller replicas) comes behind the same calls.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+
+/// `kind/namespace/name` → `revision (8 bytes, big endian) ++ object JSON`.
+const OBJECTS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("objects");
+/// `"revision"` → the last revision handed out.
+const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store {}: {detail}", path.display())]
+    Backend { path: PathBuf, detail: String },
+    #[error("{key}: changed since revision {expected} (now {actual}); read it again")]
+    Conflict {
+        key: String,
+        expected: u64,
+        actual: u64,
+    },
+    #[error("{key}: not found")]
+    NotFound { key: String },
+}
+
+/// One stored object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    pub key: ObjectKey,
+    /// The store revision of the object's last change.
+    pub revision: u64,
+    /// The object, as JSON.
+    pub object: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ObjectKey {
+    pub kind: String,
+    /// Empty for cluster-wide kinds (Node).
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(kind: &str, namespace: &str, name: &str) -> Self {
+        Self {
+            kind: kind.to_owned(),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        }
+    }
+
+    fn encode(&self) -> String {
+        format!("{}/{}/{}", self.kind, self.namespace, self.name)
+    }
+
+    fn decode(text: &str) -> Option<Self> {
+        let mut parts = text.splitn(3, '/');
+        Some(Self::new(parts.next()?, parts.next()?, parts.next()?))
+    }
+}
+
+impl std::fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.namespace.is_empty() {
+            write!(f, "{}/{}", self.kind, self.name)
+        } else {
+            write!(f, "{}/{}/{}", self.kind, self.namespace, self.name)
+        }
+    }
+}
+
+/// The embedded store. Cheap to clone; calls run on the blocking pool.
+#[derive(Debug, Clone)]
+pub struct EmbeddedStore {
+    db: Arc<redb::Database>,
+    path: PathBuf,
+}
+
+/// When a write is allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precondition {
+    /// Whatever is there.
+    Any,
+    /// Only if the object does not exist.
+    Absent,
+    /// Only if the object is at this revision.
+    Revision(u64),
+}
+
+impl EmbeddedStore {
+    /// Open (or create) `<data_dir>/rigger.redb`.
+    pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
+        let path = data_dir.join("rigger.redb");
+        let backend = |detail: String| StoreError::Backend {
+            path: path.clone(),
+            detail,
+        };
+        std::fs::create_dir_all(data_dir).map_err(|e| backend(e.to_string()))?;
+        let db = redb::Database::create(&path).map_err(|e| backend(e.to_string()))?;
+        // Tables exist from the start, so readers never meet a missing one.
+        let txn = db.begin_write().map_err(|e| backend(e.to_string()))?;
+        txn.open_table(OBJECTS)
+            .map_err(|e| backend(e.to_string()))?;
+        txn.open_table(META).map_err(|e| backend(e.to_string()))?;
+        txn.commit().map_err(|e| backend(e.to_string()))?;
+        Ok(Self {
+            db: Arc::new(db),
+            path,
+        })
+    }
+
+    fn backend(&self, e: impl std::fmt::Display) -> StoreError {
+        StoreError::Backend {
+            path: self.path.clone(),
+            detail: e.to_string(),
+        }
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Self) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || work(&store))
+            .await
+            .map_err(|e| self.backend(e))?
+    }
+
+    /// Write `object` under `key` if `precondition` holds; returns the new revision.
+    pub async fn put(
+        &self,
+        key: ObjectKey,
+        object: Vec<u8>,
+        precondition: Precondition,
+    ) -> Result<u64, StoreError> {
+        self.blocking(move |s| s.put_now(&key, &object, precondition))
+            .await
+    }
+
+    fn put_now(
+        &self,
+        key: &ObjectKey,
+        object: &[u8],
+        precondition: Precondition,
+    ) -> Result<u64, StoreError> {
+        let encoded = key.encode();
+        let txn = self.db.begin_write().map_err(|e| self.backend(e))?;
+        let revision = {
+            let mut objects = txn.open_table(OBJECTS).map_err(|e| self.backend(e))?;
+            let current = objects
+                .get(encoded.as_str())
+                .map_err(|e| self.backend(e))?
+                .map(|v| split(v.value()).0);
+            check(&key.to_string(), precondition, current)?;
+            let mut meta = txn.open_table(META).map_err(|e| self.backend(e))?;
+            let revision = meta
+                .get("revision")
+                .map_err(|e| self.backend(e))?
+                .map_or(0, |v| v.value())
+                + 1;
+            meta.insert("revision", revision)
+                .map_err(|e| self.backend(e))?;
+            let mut value = revision.to_be_bytes().to_vec();
+            value.extend_from_slice(object);
+            objects
+                .insert(encoded.as_str(), value.as_slice())
+                .map_err(|e| self.backend(e))?;
+            revision
+        };
+        txn.commit().map_err(|e| self.backend(e))?;
+        Ok(revision)
+    }
+
+    pub async fn get(&self, key: ObjectKey) -> Result<Option<Stored>, StoreError> {
+        self.blocking(move |s| {
+            let txn = s.db.begin_read().map_err(|e| s.backend(e))?;
+            let objects = txn.open_table(OBJECTS).map_err(|e| s.backend(e))?;
+            let found = objects
+                .get(key.encode().as_str())
+                .map_err(|e| s.backend(e))?;
+            Ok(found.map(|v| {
+                let (revision, object) = split(v.value());
+                Stored {
+                    key,
+                    revision,
+                    object: object.to_vec(),
+                }
+            }))
+        })
+        .await
+    }
+
+    /// Every object of `kind`, ordered by namespace and name.
+    pub async fn list(&self, kind: &str) -> Result<Vec<Stored>, StoreError> {
+        let prefix = format!("{kind}/");
+        self.blocking(move |s| {
+            let txn = s.db.begin_read().map_err(|e| s.backend(e))?;
+            let objects = txn.open_table(OBJECTS).map_err(|e| s.backend(e))?;
+            let mut found = Vec::new();
+            for entry in objects.range(prefix.as_str()..).map_err(|e| s.backend(e))? {
+                let (key, value) = entry.map_err(|e| s.backend(e))?;
+                if !key.value().starts_with(&prefix) {
+                    break;
+                }
+                let Some(key) = ObjectKey::decode(key.value()) else {
+                    continue;
+                };
+                let (revision, object) = split(value.value());
+                found.push(Stored {
+                    key,
+                    revision,
+                    object: object.to_vec(),
+                });
+            }
+            Ok(found)
+        })
+        .await
+    }
+
+    /// Delete `key` if `precondition` holds (`Absent` makes no sense here and is refused
+    /// as a conflict). Deleting what is not there is `NotFound`.
+    pub async fn delete(
+        &self,
+        key: ObjectKey,
+        precondition: Precondition,
+    ) -> Result<(), StoreError> {
+        self.blocking(move |s| {
+            let encoded = key.encode();
+            let txn = s.db.begin_write().map_err(|e| s.backend(e))?;
+            {
+                let mut objects = txn.open_table(OBJECTS).map_err(|e| s.backend(e))?;
+                let current = objects
+                    .get(encoded.as_str())
+                    .map_err(|e| s.backend(e))?
+                    .map(|v| split(v.value()).0);
+                if current.is_none() {
+                    return Err(StoreError::NotFound {
+                        key: key.to_string(),
+                    });
+                }
+                check(&key.to_string(), precondition, current)?;
+                objects.remove(encoded.as_str()).map_err(|e| s.backend(e))?;
+            }
+            txn.commit().map_err(|e| s.backend(e))
+        })
+        .await
+    }
+}
+
+fn check(key: &str, precondition: Precondition, current: Option<u64>) -> Result<(), StoreError> {
+    match (precondition, current) {
+        (Precondition::Any, _) | (Precondition::Absent, None) => Ok(()),
+        (Precondition::Revision(expected), Some(actual)) if expected == actual => Ok(()),
+        (Precondition::Absent, Some(actual)) => Err(StoreError::Conflict {
+            key: key.to_owned(),
+            expected: 0,
+            actual,
+        }),
+        (Precondition::Revision(expected), actual) => Err(StoreError::Conflict {
+            key: key.to_owned(),
+            expected,
+            actual: actual.unwrap_or(0),
+        }),
+    }
+}
+
+fn split(value: &[u8]) -> (u64, &[u8]) {
+    let (head, object) = value.split_at(value.len().min(8));
+    let mut revision = [0u8; 8];
+    revision[..head.len()].copy_from_slice(head);
+    (u64::from_be_bytes(revision), object)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn key(name: &str) -> ObjectKey {
+        ObjectKey::new("ImagePullJob", "default", name)
+    }
+
+    #[tokio::test]
+    async fn objects_survive_a_reopen_with_their_revisions() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        let r1 = store
+            .put(key("a"), b"{\"n\":1}".to_vec(), Precondition::Absent)
+            .await
+            .unwrap();
+        let r2 = store
+            .put(key("b"), b"{\"n\":2}".to_vec(), Precondition::Any)
+            .await
+            .unwrap();
+        assert!(r2 > r1);
+        drop(store);
+
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        let a = store.get(key("a")).await.unwrap().unwrap();
+        assert_eq!((a.revision, a.object.as_slice()), (r1, &b"{\"n\":1}"[..]));
+        let r3 = store
+            .put(key("c"), b"{}".to_vec(), Precondition::Any)
+            .await
+            .unwrap();
+        assert!(r3 > r2, "revisions keep growing after a restart");
+    }
+
+    #[tokio::test]
+    async fn stale_writes_and_double_creates_are_conflicts() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        let r1 = store
+            .put(key("a"), b"1".to_vec(), Precondition::Absent)
+            .await
+            .unwrap();
+        let err = store
+            .put(key("a"), b"x".to_vec(), Precondition::Absent)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
+        let r2 = store
+            .put(key("a"), b"2".to_vec(), Precondition::Revision(r1))
+            .await
+            .unwrap();
+        let err = store
+            .put(key("a"), b"3".to_vec(), Precondition::Revision(r1))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("ImagePullJob/default/a"), "{err}");
+        assert_eq!(store.get(key("a")).await.unwrap().unwrap().revision, r2);
+        let err = store
+            .delete(key("a"), Precondition::Revision(r1))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Conflict { .. }));
+        store
+            .delete(key("a"), Precondition::Revision(r2))
+            .await
+            .unwrap();
+        assert!(store.get(key("a")).await.unwrap().is_none());
+        let err = store.delete(key("a"), Precondition::Any).await.unwrap_err();
+        assert!(matches!(err, StoreError::NotFound { .. }));
+    }
+
+    #[tokio::test]
+    async fn list_returns_one_kind_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        for name in ["b", "a"] {
+            store
+                .put(key(name), b"{}".to_vec(), Precondition::Any)
+                .await
+                .unwrap();
+        }
+        store
+            .put(
+                ObjectKey::new("Node", "", "n1"),
+                b"{}".to_vec(),
+                Precondition::Any,
+            )
+            .await
+            .unwrap();
+        store
+            .put(
+                ObjectKey::new("ImagePullJobX", "default", "z"),
+                b"{}".to_vec(),
+                Precondition::Any,
+            )
+            .await
+            .unwrap();
+        let names: Vec<String> = store
+            .list("ImagePullJob")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| s.key.name)
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+        let nodes = store.list("Node").await.unwrap();
+        assert_eq!(nodes[0].key.to_string(), "Node/n1");
+    }
+}
