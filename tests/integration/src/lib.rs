@@ -672,6 +672,35 @@ impl Drop for CriPod {
     }
 }
 
+/// A distribution registry on a free port, storing under `storage`, with the `auth:`
+/// section `auth` (YAML, indented by two); returns once it answers 401 on `/v2/`.
+fn serve_registry(dir: &Path, storage: &Path, auth: &str) -> (String, Daemon) {
+    let port = free_port();
+    let config = dir.join("config.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "version: 0.1\nlog: {{level: error, accesslog: {{disabled: true}}}}\nstorage: {{filesystem: {{rootdirectory: {}}}}}\nauth:\n{auth}http: {{addr: 127.0.0.1:{port}}}\n",
+            storage.display()
+        ),
+    )
+    .unwrap();
+    let daemon = Daemon::spawn(
+        Command::new("docker-registry")
+            .arg("serve")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    let address = format!("127.0.0.1:{port}");
+    wait_until(
+        "the registry that wants credentials",
+        Duration::from_secs(20),
+        || http_get(&address, "/v2/").filter(|(code, _)| *code == 401),
+    );
+    (address, daemon)
+}
+
 /// A second registry that wants credentials, for auth tests: basic auth (htpasswd,
 /// bcrypt) with [`AuthRegistry::start`], or bearer tokens from `rigger-lab-token-server`
 /// with [`AuthRegistry::with_tokens`].
@@ -707,28 +736,14 @@ impl AuthRegistry {
             format!("{user}:{}", String::from_utf8(hash.stdout).unwrap()),
         )
         .unwrap();
-        let port = free_port();
-        let config = dir.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog: {{level: error, accesslog: {{disabled: true}}}}\nstorage: {{filesystem: {{rootdirectory: {}}}}}\nauth:\n  htpasswd:\n    realm: rigger-lab\n    path: {}\nhttp: {{addr: 127.0.0.1:{port}}}\n",
-                dir.path().join("data").display(),
+        let (address, daemon) = serve_registry(
+            dir.path(),
+            &dir.path().join("data"),
+            &format!(
+                "  htpasswd:\n    realm: rigger-lab\n    path: {}\n",
                 htpasswd.display()
             ),
-        )
-        .unwrap();
-        let daemon = Daemon::spawn(
-            Command::new("docker-registry")
-                .arg("serve")
-                .arg(&config)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null()),
         );
-        let address = format!("127.0.0.1:{port}");
-        wait_until("the auth registry", Duration::from_secs(20), || {
-            http_get(&address, "/v2/").filter(|(code, _)| *code == 401)
-        });
         Self {
             address,
             user,
@@ -774,28 +789,14 @@ impl AuthRegistry {
                 .unwrap();
             line.split_whitespace().last().unwrap().to_owned()
         };
-        let port = free_port();
-        let config = dir.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog: {{level: error, accesslog: {{disabled: true}}}}\nstorage: {{filesystem: {{rootdirectory: {}}}}}\nauth:\n  token:\n    realm: http://{token_server}/token\n    service: rigger-lab\n    issuer: rigger-lab-token-server\n    rootcertbundle: {}\nhttp: {{addr: 127.0.0.1:{port}}}\n",
-                lab.dir.join("registry/data").display(),
+        let (address, registry) = serve_registry(
+            dir.path(),
+            &lab.dir.join("registry/data"),
+            &format!(
+                "  token:\n    realm: http://{token_server}/token\n    service: rigger-lab\n    issuer: rigger-lab-token-server\n    rootcertbundle: {}\n",
                 cert.display()
             ),
-        )
-        .unwrap();
-        let registry = Daemon::spawn(
-            Command::new("docker-registry")
-                .arg("serve")
-                .arg(&config)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null()),
         );
-        let address = format!("127.0.0.1:{port}");
-        wait_until("the token registry", Duration::from_secs(20), || {
-            http_get(&address, "/v2/").filter(|(code, _)| *code == 401)
-        });
         Self {
             address,
             user,

@@ -333,28 +333,37 @@ fn concurrent_pulls_of_shared_layers_fetch_each_blob_once() {
     assert_eq!(image_records(&ns.name).len(), 1);
 }
 
+/// `rigger-agent pull` of a full image reference over plain HTTP, with `DOCKER_CONFIG`
+/// pointing into `dir` (so only credentials a test gives are used).
+fn pull_without_default_credentials(
+    ns: &str,
+    image: &str,
+    extra: &[&str],
+    dir: &std::path::Path,
+) -> Output {
+    Command::new(binary("rigger-agent"))
+        .args(["pull", "--plain-http", "--registry-config", "/nonexistent"])
+        .arg("--address")
+        .arg(&Lab::get().containerd_address)
+        .args(["--namespace", ns])
+        .args(extra)
+        .arg(image)
+        .env("DOCKER_CONFIG", dir.join("nowhere"))
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn basic_auth_credentials_come_from_docker_config() {
     use rigger_integration_tests::AuthRegistry;
 
-    let lab = Lab::get();
     let registry = AuthRegistry::start();
     registry.push("private/app");
     let ns = TestNamespace::new("auth");
     let dir = tempfile::tempdir().unwrap();
     let image = format!("{}/private/app:1", registry.address);
-    let pull = |extra: &[&str]| {
-        Command::new(binary("rigger-agent"))
-            .args(["pull", "--plain-http", "--registry-config", "/nonexistent"])
-            .arg("--address")
-            .arg(&lab.containerd_address)
-            .args(["--namespace", &ns.name])
-            .args(extra)
-            .arg(&image)
-            .env("DOCKER_CONFIG", dir.path().join("nowhere"))
-            .output()
-            .unwrap()
-    };
+    let pull =
+        |extra: &[&str]| pull_without_default_credentials(&ns.name, &image, extra, dir.path());
 
     // Without credentials: refused, one line, naming the image, nothing recorded.
     let out = pull(&[]);
@@ -376,24 +385,13 @@ fn basic_auth_credentials_come_from_docker_config() {
 fn bearer_tokens_are_fetched_with_docker_config_credentials() {
     use rigger_integration_tests::AuthRegistry;
 
-    let lab = Lab::get();
     let registry = AuthRegistry::with_tokens(false);
     let repo_tag = unique_image("bearer", 2, 2 << 20);
     let image = format!("{}/{repo_tag}", registry.address);
     let ns = TestNamespace::new("bearer");
     let dir = tempfile::tempdir().unwrap();
-    let pull = |extra: &[&str]| {
-        Command::new(binary("rigger-agent"))
-            .args(["pull", "--plain-http", "--registry-config", "/nonexistent"])
-            .arg("--address")
-            .arg(&lab.containerd_address)
-            .args(["--namespace", &ns.name])
-            .args(extra)
-            .arg(&image)
-            .env("DOCKER_CONFIG", dir.path().join("nowhere"))
-            .output()
-            .unwrap()
-    };
+    let pull =
+        |extra: &[&str]| pull_without_default_credentials(&ns.name, &image, extra, dir.path());
 
     // No credentials, no token: refused in one line naming the image.
     let out = pull(&[]);
