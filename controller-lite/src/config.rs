@@ -10,12 +10,15 @@ use rigger_daemon::logging::LogFormat;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9450";
 pub const DEFAULT_HEALTH_LISTEN: &str = "127.0.0.1:9451";
+/// systemd's `StateDirectory=rigger-controller`.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/rigger-controller";
 
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ControllerConfigFile {
     pub listen: Option<String>,
     pub health_listen: Option<String>,
+    pub data_dir: Option<PathBuf>,
     pub log_format: Option<String>,
     pub log_level: Option<String>,
     pub drain_timeout: Option<String>,
@@ -34,6 +37,9 @@ pub struct ControllerArgs {
     /// Address for /healthz and /readyz [default: 127.0.0.1:9451].
     #[arg(long, env = "RIGGER_CONTROLLER_HEALTH_LISTEN", value_name = "ADDR")]
     pub health_listen: Option<String>,
+    /// Where the embedded store keeps objects [default: /var/lib/rigger-controller].
+    #[arg(long, env = "RIGGER_CONTROLLER_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
     /// Log format: text or json [default: text].
     #[arg(long, env = "RIGGER_LOG_FORMAT", value_name = "FORMAT")]
     pub log_format: Option<String>,
@@ -59,6 +65,7 @@ pub struct ControllerArgs {
 pub struct ControllerConfig {
     pub listen: SocketAddr,
     pub health_listen: SocketAddr,
+    pub data_dir: PathBuf,
     pub log_format: LogFormat,
     pub log_level: String,
     pub drain_timeout: Duration,
@@ -70,6 +77,11 @@ const LISTEN: Setting = Setting {
     key: "listen",
     flag: "--listen",
     env: "RIGGER_CONTROLLER_LISTEN",
+};
+const DATA_DIR: Setting = Setting {
+    key: "data_dir",
+    flag: "--data-dir",
+    env: "RIGGER_CONTROLLER_DATA_DIR",
 };
 const HEALTH_LISTEN: Setting = Setting {
     key: "health_listen",
@@ -110,6 +122,13 @@ impl ControllerConfig {
         if health_listen == listen && listen.port() != 0 {
             return Err(HEALTH_LISTEN.invalid(format!("{health_listen} is already `listen`")));
         }
+        let data_dir = args
+            .data_dir
+            .or(file.data_dir)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        if !data_dir.is_absolute() {
+            return Err(DATA_DIR.invalid(format!("{} is not an absolute path", data_dir.display())));
+        }
         let log_format = LOG_FORMAT.log_format(args.log_format.or(file.log_format).as_deref())?;
         let log_level = LOG_LEVEL.log_filter(args.log_level.or(file.log_level))?;
         let drain_timeout = DRAIN_TIMEOUT.duration(
@@ -136,6 +155,7 @@ impl ControllerConfig {
         Ok(Self {
             listen,
             health_listen,
+            data_dir,
             log_format,
             log_level,
             drain_timeout,
@@ -179,5 +199,11 @@ mod tests {
         };
         let err = ControllerConfig::from_layers(ControllerConfigFile::default(), args).unwrap_err();
         assert!(err.to_string().contains("`node_timeout`"), "{err}");
+        let args = ControllerArgs {
+            data_dir: Some("state".into()),
+            ..ControllerArgs::default()
+        };
+        let err = ControllerConfig::from_layers(ControllerConfigFile::default(), args).unwrap_err();
+        assert!(err.to_string().contains("`data_dir`"), "{err}");
     }
 }

@@ -28,6 +28,8 @@ pub enum ServerError {
     },
     #[error("gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
 }
 
 async fn bind(setting: &'static str, address: SocketAddr) -> Result<TcpListener, ServerError> {
@@ -45,6 +47,9 @@ pub async fn run(
     config: ControllerConfig,
     stop: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
+    // The store opens first: a data directory that cannot be used stops the controller
+    // before it accepts anyone.
+    let _store = crate::store::EmbeddedStore::open(&config.data_dir)?;
     let grpc_listener = bind("listen", config.listen).await?;
     let health_listener = bind("health_listen", config.health_listen).await?;
     let grpc_address = grpc_listener.local_addr().ok();

@@ -103,8 +103,12 @@ impl EmbeddedStore {
             path: path.clone(),
             detail,
         };
-        std::fs::create_dir_all(data_dir).map_err(|e| backend(e.to_string()))?;
-        let db = redb::Database::create(&path).map_err(|e| backend(e.to_string()))?;
+        std::fs::create_dir_all(data_dir).map_err(|e| StoreError::Backend {
+            path: data_dir.to_owned(),
+            detail: format!("cannot be used as the data directory: {e}"),
+        })?;
+        let db =
+            redb::Database::create(&path).map_err(|e| backend(format!("cannot be opened: {e}")))?;
         // Tables exist from the start, so readers never meet a missing one.
         let txn = db.begin_write().map_err(|e| backend(e.to_string()))?;
         txn.open_table(OBJECTS)

@@ -23,8 +23,11 @@ fn agent_registers_and_is_marked_not_ready_when_it_goes() {
     let lab = Lab::get();
     let (grpc, health) = (free_port(), free_port());
     let server = format!("http://127.0.0.1:{grpc}");
+    let data = tempfile::tempdir().unwrap();
     let _controller = Daemon::spawn(
         Command::new(binary("rigger-controller"))
+            .arg("--data-dir")
+            .arg(data.path())
             .args(["--listen", &format!("127.0.0.1:{grpc}")])
             .args(["--health-listen", &format!("127.0.0.1:{health}")])
             .args(["--heartbeat-interval", "1s", "--node-timeout", "3s"])
@@ -101,4 +104,22 @@ fn riggerctl_without_a_controller_is_one_clear_line() {
         "{stderr}"
     );
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+}
+
+#[test]
+fn an_unusable_data_dir_stops_the_controller_before_it_listens() {
+    let data = tempfile::tempdir().unwrap();
+    let not_a_dir = data.path().join("file");
+    std::fs::write(&not_a_dir, b"").unwrap();
+    let out = Command::new(binary("rigger-controller"))
+        .arg("--data-dir")
+        .arg(&not_a_dir)
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--health-listen", &format!("127.0.0.1:{}", free_port())])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.trim_end().lines().last().unwrap();
+    assert!(last.contains(&not_a_dir.display().to_string()), "{last}");
 }
