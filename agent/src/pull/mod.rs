@@ -1,12 +1,13 @@
 //! The image pull engine: registry → containerd, without containerd's own pull.
 //!
 //! For each image: resolve the reference (mirrors from `hosts.toml`, credentials from a
-//! docker `config.json`), pick the platform's manifest, then fetch every layer at once —
-//! big layers as byte ranges over several connections — streaming into containerd's
-//! content store under a lease. Layers are unpacked into the snapshotter as they
-//! complete, in order, while later ones still download. Finally the labels and image
-//! records containerd's own pull would leave are written, so CRI and kubelet see an
-//! ordinary pulled image.
+//! docker `config.json`), pick the platform's manifest, then fetch the layers up to eight
+//! at once — on a slow link as byte ranges over several connections, spooled on disk —
+//! streaming into containerd's content store under a lease. Each layer is decompressed
+//! and applied while it downloads (into a staging snapshot until the layer below it is
+//! committed), and the layers are stacked in order. Finally the labels and image records
+//! containerd's own pull would leave are written, so CRI and kubelet see an ordinary
+//! pulled image.
 //!
 //! - [`hosts`]: `certs.d/<host>/hosts.toml` endpoints;
 //! - [`registry`]: manifests and blob ranges over HTTP;
