@@ -438,8 +438,7 @@ impl Puller {
         }
         let chains = chain_ids(&diff_ids);
 
-        // Every layer downloads at once (bounded by the connection limit); each is
-        // unpacked as soon as it and the layers below it are in.
+        // What each layer needs: its labels, and how to unpack it while it downloads.
         let mut jobs = Vec::with_capacity(layers.len());
         let mut compressions = Vec::with_capacity(layers.len());
         for (i, (layer, diff_id)) in layers.iter().zip(&diff_ids).enumerate() {
@@ -1137,6 +1136,7 @@ impl Transfer {
                         sink.write(piece.clone())
                             .await
                             .map_err(|e| self.store_err(e))?;
+                        sink.fetched += piece.len() as u64;
                         self.progress.event(ProgressEvent::BlobBytes {
                             digest: digest.to_owned(),
                             bytes: piece.len() as u64,
@@ -1225,12 +1225,13 @@ impl Transfer {
         // Written ranges leave the spool once containerd confirmed holding them.
         let mut written = std::collections::VecDeque::new();
         while let Some(joined) = ranges.next().await {
-            let k = joined.map_err(|e| {
+            let (k, fetched) = joined.map_err(|e| {
                 RangeOutcome::Failed(PullError::Image {
                     image: self.image.clone(),
                     detail: format!("range task failed: {e}"),
                 })
             })??;
+            sink.fetched += fetched;
             let end = k * chunk + spool.range_len(k);
             loop {
                 let from = sink.writer.offset().max(k * chunk);
@@ -1258,15 +1259,22 @@ impl Transfer {
         Ok(())
     }
 
-    /// Fetch range `k` of the blob into the spool, from where its bytes end.
-    async fn fetch_range(&self, digest: &str, spool: &Spool, k: u64) -> Result<u64, RangeOutcome> {
+    /// Fetch range `k` of the blob into the spool, from where its bytes end. Returns `k`
+    /// and the bytes fetched now (an earlier run may have spooled some).
+    async fn fetch_range(
+        &self,
+        digest: &str,
+        spool: &Spool,
+        k: u64,
+    ) -> Result<(u64, u64), RangeOutcome> {
         let begin = k * spool.range_size();
         let len = spool.range_len(k);
         let mut last = String::new();
+        let mut fetched = 0u64;
         for attempt in 0..self.attempts {
             let have = spool.received(k);
             if have >= len {
-                return Ok(k);
+                return Ok((k, fetched));
             }
             let (start, end) = (begin + have, begin + len - 1);
             for i in self.registry.blob_endpoints() {
@@ -1304,6 +1312,7 @@ impl Transfer {
                                 break;
                             }
                             pending.extend_from_slice(&piece);
+                            fetched += piece.len() as u64;
                             self.progress.event(ProgressEvent::BlobBytes {
                                 digest: digest.to_owned(),
                                 bytes: piece.len() as u64,
@@ -1331,7 +1340,7 @@ impl Transfer {
                 match failed {
                     None if spool.received(k) == len => {
                         tracing::debug!(%digest, range = k, bytes = end + 1 - start, elapsed = ?began.elapsed(), "range fetched");
-                        return Ok(k);
+                        return Ok((k, fetched));
                     }
                     None => {
                         last = format!(
@@ -1376,7 +1385,7 @@ impl<T> std::future::Future for AbortOnDrop<T> {
 struct Sink {
     writer: BlobWriter,
     streaming: Option<StreamingApply>,
-    /// Bytes written to containerd in this run.
+    /// Bytes fetched from registries in this run (not what an earlier run spooled).
     fetched: u64,
     /// Bytes handed to the unpacker (equals the ingest offset while streaming works).
     fed: u64,
@@ -1394,7 +1403,6 @@ struct Stack {
 impl Sink {
     /// Store and unpack at once: the unpacker works while containerd writes.
     async fn write(&mut self, bytes: Bytes) -> Result<(), StoreError> {
-        let n = bytes.len() as u64;
         let Self {
             writer,
             streaming,
@@ -1407,9 +1415,7 @@ impl Sink {
             }
         };
         let (written, ()) = tokio::join!(writer.write(&bytes), feed);
-        written?;
-        self.fetched += n;
-        Ok(())
+        written
     }
 
     async fn drop_streaming(&mut self, store: &Store) {
