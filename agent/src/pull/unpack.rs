@@ -165,13 +165,16 @@ async fn prepare(
     chain_id: &str,
 ) -> Result<Prepared, UnpackError> {
     let labels = HashMap::from([(SNAPSHOT_REF_LABEL.to_owned(), chain_id.to_owned())]);
-    // containerd's own key format for unpacking: "extract-<unique> <chain id>".
-    let key = format!(
-        "extract-{}-{:08x} {chain_id}",
+    prepare_key(store, snapshotter, parent, extract_key(chain_id), labels).await
+}
+
+/// containerd's own key format for unpacking: "extract-<unique> <chain id>".
+fn extract_key(what: &str) -> String {
+    format!(
+        "extract-{}-{:08x} {what}",
         std::process::id(),
         fastrand::u32(..)
-    );
-    prepare_key(store, snapshotter, parent, key, labels).await
+    )
 }
 
 /// A parentless snapshot to apply a layer into before its parent is committed.
@@ -180,11 +183,7 @@ async fn prepare_staging(
     snapshotter: &str,
     chain_id: &str,
 ) -> Result<Prepared, UnpackError> {
-    let key = format!(
-        "extract-{}-{:08x} staging {chain_id}",
-        std::process::id(),
-        fastrand::u32(..)
-    );
+    let key = extract_key(&format!("staging {chain_id}"));
     prepare_key(store, snapshotter, None, key, HashMap::new()).await
 }
 
