@@ -59,6 +59,34 @@ fn diff_ids(lab: &Lab, ns: &str, repo_tag: &str) -> Vec<String> {
         .collect()
 }
 
+/// Every blob of the image — `blobs` (index, manifest), then the manifest's config and
+/// layers — is in `ours` with the labels it has in `theirs`. Returns `ours`' labels.
+fn assert_same_labels(
+    ours: &str,
+    theirs: &str,
+    mut blobs: Vec<String>,
+    manifest: &serde_json::Value,
+) -> HashMap<String, std::collections::BTreeMap<String, String>> {
+    blobs.push(manifest["config"]["digest"].as_str().unwrap().to_owned());
+    blobs.extend(
+        manifest["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["digest"].as_str().unwrap().to_owned()),
+    );
+    let (a, b) = (content_labels(ours), content_labels(theirs));
+    for blob in &blobs {
+        assert!(a.contains_key(blob), "{blob} missing");
+        assert_eq!(
+            a.get(blob),
+            b.get(blob),
+            "labels of {blob} differ (agent vs ctr)"
+        );
+    }
+    a
+}
+
 fn compare_with_ctr(repo_tag: &str, test: &str) {
     let lab = Lab::get();
     let ours = TestNamespace::new(&format!("{test}-agent"));
@@ -80,27 +108,8 @@ fn compare_with_ctr(repo_tag: &str, test: &str) {
     assert_eq!(record(&ours.name), record(&theirs.name));
 
     // Same labels on every blob of the image.
-    let (ours_labels, theirs_labels) = (content_labels(&ours.name), content_labels(&theirs.name));
     let (manifest, manifest_digest) = lab.manifest(repo_tag);
-    let mut blobs = vec![
-        manifest_digest,
-        manifest["config"]["digest"].as_str().unwrap().to_owned(),
-    ];
-    blobs.extend(
-        manifest["layers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|l| l["digest"].as_str().unwrap().to_owned()),
-    );
-    for blob in &blobs {
-        assert_eq!(
-            ours_labels.get(blob),
-            theirs_labels.get(blob),
-            "labels of {blob} differ (agent vs ctr)"
-        );
-        assert!(ours_labels.contains_key(blob), "{blob} missing");
-    }
+    assert_same_labels(&ours.name, &theirs.name, vec![manifest_digest], &manifest);
 
     // Same snapshots and the same rootfs, file by file.
     let ids = diff_ids(lab, &ours.name, repo_tag);
@@ -192,27 +201,12 @@ fn compare_index_with_ctr(format: &str, test: &str) {
         .to_owned();
     let manifest: serde_json::Value =
         serde_json::from_str(&lab.ctr(&ours.name, &["content", "get", &chosen])).unwrap();
-    let mut blobs = vec![
-        index_digest,
-        chosen,
-        manifest["config"]["digest"].as_str().unwrap().to_owned(),
-    ];
-    blobs.extend(
-        manifest["layers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|l| l["digest"].as_str().unwrap().to_owned()),
+    let a = assert_same_labels(
+        &ours.name,
+        &theirs.name,
+        vec![index_digest, chosen],
+        &manifest,
     );
-    let (a, b) = (content_labels(&ours.name), content_labels(&theirs.name));
-    for blob in &blobs {
-        assert!(a.contains_key(blob), "{blob} missing");
-        assert_eq!(
-            a.get(blob),
-            b.get(blob),
-            "labels of {blob} differ (agent vs ctr)"
-        );
-    }
     // Other platforms' manifests were not fetched.
     for other in index["manifests"].as_array().unwrap() {
         let digest = other["digest"].as_str().unwrap();
