@@ -33,6 +33,10 @@ pub struct AgentConfigFile {
     pub controller: Option<String>,
     pub node_name: Option<String>,
     pub node_labels: Option<String>,
+    pub namespace: Option<String>,
+    pub registry_config: Option<PathBuf>,
+    pub max_connections: Option<usize>,
+    pub limit_rate: Option<String>,
 }
 
 /// Flags (and their environment variables) of `rigger-agent run`.
@@ -77,6 +81,27 @@ pub struct RunArgs {
     /// Labels of this node, `key=value,key2=value2`, for job selectors.
     #[arg(long, env = "RIGGER_AGENT_NODE_LABELS", value_name = "LABELS")]
     pub node_labels: Option<String>,
+    /// containerd namespace that pulls go to [default: k8s.io, kubelet's].
+    #[arg(long, env = "RIGGER_AGENT_NAMESPACE", value_name = "NS")]
+    pub namespace: Option<String>,
+    /// containerd's `certs.d` directory of `hosts.toml` files [default: /etc/containerd/certs.d].
+    #[arg(long, env = "RIGGER_AGENT_REGISTRY_CONFIG", value_name = "DIR")]
+    pub registry_config: Option<PathBuf>,
+    /// Registry connections open at once, over all pulls [default: 16].
+    #[arg(long, env = "RIGGER_AGENT_MAX_CONNECTIONS", value_name = "N")]
+    pub max_connections: Option<usize>,
+    /// Bandwidth cap for all pulls together, e.g. `50MiB` (per second) [default: none].
+    #[arg(long, env = "RIGGER_AGENT_LIMIT_RATE", value_name = "BYTES_PER_S")]
+    pub limit_rate: Option<String>,
+}
+
+/// How the agent pulls images for the controller's tasks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullSettings {
+    pub namespace: String,
+    pub registry_config: PathBuf,
+    pub max_connections: usize,
+    pub limit_rate: Option<u64>,
 }
 
 /// The validated configuration the agent runs with.
@@ -92,6 +117,7 @@ pub struct AgentConfig {
     pub inventory_interval: Duration,
     /// The controller link; `None` when the agent runs alone.
     pub link: Option<LinkConfig>,
+    pub pull: PullSettings,
 }
 
 impl AgentConfig {
@@ -171,6 +197,44 @@ impl AgentConfig {
             }
         };
 
+        let namespace = args
+            .namespace
+            .or(file.namespace)
+            .unwrap_or_else(|| crate::runtime::CRI_NAMESPACE.to_owned());
+        if namespace.is_empty()
+            || !namespace
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        {
+            return Err(NAMESPACE.invalid(format!(
+                "{namespace:?} is not a containerd namespace (letters, digits, '-', '_', '.')"
+            )));
+        }
+        let registry_config = args
+            .registry_config
+            .or(file.registry_config)
+            .unwrap_or_else(|| PathBuf::from(crate::pull::hosts::DEFAULT_HOSTS_DIR));
+        let max_connections = args
+            .max_connections
+            .or(file.max_connections)
+            .unwrap_or(crate::pull::DEFAULT_MAX_CONNECTIONS);
+        if max_connections == 0 {
+            return Err(MAX_CONNECTIONS.invalid("must be at least 1"));
+        }
+        let limit_rate = match args.limit_rate.or(file.limit_rate) {
+            None => None,
+            Some(text) => {
+                let rate = text
+                    .parse::<bytesize::ByteSize>()
+                    .map_err(|e| LIMIT_RATE.invalid(format!("{text:?}: {e}")))?
+                    .as_u64();
+                if rate == 0 {
+                    return Err(LIMIT_RATE.invalid("must be more than 0"));
+                }
+                Some(rate)
+            }
+        };
+
         Ok(Self {
             containerd_address,
             state_dir,
@@ -180,6 +244,12 @@ impl AgentConfig {
             drain_timeout,
             inventory_interval,
             link,
+            pull: PullSettings {
+                namespace,
+                registry_config,
+                max_connections,
+                limit_rate,
+            },
         })
     }
 
@@ -266,6 +336,21 @@ const NODE_LABELS: Setting = Setting {
     key: "node_labels",
     flag: "--node-labels",
     env: "RIGGER_AGENT_NODE_LABELS",
+};
+const NAMESPACE: Setting = Setting {
+    key: "namespace",
+    flag: "--namespace",
+    env: "RIGGER_AGENT_NAMESPACE",
+};
+const MAX_CONNECTIONS: Setting = Setting {
+    key: "max_connections",
+    flag: "--max-connections",
+    env: "RIGGER_AGENT_MAX_CONNECTIONS",
+};
+const LIMIT_RATE: Setting = Setting {
+    key: "limit_rate",
+    flag: "--limit-rate",
+    env: "RIGGER_AGENT_LIMIT_RATE",
 };
 const CONTAINERD_ADDRESS: Setting = Setting {
     key: "containerd_address",
@@ -382,6 +467,9 @@ mod tests {
             ),
             ("node_name = \"n1\"", "`controller`"),
             ("state_dir = \"relative/dir\"", "`state_dir`"),
+            ("max_connections = 0", "`max_connections`"),
+            ("limit_rate = \"fast\"", "`limit_rate`"),
+            ("namespace = \"a/b\"", "`namespace`"),
         ];
         for (text, field) in cases {
             let err = AgentConfig::from_layers(file(text), RunArgs::default()).unwrap_err();

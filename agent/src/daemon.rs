@@ -37,6 +37,8 @@ pub enum DaemonError {
     },
     #[error("health endpoint failed: {0}")]
     Serve(std::io::Error),
+    #[error(transparent)]
+    Tasks(#[from] crate::tasks::TaskError),
 }
 
 /// The latest inventory, shared by the refresher, the HTTP endpoint and the link.
@@ -49,6 +51,14 @@ struct AppState {
 
 /// Run until `stop` resolves, then drain within the configured timeout.
 pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<(), DaemonError> {
+    let token = CancellationToken::new();
+    // Tasks accepted before a restart are loaded (and resumed) before anything binds.
+    let tasks = crate::tasks::TaskRunner::start(
+        &config.state_dir,
+        config.containerd_address(),
+        &config.pull,
+        token.child_token(),
+    )?;
     let listener = tokio::net::TcpListener::bind(config.health_listen)
         .await
         .map_err(|source| DaemonError::Bind {
@@ -58,7 +68,6 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
     let local = listener.local_addr().map_err(DaemonError::Serve)?;
     tracing::info!(address = %local, "serving /healthz, /readyz and /inventory");
 
-    let token = CancellationToken::new();
     let readiness = Readiness::new("containerd not contacted yet");
     let shared: SharedInventory = Arc::default();
 
@@ -90,7 +99,12 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
             node = %link.node_name,
             "controller link is plain-text and unauthenticated: use on trusted networks only"
         );
-        tokio::spawn(crate::link::maintain(link, shared.clone(), token.clone()))
+        tokio::spawn(crate::link::maintain(
+            link,
+            shared.clone(),
+            tasks.clone(),
+            token.clone(),
+        ))
     });
     // READY once we have tried containerd, so `systemctl start` returns with a real
     // status line; the agent stays up (not ready) if containerd is down.

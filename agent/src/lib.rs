@@ -6,7 +6,8 @@
 //! - [`render`]: the inventory as tables or JSON;
 //! - [`config`]: the `rigger-agent run` configuration (file, env, flags);
 //! - [`daemon`]: the long-running agent (health endpoints, readiness, shutdown);
-//! - [`link`]: the agent's stream to the controller (register, heartbeats);
+//! - [`link`]: the agent's stream to the controller (register, heartbeats, tasks);
+//! - [`tasks`]: the controller's work on this node, persisted, run once, reported;
 //! - [`pull`]: the image pull engine (registry → containerd content, snapshots, images).
 
 pub mod config;
@@ -17,6 +18,7 @@ pub mod progress;
 pub mod pull;
 pub mod render;
 pub mod runtime;
+pub mod tasks;
 
 /// The agent's version, as reported to users and to the controller.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

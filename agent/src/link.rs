@@ -1,6 +1,8 @@
 //! The agent's side of the agent link: one long-lived stream to the controller, opened
-//! by the agent (so nodes behind NAT work). It registers the node, then sends heartbeats
-//! carrying the inventory when it changed; it reconnects with jittered backoff.
+//! by the agent (so nodes behind NAT work). It registers the node (with the status of
+//! every task it holds), then sends heartbeats carrying the inventory when it changed,
+//! hands arriving tasks to the [`TaskRunner`] and reports their progress; it reconnects
+//! with jittered backoff.
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
@@ -15,6 +17,7 @@ use tonic::transport::Endpoint;
 
 use crate::daemon::SharedInventory;
 use crate::inventory::Inventory;
+use crate::tasks::TaskRunner;
 use rigger_daemon::backoff::Backoff;
 
 /// Who this agent is to the controller.
@@ -25,14 +28,22 @@ pub struct LinkConfig {
     pub node_labels: HashMap<String, String>,
 }
 
+/// Progress reports are sent at most this often (status changes are coalesced).
+const REPORT_INTERVAL: Duration = Duration::from_millis(250);
+
 /// Keep a session to the controller open until `token` is cancelled.
-pub async fn maintain(config: LinkConfig, inventory: SharedInventory, token: CancellationToken) {
+pub async fn maintain(
+    config: LinkConfig,
+    inventory: SharedInventory,
+    tasks: TaskRunner,
+    token: CancellationToken,
+) {
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     loop {
         let started = std::time::Instant::now();
         let outcome = tokio::select! {
             _ = token.cancelled() => return,
-            outcome = session(&config, &inventory) => outcome,
+            outcome = session(&config, &inventory, &tasks) => outcome,
         };
         if started.elapsed() > Duration::from_secs(60) {
             backoff.reset();
@@ -50,7 +61,11 @@ pub async fn maintain(config: LinkConfig, inventory: SharedInventory, token: Can
 }
 
 #[tracing::instrument(level = "debug", skip_all, fields(node = %config.node_name))]
-async fn session(config: &LinkConfig, inventory: &SharedInventory) -> Result<(), String> {
+async fn session(
+    config: &LinkConfig,
+    inventory: &SharedInventory,
+    tasks: &TaskRunner,
+) -> Result<(), String> {
     let channel = config.controller.connect().await.map_err(|e| {
         format!(
             "cannot connect to {}: {}",
@@ -60,12 +75,15 @@ async fn session(config: &LinkConfig, inventory: &SharedInventory) -> Result<(),
     })?;
     let (tx, rx) = mpsc::channel::<AgentMessage>(4);
     let (mut sent_at, current) = snapshot(inventory).await;
+    let mut changes = tasks.subscribe();
+    let mut reported = *changes.borrow_and_update();
     let register = AgentMessage {
         message: Some(agent_message::Message::Register(Register {
             node_name: config.node_name.clone(),
             labels: config.node_labels.clone(),
             agent_version: crate::VERSION.to_owned(),
             inventory: current,
+            tasks: tasks.all_statuses(),
         })),
     };
     tx.send(register)
@@ -82,7 +100,7 @@ async fn session(config: &LinkConfig, inventory: &SharedInventory) -> Result<(),
             Some(controller_message::Message::RegisterAck(ack)) => {
                 Duration::from_secs(u64::from(ack.heartbeat_interval_seconds.max(1)))
             }
-            None => return Err("controller sent an empty first message".to_owned()),
+            _ => return Err("controller did not answer Register with RegisterAck".to_owned()),
         },
         Ok(None) => return Err("controller closed the link during registration".to_owned()),
         Err(s) => return Err(format!("registration refused: {}", s.message())),
@@ -111,10 +129,31 @@ async fn session(config: &LinkConfig, inventory: &SharedInventory) -> Result<(),
                 tx.send(heartbeat).await.map_err(|_| "link closed".to_owned())?;
             }
             message = inbound.message() => match message {
-                Ok(Some(_)) => {} // work messages arrive in later protocol versions
+                Ok(Some(message)) => match message.message {
+                    Some(controller_message::Message::Task(task)) => tasks.accept(task),
+                    Some(controller_message::Message::CancelTask(cancel)) => {
+                        tasks.cancel(&cancel.id, &cancel.reason);
+                    }
+                    Some(controller_message::Message::RegisterAck(_)) | None => {}
+                },
                 Ok(None) => return Ok(()),
                 Err(s) => return Err(s.message().to_owned()),
             },
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    return Err("the task runner stopped".to_owned());
+                }
+                let now = *changes.borrow_and_update();
+                for status in tasks.statuses_since(reported) {
+                    let report = AgentMessage {
+                        message: Some(agent_message::Message::TaskStatus(status)),
+                    };
+                    tx.send(report).await.map_err(|_| "link closed".to_owned())?;
+                }
+                reported = now;
+                // Coalesce: progress of a fast pull changes many times a second.
+                tokio::time::sleep(REPORT_INTERVAL).await;
+            }
         }
     }
 }
@@ -182,6 +221,7 @@ pub fn to_proto(inv: &Inventory) -> proto::NodeInventory {
                 state: p.state.clone(),
                 created_at: timestamp(p.created_at.as_deref()),
                 attempt: p.attempt,
+                labels: p.labels.clone().into_iter().collect(),
             })
             .collect(),
         containers: inv

@@ -1,36 +1,459 @@
-//! The user API riggerctl speaks.
+//! The user API riggerctl speaks: apply, get, list and delete objects as JSON.
+//!
+//! Applied objects are validated whole before anything is written; a refusal names the
+//! object and the field (`ImagePullJob default/warm: spec.parallelism: ...`). Writes are
+//! conditional on the revision that was read, so two concurrent applies cannot silently
+//! overwrite each other.
 
 use std::time::{Duration, SystemTime};
 
 use rigger_proto::v1::control_server::Control;
-use rigger_proto::v1::{ListNodesRequest, ListNodesResponse};
+use rigger_proto::v1::{
+    ApplyRequest, ApplyResponse, DeleteRequest, DeleteResponse, GetRequest, ListRequest,
+    ListResponse, Object,
+};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status};
 
+use crate::jobs::{JobEngine, status_key};
 use crate::nodes::NodeRegistry;
+use crate::objects::image_pull_job::{ImagePullJob, ImagePullJobStatus};
+use crate::objects::secret::Secret;
+use crate::objects::{DEFAULT_NAMESPACE, FieldError, Kind, ObjectMeta};
+use crate::store::{ObjectKey, Precondition, Store, StoreError};
+
+/// Largest object accepted (a job or secret is a few kilobytes).
+pub const MAX_OBJECT_BYTES: usize = 1 << 20;
 
 #[derive(Debug, Clone)]
 pub struct ControlService {
+    store: Store,
     nodes: NodeRegistry,
+    jobs: JobEngine,
     node_timeout: Duration,
 }
 
 impl ControlService {
-    pub fn new(nodes: NodeRegistry, node_timeout: Duration) -> Self {
+    pub fn new(store: Store, nodes: NodeRegistry, jobs: JobEngine, node_timeout: Duration) -> Self {
         Self {
+            store,
             nodes,
+            jobs,
             node_timeout,
         }
     }
 }
 
+#[allow(clippy::needless_pass_by_value)] // shaped for `map_err`
+fn store_status(e: StoreError) -> Status {
+    match e {
+        StoreError::NotFound { .. } => Status::not_found(e.to_string()),
+        StoreError::Conflict { .. } => Status::aborted(e.to_string()),
+        StoreError::Backend { .. } => Status::unavailable(e.to_string()),
+    }
+}
+
+fn kind_of(text: &str) -> Result<Kind, Status> {
+    Kind::resolve(text).ok_or_else(|| {
+        let known: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+        Status::invalid_argument(format!(
+            "unknown kind {text:?} (known: {})",
+            known.join(", ")
+        ))
+    })
+}
+
+fn namespace_or_default(namespace: &str) -> &str {
+    if namespace.is_empty() {
+        DEFAULT_NAMESPACE
+    } else {
+        namespace
+    }
+}
+
+/// Decode `value` as `T`, naming the field at fault.
+fn decode<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, FieldError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let path = if path == "." { String::new() } else { path };
+        FieldError::new(path, e.into_inner().to_string())
+    })
+}
+
+fn to_json<T: Serialize>(object: &T) -> Result<String, Status> {
+    serde_json::to_string(object).map_err(|e| Status::internal(format!("cannot encode: {e}")))
+}
+
+fn refuse(what: &str, e: &FieldError) -> Status {
+    if e.path.is_empty() {
+        Status::invalid_argument(format!("{what}: {}", e.reason))
+    } else {
+        Status::invalid_argument(format!("{what}: {e}"))
+    }
+}
+
+/// A new uid for an object (random, 128 bits, UUID-formatted as Kubernetes does).
+fn new_uid() -> String {
+    let (a, b) = (fastrand::u64(..), fastrand::u64(..));
+    format!(
+        "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0xfff,
+        (b >> 48) & 0x3fff | 0x8000,
+        b & 0xffff_ffff_ffff
+    )
+}
+
+/// Carry the controller-owned metadata over from the stored version.
+fn inherit_metadata(meta: &mut ObjectMeta, stored: Option<&ObjectMeta>, spec_changed: bool) {
+    match stored {
+        Some(old) => {
+            meta.uid.clone_from(&old.uid);
+            meta.creation_timestamp.clone_from(&old.creation_timestamp);
+            meta.generation = Some(old.generation.unwrap_or(1) + u64::from(spec_changed));
+        }
+        None => {
+            meta.uid = Some(new_uid());
+            meta.creation_timestamp =
+                Some(humantime::format_rfc3339_seconds(SystemTime::now()).to_string());
+            meta.generation = Some(1);
+        }
+    }
+}
+
+impl ControlService {
+    async fn apply_image_pull_job(
+        &self,
+        value: serde_json::Value,
+        dry_run: bool,
+    ) -> Result<ApplyResponse, Status> {
+        let name = object_name(&value);
+        let mut job: ImagePullJob = decode(value).map_err(|e| refuse(&name, &e))?;
+        job.status = None;
+        let namespace = job
+            .metadata
+            .namespace
+            .get_or_insert_with(|| DEFAULT_NAMESPACE.to_owned())
+            .clone();
+        let what = format!("ImagePullJob {namespace}/{}", job.metadata.name);
+        job.validate().map_err(|e| refuse(&what, &e))?;
+        let key = ObjectKey::new(
+            crate::objects::image_pull_job::KIND,
+            &namespace,
+            &job.metadata.name,
+        );
+        let stored = self.store.get(key.clone()).await.map_err(store_status)?;
+        let old =
+            match &stored {
+                Some(s) => Some(serde_json::from_slice::<ImagePullJob>(&s.object).map_err(
+                    |e| Status::internal(format!("{key}: stored object unreadable: {e}")),
+                )?),
+                None => None,
+            };
+        if let Some(old) = &old {
+            let immutable = [
+                ("spec.image", old.spec.image != job.spec.image),
+                ("spec.selector", old.spec.selector != job.spec.selector),
+                (
+                    "spec.podSelector",
+                    old.spec.pod_selector != job.spec.pod_selector,
+                ),
+            ];
+            if let Some((field, _)) = immutable.iter().find(|(_, changed)| *changed) {
+                return Err(refuse(
+                    &what,
+                    &FieldError::new(
+                        *field,
+                        "cannot change on an existing job; delete it and apply again",
+                    ),
+                ));
+            }
+        }
+        let spec_changed = old.as_ref().is_some_and(|o| o.spec != job.spec);
+        inherit_metadata(
+            &mut job.metadata,
+            old.as_ref().map(|o| &o.metadata),
+            spec_changed,
+        );
+        if old.as_ref() == Some(&job) {
+            let object = self
+                .get_object(Kind::ImagePullJob, &namespace, &job.metadata.name)
+                .await?;
+            return Ok(ApplyResponse {
+                object: Some(object),
+                outcome: "unchanged".to_owned(),
+            });
+        }
+        let outcome = if old.is_some() {
+            "configured"
+        } else {
+            "created"
+        };
+        if dry_run {
+            return Ok(ApplyResponse {
+                object: Some(Object {
+                    json: to_json(&job)?,
+                    revision: 0,
+                }),
+                outcome: format!("{outcome} (dry run)"),
+            });
+        }
+        let precondition = stored
+            .as_ref()
+            .map_or(Precondition::Absent, |s| Precondition::Revision(s.revision));
+        let revision = self
+            .store
+            .put(key, to_json(&job)?.into_bytes(), precondition)
+            .await
+            .map_err(store_status)?;
+        tracing::info!(job = %what, image = %job.spec.image, outcome, "job applied");
+        self.jobs.wake();
+        Ok(ApplyResponse {
+            object: Some(Object {
+                json: to_json(&job)?,
+                revision,
+            }),
+            outcome: outcome.to_owned(),
+        })
+    }
+
+    async fn apply_secret(
+        &self,
+        value: serde_json::Value,
+        dry_run: bool,
+    ) -> Result<ApplyResponse, Status> {
+        let name = object_name(&value);
+        let mut secret: Secret = decode(value).map_err(|e| refuse(&name, &e))?;
+        let namespace = secret
+            .metadata
+            .namespace
+            .get_or_insert_with(|| DEFAULT_NAMESPACE.to_owned())
+            .clone();
+        let what = format!("Secret {namespace}/{}", secret.metadata.name);
+        secret
+            .validate_and_normalize()
+            .map_err(|e| refuse(&what, &e))?;
+        let key = ObjectKey::new(
+            crate::objects::secret::KIND,
+            &namespace,
+            &secret.metadata.name,
+        );
+        let stored = self.store.get(key.clone()).await.map_err(store_status)?;
+        let old = match &stored {
+            Some(s) => serde_json::from_slice::<Secret>(&s.object).ok(),
+            None => None,
+        };
+        let changed = old
+            .as_ref()
+            .is_none_or(|o| o.data != secret.data || o.secret_type != secret.secret_type);
+        inherit_metadata(
+            &mut secret.metadata,
+            old.as_ref().map(|o| &o.metadata),
+            changed,
+        );
+        if old.as_ref() == Some(&secret) {
+            return Ok(ApplyResponse {
+                object: Some(Object {
+                    json: to_json(&secret.redacted())?,
+                    revision: stored.map_or(0, |s| s.revision),
+                }),
+                outcome: "unchanged".to_owned(),
+            });
+        }
+        let outcome = if old.is_some() {
+            "configured"
+        } else {
+            "created"
+        };
+        let mut revision = 0;
+        if !dry_run {
+            let precondition = stored
+                .as_ref()
+                .map_or(Precondition::Absent, |s| Precondition::Revision(s.revision));
+            revision = self
+                .store
+                .put(key, to_json(&secret)?.into_bytes(), precondition)
+                .await
+                .map_err(store_status)?;
+            tracing::info!(secret = %what, outcome, "secret applied");
+        }
+        Ok(ApplyResponse {
+            object: Some(Object {
+                json: to_json(&secret.redacted())?,
+                revision,
+            }),
+            outcome: if dry_run {
+                format!("{outcome} (dry run)")
+            } else {
+                outcome.to_owned()
+            },
+        })
+    }
+
+    /// One stored object as the API shows it (job with status, secret redacted).
+    async fn show(&self, kind: Kind, stored: crate::store::Stored) -> Result<Object, Status> {
+        let json = match kind {
+            Kind::ImagePullJob => {
+                let mut job: ImagePullJob = serde_json::from_slice(&stored.object)
+                    .map_err(|e| Status::internal(format!("{}: unreadable: {e}", stored.key)))?;
+                job.status = Some(
+                    self.store
+                        .get(status_key(&stored.key))
+                        .await
+                        .map_err(store_status)?
+                        .and_then(|s| serde_json::from_slice::<ImagePullJobStatus>(&s.object).ok())
+                        .unwrap_or_default(),
+                );
+                to_json(&job)?
+            }
+            Kind::Secret => {
+                let secret: Secret = serde_json::from_slice(&stored.object)
+                    .map_err(|e| Status::internal(format!("{}: unreadable: {e}", stored.key)))?;
+                to_json(&secret.redacted())?
+            }
+            Kind::Node => String::from_utf8_lossy(&stored.object).into_owned(),
+        };
+        Ok(Object {
+            json,
+            revision: stored.revision,
+        })
+    }
+
+    async fn get_object(&self, kind: Kind, namespace: &str, name: &str) -> Result<Object, Status> {
+        if kind == Kind::Node {
+            return self
+                .nodes
+                .objects(SystemTime::now(), self.node_timeout)
+                .into_iter()
+                .find(|n| n["metadata"]["name"] == name)
+                .map(|n| Object {
+                    json: n.to_string(),
+                    revision: 0,
+                })
+                .ok_or_else(|| Status::not_found(format!("Node/{name}: not found")));
+        }
+        let key = ObjectKey::new(kind.name(), namespace, name);
+        let stored = self
+            .store
+            .get(key.clone())
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("{key}: not found")))?;
+        self.show(kind, stored).await
+    }
+}
+
+/// `Kind namespace/name` of a document, for refusals before it is decoded.
+fn object_name(value: &serde_json::Value) -> String {
+    let kind = value["kind"].as_str().unwrap_or("object");
+    let name = value["metadata"]["name"].as_str().unwrap_or("(unnamed)");
+    let namespace = value["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or(DEFAULT_NAMESPACE);
+    format!("{kind} {namespace}/{name}")
+}
+
 #[tonic::async_trait]
 impl Control for ControlService {
-    async fn list_nodes(
+    async fn apply(
         &self,
-        _request: Request<ListNodesRequest>,
-    ) -> Result<Response<ListNodesResponse>, Status> {
-        Ok(Response::new(ListNodesResponse {
-            nodes: self.nodes.list(SystemTime::now(), self.node_timeout),
-        }))
+        request: Request<ApplyRequest>,
+    ) -> Result<Response<ApplyResponse>, Status> {
+        let request = request.into_inner();
+        if request.json.len() > MAX_OBJECT_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "object is {} bytes; at most {MAX_OBJECT_BYTES} are accepted",
+                request.json.len()
+            )));
+        }
+        let value: serde_json::Value = serde_json::from_str(&request.json)
+            .map_err(|e| Status::invalid_argument(format!("the object is not JSON: {e}")))?;
+        let kind_text = value["kind"].as_str().ok_or_else(|| {
+            Status::invalid_argument(format!("{}: kind: is required", object_name(&value)))
+        })?;
+        let kind = kind_of(kind_text)?;
+        if kind.name() != kind_text {
+            return Err(Status::invalid_argument(format!(
+                "{}: kind: {kind_text:?}: expected {}",
+                object_name(&value),
+                kind.name()
+            )));
+        }
+        let response = match kind {
+            Kind::ImagePullJob => self.apply_image_pull_job(value, request.dry_run).await?,
+            Kind::Secret => self.apply_secret(value, request.dry_run).await?,
+            Kind::Node => {
+                return Err(Status::invalid_argument(
+                    "Node objects are not applied: a node exists while its agent is registered",
+                ));
+            }
+        };
+        Ok(Response::new(response))
+    }
+
+    async fn get(&self, request: Request<GetRequest>) -> Result<Response<Object>, Status> {
+        let request = request.into_inner();
+        let kind = kind_of(&request.kind)?;
+        let namespace = if kind.namespaced() {
+            namespace_or_default(&request.namespace)
+        } else {
+            ""
+        };
+        Ok(Response::new(
+            self.get_object(kind, namespace, &request.name).await?,
+        ))
+    }
+
+    async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        let request = request.into_inner();
+        let kind = kind_of(&request.kind)?;
+        if kind == Kind::Node {
+            let items = self
+                .nodes
+                .objects(SystemTime::now(), self.node_timeout)
+                .into_iter()
+                .map(|n| Object {
+                    json: n.to_string(),
+                    revision: 0,
+                })
+                .collect();
+            return Ok(Response::new(ListResponse { items }));
+        }
+        let mut items = Vec::new();
+        for stored in self.store.list(kind.name()).await.map_err(store_status)? {
+            if request.namespace.is_empty() || stored.key.namespace == request.namespace {
+                items.push(self.show(kind, stored).await?);
+            }
+        }
+        Ok(Response::new(ListResponse { items }))
+    }
+
+    async fn delete(
+        &self,
+        request: Request<DeleteRequest>,
+    ) -> Result<Response<DeleteResponse>, Status> {
+        let request = request.into_inner();
+        let kind = kind_of(&request.kind)?;
+        if kind == Kind::Node {
+            return Err(Status::invalid_argument(
+                "Node objects are not deleted: a node leaves when its agent stops",
+            ));
+        }
+        let key = ObjectKey::new(
+            kind.name(),
+            namespace_or_default(&request.namespace),
+            &request.name,
+        );
+        self.store
+            .delete(key.clone(), Precondition::Any)
+            .await
+            .map_err(store_status)?;
+        tracing::info!(object = %key, "deleted");
+        if kind == Kind::ImagePullJob {
+            self.jobs.wake();
+        }
+        Ok(Response::new(DeleteResponse {}))
     }
 }

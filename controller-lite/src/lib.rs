@@ -5,6 +5,7 @@
 //! - [`config`]: configuration (file, env, flags), validated before binding;
 //! - [`nodes`]: the registry of nodes, fed by agents' registrations and heartbeats;
 //! - [`link`]: the agent link (`rigger.v1.AgentLink`), one stream per agent;
+//! - [`jobs`]: the ImagePullJob engine (who pulls when, status from reports);
 //! - [`control`]: the user API (`rigger.v1.Control`) that riggerctl speaks;
 //! - [`objects`]: the kinds users apply (ImagePullJob, ...) and their validation;
 //! - [`store`]: the embedded object store (redb), conditional writes by revision;
@@ -12,6 +13,7 @@
 
 pub mod config;
 pub mod control;
+pub mod jobs;
 pub mod link;
 pub mod nodes;
 pub mod objects;

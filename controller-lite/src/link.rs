@@ -1,7 +1,8 @@
 //! The controller's side of the agent link: one bidirectional stream per agent.
 //!
-//! The agent opens the stream (so agents behind NAT work), sends `Register`, then
-//! heartbeats; the controller answers `RegisterAck` and, in later versions, work.
+//! The agent opens the stream (so agents behind NAT work), sends `Register` (with the
+//! status of the tasks it holds), then heartbeats and task reports; the controller
+//! answers `RegisterAck`, then sends tasks as the job engine hands them out.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -18,11 +19,16 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::jobs::JobEngine;
 use crate::nodes::{NodeRegistry, SessionId};
+
+/// Messages queued for one agent before the engine holds back (and offers them again).
+const AGENT_QUEUE: usize = 64;
 
 #[derive(Debug, Clone)]
 pub struct AgentLinkService {
     nodes: NodeRegistry,
+    jobs: JobEngine,
     heartbeat_interval: Duration,
     node_timeout: Duration,
     next_session: Arc<AtomicU64>,
@@ -32,12 +38,14 @@ pub struct AgentLinkService {
 impl AgentLinkService {
     pub fn new(
         nodes: NodeRegistry,
+        jobs: JobEngine,
         heartbeat_interval: Duration,
         node_timeout: Duration,
         shutdown: CancellationToken,
     ) -> Self {
         Self {
             nodes,
+            jobs,
             heartbeat_interval,
             node_timeout,
             next_session: Arc::new(AtomicU64::new(1)),
@@ -75,10 +83,7 @@ impl AgentLink for AgentLinkService {
 
         let session: SessionId = self.next_session.fetch_add(1, Ordering::Relaxed);
         let node = register.node_name.clone();
-        self.nodes.register(&register, session, SystemTime::now());
-        tracing::info!(%node, %peer, session, agent_version = %register.agent_version, "agent registered");
-
-        let (tx, rx) = mpsc::channel(16);
+        let (tx, rx) = mpsc::channel(AGENT_QUEUE);
         let ack = ControllerMessage {
             message: Some(controller_message::Message::RegisterAck(RegisterAck {
                 heartbeat_interval_seconds: u32::try_from(self.heartbeat_interval.as_secs())
@@ -89,11 +94,17 @@ impl AgentLink for AgentLinkService {
         tx.send(Ok(ack))
             .await
             .map_err(|_| Status::cancelled("agent went away"))?;
+        // Registered only now: the ack is queued first, so no task can overtake it.
+        self.nodes
+            .register(&register, session, tx.clone(), SystemTime::now());
+        tracing::info!(%node, %peer, session, agent_version = %register.agent_version, tasks = register.tasks.len(), "agent registered");
+        self.jobs.node_connected(&node, register.tasks);
 
         let this = self.clone();
         tokio::spawn(async move {
             let outcome = this.serve_session(&node, session, &mut inbound).await;
             this.nodes.disconnect(&node, session);
+            this.jobs.wake();
             match outcome {
                 Ok(()) => tracing::info!(%node, session, "agent disconnected"),
                 Err(status) => {
@@ -134,6 +145,9 @@ impl AgentLinkService {
                     {
                         return Err(Status::aborted("replaced by a newer session of this node"));
                     }
+                }
+                Some(agent_message::Message::TaskStatus(status)) => {
+                    self.jobs.report(node, status);
                 }
                 Some(agent_message::Message::Register(_)) => {
                     return Err(Status::invalid_argument("Register sent twice"));

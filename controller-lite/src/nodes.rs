@@ -1,10 +1,16 @@
-//! The nodes the controller knows, as their agents describe them.
+//! The nodes the controller knows, as their agents describe them, and the way to reach
+//! each one's agent (the sending half of its link session).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
-use rigger_proto::v1::{Node, NodeInventory, Register};
+use rigger_proto::v1::{ControllerMessage, NodeInventory, Register};
+use tokio::sync::mpsc;
+use tonic::Status;
+
+/// Where messages to one agent go.
+pub type AgentSender = mpsc::Sender<Result<ControllerMessage, Status>>;
 
 /// One agent connection; a reconnect gets a new id, so a stale stream cannot touch the
 /// record of its successor.
@@ -15,8 +21,19 @@ struct NodeRecord {
     labels: BTreeMap<String, String>,
     agent_version: String,
     session: Option<SessionId>,
+    sender: Option<AgentSender>,
     last_heartbeat: SystemTime,
     inventory: Option<NodeInventory>,
+}
+
+/// What job selection and dispatch need to know about a node.
+#[derive(Debug, Clone)]
+pub struct NodeView {
+    pub labels: BTreeMap<String, String>,
+    /// Connected with heartbeats on time; otherwise why not.
+    pub not_ready: Option<String>,
+    /// Labels of the pods the agent reported (for podSelector).
+    pub pod_labels: Vec<BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -26,11 +43,18 @@ pub struct NodeRegistry {
 
 impl NodeRegistry {
     /// Record a registration; a newer session for the same node replaces the older one.
-    pub fn register(&self, register: &Register, session: SessionId, now: SystemTime) {
+    pub fn register(
+        &self,
+        register: &Register,
+        session: SessionId,
+        sender: AgentSender,
+        now: SystemTime,
+    ) {
         let record = NodeRecord {
             labels: register.labels.clone().into_iter().collect(),
             agent_version: register.agent_version.clone(),
             session: Some(session),
+            sender: Some(sender),
             last_heartbeat: now,
             inventory: register.inventory.clone(),
         };
@@ -69,49 +93,130 @@ impl NodeRegistry {
             && record.session == Some(session)
         {
             record.session = None;
+            record.sender = None;
         }
     }
 
-    /// All nodes, sorted by name; ready means connected with a heartbeat within `timeout`.
-    pub fn list(&self, now: SystemTime, timeout: Duration) -> Vec<Node> {
+    /// Queue `message` for `node`'s agent; `false` when it is not connected or its queue
+    /// is full (the work is then offered again later).
+    pub fn send(&self, node: &str, message: ControllerMessage) -> bool {
+        let Ok(nodes) = self.nodes.read() else {
+            return false;
+        };
+        nodes
+            .get(node)
+            .and_then(|r| r.sender.as_ref())
+            .is_some_and(|sender| sender.try_send(Ok(message)).is_ok())
+    }
+
+    /// Every node as jobs see it.
+    pub fn views(&self, now: SystemTime, timeout: Duration) -> HashMap<String, NodeView> {
+        let Ok(nodes) = self.nodes.read() else {
+            return HashMap::new();
+        };
+        nodes
+            .iter()
+            .map(|(name, r)| {
+                let reason = not_ready_reason(r, now, timeout);
+                let pod_labels = r
+                    .inventory
+                    .as_ref()
+                    .map(|i| {
+                        i.pods
+                            .iter()
+                            .map(|p| p.labels.clone().into_iter().collect())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                (
+                    name.clone(),
+                    NodeView {
+                        labels: r.labels.clone(),
+                        not_ready: (!reason.is_empty()).then_some(reason),
+                        pod_labels,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// All nodes as API objects (Kubernetes' Node shape), sorted by name; ready means
+    /// connected with a heartbeat within `timeout`.
+    pub fn objects(&self, now: SystemTime, timeout: Duration) -> Vec<serde_json::Value> {
         let Ok(nodes) = self.nodes.read() else {
             return Vec::new();
         };
-        let mut list: Vec<Node> = nodes
-            .iter()
-            .map(|(name, r)| {
-                let silent = now.duration_since(r.last_heartbeat).unwrap_or_default();
-                let reason = if r.session.is_none() {
-                    "agent disconnected".to_owned()
-                } else if silent > timeout {
-                    format!(
-                        "no heartbeat for {}",
-                        humantime::format_duration(Duration::from_secs(silent.as_secs()))
-                    )
-                } else {
-                    String::new()
-                };
-                let inventory = r.inventory.as_ref();
-                Node {
-                    name: name.clone(),
-                    labels: r.labels.clone().into_iter().collect(),
-                    agent_version: r.agent_version.clone(),
-                    ready: reason.is_empty(),
-                    reason,
-                    last_heartbeat: Some(r.last_heartbeat.into()),
-                    containerd_version: inventory
-                        .and_then(|i| i.runtime.as_ref())
-                        .map(|rt| rt.containerd_version.clone())
-                        .unwrap_or_default(),
-                    images: count(inventory.map(|i| i.images.len())),
-                    pods: count(inventory.map(|i| i.pods.len())),
-                    containers: count(inventory.map(|i| i.containers.len())),
-                }
-            })
-            .collect();
-        list.sort_by(|a, b| a.name.cmp(&b.name));
-        list
+        let mut names: Vec<&String> = nodes.keys().collect();
+        names.sort();
+        names
+            .into_iter()
+            .filter_map(|name| Some(node_object(name, nodes.get(name)?, now, timeout)))
+            .collect()
     }
+}
+
+fn not_ready_reason(r: &NodeRecord, now: SystemTime, timeout: Duration) -> String {
+    let silent = now.duration_since(r.last_heartbeat).unwrap_or_default();
+    if r.session.is_none() {
+        "agent disconnected".to_owned()
+    } else if silent > timeout {
+        format!(
+            "no heartbeat for {}",
+            humantime::format_duration(Duration::from_secs(silent.as_secs()))
+        )
+    } else {
+        String::new()
+    }
+}
+
+fn rfc3339(time: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(time).to_string()
+}
+
+/// A node in Kubernetes' shape: a Ready condition, node info, the images it holds.
+fn node_object(
+    name: &str,
+    r: &NodeRecord,
+    now: SystemTime,
+    timeout: Duration,
+) -> serde_json::Value {
+    let reason = not_ready_reason(r, now, timeout);
+    let inventory = r.inventory.as_ref();
+    let runtime = inventory.and_then(|i| i.runtime.as_ref());
+    let mut images: Vec<serde_json::Value> = Vec::new();
+    let mut seen = HashSet::new();
+    for image in inventory.map(|i| i.images.as_slice()).unwrap_or_default() {
+        if seen.insert((&image.namespace, &image.name)) {
+            images.push(serde_json::json!({
+                "names": [image.name],
+                "namespace": image.namespace,
+                "digest": image.digest,
+                "sizeBytes": image.size,
+            }));
+        }
+    }
+    serde_json::json!({
+        "apiVersion": crate::objects::API_VERSION,
+        "kind": "Node",
+        "metadata": {"name": name, "labels": r.labels},
+        "status": {
+            "conditions": [{
+                "type": "Ready",
+                "status": if reason.is_empty() { "True" } else { "False" },
+                "reason": if reason.is_empty() { "AgentReady" } else { "AgentNotReady" },
+                "message": reason,
+                "lastHeartbeatTime": rfc3339(r.last_heartbeat),
+            }],
+            "nodeInfo": {
+                "agentVersion": r.agent_version,
+                "containerRuntimeVersion": runtime.map(|rt| format!("containerd://{}", rt.containerd_version)).unwrap_or_default(),
+                "criRuntime": runtime.map(|rt| rt.cri_runtime_name.clone()).unwrap_or_default(),
+            },
+            "pods": count(inventory.map(|i| i.pods.len())),
+            "containers": count(inventory.map(|i| i.containers.len())),
+            "images": images,
+        },
+    })
 }
 
 fn count(n: Option<usize>) -> u32 {
@@ -128,41 +233,52 @@ mod tests {
             labels: [("zone".to_owned(), "a".to_owned())].into(),
             agent_version: "0.1.0".to_owned(),
             inventory: None,
+            tasks: Vec::new(),
         }
+    }
+
+    fn sender() -> AgentSender {
+        mpsc::channel(1).0
+    }
+
+    fn ready(registry: &NodeRegistry, now: SystemTime) -> Option<String> {
+        registry.views(now, Duration::from_secs(30))["n1"]
+            .not_ready
+            .clone()
     }
 
     #[test]
     fn readiness_follows_session_and_heartbeats() {
         let registry = NodeRegistry::default();
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
-        let timeout = Duration::from_secs(30);
-        registry.register(&register("n1"), 1, t0);
-        assert!(registry.list(t0, timeout)[0].ready);
+        registry.register(&register("n1"), 1, sender(), t0);
+        assert_eq!(ready(&registry, t0), None);
 
         let late = t0 + Duration::from_secs(31);
-        let node = &registry.list(late, timeout)[0];
-        assert!(!node.ready);
-        assert!(
-            node.reason.starts_with("no heartbeat for 31s"),
-            "{}",
-            node.reason
-        );
+        let reason = ready(&registry, late).unwrap();
+        assert!(reason.starts_with("no heartbeat for 31s"), "{reason}");
+        let object = &registry.objects(late, Duration::from_secs(30))[0];
+        assert_eq!(object["status"]["conditions"][0]["status"], "False");
 
         assert!(registry.heartbeat("n1", 1, None, late));
-        assert!(registry.list(late, timeout)[0].ready);
+        assert_eq!(ready(&registry, late), None);
 
         registry.disconnect("n1", 1);
-        assert_eq!(registry.list(late, timeout)[0].reason, "agent disconnected");
+        assert_eq!(
+            ready(&registry, late).as_deref(),
+            Some("agent disconnected")
+        );
+        assert!(!registry.send("n1", ControllerMessage::default()));
     }
 
     #[test]
     fn a_replaced_session_cannot_touch_its_successor() {
         let registry = NodeRegistry::default();
         let now = SystemTime::now();
-        registry.register(&register("n1"), 1, now);
-        registry.register(&register("n1"), 2, now);
+        registry.register(&register("n1"), 1, sender(), now);
+        registry.register(&register("n1"), 2, sender(), now);
         assert!(!registry.heartbeat("n1", 1, None, now));
         registry.disconnect("n1", 1);
-        assert!(registry.list(now, Duration::from_secs(30))[0].ready);
+        assert_eq!(ready(&registry, now), None);
     }
 }

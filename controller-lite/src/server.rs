@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ControllerConfig;
 use crate::control::ControlService;
+use crate::jobs::JobEngine;
 use crate::link::AgentLinkService;
 use crate::nodes::NodeRegistry;
 
@@ -49,7 +50,7 @@ pub async fn run(
 ) -> Result<(), ServerError> {
     // The store opens first: a data directory that cannot be used stops the controller
     // before it accepts anyone.
-    let _store = crate::store::EmbeddedStore::open(&config.data_dir)?;
+    let store = crate::store::EmbeddedStore::open(&config.data_dir)?;
     let grpc_listener = bind("listen", config.listen).await?;
     let health_listener = bind("health_listen", config.health_listen).await?;
     let grpc_address = grpc_listener.local_addr().ok();
@@ -57,13 +58,16 @@ pub async fn run(
 
     let token = CancellationToken::new();
     let nodes = NodeRegistry::default();
+    let jobs = JobEngine::new(store.clone(), nodes.clone(), config.node_timeout);
     let link = AgentLinkService::new(
         nodes.clone(),
+        jobs.clone(),
         config.heartbeat_interval,
         config.node_timeout,
         token.clone(),
     );
-    let control = ControlService::new(nodes, config.node_timeout);
+    let control = ControlService::new(store, nodes, jobs.clone(), config.node_timeout);
+    let engine = tokio::spawn(jobs.run(token.clone()));
     // The link is agent-initiated, so a plain listener; agents authenticate with mTLS once
     // certificates are configured (not yet available: trusted networks only).
     tracing::warn!(
@@ -105,6 +109,7 @@ pub async fn run(
     let outcome = drain(&token, config.drain_timeout, async {
         let grpc_result = grpc.await;
         let _ = health_server.await;
+        let _ = engine.await;
         grpc_result
     })
     .await;

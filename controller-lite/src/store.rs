@@ -40,7 +40,7 @@ pub struct Stored {
     pub object: Vec<u8>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectKey {
     pub kind: String,
     /// Empty for cluster-wide kinds (Node).
@@ -76,6 +76,9 @@ impl std::fmt::Display for ObjectKey {
         }
     }
 }
+
+/// The store the controller runs on.
+pub type Store = EmbeddedStore;
 
 /// The embedded store. Cheap to clone; calls run on the blocking pool.
 #[derive(Debug, Clone)]

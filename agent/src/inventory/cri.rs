@@ -78,6 +78,7 @@ pub(super) async fn collect(
                     .to_owned(),
                 attempt: meta.attempt,
                 created_at: rfc3339_from_nanos(s.created_at),
+                labels: s.labels.clone().into_iter().collect(),
                 id: s.id,
             }
         })

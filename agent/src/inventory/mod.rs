@@ -70,6 +70,9 @@ pub struct PodInfo {
     pub state: String,
     pub attempt: u32,
     pub created_at: Option<String>,
+    /// The sandbox's CRI labels: kubelet copies the pod's labels here.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// A container: a CRI container (with its pod) or a plain containerd container.

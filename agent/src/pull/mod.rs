@@ -246,7 +246,43 @@ struct Transfer {
     stack: Arc<tokio::sync::watch::Sender<Stack>>,
 }
 
+/// Parse an image reference the way pulls do (repository names must be lowercase).
+fn parse_reference(image: &str) -> Result<Reference, PullError> {
+    let reference = Reference::from_str(image).map_err(|e| PullError::InvalidReference {
+        image: image.to_owned(),
+        detail: e.to_string(),
+    })?;
+    if reference
+        .repository()
+        .chars()
+        .any(|c| c.is_ascii_uppercase())
+    {
+        return Err(PullError::InvalidReference {
+            image: image.to_owned(),
+            detail: "repository names must be lowercase".to_owned(),
+        });
+    }
+    Ok(reference)
+}
+
+/// Refuse what a pull would refuse, before any work starts.
+pub fn check_reference(image: &str) -> Result<(), String> {
+    parse_reference(image).map(drop).map_err(|e| e.to_string())
+}
+
+/// The name containerd's image record gets for `image` (`docker.io/library/x:latest`).
+pub fn normalized_name(image: &str) -> Result<String, String> {
+    parse_reference(image)
+        .map(|r| r.whole())
+        .map_err(|e| e.to_string())
+}
+
 impl Puller {
+    /// The containerd connection pulls go through.
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
     pub fn new(runtime: Runtime, options: PullOptions) -> Self {
         let connections = Arc::new(Semaphore::new(options.max_connections.max(1)));
         let rate = options.limit_rate.map(|r| Arc::new(RateLimit::new(r)));
@@ -260,26 +296,25 @@ impl Puller {
     }
 
     /// Pull `image` into containerd.
-    #[tracing::instrument(level = "info", skip(self, progress), fields(namespace = %self.options.namespace))]
     pub async fn pull(
         &self,
         image: &str,
         progress: Arc<dyn Progress>,
     ) -> Result<PulledImage, PullError> {
-        let reference = Reference::from_str(image).map_err(|e| PullError::InvalidReference {
-            image: image.to_owned(),
-            detail: e.to_string(),
-        })?;
-        if reference
-            .repository()
-            .chars()
-            .any(|c| c.is_ascii_uppercase())
-        {
-            return Err(PullError::InvalidReference {
-                image: image.to_owned(),
-                detail: "repository names must be lowercase".to_owned(),
-            });
-        }
+        self.pull_with_credentials(image, &[], progress).await
+    }
+
+    /// Pull `image`, looking for its registry's credentials first in `docker_configs`
+    /// (docker `config.json` documents, e.g. a job's pull secrets), then where
+    /// [`PullOptions::docker_config`] says.
+    #[tracing::instrument(level = "info", skip(self, docker_configs, progress), fields(namespace = %self.options.namespace))]
+    pub async fn pull_with_credentials(
+        &self,
+        image: &str,
+        docker_configs: &[String],
+        progress: Arc<dyn Progress>,
+    ) -> Result<PulledImage, PullError> {
+        let reference = parse_reference(image)?;
         let name = reference.whole();
         let registry_host = reference.registry().to_owned();
         let endpoints = hosts::endpoints(
@@ -291,7 +326,10 @@ impl Puller {
             image: name.clone(),
             source,
         })?;
-        let auth = credentials(&registry_host, self.options.docker_config.as_deref())?;
+        let auth = match secret_credentials(&registry_host, docker_configs)? {
+            Some(auth) => auth,
+            None => credentials(&registry_host, self.options.docker_config.as_deref())?,
+        };
         let registry = Arc::new(Registry::new(
             reference.clone(),
             endpoints,
@@ -1518,16 +1556,50 @@ fn descriptor(media_type: &str, digest: &str, size: usize) -> ContainerdDescript
 }
 
 /// Registry credentials from a docker `config.json` (explicit path, or docker's default).
+/// The first credentials for `registry` in the given docker config documents.
+fn secret_credentials(
+    registry: &str,
+    docker_configs: &[String],
+) -> Result<Option<RegistryAuth>, PullError> {
+    for (i, document) in docker_configs.iter().enumerate() {
+        let found = docker_credential::get_credential_from_reader(
+            std::io::Cursor::new(document.as_bytes()),
+            docker_server(registry),
+        );
+        match found {
+            Ok(docker_credential::DockerCredential::UsernamePassword(user, password)) => {
+                return Ok(Some(RegistryAuth::Basic(user, password)));
+            }
+            Ok(docker_credential::DockerCredential::IdentityToken(token)) => {
+                return Ok(Some(RegistryAuth::Bearer(token)));
+            }
+            Err(docker_credential::CredentialRetrievalError::NoCredentialConfigured) => {}
+            // The document's content never goes into the message: it holds secrets.
+            Err(e) => {
+                return Err(PullError::Credentials {
+                    registry: registry.to_owned(),
+                    detail: format!("pull secret {} is not a usable docker config: {e}", i + 1),
+                });
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// docker keeps Docker Hub's credentials under its v1 URL.
+fn docker_server(registry: &str) -> &str {
+    if registry == "docker.io" {
+        "https://index.docker.io/v1/"
+    } else {
+        registry
+    }
+}
+
 fn credentials(
     registry: &str,
     docker_config: Option<&std::path::Path>,
 ) -> Result<RegistryAuth, PullError> {
-    // docker keeps Docker Hub's credentials under its v1 URL.
-    let server = if registry == "docker.io" {
-        "https://index.docker.io/v1/"
-    } else {
-        registry
-    };
+    let server = docker_server(registry);
     let found = match docker_config {
         Some(path) => {
             let file = std::fs::File::open(path).map_err(|e| PullError::Credentials {
@@ -1587,6 +1659,29 @@ mod tests {
         let digest = format!("sha256:{}", unpack::hex(&Sha256::digest(b"abc")));
         assert!(verify_digest(b"abc", &digest).is_ok());
         assert!(verify_digest(b"abd", &digest).is_err());
+    }
+
+    #[test]
+    fn pull_secrets_come_first_and_never_show_in_errors() {
+        let other = r#"{"auths":{"other.example":{"auth":"dXNlcjpzZWNyZXQ="}}}"#.to_owned();
+        let ours = r#"{"auths":{"reg.example:5000":{"auth":"dXNlcjpzZWNyZXQ="}}}"#.to_owned();
+        match secret_credentials("reg.example:5000", &[other.clone(), ours]).unwrap() {
+            Some(RegistryAuth::Basic(u, p)) => {
+                assert_eq!((u.as_str(), p.as_str()), ("user", "secret"))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            secret_credentials("reg.example:5000", &[other])
+                .unwrap()
+                .is_none()
+        );
+        let broken = r#"{"auths": "sup3rsecret"#.to_owned();
+        let err = secret_credentials("reg.example:5000", &[broken])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("pull secret 1"), "{err}");
+        assert!(!err.contains("sup3rsecret"), "{err}");
     }
 
     #[test]

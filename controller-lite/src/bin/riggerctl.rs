@@ -1,13 +1,17 @@
 //! `riggerctl`: the command line for Rigger's controller, in kubectl's habits.
 
+use std::io::Read as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use comfy_table::{Table, presets};
-use rigger_proto::v1::ListNodesRequest;
 use rigger_proto::v1::control_client::ControlClient;
+use rigger_proto::v1::{ApplyRequest, DeleteRequest, GetRequest, ListRequest};
+use serde_json::Value;
+use tonic::transport::Channel;
 
 #[derive(Debug, Parser)]
 #[command(name = "riggerctl", version, about = "Talk to a Rigger controller")]
@@ -20,32 +24,59 @@ struct Cli {
         default_value = "http://127.0.0.1:9450"
     )]
     server: String,
+    /// Namespace of namespaced objects.
+    #[arg(long, short = 'n', global = true, default_value = "default")]
+    namespace: String,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// List objects of a kind.
+    /// Create or update objects from YAML (or JSON); `-` reads standard input. Every
+    /// document is checked first: if one is refused, none is applied.
+    Apply {
+        #[arg(long, short = 'f', value_name = "FILE")]
+        filename: PathBuf,
+        /// Check only; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Show objects: one by name, or all of a kind.
     Get {
-        #[arg(value_enum)]
-        kind: Kind,
-        /// Output format.
+        /// imagepulljob (ipj), node (no), secret.
+        kind: String,
+        name: Option<String>,
         #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
         output: Output,
+        /// Keep watching and print changes.
+        #[arg(long, short = 'w')]
+        watch: bool,
+        /// List across all namespaces.
+        #[arg(long, short = 'A')]
+        all_namespaces: bool,
+    },
+    /// Show one object in detail (for jobs: every node's pull).
+    Describe { kind: String, name: String },
+    /// Delete an object.
+    Delete { kind: String, name: String },
+    /// Wait until an object has a condition, e.g. `--for=condition=Complete`.
+    Wait {
+        /// KIND/NAME, e.g. imagepulljob/warm-nginx.
+        object: String,
+        #[arg(long = "for", value_name = "condition=NAME")]
+        condition: String,
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
     },
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum Kind {
-    #[value(alias = "node", alias = "no")]
-    Nodes,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Output {
     Table,
+    Wide,
     Json,
+    Yaml,
 }
 
 fn main() -> ExitCode {
@@ -67,111 +98,527 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
-    let channel = tonic::transport::Endpoint::from_shared(cli.server.clone())
-        .with_context(|| format!("--server {:?} is not a URL", cli.server))?
+async fn connect(server: &str) -> anyhow::Result<ControlClient<Channel>> {
+    let channel = tonic::transport::Endpoint::from_shared(server.to_owned())
+        .with_context(|| format!("--server {server:?} is not a URL"))?
+        .connect_timeout(Duration::from_secs(10))
         .connect()
         .await
         .map_err(|e| {
             anyhow::anyhow!(
-                "cannot reach the controller at {}: {}",
-                cli.server,
+                "cannot reach the controller at {server}: {}",
                 rigger_daemon::error_chain(&e)
             )
         })?;
-    let mut client = ControlClient::new(channel);
+    Ok(ControlClient::new(channel))
+}
+
+/// The controller's refusal as one line.
+fn refused(status: &tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{}", status.message())
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let mut client = connect(&cli.server).await?;
     match cli.command {
+        Command::Apply { filename, dry_run } => apply(&mut client, &filename, dry_run).await,
         Command::Get {
-            kind: Kind::Nodes,
+            kind,
+            name,
             output,
+            watch,
+            all_namespaces,
         } => {
-            let nodes = client
-                .list_nodes(ListNodesRequest {})
-                .await
-                .map_err(|s| anyhow::anyhow!("list nodes: {}", s.message()))?
-                .into_inner()
-                .nodes;
-            match output {
-                Output::Json => {
-                    let items: Vec<serde_json::Value> = nodes
-                        .iter()
-                        .map(|n| {
-                            serde_json::json!({
-                                "name": n.name,
-                                "labels": n.labels,
-                                "ready": n.ready,
-                                "reason": n.reason,
-                                "agentVersion": n.agent_version,
-                                "containerdVersion": n.containerd_version,
-                                "lastHeartbeat": n.last_heartbeat.as_ref().and_then(to_rfc3339),
-                                "images": n.images,
-                                "pods": n.pods,
-                                "containers": n.containers,
-                            })
-                        })
-                        .collect();
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&serde_json::json!({"items": items}))?
-                    );
-                }
-                Output::Table => {
-                    let mut table = Table::new();
-                    table.load_preset(presets::NOTHING);
-                    table.set_header(vec![
-                        "NAME",
-                        "STATUS",
-                        "AGENT",
-                        "CONTAINERD",
-                        "IMAGES",
-                        "CONTAINERS",
-                        "LAST HEARTBEAT",
-                    ]);
-                    for n in &nodes {
-                        let status = if n.ready {
-                            "Ready".to_owned()
-                        } else {
-                            format!("NotReady ({})", n.reason)
-                        };
-                        table.add_row(vec![
-                            n.name.clone(),
-                            status,
-                            n.agent_version.clone(),
-                            n.containerd_version.clone(),
-                            n.images.to_string(),
-                            n.containers.to_string(),
-                            n.last_heartbeat
-                                .as_ref()
-                                .and_then(age)
-                                .unwrap_or_else(|| "-".into()),
-                        ]);
-                    }
-                    for column in table.column_iter_mut() {
-                        column.set_padding((0, 2));
-                    }
-                    for line in table.to_string().lines() {
-                        println!("{}", line.trim_end());
-                    }
-                }
-            }
+            let namespace = if all_namespaces { "" } else { &cli.namespace };
+            get(
+                &mut client,
+                &kind,
+                name.as_deref(),
+                namespace,
+                output,
+                watch,
+            )
+            .await
         }
+        Command::Describe { kind, name } => {
+            let object = fetch(&mut client, &kind, &cli.namespace, &name).await?;
+            print!("{}", describe(&object));
+            Ok(())
+        }
+        Command::Delete { kind, name } => {
+            client
+                .delete(DeleteRequest {
+                    kind: kind.clone(),
+                    namespace: cli.namespace.clone(),
+                    name: name.clone(),
+                })
+                .await
+                .map_err(|s| refused(&s))?;
+            println!("{} \"{name}\" deleted", kind.to_ascii_lowercase());
+            Ok(())
+        }
+        Command::Wait {
+            object,
+            condition,
+            timeout,
+        } => wait(&mut client, &cli.namespace, &object, &condition, timeout).await,
+    }
+}
+
+/// Every document of a YAML stream, as JSON values; empty documents skipped.
+fn documents(text: &str, source: &str) -> anyhow::Result<Vec<Value>> {
+    let mut out = Vec::new();
+    for (i, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let value: Value = serde::Deserialize::deserialize(document)
+            .map_err(|e| anyhow::anyhow!("{source}: document {}: {e}", i + 1))?;
+        if !value.is_null() {
+            out.push(value);
+        }
+    }
+    if out.is_empty() {
+        anyhow::bail!("{source}: no objects");
+    }
+    Ok(out)
+}
+
+async fn apply(
+    client: &mut ControlClient<Channel>,
+    filename: &PathBuf,
+    dry_run: bool,
+) -> anyhow::Result<()> {
+    let (text, source) = if filename.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("cannot read standard input")?;
+        (text, "<stdin>".to_owned())
+    } else {
+        let text = std::fs::read_to_string(filename)
+            .with_context(|| format!("cannot read {}", filename.display()))?;
+        (text, filename.display().to_string())
+    };
+    let objects = documents(&text, &source)?;
+    // All or nothing: every document passes a dry run before any is applied.
+    for object in &objects {
+        client
+            .apply(ApplyRequest {
+                json: object.to_string(),
+                dry_run: true,
+            })
+            .await
+            .map_err(|s| refused(&s))?;
+    }
+    if dry_run {
+        for object in &objects {
+            println!("{} (dry run)", display_name(object));
+        }
+        return Ok(());
+    }
+    for object in &objects {
+        let response = client
+            .apply(ApplyRequest {
+                json: object.to_string(),
+                dry_run: false,
+            })
+            .await
+            .map_err(|s| refused(&s))?
+            .into_inner();
+        println!("{} {}", display_name(object), response.outcome);
     }
     Ok(())
 }
 
-fn to_system_time(ts: &prost_types::Timestamp) -> Option<SystemTime> {
-    SystemTime::try_from(*ts).ok()
+/// `imagepulljob.rigger.dev/warm`, as kubectl names objects.
+fn display_name(object: &Value) -> String {
+    let kind = object["kind"]
+        .as_str()
+        .unwrap_or("object")
+        .to_ascii_lowercase();
+    let group = object["apiVersion"]
+        .as_str()
+        .and_then(|v| v.split_once('/'))
+        .map(|(group, _)| format!(".{group}"))
+        .unwrap_or_default();
+    let name = object["metadata"]["name"].as_str().unwrap_or("");
+    format!("{kind}{group}/{name}")
 }
 
-fn to_rfc3339(ts: &prost_types::Timestamp) -> Option<String> {
-    to_system_time(ts).map(|t| humantime::format_rfc3339_seconds(t).to_string())
+async fn fetch(
+    client: &mut ControlClient<Channel>,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<Value> {
+    let object = client
+        .get(GetRequest {
+            kind: kind.to_owned(),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        })
+        .await
+        .map_err(|s| refused(&s))?
+        .into_inner();
+    serde_json::from_str(&object.json).context("the controller sent an unreadable object")
 }
 
-/// kubectl-style age: `5s ago`.
-fn age(ts: &prost_types::Timestamp) -> Option<String> {
-    let elapsed = SystemTime::now().duration_since(to_system_time(ts)?).ok()?;
-    Some(format!(
-        "{} ago",
-        humantime::format_duration(std::time::Duration::from_secs(elapsed.as_secs()))
-    ))
+async fn fetch_all(
+    client: &mut ControlClient<Channel>,
+    kind: &str,
+    namespace: &str,
+) -> anyhow::Result<Vec<Value>> {
+    let list = client
+        .list(ListRequest {
+            kind: kind.to_owned(),
+            namespace: namespace.to_owned(),
+        })
+        .await
+        .map_err(|s| refused(&s))?
+        .into_inner();
+    list.items
+        .iter()
+        .map(|o| serde_json::from_str(&o.json).context("the controller sent an unreadable object"))
+        .collect()
+}
+
+async fn get(
+    client: &mut ControlClient<Channel>,
+    kind: &str,
+    name: Option<&str>,
+    namespace: &str,
+    output: Output,
+    watch: bool,
+) -> anyhow::Result<()> {
+    let mut printed_header = false;
+    let mut last: Vec<String> = Vec::new();
+    loop {
+        let objects = match name {
+            Some(name) => vec![fetch(client, kind, namespace, name).await?],
+            None => fetch_all(client, kind, namespace).await?,
+        };
+        match output {
+            Output::Json | Output::Yaml => {
+                let value = match (name, objects.as_slice()) {
+                    (Some(_), [one]) => one.clone(),
+                    _ => serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects}),
+                };
+                let text = if output == Output::Json {
+                    format!("{}\n", serde_json::to_string_pretty(&value)?)
+                } else {
+                    serde_yaml_ng::to_string(&value)?
+                };
+                if last.first() != Some(&text) {
+                    if watch && !last.is_empty() && output == Output::Yaml {
+                        println!("---");
+                    }
+                    print!("{text}");
+                    last = vec![text];
+                }
+            }
+            Output::Table | Output::Wide => {
+                let all_namespaces = namespace.is_empty();
+                let (header, rows) = table_rows(&objects, output == Output::Wide, all_namespaces);
+                if !watch {
+                    if rows.is_empty() {
+                        eprintln!("No resources found.");
+                    } else {
+                        print_table(&header, &rows, true);
+                    }
+                    return Ok(());
+                }
+                // Watching: the header once, then each row whenever it changes.
+                let lines: Vec<String> = render_table(&header, &rows);
+                if !printed_header {
+                    println!("{}", lines[0]);
+                    printed_header = true;
+                }
+                for line in &lines[1..] {
+                    if !last.contains(line) {
+                        println!("{line}");
+                    }
+                }
+                last = lines;
+            }
+        }
+        if !watch {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+fn str_of<'a>(value: &'a Value, pointer: &str) -> &'a str {
+    value.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+}
+
+fn num_of(value: &Value, pointer: &str) -> u64 {
+    value.pointer(pointer).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// kubectl-style age of an RFC 3339 time: `5s`, `3m`, `2h`, `4d`.
+fn age(rfc3339: &str) -> String {
+    let Ok(then) = humantime::parse_rfc3339(rfc3339) else {
+        return "-".to_owned();
+    };
+    let secs = SystemTime::now()
+        .duration_since(then)
+        .unwrap_or_default()
+        .as_secs();
+    match secs {
+        0..120 => format!("{secs}s"),
+        120..7200 => format!("{}m", secs / 60),
+        7200..172_800 => format!("{}h", secs / 3600),
+        _ => format!("{}d", secs / 86_400),
+    }
+}
+
+fn bytes(n: u64) -> String {
+    bytesize::ByteSize::b(n).display().iec_short().to_string()
+}
+
+fn table_rows(
+    objects: &[Value],
+    wide: bool,
+    all_namespaces: bool,
+) -> (Vec<String>, Vec<Vec<String>>) {
+    let kind = objects
+        .first()
+        .map(|o| str_of(o, "/kind").to_owned())
+        .unwrap_or_default();
+    let mut header: Vec<&str> = Vec::new();
+    if all_namespaces && kind != "Node" {
+        header.push("NAMESPACE");
+    }
+    let mut rows = Vec::new();
+    match kind.as_str() {
+        "ImagePullJob" => {
+            header.extend([
+                "NAME",
+                "TOTAL",
+                "ACTIVE",
+                "SUCCEEDED",
+                "FAILED",
+                "PROGRESS",
+                "AGE",
+                "MESSAGE",
+            ]);
+            if wide {
+                header.push("IMAGE");
+            }
+            for o in objects {
+                let (done, total) = o
+                    .pointer("/status/nodes")
+                    .and_then(Value::as_array)
+                    .map(|nodes| {
+                        nodes.iter().fold((0, 0), |(d, t), n| {
+                            (d + num_of(n, "/bytesDone"), t + num_of(n, "/bytesTotal"))
+                        })
+                    })
+                    .unwrap_or((0, 0));
+                let progress = if total == 0 {
+                    "-".to_owned()
+                } else {
+                    format!("{}/{}", bytes(done), bytes(total))
+                };
+                let mut row = Vec::new();
+                if all_namespaces {
+                    row.push(str_of(o, "/metadata/namespace").to_owned());
+                }
+                row.extend([
+                    str_of(o, "/metadata/name").to_owned(),
+                    num_of(o, "/status/desired").to_string(),
+                    num_of(o, "/status/active").to_string(),
+                    num_of(o, "/status/succeeded").to_string(),
+                    num_of(o, "/status/failed").to_string(),
+                    progress,
+                    age(str_of(o, "/metadata/creationTimestamp")),
+                    str_of(o, "/status/message").to_owned(),
+                ]);
+                if wide {
+                    row.push(str_of(o, "/spec/image").to_owned());
+                }
+                rows.push(row);
+            }
+        }
+        "Node" => {
+            header.extend([
+                "NAME",
+                "STATUS",
+                "AGENT",
+                "CONTAINERD",
+                "IMAGES",
+                "PODS",
+                "LAST HEARTBEAT",
+            ]);
+            if wide {
+                header.extend(["LABELS", "REASON"]);
+            }
+            for o in objects {
+                let ready = str_of(o, "/status/conditions/0/status") == "True";
+                let mut row = vec![
+                    str_of(o, "/metadata/name").to_owned(),
+                    if ready { "Ready" } else { "NotReady" }.to_owned(),
+                    str_of(o, "/status/nodeInfo/agentVersion").to_owned(),
+                    str_of(o, "/status/nodeInfo/containerRuntimeVersion")
+                        .trim_start_matches("containerd://")
+                        .to_owned(),
+                    o.pointer("/status/images")
+                        .and_then(Value::as_array)
+                        .map_or(0, Vec::len)
+                        .to_string(),
+                    num_of(o, "/status/pods").to_string(),
+                    format!(
+                        "{} ago",
+                        age(str_of(o, "/status/conditions/0/lastHeartbeatTime"))
+                    ),
+                ];
+                if wide {
+                    let labels = o
+                        .pointer("/metadata/labels")
+                        .and_then(Value::as_object)
+                        .map(|m| {
+                            m.iter()
+                                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        })
+                        .unwrap_or_default();
+                    row.push(labels);
+                    row.push(str_of(o, "/status/conditions/0/message").to_owned());
+                }
+                rows.push(row);
+            }
+        }
+        _ => {
+            header.extend(["NAME", "TYPE", "DATA", "AGE"]);
+            for o in objects {
+                let mut row = Vec::new();
+                if all_namespaces {
+                    row.push(str_of(o, "/metadata/namespace").to_owned());
+                }
+                row.extend([
+                    str_of(o, "/metadata/name").to_owned(),
+                    str_of(o, "/type").to_owned(),
+                    o.pointer("/data")
+                        .and_then(Value::as_object)
+                        .map_or(0, serde_json::Map::len)
+                        .to_string(),
+                    age(str_of(o, "/metadata/creationTimestamp")),
+                ]);
+                rows.push(row);
+            }
+        }
+    }
+    (header.into_iter().map(str::to_owned).collect(), rows)
+}
+
+fn render_table(header: &[String], rows: &[Vec<String>]) -> Vec<String> {
+    let mut table = Table::new();
+    table.load_preset(presets::NOTHING);
+    table.set_header(header.to_vec());
+    for row in rows {
+        table.add_row(row.clone());
+    }
+    for column in table.column_iter_mut() {
+        column.set_padding((0, 2));
+    }
+    table
+        .to_string()
+        .lines()
+        .map(|l| l.trim_end().to_owned())
+        .collect()
+}
+
+fn print_table(header: &[String], rows: &[Vec<String>], with_header: bool) {
+    for (i, line) in render_table(header, rows).iter().enumerate() {
+        if i > 0 || with_header {
+            println!("{line}");
+        }
+    }
+}
+
+fn describe(object: &Value) -> String {
+    let mut out = String::new();
+    let mut metadata_only = object.clone();
+    if let Some(status) = metadata_only
+        .get_mut("status")
+        .and_then(Value::as_object_mut)
+    {
+        status.remove("nodes");
+    }
+    out.push_str(&serde_yaml_ng::to_string(&metadata_only).unwrap_or_default());
+    if let Some(nodes) = object.pointer("/status/nodes").and_then(Value::as_array) {
+        out.push_str("Nodes:\n");
+        let header: Vec<String> = ["NODE", "PHASE", "ATTEMPTS", "PROGRESS", "MESSAGE"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        let rows: Vec<Vec<String>> = nodes
+            .iter()
+            .map(|n| {
+                let total = num_of(n, "/bytesTotal");
+                vec![
+                    str_of(n, "/name").to_owned(),
+                    str_of(n, "/phase").to_owned(),
+                    num_of(n, "/attempts").to_string(),
+                    if total == 0 {
+                        "-".to_owned()
+                    } else {
+                        format!("{}/{}", bytes(num_of(n, "/bytesDone")), bytes(total))
+                    },
+                    str_of(n, "/message").to_owned(),
+                ]
+            })
+            .collect();
+        for line in render_table(&header, &rows) {
+            out.push_str("  ");
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Whether `object` has condition `name` with status True.
+fn has_condition(object: &Value, name: &str) -> bool {
+    object
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|conditions| {
+            conditions.iter().any(|c| {
+                str_of(c, "/type").eq_ignore_ascii_case(name) && str_of(c, "/status") == "True"
+            })
+        })
+}
+
+async fn wait(
+    client: &mut ControlClient<Channel>,
+    namespace: &str,
+    object: &str,
+    condition: &str,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let (kind, name) = object
+        .split_once('/')
+        .filter(|(k, n)| !k.is_empty() && !n.is_empty())
+        .ok_or_else(|| anyhow::anyhow!("{object:?}: expected KIND/NAME, e.g. imagepulljob/warm"))?;
+    let wanted = condition
+        .strip_prefix("condition=")
+        .filter(|c| !c.is_empty())
+        .ok_or_else(|| anyhow::anyhow!("--for {condition:?}: expected condition=NAME"))?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        let current = fetch(client, kind, namespace, name).await?;
+        if has_condition(&current, wanted) {
+            println!("{}/{name} condition met", kind.to_ascii_lowercase());
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            anyhow::bail!(
+                "timed out after {} waiting for {wanted} on {kind}/{name} ({})",
+                humantime::format_duration(timeout),
+                str_of(&current, "/status/message")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }

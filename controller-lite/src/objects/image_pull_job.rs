@@ -128,6 +128,53 @@ pub struct ImagePullJobStatus {
     pub failed_nodes: Vec<String>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// `Complete` once the job finished (completionPolicy Always).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<super::Condition>,
+    /// Each selected node's pull (Rigger's addition to Kruise's status).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodePullStatus>,
+}
+
+/// One node's part of a job.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePullStatus {
+    pub name: String,
+    pub phase: NodePullPhase,
+    /// Pulls started on this node (retries included).
+    #[serde(default)]
+    pub attempts: u32,
+    /// The current attempt's task id on the agent.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub task_id: String,
+    #[serde(default)]
+    pub bytes_done: u64,
+    #[serde(default)]
+    pub bytes_total: u64,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// Digest the image name points at on the node, once pulled.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub image_digest: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<String>,
+    /// Failed because the node went silent or away: the pull resumes if it returns
+    /// before the job finishes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub node_lost: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodePullPhase {
+    /// Waiting for a parallelism slot (or for a retry).
+    #[default]
+    Waiting,
+    Pulling,
+    Succeeded,
+    Failed,
 }
 
 impl ImagePullJob {

@@ -5,6 +5,7 @@
 //! path (`spec.parallelism`) and why, as `kubectl` users expect.
 
 pub mod image_pull_job;
+pub mod secret;
 
 use std::collections::BTreeMap;
 
@@ -14,6 +15,66 @@ use serde::{Deserialize, Serialize};
 pub const API_VERSION: &str = "rigger.dev/v1alpha1";
 /// OpenKruise's, accepted as-is for the kinds Kruise has, so its YAML applies unchanged.
 pub const KRUISE_API_VERSION: &str = "apps.kruise.io/v1alpha1";
+
+/// Objects applied without `metadata.namespace` land here, as with kubectl.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// The kinds the API serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    ImagePullJob,
+    Secret,
+    /// Nodes are not applied: they exist while their agents register.
+    Node,
+}
+
+impl Kind {
+    pub const ALL: [Self; 3] = [Self::ImagePullJob, Self::Secret, Self::Node];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ImagePullJob => image_pull_job::KIND,
+            Self::Secret => secret::KIND,
+            Self::Node => "Node",
+        }
+    }
+
+    /// kubectl's spellings: the kind, lowercase, plural, or short name.
+    pub fn resolve(text: &str) -> Option<Self> {
+        match text.to_ascii_lowercase().as_str() {
+            "imagepulljob" | "imagepulljobs" | "ipj" => Some(Self::ImagePullJob),
+            "secret" | "secrets" => Some(Self::Secret),
+            "node" | "nodes" | "no" => Some(Self::Node),
+            _ => None,
+        }
+    }
+
+    pub fn namespaced(self) -> bool {
+        self != Self::Node
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Kubernetes' condition shape (`status.conditions[]`), what `riggerctl wait` reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// "True", "False" or "Unknown".
+    pub status: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+}
 
 /// A refused object: the field at fault and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

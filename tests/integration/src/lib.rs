@@ -31,6 +31,9 @@ pub struct Lab {
     pub containerd_address: PathBuf,
     pub containerd_root: PathBuf,
     pub hosts_dir: PathBuf,
+    /// The lab's second node (fleet tests).
+    pub node2_containerd_address: PathBuf,
+    pub node2_hosts_dir: PathBuf,
 }
 
 impl Lab {
@@ -41,7 +44,8 @@ impl Lab {
             let dir = PathBuf::from(
                 std::env::var("RIGGER_LAB_DIR").unwrap_or_else(|_| "/tmp/rigger-lab".into()),
             );
-            let running = dir.join("env").exists()
+            let running = std::fs::read_to_string(dir.join("env"))
+                .is_ok_and(|env| env.contains("RIGGER_LAB_NODE2_CONTAINERD_ADDRESS"))
                 && Command::new(&script)
                     .arg("status")
                     .stdout(Stdio::null())
@@ -68,6 +72,8 @@ impl Lab {
                 containerd_address: env["RIGGER_LAB_CONTAINERD_ADDRESS"].clone().into(),
                 containerd_root: env["RIGGER_LAB_CONTAINERD_ROOT"].clone().into(),
                 hosts_dir: env["RIGGER_LAB_HOSTS_DIR"].clone().into(),
+                node2_containerd_address: env["RIGGER_LAB_NODE2_CONTAINERD_ADDRESS"].clone().into(),
+                node2_hosts_dir: env["RIGGER_LAB_NODE2_HOSTS_DIR"].clone().into(),
             }
         })
     }
@@ -868,5 +874,219 @@ impl AuthRegistry {
         )
         .unwrap();
         path
+    }
+}
+
+/// A `certs.d` directory under `dir` saying that each of `registries` (`host:port`)
+/// speaks plain HTTP, for agents pulling through a test proxy.
+pub fn plain_http_hosts_dir(dir: &Path, registries: &[&str]) -> PathBuf {
+    let hosts = dir.join("certs.d");
+    for registry in registries {
+        let at = hosts.join(registry);
+        std::fs::create_dir_all(&at).unwrap();
+        std::fs::write(
+            at.join("hosts.toml"),
+            format!(
+                "server = \"http://{registry}\"\n\n[host.\"http://{registry}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+            ),
+        )
+        .unwrap();
+    }
+    hosts
+}
+
+/// The tail of a log file, for assertion messages.
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// A `rigger-controller` on loopback with a data directory of the test, fast heartbeats
+/// (1 s) and node timeout (3 s); its log goes to `<data_dir>/controller.log`.
+#[derive(Debug)]
+pub struct Controller {
+    pub server: String,
+    pub data_dir: PathBuf,
+    pub log: PathBuf,
+    listen: String,
+    daemon: Option<Daemon>,
+}
+
+impl Controller {
+    pub fn start(data_dir: &Path) -> Self {
+        let mut controller = Self {
+            server: String::new(),
+            data_dir: data_dir.to_owned(),
+            log: data_dir.join("controller.log"),
+            listen: format!("127.0.0.1:{}", free_port()),
+            daemon: None,
+        };
+        controller.server = format!("http://{}", controller.listen);
+        controller.spawn();
+        controller
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        self.daemon = Some(Daemon::spawn(
+            Command::new(binary("rigger-controller"))
+                .arg("--data-dir")
+                .arg(&self.data_dir)
+                .args(["--listen", &self.listen])
+                .args(["--health-listen", &format!("127.0.0.1:{}", free_port())])
+                .args(["--heartbeat-interval", "1s", "--node-timeout", "3s"])
+                .stdout(Stdio::null())
+                .stderr(log),
+        ));
+        let server = self.server.clone();
+        wait_until("the controller to serve", Duration::from_secs(20), || {
+            riggerctl(&server, &["get", "nodes"])
+                .status
+                .success()
+                .then_some(())
+        });
+    }
+
+    /// SIGKILL: no drain, no last status write.
+    pub fn kill(&mut self) {
+        if let Some(mut daemon) = self.daemon.take() {
+            daemon.child.kill().unwrap();
+            daemon.child.wait().unwrap();
+        }
+    }
+
+    /// Start again on the same address and data directory.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// `riggerctl --server <this> ARGS`.
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        riggerctl(&self.server, args)
+    }
+
+    /// `riggerctl ... -o json` parsed; `None` when riggerctl fails.
+    pub fn get_json(&self, args: &[&str]) -> Option<serde_json::Value> {
+        let mut all = vec!["get"];
+        all.extend_from_slice(args);
+        all.extend(["-o", "json"]);
+        let out = self.ctl(&all);
+        out.status
+            .success()
+            .then(|| serde_json::from_slice(&out.stdout).unwrap())
+    }
+
+    /// `riggerctl apply -f -` with `yaml` on stdin.
+    pub fn apply(&self, yaml: &str) -> Output {
+        let mut child = Command::new(binary("riggerctl"))
+            .args(["--server", &self.server, "apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(yaml.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    }
+}
+
+/// `riggerctl --server SERVER ARGS`.
+pub fn riggerctl(server: &str, args: &[&str]) -> Output {
+    Command::new(binary("riggerctl"))
+        .args(["--server", server])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// A `rigger-agent run` for one lab node, linked to a controller; its state directory
+/// and log (`agent.log`) live in `state_dir`.
+#[derive(Debug)]
+pub struct Agent {
+    pub node: String,
+    pub state_dir: PathBuf,
+    pub log: PathBuf,
+    args: Vec<String>,
+    daemon: Option<Daemon>,
+}
+
+impl Agent {
+    /// `containerd`: the node's socket; `namespace`: where pulls go;
+    /// `hosts_dir`: its registry configuration.
+    pub fn start(
+        server: &str,
+        node: &str,
+        containerd: &Path,
+        hosts_dir: &Path,
+        namespace: &str,
+        state_dir: &Path,
+    ) -> Self {
+        let args = vec![
+            "run".to_owned(),
+            "--address".to_owned(),
+            containerd.display().to_string(),
+            "--controller".to_owned(),
+            server.to_owned(),
+            "--node-name".to_owned(),
+            node.to_owned(),
+            "--namespace".to_owned(),
+            namespace.to_owned(),
+            "--registry-config".to_owned(),
+            hosts_dir.display().to_string(),
+            "--state-dir".to_owned(),
+            state_dir.display().to_string(),
+            "--max-connections".to_owned(),
+            "1".to_owned(),
+            "--inventory-interval".to_owned(),
+            "2s".to_owned(),
+        ];
+        let mut agent = Self {
+            node: node.to_owned(),
+            state_dir: state_dir.to_owned(),
+            log: state_dir.join("agent.log"),
+            args,
+            daemon: None,
+        };
+        agent.spawn();
+        agent
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        self.daemon = Some(Daemon::spawn(
+            Command::new(binary("rigger-agent"))
+                .args(&self.args)
+                .args(["--health-listen", &format!("127.0.0.1:{}", free_port())])
+                .env("RIGGER_LOG_LEVEL", "info,rigger_agent=debug")
+                .stdout(Stdio::null())
+                .stderr(log),
+        ));
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut daemon) = self.daemon.take() {
+            daemon.child.kill().unwrap();
+            daemon.child.wait().unwrap();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
     }
 }

@@ -58,14 +58,18 @@ fn agent_registers_and_is_marked_not_ready_when_it_goes() {
             let node = list["items"]
                 .as_array()?
                 .iter()
-                .find(|n| n["name"] == "itest-node-1")?
+                .find(|n| n["metadata"]["name"] == "itest-node-1")?
                 .clone();
-            (node["ready"] == true && node["containerdVersion"] != "").then_some(node)
+            let ready = node["status"]["conditions"][0]["status"] == "True";
+            (ready && node["status"]["nodeInfo"]["containerRuntimeVersion"] != "").then_some(node)
         },
     );
-    assert_eq!(node["labels"]["zone"], "a");
-    assert_eq!(node["labels"]["disk"], "ssd");
-    assert_eq!(node["agentVersion"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(node["metadata"]["labels"]["zone"], "a");
+    assert_eq!(node["metadata"]["labels"]["disk"], "ssd");
+    assert_eq!(
+        node["status"]["nodeInfo"]["agentVersion"],
+        env!("CARGO_PKG_VERSION")
+    );
 
     let table = Command::new(binary("riggerctl"))
         .args(["--server", &server, "get", "nodes"])
@@ -81,9 +85,12 @@ fn agent_registers_and_is_marked_not_ready_when_it_goes() {
     let node = wait_until("the node to be not ready", Duration::from_secs(10), || {
         let list = nodes(&server)?;
         let node = list["items"].as_array()?.first()?.clone();
-        (node["ready"] == false).then_some(node)
+        (node["status"]["conditions"][0]["status"] == "False").then_some(node)
     });
-    assert_eq!(node["reason"], "agent disconnected");
+    assert_eq!(
+        node["status"]["conditions"][0]["message"],
+        "agent disconnected"
+    );
 }
 
 #[test]

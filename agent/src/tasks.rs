@@ -1,0 +1,648 @@
+//! Work the controller hands this agent (today: image pulls for ImagePullJobs).
+//!
+//! A task is persisted under `<state_dir>/tasks` the moment it is accepted, so an agent
+//! restart finishes it (or reports how it ended) instead of losing it. Delivery is at
+//! least once: a task id seen before is never run twice, its status is reported again.
+//! Every change bumps a version the link watches; the link sends what changed since it
+//! last looked, so progress is coalesced, never queued.
+//!
+//! Pull secrets travel with the task but are never written to disk: a persisted task
+//! that needed them waits, after a restart, until the controller sends it again.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use containerd_client::services::v1::GetImageRequest;
+use containerd_client::services::v1::images_client::ImagesClient;
+use rigger_proto::v1::{self as proto, TaskPhase, task};
+use serde::{Deserialize, Serialize};
+use sha2::Digest as _;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::PullSettings;
+use crate::pull::{Progress, ProgressEvent, PullOptions, Puller};
+use crate::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime, namespaced};
+
+/// Finished tasks are kept (and reported on every reconnect) this long.
+const KEEP_FINISHED: Duration = Duration::from_secs(24 * 3600);
+/// Longest task id accepted (ids become file names only through a hash).
+const MAX_TASK_ID: usize = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error("task directory {path}: {source}")]
+    Directory {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// What a task does, as persisted (without secrets).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PullWork {
+    image: String,
+    always: bool,
+    timeout_seconds: u32,
+    /// It came with pull secrets: after a restart it waits for them to be sent again.
+    needs_secrets: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+enum Phase {
+    Accepted,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+impl Phase {
+    fn finished(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed)
+    }
+
+    fn to_proto(self) -> TaskPhase {
+        match self {
+            Self::Accepted => TaskPhase::Accepted,
+            Self::Running => TaskPhase::Running,
+            Self::Succeeded => TaskPhase::Succeeded,
+            Self::Failed => TaskPhase::Failed,
+        }
+    }
+}
+
+/// A task as it lives in `<state_dir>/tasks/<hash of id>.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TaskRecord {
+    id: String,
+    pull: PullWork,
+    phase: Phase,
+    #[serde(default)]
+    message: String,
+    #[serde(default)]
+    image_digest: String,
+    #[serde(with = "humantime_serde")]
+    accepted_at: SystemTime,
+    #[serde(default, with = "humantime_serde")]
+    finished_at: Option<SystemTime>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    record: TaskRecord,
+    bytes_done: u64,
+    bytes_total: u64,
+    /// The runner's version when this entry last changed.
+    version: u64,
+    cancel: CancellationToken,
+}
+
+impl Entry {
+    fn status(&self) -> proto::TaskStatus {
+        proto::TaskStatus {
+            id: self.record.id.clone(),
+            phase: self.record.phase.to_proto().into(),
+            bytes_done: self.bytes_done,
+            bytes_total: self.bytes_total,
+            message: self.record.message.clone(),
+            image_digest: self.record.image_digest.clone(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    containerd_address: PathBuf,
+    pull_options: PullOptions,
+    puller: tokio::sync::Mutex<Option<Puller>>,
+    tasks: Mutex<HashMap<String, Entry>>,
+    version: watch::Sender<u64>,
+    shutdown: CancellationToken,
+}
+
+/// Accepts, persists, runs and reports tasks. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct TaskRunner {
+    inner: Arc<Inner>,
+}
+
+impl TaskRunner {
+    /// Load what an earlier run of the agent accepted and resume the unfinished tasks.
+    pub fn start(
+        state_dir: &Path,
+        containerd_address: &Path,
+        settings: &PullSettings,
+        shutdown: CancellationToken,
+    ) -> Result<Self, TaskError> {
+        let dir = state_dir.join("tasks");
+        let directory_error = |source| TaskError::Directory {
+            path: dir.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&dir).map_err(directory_error)?;
+        let pull_options = PullOptions {
+            namespace: settings.namespace.clone(),
+            hosts_dir: settings.registry_config.clone(),
+            spool_dir: state_dir.join("spool"),
+            max_connections: settings.max_connections,
+            limit_rate: settings.limit_rate,
+            ..PullOptions::default()
+        };
+        let runner = Self {
+            inner: Arc::new(Inner {
+                dir: dir.clone(),
+                containerd_address: containerd_address.to_owned(),
+                pull_options,
+                puller: tokio::sync::Mutex::new(None),
+                tasks: Mutex::new(HashMap::new()),
+                version: watch::channel(0).0,
+                shutdown,
+            }),
+        };
+        let mut resume = Vec::new();
+        for entry in std::fs::read_dir(&dir).map_err(directory_error)? {
+            let path = entry.map_err(directory_error)?.path();
+            if path.extension().is_none_or(|e| e != "json") {
+                // A temporary file of a write the agent did not finish.
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
+            let record = match std::fs::read(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|b| serde_json::from_slice::<TaskRecord>(&b).map_err(|e| e.to_string()))
+            {
+                Ok(record) => record,
+                Err(error) => {
+                    tracing::warn!(path = %path.display(), %error, "unreadable task record removed");
+                    let _ = std::fs::remove_file(&path);
+                    continue;
+                }
+            };
+            let expired = record.finished_at.is_some_and(|at| {
+                SystemTime::now().duration_since(at).unwrap_or_default() > KEEP_FINISHED
+            });
+            if expired {
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
+            if !record.phase.finished() && !record.pull.needs_secrets {
+                resume.push(record.id.clone());
+            }
+            runner.insert(record);
+        }
+        for id in resume {
+            tracing::info!(task = %id, "resuming a task accepted before the agent restarted");
+            runner.spawn(&id, Vec::new());
+        }
+        Ok(runner)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+        // A panic elsewhere cannot leave the map half-updated: every change is one insert
+        // or field write, so a poisoned lock is still consistent.
+        self.inner
+            .tasks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn bump(&self) -> u64 {
+        let mut next = 0;
+        self.inner.version.send_modify(|v| {
+            *v += 1;
+            next = *v;
+        });
+        next
+    }
+
+    fn insert(&self, record: TaskRecord) {
+        let version = self.bump();
+        self.lock().insert(
+            record.id.clone(),
+            Entry {
+                record,
+                bytes_done: 0,
+                bytes_total: 0,
+                version,
+                cancel: self.inner.shutdown.child_token(),
+            },
+        );
+    }
+
+    /// Watch this to learn that some status changed.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.version.subscribe()
+    }
+
+    /// Statuses of every task held (for the link's Register).
+    pub fn all_statuses(&self) -> Vec<proto::TaskStatus> {
+        let tasks = self.lock();
+        let mut statuses: Vec<_> = tasks.values().map(Entry::status).collect();
+        statuses.sort_by(|a, b| a.id.cmp(&b.id));
+        statuses
+    }
+
+    /// Statuses that changed after `version`.
+    pub fn statuses_since(&self, version: u64) -> Vec<proto::TaskStatus> {
+        self.lock()
+            .values()
+            .filter(|e| e.version > version)
+            .map(Entry::status)
+            .collect()
+    }
+
+    /// Take a task from the controller. A known id is not run again; its status is
+    /// reported again instead (the controller resends what it has not seen finish).
+    pub fn accept(&self, task: proto::Task) {
+        let id = task.id;
+        if id.is_empty() || id.len() > MAX_TASK_ID {
+            tracing::warn!(len = id.len(), "task refused: its id is empty or too long");
+            return;
+        }
+        let Some(task::Work::PullImage(pull)) = task.work else {
+            self.refuse(
+                &id,
+                "this agent does not know the task's kind of work (upgrade it)",
+            );
+            return;
+        };
+        if let Err(reason) = crate::pull::check_reference(&pull.image) {
+            self.refuse(&id, &reason);
+            return;
+        }
+        let waiting_for_secrets = {
+            let mut tasks = self.lock();
+            match tasks.get_mut(&id) {
+                Some(entry) => {
+                    let waiting =
+                        entry.record.phase == Phase::Accepted && entry.record.pull.needs_secrets;
+                    if !waiting {
+                        entry.version = self.bump();
+                        return;
+                    }
+                    true
+                }
+                None => false,
+            }
+        };
+        if !waiting_for_secrets {
+            let record = TaskRecord {
+                id: id.clone(),
+                pull: PullWork {
+                    image: pull.image.clone(),
+                    always: pull.always,
+                    timeout_seconds: pull.timeout_seconds,
+                    needs_secrets: !pull.docker_configs.is_empty(),
+                },
+                phase: Phase::Accepted,
+                message: String::new(),
+                image_digest: String::new(),
+                accepted_at: SystemTime::now(),
+                finished_at: None,
+            };
+            self.persist(&record);
+            tracing::info!(task = %id, image = %pull.image, "task accepted");
+            self.insert(record);
+        }
+        self.spawn(&id, pull.docker_configs);
+    }
+
+    /// A task that cannot run is recorded as failed, so the controller learns why.
+    fn refuse(&self, id: &str, reason: &str) {
+        tracing::warn!(task = %id, %reason, "task refused");
+        let record = TaskRecord {
+            id: id.to_owned(),
+            pull: PullWork {
+                image: String::new(),
+                always: false,
+                timeout_seconds: 0,
+                needs_secrets: false,
+            },
+            phase: Phase::Failed,
+            message: reason.to_owned(),
+            image_digest: String::new(),
+            accepted_at: SystemTime::now(),
+            finished_at: Some(SystemTime::now()),
+        };
+        self.persist(&record);
+        self.insert(record);
+    }
+
+    /// Stop a task; it ends as failed with `reason`.
+    pub fn cancel(&self, id: &str, reason: &str) {
+        if let Some(entry) = self.lock().get_mut(id)
+            && !entry.record.phase.finished()
+        {
+            tracing::info!(task = %id, %reason, "task cancelled by the controller");
+            entry.record.message = format!("cancelled: {reason}");
+            entry.cancel.cancel();
+        }
+    }
+
+    fn spawn(&self, id: &str, docker_configs: Vec<String>) {
+        let runner = self.clone();
+        let id = id.to_owned();
+        tokio::spawn(async move { runner.run(&id, docker_configs).await });
+    }
+
+    #[tracing::instrument(level = "info", skip(self, docker_configs))]
+    async fn run(&self, id: &str, docker_configs: Vec<String>) {
+        let Some((work, cancel)) = self.update(id, |entry| {
+            entry.record.phase = Phase::Running;
+            (entry.record.pull.clone(), entry.cancel.clone())
+        }) else {
+            return;
+        };
+        let pulled = async {
+            let puller = self.puller().await?;
+            if !work.always
+                && let Some(digest) = self.present(&puller, &work.image).await
+            {
+                return Ok((digest, "already present".to_owned()));
+            }
+            let progress: Arc<dyn Progress> = Arc::new(TaskProgress {
+                runner: self.clone(),
+                id: id.to_owned(),
+                sizes: Mutex::default(),
+            });
+            let pulled = puller
+                .pull_with_credentials(&work.image, &docker_configs, progress)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>((pulled.digest, String::new()))
+        };
+        let limit = match work.timeout_seconds {
+            0 => Duration::MAX,
+            n => Duration::from_secs(u64::from(n)),
+        };
+        let outcome = tokio::select! {
+            _ = cancel.cancelled() => {
+                if self.inner.shutdown.is_cancelled() {
+                    // The agent is stopping: the task stays Running on disk and
+                    // resumes when the agent starts again.
+                    return;
+                }
+                Err(None)
+            }
+            outcome = tokio::time::timeout(limit, pulled) => match outcome {
+                Ok(result) => result.map_err(Some),
+                Err(_) => Err(Some(format!(
+                    "timed out after {}s (pullPolicy.timeoutSeconds)",
+                    work.timeout_seconds
+                ))),
+            },
+        };
+        self.update(id, |entry| {
+            match outcome {
+                Ok((digest, message)) => {
+                    entry.record.phase = Phase::Succeeded;
+                    entry.record.image_digest = digest;
+                    entry.record.message = message;
+                    entry.bytes_done = entry.bytes_total;
+                    tracing::info!(image = %entry.record.pull.image, "pull succeeded");
+                }
+                Err(reason) => {
+                    entry.record.phase = Phase::Failed;
+                    // A cancel wrote its reason already.
+                    if let Some(reason) = reason {
+                        entry.record.message = reason;
+                    }
+                    tracing::warn!(image = %entry.record.pull.image, reason = %entry.record.message, "pull failed");
+                }
+            }
+            entry.record.finished_at = Some(SystemTime::now());
+        });
+    }
+
+    /// Change an entry, persist it and tell the link; `None` if the task is unknown.
+    fn update<T>(&self, id: &str, change: impl FnOnce(&mut Entry) -> T) -> Option<T> {
+        let (result, record) = {
+            let mut tasks = self.lock();
+            let entry = tasks.get_mut(id)?;
+            let result = change(entry);
+            entry.version = self.bump();
+            (result, entry.record.clone())
+        };
+        self.persist(&record);
+        Some(result)
+    }
+
+    fn progress(&self, id: &str, done: u64, total: u64) {
+        let mut tasks = self.lock();
+        if let Some(entry) = tasks.get_mut(id) {
+            entry.bytes_done = done;
+            entry.bytes_total = total;
+            entry.version = self.bump();
+        }
+    }
+
+    async fn puller(&self) -> Result<Puller, String> {
+        let mut slot = self.inner.puller.lock().await;
+        if let Some(puller) = slot.as_ref() {
+            return Ok(puller.clone());
+        }
+        let runtime = Runtime::connect(&self.inner.containerd_address, DEFAULT_CONNECT_TIMEOUT)
+            .await
+            .map_err(|e| e.to_string())?;
+        let puller = Puller::new(runtime, self.inner.pull_options.clone());
+        *slot = Some(puller.clone());
+        Ok(puller)
+    }
+
+    /// The digest of `image` when containerd has a record of it.
+    async fn present(&self, puller: &Puller, image: &str) -> Option<String> {
+        let name = crate::pull::normalized_name(image).ok()?;
+        let request =
+            namespaced(GetImageRequest { name }, &self.inner.pull_options.namespace).ok()?;
+        let image = ImagesClient::new(puller.runtime().channel())
+            .get(request)
+            .await
+            .ok()?
+            .into_inner()
+            .image?;
+        image.target.map(|t| t.digest)
+    }
+
+    fn path_of(&self, id: &str) -> PathBuf {
+        let hash = sha2::Sha256::digest(id.as_bytes());
+        let name: String = hash[..16].iter().map(|b| format!("{b:02x}")).collect();
+        self.inner.dir.join(format!("{name}.json"))
+    }
+
+    /// Write the record atomically; a failure is logged: the task still runs, it only
+    /// would not survive a restart.
+    fn persist(&self, record: &TaskRecord) {
+        let path = self.path_of(&record.id);
+        let temporary = path.with_extension("tmp");
+        let written = serde_json::to_vec_pretty(record)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| std::fs::write(&temporary, bytes))
+            .and_then(|()| std::fs::rename(&temporary, &path));
+        if let Err(error) = written {
+            tracing::warn!(task = %record.id, path = %path.display(), %error, "cannot persist the task");
+        }
+    }
+}
+
+/// Turns pull events into the task's byte counts.
+struct TaskProgress {
+    runner: TaskRunner,
+    id: String,
+    /// Per blob: (size, bytes done).
+    sizes: Mutex<HashMap<String, (u64, u64)>>,
+}
+
+impl Progress for TaskProgress {
+    fn event(&self, event: ProgressEvent) {
+        let mut sizes = self
+            .sizes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match event {
+            ProgressEvent::Resolved { layers, .. } => {
+                for (digest, size) in layers {
+                    sizes.entry(digest).or_insert((size, 0));
+                }
+            }
+            ProgressEvent::BlobStarted {
+                digest,
+                size,
+                resumed_from,
+            } => {
+                let entry = sizes.entry(digest).or_insert((size, 0));
+                entry.1 = entry.1.max(resumed_from);
+            }
+            ProgressEvent::BlobBytes { digest, bytes } => {
+                if let Some(entry) = sizes.get_mut(&digest) {
+                    entry.1 = (entry.1 + bytes).min(entry.0);
+                }
+            }
+            ProgressEvent::BlobDone { digest, .. } => {
+                if let Some(entry) = sizes.get_mut(&digest) {
+                    entry.1 = entry.0;
+                }
+            }
+            ProgressEvent::LayerUnpacked { .. } | ProgressEvent::Done { .. } => return,
+        }
+        let (total, done) = sizes
+            .values()
+            .fold((0, 0), |(t, d), (size, done)| (t + size, d + done));
+        drop(sizes);
+        self.runner.progress(&self.id, done, total);
+    }
+}
+
+impl std::fmt::Debug for TaskProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskProgress")
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> PullSettings {
+        PullSettings {
+            namespace: "itest".to_owned(),
+            registry_config: PathBuf::from("/nonexistent"),
+            max_connections: 1,
+            limit_rate: None,
+        }
+    }
+
+    fn pull_task(id: &str, image: &str) -> proto::Task {
+        proto::Task {
+            id: id.to_owned(),
+            work: Some(task::Work::PullImage(proto::PullImage {
+                image: image.to_owned(),
+                always: true,
+                timeout_seconds: 5,
+                docker_configs: vec!["{\"auths\":{}}".to_owned()],
+            })),
+        }
+    }
+
+    #[tokio::test]
+    async fn accepted_tasks_survive_a_restart_without_their_secrets() {
+        let state = tempfile::tempdir().unwrap();
+        let token = CancellationToken::new();
+        let runner = TaskRunner::start(
+            state.path(),
+            Path::new("/nonexistent.sock"),
+            &settings(),
+            token.clone(),
+        )
+        .unwrap();
+        runner.accept(pull_task("job-1/n1/1", "registry.example/app:1"));
+        // The pull fails (no containerd); wait until it is recorded.
+        let mut watch = runner.subscribe();
+        loop {
+            let statuses = runner.all_statuses();
+            if statuses[0].phase == TaskPhase::Failed as i32 {
+                assert!(
+                    statuses[0].message.contains("nonexistent.sock"),
+                    "{statuses:?}"
+                );
+                break;
+            }
+            watch.changed().await.unwrap();
+        }
+        let files: Vec<_> = std::fs::read_dir(state.path().join("tasks"))
+            .unwrap()
+            .collect();
+        assert_eq!(files.len(), 1);
+        let text = std::fs::read_to_string(files[0].as_ref().unwrap().path()).unwrap();
+        assert!(!text.contains("auths"), "secrets were persisted: {text}");
+
+        // A restarted agent knows the task and its outcome; the same id is not run again.
+        token.cancel();
+        let again = TaskRunner::start(
+            state.path(),
+            Path::new("/nonexistent.sock"),
+            &settings(),
+            CancellationToken::new(),
+        )
+        .unwrap();
+        let statuses = again.all_statuses();
+        assert_eq!(statuses.len(), 1);
+        assert_eq!(statuses[0].phase, TaskPhase::Failed as i32);
+        let before = *again.subscribe().borrow();
+        again.accept(pull_task("job-1/n1/1", "registry.example/app:1"));
+        let resent = again.statuses_since(before);
+        assert_eq!(resent.len(), 1, "a known id is reported again");
+        assert_eq!(resent[0].phase, TaskPhase::Failed as i32);
+    }
+
+    #[tokio::test]
+    async fn bad_tasks_are_reported_failed_with_the_reason() {
+        let state = tempfile::tempdir().unwrap();
+        let runner = TaskRunner::start(
+            state.path(),
+            Path::new("/nonexistent.sock"),
+            &settings(),
+            CancellationToken::new(),
+        )
+        .unwrap();
+        runner.accept(pull_task("t1", "Not A Reference"));
+        runner.accept(proto::Task {
+            id: "t2".to_owned(),
+            work: None,
+        });
+        let statuses = runner.all_statuses();
+        assert_eq!(statuses.len(), 2);
+        assert!(statuses.iter().all(|s| s.phase == TaskPhase::Failed as i32));
+        assert!(
+            statuses[0].message.contains("Not A Reference"),
+            "{statuses:?}"
+        );
+        assert!(statuses[1].message.contains("kind of work"), "{statuses:?}");
+    }
+}

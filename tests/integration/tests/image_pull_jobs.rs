@@ -1,0 +1,396 @@
+//! ImagePullJobs end to end: a real controller, real agents on the lab's two containerd
+//! nodes, pulls through a bandwidth-capped proxy so each pull takes seconds and every
+//! step of the job can be observed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use rigger_integration_tests::{
+    Agent, Controller, Lab, Proxy, log_tail, plain_http_hosts_dir, unique_image, wait_until,
+};
+use serde_json::{Value, json};
+
+/// Two agents (lab node1 and node2) on one controller, pulling through a proxy capped
+/// at `rate` per connection, into containerd namespace `itest-<test>-<pid>`.
+struct Fleet {
+    controller: Controller,
+    agents: Vec<Agent>,
+    proxy: Proxy,
+    namespace: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    fn start(test: &str, rate: &str) -> Self {
+        let lab = Lab::get();
+        let dir = tempfile::tempdir().unwrap();
+        let proxy = Proxy::start(&json!([]), &["--connection-rate", rate]);
+        let hosts = plain_http_hosts_dir(dir.path(), &[&proxy.address]);
+        let namespace = format!("itest-{test}-{}", std::process::id());
+        let sub = |name: &str| {
+            let path = dir.path().join(name);
+            std::fs::create_dir_all(&path).unwrap();
+            path
+        };
+        let controller = Controller::start(&sub("controller"));
+        let agents = [&lab.containerd_address, &lab.node2_containerd_address]
+            .iter()
+            .enumerate()
+            .map(|(i, containerd)| {
+                let node = format!("{test}-{}", i + 1);
+                Agent::start(
+                    &controller.server,
+                    &node,
+                    containerd,
+                    &hosts,
+                    &namespace,
+                    &sub(&node),
+                )
+            })
+            .collect();
+        let fleet = Self {
+            controller,
+            agents,
+            proxy,
+            namespace,
+            _dir: dir,
+        };
+        for agent in &fleet.agents {
+            fleet.wait_ready(&agent.node);
+        }
+        fleet
+    }
+
+    fn wait_ready(&self, node: &str) {
+        wait_until(
+            &format!("node {node} to be ready"),
+            Duration::from_secs(30),
+            || {
+                let node = self.controller.get_json(&["node", node])?;
+                (node["status"]["conditions"][0]["status"] == "True").then_some(())
+            },
+        );
+    }
+
+    fn node_names(&self) -> Vec<String> {
+        self.agents.iter().map(|a| a.node.clone()).collect()
+    }
+
+    fn apply_job(&self, name: &str, image: &str, parallelism: u32) {
+        let names = serde_json::to_string(&self.node_names()).unwrap();
+        let yaml = format!(
+            "apiVersion: apps.kruise.io/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: {name}\nspec:\n  image: {}/{image}\n  parallelism: {parallelism}\n  selector:\n    names: {names}\n  completionPolicy:\n    type: Always\n  pullPolicy:\n    timeoutSeconds: 120\n",
+            self.proxy.address
+        );
+        let out = self.controller.apply(&yaml);
+        assert!(
+            out.status.success(),
+            "apply: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn job(&self, name: &str) -> Value {
+        self.controller
+            .get_json(&["imagepulljob", name])
+            .unwrap_or_else(|| panic!("job {name} unreadable; controller log:\n{}", self.logs()))
+    }
+
+    fn logs(&self) -> String {
+        let mut text = format!("--- controller\n{}\n", log_tail(&self.controller.log, 40));
+        for agent in &self.agents {
+            text.push_str(&format!(
+                "--- {}\n{}\n",
+                agent.node,
+                log_tail(&agent.log, 30)
+            ));
+        }
+        text
+    }
+
+    /// Poll the job until it completes, checking `every` observation on the way.
+    fn watch_until_complete(&self, name: &str, mut every: impl FnMut(&Value)) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(180);
+        loop {
+            let job = self.job(name);
+            every(&job);
+            if job["status"]["completionTime"].is_string() {
+                return job;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "job did not complete: {job:#}\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Image names in the test's namespace on one containerd.
+    fn images_on(&self, containerd: &Path) -> Vec<String> {
+        let out = Command::new("ctr")
+            .arg("--address")
+            .arg(containerd)
+            .args(["-n", &self.namespace, "images", "ls", "-q"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Bytes the proxy sent for blobs, per blob path.
+    fn blob_bytes_sent(&self) -> BTreeMap<String, u64> {
+        let mut sent = BTreeMap::new();
+        for request in self.proxy.requests() {
+            let path = request["path"].as_str().unwrap_or("");
+            if path.contains("/blobs/") {
+                *sent.entry(path.to_owned()).or_default() += request["sent"].as_u64().unwrap_or(0);
+            }
+        }
+        sent
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for agent in &mut self.agents {
+            agent.kill();
+        }
+        let lab = Lab::get();
+        for containerd in [&lab.containerd_address, &lab.node2_containerd_address] {
+            let ctr = |args: &[&str]| {
+                Command::new("ctr")
+                    .arg("--address")
+                    .arg(containerd)
+                    .args(["-n", &self.namespace])
+                    .args(args)
+                    .output()
+            };
+            if let Ok(out) = ctr(&["images", "ls", "-q"]) {
+                for image in String::from_utf8_lossy(&out.stdout).lines() {
+                    let _ = ctr(&["images", "rm", "--sync", image]);
+                }
+            }
+            let _ = Command::new("ctr")
+                .arg("--address")
+                .arg(containerd)
+                .args(["namespaces", "rm", &self.namespace])
+                .output();
+        }
+    }
+}
+
+fn phases(job: &Value) -> BTreeMap<String, String> {
+    job["status"]["nodes"]
+        .as_array()
+        .map(|nodes| {
+            nodes
+                .iter()
+                .map(|n| {
+                    (
+                        n["name"].as_str().unwrap().to_owned(),
+                        n["phase"].as_str().unwrap().to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn count(job: &Value, field: &str) -> u64 {
+    job["status"][field].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn parallelism_one_pulls_on_two_nodes_one_after_the_other() {
+    let fleet = Fleet::start("job-serial", "4MiB");
+    let image = unique_image("job-serial", 2, 3 << 20);
+    fleet.apply_job("warm", &image, 1);
+
+    let mut succeeded_before = 0;
+    let mut pulling_order: Vec<String> = Vec::new();
+    let job = fleet.watch_until_complete("warm", |job| {
+        let phases = phases(job);
+        if phases.is_empty() {
+            return;
+        }
+        let pulling: Vec<&String> = phases
+            .iter()
+            .filter(|(_, p)| *p == "Pulling")
+            .map(|(n, _)| n)
+            .collect();
+        let of = |phase: &str| phases.values().filter(|p| *p == phase).count() as u64;
+        // The counts agree with the nodes at every step, and never more than one pulls.
+        assert_eq!(count(job, "desired"), 2, "{job:#}");
+        assert!(pulling.len() <= 1, "two nodes pulling at once: {job:#}");
+        assert_eq!(count(job, "active"), pulling.len() as u64, "{job:#}");
+        assert_eq!(count(job, "succeeded"), of("Succeeded"), "{job:#}");
+        assert_eq!(count(job, "failed"), 0, "{job:#}");
+        assert_eq!(
+            of("Waiting") + of("Pulling") + of("Succeeded"),
+            2,
+            "{job:#}"
+        );
+        assert!(
+            count(job, "succeeded") >= succeeded_before,
+            "succeeded went down: {job:#}"
+        );
+        succeeded_before = count(job, "succeeded");
+        if let Some(node) = pulling.first()
+            && pulling_order.last() != Some(*node)
+        {
+            pulling_order.push((*node).clone());
+        }
+    });
+    assert_eq!(count(&job, "succeeded"), 2, "{job:#}");
+    assert_eq!(count(&job, "failed"), 0, "{job:#}");
+    assert_eq!(job["status"]["conditions"][0]["type"], "Complete");
+    assert_eq!(
+        pulling_order.len(),
+        2,
+        "both nodes were seen pulling, one after the other: {pulling_order:?}"
+    );
+    for node in job["status"]["nodes"].as_array().unwrap() {
+        assert_eq!(node["phase"], "Succeeded", "{node:#}");
+        // Two 3 MiB layers, gzipped (a little smaller).
+        assert!(node["bytesTotal"].as_u64().unwrap() > 5 << 20, "{node:#}");
+        assert_eq!(node["bytesDone"], node["bytesTotal"], "{node:#}");
+        assert!(node["imageDigest"].as_str().unwrap().starts_with("sha256:"));
+    }
+
+    let lab = Lab::get();
+    let reference = format!("{}/{image}", fleet.proxy.address);
+    for containerd in [&lab.containerd_address, &lab.node2_containerd_address] {
+        assert_eq!(fleet.images_on(containerd), vec![reference.clone()]);
+    }
+    // Each layer crossed the network once per node.
+    let manifest_layers = 2;
+    let layer_bytes: Vec<u64> = fleet
+        .blob_bytes_sent()
+        .into_values()
+        .filter(|sent| *sent > 1 << 20)
+        .collect();
+    assert_eq!(layer_bytes.len(), manifest_layers, "{layer_bytes:?}");
+    let image_bytes = job["status"]["nodes"][0]["bytesTotal"].as_u64().unwrap();
+    let total: u64 = layer_bytes.iter().sum();
+    assert!(
+        total >= 2 * (image_bytes - (64 << 10)) && total <= 2 * image_bytes,
+        "layers sent {total} bytes for two nodes of an image of {image_bytes}"
+    );
+}
+
+#[test]
+fn a_controller_killed_mid_job_finishes_it_without_pulling_again() {
+    let mut fleet = Fleet::start("job-restart", "4MiB");
+    let image = unique_image("job-restart", 2, 4 << 20);
+    fleet.apply_job("warm", &image, 1);
+
+    // One node done, the other pulling: then the controller dies without a word.
+    wait_until(
+        "one node done, the other pulling",
+        Duration::from_secs(120),
+        || {
+            let job = fleet.job("warm");
+            let phases = phases(&job);
+            let done = phases.values().filter(|p| *p == "Succeeded").count();
+            let pulling = phases.values().filter(|p| *p == "Pulling").count();
+            (done == 1 && pulling == 1).then_some(())
+        },
+    );
+    fleet.controller.kill();
+    std::thread::sleep(Duration::from_secs(1));
+    fleet.controller.restart();
+
+    let job = fleet.watch_until_complete("warm", |job| {
+        assert!(count(job, "active") <= 1, "{job:#}");
+        assert_eq!(count(job, "failed"), 0, "{job:#}\n{}", fleet.logs());
+    });
+    assert_eq!(count(&job, "succeeded"), 2, "{job:#}");
+    for node in job["status"]["nodes"].as_array().unwrap() {
+        assert_eq!(node["attempts"], 1, "no node pulled twice: {node:#}");
+    }
+    // Two copies of each layer crossed the network, not three.
+    for (path, sent) in fleet.blob_bytes_sent() {
+        if sent > 1 << 20 {
+            let one_copy = 4u64 << 20;
+            assert!(sent < 2 * one_copy + one_copy / 2, "{path}: {sent} bytes");
+        }
+    }
+}
+
+#[test]
+fn a_killed_agent_is_marked_and_its_pull_resumes_when_it_returns() {
+    let mut fleet = Fleet::start("job-agent-kill", "2MiB");
+    let image = unique_image("job-agent-kill", 1, 8 << 20);
+    fleet.apply_job("warm", &image, 2);
+
+    let victim = fleet.agents[0].node.clone();
+    wait_until(
+        "the first node to be halfway",
+        Duration::from_secs(60),
+        || {
+            let job = fleet.job("warm");
+            let node = job["status"]["nodes"]
+                .as_array()?
+                .iter()
+                .find(|n| n["name"] == victim.as_str())?
+                .clone();
+            (node["bytesDone"].as_u64()? > 2 << 20).then_some(())
+        },
+    );
+    fleet.agents[0].kill();
+
+    let lost = wait_until(
+        "the job to mark the node lost",
+        Duration::from_secs(30),
+        || {
+            let job = fleet.job("warm");
+            let node = job["status"]["nodes"]
+                .as_array()?
+                .iter()
+                .find(|n| n["name"] == victim.as_str())?
+                .clone();
+            (node["phase"] == "Failed").then_some((job, node))
+        },
+    );
+    let (job, node) = lost;
+    assert_eq!(node["nodeLost"], true, "{node:#}");
+    assert!(
+        node["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("node lost while pulling"),
+        "{node:#}"
+    );
+    assert!(
+        job["status"]["failedNodes"]
+            .as_array()
+            .unwrap()
+            .contains(&json!(victim))
+    );
+    assert!(
+        job["status"]["completionTime"].is_null(),
+        "the job waits for the other node: {job:#}"
+    );
+
+    fleet.agents[0].restart();
+    let job = fleet.watch_until_complete("warm", |_| {});
+    assert_eq!(count(&job, "succeeded"), 2, "{job:#}\n{}", fleet.logs());
+    assert_eq!(count(&job, "failed"), 0, "{job:#}");
+    // The restarted agent continued from what containerd held: less than two copies.
+    let sent: u64 = fleet
+        .blob_bytes_sent()
+        .values()
+        .filter(|s| **s > 1 << 20)
+        .sum();
+    assert!(
+        sent < 2 * (8 << 20) + (3 << 20),
+        "{sent} bytes sent for two nodes"
+    );
+}
