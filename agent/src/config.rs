@@ -37,6 +37,10 @@ pub struct AgentConfigFile {
     pub registry_config: Option<PathBuf>,
     pub max_connections: Option<usize>,
     pub limit_rate: Option<String>,
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub insecure_plaintext: Option<bool>,
 }
 
 /// Flags (and their environment variables) of `rigger-agent run`.
@@ -93,6 +97,18 @@ pub struct RunArgs {
     /// Bandwidth cap for all pulls together, e.g. `50MiB` (per second) [default: none].
     #[arg(long, env = "RIGGER_AGENT_LIMIT_RATE", value_name = "BYTES_PER_S")]
     pub limit_rate: Option<String>,
+    /// CA (PEM) that signed the controller's certificate (https:// controllers).
+    #[arg(long, env = "RIGGER_AGENT_CA_FILE", value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// This agent's client certificate (PEM), issued for the node name.
+    #[arg(long, env = "RIGGER_AGENT_CERT_FILE", value_name = "FILE")]
+    pub cert_file: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, env = "RIGGER_AGENT_KEY_FILE", value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+    /// Allow an http:// controller: no encryption, no authentication (trusted networks).
+    #[arg(long, env = "RIGGER_AGENT_INSECURE_PLAINTEXT")]
+    pub insecure_plaintext: bool,
 }
 
 /// How the agent pulls images for the controller's tasks.
@@ -181,7 +197,14 @@ impl AgentConfig {
                 None
             }
             Some(url) => {
-                let controller = controller_endpoint(&url)?;
+                let tls = TlsSettings {
+                    ca_file: args.ca_file.or(file.ca_file),
+                    cert_file: args.cert_file.or(file.cert_file),
+                    key_file: args.key_file.or(file.key_file),
+                    insecure_plaintext: args.insecure_plaintext
+                        || file.insecure_plaintext == Some(true),
+                };
+                let controller = controller_endpoint(&url, &tls)?;
                 let node_name = match node_name {
                     Some(name) => name,
                     None => hostname().ok_or_else(|| {
@@ -193,6 +216,7 @@ impl AgentConfig {
                     controller,
                     node_name,
                     node_labels,
+                    plaintext: url.starts_with("http://"),
                 })
             }
         };
@@ -259,19 +283,75 @@ impl AgentConfig {
     }
 }
 
-fn controller_endpoint(url: &str) -> Result<tonic::transport::Endpoint, ConfigError> {
-    if !url.starts_with("http://") {
-        return Err(CONTROLLER.invalid(format!(
-            "{url:?}: only http:// controller URLs are supported so far (no TLS settings yet)"
-        )));
+/// How the agent proves who it is and checks the controller.
+struct TlsSettings {
+    ca_file: Option<PathBuf>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+    insecure_plaintext: bool,
+}
+
+fn read_pem(setting: Setting, path: &Path, label: &str) -> Result<Vec<u8>, ConfigError> {
+    let bytes =
+        std::fs::read(path).map_err(|e| setting.invalid(format!("{}: {e}", path.display())))?;
+    if !String::from_utf8_lossy(&bytes).contains(&format!(" {label}-----")) {
+        return Err(setting.invalid(format!("{}: no PEM {label} in it", path.display())));
     }
-    tonic::transport::Endpoint::from_shared(url.to_owned())
+    Ok(bytes)
+}
+
+fn controller_endpoint(
+    url: &str,
+    tls: &TlsSettings,
+) -> Result<tonic::transport::Endpoint, ConfigError> {
+    let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
         .map(|e| {
             e.connect_timeout(Duration::from_secs(10))
                 .http2_keep_alive_interval(Duration::from_secs(30))
                 .keep_alive_timeout(Duration::from_secs(10))
         })
-        .map_err(|e| CONTROLLER.invalid(format!("{url:?} is not a URL ({e})")))
+        .map_err(|e| CONTROLLER.invalid(format!("{url:?} is not a URL ({e})")))?;
+    if url.starts_with("http://") {
+        if !tls.insecure_plaintext {
+            return Err(CONTROLLER.invalid(format!(
+                "{url:?} is plain text: tasks and pull secrets would travel unencrypted and the controller could not check who this node is; use https:// with ca_file, cert_file and key_file, or set insecure_plaintext on trusted networks"
+            )));
+        }
+        return Ok(endpoint);
+    }
+    if !url.starts_with("https://") {
+        return Err(CONTROLLER.invalid(format!("{url:?}: expected an https:// URL")));
+    }
+    if tls.insecure_plaintext {
+        return Err(
+            INSECURE_PLAINTEXT.invalid(format!("contradicts the https:// controller {url:?}"))
+        );
+    }
+    let missing = |setting: Setting| {
+        setting.invalid(format!("is needed for the https:// controller {url:?}"))
+    };
+    let ca = read_pem(
+        CA_FILE,
+        tls.ca_file.as_deref().ok_or_else(|| missing(CA_FILE))?,
+        "CERTIFICATE",
+    )?;
+    let cert = read_pem(
+        CERT_FILE,
+        tls.cert_file.as_deref().ok_or_else(|| missing(CERT_FILE))?,
+        "CERTIFICATE",
+    )?;
+    let key = read_pem(
+        KEY_FILE,
+        tls.key_file.as_deref().ok_or_else(|| missing(KEY_FILE))?,
+        "PRIVATE KEY",
+    )?;
+    endpoint
+        .tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+                .identity(tonic::transport::Identity::from_pem(cert, key)),
+        )
+        .map_err(|e| CONTROLLER.invalid(format!("TLS settings: {e}")))
 }
 
 /// The node's hostname, lowercased as node names are.
@@ -336,6 +416,26 @@ const NODE_LABELS: Setting = Setting {
     key: "node_labels",
     flag: "--node-labels",
     env: "RIGGER_AGENT_NODE_LABELS",
+};
+const CA_FILE: Setting = Setting {
+    key: "ca_file",
+    flag: "--ca-file",
+    env: "RIGGER_AGENT_CA_FILE",
+};
+const CERT_FILE: Setting = Setting {
+    key: "cert_file",
+    flag: "--cert-file",
+    env: "RIGGER_AGENT_CERT_FILE",
+};
+const KEY_FILE: Setting = Setting {
+    key: "key_file",
+    flag: "--key-file",
+    env: "RIGGER_AGENT_KEY_FILE",
+};
+const INSECURE_PLAINTEXT: Setting = Setting {
+    key: "insecure_plaintext",
+    flag: "--insecure-plaintext",
+    env: "RIGGER_AGENT_INSECURE_PLAINTEXT",
 };
 const NAMESPACE: Setting = Setting {
     key: "namespace",
@@ -441,7 +541,7 @@ mod tests {
     #[test]
     fn controller_link_settings() {
         let f = file(
-            "controller = \"http://127.0.0.1:9450\"\nnode_name = \"n1\"\nnode_labels = \"zone=a, example.com/gpu=true\"\n",
+            "controller = \"http://127.0.0.1:9450\"\ninsecure_plaintext = true\nnode_name = \"n1\"\nnode_labels = \"zone=a, example.com/gpu=true\"\n",
         );
         let link = AgentConfig::from_layers(f, RunArgs::default())
             .unwrap()
@@ -452,17 +552,23 @@ mod tests {
         assert_eq!(link.node_labels["example.com/gpu"], "true");
 
         let cases = [
-            ("controller = \"https://c:1\"", "`controller`"),
+            ("controller = \"ftp://c:1\"", "`controller`"),
+            ("controller = \"http://c:1\"", "is plain text"),
+            ("controller = \"https://c:1\"", "`ca_file`"),
             (
-                "controller = \"http://c:1\"\nnode_name = \"Bad_Name\"",
+                "controller = \"https://c:1\"\nca_file = \"/nonexistent/ca.pem\"",
+                "/nonexistent/ca.pem",
+            ),
+            (
+                "controller = \"http://c:1\"\ninsecure_plaintext = true\nnode_name = \"Bad_Name\"",
                 "`node_name`",
             ),
             (
-                "controller = \"http://c:1\"\nnode_labels = \"zone\"",
+                "controller = \"http://c:1\"\ninsecure_plaintext = true\nnode_labels = \"zone\"",
                 "`node_labels`",
             ),
             (
-                "controller = \"http://c:1\"\nnode_labels = \"-x=1\"",
+                "controller = \"http://c:1\"\ninsecure_plaintext = true\nnode_labels = \"-x=1\"",
                 "`node_labels`",
             ),
             ("node_name = \"n1\"", "`controller`"),

@@ -94,11 +94,13 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
         first_round_tx,
     ));
     let link = config.link.clone().map(|link| {
-        tracing::warn!(
-            controller = %link.controller.uri(),
-            node = %link.node_name,
-            "controller link is plain-text and unauthenticated: use on trusted networks only"
-        );
+        if link.plaintext {
+            tracing::warn!(
+                controller = %link.controller.uri(),
+                node = %link.node_name,
+                "insecure_plaintext: the controller link is unencrypted and unauthenticated; use on trusted networks only"
+            );
+        }
         tokio::spawn(crate::link::maintain(
             link,
             shared.clone(),

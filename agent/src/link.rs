@@ -26,6 +26,8 @@ pub struct LinkConfig {
     pub controller: Endpoint,
     pub node_name: String,
     pub node_labels: HashMap<String, String>,
+    /// `insecure_plaintext`: no TLS to the controller.
+    pub plaintext: bool,
 }
 
 /// Progress reports are sent at most this often (status changes are coalesced).

@@ -24,6 +24,11 @@ pub struct ControllerConfigFile {
     pub drain_timeout: Option<String>,
     pub heartbeat_interval: Option<String>,
     pub node_timeout: Option<String>,
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    pub client_ca_file: Option<PathBuf>,
+    pub tokens_file: Option<PathBuf>,
+    pub insecure_plaintext: Option<bool>,
 }
 
 #[derive(Debug, Default, Clone, clap::Args)]
@@ -59,6 +64,29 @@ pub struct ControllerArgs {
     /// A node silent this long is not ready [default: 30s].
     #[arg(long, env = "RIGGER_CONTROLLER_NODE_TIMEOUT", value_name = "DURATION")]
     pub node_timeout: Option<String>,
+    /// The controller's TLS certificate (PEM), for agents and riggerctl.
+    #[arg(long, env = "RIGGER_CONTROLLER_TLS_CERT_FILE", value_name = "FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, env = "RIGGER_CONTROLLER_TLS_KEY_FILE", value_name = "FILE")]
+    pub tls_key_file: Option<PathBuf>,
+    /// CA (PEM) that signs agents' client certificates.
+    #[arg(long, env = "RIGGER_CONTROLLER_CLIENT_CA_FILE", value_name = "FILE")]
+    pub client_ca_file: Option<PathBuf>,
+    /// Users: lines of `token,user,role` (role admin or viewer).
+    #[arg(long, env = "RIGGER_CONTROLLER_TOKENS_FILE", value_name = "FILE")]
+    pub tokens_file: Option<PathBuf>,
+    /// Serve without TLS: agents are not authenticated (trusted networks only; logged).
+    #[arg(long, env = "RIGGER_CONTROLLER_INSECURE_PLAINTEXT")]
+    pub insecure_plaintext: bool,
+}
+
+/// The controller's TLS material (paths; read and checked when the config is resolved).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: PathBuf,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -71,6 +99,10 @@ pub struct ControllerConfig {
     pub drain_timeout: Duration,
     pub heartbeat_interval: Duration,
     pub node_timeout: Duration,
+    /// `None`: plain text (explicitly asked for with `insecure_plaintext`).
+    pub tls: Option<TlsFiles>,
+    /// `None`: no user authentication (plain-text mode only).
+    pub tokens_file: Option<PathBuf>,
 }
 
 const LISTEN: Setting = Setting {
@@ -103,6 +135,42 @@ const NODE_TIMEOUT: Setting = Setting {
     flag: "--node-timeout",
     env: "RIGGER_CONTROLLER_NODE_TIMEOUT",
 };
+
+const TLS_CERT_FILE: Setting = Setting {
+    key: "tls_cert_file",
+    flag: "--tls-cert-file",
+    env: "RIGGER_CONTROLLER_TLS_CERT_FILE",
+};
+const TLS_KEY_FILE: Setting = Setting {
+    key: "tls_key_file",
+    flag: "--tls-key-file",
+    env: "RIGGER_CONTROLLER_TLS_KEY_FILE",
+};
+const CLIENT_CA_FILE: Setting = Setting {
+    key: "client_ca_file",
+    flag: "--client-ca-file",
+    env: "RIGGER_CONTROLLER_CLIENT_CA_FILE",
+};
+const TOKENS_FILE: Setting = Setting {
+    key: "tokens_file",
+    flag: "--tokens-file",
+    env: "RIGGER_CONTROLLER_TOKENS_FILE",
+};
+const INSECURE_PLAINTEXT: Setting = Setting {
+    key: "insecure_plaintext",
+    flag: "--insecure-plaintext",
+    env: "RIGGER_CONTROLLER_INSECURE_PLAINTEXT",
+};
+
+/// A PEM file that must hold at least one `label` block (CERTIFICATE, PRIVATE KEY).
+fn check_pem(setting: Setting, path: &std::path::Path, label: &str) -> Result<(), ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| setting.invalid(format!("{}: {e}", path.display())))?;
+    if !text.contains(&format!("-----BEGIN {label}")) && !text.contains(&format!(" {label}-----")) {
+        return Err(setting.invalid(format!("{}: no PEM {label} in it", path.display())));
+    }
+    Ok(())
+}
 
 impl ControllerConfig {
     pub fn resolve(args: &ControllerArgs) -> Result<Self, ConfigError> {
@@ -152,6 +220,50 @@ impl ControllerConfig {
                 humantime::format_duration(heartbeat_interval)
             )));
         }
+        let insecure_plaintext = args.insecure_plaintext || file.insecure_plaintext == Some(true);
+        let cert = args.tls_cert_file.or(file.tls_cert_file);
+        let key = args.tls_key_file.or(file.tls_key_file);
+        let client_ca = args.client_ca_file.or(file.client_ca_file);
+        let tls = match (cert, key, client_ca) {
+            (None, None, None) if insecure_plaintext => None,
+            (None, None, None) => {
+                return Err(TLS_CERT_FILE.invalid(
+                    "no TLS configured: set tls_cert_file, tls_key_file and client_ca_file (`rigger-controller certs` makes a lab set), or insecure_plaintext for trusted networks",
+                ));
+            }
+            (Some(cert), Some(key), Some(client_ca)) => {
+                if insecure_plaintext {
+                    return Err(INSECURE_PLAINTEXT.invalid("contradicts the TLS files given"));
+                }
+                check_pem(TLS_CERT_FILE, &cert, "CERTIFICATE")?;
+                check_pem(TLS_KEY_FILE, &key, "PRIVATE KEY")?;
+                check_pem(CLIENT_CA_FILE, &client_ca, "CERTIFICATE")?;
+                Some(TlsFiles {
+                    cert,
+                    key,
+                    client_ca,
+                })
+            }
+            (None, _, _) => return Err(TLS_CERT_FILE.invalid("is needed with the other TLS files")),
+            (_, None, _) => return Err(TLS_KEY_FILE.invalid("is needed with tls_cert_file")),
+            (_, _, None) => {
+                return Err(CLIENT_CA_FILE.invalid(
+                    "is needed with tls_cert_file: agents authenticate with client certificates",
+                ));
+            }
+        };
+        let tokens_file = args.tokens_file.or(file.tokens_file);
+        match &tokens_file {
+            Some(path) => {
+                crate::auth::Users::load(path)
+                    .map_err(|e| TOKENS_FILE.invalid(format!("{}: {e}", path.display())))?;
+            }
+            None if tls.is_some() => {
+                return Err(TOKENS_FILE
+                    .invalid("is needed with TLS: users authenticate with bearer tokens"));
+            }
+            None => {}
+        }
         Ok(Self {
             listen,
             health_listen,
@@ -161,6 +273,8 @@ impl ControllerConfig {
             drain_timeout,
             heartbeat_interval,
             node_timeout,
+            tls,
+            tokens_file,
         })
     }
 }
@@ -176,32 +290,69 @@ mod tests {
             include_str!("../../docs/config/controller.toml"),
         )
         .unwrap();
-        let config = ControllerConfig::from_layers(example, ControllerArgs::default()).unwrap();
-        let defaults = ControllerConfig::from_layers(
+        let config = ControllerConfig::from_layers(example, plaintext()).unwrap();
+        let defaults =
+            ControllerConfig::from_layers(ControllerConfigFile::default(), plaintext()).unwrap();
+        assert_eq!(config, defaults);
+    }
+
+    fn plaintext() -> ControllerArgs {
+        ControllerArgs {
+            insecure_plaintext: true,
+            ..ControllerArgs::default()
+        }
+    }
+
+    #[test]
+    fn tls_or_an_explicit_plaintext_flag() {
+        let err = ControllerConfig::from_layers(
             ControllerConfigFile::default(),
             ControllerArgs::default(),
         )
+        .unwrap_err();
+        assert!(err.to_string().contains("no TLS configured"), "{err}");
+
+        let dir = tempfile::tempdir().unwrap();
+        crate::certs::create(&crate::certs::CertsRequest {
+            out: dir.path().to_owned(),
+            hosts: Vec::new(),
+            nodes: vec!["n1".into()],
+        })
         .unwrap();
-        assert_eq!(config, defaults);
+        let tls = |tokens: bool| ControllerArgs {
+            tls_cert_file: Some(dir.path().join("controller.pem")),
+            tls_key_file: Some(dir.path().join("controller-key.pem")),
+            client_ca_file: Some(dir.path().join("ca.pem")),
+            tokens_file: tokens.then(|| dir.path().join("tokens.csv")),
+            ..ControllerArgs::default()
+        };
+        let config =
+            ControllerConfig::from_layers(ControllerConfigFile::default(), tls(true)).unwrap();
+        assert!(config.tls.is_some());
+        let err =
+            ControllerConfig::from_layers(ControllerConfigFile::default(), tls(false)).unwrap_err();
+        assert!(err.to_string().contains("`tokens_file`"), "{err}");
+        let mut swapped = tls(true);
+        swapped.tls_cert_file = Some(dir.path().join("controller-key.pem"));
+        let err =
+            ControllerConfig::from_layers(ControllerConfigFile::default(), swapped).unwrap_err();
+        assert!(err.to_string().contains("no PEM CERTIFICATE"), "{err}");
     }
 
     #[test]
     fn defaults_and_checks() {
-        let c = ControllerConfig::from_layers(
-            ControllerConfigFile::default(),
-            ControllerArgs::default(),
-        )
-        .unwrap();
+        let c =
+            ControllerConfig::from_layers(ControllerConfigFile::default(), plaintext()).unwrap();
         assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
         let args = ControllerArgs {
             heartbeat_interval: Some("20s".into()),
-            ..ControllerArgs::default()
+            ..plaintext()
         };
         let err = ControllerConfig::from_layers(ControllerConfigFile::default(), args).unwrap_err();
         assert!(err.to_string().contains("`node_timeout`"), "{err}");
         let args = ControllerArgs {
             data_dir: Some("state".into()),
-            ..ControllerArgs::default()
+            ..plaintext()
         };
         let err = ControllerConfig::from_layers(ControllerConfigFile::default(), args).unwrap_err();
         assert!(err.to_string().contains("`data_dir`"), "{err}");

@@ -16,6 +16,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status};
 
+use crate::auth::{Role, UserAuth};
 use crate::jobs::{JobEngine, status_key};
 use crate::nodes::NodeRegistry;
 use crate::objects::image_pull_job::{ImagePullJob, ImagePullJobStatus};
@@ -31,15 +32,23 @@ pub struct ControlService {
     store: Store,
     nodes: NodeRegistry,
     jobs: JobEngine,
+    users: UserAuth,
     node_timeout: Duration,
 }
 
 impl ControlService {
-    pub fn new(store: Store, nodes: NodeRegistry, jobs: JobEngine, node_timeout: Duration) -> Self {
+    pub fn new(
+        store: Store,
+        nodes: NodeRegistry,
+        jobs: JobEngine,
+        users: UserAuth,
+        node_timeout: Duration,
+    ) -> Self {
         Self {
             store,
             nodes,
             jobs,
+            users,
             node_timeout,
         }
     }
@@ -361,6 +370,7 @@ impl Control for ControlService {
         &self,
         request: Request<ApplyRequest>,
     ) -> Result<Response<ApplyResponse>, Status> {
+        let user = self.users.authorize(&request, Role::Admin)?;
         let request = request.into_inner();
         if request.json.len() > MAX_OBJECT_BYTES {
             return Err(Status::invalid_argument(format!(
@@ -381,6 +391,7 @@ impl Control for ControlService {
                 kind.name()
             )));
         }
+        tracing::debug!(%user, kind = %kind, dry_run = request.dry_run, "apply");
         let response = match kind {
             Kind::ImagePullJob => self.apply_image_pull_job(value, request.dry_run).await?,
             Kind::Secret => self.apply_secret(value, request.dry_run).await?,
@@ -394,6 +405,7 @@ impl Control for ControlService {
     }
 
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<Object>, Status> {
+        self.users.authorize(&request, Role::Viewer)?;
         let request = request.into_inner();
         let kind = kind_of(&request.kind)?;
         let namespace = if kind.namespaced() {
@@ -407,6 +419,7 @@ impl Control for ControlService {
     }
 
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        self.users.authorize(&request, Role::Viewer)?;
         let request = request.into_inner();
         let kind = kind_of(&request.kind)?;
         if kind == Kind::Node {
@@ -434,6 +447,7 @@ impl Control for ControlService {
         &self,
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
+        let user = self.users.authorize(&request, Role::Admin)?;
         let request = request.into_inner();
         let kind = kind_of(&request.kind)?;
         if kind == Kind::Node {
@@ -450,7 +464,7 @@ impl Control for ControlService {
             .delete(key.clone(), Precondition::Any)
             .await
             .map_err(store_status)?;
-        tracing::info!(object = %key, "deleted");
+        tracing::info!(object = %key, %user, "deleted");
         if kind == Kind::ImagePullJob {
             self.jobs.wake();
         }

@@ -3,6 +3,8 @@
 //! link, and folds the agents' reports into status.
 //!
 //! - [`config`]: configuration (file, env, flags), validated before binding;
+//! - [`auth`]: agents by client certificate (mTLS), users by bearer token and role;
+//! - [`certs`]: `rigger-controller certs`, a CA and certificates for labs;
 //! - [`nodes`]: the registry of nodes, fed by agents' registrations and heartbeats;
 //! - [`link`]: the agent link (`rigger.v1.AgentLink`), one stream per agent;
 //! - [`jobs`]: the ImagePullJob engine (who pulls when, status from reports);
@@ -11,6 +13,8 @@
 //! - [`store`]: the embedded object store (redb), conditional writes by revision;
 //! - [`server`]: wiring, health endpoints, graceful shutdown.
 
+pub mod auth;
+pub mod certs;
 pub mod config;
 pub mod control;
 pub mod jobs;

@@ -29,6 +29,8 @@ const AGENT_QUEUE: usize = 64;
 pub struct AgentLinkService {
     nodes: NodeRegistry,
     jobs: JobEngine,
+    /// Agents must present a client certificate valid for the node they register.
+    mtls: bool,
     heartbeat_interval: Duration,
     node_timeout: Duration,
     next_session: Arc<AtomicU64>,
@@ -39,6 +41,7 @@ impl AgentLinkService {
     pub fn new(
         nodes: NodeRegistry,
         jobs: JobEngine,
+        mtls: bool,
         heartbeat_interval: Duration,
         node_timeout: Duration,
         shutdown: CancellationToken,
@@ -46,6 +49,7 @@ impl AgentLinkService {
         Self {
             nodes,
             jobs,
+            mtls,
             heartbeat_interval,
             node_timeout,
             next_session: Arc::new(AtomicU64::new(1)),
@@ -67,6 +71,15 @@ impl AgentLink for AgentLinkService {
         let peer = request
             .remote_addr()
             .map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+        // Checked again with the name once Register arrives; refusing here spares a
+        // certificate-less client the wait.
+        if self.mtls && request.peer_certs().is_none() {
+            tracing::warn!(%peer, "agent session refused: no client certificate");
+            return Err(Status::unauthenticated(
+                "no client certificate: agents authenticate with mTLS",
+            ));
+        }
+        let identity = self.mtls.then(|| request.peer_certs()).flatten();
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(self.node_timeout, inbound.message())
             .await
@@ -80,6 +93,11 @@ impl AgentLink for AgentLinkService {
             }
         };
         rigger_proto::check_node_name(&register.node_name).map_err(Status::invalid_argument)?;
+        if let Some(certs) = identity {
+            crate::auth::check_certificates(&certs, &register.node_name).inspect_err(|status| {
+                tracing::warn!(%peer, node = %register.node_name, reason = %status.message(), "agent session refused");
+            })?;
+        }
 
         let session: SessionId = self.next_session.fetch_add(1, Ordering::Relaxed);
         let node = register.node_name.clone();

@@ -13,7 +13,12 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ControllerConfig;
+use std::path::PathBuf;
+
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+
+use crate::auth::{UserAuth, Users};
+use crate::config::{ControllerConfig, TlsFiles};
 use crate::control::ControlService;
 use crate::jobs::JobEngine;
 use crate::link::AgentLinkService;
@@ -31,6 +36,24 @@ pub enum ServerError {
     Grpc(#[from] tonic::transport::Error),
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    #[error("{}: {detail}", path.display())]
+    Security { path: PathBuf, detail: String },
+}
+
+/// The server side of mTLS: our certificate, and the CA agents' certificates must chain
+/// to. Client certificates are optional at the TLS layer (riggerctl users bring tokens);
+/// the agent link refuses sessions without one.
+fn server_tls(files: &TlsFiles) -> Result<ServerTlsConfig, ServerError> {
+    let read = |path: &PathBuf| {
+        std::fs::read(path).map_err(|e| ServerError::Security {
+            path: path.clone(),
+            detail: e.to_string(),
+        })
+    };
+    Ok(ServerTlsConfig::new()
+        .identity(Identity::from_pem(read(&files.cert)?, read(&files.key)?))
+        .client_ca_root(Certificate::from_pem(read(&files.client_ca)?))
+        .client_auth_optional(true))
 }
 
 async fn bind(setting: &'static str, address: SocketAddr) -> Result<TcpListener, ServerError> {
@@ -51,6 +74,16 @@ pub async fn run(
     // The store opens first: a data directory that cannot be used stops the controller
     // before it accepts anyone.
     let store = crate::store::EmbeddedStore::open(&config.data_dir)?;
+    let tls = config.tls.as_ref().map(server_tls).transpose()?;
+    let users = match &config.tokens_file {
+        Some(path) => {
+            UserAuth::Tokens(Users::load(path).map_err(|detail| ServerError::Security {
+                path: path.clone(),
+                detail,
+            })?)
+        }
+        None => UserAuth::Open,
+    };
     let grpc_listener = bind("listen", config.listen).await?;
     let health_listener = bind("health_listen", config.health_listen).await?;
     let grpc_address = grpc_listener.local_addr().ok();
@@ -62,21 +95,36 @@ pub async fn run(
     let link = AgentLinkService::new(
         nodes.clone(),
         jobs.clone(),
+        tls.is_some(),
         config.heartbeat_interval,
         config.node_timeout,
         token.clone(),
     );
-    let control = ControlService::new(store, nodes, jobs.clone(), config.node_timeout);
-    let engine = tokio::spawn(jobs.run(token.clone()));
-    // The link is agent-initiated, so a plain listener; agents authenticate with mTLS once
-    // certificates are configured (not yet available: trusted networks only).
-    tracing::warn!(
-        "agent link and API are plain-text and unauthenticated: use on trusted networks only"
+    let control = ControlService::new(
+        store,
+        nodes,
+        jobs.clone(),
+        users.clone(),
+        config.node_timeout,
     );
-
+    let engine = tokio::spawn(jobs.run(token.clone()));
+    let mut builder = tonic::transport::Server::builder();
+    match &tls {
+        Some(tls) => {
+            builder = builder.tls_config(tls.clone())?;
+        }
+        None => tracing::warn!(
+            users = if matches!(users, UserAuth::Open) {
+                "unauthenticated"
+            } else {
+                "bearer tokens"
+            },
+            "insecure_plaintext: no TLS, agents are not authenticated; use on trusted networks only"
+        ),
+    }
     let grpc_token = token.clone();
     let grpc = tokio::spawn(
-        tonic::transport::Server::builder()
+        builder
             .add_service(AgentLinkServer::new(link))
             .add_service(ControlServer::new(control))
             .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async move {

@@ -3,18 +3,40 @@
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use clap::Parser;
+use clap::{Parser, Subcommand};
+use rigger_controller::certs::{CertsRequest, create};
 use rigger_controller::config::{ControllerArgs, ControllerConfig};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "rigger-controller",
     version,
-    about = "Rigger's controller: dispatches work to node agents"
+    about = "Rigger's controller: dispatches work to node agents",
+    args_conflicts_with_subcommands = true
 )]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
     #[command(flatten)]
     args: ControllerArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create a CA with controller and agent certificates, user tokens and a riggerctl
+    /// config, for a lab (real deployments bring their own PKI). Run again with more
+    /// `--node`s to add agents under the same CA.
+    Certs {
+        /// Directory to write into.
+        #[arg(long, value_name = "DIR")]
+        out: std::path::PathBuf,
+        /// Names and IPs the controller is reached at [default: localhost, 127.0.0.1].
+        #[arg(long = "host", value_name = "NAME")]
+        hosts: Vec<String>,
+        /// Issue an agent certificate for this node name (repeatable).
+        #[arg(long = "node", value_name = "NAME")]
+        nodes: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -22,6 +44,20 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return code,
     };
+    if let Some(Command::Certs { out, hosts, nodes }) = cli.command {
+        return match create(&CertsRequest { out, hosts, nodes }) {
+            Ok(written) => {
+                for path in written {
+                    println!("{}", path.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("rigger-controller: error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let config = match ControllerConfig::resolve(&cli.args) {
         Ok(config) => config,
         Err(e) => return rigger_daemon::cli::refuse_config("rigger-controller", &e),

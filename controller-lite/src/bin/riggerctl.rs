@@ -16,14 +16,19 @@ use tonic::transport::Channel;
 #[derive(Debug, Parser)]
 #[command(name = "riggerctl", version, about = "Talk to a Rigger controller")]
 struct Cli {
-    /// Controller URL.
-    #[arg(
-        long,
-        global = true,
-        env = "RIGGER_SERVER",
-        default_value = "http://127.0.0.1:9450"
-    )]
-    server: String,
+    /// Controller URL [default: from the config file, else https://127.0.0.1:9450].
+    #[arg(long, global = true, env = "RIGGER_SERVER")]
+    server: Option<String>,
+    /// CA certificate (PEM) that signed the controller's certificate (https).
+    #[arg(long, global = true, env = "RIGGER_CA_FILE", value_name = "FILE")]
+    ca_file: Option<PathBuf>,
+    /// Bearer token [default: from the config file].
+    #[arg(long, global = true, env = "RIGGER_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Config file with `server`, `ca_file` and `token`
+    /// [default: ~/.config/rigger/riggerctl.toml when it exists].
+    #[arg(long, global = true, env = "RIGGERCTL_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Namespace of namespaced objects.
     #[arg(long, short = 'n', global = true, default_value = "default")]
     namespace: String,
@@ -98,19 +103,86 @@ fn main() -> ExitCode {
     }
 }
 
-async fn connect(server: &str) -> anyhow::Result<ControlClient<Channel>> {
-    let channel = tonic::transport::Endpoint::from_shared(server.to_owned())
+/// riggerctl's config file.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    server: Option<String>,
+    ca_file: Option<PathBuf>,
+    token: Option<String>,
+}
+
+/// Adds the user's bearer token to every call.
+#[derive(Debug, Clone)]
+struct BearerToken(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for BearerToken {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
+        }
+        Ok(request)
+    }
+}
+
+type Client = ControlClient<tonic::service::interceptor::InterceptedService<Channel, BearerToken>>;
+
+async fn connect(cli: &Cli) -> anyhow::Result<Client> {
+    let default_config = std::env::var_os("HOME")
+        .map(|home| PathBuf::from(home).join(".config/rigger/riggerctl.toml"))
+        .filter(|p| p.exists());
+    let file = match cli.config.as_ref().or(default_config.as_ref()) {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            toml::from_str::<ConfigFile>(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.message()))?
+        }
+        None => ConfigFile::default(),
+    };
+    let server = cli
+        .server
+        .clone()
+        .or(file.server)
+        .unwrap_or_else(|| "https://127.0.0.1:9450".to_owned());
+    let mut endpoint = tonic::transport::Endpoint::from_shared(server.clone())
         .with_context(|| format!("--server {server:?} is not a URL"))?
-        .connect_timeout(Duration::from_secs(10))
-        .connect()
-        .await
-        .map_err(|e| {
+        .connect_timeout(Duration::from_secs(10));
+    if server.starts_with("https://") {
+        let ca_file = cli.ca_file.clone().or(file.ca_file).ok_or_else(|| {
             anyhow::anyhow!(
-                "cannot reach the controller at {server}: {}",
-                rigger_daemon::error_chain(&e)
+                "{server}: https needs --ca-file (the CA that signed the controller's certificate)"
             )
         })?;
-    Ok(ControlClient::new(channel))
+        let ca =
+            std::fs::read(&ca_file).with_context(|| format!("--ca-file {}", ca_file.display()))?;
+        endpoint = endpoint
+            .tls_config(
+                tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(ca)),
+            )
+            .with_context(|| format!("TLS settings for {server}"))?;
+    }
+    let token = match cli.token.clone().or(file.token) {
+        Some(token) => Some(
+            format!("Bearer {}", token.trim())
+                .parse()
+                .map_err(|_| anyhow::anyhow!("the token has characters a header cannot carry"))?,
+        ),
+        None => None,
+    };
+    let channel = endpoint.connect().await.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot reach the controller at {server}: {}",
+            rigger_daemon::error_chain(&e)
+        )
+    })?;
+    Ok(ControlClient::with_interceptor(channel, BearerToken(token)))
 }
 
 /// The controller's refusal as one line.
@@ -119,7 +191,7 @@ fn refused(status: &tonic::Status) -> anyhow::Error {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let mut client = connect(&cli.server).await?;
+    let mut client = connect(&cli).await?;
     match cli.command {
         Command::Apply { filename, dry_run } => apply(&mut client, &filename, dry_run).await,
         Command::Get {
@@ -181,11 +253,7 @@ fn documents(text: &str, source: &str) -> anyhow::Result<Vec<Value>> {
     Ok(out)
 }
 
-async fn apply(
-    client: &mut ControlClient<Channel>,
-    filename: &PathBuf,
-    dry_run: bool,
-) -> anyhow::Result<()> {
+async fn apply(client: &mut Client, filename: &PathBuf, dry_run: bool) -> anyhow::Result<()> {
     let (text, source) = if filename.as_os_str() == "-" {
         let mut text = String::new();
         std::io::stdin()
@@ -244,7 +312,7 @@ fn display_name(object: &Value) -> String {
 }
 
 async fn fetch(
-    client: &mut ControlClient<Channel>,
+    client: &mut Client,
     kind: &str,
     namespace: &str,
     name: &str,
@@ -261,11 +329,7 @@ async fn fetch(
     serde_json::from_str(&object.json).context("the controller sent an unreadable object")
 }
 
-async fn fetch_all(
-    client: &mut ControlClient<Channel>,
-    kind: &str,
-    namespace: &str,
-) -> anyhow::Result<Vec<Value>> {
+async fn fetch_all(client: &mut Client, kind: &str, namespace: &str) -> anyhow::Result<Vec<Value>> {
     let list = client
         .list(ListRequest {
             kind: kind.to_owned(),
@@ -281,7 +345,7 @@ async fn fetch_all(
 }
 
 async fn get(
-    client: &mut ControlClient<Channel>,
+    client: &mut Client,
     kind: &str,
     name: Option<&str>,
     namespace: &str,
@@ -591,7 +655,7 @@ fn has_condition(object: &Value, name: &str) -> bool {
 }
 
 async fn wait(
-    client: &mut ControlClient<Channel>,
+    client: &mut Client,
     namespace: &str,
     object: &str,
     condition: &str,

@@ -903,26 +903,62 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
 }
 
 /// A `rigger-controller` on loopback with a data directory of the test, fast heartbeats
-/// (1 s) and node timeout (3 s); its log goes to `<data_dir>/controller.log`.
+/// (1 s) and node timeout (3 s), serving mTLS with a lab PKI made by
+/// `rigger-controller certs` in `<data_dir>/pki`; its log goes to
+/// `<data_dir>/controller.log`.
 #[derive(Debug)]
 pub struct Controller {
+    /// `https://127.0.0.1:PORT`
     pub server: String,
     pub data_dir: PathBuf,
+    pub pki: PathBuf,
     pub log: PathBuf,
     listen: String,
     daemon: Option<Daemon>,
 }
 
+/// `rigger-controller certs ARGS`; panics on failure.
+pub fn controller_certs(out: &Path, nodes: &[&str]) {
+    let mut command = Command::new(binary("rigger-controller"));
+    command.arg("certs").arg("--out").arg(out);
+    for node in nodes {
+        command.args(["--node", node]);
+    }
+    let result = command.output().unwrap();
+    assert!(
+        result.status.success(),
+        "rigger-controller certs: {}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+}
+
+/// A token of `role` (admin or viewer) from a PKI directory's tokens.csv.
+pub fn token(pki: &Path, role: &str) -> String {
+    std::fs::read_to_string(pki.join("tokens.csv"))
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.ends_with(&format!(",{role}")))
+        .unwrap()
+        .split(',')
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
 impl Controller {
     pub fn start(data_dir: &Path) -> Self {
+        let pki = data_dir.join("pki");
+        controller_certs(&pki, &[]);
         let mut controller = Self {
             server: String::new(),
             data_dir: data_dir.to_owned(),
+            pki,
             log: data_dir.join("controller.log"),
             listen: format!("127.0.0.1:{}", free_port()),
             daemon: None,
         };
-        controller.server = format!("http://{}", controller.listen);
+        controller.server = format!("https://{}", controller.listen);
         controller.spawn();
         controller
     }
@@ -940,16 +976,33 @@ impl Controller {
                 .args(["--listen", &self.listen])
                 .args(["--health-listen", &format!("127.0.0.1:{}", free_port())])
                 .args(["--heartbeat-interval", "1s", "--node-timeout", "3s"])
+                .arg("--tls-cert-file")
+                .arg(self.pki.join("controller.pem"))
+                .arg("--tls-key-file")
+                .arg(self.pki.join("controller-key.pem"))
+                .arg("--client-ca-file")
+                .arg(self.pki.join("ca.pem"))
+                .arg("--tokens-file")
+                .arg(self.pki.join("tokens.csv"))
                 .stdout(Stdio::null())
                 .stderr(log),
         ));
-        let server = self.server.clone();
         wait_until("the controller to serve", Duration::from_secs(20), || {
-            riggerctl(&server, &["get", "nodes"])
-                .status
-                .success()
-                .then_some(())
+            self.ctl(&["get", "nodes"]).status.success().then_some(())
         });
+    }
+
+    /// Issue an agent certificate for `node`: (ca, cert, key) paths.
+    pub fn agent_certs(&self, node: &str) -> (PathBuf, PathBuf, PathBuf) {
+        let cert = self.pki.join(format!("agent-{node}.pem"));
+        if !cert.exists() {
+            controller_certs(&self.pki, &[node]);
+        }
+        (
+            self.pki.join("ca.pem"),
+            cert,
+            self.pki.join(format!("agent-{node}-key.pem")),
+        )
     }
 
     /// SIGKILL: no drain, no last status write.
@@ -966,9 +1019,21 @@ impl Controller {
         self.spawn();
     }
 
-    /// `riggerctl --server <this> ARGS`.
+    /// `riggerctl ARGS` as the admin user.
     pub fn ctl(&self, args: &[&str]) -> Output {
-        riggerctl(&self.server, args)
+        self.ctl_as("admin", args)
+    }
+
+    /// `riggerctl ARGS` with the token of `role`.
+    pub fn ctl_as(&self, role: &str, args: &[&str]) -> Output {
+        Command::new(binary("riggerctl"))
+            .args(["--server", &self.server])
+            .arg("--ca-file")
+            .arg(self.pki.join("ca.pem"))
+            .args(["--token", &token(&self.pki, role)])
+            .args(args)
+            .output()
+            .unwrap()
     }
 
     /// `riggerctl ... -o json` parsed; `None` when riggerctl fails.
@@ -982,10 +1047,14 @@ impl Controller {
             .then(|| serde_json::from_slice(&out.stdout).unwrap())
     }
 
-    /// `riggerctl apply -f -` with `yaml` on stdin.
+    /// `riggerctl apply -f -` with `yaml` on stdin, as the admin.
     pub fn apply(&self, yaml: &str) -> Output {
         let mut child = Command::new(binary("riggerctl"))
-            .args(["--server", &self.server, "apply", "-f", "-"])
+            .args(["--server", &self.server])
+            .arg("--ca-file")
+            .arg(self.pki.join("ca.pem"))
+            .args(["--token", &token(&self.pki, "admin")])
+            .args(["apply", "-f", "-"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -1001,15 +1070,6 @@ impl Controller {
     }
 }
 
-/// `riggerctl --server SERVER ARGS`.
-pub fn riggerctl(server: &str, args: &[&str]) -> Output {
-    Command::new(binary("riggerctl"))
-        .args(["--server", server])
-        .args(args)
-        .output()
-        .unwrap()
-}
-
 /// A `rigger-agent run` for one lab node, linked to a controller; its state directory
 /// and log (`agent.log`) live in `state_dir`.
 #[derive(Debug)]
@@ -1023,21 +1083,29 @@ pub struct Agent {
 
 impl Agent {
     /// `containerd`: the node's socket; `namespace`: where pulls go;
-    /// `hosts_dir`: its registry configuration.
+    /// `hosts_dir`: its registry configuration. The agent gets a certificate for `node`
+    /// from the controller's lab PKI.
     pub fn start(
-        server: &str,
+        controller: &Controller,
         node: &str,
         containerd: &Path,
         hosts_dir: &Path,
         namespace: &str,
         state_dir: &Path,
     ) -> Self {
+        let (ca, cert, key) = controller.agent_certs(node);
         let args = vec![
             "run".to_owned(),
             "--address".to_owned(),
             containerd.display().to_string(),
             "--controller".to_owned(),
-            server.to_owned(),
+            controller.server.clone(),
+            "--ca-file".to_owned(),
+            ca.display().to_string(),
+            "--cert-file".to_owned(),
+            cert.display().to_string(),
+            "--key-file".to_owned(),
+            key.display().to_string(),
             "--node-name".to_owned(),
             node.to_owned(),
             "--namespace".to_owned(),

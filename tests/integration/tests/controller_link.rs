@@ -1,11 +1,16 @@
-//! An agent on the lab registers with a controller; riggerctl shows the node.
+//! An agent on the lab registers with a controller; riggerctl shows the node. Security:
+//! certificates and tokens are required, and whoever lacks them is refused.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use rigger_integration_tests::{Daemon, Lab, binary, free_port, wait_until};
+use std::path::Path;
+
+use rigger_integration_tests::{
+    Controller, Daemon, Lab, binary, controller_certs, free_port, wait_until,
+};
 use serde_json::Value;
 
 fn nodes(server: &str) -> Option<Value> {
@@ -31,6 +36,7 @@ fn agent_registers_and_is_marked_not_ready_when_it_goes() {
             .args(["--listen", &format!("127.0.0.1:{grpc}")])
             .args(["--health-listen", &format!("127.0.0.1:{health}")])
             .args(["--heartbeat-interval", "1s", "--node-timeout", "3s"])
+            .arg("--insecure-plaintext")
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
     );
@@ -39,7 +45,7 @@ fn agent_registers_and_is_marked_not_ready_when_it_goes() {
             .args(["run", "--address"])
             .arg(&lab.containerd_address)
             .args(["--health-listen", &format!("127.0.0.1:{}", free_port())])
-            .args(["--controller", &server])
+            .args(["--controller", &server, "--insecure-plaintext"])
             .args([
                 "--node-name",
                 "itest-node-1",
@@ -123,10 +129,168 @@ fn an_unusable_data_dir_stops_the_controller_before_it_listens() {
         .arg(&not_a_dir)
         .args(["--listen", &format!("127.0.0.1:{}", free_port())])
         .args(["--health-listen", &format!("127.0.0.1:{}", free_port())])
+        .arg("--insecure-plaintext")
         .output()
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     let last = stderr.trim_end().lines().last().unwrap();
     assert!(last.contains(&not_a_dir.display().to_string()), "{last}");
+}
+
+/// An agent started against `controller` with the given TLS files and node name; the
+/// rest of its settings are the lab's.
+fn agent_with(
+    controller: &Controller,
+    node: &str,
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+    log: &Path,
+) -> Daemon {
+    let lab = Lab::get();
+    Daemon::spawn(
+        Command::new(binary("rigger-agent"))
+            .args(["run", "--address"])
+            .arg(&lab.containerd_address)
+            .args(["--health-listen", &format!("127.0.0.1:{}", free_port())])
+            .args(["--controller", &controller.server, "--node-name", node])
+            .arg("--ca-file")
+            .arg(ca)
+            .arg("--cert-file")
+            .arg(cert)
+            .arg("--key-file")
+            .arg(key)
+            .arg("--state-dir")
+            .arg(log.parent().unwrap())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap()),
+    )
+}
+
+#[test]
+fn agents_without_a_valid_certificate_or_with_another_nodes_name_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let controller = Controller::start(dir.path());
+    let sub = |name: &str| {
+        let path = dir.path().join(name);
+        std::fs::create_dir_all(&path).unwrap();
+        path
+    };
+
+    // A certificate from another CA: the TLS handshake fails.
+    let other_pki = dir.path().join("other-pki");
+    controller_certs(&other_pki, &["sec-stranger"]);
+    let stranger_log = sub("stranger").join("agent.log");
+    let _stranger = agent_with(
+        &controller,
+        "sec-stranger",
+        &controller.pki.join("ca.pem"),
+        &other_pki.join("agent-sec-stranger.pem"),
+        &other_pki.join("agent-sec-stranger-key.pem"),
+        &stranger_log,
+    );
+    // A valid certificate for sec-honest, used to claim sec-victim.
+    let (ca, cert, key) = controller.agent_certs("sec-honest");
+    let impostor_log = sub("impostor").join("agent.log");
+    let _impostor = agent_with(&controller, "sec-victim", &ca, &cert, &key, &impostor_log);
+    // And the same certificate with its own name is accepted.
+    let honest_log = sub("honest").join("agent.log");
+    let _honest = agent_with(&controller, "sec-honest", &ca, &cert, &key, &honest_log);
+
+    wait_until(
+        "the honest agent to register",
+        Duration::from_secs(30),
+        || controller.get_json(&["node", "sec-honest"]),
+    );
+    let impostor = wait_until(
+        "the impostor to be refused",
+        Duration::from_secs(30),
+        || {
+            let log = std::fs::read_to_string(&impostor_log).unwrap();
+            log.lines()
+                .find(|l| l.contains("not issued for node \"sec-victim\""))
+                .map(str::to_owned)
+        },
+    );
+    assert!(impostor.contains("controller link down"), "{impostor}");
+    wait_until(
+        "the stranger's handshake to fail",
+        Duration::from_secs(30),
+        || {
+            let log = std::fs::read_to_string(&stranger_log).unwrap();
+            log.contains("controller link down").then_some(())
+        },
+    );
+    let nodes = controller.get_json(&["nodes"]).unwrap();
+    let names: Vec<&str> = nodes["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["sec-honest"], "only the honest agent is known");
+    let controller_log = std::fs::read_to_string(&controller.log).unwrap();
+    assert!(
+        controller_log.contains("agent session refused"),
+        "{controller_log}"
+    );
+}
+
+#[test]
+fn users_need_a_token_and_viewers_cannot_change_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let controller = Controller::start(dir.path());
+    let job = "apiVersion: rigger.dev/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: j\nspec:\n  image: registry.example/app:1\n  selector:\n    names: [nowhere]\n";
+    let file = dir.path().join("job.yaml");
+    std::fs::write(&file, job).unwrap();
+    let file = file.to_str().unwrap();
+
+    let anonymous = Command::new(binary("riggerctl"))
+        .args(["--server", &controller.server])
+        .arg("--ca-file")
+        .arg(controller.pki.join("ca.pem"))
+        .args(["get", "nodes"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&anonymous.stderr);
+    assert!(!anonymous.status.success());
+    assert!(stderr.contains("no bearer token"), "{stderr}");
+
+    let viewer = controller.ctl_as("viewer", &["apply", "-f", file]);
+    let stderr = String::from_utf8_lossy(&viewer.stderr);
+    assert!(!viewer.status.success());
+    assert!(stderr.contains("may only read"), "{stderr}");
+    assert!(
+        controller
+            .ctl_as("viewer", &["get", "nodes"])
+            .status
+            .success()
+    );
+
+    let admin = controller.ctl(&["apply", "-f", file]);
+    assert!(
+        admin.status.success(),
+        "{}",
+        String::from_utf8_lossy(&admin.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&admin.stdout).trim(),
+        "imagepulljob.rigger.dev/j created"
+    );
+    let again = controller.ctl(&["apply", "-f", file]);
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout).trim(),
+        "imagepulljob.rigger.dev/j unchanged"
+    );
+
+    // Without the CA, riggerctl does not trust the controller.
+    let untrusting = Command::new(binary("riggerctl"))
+        .args(["--server", &controller.server])
+        .arg("--ca-file")
+        .arg(dir.path().join("job.yaml"))
+        .args(["get", "nodes"])
+        .output()
+        .unwrap();
+    assert!(!untrusting.status.success());
 }

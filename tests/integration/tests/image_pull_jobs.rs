@@ -43,7 +43,7 @@ impl Fleet {
             .map(|(i, containerd)| {
                 let node = format!("{test}-{}", i + 1);
                 Agent::start(
-                    &controller.server,
+                    &controller,
                     &node,
                     containerd,
                     &hosts,
