@@ -76,7 +76,8 @@ pub struct RunArgs {
     /// How often the inventory is refreshed, e.g. `30s` [default: 30s].
     #[arg(long, env = "RIGGER_AGENT_INVENTORY_INTERVAL", value_name = "DURATION")]
     pub inventory_interval: Option<String>,
-    /// Controller URL, e.g. `http://controller:9450`; without it the agent runs alone.
+    /// Controller URL, e.g. `https://controller:9450`, or several (comma-separated) for
+    /// replicas of an HA controller; without it the agent runs alone.
     #[arg(long, env = "RIGGER_AGENT_CONTROLLER", value_name = "URL")]
     pub controller: Option<String>,
     /// This node's name at the controller [default: the hostname].
@@ -204,7 +205,17 @@ impl AgentConfig {
                     insecure_plaintext: args.insecure_plaintext
                         || file.insecure_plaintext == Some(true),
                 };
-                let controller = controller_endpoint(&url, &tls)?;
+                // Several URLs: replicas of an HA controller; the agent moves on from a
+                // follower or an unreachable one.
+                let controllers = url
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|u| !u.is_empty())
+                    .map(|u| controller_endpoint(u, &tls))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if controllers.is_empty() {
+                    return Err(CONTROLLER.invalid("names no URL"));
+                }
                 let node_name = match node_name {
                     Some(name) => name,
                     None => hostname().ok_or_else(|| {
@@ -213,10 +224,10 @@ impl AgentConfig {
                 };
                 rigger_proto::check_node_name(&node_name).map_err(|e| NODE_NAME.invalid(e))?;
                 Some(LinkConfig {
-                    controller,
+                    controllers,
                     node_name,
                     node_labels,
-                    plaintext: url.starts_with("http://"),
+                    plaintext: url.contains("http://"),
                 })
             }
         };

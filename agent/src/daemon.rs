@@ -96,7 +96,7 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
     let link = config.link.clone().map(|link| {
         if link.plaintext {
             tracing::warn!(
-                controller = %link.controller.uri(),
+                controllers = link.controllers.len(),
                 node = %link.node_name,
                 "insecure_plaintext: the controller link is unencrypted and unauthenticated; use on trusted networks only"
             );

@@ -23,7 +23,8 @@ use rigger_daemon::backoff::Backoff;
 /// Who this agent is to the controller.
 #[derive(Debug, Clone)]
 pub struct LinkConfig {
-    pub controller: Endpoint,
+    /// Controller replicas, tried in turn.
+    pub controllers: Vec<Endpoint>,
     pub node_name: String,
     pub node_labels: HashMap<String, String>,
     /// `insecure_plaintext`: no TLS to the controller.
@@ -41,12 +42,21 @@ pub async fn maintain(
     token: CancellationToken,
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    let mut next = 0;
     loop {
         let started = std::time::Instant::now();
+        let Some(controller) = config
+            .controllers
+            .get(next % config.controllers.len().max(1))
+        else {
+            return;
+        };
         let outcome = tokio::select! {
             _ = token.cancelled() => return,
-            outcome = session(&config, &inventory, &tasks) => outcome,
+            outcome = session(controller, &config, &inventory, &tasks) => outcome,
         };
+        // The next attempt goes to the next replica (a follower refuses agents).
+        next += 1;
         if started.elapsed() > Duration::from_secs(60) {
             backoff.reset();
         }
@@ -62,16 +72,17 @@ pub async fn maintain(
     }
 }
 
-#[tracing::instrument(level = "debug", skip_all, fields(node = %config.node_name))]
+#[tracing::instrument(level = "debug", skip_all, fields(node = %config.node_name, controller = %controller.uri()))]
 async fn session(
+    controller: &Endpoint,
     config: &LinkConfig,
     inventory: &SharedInventory,
     tasks: &TaskRunner,
 ) -> Result<(), String> {
-    let channel = config.controller.connect().await.map_err(|e| {
+    let channel = controller.connect().await.map_err(|e| {
         format!(
             "cannot connect to {}: {}",
-            config.controller.uri(),
+            controller.uri(),
             rigger_daemon::error_chain(&e)
         )
     })?;
@@ -107,7 +118,7 @@ async fn session(
         Ok(None) => return Err("controller closed the link during registration".to_owned()),
         Err(s) => return Err(format!("registration refused: {}", s.message())),
     };
-    tracing::info!(controller = %config.controller.uri(), heartbeat = ?interval, "registered with the controller");
+    tracing::info!(controller = %controller.uri(), heartbeat = ?interval, "registered with the controller");
 
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

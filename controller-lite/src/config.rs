@@ -29,6 +29,8 @@ pub struct ControllerConfigFile {
     pub client_ca_file: Option<PathBuf>,
     pub tokens_file: Option<PathBuf>,
     pub insecure_plaintext: Option<bool>,
+    pub store: Option<String>,
+    pub leader_lease: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, clap::Args)]
@@ -79,6 +81,22 @@ pub struct ControllerArgs {
     /// Serve without TLS: agents are not authenticated (trusted networks only; logged).
     #[arg(long, env = "RIGGER_CONTROLLER_INSECURE_PLAINTEXT")]
     pub insecure_plaintext: bool,
+    /// `embedded` (a redb file in data_dir), or `etcd://h1:2379,h2:2379` for several
+    /// replicas with leader election [default: embedded].
+    #[arg(long, env = "RIGGER_CONTROLLER_STORE", value_name = "STORE")]
+    pub store: Option<String>,
+    /// With etcd: how long a leader that stopped renewing stays leader [default: 15s].
+    #[arg(long, env = "RIGGER_CONTROLLER_LEADER_LEASE", value_name = "DURATION")]
+    pub leader_lease: Option<String>,
+}
+
+/// Where objects live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreConfig {
+    /// `<data_dir>/rigger.redb`; one replica.
+    Embedded,
+    /// etcd endpoints (`host:port`); replicas elect a leader.
+    Etcd { endpoints: Vec<String> },
 }
 
 /// The controller's TLS material (paths; read and checked when the config is resolved).
@@ -103,6 +121,8 @@ pub struct ControllerConfig {
     pub tls: Option<TlsFiles>,
     /// `None`: no user authentication (plain-text mode only).
     pub tokens_file: Option<PathBuf>,
+    pub store: StoreConfig,
+    pub leader_lease: Duration,
 }
 
 const LISTEN: Setting = Setting {
@@ -156,6 +176,49 @@ const TOKENS_FILE: Setting = Setting {
     flag: "--tokens-file",
     env: "RIGGER_CONTROLLER_TOKENS_FILE",
 };
+const STORE: Setting = Setting {
+    key: "store",
+    flag: "--store",
+    env: "RIGGER_CONTROLLER_STORE",
+};
+const LEADER_LEASE: Setting = Setting {
+    key: "leader_lease",
+    flag: "--leader-lease",
+    env: "RIGGER_CONTROLLER_LEADER_LEASE",
+};
+
+fn parse_store(text: Option<String>) -> Result<StoreConfig, ConfigError> {
+    let Some(text) = text else {
+        return Ok(StoreConfig::Embedded);
+    };
+    if text == "embedded" {
+        return Ok(StoreConfig::Embedded);
+    }
+    let hosts = text.strip_prefix("etcd://").ok_or_else(|| {
+        STORE.invalid(format!(
+            "{text:?}: expected embedded or etcd://host:port[,host:port...]"
+        ))
+    })?;
+    let endpoints: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if endpoints.is_empty() {
+        return Err(STORE.invalid(format!("{text:?} names no etcd endpoint")));
+    }
+    for endpoint in &endpoints {
+        let port = endpoint
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse::<u16>().ok());
+        if port.is_none() {
+            return Err(STORE.invalid(format!("{endpoint:?} is not host:port")));
+        }
+    }
+    Ok(StoreConfig::Etcd { endpoints })
+}
+
 const INSECURE_PLAINTEXT: Setting = Setting {
     key: "insecure_plaintext",
     flag: "--insecure-plaintext",
@@ -264,6 +327,14 @@ impl ControllerConfig {
             }
             None => {}
         }
+        let store = parse_store(args.store.or(file.store))?;
+        let leader_lease = LEADER_LEASE.duration(
+            args.leader_lease.or(file.leader_lease),
+            Duration::from_secs(15),
+        )?;
+        if leader_lease < Duration::from_secs(2) {
+            return Err(LEADER_LEASE.invalid("must be at least 2s"));
+        }
         Ok(Self {
             listen,
             health_listen,
@@ -275,6 +346,8 @@ impl ControllerConfig {
             node_timeout,
             tls,
             tokens_file,
+            store,
+            leader_lease,
         })
     }
 }
@@ -356,5 +429,28 @@ mod tests {
         };
         let err = ControllerConfig::from_layers(ControllerConfigFile::default(), args).unwrap_err();
         assert!(err.to_string().contains("`data_dir`"), "{err}");
+        for (store, expected) in [
+            ("etcd://a:2379,b:2379", Ok(2)),
+            ("etcd://", Err("names no etcd endpoint")),
+            ("etcd://a", Err("not host:port")),
+            ("redis://a:1", Err("expected embedded")),
+        ] {
+            let args = ControllerArgs {
+                store: Some(store.into()),
+                ..plaintext()
+            };
+            match (
+                ControllerConfig::from_layers(ControllerConfigFile::default(), args),
+                expected,
+            ) {
+                (Ok(c), Ok(n)) => {
+                    assert!(
+                        matches!(c.store, StoreConfig::Etcd { ref endpoints } if endpoints.len() == n)
+                    );
+                }
+                (Err(e), Err(text)) => assert!(e.to_string().contains(text), "{e}"),
+                (other, _) => panic!("{store}: {other:?}"),
+            }
+        }
     }
 }

@@ -18,6 +18,7 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::{Role, UserAuth};
 use crate::jobs::{JobEngine, status_key};
+use crate::leader::Leadership;
 use crate::nodes::NodeRegistry;
 use crate::objects::image_pull_job::{ImagePullJob, ImagePullJobStatus};
 use crate::objects::secret::Secret;
@@ -33,6 +34,7 @@ pub struct ControlService {
     nodes: NodeRegistry,
     jobs: JobEngine,
     users: UserAuth,
+    leadership: Leadership,
     node_timeout: Duration,
 }
 
@@ -42,6 +44,7 @@ impl ControlService {
         nodes: NodeRegistry,
         jobs: JobEngine,
         users: UserAuth,
+        leadership: Leadership,
         node_timeout: Duration,
     ) -> Self {
         Self {
@@ -49,6 +52,7 @@ impl ControlService {
             nodes,
             jobs,
             users,
+            leadership,
             node_timeout,
         }
     }
@@ -370,6 +374,7 @@ impl Control for ControlService {
         &self,
         request: Request<ApplyRequest>,
     ) -> Result<Response<ApplyResponse>, Status> {
+        self.leadership.require()?;
         let user = self.users.authorize(&request, Role::Admin)?;
         let request = request.into_inner();
         if request.json.len() > MAX_OBJECT_BYTES {
@@ -405,6 +410,7 @@ impl Control for ControlService {
     }
 
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<Object>, Status> {
+        self.leadership.require()?;
         self.users.authorize(&request, Role::Viewer)?;
         let request = request.into_inner();
         let kind = kind_of(&request.kind)?;
@@ -419,6 +425,7 @@ impl Control for ControlService {
     }
 
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        self.leadership.require()?;
         self.users.authorize(&request, Role::Viewer)?;
         let request = request.into_inner();
         let kind = kind_of(&request.kind)?;
@@ -447,6 +454,7 @@ impl Control for ControlService {
         &self,
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
+        self.leadership.require()?;
         let user = self.users.authorize(&request, Role::Admin)?;
         let request = request.into_inner();
         let kind = kind_of(&request.kind)?;

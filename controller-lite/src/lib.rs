@@ -10,7 +10,8 @@
 //! - [`jobs`]: the ImagePullJob engine (who pulls when, status from reports);
 //! - [`control`]: the user API (`rigger.v1.Control`) that riggerctl speaks;
 //! - [`objects`]: the kinds users apply (ImagePullJob, ...) and their validation;
-//! - [`store`]: the embedded object store (redb), conditional writes by revision;
+//! - [`store`]: the object store (embedded redb, or etcd), conditional writes by revision;
+//! - [`leader`]: leader election among replicas sharing an etcd;
 //! - [`server`]: wiring, health endpoints, graceful shutdown.
 
 pub mod auth;
@@ -18,6 +19,7 @@ pub mod certs;
 pub mod config;
 pub mod control;
 pub mod jobs;
+pub mod leader;
 pub mod link;
 pub mod nodes;
 pub mod objects;

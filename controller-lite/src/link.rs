@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::jobs::JobEngine;
+use crate::leader::Leadership;
 use crate::nodes::{NodeRegistry, SessionId};
 
 /// Messages queued for one agent before the engine holds back (and offers them again).
@@ -29,6 +30,7 @@ const AGENT_QUEUE: usize = 64;
 pub struct AgentLinkService {
     nodes: NodeRegistry,
     jobs: JobEngine,
+    leadership: Leadership,
     /// Agents must present a client certificate valid for the node they register.
     mtls: bool,
     heartbeat_interval: Duration,
@@ -41,6 +43,7 @@ impl AgentLinkService {
     pub fn new(
         nodes: NodeRegistry,
         jobs: JobEngine,
+        leadership: Leadership,
         mtls: bool,
         heartbeat_interval: Duration,
         node_timeout: Duration,
@@ -49,6 +52,7 @@ impl AgentLinkService {
         Self {
             nodes,
             jobs,
+            leadership,
             mtls,
             heartbeat_interval,
             node_timeout,
@@ -68,6 +72,7 @@ impl AgentLink for AgentLinkService {
         &self,
         request: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
+        self.leadership.require()?;
         let peer = request
             .remote_addr()
             .map_or_else(|| "unknown".to_owned(), |a| a.to_string());

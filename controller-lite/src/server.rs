@@ -18,11 +18,13 @@ use std::path::PathBuf;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 use crate::auth::{UserAuth, Users};
-use crate::config::{ControllerConfig, TlsFiles};
+use crate::config::{ControllerConfig, StoreConfig, TlsFiles};
 use crate::control::ControlService;
 use crate::jobs::JobEngine;
+use crate::leader::Leadership;
 use crate::link::AgentLinkService;
 use crate::nodes::NodeRegistry;
+use crate::store::{EmbeddedStore, EtcdStore, Store};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -38,6 +40,8 @@ pub enum ServerError {
     Store(#[from] crate::store::StoreError),
     #[error("{}: {detail}", path.display())]
     Security { path: PathBuf, detail: String },
+    #[error(transparent)]
+    Leader(#[from] crate::leader::LeaderError),
 }
 
 /// The server side of mTLS: our certificate, and the CA agents' certificates must chain
@@ -73,7 +77,12 @@ pub async fn run(
 ) -> Result<(), ServerError> {
     // The store opens first: a data directory that cannot be used stops the controller
     // before it accepts anyone.
-    let store = crate::store::EmbeddedStore::open(&config.data_dir)?;
+    let store = match &config.store {
+        StoreConfig::Embedded => Store::Embedded(EmbeddedStore::open(&config.data_dir)?),
+        StoreConfig::Etcd { endpoints } => Store::Etcd(Box::new(
+            EtcdStore::connect(endpoints, crate::store::etcd::DEFAULT_PREFIX).await?,
+        )),
+    };
     let tls = config.tls.as_ref().map(server_tls).transpose()?;
     let users = match &config.tokens_file {
         Some(path) => {
@@ -90,11 +99,33 @@ pub async fn run(
     let health_address = health_listener.local_addr().ok();
 
     let token = CancellationToken::new();
+    let (leadership, mut campaign) = match &store {
+        Store::Embedded(_) => (Leadership::sole(), None),
+        Store::Etcd(etcd) => {
+            let identity = format!(
+                "{}/{}",
+                nix::unistd::gethostname()
+                    .ok()
+                    .and_then(|h| h.into_string().ok())
+                    .unwrap_or_default(),
+                grpc_address.map_or_else(|| config.listen.to_string(), |a| a.to_string())
+            );
+            let (leadership, task) = crate::leader::campaign(
+                etcd.client(),
+                format!("{}leader", etcd.prefix()),
+                identity,
+                config.leader_lease,
+                token.clone(),
+            );
+            (leadership, Some(task))
+        }
+    };
     let nodes = NodeRegistry::default();
     let jobs = JobEngine::new(store.clone(), nodes.clone(), config.node_timeout);
     let link = AgentLinkService::new(
         nodes.clone(),
         jobs.clone(),
+        leadership.clone(),
         tls.is_some(),
         config.heartbeat_interval,
         config.node_timeout,
@@ -105,9 +136,18 @@ pub async fn run(
         nodes,
         jobs.clone(),
         users.clone(),
+        leadership.clone(),
         config.node_timeout,
     );
-    let engine = tokio::spawn(jobs.run(token.clone()));
+    // The job engine runs on the leader only (at once with the embedded store).
+    let engine = {
+        let (mut leadership, token) = (leadership.clone(), token.clone());
+        tokio::spawn(async move {
+            if leadership.elected().await {
+                jobs.run(token).await;
+            }
+        })
+    };
     let mut builder = tonic::transport::Server::builder();
     match &tls {
         Some(tls) => {
@@ -138,7 +178,18 @@ pub async fn run(
             .with_graceful_shutdown(async move { health_token.cancelled().await })
             .into_future(),
     );
-    readiness.set_ready();
+    // A follower is alive but not ready: traffic belongs to the leader.
+    {
+        let (mut leadership, readiness) = (leadership.clone(), readiness.clone());
+        if !leadership.is_leader() {
+            readiness.set_not_ready("follower: another replica leads");
+        }
+        tokio::spawn(async move {
+            if leadership.elected().await {
+                readiness.set_ready();
+            }
+        });
+    }
     let status = format!(
         "serving agents and API on {}",
         grpc_address.map_or_else(|| config.listen.to_string(), |a| a.to_string())
@@ -150,7 +201,23 @@ pub async fn run(
         "controller started"
     );
 
-    stop.await;
+    // Stop on a signal, or when leadership (the etcd lease) is lost.
+    let lost = async {
+        match campaign.as_mut() {
+            Some(task) => match task.await {
+                Ok(Err(e)) => Some(e),
+                Ok(Ok(())) | Err(_) => std::future::pending().await,
+            },
+            None => std::future::pending().await,
+        }
+    };
+    let lost = tokio::select! {
+        () = stop => None,
+        lost = lost => lost,
+    };
+    if let Some(error) = &lost {
+        tracing::error!(%error, "leadership lost");
+    }
     tracing::info!(timeout = ?config.drain_timeout, "shutting down");
     systemd::stopping("draining");
     readiness.set_not_ready("shutting down");
@@ -158,6 +225,12 @@ pub async fn run(
         let grpc_result = grpc.await;
         let _ = health_server.await;
         let _ = engine.await;
+        if lost.is_none()
+            && let Some(task) = campaign
+        {
+            // Resigning (the lease revoked) lets a follower take over at once.
+            let _ = task.await;
+        }
         grpc_result
     })
     .await;
@@ -165,5 +238,8 @@ pub async fn run(
         Drain::Completed => tracing::info!("stopped cleanly"),
         Drain::TimedOut => tracing::warn!("drain timeout passed; stopping with work in flight"),
     }
-    Ok(())
+    match lost {
+        Some(error) => Err(ServerError::Leader(error)),
+        None => Ok(()),
+    }
 }

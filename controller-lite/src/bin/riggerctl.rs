@@ -145,29 +145,11 @@ async fn connect(cli: &Cli) -> anyhow::Result<Client> {
         }
         None => ConfigFile::default(),
     };
-    let server = cli
+    let servers = cli
         .server
         .clone()
         .or(file.server)
         .unwrap_or_else(|| "https://127.0.0.1:9450".to_owned());
-    let mut endpoint = tonic::transport::Endpoint::from_shared(server.clone())
-        .with_context(|| format!("--server {server:?} is not a URL"))?
-        .connect_timeout(Duration::from_secs(10));
-    if server.starts_with("https://") {
-        let ca_file = cli.ca_file.clone().or(file.ca_file).ok_or_else(|| {
-            anyhow::anyhow!(
-                "{server}: https needs --ca-file (the CA that signed the controller's certificate)"
-            )
-        })?;
-        let ca =
-            std::fs::read(&ca_file).with_context(|| format!("--ca-file {}", ca_file.display()))?;
-        endpoint = endpoint
-            .tls_config(
-                tonic::transport::ClientTlsConfig::new()
-                    .ca_certificate(tonic::transport::Certificate::from_pem(ca)),
-            )
-            .with_context(|| format!("TLS settings for {server}"))?;
-    }
     let token = match cli.token.clone().or(file.token) {
         Some(token) => Some(
             format!("Bearer {}", token.trim())
@@ -176,6 +158,66 @@ async fn connect(cli: &Cli) -> anyhow::Result<Client> {
         ),
         None => None,
     };
+    let ca_file = cli.ca_file.clone().or(file.ca_file);
+    // Several servers: replicas of an HA controller; the leader answers, followers say
+    // "not the leader" and the next one is tried.
+    let mut errors: Vec<String> = Vec::new();
+    for server in servers.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let mut client = match connect_one(server, ca_file.as_deref(), token.clone()).await {
+            Ok(client) => client,
+            Err(e) => {
+                errors.push(format!("{e:#}"));
+                continue;
+            }
+        };
+        match client
+            .list(ListRequest {
+                kind: "Node".to_owned(),
+                namespace: String::new(),
+            })
+            .await
+        {
+            Ok(_) => return Ok(client),
+            // A follower, or a replica on its way down: the next one may lead.
+            Err(status) if status.code() == tonic::Code::Unavailable => {
+                errors.push(format!("{server}: {}", status.message()));
+            }
+            Err(status) => return Err(refused(&status)),
+        }
+    }
+    match errors.as_slice() {
+        [] => Err(anyhow::anyhow!("--server names no controller")),
+        [one] => Err(anyhow::anyhow!("{one}")),
+        all => Err(anyhow::anyhow!(
+            "no controller answered: {}",
+            all.join("; ")
+        )),
+    }
+}
+
+async fn connect_one(
+    server: &str,
+    ca_file: Option<&std::path::Path>,
+    token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+) -> anyhow::Result<Client> {
+    let mut endpoint = tonic::transport::Endpoint::from_shared(server.to_owned())
+        .with_context(|| format!("--server {server:?} is not a URL"))?
+        .connect_timeout(Duration::from_secs(10));
+    if server.starts_with("https://") {
+        let ca_file = ca_file.ok_or_else(|| {
+            anyhow::anyhow!(
+                "{server}: https needs --ca-file (the CA that signed the controller's certificate)"
+            )
+        })?;
+        let ca =
+            std::fs::read(ca_file).with_context(|| format!("--ca-file {}", ca_file.display()))?;
+        endpoint = endpoint
+            .tls_config(
+                tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(ca)),
+            )
+            .with_context(|| format!("TLS settings for {server}"))?;
+    }
     let channel = endpoint.connect().await.map_err(|e| {
         anyhow::anyhow!(
             "cannot reach the controller at {server}: {}",

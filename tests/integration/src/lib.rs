@@ -910,11 +910,60 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
 pub struct Controller {
     /// `https://127.0.0.1:PORT`
     pub server: String,
+    /// What riggerctl and agents are given: this server, or every replica's.
+    pub endpoints: String,
     pub data_dir: PathBuf,
     pub pki: PathBuf,
     pub log: PathBuf,
     listen: String,
+    extra: Vec<String>,
     daemon: Option<Daemon>,
+}
+
+/// A single-member etcd (Debian's etcd-server) on loopback ports, data in a temporary
+/// directory; stopped when dropped.
+#[derive(Debug)]
+pub struct Etcd {
+    /// `127.0.0.1:PORT` for clients.
+    pub endpoint: String,
+    _daemon: Daemon,
+    _dir: tempfile::TempDir,
+}
+
+impl Etcd {
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (client, peer) = (free_port(), free_port());
+        let endpoint = format!("127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let daemon = Daemon::spawn(
+            Command::new("etcd")
+                .args(["--name", "itest", "--data-dir"])
+                .arg(dir.path().join("data"))
+                .args(["--listen-client-urls", &format!("http://{endpoint}")])
+                .args(["--advertise-client-urls", &format!("http://{endpoint}")])
+                .args(["--listen-peer-urls", &peer_url])
+                .args(["--initial-advertise-peer-urls", &peer_url])
+                .args(["--initial-cluster", &format!("itest={peer_url}")])
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(dir.path().join("etcd.log")).unwrap()),
+        );
+        wait_until("etcd to serve", Duration::from_secs(30), || {
+            Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .args(["--endpoints", &endpoint, "endpoint", "health"])
+                .output()
+                .ok()?
+                .status
+                .success()
+                .then_some(())
+        });
+        Self {
+            endpoint,
+            _daemon: daemon,
+            _dir: dir,
+        }
+    }
 }
 
 /// `rigger-controller certs ARGS`; panics on failure.
@@ -950,20 +999,65 @@ impl Controller {
     pub fn start(data_dir: &Path) -> Self {
         let pki = data_dir.join("pki");
         controller_certs(&pki, &[]);
-        let mut controller = Self {
-            server: String::new(),
-            data_dir: data_dir.to_owned(),
-            pki,
-            log: data_dir.join("controller.log"),
-            listen: format!("127.0.0.1:{}", free_port()),
-            daemon: None,
-        };
-        controller.server = format!("https://{}", controller.listen);
+        let mut controller = Self::new(data_dir, &pki, Vec::new());
         controller.spawn();
         controller
     }
 
+    fn new(data_dir: &Path, pki: &Path, extra: Vec<String>) -> Self {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let server = format!("https://{listen}");
+        Self {
+            endpoints: server.clone(),
+            server,
+            data_dir: data_dir.to_owned(),
+            pki: pki.to_owned(),
+            log: data_dir.join("controller.log"),
+            listen,
+            extra,
+            daemon: None,
+        }
+    }
+
+    /// `count` replicas on `etcd` sharing one lab PKI (made in `dir/pki`), with a short
+    /// leader lease (3 s); each one's `endpoints` lists them all.
+    pub fn replicas(dir: &Path, etcd: &Etcd, count: usize) -> Vec<Self> {
+        let pki = dir.join("pki");
+        controller_certs(&pki, &[]);
+        let mut replicas: Vec<Self> = (0..count)
+            .map(|i| {
+                let data = dir.join(format!("controller-{}", i + 1));
+                std::fs::create_dir_all(&data).unwrap();
+                let extra = vec![
+                    "--store".to_owned(),
+                    format!("etcd://{}", etcd.endpoint),
+                    "--leader-lease".to_owned(),
+                    "3s".to_owned(),
+                ];
+                Self::new(&data, &pki, extra)
+            })
+            .collect();
+        let endpoints: Vec<String> = replicas.iter().map(|r| r.server.clone()).collect();
+        for replica in &mut replicas {
+            replica.endpoints = endpoints.join(",");
+            replica.spawn();
+        }
+        replicas
+    }
+
+    /// Whether this replica has won the election (its log says so).
+    pub fn is_leader(&self) -> bool {
+        self.daemon.is_some()
+            && std::fs::read_to_string(&self.log)
+                .unwrap_or_default()
+                .lines()
+                .rev()
+                .take_while(|l| !l.contains("campaigning for leadership"))
+                .any(|l| l.contains("elected leader"))
+    }
+
     fn spawn(&mut self) {
+        let before = std::fs::metadata(&self.log).map_or(0, |m| m.len() as usize);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -984,11 +1078,18 @@ impl Controller {
                 .arg(self.pki.join("ca.pem"))
                 .arg("--tokens-file")
                 .arg(self.pki.join("tokens.csv"))
+                .args(&self.extra)
                 .stdout(Stdio::null())
                 .stderr(log),
         ));
+        // Serving (a follower serves too, saying it does not lead): look at what this
+        // process wrote only.
+        let log = self.log.clone();
         wait_until("the controller to serve", Duration::from_secs(20), || {
-            self.ctl(&["get", "nodes"]).status.success().then_some(())
+            let text = std::fs::read(&log).ok()?;
+            String::from_utf8_lossy(&text[before.min(text.len())..])
+                .contains("controller started")
+                .then_some(())
         });
     }
 
@@ -1027,7 +1128,7 @@ impl Controller {
     /// `riggerctl ARGS` with the token of `role`.
     pub fn ctl_as(&self, role: &str, args: &[&str]) -> Output {
         Command::new(binary("riggerctl"))
-            .args(["--server", &self.server])
+            .args(["--server", &self.endpoints])
             .arg("--ca-file")
             .arg(self.pki.join("ca.pem"))
             .args(["--token", &token(&self.pki, role)])
@@ -1050,7 +1151,7 @@ impl Controller {
     /// `riggerctl apply -f -` with `yaml` on stdin, as the admin.
     pub fn apply(&self, yaml: &str) -> Output {
         let mut child = Command::new(binary("riggerctl"))
-            .args(["--server", &self.server])
+            .args(["--server", &self.endpoints])
             .arg("--ca-file")
             .arg(self.pki.join("ca.pem"))
             .args(["--token", &token(&self.pki, "admin")])
@@ -1099,7 +1200,7 @@ impl Agent {
             "--address".to_owned(),
             containerd.display().to_string(),
             "--controller".to_owned(),
-            controller.server.clone(),
+            controller.endpoints.clone(),
             "--ca-file".to_owned(),
             ca.display().to_string(),
             "--cert-file".to_owned(),

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rigger_integration_tests::{
-    Agent, Controller, Lab, Proxy, log_tail, plain_http_hosts_dir, unique_image, wait_until,
+    Agent, Controller, Etcd, Lab, Proxy, log_tail, plain_http_hosts_dir, unique_image, wait_until,
 };
 use serde_json::{Value, json};
 
@@ -18,6 +18,8 @@ use serde_json::{Value, json};
 /// at `rate` per connection, into containerd namespace `itest-<test>-<pid>`.
 struct Fleet {
     controller: Controller,
+    /// With etcd: the other replicas (`controller` is the first).
+    replicas: Vec<Controller>,
     agents: Vec<Agent>,
     proxy: Proxy,
     namespace: String,
@@ -26,8 +28,21 @@ struct Fleet {
 
 impl Fleet {
     fn start(test: &str, rate: &str) -> Self {
-        let lab = Lab::get();
         let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("controller");
+        std::fs::create_dir_all(&path).unwrap();
+        let controller = Controller::start(&path);
+        Self::with(test, rate, dir, vec![controller])
+    }
+
+    /// `controllers`: one, or replicas on etcd (agents get every replica's URL).
+    fn with(
+        test: &str,
+        rate: &str,
+        dir: tempfile::TempDir,
+        mut controllers: Vec<Controller>,
+    ) -> Self {
+        let lab = Lab::get();
         let proxy = Proxy::start(&json!([]), &["--connection-rate", rate]);
         let hosts = plain_http_hosts_dir(dir.path(), &[&proxy.address]);
         let namespace = format!("itest-{test}-{}", std::process::id());
@@ -36,7 +51,7 @@ impl Fleet {
             std::fs::create_dir_all(&path).unwrap();
             path
         };
-        let controller = Controller::start(&sub("controller"));
+        let controller = controllers.remove(0);
         let agents = [&lab.containerd_address, &lab.node2_containerd_address]
             .iter()
             .enumerate()
@@ -54,6 +69,7 @@ impl Fleet {
             .collect();
         let fleet = Self {
             controller,
+            replicas: controllers,
             agents,
             proxy,
             namespace,
@@ -94,14 +110,37 @@ impl Fleet {
         );
     }
 
+    /// The job as riggerctl shows it; while no controller leads (a restart, a handover
+    /// within the leader lease), riggerctl is asked again for up to 20 s.
     fn job(&self, name: &str) -> Value {
-        self.controller
-            .get_json(&["imagepulljob", name])
-            .unwrap_or_else(|| panic!("job {name} unreadable; controller log:\n{}", self.logs()))
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let out = self
+                .controller
+                .ctl(&["get", "imagepulljob", name, "-o", "json"]);
+            if out.status.success() {
+                return serde_json::from_slice(&out.stdout).unwrap();
+            }
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                Instant::now() < deadline
+                    && (stderr.contains("not the leader") || stderr.contains("cannot reach")),
+                "job {name} unreadable: {stderr}\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     fn logs(&self) -> String {
         let mut text = format!("--- controller\n{}\n", log_tail(&self.controller.log, 40));
+        for (i, replica) in self.replicas.iter().enumerate() {
+            text.push_str(&format!(
+                "--- replica {}\n{}\n",
+                i + 2,
+                log_tail(&replica.log, 30)
+            ));
+        }
         for agent in &self.agents {
             text.push_str(&format!(
                 "--- {}\n{}\n",
@@ -161,6 +200,9 @@ impl Drop for Fleet {
     fn drop(&mut self) {
         for agent in &mut self.agents {
             agent.kill();
+        }
+        if std::thread::panicking() {
+            eprintln!("{}", self.logs());
         }
         let lab = Lab::get();
         for containerd in [&lab.containerd_address, &lab.node2_containerd_address] {
@@ -393,4 +435,50 @@ fn a_killed_agent_is_marked_and_its_pull_resumes_when_it_returns() {
         sent < 2 * (8 << 20) + (3 << 20),
         "{sent} bytes sent for two nodes"
     );
+}
+
+#[test]
+fn with_three_controllers_on_etcd_killing_the_leader_hands_over_and_the_job_completes() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let replicas = Controller::replicas(dir.path(), &etcd, 3);
+    let mut fleet = Fleet::with("job-ha", "4MiB", dir, replicas);
+    let image = unique_image("job-ha", 2, 3 << 20);
+
+    let leaders = |fleet: &Fleet| {
+        std::iter::once(&fleet.controller)
+            .chain(&fleet.replicas)
+            .filter(|c| c.is_leader())
+            .count()
+    };
+    assert_eq!(leaders(&fleet), 1, "exactly one leader\n{}", fleet.logs());
+    fleet.apply_job("warm", &image, 1);
+    wait_until("a node to pull", Duration::from_secs(60), || {
+        phases(&fleet.job("warm"))
+            .values()
+            .any(|p| p == "Pulling")
+            .then_some(())
+    });
+
+    // Kill the leader without a word: its lease lapses and a follower takes over.
+    let leader = std::iter::once(&mut fleet.controller)
+        .chain(fleet.replicas.iter_mut())
+        .find(|c| c.is_leader())
+        .unwrap();
+    leader.kill();
+    let job = fleet.watch_until_complete("warm", |job| {
+        assert!(count(job, "active") <= 1, "{job:#}");
+    });
+    assert_eq!(count(&job, "succeeded"), 2, "{job:#}\n{}", fleet.logs());
+    assert_eq!(count(&job, "failed"), 0, "{job:#}");
+    for node in job["status"]["nodes"].as_array().unwrap() {
+        assert_eq!(node["attempts"], 1, "no node pulled twice: {node:#}");
+    }
+    let successors = fleet
+        .replicas
+        .iter()
+        .chain([&fleet.controller])
+        .filter(|c| c.is_leader())
+        .count();
+    assert_eq!(successors, 1, "one replica took over\n{}", fleet.logs());
 }

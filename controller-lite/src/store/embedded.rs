@@ -1,84 +1,16 @@
-//! Where the controller keeps what users applied and what agents reported: objects by
-//! `(kind, namespace, name)`, each with the store-wide revision of its last change, so
-//! updates can be made conditional (nothing overwritten by a stale read) and a
-//! restarted controller continues from exactly what was committed.
-//!
-//! The embedded store (the default) is a redb file in the data directory: one writer,
-//! fsync'd commits. etcd (for several controller replicas) comes behind the same calls.
+//! The embedded store: a redb file in the data directory, one writer, fsync'd commits.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
+use super::{ObjectKey, Precondition, StoreError, Stored, check};
+
 /// `kind/namespace/name` → `revision (8 bytes, big endian) ++ object JSON`.
 const OBJECTS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("objects");
 /// `"revision"` → the last revision handed out.
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("store {}: {detail}", path.display())]
-    Backend { path: PathBuf, detail: String },
-    #[error("{key}: changed since revision {expected} (now {actual}); read it again")]
-    Conflict {
-        key: String,
-        expected: u64,
-        actual: u64,
-    },
-    #[error("{key}: not found")]
-    NotFound { key: String },
-}
-
-/// One stored object.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stored {
-    pub key: ObjectKey,
-    /// The store revision of the object's last change.
-    pub revision: u64,
-    /// The object, as JSON.
-    pub object: Vec<u8>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ObjectKey {
-    pub kind: String,
-    /// Empty for cluster-wide kinds (Node).
-    pub namespace: String,
-    pub name: String,
-}
-
-impl ObjectKey {
-    pub fn new(kind: &str, namespace: &str, name: &str) -> Self {
-        Self {
-            kind: kind.to_owned(),
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-        }
-    }
-
-    fn encode(&self) -> String {
-        format!("{}/{}/{}", self.kind, self.namespace, self.name)
-    }
-
-    fn decode(text: &str) -> Option<Self> {
-        let mut parts = text.splitn(3, '/');
-        Some(Self::new(parts.next()?, parts.next()?, parts.next()?))
-    }
-}
-
-impl std::fmt::Display for ObjectKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.namespace.is_empty() {
-            write!(f, "{}/{}", self.kind, self.name)
-        } else {
-            write!(f, "{}/{}/{}", self.kind, self.namespace, self.name)
-        }
-    }
-}
-
-/// The store the controller runs on.
-pub type Store = EmbeddedStore;
 
 /// The embedded store. Cheap to clone; calls run on the blocking pool.
 #[derive(Debug, Clone)]
@@ -87,27 +19,16 @@ pub struct EmbeddedStore {
     path: PathBuf,
 }
 
-/// When a write is allowed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Precondition {
-    /// Whatever is there.
-    Any,
-    /// Only if the object does not exist.
-    Absent,
-    /// Only if the object is at this revision.
-    Revision(u64),
-}
-
 impl EmbeddedStore {
     /// Open (or create) `<data_dir>/rigger.redb`.
     pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
         let path = data_dir.join("rigger.redb");
         let backend = |detail: String| StoreError::Backend {
-            path: path.clone(),
+            location: path.display().to_string(),
             detail,
         };
         std::fs::create_dir_all(data_dir).map_err(|e| StoreError::Backend {
-            path: data_dir.to_owned(),
+            location: data_dir.display().to_string(),
             detail: format!("cannot be used as the data directory: {e}"),
         })?;
         let db =
@@ -126,7 +47,7 @@ impl EmbeddedStore {
 
     fn backend(&self, e: impl std::fmt::Display) -> StoreError {
         StoreError::Backend {
-            path: self.path.clone(),
+            location: self.path.display().to_string(),
             detail: e.to_string(),
         }
     }
@@ -262,23 +183,6 @@ impl EmbeddedStore {
     }
 }
 
-fn check(key: &str, precondition: Precondition, current: Option<u64>) -> Result<(), StoreError> {
-    match (precondition, current) {
-        (Precondition::Any, _) | (Precondition::Absent, None) => Ok(()),
-        (Precondition::Revision(expected), Some(actual)) if expected == actual => Ok(()),
-        (Precondition::Absent, Some(actual)) => Err(StoreError::Conflict {
-            key: key.to_owned(),
-            expected: 0,
-            actual,
-        }),
-        (Precondition::Revision(expected), actual) => Err(StoreError::Conflict {
-            key: key.to_owned(),
-            expected,
-            actual: actual.unwrap_or(0),
-        }),
-    }
-}
-
 fn split(value: &[u8]) -> (u64, &[u8]) {
     let (head, object) = value.split_at(value.len().min(8));
     let mut revision = [0u8; 8];
@@ -321,40 +225,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn stale_writes_and_double_creates_are_conflicts() {
+    async fn meets_the_store_contract() {
         let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path()).unwrap();
-        let r1 = store
-            .put(key("a"), b"1".to_vec(), Precondition::Absent)
-            .await
-            .unwrap();
-        let err = store
-            .put(key("a"), b"x".to_vec(), Precondition::Absent)
-            .await
-            .unwrap_err();
-        assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
-        let r2 = store
-            .put(key("a"), b"2".to_vec(), Precondition::Revision(r1))
-            .await
-            .unwrap();
-        let err = store
-            .put(key("a"), b"3".to_vec(), Precondition::Revision(r1))
-            .await
-            .unwrap_err();
-        assert!(err.to_string().contains("ImagePullJob/default/a"), "{err}");
-        assert_eq!(store.get(key("a")).await.unwrap().unwrap().revision, r2);
-        let err = store
-            .delete(key("a"), Precondition::Revision(r1))
-            .await
-            .unwrap_err();
-        assert!(matches!(err, StoreError::Conflict { .. }));
-        store
-            .delete(key("a"), Precondition::Revision(r2))
-            .await
-            .unwrap();
-        assert!(store.get(key("a")).await.unwrap().is_none());
-        let err = store.delete(key("a"), Precondition::Any).await.unwrap_err();
-        assert!(matches!(err, StoreError::NotFound { .. }));
+        let store = super::super::Store::Embedded(EmbeddedStore::open(dir.path()).unwrap());
+        super::super::conformance(&store).await.unwrap();
     }
 
     #[tokio::test]

@@ -1,0 +1,220 @@
+//! The etcd store: objects under `<prefix>objects/<kind>/<namespace>/<name>`, revisions
+//! are etcd's `mod_revision` (cluster-wide and increasing, as the embedded store's), and
+//! conditional writes are etcd transactions comparing that revision.
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp, TxnOpResponse,
+};
+
+use super::{ObjectKey, Precondition, StoreError, Stored, check};
+
+/// Keys of a Rigger installation start with this (several could share an etcd).
+pub const DEFAULT_PREFIX: &str = "/rigger/";
+
+#[derive(Clone)]
+pub struct EtcdStore {
+    client: Client,
+    endpoints: String,
+    prefix: String,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+fn revision_of(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+impl EtcdStore {
+    /// Connect to `endpoints` (`host:port`, several for an etcd cluster).
+    pub async fn connect(endpoints: &[String], prefix: &str) -> Result<Self, StoreError> {
+        let joined = endpoints.join(",");
+        let options = ConnectOptions::new()
+            .with_connect_timeout(std::time::Duration::from_secs(5))
+            .with_timeout(std::time::Duration::from_secs(10))
+            .with_keep_alive(
+                std::time::Duration::from_secs(10),
+                std::time::Duration::from_secs(5),
+            );
+        let mut client = Client::connect(endpoints, Some(options))
+            .await
+            .map_err(|e| StoreError::Backend {
+                location: format!("etcd://{joined}"),
+                detail: format!("cannot connect: {e}"),
+            })?;
+        // A cheap read proves the cluster answers before the controller binds.
+        client
+            .get(format!("{prefix}probe"), None)
+            .await
+            .map_err(|e| StoreError::Backend {
+                location: format!("etcd://{joined}"),
+                detail: format!("does not answer: {e}"),
+            })?;
+        Ok(Self {
+            client,
+            endpoints: joined,
+            prefix: prefix.to_owned(),
+        })
+    }
+
+    /// The client, for leader election on the same connection.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn backend(&self, e: &etcd_client::Error) -> StoreError {
+        StoreError::Backend {
+            location: format!("etcd://{}", self.endpoints),
+            detail: e.to_string(),
+        }
+    }
+
+    fn path(&self, key: &ObjectKey) -> String {
+        format!("{}objects/{}", self.prefix, key.encode())
+    }
+
+    /// The current revision of `key` (0 when absent), for conflict messages.
+    async fn current(&self, key: &ObjectKey) -> Result<Option<u64>, StoreError> {
+        Ok(self.get(key.clone()).await?.map(|s| s.revision))
+    }
+
+    pub async fn put(
+        &self,
+        key: ObjectKey,
+        object: Vec<u8>,
+        precondition: Precondition,
+    ) -> Result<u64, StoreError> {
+        let path = self.path(&key);
+        let compare = match precondition {
+            Precondition::Any => Vec::new(),
+            Precondition::Absent => {
+                vec![Compare::create_revision(path.clone(), CompareOp::Equal, 0)]
+            }
+            Precondition::Revision(revision) => vec![Compare::mod_revision(
+                path.clone(),
+                CompareOp::Equal,
+                i64::try_from(revision).unwrap_or(i64::MAX),
+            )],
+        };
+        let txn = Txn::new()
+            .when(compare)
+            .and_then([TxnOp::put(path, object, None)]);
+        let response = self
+            .client
+            .clone()
+            .txn(txn)
+            .await
+            .map_err(|e| self.backend(&e))?;
+        if !response.succeeded() {
+            let current = self.current(&key).await?;
+            check(&key.to_string(), precondition, current)?;
+            // The object changed back between the two reads: report it as a conflict.
+            return Err(StoreError::Conflict {
+                key: key.to_string(),
+                expected: 0,
+                actual: current.unwrap_or(0),
+            });
+        }
+        Ok(response
+            .header()
+            .map_or(0, |header| revision_of(header.revision())))
+    }
+
+    pub async fn get(&self, key: ObjectKey) -> Result<Option<Stored>, StoreError> {
+        let response = self
+            .client
+            .clone()
+            .get(self.path(&key), None)
+            .await
+            .map_err(|e| self.backend(&e))?;
+        Ok(response.kvs().first().map(|kv| Stored {
+            key,
+            revision: revision_of(kv.mod_revision()),
+            object: kv.value().to_vec(),
+        }))
+    }
+
+    pub async fn list(&self, kind: &str) -> Result<Vec<Stored>, StoreError> {
+        let prefix = format!("{}objects/{kind}/", self.prefix);
+        let response = self
+            .client
+            .clone()
+            .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(|e| self.backend(&e))?;
+        let strip = format!("{}objects/", self.prefix);
+        Ok(response
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let key = kv.key_str().ok()?.strip_prefix(&strip)?;
+                Some(Stored {
+                    key: ObjectKey::decode(key)?,
+                    revision: revision_of(kv.mod_revision()),
+                    object: kv.value().to_vec(),
+                })
+            })
+            .collect())
+    }
+
+    pub async fn delete(
+        &self,
+        key: ObjectKey,
+        precondition: Precondition,
+    ) -> Result<(), StoreError> {
+        let path = self.path(&key);
+        let mut compare = vec![Compare::create_revision(
+            path.clone(),
+            CompareOp::Greater,
+            0,
+        )];
+        if let Precondition::Revision(revision) = precondition {
+            compare.push(Compare::mod_revision(
+                path.clone(),
+                CompareOp::Equal,
+                i64::try_from(revision).unwrap_or(i64::MAX),
+            ));
+        }
+        let txn = Txn::new()
+            .when(compare)
+            .and_then([TxnOp::delete(path, None)]);
+        let response = self
+            .client
+            .clone()
+            .txn(txn)
+            .await
+            .map_err(|e| self.backend(&e))?;
+        if response.succeeded() {
+            let deleted = response
+                .op_responses()
+                .into_iter()
+                .any(|op| matches!(op, TxnOpResponse::Delete(d) if d.deleted() > 0));
+            if deleted {
+                return Ok(());
+            }
+        }
+        match self.current(&key).await? {
+            None => Err(StoreError::NotFound {
+                key: key.to_string(),
+            }),
+            current => {
+                check(&key.to_string(), precondition, current)?;
+                Err(StoreError::Conflict {
+                    key: key.to_string(),
+                    expected: 0,
+                    actual: current.unwrap_or(0),
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! Where the controller keeps what users applied and what agents reported: objects by
+//! `(kind, namespace, name)`, each with the store-wide revision of its last change, so
+//! updates can be made conditional (nothing overwritten by a stale read) and a
+//! restarted controller continues from exactly what was committed.
+//!
+//! Two backends behind the same calls: the embedded store (the default, [`EmbeddedStore`]:
+//! a redb file in the data directory) and etcd ([`EtcdStore`], for several controller
+//! replicas, with leader election in [`crate::leader`]).
+
+mod embedded;
+pub mod etcd;
+
+pub use embedded::EmbeddedStore;
+pub use etcd::EtcdStore;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store {location}: {detail}")]
+    Backend { location: String, detail: String },
+    #[error("{key}: changed since revision {expected} (now {actual}); read it again")]
+    Conflict {
+        key: String,
+        expected: u64,
+        actual: u64,
+    },
+    #[error("{key}: not found")]
+    NotFound { key: String },
+}
+
+/// One stored object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    pub key: ObjectKey,
+    /// The store revision of the object's last change.
+    pub revision: u64,
+    /// The object, as JSON.
+    pub object: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    pub kind: String,
+    /// Empty for cluster-wide kinds (Node).
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(kind: &str, namespace: &str, name: &str) -> Self {
+        Self {
+            kind: kind.to_owned(),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        }
+    }
+
+    pub(crate) fn encode(&self) -> String {
+        format!("{}/{}/{}", self.kind, self.namespace, self.name)
+    }
+
+    pub(crate) fn decode(text: &str) -> Option<Self> {
+        let mut parts = text.splitn(3, '/');
+        Some(Self::new(parts.next()?, parts.next()?, parts.next()?))
+    }
+}
+
+impl std::fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.namespace.is_empty() {
+            write!(f, "{}/{}", self.kind, self.name)
+        } else {
+            write!(f, "{}/{}/{}", self.kind, self.namespace, self.name)
+        }
+    }
+}
+
+/// When a write is allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precondition {
+    /// Whatever is there.
+    Any,
+    /// Only if the object does not exist.
+    Absent,
+    /// Only if the object is at this revision.
+    Revision(u64),
+}
+
+pub(crate) fn check(
+    key: &str,
+    precondition: Precondition,
+    current: Option<u64>,
+) -> Result<(), StoreError> {
+    match (precondition, current) {
+        (Precondition::Any, _) | (Precondition::Absent, None) => Ok(()),
+        (Precondition::Revision(expected), Some(actual)) if expected == actual => Ok(()),
+        (Precondition::Absent, Some(actual)) => Err(StoreError::Conflict {
+            key: key.to_owned(),
+            expected: 0,
+            actual,
+        }),
+        (Precondition::Revision(expected), actual) => Err(StoreError::Conflict {
+            key: key.to_owned(),
+            expected,
+            actual: actual.unwrap_or(0),
+        }),
+    }
+}
+
+/// The store the controller runs on.
+#[derive(Debug, Clone)]
+pub enum Store {
+    Embedded(EmbeddedStore),
+    // Boxed: the etcd client is kilobytes, and the store is cloned into every task.
+    Etcd(Box<EtcdStore>),
+}
+
+impl Store {
+    /// Write `object` under `key` if `precondition` holds; returns the new revision.
+    pub async fn put(
+        &self,
+        key: ObjectKey,
+        object: Vec<u8>,
+        precondition: Precondition,
+    ) -> Result<u64, StoreError> {
+        match self {
+            Self::Embedded(s) => s.put(key, object, precondition).await,
+            Self::Etcd(s) => s.put(key, object, precondition).await,
+        }
+    }
+
+    pub async fn get(&self, key: ObjectKey) -> Result<Option<Stored>, StoreError> {
+        match self {
+            Self::Embedded(s) => s.get(key).await,
+            Self::Etcd(s) => s.get(key).await,
+        }
+    }
+
+    /// Every object of `kind`, ordered by namespace and name.
+    pub async fn list(&self, kind: &str) -> Result<Vec<Stored>, StoreError> {
+        match self {
+            Self::Embedded(s) => s.list(kind).await,
+            Self::Etcd(s) => s.list(kind).await,
+        }
+    }
+
+    /// Delete `key` if `precondition` holds; deleting what is not there is `NotFound`.
+    pub async fn delete(
+        &self,
+        key: ObjectKey,
+        precondition: Precondition,
+    ) -> Result<(), StoreError> {
+        match self {
+            Self::Embedded(s) => s.delete(key, precondition).await,
+            Self::Etcd(s) => s.delete(key, precondition).await,
+        }
+    }
+}
+
+/// The behaviour every backend must show (revisions grow, conditional writes and deletes,
+/// listing by kind in order), checked against a store the caller provides empty. Run by
+/// the embedded store's tests and, against a real etcd, by the integration tests.
+#[doc(hidden)]
+pub async fn conformance(store: &Store) -> Result<(), String> {
+    fn ensure(ok: bool, what: &str) -> Result<(), String> {
+        if ok { Ok(()) } else { Err(what.to_owned()) }
+    }
+    let e = |e: StoreError| e.to_string();
+    let key = |name: &str| ObjectKey::new("ImagePullJob", "default", name);
+    let r1 = store
+        .put(key("a"), b"1".to_vec(), Precondition::Absent)
+        .await
+        .map_err(e)?;
+    let double = store
+        .put(key("a"), b"x".to_vec(), Precondition::Absent)
+        .await;
+    ensure(
+        matches!(double, Err(StoreError::Conflict { .. })),
+        "a second create of the same key is a conflict",
+    )?;
+    let r2 = store
+        .put(key("a"), b"2".to_vec(), Precondition::Revision(r1))
+        .await
+        .map_err(e)?;
+    ensure(r2 > r1, "revisions grow")?;
+    let stale = store
+        .put(key("a"), b"3".to_vec(), Precondition::Revision(r1))
+        .await;
+    ensure(
+        matches!(&stale, Err(err @ StoreError::Conflict { .. }) if err.to_string().contains("ImagePullJob/default/a")),
+        "a write at a stale revision is a conflict naming the key",
+    )?;
+    let current = store.get(key("a")).await.map_err(e)?;
+    ensure(
+        current.is_some_and(|s| s.revision == r2 && s.object == b"2"),
+        "get returns the last write with its revision",
+    )?;
+    for name in ["c", "b"] {
+        store
+            .put(key(name), b"{}".to_vec(), Precondition::Any)
+            .await
+            .map_err(e)?;
+    }
+    store
+        .put(
+            ObjectKey::new("Secret", "default", "s"),
+            b"{}".to_vec(),
+            Precondition::Any,
+        )
+        .await
+        .map_err(e)?;
+    let names: Vec<String> = store
+        .list("ImagePullJob")
+        .await
+        .map_err(e)?
+        .into_iter()
+        .map(|s| s.key.name)
+        .collect();
+    ensure(names == ["a", "b", "c"], "list returns one kind, in order")?;
+    let stale_delete = store.delete(key("a"), Precondition::Revision(r1)).await;
+    ensure(
+        matches!(stale_delete, Err(StoreError::Conflict { .. })),
+        "a delete at a stale revision is a conflict",
+    )?;
+    store
+        .delete(key("a"), Precondition::Revision(r2))
+        .await
+        .map_err(e)?;
+    ensure(store.get(key("a")).await.map_err(e)?.is_none(), "deleted")?;
+    let missing = store.delete(key("a"), Precondition::Any).await;
+    ensure(
+        matches!(missing, Err(StoreError::NotFound { .. })),
+        "deleting what is not there is NotFound",
+    )
+}
