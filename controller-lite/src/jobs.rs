@@ -815,3 +815,208 @@ fn pull_task(
         })),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn job(spec: &serde_json::Value) -> JobState {
+        let job: ImagePullJob = serde_json::from_value(serde_json::json!({
+            "apiVersion": "rigger.dev/v1alpha1",
+            "kind": "ImagePullJob",
+            "metadata": {"name": "j", "namespace": "default", "uid": "u1"},
+            "spec": spec,
+        }))
+        .unwrap();
+        job.validate().unwrap();
+        JobState::new(1, job, ImagePullJobStatus::default())
+    }
+
+    fn nodes(names: &[&str]) -> HashMap<String, NodeView> {
+        names
+            .iter()
+            .map(|n| {
+                (
+                    (*n).to_owned(),
+                    NodeView {
+                        labels: [("zone".to_owned(), "a".to_owned())].into(),
+                        not_ready: None,
+                        pod_labels: Vec::new(),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn key() -> ObjectKey {
+        ObjectKey::new("ImagePullJob", "default", "j")
+    }
+
+    /// One reconcile; the nodes that were sent a task.
+    fn step(job: &mut JobState, views: &HashMap<String, NodeView>) -> Vec<String> {
+        let mut effects = Effects::default();
+        let mut tasks = HashMap::new();
+        reconcile_job(
+            &key(),
+            job,
+            views,
+            &HashMap::new(),
+            false,
+            &mut tasks,
+            &mut effects,
+        );
+        effects
+            .messages
+            .into_iter()
+            .filter(|(_, m)| matches!(m.message, Some(controller_message::Message::Task(_))))
+            .map(|(node, _)| node)
+            .collect()
+    }
+
+    fn finish(job: &mut JobState, node: &str, phase: NodePullPhase) {
+        let entry = job.entry(node).unwrap();
+        entry.phase = phase;
+    }
+
+    #[test]
+    fn parallelism_counts_only_nodes_pulling() {
+        let views = nodes(&["n1", "n2", "n3", "n4", "n5"]);
+        let mut j = job(&serde_json::json!({"image": "r.example/a:1", "parallelism": "40%"}));
+        assert_eq!(
+            step(&mut j, &views),
+            ["n1", "n2"],
+            "40% of 5 rounds up to 2"
+        );
+        assert_eq!(
+            step(&mut j, &views),
+            Vec::<String>::new(),
+            "both slots are taken"
+        );
+        finish(&mut j, "n1", NodePullPhase::Succeeded);
+        finish(&mut j, "n2", NodePullPhase::Failed);
+        // Finished nodes, failed or not, hold no slot (kruise #1271).
+        assert_eq!(step(&mut j, &views), ["n3", "n4"]);
+        assert_eq!(j.status.active, 2);
+        assert_eq!((j.status.succeeded, j.status.failed), (1, 1));
+        assert_eq!(j.status.failed_nodes, ["n2"]);
+        assert!(j.status.completion_time.is_none());
+    }
+
+    #[test]
+    fn always_fixes_the_nodes_at_the_start_and_never_takes_newcomers() {
+        let mut always = job(&serde_json::json!({"image": "r.example/a:1", "parallelism": 10}));
+        step(&mut always, &nodes(&["n1"]));
+        step(&mut always, &nodes(&["n1", "n2"]));
+        assert_eq!(always.status.desired, 1);
+        finish(&mut always, "n1", NodePullPhase::Succeeded);
+        step(&mut always, &nodes(&["n1", "n2"]));
+        assert!(always.status.completion_time.is_some());
+        assert_eq!(always.status.conditions[0].kind, "Complete");
+
+        let mut never = job(&serde_json::json!({
+            "image": "r.example/a:1", "parallelism": 10, "completionPolicy": {"type": "Never"}
+        }));
+        step(&mut never, &nodes(&["n1"]));
+        finish(&mut never, "n1", NodePullPhase::Succeeded);
+        assert_eq!(
+            step(&mut never, &nodes(&["n1", "n2"])),
+            ["n2"],
+            "a node that joins later pulls"
+        );
+        finish(&mut never, "n2", NodePullPhase::Succeeded);
+        step(&mut never, &nodes(&["n1", "n2"]));
+        assert!(
+            never.status.completion_time.is_none(),
+            "Never jobs never complete"
+        );
+    }
+
+    #[test]
+    fn selectors_pick_nodes_by_label_name_or_pods() {
+        let mut views = nodes(&["n1", "n2", "n3"]);
+        views
+            .get_mut("n2")
+            .unwrap()
+            .labels
+            .insert("disk".to_owned(), "ssd".to_owned());
+        views
+            .get_mut("n3")
+            .unwrap()
+            .pod_labels
+            .push([("app".to_owned(), "web".to_owned())].into());
+        let by_label = |spec| {
+            let mut j = job(&spec);
+            step(&mut j, &views);
+            j.status
+                .nodes
+                .iter()
+                .map(|n| n.name.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            by_label(
+                serde_json::json!({"image": "r.example/a:1", "selector": {"matchLabels": {"disk": "ssd"}}})
+            ),
+            ["n2"]
+        );
+        assert_eq!(
+            by_label(
+                serde_json::json!({"image": "r.example/a:1", "selector": {"names": ["n1", "gone"]}})
+            ),
+            ["gone", "n1"],
+            "named nodes are part of the job even when unknown"
+        );
+        assert_eq!(
+            by_label(
+                serde_json::json!({"image": "r.example/a:1", "podSelector": {"matchLabels": {"app": "web"}}})
+            ),
+            ["n3"]
+        );
+    }
+
+    #[test]
+    fn an_unknown_node_fails_as_lost_and_the_job_waits_for_it() {
+        let mut j =
+            job(&serde_json::json!({"image": "r.example/a:1", "selector": {"names": ["gone"]}}));
+        step(&mut j, &HashMap::new());
+        let entry = &j.status.nodes[0];
+        assert_eq!(entry.phase, NodePullPhase::Failed);
+        assert!(entry.node_lost);
+        assert_eq!(entry.message, "node not ready: node is not registered");
+        assert!(
+            j.status.completion_time.is_none(),
+            "a lost node may come back"
+        );
+        // It registers: the work resumes at once.
+        assert_eq!(step(&mut j, &nodes(&["gone"])), ["gone"]);
+        assert_eq!(j.status.nodes[0].phase, NodePullPhase::Pulling);
+        assert!(!j.status.nodes[0].node_lost);
+    }
+
+    #[test]
+    fn a_missing_pull_secret_fails_the_node_with_the_reason() {
+        let mut j = job(&serde_json::json!({"image": "r.example/a:1", "pullSecrets": ["creds"]}));
+        let mut effects = Effects::default();
+        let secrets: HashMap<ObjectKey, Result<String, String>> = [(
+            ObjectKey::new(secret::KIND, "default", "creds"),
+            Err("does not exist".to_owned()),
+        )]
+        .into();
+        reconcile_job(
+            &key(),
+            &mut j,
+            &nodes(&["n1"]),
+            &secrets,
+            false,
+            &mut HashMap::new(),
+            &mut effects,
+        );
+        assert!(effects.messages.is_empty());
+        assert_eq!(
+            j.status.nodes[0].message,
+            "pull secret \"creds\" does not exist"
+        );
+        assert!(j.status.completion_time.is_some());
+    }
+}

@@ -1,0 +1,510 @@
+//! `rigger-bench-fleet`: the controller under a fleet of simulated agents.
+//!
+//! For each fleet size it starts a real `rigger-controller` (mTLS, embedded store), opens
+//! that many agent-link streams over loopback from this process — each a real gRPC
+//! session over its own TLS connection, registering with a small inventory, sending
+//! heartbeats at the controller's interval and answering tasks at once — and measures:
+//! how long the fleet takes to register, the controller's RSS and CPU while the fleet
+//! only sends heartbeats, and the time for an ImagePullJob over every node with
+//! `parallelism: 1000` to complete, with peak RSS.
+//!
+//! The agents use one wildcard client certificate (`*.bench.rigger`, signed by the lab
+//! CA), so the controller's check of the node name against the certificate is exercised
+//! without issuing thousands of certificates.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use rigger_proto::v1::agent_link_client::AgentLinkClient;
+use rigger_proto::v1::control_client::ControlClient;
+use rigger_proto::v1::{
+    AgentMessage, ApplyRequest, GetRequest, Heartbeat, ListRequest, NodeInventory, Register,
+    RuntimeInfo, TaskPhase, TaskStatus, agent_message, controller_message,
+};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rigger-bench-fleet",
+    about = "The controller under simulated agents"
+)]
+struct Args {
+    /// Fleet sizes to measure.
+    #[arg(long, value_delimiter = ',', default_value = "1000,5000,10000")]
+    nodes: Vec<usize>,
+    /// The job's parallelism.
+    #[arg(long, default_value_t = 1000)]
+    parallelism: usize,
+    /// How long the heartbeat-only steady state is sampled.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    steady: Duration,
+    /// The controller binary [default: rigger-controller next to this one].
+    #[arg(long)]
+    controller: Option<PathBuf>,
+    /// Write the results into this markdown file (its fleet section).
+    #[arg(long)]
+    write: Option<PathBuf>,
+}
+
+/// One fleet size's results.
+#[derive(Debug)]
+struct Row {
+    nodes: usize,
+    register: Duration,
+    steady_rss: u64,
+    steady_cpu: f64,
+    job: Duration,
+    job_cpu: Duration,
+    peak_rss: u64,
+    tasks: u64,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let controller = match &args.controller {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("no directory for this binary")?
+            .join("rigger-controller"),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut rows = Vec::new();
+    for &nodes in &args.nodes {
+        eprintln!("== {nodes} simulated agents");
+        let row = runtime.block_on(run(&controller, nodes, &args))?;
+        eprintln!("{row:?}");
+        rows.push(row);
+    }
+    let table = render(&rows, &args);
+    print!("{table}");
+    if let Some(path) = &args.write {
+        write_section(path, &table)?;
+    }
+    Ok(())
+}
+
+const BEGIN: &str = "<!-- fleet: written by rigger-bench-fleet -->";
+const END: &str = "<!-- fleet: end -->";
+
+fn write_section(path: &Path, table: &str) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let section = format!("{BEGIN}\n{table}{END}\n");
+    let updated = match (text.find(BEGIN), text.find(END)) {
+        (Some(start), Some(end)) if end > start => {
+            format!(
+                "{}{section}{}",
+                &text[..start],
+                &text[end + END.len()..].trim_start_matches('\n')
+            )
+        }
+        _ => format!("{}\n{section}", text.trim_end()),
+    };
+    std::fs::write(path, updated).with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{} MiB", bytes >> 20)
+}
+
+fn render(rows: &[Row], args: &Args) -> String {
+    let mut out = String::from(
+        "## Controller under a simulated fleet\n\nReproduce with:\n\n```sh\ncargo build --release -p rigger-controller -p rigger-bench\n",
+    );
+    out.push_str(&format!(
+        "target/release/rigger-bench-fleet --nodes {} --parallelism {} --steady {} --write BENCHMARKS.md\n```\n\n",
+        args.nodes.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+        args.parallelism,
+        humantime::format_duration(args.steady)
+    ));
+    out.push_str("| agents | all registered | RSS, heartbeats only | CPU, heartbeats only | ImagePullJob over all (parallelism 1000) | controller CPU during the job | peak RSS | tasks sent |\n|---|---|---|---|---|---|---|---|\n");
+    for r in rows {
+        out.push_str(&format!(
+            "| {} | {:.1} s | {} | {:.1} % of a core | **{:.2} s** | {:.2} s | **{}** | {} |\n",
+            r.nodes,
+            r.register.as_secs_f64(),
+            mib(r.steady_rss),
+            r.steady_cpu * 100.0,
+            r.job.as_secs_f64(),
+            r.job_cpu.as_secs_f64(),
+            mib(r.peak_rss),
+            r.tasks,
+        ));
+    }
+    if let (Some(first), Some(last)) = (rows.first(), rows.last())
+        && last.nodes > first.nodes
+    {
+        let scale = last.nodes as f64 / first.nodes as f64;
+        out.push_str(&format!(
+            "\nFrom {} to {} agents (x{scale:.0}): job time x{:.1}, steady RSS x{:.1}, heartbeat CPU x{:.1}.\n",
+            first.nodes,
+            last.nodes,
+            last.job.as_secs_f64() / first.job.as_secs_f64().max(1e-9),
+            last.steady_rss as f64 / first.steady_rss.max(1) as f64,
+            last.steady_cpu / first.steady_cpu.max(1e-9),
+        ));
+    }
+    out.push_str("\nEach agent is a real agent-link session (its own TLS connection, mTLS with the node name checked against the certificate) from one bench process on the same 2 cores as the controller; heartbeats every 10 s (the default), node timeout 30 s, embedded store. Targets: 10,000 agents held with controller RSS ≤ 512 MiB, the 10,000-node job complete in ≤ 10 s, growth no worse than linear.\n\n");
+    out
+}
+
+/// The controller's resident and peak memory (bytes), and CPU time used, from /proc.
+fn proc_stats(pid: u32) -> anyhow::Result<(u64, u64, Duration)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the parenthesised command name; utime and stime are 14 and 15.
+    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let hz = 100; // USER_HZ on Linux
+    let cpu = Duration::from_millis((ticks(11) + ticks(12)) * 1000 / hz);
+    Ok((field("VmRSS:"), field("VmHWM:"), cpu))
+}
+
+struct Lab {
+    _dir: tempfile::TempDir,
+    child: Child,
+    address: String,
+    token: String,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// A lab PKI (via `rigger-controller certs`) plus a wildcard agent certificate.
+fn pki(controller: &Path, dir: &Path) -> anyhow::Result<(Vec<u8>, Identity)> {
+    let out = dir.join("pki");
+    let status = Command::new(controller)
+        .arg("certs")
+        .arg("--out")
+        .arg(&out)
+        .stdout(Stdio::null())
+        .status()?;
+    if !status.success() {
+        bail!("rigger-controller certs failed");
+    }
+    let ca_pem = std::fs::read_to_string(out.join("ca.pem"))?;
+    let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(out.join("ca-key.pem"))?)?;
+    let ca = rcgen::CertificateParams::from_ca_cert_pem(&ca_pem)?.self_signed(&ca_key)?;
+    let key = rcgen::KeyPair::generate()?;
+    let mut params = rcgen::CertificateParams::new(vec!["*.bench.rigger".to_owned()])?;
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &ca, &ca_key)?;
+    Ok((
+        ca_pem.into_bytes(),
+        Identity::from_pem(cert.pem(), key.serialize_pem()),
+    ))
+}
+
+fn start_controller(controller: &Path) -> anyhow::Result<(Lab, Vec<u8>, Identity)> {
+    let dir = tempfile::tempdir()?;
+    let (ca, identity) = pki(controller, dir.path())?;
+    let port = free_port()?;
+    let address = format!("127.0.0.1:{port}");
+    let pki = dir.path().join("pki");
+    let log = std::fs::File::create(dir.path().join("controller.log"))?;
+    let child = Command::new(controller)
+        .args(["--listen", &address])
+        .args(["--health-listen", &format!("127.0.0.1:{}", free_port()?)])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--tls-cert-file")
+        .arg(pki.join("controller.pem"))
+        .arg("--tls-key-file")
+        .arg(pki.join("controller-key.pem"))
+        .arg("--client-ca-file")
+        .arg(pki.join("ca.pem"))
+        .arg("--tokens-file")
+        .arg(pki.join("tokens.csv"))
+        .args(["--log-level", "warn"])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()?;
+    let token = std::fs::read_to_string(pki.join("tokens.csv"))?
+        .lines()
+        .find(|l| l.ends_with(",admin"))
+        .and_then(|l| l.split(',').next())
+        .context("no admin token")?
+        .to_owned();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(&address).is_err() {
+        if Instant::now() > deadline {
+            bail!("the controller did not listen on {address}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok((
+        Lab {
+            _dir: dir,
+            child,
+            address,
+            token,
+        },
+        ca,
+        identity,
+    ))
+}
+
+/// What every simulated agent shares.
+struct Shared {
+    registered: AtomicUsize,
+    tasks: AtomicU64,
+    failures: AtomicUsize,
+}
+
+fn inventory(node: usize) -> NodeInventory {
+    NodeInventory {
+        runtime: Some(RuntimeInfo {
+            containerd_version: "1.6.20".to_owned(),
+            cri_runtime_name: "containerd".to_owned(),
+            cri_runtime_version: "1.6.20".to_owned(),
+            cri_api_version: "v1".to_owned(),
+            root_dir: "/var/lib/containerd".to_owned(),
+            ..RuntimeInfo::default()
+        }),
+        images: (0..10)
+            .map(|i| rigger_proto::v1::Image {
+                namespace: "k8s.io".to_owned(),
+                name: format!("registry.example.com/team-{i}/service-{}:v{i}", node % 50),
+                digest: format!("sha256:{:064x}", node * 10 + i),
+                media_type: "application/vnd.oci.image.index.v1+json".to_owned(),
+                size: 50 << 20,
+            })
+            .collect(),
+        ..NodeInventory::default()
+    }
+}
+
+/// One agent: register, heartbeat, answer tasks at once; runs until the channel closes.
+async fn agent(
+    endpoint: Endpoint,
+    node: usize,
+    shared: Arc<Shared>,
+    handshake: tokio::sync::OwnedSemaphorePermit,
+) -> anyhow::Result<()> {
+    let channel = endpoint.connect().await?;
+    let (tx, rx) = mpsc::channel(8);
+    tx.send(AgentMessage {
+        message: Some(agent_message::Message::Register(Register {
+            node_name: format!("node-{node:05}.bench.rigger"),
+            labels: [("bench".to_owned(), "fleet".to_owned())].into(),
+            agent_version: "bench".to_owned(),
+            inventory: Some(inventory(node)),
+            tasks: Vec::new(),
+        })),
+    })
+    .await?;
+    let mut inbound = AgentLinkClient::new(channel)
+        .session(ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let interval = match inbound.message().await?.and_then(|m| m.message) {
+        Some(controller_message::Message::RegisterAck(ack)) => {
+            Duration::from_secs(u64::from(ack.heartbeat_interval_seconds.max(1)))
+        }
+        _ => bail!("no RegisterAck"),
+    };
+    shared.registered.fetch_add(1, Ordering::Relaxed);
+    drop(handshake);
+    // Spread heartbeats over the interval, as real agents started at different times.
+    let mut ticker = tokio::time::interval_at(
+        tokio::time::Instant::now() + interval.mul_f64(fastrand::f64()),
+        interval,
+    );
+    let mut sequence = 0;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {
+                sequence += 1;
+                tx.send(AgentMessage {
+                    message: Some(agent_message::Message::Heartbeat(Heartbeat { sequence, inventory: None })),
+                }).await?;
+            }
+            message = inbound.message() => match message?.and_then(|m| m.message) {
+                Some(controller_message::Message::Task(task)) => {
+                    shared.tasks.fetch_add(1, Ordering::Relaxed);
+                    tx.send(AgentMessage {
+                        message: Some(agent_message::Message::TaskStatus(TaskStatus {
+                            id: task.id,
+                            phase: TaskPhase::Succeeded.into(),
+                            bytes_done: 200 << 20,
+                            bytes_total: 200 << 20,
+                            message: String::new(),
+                            image_digest: format!("sha256:{:064x}", 1),
+                        })),
+                    }).await?;
+                }
+                Some(_) => {}
+                None => return Ok(()),
+            },
+        }
+    }
+}
+
+async fn run(controller: &Path, nodes: usize, args: &Args) -> anyhow::Result<Row> {
+    let (lab, ca, identity) = start_controller(controller)?;
+    let pid = lab.child.id();
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca.clone()))
+        .identity(identity)
+        .domain_name("localhost");
+    let endpoint = Endpoint::from_shared(format!("https://{}", lab.address))?
+        .tls_config(tls.clone())?
+        .connect_timeout(Duration::from_secs(30));
+    let shared = Arc::new(Shared {
+        registered: AtomicUsize::new(0),
+        tasks: AtomicU64::new(0),
+        failures: AtomicUsize::new(0),
+    });
+
+    // Register the fleet, at most 256 handshakes in flight.
+    let started = Instant::now();
+    let gate = Arc::new(Semaphore::new(256));
+    let mut agents = tokio::task::JoinSet::new();
+    for node in 0..nodes {
+        let (endpoint, shared, gate) = (endpoint.clone(), shared.clone(), gate.clone());
+        agents.spawn(async move {
+            let Ok(permit) = gate.acquire_owned().await else {
+                return;
+            };
+            if let Err(e) = agent(endpoint, node, shared.clone(), permit).await
+                && shared.failures.fetch_add(1, Ordering::Relaxed) < 3
+            {
+                eprintln!("agent {node}: {e:#}");
+            }
+        });
+    }
+    while shared.registered.load(Ordering::Relaxed) < nodes {
+        if shared.failures.load(Ordering::Relaxed) > 0 {
+            bail!("{} agents failed", shared.failures.load(Ordering::Relaxed));
+        }
+        if started.elapsed() > Duration::from_secs(600) {
+            bail!(
+                "only {} of {nodes} registered",
+                shared.registered.load(Ordering::Relaxed)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let register = started.elapsed();
+
+    let channel: Channel = Endpoint::from_shared(format!("https://{}", lab.address))?
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(ca))
+                .domain_name("localhost"),
+        )?
+        .connect()
+        .await?;
+    let token: tonic::metadata::MetadataValue<_> = format!("Bearer {}", lab.token).parse()?;
+    let mut control =
+        ControlClient::with_interceptor(channel, move |mut request: tonic::Request<()>| {
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
+            Ok(request)
+        });
+    let known = control
+        .list(ListRequest {
+            kind: "Node".to_owned(),
+            namespace: String::new(),
+        })
+        .await?
+        .into_inner()
+        .items
+        .len();
+    if known != nodes {
+        bail!("the controller knows {known} nodes, not {nodes}");
+    }
+
+    // Steady state: heartbeats only.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (_, _, cpu0) = proc_stats(pid)?;
+    let t0 = Instant::now();
+    tokio::time::sleep(args.steady).await;
+    let (steady_rss, _, cpu1) = proc_stats(pid)?;
+    let steady_cpu = (cpu1 - cpu0).as_secs_f64() / t0.elapsed().as_secs_f64();
+
+    // The job over every node.
+    let job = format!(
+        r#"{{"apiVersion":"rigger.dev/v1alpha1","kind":"ImagePullJob","metadata":{{"name":"fleet"}},"spec":{{"image":"registry.example.com/app:1","parallelism":{},"selector":{{"matchLabels":{{"bench":"fleet"}}}},"imagePullPolicy":"Always"}}}}"#,
+        args.parallelism
+    );
+    let (_, _, cpu_before) = proc_stats(pid)?;
+    let applied = Instant::now();
+    control
+        .apply(ApplyRequest {
+            json: job,
+            dry_run: false,
+        })
+        .await?;
+    let status = loop {
+        let object = control
+            .get(GetRequest {
+                kind: "ImagePullJob".to_owned(),
+                namespace: String::new(),
+                name: "fleet".to_owned(),
+            })
+            .await?
+            .into_inner();
+        let value: serde_json::Value = serde_json::from_str(&object.json)?;
+        if value["status"]["completionTime"].is_string() {
+            break value["status"].clone();
+        }
+        if applied.elapsed() > Duration::from_secs(300) {
+            bail!("the job did not complete: {}", value["status"]["message"]);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let job_time = applied.elapsed();
+    let (_, peak_rss, cpu_after) = proc_stats(pid)?;
+    if status["succeeded"].as_u64() != Some(nodes as u64) {
+        bail!("the job ended with {}", status["message"]);
+    }
+    agents.abort_all();
+    drop(lab);
+    Ok(Row {
+        nodes,
+        register,
+        steady_rss,
+        steady_cpu,
+        job: job_time,
+        job_cpu: cpu_after - cpu_before,
+        peak_rss,
+        tasks: shared.tasks.load(Ordering::Relaxed),
+    })
+}
