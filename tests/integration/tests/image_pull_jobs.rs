@@ -10,7 +10,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rigger_integration_tests::{
-    Agent, Controller, Etcd, Lab, Proxy, log_tail, plain_http_hosts_dir, unique_image, wait_until,
+    Agent, AuthRegistry, Controller, Etcd, Lab, Proxy, log_tail, plain_http_hosts_dir,
+    unique_image, wait_until,
 };
 use serde_json::{Value, json};
 
@@ -28,11 +29,16 @@ struct Fleet {
 
 impl Fleet {
     fn start(test: &str, rate: &str) -> Self {
+        Self::start_with(test, rate, &[])
+    }
+
+    /// Agents also reach `registries` (plain HTTP).
+    fn start_with(test: &str, rate: &str, registries: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("controller");
         std::fs::create_dir_all(&path).unwrap();
         let controller = Controller::start(&path);
-        Self::with(test, rate, dir, vec![controller])
+        Self::with(test, rate, dir, vec![controller], registries)
     }
 
     /// `controllers`: one, or replicas on etcd (agents get every replica's URL).
@@ -41,10 +47,13 @@ impl Fleet {
         rate: &str,
         dir: tempfile::TempDir,
         mut controllers: Vec<Controller>,
+        registries: &[&str],
     ) -> Self {
         let lab = Lab::get();
         let proxy = Proxy::start(&json!([]), &["--connection-rate", rate]);
-        let hosts = plain_http_hosts_dir(dir.path(), &[&proxy.address]);
+        let mut reachable = vec![proxy.address.as_str()];
+        reachable.extend_from_slice(registries);
+        let hosts = plain_http_hosts_dir(dir.path(), &reachable);
         let namespace = format!("itest-{test}-{}", std::process::id());
         let sub = |name: &str| {
             let path = dir.path().join(name);
@@ -442,7 +451,7 @@ fn with_three_controllers_on_etcd_killing_the_leader_hands_over_and_the_job_comp
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let replicas = Controller::replicas(dir.path(), &etcd, 3);
-    let mut fleet = Fleet::with("job-ha", "4MiB", dir, replicas);
+    let mut fleet = Fleet::with("job-ha", "4MiB", dir, replicas, &[]);
     let image = unique_image("job-ha", 2, 3 << 20);
 
     let leaders = |fleet: &Fleet| {
@@ -481,4 +490,90 @@ fn with_three_controllers_on_etcd_killing_the_leader_hands_over_and_the_job_comp
         .filter(|c| c.is_leader())
         .count();
     assert_eq!(successors, 1, "one replica took over\n{}", fleet.logs());
+}
+
+#[test]
+fn pull_secrets_reach_the_nodes_and_never_show() {
+    let registry = AuthRegistry::start();
+    registry.push("rigger-lab/private");
+    let fleet = Fleet::start_with("job-creds", "64MiB", &[&registry.address]);
+    let config_dir = tempfile::tempdir().unwrap();
+    let docker_config = std::fs::read_to_string(registry.docker_config(config_dir.path())).unwrap();
+    let names = serde_json::to_string(&fleet.node_names()).unwrap();
+    let job = |name: &str, secrets: &str| {
+        format!(
+            "apiVersion: rigger.dev/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: {name}\nspec:\n  image: {}/rigger-lab/private:1\n  parallelism: 2\n  selector:\n    names: {names}\n  pullPolicy:\n    backoffLimit: 0\n{secrets}",
+            registry.address
+        )
+    };
+
+    // Without credentials the registry refuses, and the job says so.
+    let out = fleet.controller.apply(&job("anonymous", ""));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let refused = fleet.watch_until_complete("anonymous", |_| {});
+    assert_eq!(count(&refused, "failed"), 2, "{refused:#}");
+    let reason = refused["status"]["nodes"][0]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(reason.contains("access denied"), "{reason}");
+
+    // With a Secret (Kubernetes' dockerconfigjson shape) named in pullSecrets.
+    let secret = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: registry-login\ntype: kubernetes.io/dockerconfigjson\nstringData:\n  .dockerconfigjson: '{docker_config}'\n---\n{}",
+        job("with-secret", "  pullSecrets: [registry-login]\n")
+    );
+    let out = fleet.controller.apply(&secret);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pulled = fleet.watch_until_complete("with-secret", |_| {});
+    assert_eq!(count(&pulled, "succeeded"), 2, "{pulled:#}");
+
+    // The password is nowhere: not in reads of the secret, logs, or agents' task files.
+    let shown = fleet
+        .controller
+        .ctl(&["get", "secret", "registry-login", "-o", "yaml"]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("<redacted>"), "{shown}");
+    let encoded_marker = docker_config
+        .split("\"auth\":\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .to_owned();
+    let mut places = vec![(String::from("riggerctl get secret"), shown.into_owned())];
+    places.push((
+        "controller log".into(),
+        std::fs::read_to_string(&fleet.controller.log).unwrap(),
+    ));
+    for agent in &fleet.agents {
+        places.push((
+            agent.node.clone(),
+            std::fs::read_to_string(&agent.log).unwrap(),
+        ));
+        for entry in std::fs::read_dir(agent.state_dir.join("tasks")).unwrap() {
+            let path = entry.unwrap().path();
+            places.push((
+                path.display().to_string(),
+                std::fs::read_to_string(&path).unwrap(),
+            ));
+        }
+    }
+    for (place, text) in places {
+        let leak = text.lines().find(|l| l.contains(&registry.password));
+        assert!(leak.is_none(), "the password shows in {place}: {leak:?}");
+        assert!(
+            !text.contains(&encoded_marker),
+            "the encoded credentials show in {place}"
+        );
+    }
 }
