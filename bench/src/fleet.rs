@@ -51,6 +51,12 @@ struct Args {
     /// Write the results into this markdown file (its fleet section).
     #[arg(long)]
     write: Option<PathBuf>,
+    /// Images in each simulated agent's inventory.
+    #[arg(long, default_value_t = 10)]
+    images: usize,
+    /// No TLS between agents and controller (`insecure_plaintext`), to see what TLS costs.
+    #[arg(long)]
+    plaintext: bool,
 }
 
 /// One fleet size's results.
@@ -230,24 +236,33 @@ fn pki(controller: &Path, dir: &Path) -> anyhow::Result<(Vec<u8>, Identity)> {
     ))
 }
 
-fn start_controller(controller: &Path) -> anyhow::Result<(Lab, Vec<u8>, Identity)> {
+fn start_controller(
+    controller: &Path,
+    plaintext: bool,
+) -> anyhow::Result<(Lab, Vec<u8>, Identity)> {
     let dir = tempfile::tempdir()?;
     let (ca, identity) = pki(controller, dir.path())?;
     let port = free_port()?;
     let address = format!("127.0.0.1:{port}");
     let pki = dir.path().join("pki");
     let log = std::fs::File::create(dir.path().join("controller.log"))?;
-    let child = Command::new(controller)
+    let mut command = Command::new(controller);
+    if plaintext {
+        command.arg("--insecure-plaintext");
+    } else {
+        command
+            .arg("--tls-cert-file")
+            .arg(pki.join("controller.pem"))
+            .arg("--tls-key-file")
+            .arg(pki.join("controller-key.pem"))
+            .arg("--client-ca-file")
+            .arg(pki.join("ca.pem"));
+    }
+    let child = command
         .args(["--listen", &address])
         .args(["--health-listen", &format!("127.0.0.1:{}", free_port()?)])
         .arg("--data-dir")
         .arg(dir.path().join("data"))
-        .arg("--tls-cert-file")
-        .arg(pki.join("controller.pem"))
-        .arg("--tls-key-file")
-        .arg(pki.join("controller-key.pem"))
-        .arg("--client-ca-file")
-        .arg(pki.join("ca.pem"))
         .arg("--tokens-file")
         .arg(pki.join("tokens.csv"))
         .args(["--log-level", "warn"])
@@ -286,7 +301,7 @@ struct Shared {
     failures: AtomicUsize,
 }
 
-fn inventory(node: usize) -> NodeInventory {
+fn inventory(node: usize, images: usize) -> NodeInventory {
     NodeInventory {
         runtime: Some(RuntimeInfo {
             containerd_version: "1.6.20".to_owned(),
@@ -296,7 +311,7 @@ fn inventory(node: usize) -> NodeInventory {
             root_dir: "/var/lib/containerd".to_owned(),
             ..RuntimeInfo::default()
         }),
-        images: (0..10)
+        images: (0..images)
             .map(|i| rigger_proto::v1::Image {
                 namespace: "k8s.io".to_owned(),
                 name: format!("registry.example.com/team-{i}/service-{}:v{i}", node % 50),
@@ -313,6 +328,7 @@ fn inventory(node: usize) -> NodeInventory {
 async fn agent(
     endpoint: Endpoint,
     node: usize,
+    images: usize,
     shared: Arc<Shared>,
     handshake: tokio::sync::OwnedSemaphorePermit,
 ) -> anyhow::Result<()> {
@@ -323,7 +339,7 @@ async fn agent(
             node_name: format!("node-{node:05}.bench.rigger"),
             labels: [("bench".to_owned(), "fleet".to_owned())].into(),
             agent_version: "bench".to_owned(),
-            inventory: Some(inventory(node)),
+            inventory: Some(inventory(node, images)),
             tasks: Vec::new(),
         })),
     })
@@ -376,15 +392,25 @@ async fn agent(
 }
 
 async fn run(controller: &Path, nodes: usize, args: &Args) -> anyhow::Result<Row> {
-    let (lab, ca, identity) = start_controller(controller)?;
+    let (lab, ca, identity) = start_controller(controller, args.plaintext)?;
     let pid = lab.child.id();
-    let tls = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(ca.clone()))
-        .identity(identity)
-        .domain_name("localhost");
-    let endpoint = Endpoint::from_shared(format!("https://{}", lab.address))?
-        .tls_config(tls.clone())?
+    let scheme = if args.plaintext { "http" } else { "https" };
+    let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", lab.address))?
         .connect_timeout(Duration::from_secs(30));
+    let mut control_endpoint = Endpoint::from_shared(format!("{scheme}://{}", lab.address))?;
+    if !args.plaintext {
+        endpoint = endpoint.tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(ca.clone()))
+                .identity(identity)
+                .domain_name("localhost"),
+        )?;
+        control_endpoint = control_endpoint.tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(ca))
+                .domain_name("localhost"),
+        )?;
+    }
     let shared = Arc::new(Shared {
         registered: AtomicUsize::new(0),
         tasks: AtomicU64::new(0),
@@ -397,11 +423,12 @@ async fn run(controller: &Path, nodes: usize, args: &Args) -> anyhow::Result<Row
     let mut agents = tokio::task::JoinSet::new();
     for node in 0..nodes {
         let (endpoint, shared, gate) = (endpoint.clone(), shared.clone(), gate.clone());
+        let images = args.images;
         agents.spawn(async move {
             let Ok(permit) = gate.acquire_owned().await else {
                 return;
             };
-            if let Err(e) = agent(endpoint, node, shared.clone(), permit).await
+            if let Err(e) = agent(endpoint, node, images, shared.clone(), permit).await
                 && shared.failures.fetch_add(1, Ordering::Relaxed) < 3
             {
                 eprintln!("agent {node}: {e:#}");
@@ -422,14 +449,7 @@ async fn run(controller: &Path, nodes: usize, args: &Args) -> anyhow::Result<Row
     }
     let register = started.elapsed();
 
-    let channel: Channel = Endpoint::from_shared(format!("https://{}", lab.address))?
-        .tls_config(
-            ClientTlsConfig::new()
-                .ca_certificate(Certificate::from_pem(ca))
-                .domain_name("localhost"),
-        )?
-        .connect()
-        .await?;
+    let channel: Channel = control_endpoint.connect().await?;
     let token: tonic::metadata::MetadataValue<_> = format!("Bearer {}", lab.token).parse()?;
     let mut control =
         ControlClient::with_interceptor(channel, move |mut request: tonic::Request<()>| {
@@ -437,7 +457,8 @@ async fn run(controller: &Path, nodes: usize, args: &Args) -> anyhow::Result<Row
                 .metadata_mut()
                 .insert("authorization", token.clone());
             Ok(request)
-        });
+        })
+        .max_decoding_message_size(1 << 30);
     let known = control
         .list(ListRequest {
             kind: "Node".to_owned(),

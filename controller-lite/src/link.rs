@@ -14,8 +14,8 @@ use rigger_proto::v1::{
     AgentMessage, ControllerMessage, RegisterAck, agent_message, controller_message,
 };
 use tokio::sync::mpsc;
-use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt as _};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -114,7 +114,7 @@ impl AgentLink for AgentLinkService {
                     .max(1),
             })),
         };
-        tx.send(Ok(ack))
+        tx.send(Ok(Box::new(ack)))
             .await
             .map_err(|_| Status::cancelled("agent went away"))?;
         // Registered only now: the ack is queued first, so no task can overtake it.
@@ -136,7 +136,9 @@ impl AgentLink for AgentLinkService {
                 }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(
+            ReceiverStream::new(rx).map(|message| message.map(|boxed| *boxed)),
+        )))
     }
 }
 

@@ -2,15 +2,16 @@
 //! each one's agent (the sending half of its link session).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use rigger_proto::v1::{ControllerMessage, NodeInventory, Register};
 use tokio::sync::mpsc;
 use tonic::Status;
 
-/// Where messages to one agent go.
-pub type AgentSender = mpsc::Sender<Result<ControllerMessage, Status>>;
+/// Where messages to one agent go. Boxed: the queue's slots are allocated in blocks per
+/// agent, and thousands of idle agents should not each hold blocks of large slots.
+pub type AgentSender = mpsc::Sender<Result<Box<ControllerMessage>, Status>>;
 
 /// One agent connection; a reconnect gets a new id, so a stale stream cannot touch the
 /// record of its successor.
@@ -23,7 +24,77 @@ struct NodeRecord {
     session: Option<SessionId>,
     sender: Option<AgentSender>,
     last_heartbeat: SystemTime,
-    inventory: Option<NodeInventory>,
+    inventory: Option<InventorySummary>,
+}
+
+/// What the controller keeps of a node's inventory: what Node objects show and what
+/// selectors need. Strings that repeat across a fleet (image names, digests, versions)
+/// are shared, so ten thousand nodes holding the same images cost one copy of each name.
+#[derive(Debug, Clone)]
+struct InventorySummary {
+    containerd_version: Arc<str>,
+    cri_runtime: Arc<str>,
+    images: Box<[ImageSummary]>,
+    /// Labels of each pod (for podSelector).
+    pod_labels: Box<[BTreeMap<String, String>]>,
+    pods: u32,
+    containers: u32,
+}
+
+#[derive(Debug, Clone)]
+struct ImageSummary {
+    namespace: Arc<str>,
+    name: Arc<str>,
+    digest: Arc<str>,
+    size: u64,
+}
+
+/// Shared copies of repeated strings; copies no node uses any more are dropped now and then.
+#[derive(Debug, Default)]
+struct Interner {
+    strings: HashSet<Arc<str>>,
+    /// Size after the last sweep; the next sweep waits until it doubled.
+    swept_at: usize,
+}
+
+impl Interner {
+    fn intern(&mut self, text: &str) -> Arc<str> {
+        if let Some(shared) = self.strings.get(text) {
+            return shared.clone();
+        }
+        let shared: Arc<str> = Arc::from(text);
+        self.strings.insert(shared.clone());
+        if self.strings.len() > 4096 && self.strings.len() > 2 * self.swept_at {
+            self.strings.retain(|s| Arc::strong_count(s) > 1);
+            self.swept_at = self.strings.len();
+        }
+        shared
+    }
+
+    fn summarize(&mut self, inventory: &NodeInventory) -> InventorySummary {
+        let runtime = inventory.runtime.clone().unwrap_or_default();
+        InventorySummary {
+            containerd_version: self.intern(&runtime.containerd_version),
+            cri_runtime: self.intern(&runtime.cri_runtime_name),
+            images: inventory
+                .images
+                .iter()
+                .map(|i| ImageSummary {
+                    namespace: self.intern(&i.namespace),
+                    name: self.intern(&i.name),
+                    digest: self.intern(&i.digest),
+                    size: i.size,
+                })
+                .collect(),
+            pod_labels: inventory
+                .pods
+                .iter()
+                .map(|p| p.labels.clone().into_iter().collect())
+                .collect(),
+            pods: count(Some(inventory.pods.len())),
+            containers: count(Some(inventory.containers.len())),
+        }
+    }
 }
 
 /// What job selection and dispatch need to know about a node.
@@ -39,6 +110,7 @@ pub struct NodeView {
 #[derive(Debug, Clone, Default)]
 pub struct NodeRegistry {
     nodes: Arc<RwLock<HashMap<String, NodeRecord>>>,
+    strings: Arc<Mutex<Interner>>,
 }
 
 impl NodeRegistry {
@@ -56,11 +128,18 @@ impl NodeRegistry {
             session: Some(session),
             sender: Some(sender),
             last_heartbeat: now,
-            inventory: register.inventory.clone(),
+            inventory: register.inventory.as_ref().map(|i| self.summarize(i)),
         };
         if let Ok(mut nodes) = self.nodes.write() {
             nodes.insert(register.node_name.clone(), record);
         }
+    }
+
+    fn summarize(&self, inventory: &NodeInventory) -> InventorySummary {
+        self.strings
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .summarize(inventory)
     }
 
     /// Record a heartbeat. `false` if `session` is no longer the node's current one.
@@ -77,8 +156,8 @@ impl NodeRegistry {
         match nodes.get_mut(node) {
             Some(record) if record.session == Some(session) => {
                 record.last_heartbeat = now;
-                if inventory.is_some() {
-                    record.inventory = inventory;
+                if let Some(inventory) = inventory {
+                    record.inventory = Some(self.summarize(&inventory));
                 }
                 true
             }
@@ -106,7 +185,7 @@ impl NodeRegistry {
         nodes
             .get(node)
             .and_then(|r| r.sender.as_ref())
-            .is_some_and(|sender| sender.try_send(Ok(message)).is_ok())
+            .is_some_and(|sender| sender.try_send(Ok(Box::new(message))).is_ok())
     }
 
     /// Every node as jobs see it.
@@ -121,12 +200,7 @@ impl NodeRegistry {
                 let pod_labels = r
                     .inventory
                     .as_ref()
-                    .map(|i| {
-                        i.pods
-                            .iter()
-                            .map(|p| p.labels.clone().into_iter().collect())
-                            .collect()
-                    })
+                    .map(|i| i.pod_labels.to_vec())
                     .unwrap_or_default();
                 (
                     name.clone(),
@@ -182,15 +256,14 @@ fn node_object(
 ) -> serde_json::Value {
     let reason = not_ready_reason(r, now, timeout);
     let inventory = r.inventory.as_ref();
-    let runtime = inventory.and_then(|i| i.runtime.as_ref());
     let mut images: Vec<serde_json::Value> = Vec::new();
     let mut seen = HashSet::new();
-    for image in inventory.map(|i| i.images.as_slice()).unwrap_or_default() {
+    for image in inventory.map(|i| &*i.images).unwrap_or_default() {
         if seen.insert((&image.namespace, &image.name)) {
             images.push(serde_json::json!({
-                "names": [image.name],
-                "namespace": image.namespace,
-                "digest": image.digest,
+                "names": [&*image.name],
+                "namespace": &*image.namespace,
+                "digest": &*image.digest,
                 "sizeBytes": image.size,
             }));
         }
@@ -209,11 +282,14 @@ fn node_object(
             }],
             "nodeInfo": {
                 "agentVersion": r.agent_version,
-                "containerRuntimeVersion": runtime.map(|rt| format!("containerd://{}", rt.containerd_version)).unwrap_or_default(),
-                "criRuntime": runtime.map(|rt| rt.cri_runtime_name.clone()).unwrap_or_default(),
+                "containerRuntimeVersion": inventory
+                    .filter(|i| !i.containerd_version.is_empty())
+                    .map(|i| format!("containerd://{}", i.containerd_version))
+                    .unwrap_or_default(),
+                "criRuntime": inventory.map(|i| &*i.cri_runtime).unwrap_or_default(),
             },
-            "pods": count(inventory.map(|i| i.pods.len())),
-            "containers": count(inventory.map(|i| i.containers.len())),
+            "pods": inventory.map_or(0, |i| i.pods),
+            "containers": inventory.map_or(0, |i| i.containers),
             "images": images,
         },
     })
@@ -269,6 +345,39 @@ mod tests {
             Some("agent disconnected")
         );
         assert!(!registry.send("n1", ControllerMessage::default()));
+    }
+
+    #[test]
+    fn nodes_share_the_strings_of_the_images_they_have_in_common() {
+        let registry = NodeRegistry::default();
+        let image = rigger_proto::v1::Image {
+            namespace: "k8s.io".to_owned(),
+            name: "registry.example/app:1".to_owned(),
+            digest: "sha256:00".to_owned(),
+            media_type: "application/vnd.oci.image.index.v1+json".to_owned(),
+            size: 7,
+        };
+        for name in ["n1", "n2"] {
+            let mut r = register(name);
+            r.inventory = Some(NodeInventory {
+                images: vec![image.clone()],
+                ..NodeInventory::default()
+            });
+            registry.register(&r, 1, sender(), SystemTime::now());
+        }
+        let nodes = registry.nodes.read().unwrap();
+        let name_of = |node: &str| {
+            nodes[node].inventory.as_ref().unwrap().images[0]
+                .name
+                .clone()
+        };
+        assert!(Arc::ptr_eq(&name_of("n1"), &name_of("n2")));
+        drop(nodes);
+        let object = &registry.objects(SystemTime::now(), Duration::from_secs(30))[0];
+        assert_eq!(
+            object["status"]["images"][0]["names"][0],
+            "registry.example/app:1"
+        );
     }
 
     #[test]

@@ -70,6 +70,11 @@ async fn bind(setting: &'static str, address: SocketAddr) -> Result<TcpListener,
         })
 }
 
+/// Largest message from an agent (a Register with a big inventory).
+const MAX_AGENT_MESSAGE: usize = 64 << 20;
+/// Largest request from a user (one object, well below this).
+const MAX_OBJECT_MESSAGE: usize = 4 << 20;
+
 /// Serve until `stop` resolves, then drain within the configured timeout.
 pub async fn run(
     config: ControllerConfig,
@@ -165,8 +170,10 @@ pub async fn run(
     let grpc_token = token.clone();
     let grpc = tokio::spawn(
         builder
-            .add_service(AgentLinkServer::new(link))
-            .add_service(ControlServer::new(control))
+            // An inventory of a node with many images, or a fleet's worth of objects,
+            // outgrows gRPC's default 4 MiB per message.
+            .add_service(AgentLinkServer::new(link).max_decoding_message_size(MAX_AGENT_MESSAGE))
+            .add_service(ControlServer::new(control).max_decoding_message_size(MAX_OBJECT_MESSAGE))
             .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async move {
                 grpc_token.cancelled().await;
             }),

@@ -11,6 +11,42 @@ pub mod v1 {
     tonic::include_proto!("rigger.v1");
 }
 
+/// prost encoding with small initial buffers. tonic's default (8 KiB for each direction
+/// of each stream) is most of what one idle agent link costs the controller; messages
+/// on the link are small, and the buffers still grow for the rare large one (an
+/// inventory, a fleet-wide list).
+#[derive(Debug)]
+pub struct LeanCodec<T, U>(std::marker::PhantomData<(T, U)>);
+
+impl<T, U> Default for LeanCodec<T, U> {
+    fn default() -> Self {
+        Self(std::marker::PhantomData)
+    }
+}
+
+fn lean_buffers() -> tonic::codec::BufferSettings {
+    tonic::codec::BufferSettings::new(1024, 32 << 10)
+}
+
+impl<T, U> tonic::codec::Codec for LeanCodec<T, U>
+where
+    T: prost::Message + Send + 'static,
+    U: prost::Message + Default + Send + 'static,
+{
+    type Encode = T;
+    type Decode = U;
+    type Encoder = tonic_prost::ProstEncoder<T>;
+    type Decoder = tonic_prost::ProstDecoder<U>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        tonic_prost::ProstCodec::<T, U>::raw_encoder(lean_buffers())
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstCodec::<T, U>::raw_decoder(lean_buffers())
+    }
+}
+
 /// Longest node name (a DNS subdomain, as Kubernetes node names are).
 pub const MAX_NODE_NAME_LEN: usize = 253;
 

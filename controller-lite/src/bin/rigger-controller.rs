@@ -39,6 +39,9 @@ enum Command {
     },
 }
 
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     let cli = match rigger_daemon::cli::parse_args::<Cli>() {
         Ok(cli) => cli,

@@ -130,6 +130,9 @@ impl tonic::service::Interceptor for BearerToken {
     }
 }
 
+/// Largest response accepted from the controller.
+const MAX_RESPONSE: usize = 1 << 30;
+
 type Client = ControlClient<tonic::service::interceptor::InterceptedService<Channel, BearerToken>>;
 
 async fn connect(cli: &Cli) -> anyhow::Result<Client> {
@@ -224,7 +227,9 @@ async fn connect_one(
             rigger_daemon::error_chain(&e)
         )
     })?;
-    Ok(ControlClient::with_interceptor(channel, BearerToken(token)))
+    // A list of thousands of nodes, or a job's status over them, is tens of MiB.
+    Ok(ControlClient::with_interceptor(channel, BearerToken(token))
+        .max_decoding_message_size(MAX_RESPONSE))
 }
 
 /// The controller's refusal as one line.
