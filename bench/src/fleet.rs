@@ -136,7 +136,7 @@ fn render(rows: &[Row], args: &Args) -> String {
     out.push_str("| agents | all registered | RSS, heartbeats only | CPU, heartbeats only | ImagePullJob over all (parallelism 1000) | controller CPU during the job | peak RSS | tasks sent |\n|---|---|---|---|---|---|---|---|\n");
     for r in rows {
         out.push_str(&format!(
-            "| {} | {:.1} s | {} | {:.1} % of a core | **{:.2} s** | {:.2} s | **{}** | {} |\n",
+            "| {} | {:.1} s | **{}** | {:.1} % of a core | **{:.2} s** | {:.2} s | {} | {} |\n",
             r.nodes,
             r.register.as_secs_f64(),
             mib(r.steady_rss),
