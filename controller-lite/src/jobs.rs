@@ -995,6 +995,114 @@ mod tests {
     }
 
     #[test]
+    fn the_deadline_fails_what_is_open_and_the_ttl_deletes_the_job() {
+        let mut j = job(&serde_json::json!({
+            "image": "r.example/a:1", "parallelism": 1,
+            "completionPolicy": {"type": "Always", "activeDeadlineSeconds": 60, "ttlSecondsAfterFinished": 30}
+        }));
+        let views = nodes(&["n1", "n2"]);
+        assert_eq!(step(&mut j, &views), ["n1"]);
+        let long_ago = SystemTime::now() - Duration::from_secs(61);
+        j.status.start_time = Some(humantime::format_rfc3339_seconds(long_ago).to_string());
+        let mut effects = Effects::default();
+        reconcile_job(
+            &key(),
+            &mut j,
+            &views,
+            &HashMap::new(),
+            false,
+            &mut HashMap::new(),
+            &mut effects,
+        );
+        let cancelled: Vec<&String> = effects
+            .messages
+            .iter()
+            .filter(|(_, m)| matches!(m.message, Some(controller_message::Message::CancelTask(_))))
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(cancelled, ["n1"], "the pull in flight is cancelled");
+        assert_eq!(j.status.failed, 2);
+        assert_eq!(j.status.conditions[0].reason, "DeadlineExceeded");
+        assert!(
+            j.status
+                .message
+                .starts_with("activeDeadlineSeconds exceeded"),
+            "{}",
+            j.status.message
+        );
+
+        // Finished 31 s ago with a TTL of 30 s: the job goes.
+        let done = SystemTime::now() - Duration::from_secs(31);
+        j.status.completion_time = Some(humantime::format_rfc3339_seconds(done).to_string());
+        let mut effects = Effects::default();
+        reconcile_job(
+            &key(),
+            &mut j,
+            &views,
+            &HashMap::new(),
+            false,
+            &mut HashMap::new(),
+            &mut effects,
+        );
+        assert_eq!(effects.expired, [key()]);
+    }
+
+    #[tokio::test]
+    async fn failed_attempts_retry_up_to_the_backoff_limit_and_reports_need_the_right_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::Embedded(crate::store::EmbeddedStore::open(dir.path()).unwrap());
+        let registry = NodeRegistry::default();
+        let (tx, _rx) = tokio::sync::mpsc::channel(8);
+        let register = rigger_proto::v1::Register {
+            node_name: "n1".to_owned(),
+            ..rigger_proto::v1::Register::default()
+        };
+        registry.register(&register, 1, tx, SystemTime::now());
+        let engine = JobEngine::new(store, registry, Duration::from_secs(30));
+        let j =
+            job(&serde_json::json!({"image": "r.example/a:1", "pullPolicy": {"backoffLimit": 1}}));
+        engine.lock().jobs.insert(key(), j);
+        let failed = |id: &str| TaskStatus {
+            id: id.to_owned(),
+            phase: TaskPhase::Failed.into(),
+            message: "registry said no".to_owned(),
+            ..TaskStatus::default()
+        };
+        let entry = |engine: &JobEngine| engine.lock().jobs[&key()].status.nodes[0].clone();
+
+        engine.reconcile(&HashMap::new());
+        assert_eq!(entry(&engine).task_id, "u1/n1/1");
+        // Another node cannot report for n1.
+        engine.report("n2", failed("u1/n1/1"));
+        assert_eq!(entry(&engine).phase, NodePullPhase::Pulling);
+
+        engine.report("n1", failed("u1/n1/1"));
+        let first = entry(&engine);
+        assert_eq!(first.phase, NodePullPhase::Waiting);
+        assert_eq!(first.message, "attempt 1 failed: registry said no");
+        assert!(
+            engine.lock().jobs[&key()].retry_at.contains_key("n1"),
+            "retried after a delay"
+        );
+        engine.lock().jobs.get_mut(&key()).unwrap().retry_at.clear();
+
+        engine.reconcile(&HashMap::new());
+        assert_eq!(entry(&engine).task_id, "u1/n1/2", "a retry is a new task");
+        // A late report of the first attempt changes nothing.
+        engine.report("n1", failed("u1/n1/1"));
+        assert_eq!(entry(&engine).phase, NodePullPhase::Pulling);
+
+        engine.report("n1", failed("u1/n1/2"));
+        assert_eq!(
+            entry(&engine).phase,
+            NodePullPhase::Failed,
+            "backoffLimit 1: two attempts"
+        );
+        engine.reconcile(&HashMap::new());
+        assert!(engine.lock().jobs[&key()].status.completion_time.is_some());
+    }
+
+    #[test]
     fn a_missing_pull_secret_fails_the_node_with_the_reason() {
         let mut j = job(&serde_json::json!({"image": "r.example/a:1", "pullSecrets": ["creds"]}));
         let mut effects = Effects::default();

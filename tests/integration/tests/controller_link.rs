@@ -294,3 +294,38 @@ fn users_need_a_token_and_viewers_cannot_change_anything() {
         .unwrap();
     assert!(!untrusting.status.success());
 }
+
+#[test]
+fn an_invalid_object_is_refused_with_its_field_and_nothing_is_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let controller = Controller::start(dir.path());
+    let yaml = "apiVersion: rigger.dev/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: fine\nspec:\n  image: registry.example/app:1\n---\napiVersion: apps.kruise.io/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: broken\nspec:\n  image: registry.example/app:1\n  parallelism: \"150%\"\n";
+    let out = controller.apply(yaml);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("ImagePullJob default/broken: spec.parallelism"),
+        "{stderr}"
+    );
+    // All or nothing: the valid first document was not applied either.
+    let list = controller.get_json(&["imagepulljobs"]).unwrap();
+    assert_eq!(list["items"].as_array().unwrap().len(), 0, "{list}");
+
+    let out = controller.apply(
+        "apiVersion: rigger.dev/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: typo\nspec:\n  image: registry.example/app:1\n  paralelism: 2\n",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("spec.paralelism: unknown field `paralelism`"),
+        "{stderr}"
+    );
+    let out = controller.apply(
+        "apiVersion: rigger.dev/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: both\nspec:\n  image: registry.example/app:1\n  selector:\n    names: [a]\n  podSelector:\n    matchLabels: {app: web}\n",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("spec.podSelector: selector and podSelector are mutually exclusive"),
+        "{stderr}"
+    );
+}
