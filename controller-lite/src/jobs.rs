@@ -12,6 +12,7 @@
 //! counts nodes in `Pulling` only — waiting, finished and lost nodes hold no slot.
 
 use std::collections::{BTreeMap, HashMap};
+use std::str::FromStr as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -638,6 +639,16 @@ fn reconcile_job(
                     }
                 }
             }
+            // completionPolicy Never keeps the image on the node: an inventory taken
+            // after the pull that lacks it sends the node back to pulling.
+            NodePullPhase::Succeeded
+                if policy.kind == CompletionPolicyType::Never
+                    && image_gone(view, &job.job.spec.image, entry.completion_time.as_deref()) =>
+            {
+                entry.phase = NodePullPhase::Waiting;
+                entry.message = "the image left the node; pulling it again".to_owned();
+                job.dirty = true;
+            }
             NodePullPhase::Failed if entry.node_lost && not_ready.is_none() => {
                 // Back before the job finished: the work resumes.
                 entry.phase = NodePullPhase::Waiting;
@@ -781,6 +792,24 @@ fn reconcile_job(
     }
 }
 
+/// Whether `view`'s inventory, reported after `pulled_at`, lacks `image`.
+fn image_gone(view: Option<&NodeView>, image: &str, pulled_at: Option<&str>) -> bool {
+    let Some((reported_at, names)) = view.and_then(|v| v.images.as_ref()) else {
+        return false;
+    };
+    // Seconds resolution on both sides: wait a second past the pull to be sure the
+    // inventory was taken after it.
+    let fresh = parse_time(pulled_at).is_some_and(|done| {
+        reported_at
+            .duration_since(done)
+            .is_ok_and(|d| d > Duration::from_secs(1))
+    });
+    let name = oci_spec::distribution::Reference::from_str(image)
+        .map(|r| r.whole())
+        .unwrap_or_else(|_| image.to_owned());
+    fresh && !names.contains(name.as_str())
+}
+
 /// A node's attempt that cannot even start (its pull secret is missing, say).
 fn fail(entry: &mut NodePullStatus, reason: &str) {
     entry.phase = NodePullPhase::Failed;
@@ -820,6 +849,7 @@ fn pull_task(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use std::sync::Arc;
 
     fn job(spec: &serde_json::Value) -> JobState {
         let job: ImagePullJob = serde_json::from_value(serde_json::json!({
@@ -843,6 +873,7 @@ mod tests {
                         labels: [("zone".to_owned(), "a".to_owned())].into(),
                         not_ready: None,
                         pod_labels: Vec::new(),
+                        images: None,
                     },
                 )
             })
@@ -930,6 +961,28 @@ mod tests {
             never.status.completion_time.is_none(),
             "Never jobs never complete"
         );
+    }
+
+    #[test]
+    fn never_pulls_again_when_the_image_left_the_node() {
+        let mut never = job(&serde_json::json!({
+            "image": "r.example/a:1", "parallelism": 10, "completionPolicy": {"type": "Never"}
+        }));
+        let mut views = nodes(&["n1"]);
+        step(&mut never, &views);
+        let done = SystemTime::now() - Duration::from_secs(60);
+        let entry = never.entry("n1").unwrap();
+        entry.phase = NodePullPhase::Succeeded;
+        entry.completion_time = Some(humantime::format_rfc3339_seconds(done).to_string());
+        let names = |list: &[&str]| Arc::new(list.iter().map(|n| Arc::<str>::from(*n)).collect());
+        // An inventory from before the pull proves nothing; one after it with the image is fine.
+        views.get_mut("n1").unwrap().images = Some((done - Duration::from_secs(5), names(&[])));
+        assert!(step(&mut never, &views).is_empty());
+        views.get_mut("n1").unwrap().images = Some((SystemTime::now(), names(&["r.example/a:1"])));
+        assert!(step(&mut never, &views).is_empty());
+        // The image is gone: pulled again.
+        views.get_mut("n1").unwrap().images = Some((SystemTime::now(), names(&["r.example/b:1"])));
+        assert_eq!(step(&mut never, &views), ["n1"]);
     }
 
     #[test]

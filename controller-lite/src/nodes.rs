@@ -39,6 +39,9 @@ struct InventorySummary {
     pod_labels: Box<[BTreeMap<String, String>]>,
     pods: u32,
     containers: u32,
+    /// The image names alone, for "does the node still have it" (completionPolicy Never).
+    image_names: Arc<HashSet<Arc<str>>>,
+    received_at: SystemTime,
 }
 
 #[derive(Debug, Clone)]
@@ -93,6 +96,14 @@ impl Interner {
                 .collect(),
             pods: count(Some(inventory.pods.len())),
             containers: count(Some(inventory.containers.len())),
+            image_names: Arc::new(
+                inventory
+                    .images
+                    .iter()
+                    .map(|i| self.intern(&i.name))
+                    .collect(),
+            ),
+            received_at: SystemTime::now(),
         }
     }
 }
@@ -105,6 +116,8 @@ pub struct NodeView {
     pub not_ready: Option<String>,
     /// Labels of the pods the agent reported (for podSelector).
     pub pod_labels: Vec<BTreeMap<String, String>>,
+    /// Image names the node holds (any namespace), and when the agent reported them.
+    pub images: Option<(SystemTime, Arc<HashSet<Arc<str>>>)>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -208,6 +221,10 @@ impl NodeRegistry {
                         labels: r.labels.clone(),
                         not_ready: (!reason.is_empty()).then_some(reason),
                         pod_labels,
+                        images: r
+                            .inventory
+                            .as_ref()
+                            .map(|i| (i.received_at, i.image_names.clone())),
                     },
                 )
             })
