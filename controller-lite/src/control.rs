@@ -21,6 +21,7 @@ use crate::jobs::{JobEngine, status_key};
 use crate::leader::Leadership;
 use crate::nodes::NodeRegistry;
 use crate::objects::image_pull_job::{ImagePullJob, ImagePullJobStatus};
+use crate::objects::pod::Pod;
 use crate::objects::secret::Secret;
 use crate::objects::{DEFAULT_NAMESPACE, FieldError, Kind, ObjectMeta};
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
@@ -305,6 +306,122 @@ impl ControlService {
         })
     }
 
+    /// Store a Pod, placing it on a node first when it names none: a ready node matching
+    /// `nodeSelector` with the fewest pods. Running it is the node agent's (issue 5).
+    async fn apply_pod(
+        &self,
+        value: serde_json::Value,
+        dry_run: bool,
+    ) -> Result<ApplyResponse, Status> {
+        let name = object_name(&value);
+        let mut pod: Pod = decode(value).map_err(|e| refuse(&name, &e))?;
+        pod.status = None;
+        let namespace = pod
+            .metadata
+            .namespace
+            .get_or_insert_with(|| DEFAULT_NAMESPACE.to_owned())
+            .clone();
+        let what = format!("Pod {namespace}/{}", pod.metadata.name);
+        pod.validate().map_err(|e| refuse(&what, &e))?;
+        let key = ObjectKey::new(crate::objects::pod::KIND, &namespace, &pod.metadata.name);
+        let stored = self.store.get(key.clone()).await.map_err(store_status)?;
+        let old = match &stored {
+            Some(s) => serde_json::from_slice::<Pod>(&s.object).ok(),
+            None => None,
+        };
+        if let Some(old) = &old {
+            // Placement is the controller's: an apply without nodeName keeps the node.
+            if pod.spec.node_name.is_none() {
+                pod.spec.node_name.clone_from(&old.spec.node_name);
+            }
+            if old.spec != pod.spec {
+                return Err(refuse(
+                    &what,
+                    &FieldError::new(
+                        "spec",
+                        "a running pod's spec cannot change yet (in-place updates are not available); delete the pod and apply it again",
+                    ),
+                ));
+            }
+        }
+        if pod.spec.node_name.is_none() {
+            pod.spec.node_name = Some(self.place(&pod).await.map_err(|e| refuse(&what, &e))?);
+        }
+        inherit_metadata(&mut pod.metadata, old.as_ref().map(|o| &o.metadata), false);
+        if old.as_ref() == Some(&pod) {
+            return Ok(ApplyResponse {
+                object: Some(Object {
+                    json: to_json(&pod)?,
+                    revision: stored.map_or(0, |s| s.revision),
+                }),
+                outcome: "unchanged".to_owned(),
+            });
+        }
+        let outcome = if old.is_some() {
+            "configured"
+        } else {
+            "created"
+        };
+        let mut revision = 0;
+        if !dry_run {
+            let precondition = stored
+                .as_ref()
+                .map_or(Precondition::Absent, |s| Precondition::Revision(s.revision));
+            revision = self
+                .store
+                .put(key, to_json(&pod)?.into_bytes(), precondition)
+                .await
+                .map_err(store_status)?;
+            tracing::info!(pod = %what, node = ?pod.spec.node_name, outcome, "pod applied");
+        }
+        Ok(ApplyResponse {
+            object: Some(Object {
+                json: to_json(&pod)?,
+                revision,
+            }),
+            outcome: if dry_run {
+                format!("{outcome} (dry run)")
+            } else {
+                outcome.to_owned()
+            },
+        })
+    }
+
+    /// The ready node matching the pod's nodeSelector that runs the fewest pods.
+    async fn place(&self, pod: &Pod) -> Result<String, FieldError> {
+        let mut pods_per_node: std::collections::HashMap<String, usize> =
+            std::collections::HashMap::new();
+        let stored = self
+            .store
+            .list(crate::objects::pod::KIND)
+            .await
+            .map_err(|e| FieldError::new("spec.nodeName", format!("cannot place the pod: {e}")))?;
+        for other in stored {
+            if let Ok(other) = serde_json::from_slice::<Pod>(&other.object)
+                && let Some(node) = other.spec.node_name
+            {
+                *pods_per_node.entry(node).or_default() += 1;
+            }
+        }
+        let selector = crate::objects::LabelSelector {
+            match_labels: pod.spec.node_selector.clone(),
+            match_expressions: Vec::new(),
+        };
+        self.nodes
+            .views(SystemTime::now(), self.node_timeout)
+            .into_iter()
+            .filter(|(_, view)| view.not_ready.is_none() && selector.matches(&view.labels))
+            .map(|(name, _)| (pods_per_node.get(&name).copied().unwrap_or(0), name))
+            .min()
+            .map(|(_, name)| name)
+            .ok_or_else(|| {
+                FieldError::new(
+                    "spec.nodeSelector",
+                    "no ready node matches (set spec.nodeName, or start an agent with matching --node-labels)",
+                )
+            })
+    }
+
     /// One stored object as the API shows it (job with status, secret redacted).
     async fn show(&self, kind: Kind, stored: crate::store::Stored) -> Result<Object, Status> {
         let json = match kind {
@@ -326,7 +443,7 @@ impl ControlService {
                     .map_err(|e| Status::internal(format!("{}: unreadable: {e}", stored.key)))?;
                 to_json(&secret.redacted())?
             }
-            Kind::Node => String::from_utf8_lossy(&stored.object).into_owned(),
+            Kind::Pod | Kind::Node => String::from_utf8_lossy(&stored.object).into_owned(),
         };
         Ok(Object {
             json,
@@ -400,6 +517,7 @@ impl Control for ControlService {
         let response = match kind {
             Kind::ImagePullJob => self.apply_image_pull_job(value, request.dry_run).await?,
             Kind::Secret => self.apply_secret(value, request.dry_run).await?,
+            Kind::Pod => self.apply_pod(value, request.dry_run).await?,
             Kind::Node => {
                 return Err(Status::invalid_argument(
                     "Node objects are not applied: a node exists while its agent is registered",

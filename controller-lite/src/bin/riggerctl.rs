@@ -49,7 +49,7 @@ enum Command {
     },
     /// Show objects: one by name, or all of a kind.
     Get {
-        /// imagepulljob (ipj), node (no), secret.
+        /// imagepulljob (ipj), pod (po), node (no), secret.
         kind: String,
         name: Option<String>,
         #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
@@ -595,6 +595,50 @@ fn table_rows(
                         .unwrap_or_default();
                     row.push(labels);
                     row.push(str_of(o, "/status/conditions/0/message").to_owned());
+                }
+                rows.push(row);
+            }
+        }
+        "Pod" => {
+            header.extend(["NAME", "READY", "STATUS", "RESTARTS", "AGE"]);
+            if wide {
+                header.extend(["NODE", "IMAGES"]);
+            }
+            for o in objects {
+                let containers = o
+                    .pointer("/spec/containers")
+                    .and_then(Value::as_array)
+                    .map_or(0, Vec::len);
+                let statuses = o
+                    .pointer("/status/containerStatuses")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                let ready = statuses.iter().filter(|c| c["ready"] == true).count();
+                let restarts: u64 = statuses.iter().map(|c| num_of(c, "/restartCount")).sum();
+                let phase = match str_of(o, "/status/phase") {
+                    "" => "Pending",
+                    phase => phase,
+                };
+                let mut row = Vec::new();
+                if all_namespaces {
+                    row.push(str_of(o, "/metadata/namespace").to_owned());
+                }
+                row.extend([
+                    str_of(o, "/metadata/name").to_owned(),
+                    format!("{ready}/{containers}"),
+                    phase.to_owned(),
+                    restarts.to_string(),
+                    age(str_of(o, "/metadata/creationTimestamp")),
+                ]);
+                if wide {
+                    row.push(str_of(o, "/spec/nodeName").to_owned());
+                    let images: Vec<&str> = o
+                        .pointer("/spec/containers")
+                        .and_then(Value::as_array)
+                        .map(|cs| cs.iter().map(|c| str_of(c, "/image")).collect())
+                        .unwrap_or_default();
+                    row.push(images.join(","));
                 }
                 rows.push(row);
             }

@@ -5,6 +5,7 @@
 //! path (`spec.parallelism`) and why, as `kubectl` users expect.
 
 pub mod image_pull_job;
+pub mod pod;
 pub mod secret;
 
 use std::collections::BTreeMap;
@@ -24,17 +25,19 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 pub enum Kind {
     ImagePullJob,
     Secret,
+    Pod,
     /// Nodes are not applied: they exist while their agents register.
     Node,
 }
 
 impl Kind {
-    pub const ALL: [Self; 3] = [Self::ImagePullJob, Self::Secret, Self::Node];
+    pub const ALL: [Self; 4] = [Self::ImagePullJob, Self::Secret, Self::Pod, Self::Node];
 
     pub fn name(self) -> &'static str {
         match self {
             Self::ImagePullJob => image_pull_job::KIND,
             Self::Secret => secret::KIND,
+            Self::Pod => pod::KIND,
             Self::Node => "Node",
         }
     }
@@ -44,6 +47,7 @@ impl Kind {
         match text.to_ascii_lowercase().as_str() {
             "imagepulljob" | "imagepulljobs" | "ipj" => Some(Self::ImagePullJob),
             "secret" | "secrets" => Some(Self::Secret),
+            "pod" | "pods" | "po" => Some(Self::Pod),
             "node" | "nodes" | "no" => Some(Self::Node),
             _ => None,
         }
@@ -249,6 +253,35 @@ impl LabelSelector {
                     SelectorOperator::DoesNotExist => value.is_none(),
                 }
             })
+    }
+}
+
+/// A port by number or by name (`8080` or `"http"`), as Kubernetes' `IntOrString`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum IntOrName {
+    Int(u16),
+    Name(String),
+}
+
+impl IntOrName {
+    pub fn validate(&self, path: &str) -> Result<(), FieldError> {
+        match self {
+            Self::Int(0) => Err(FieldError::new(path, "must be 1-65535")),
+            Self::Name(name)
+                if name.is_empty()
+                    || name.len() > 15
+                    || !name
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') =>
+            {
+                Err(FieldError::new(
+                    path,
+                    format!("{name:?} is neither a port number nor a port name"),
+                ))
+            }
+            _ => Ok(()),
+        }
     }
 }
 

@@ -1219,6 +1219,8 @@ impl Agent {
             "1".to_owned(),
             "--inventory-interval".to_owned(),
             "2s".to_owned(),
+            "--node-labels".to_owned(),
+            "rigger.test/agent=yes".to_owned(),
         ];
         let mut agent = Self {
             node: node.to_owned(),

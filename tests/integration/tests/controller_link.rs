@@ -9,7 +9,7 @@ use std::time::Duration;
 use std::path::Path;
 
 use rigger_integration_tests::{
-    Controller, Daemon, Lab, binary, controller_certs, free_port, wait_until,
+    Agent, Controller, Daemon, Lab, binary, controller_certs, free_port, wait_until,
 };
 use serde_json::Value;
 
@@ -328,4 +328,85 @@ fn an_invalid_object_is_refused_with_its_field_and_nothing_is_applied() {
         stderr.contains("spec.podSelector: selector and podSelector are mutually exclusive"),
         "{stderr}"
     );
+}
+
+#[test]
+fn pods_are_placed_on_the_ready_node_with_the_fewest_and_unsupported_ones_refused() {
+    let lab = Lab::get();
+    let dir = tempfile::tempdir().unwrap();
+    let controller = Controller::start(&dir.path().join("controller"));
+    let _agents: Vec<Agent> = [
+        ("place-a", &lab.containerd_address),
+        ("place-b", &lab.node2_containerd_address),
+    ]
+    .into_iter()
+    .map(|(node, containerd)| {
+        let state = dir.path().join(node);
+        std::fs::create_dir_all(&state).unwrap();
+        Agent::start(
+            &controller,
+            node,
+            containerd,
+            &lab.hosts_dir,
+            "itest-place",
+            &state,
+        )
+    })
+    .collect();
+    for node in ["place-a", "place-b"] {
+        wait_until(
+            &format!("{node} to be ready"),
+            Duration::from_secs(30),
+            || {
+                let n = controller.get_json(&["node", node])?;
+                (n["status"]["conditions"][0]["status"] == "True").then_some(())
+            },
+        );
+    }
+    let pod = |name: &str, extra: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n{extra}  nodeSelector:\n    rigger.test/agent: \"yes\"\n  containers:\n  - name: app\n    image: {}\n",
+            lab.image("rigger-lab/busybox:1")
+        )
+    };
+    let mut placed = Vec::new();
+    for name in ["p1", "p2"] {
+        let out = controller.apply(&pod(name, "  hostNetwork: true\n"));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stored = controller.get_json(&["pod", name]).unwrap();
+        placed.push(stored["spec"]["nodeName"].as_str().unwrap().to_owned());
+    }
+    placed.sort();
+    assert_eq!(
+        placed,
+        ["place-a", "place-b"],
+        "one pod per node: the fewest wins"
+    );
+    let again = controller.apply(&pod("p1", "  hostNetwork: true\n"));
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout).trim(),
+        "pod/p1 unchanged"
+    );
+
+    let refused = controller.apply(&pod("p3", ""));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        stderr.contains("Pod default/p3: spec.hostNetwork: must be true"),
+        "{stderr}"
+    );
+    let nowhere =
+        controller.apply(&pod("p4", "  hostNetwork: true\n").replace("\"yes\"", "\"no\""));
+    let stderr = String::from_utf8_lossy(&nowhere.stderr);
+    assert!(
+        stderr.contains("spec.nodeSelector: no ready node matches"),
+        "{stderr}"
+    );
+    let table = controller.ctl(&["get", "pods", "-o", "wide"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("p1") && table.contains("Pending"), "{table}");
 }

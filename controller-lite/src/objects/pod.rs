@@ -1,0 +1,721 @@
+//! `kind: Pod` — the subset of Kubernetes' Pod that Rigger's agent runs on nodes without
+//! kubelet (issue 5), with Kubernetes' field names. What is not supported is refused at
+//! apply time with the field named, never silently ignored: host networking only (no CNI
+//! on plain hosts), `hostPath` and `emptyDir` volumes only.
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::{FieldError, ObjectMeta, check_dns_subdomain};
+
+pub const KIND: &str = "Pod";
+pub const API_VERSION: &str = "v1";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Pod {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: PodSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PodSpec {
+    /// The node; the controller sets it when only `nodeSelector` is given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Must be true: the agent has no pod network (no CNI on plain hosts).
+    #[serde(default)]
+    pub host_network: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub init_containers: Vec<Container>,
+    pub containers: Vec<Container>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Volume>,
+    #[serde(default)]
+    pub restart_policy: RestartPolicy,
+    /// Seconds between SIGTERM and SIGKILL [default: 30].
+    #[serde(default = "default_grace", skip_serializing_if = "is_default_grace")]
+    pub termination_grace_period_seconds: u64,
+}
+
+fn default_grace() -> u64 {
+    30
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's signature
+fn is_default_grace(value: &u64) -> bool {
+    *value == default_grace()
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RestartPolicy {
+    #[default]
+    Always,
+    OnFailure,
+    Never,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Container {
+    pub name: String,
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<super::image_pull_job::ImagePullPolicy>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    /// Informational with host networking (the container binds the host's ports).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<ContainerPort>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<VolumeMount>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<Lifecycle>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness_probe: Option<Probe>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liveness_probe: Option<Probe>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_probe: Option<Probe>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ContainerPort {
+    pub container_port: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EnvVar {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<EnvVarSource>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EnvVarSource {
+    pub field_ref: FieldRef,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FieldRef {
+    pub field_path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VolumeMount {
+    pub name: String,
+    pub mount_path: String,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Volume {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<HostPathVolume>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub empty_dir: Option<EmptyDirVolume>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HostPathVolume {
+    pub path: String,
+    /// "", Directory, DirectoryOrCreate, File, FileOrCreate.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EmptyDirVolume {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_limit: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Resources {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, String>,
+    /// Accepted for compatibility; limits are what the agent enforces.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Lifecycle {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub post_start: Option<Handler>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_stop: Option<Handler>,
+}
+
+/// One of exec, httpGet, tcpSocket (exactly one).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Handler {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<ExecAction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_get: Option<HttpGetAction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_socket: Option<TcpSocketAction>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExecAction {
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HttpGetAction {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    pub port: super::IntOrName,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// HTTP or HTTPS [default: HTTP].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub http_headers: Vec<HttpHeader>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpHeader {
+    pub name: String,
+    pub value: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TcpSocketAction {
+    pub port: super::IntOrName,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Probe {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<ExecAction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_get: Option<HttpGetAction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_socket: Option<TcpSocketAction>,
+    #[serde(default)]
+    pub initial_delay_seconds: u32,
+    /// [default: 10]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period_seconds: Option<u32>,
+    /// [default: 1]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u32>,
+    /// [default: 1]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub success_threshold: Option<u32>,
+    /// [default: 3]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_threshold: Option<u32>,
+}
+
+/// `fieldRef` paths the agent can resolve (Kubernetes' downward API, metadata part).
+const FIELD_PATHS: [&str; 4] = [
+    "metadata.name",
+    "metadata.namespace",
+    "metadata.uid",
+    "spec.nodeName",
+];
+
+/// CPU as Kubernetes writes it (`500m`, `2`, `0.5`), in millicores.
+pub fn parse_cpu(text: &str) -> Option<u64> {
+    if let Some(milli) = text.strip_suffix('m') {
+        return milli.parse::<u64>().ok().filter(|m| *m > 0);
+    }
+    let cores: f64 = text.parse().ok()?;
+    let milli = (cores * 1000.0).round();
+    (1.0..1e15).contains(&milli).then_some(milli as u64)
+}
+
+/// Memory as Kubernetes writes it (`128Mi`, `1G`, `1048576`), in bytes.
+pub fn parse_memory(text: &str) -> Option<u64> {
+    const SUFFIXES: [(&str, u64); 10] = [
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("Pi", 1 << 50),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+        ("P", 1_000_000_000_000_000),
+    ];
+    let (number, unit) = SUFFIXES
+        .iter()
+        .find_map(|(suffix, unit)| text.strip_suffix(suffix).map(|n| (n, *unit)))
+        .unwrap_or((text, 1));
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .filter(|b| *b > 0)
+}
+
+impl Pod {
+    /// Refuse what the agent cannot run, naming the field.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        if self.api_version != API_VERSION {
+            return Err(FieldError::new(
+                "apiVersion",
+                format!("{:?}: expected {API_VERSION}", self.api_version),
+            ));
+        }
+        self.metadata.validate()?;
+        let spec = &self.spec;
+        if !spec.host_network {
+            return Err(FieldError::new(
+                "spec.hostNetwork",
+                "must be true: the agent runs pods in the host's network (no pod network on plain hosts)",
+            ));
+        }
+        if let Some(node) = &spec.node_name {
+            rigger_proto::check_node_name(node).map_err(|_| {
+                FieldError::new("spec.nodeName", format!("{node:?} is not a node name"))
+            })?;
+        }
+        if spec.containers.is_empty() {
+            return Err(FieldError::new(
+                "spec.containers",
+                "at least one container is required",
+            ));
+        }
+        let mut volumes = HashSet::new();
+        for (i, volume) in spec.volumes.iter().enumerate() {
+            let at = format!("spec.volumes[{i}]");
+            check_dns_label(&volume.name).map_err(|r| FieldError::new(format!("{at}.name"), r))?;
+            if !volumes.insert(volume.name.as_str()) {
+                return Err(FieldError::new(
+                    format!("{at}.name"),
+                    format!("{:?} is used twice", volume.name),
+                ));
+            }
+            match (&volume.host_path, &volume.empty_dir) {
+                (Some(host), None) => {
+                    if !host.path.starts_with('/') {
+                        return Err(FieldError::new(
+                            format!("{at}.hostPath.path"),
+                            "must be an absolute path",
+                        ));
+                    }
+                    let kinds = ["", "Directory", "DirectoryOrCreate", "File", "FileOrCreate"];
+                    if let Some(kind) = &host.kind
+                        && !kinds.contains(&kind.as_str())
+                    {
+                        return Err(FieldError::new(
+                            format!("{at}.hostPath.type"),
+                            format!(
+                                "{kind:?}: supported are Directory, DirectoryOrCreate, File, FileOrCreate"
+                            ),
+                        ));
+                    }
+                }
+                (None, Some(empty)) => {
+                    if let Some(limit) = &empty.size_limit
+                        && parse_memory(limit).is_none()
+                    {
+                        return Err(FieldError::new(
+                            format!("{at}.emptyDir.sizeLimit"),
+                            format!("{limit:?} is not a quantity like 1Gi"),
+                        ));
+                    }
+                }
+                _ => {
+                    return Err(FieldError::new(
+                        at,
+                        "exactly one of hostPath and emptyDir (the volume types the agent supports)",
+                    ));
+                }
+            }
+        }
+        let mut names = HashSet::new();
+        let all = spec
+            .init_containers
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (format!("spec.initContainers[{i}]"), c, true))
+            .chain(
+                spec.containers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| (format!("spec.containers[{i}]"), c, false)),
+            );
+        for (at, container, init) in all {
+            check_dns_label(&container.name)
+                .map_err(|r| FieldError::new(format!("{at}.name"), r))?;
+            if !names.insert(container.name.as_str()) {
+                return Err(FieldError::new(
+                    format!("{at}.name"),
+                    format!("{:?} is used twice", container.name),
+                ));
+            }
+            container.validate(&at, init, &volumes)?;
+        }
+        Ok(())
+    }
+}
+
+impl Container {
+    fn validate(&self, at: &str, init: bool, volumes: &HashSet<&str>) -> Result<(), FieldError> {
+        if self.image.trim().is_empty() {
+            return Err(FieldError::new(format!("{at}.image"), "is required"));
+        }
+        <oci_spec::distribution::Reference as std::str::FromStr>::from_str(&self.image).map_err(
+            |e| {
+                FieldError::new(
+                    format!("{at}.image"),
+                    format!("{:?} is not an image reference: {e}", self.image),
+                )
+            },
+        )?;
+        if let Some(dir) = &self.working_dir
+            && !dir.starts_with('/')
+        {
+            return Err(FieldError::new(
+                format!("{at}.workingDir"),
+                "must be an absolute path",
+            ));
+        }
+        for (i, env) in self.env.iter().enumerate() {
+            let here = format!("{at}.env[{i}]");
+            if env.name.is_empty() || env.name.contains('=') {
+                return Err(FieldError::new(
+                    format!("{here}.name"),
+                    format!("{:?} is not a variable name", env.name),
+                ));
+            }
+            match (&env.value, &env.value_from) {
+                (Some(_), Some(_)) => {
+                    return Err(FieldError::new(
+                        here,
+                        "value and valueFrom are mutually exclusive",
+                    ));
+                }
+                (None, Some(from)) => {
+                    let path = &from.field_ref.field_path;
+                    let labelled = (path.starts_with("metadata.labels['")
+                        || path.starts_with("metadata.annotations['"))
+                        && path.ends_with("']");
+                    if !(FIELD_PATHS.contains(&path.as_str()) || labelled) {
+                        return Err(FieldError::new(
+                            format!("{here}.valueFrom.fieldRef.fieldPath"),
+                            format!(
+                                "{path:?}: supported are {}, metadata.labels['KEY'] and metadata.annotations['KEY']",
+                                FIELD_PATHS.join(", ")
+                            ),
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (i, mount) in self.volume_mounts.iter().enumerate() {
+            let here = format!("{at}.volumeMounts[{i}]");
+            if !volumes.contains(mount.name.as_str()) {
+                return Err(FieldError::new(
+                    format!("{here}.name"),
+                    format!("no volume named {:?}", mount.name),
+                ));
+            }
+            if !mount.mount_path.starts_with('/') {
+                return Err(FieldError::new(
+                    format!("{here}.mountPath"),
+                    "must be an absolute path",
+                ));
+            }
+        }
+        if let Some(resources) = &self.resources {
+            for (section, values) in [
+                ("limits", &resources.limits),
+                ("requests", &resources.requests),
+            ] {
+                for (name, value) in values {
+                    let here = format!("{at}.resources.{section}.{name}");
+                    let ok = match name.as_str() {
+                        "cpu" => parse_cpu(value).is_some(),
+                        "memory" => parse_memory(value).is_some(),
+                        _ => {
+                            return Err(FieldError::new(
+                                here,
+                                "supported resources are cpu and memory",
+                            ));
+                        }
+                    };
+                    if !ok {
+                        return Err(FieldError::new(
+                            here,
+                            format!("{value:?} is not a quantity"),
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some(lifecycle) = &self.lifecycle {
+            if init {
+                return Err(FieldError::new(
+                    format!("{at}.lifecycle"),
+                    "init containers have no lifecycle hooks",
+                ));
+            }
+            for (name, handler) in [
+                ("postStart", &lifecycle.post_start),
+                ("preStop", &lifecycle.pre_stop),
+            ] {
+                if let Some(handler) = handler {
+                    check_handler(
+                        &format!("{at}.lifecycle.{name}"),
+                        handler.exec.as_ref(),
+                        handler.http_get.as_ref(),
+                        handler.tcp_socket.as_ref(),
+                    )?;
+                }
+            }
+        }
+        for (name, probe) in [
+            ("readinessProbe", &self.readiness_probe),
+            ("livenessProbe", &self.liveness_probe),
+            ("startupProbe", &self.startup_probe),
+        ] {
+            let Some(probe) = probe else { continue };
+            let here = format!("{at}.{name}");
+            if init {
+                return Err(FieldError::new(here, "init containers have no probes"));
+            }
+            check_handler(
+                &here,
+                probe.exec.as_ref(),
+                probe.http_get.as_ref(),
+                probe.tcp_socket.as_ref(),
+            )?;
+            for (field, value) in [
+                ("periodSeconds", probe.period_seconds),
+                ("timeoutSeconds", probe.timeout_seconds),
+                ("successThreshold", probe.success_threshold),
+                ("failureThreshold", probe.failure_threshold),
+            ] {
+                if value == Some(0) {
+                    return Err(FieldError::new(
+                        format!("{here}.{field}"),
+                        "must be at least 1",
+                    ));
+                }
+            }
+            if name != "readinessProbe" && probe.success_threshold.is_some_and(|t| t != 1) {
+                return Err(FieldError::new(
+                    format!("{here}.successThreshold"),
+                    "must be 1 for liveness and startup probes",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_handler(
+    at: &str,
+    exec: Option<&ExecAction>,
+    http: Option<&HttpGetAction>,
+    tcp: Option<&TcpSocketAction>,
+) -> Result<(), FieldError> {
+    match (exec, http, tcp) {
+        (Some(exec), None, None) => {
+            if exec.command.is_empty() {
+                return Err(FieldError::new(
+                    format!("{at}.exec.command"),
+                    "must not be empty",
+                ));
+            }
+        }
+        (None, Some(http), None) => {
+            if let Some(scheme) = &http.scheme
+                && scheme != "HTTP"
+                && scheme != "HTTPS"
+            {
+                return Err(FieldError::new(
+                    format!("{at}.httpGet.scheme"),
+                    format!("{scheme:?}: HTTP or HTTPS"),
+                ));
+            }
+            http.port.validate(&format!("{at}.httpGet.port"))?;
+        }
+        (None, None, Some(tcp)) => tcp.port.validate(&format!("{at}.tcpSocket.port"))?,
+        _ => {
+            return Err(FieldError::new(
+                at,
+                "exactly one of exec, httpGet and tcpSocket",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A DNS-1123 label: container and volume names.
+fn check_dns_label(name: &str) -> Result<(), String> {
+    if name.len() <= 63 && !name.contains('.') {
+        check_dns_subdomain(name)
+    } else {
+        Err(format!(
+            "{name:?} is not a valid name (a DNS label: lowercase letters, digits and '-', at most 63)"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn pod(spec: &serde_json::Value) -> Result<Pod, String> {
+        let value = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": spec,
+        });
+        let pod: Pod = serde_json::from_value(value).map_err(|e| e.to_string())?;
+        pod.validate().map_err(|e| e.to_string())?;
+        Ok(pod)
+    }
+
+    #[test]
+    fn a_full_pod_applies() {
+        let p = pod(&serde_json::json!({
+            "hostNetwork": true,
+            "nodeSelector": {"zone": "a"},
+            "initContainers": [{"name": "init", "image": "r.example/init:1", "command": ["sh", "-c", "true"]}],
+            "containers": [{
+                "name": "app", "image": "r.example/app:1",
+                "env": [
+                    {"name": "A", "value": "1"},
+                    {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                    {"name": "TEAM", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['team']"}}}
+                ],
+                "ports": [{"containerPort": 8080}],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                "resources": {"limits": {"cpu": "500m", "memory": "128Mi"}},
+                "lifecycle": {"preStop": {"httpGet": {"path": "/quit", "port": 8080}}},
+                "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 2},
+                "livenessProbe": {"tcpSocket": {"port": 8080}}
+            }],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "restartPolicy": "OnFailure",
+            "terminationGracePeriodSeconds": 5
+        }))
+        .unwrap();
+        assert_eq!(p.spec.restart_policy, RestartPolicy::OnFailure);
+        assert_eq!(parse_cpu("500m"), Some(500));
+        assert_eq!(parse_cpu("1.5"), Some(1500));
+        assert_eq!(parse_memory("128Mi"), Some(128 << 20));
+        assert_eq!(parse_memory("1G"), Some(1_000_000_000));
+    }
+
+    #[test]
+    fn what_the_agent_cannot_run_is_refused_with_the_field() {
+        let base = |container: serde_json::Value, extra: serde_json::Value| {
+            let mut spec = serde_json::json!({"hostNetwork": true, "containers": [container]});
+            spec.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            pod(&spec).unwrap_err()
+        };
+        let app = serde_json::json!({"name": "app", "image": "r.example/app:1"});
+        let cases = [
+            (
+                pod(&serde_json::json!({"containers": [&app]})).unwrap_err(),
+                "spec.hostNetwork: must be true",
+            ),
+            (
+                base(
+                    app.clone(),
+                    serde_json::json!({"volumes": [{"name": "v", "configMap": {"name": "x"}}]}),
+                ),
+                "unknown field `configMap`",
+            ),
+            (
+                base(
+                    serde_json::json!({"name": "app", "image": "r.example/app:1", "resources": {"limits": {"nvidia.com/gpu": "1"}}}),
+                    serde_json::json!({}),
+                ),
+                "spec.containers[0].resources.limits.nvidia.com/gpu: supported resources are cpu and memory",
+            ),
+            (
+                base(
+                    serde_json::json!({"name": "app", "image": "r.example/app:1", "volumeMounts": [{"name": "nope", "mountPath": "/x"}]}),
+                    serde_json::json!({}),
+                ),
+                "spec.containers[0].volumeMounts[0].name: no volume named \"nope\"",
+            ),
+            (
+                base(
+                    serde_json::json!({"name": "app", "image": "r.example/app:1", "livenessProbe": {"exec": {"command": ["true"]}, "tcpSocket": {"port": 1}}}),
+                    serde_json::json!({}),
+                ),
+                "spec.containers[0].livenessProbe: exactly one of exec, httpGet and tcpSocket",
+            ),
+            (
+                base(
+                    serde_json::json!({"name": "app", "image": "r.example/app:1", "env": [{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]}),
+                    serde_json::json!({}),
+                ),
+                "spec.containers[0].env[0].valueFrom.fieldRef.fieldPath: \"status.podIP\"",
+            ),
+            (
+                base(
+                    app,
+                    serde_json::json!({"initContainers": [{"name": "app", "image": "r.example/x:1"}]}),
+                ),
+                "spec.containers[0].name: \"app\" is used twice",
+            ),
+        ];
+        for (err, expected) in cases {
+            assert!(err.contains(expected), "{err}\n  expected: {expected}");
+        }
+    }
+}
