@@ -2,7 +2,8 @@
 //!
 //! It talks to containerd's gRPC API and the CRI socket directly. Modules:
 //! - [`runtime`]: connecting to containerd/CRI, with clear errors for bad sockets;
-//! - [`inventory`]: what the node has (images, pods, containers, host resources);
+//! - [`inventory`]: what the node has (images, pods with their owner, containers, host resources);
+//! - [`labels`]: kubelet's and Rigger's label keys on CRI objects;
 //! - [`render`]: the inventory as tables or JSON;
 //! - [`config`]: the `rigger-agent run` configuration (file, env, flags);
 //! - [`daemon`]: the long-running agent (health endpoints, readiness, shutdown);
@@ -13,6 +14,7 @@
 pub mod config;
 pub mod daemon;
 pub mod inventory;
+pub mod labels;
 pub mod link;
 pub mod progress;
 pub mod pull;

@@ -235,6 +235,7 @@ pub fn to_proto(inv: &Inventory) -> proto::NodeInventory {
                 created_at: timestamp(p.created_at.as_deref()),
                 attempt: p.attempt,
                 labels: p.labels.clone().into_iter().collect(),
+                owner: p.owner.as_str().to_owned(),
             })
             .collect(),
         containers: inv

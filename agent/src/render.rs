@@ -145,6 +145,7 @@ fn table(inv: &Inventory) -> String {
             vec![
                 p.namespace.clone(),
                 p.name.clone(),
+                p.owner.as_str().to_owned(),
                 p.state.clone(),
                 p.attempt.to_string(),
                 or_dash(p.created_at.as_deref()).to_owned(),
@@ -156,7 +157,15 @@ fn table(inv: &Inventory) -> String {
         out,
         "{}",
         list(
-            &["NAMESPACE", "NAME", "STATE", "ATTEMPT", "CREATED", "ID"],
+            &[
+                "NAMESPACE",
+                "NAME",
+                "OWNER",
+                "STATE",
+                "ATTEMPT",
+                "CREATED",
+                "ID"
+            ],
             rows
         )
     );

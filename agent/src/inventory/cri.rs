@@ -18,7 +18,7 @@ use crate::runtime::{CRI_NAMESPACE, Runtime, describe_status};
 
 const LABEL_POD_NAME: &str = "io.kubernetes.pod.name";
 const LABEL_POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
-const LABEL_POD_UID: &str = "io.kubernetes.pod.uid";
+const LABEL_POD_UID: &str = crate::labels::KUBELET_POD_UID;
 const LABEL_CONTAINER_NAME: &str = "io.kubernetes.container.name";
 const ANNOTATION_RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
 
@@ -66,6 +66,7 @@ pub(super) async fn collect(
         .map(|s| {
             let meta = s.metadata.unwrap_or_default();
             PodInfo {
+                owner: super::PodOwner::of(&s.labels),
                 namespace: label_or(&s.labels, LABEL_POD_NAMESPACE, meta.namespace),
                 name: label_or(&s.labels, LABEL_POD_NAME, meta.name),
                 uid: label_or(&s.labels, LABEL_POD_UID, meta.uid),

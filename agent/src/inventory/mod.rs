@@ -64,6 +64,9 @@ pub struct ImageInfo {
 #[derive(Debug, Clone, Serialize)]
 pub struct PodInfo {
     pub id: String,
+    /// Who runs the pod: kubelet, Rigger's agent, or neither (the agent never starts,
+    /// stops or restarts a pod it does not own).
+    pub owner: PodOwner,
     pub namespace: String,
     pub name: String,
     pub uid: String,
@@ -73,6 +76,37 @@ pub struct PodInfo {
     /// The sandbox's CRI labels: kubelet copies the pod's labels here.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PodOwner {
+    /// kubelet's labels (`io.kubernetes.pod.uid`).
+    Kubelet,
+    /// Rigger's labels (`rigger.dev/pod-uid`): an agent-managed pod.
+    Rigger,
+    /// Created by something else through CRI.
+    Unknown,
+}
+
+impl PodOwner {
+    pub fn of(labels: &std::collections::HashMap<String, String>) -> Self {
+        if labels.contains_key(crate::labels::POD_UID) {
+            Self::Rigger
+        } else if labels.contains_key(crate::labels::KUBELET_POD_UID) {
+            Self::Kubelet
+        } else {
+            Self::Unknown
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Kubelet => "kubelet",
+            Self::Rigger => "rigger",
+            Self::Unknown => "unknown",
+        }
+    }
 }
 
 /// A container: a CRI container (with its pod) or a plain containerd container.

@@ -27,7 +27,9 @@ pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(30);
 pub enum RegistryError {
     #[error("{image}: not found at {endpoints}")]
     NotFound { image: String, endpoints: String },
-    #[error("{image}: access denied by {endpoint} ({detail}); check the credentials (--docker-config, or the job's pullSecrets)")]
+    #[error(
+        "{image}: access denied by {endpoint} ({detail}); check the credentials (--docker-config, or the job's pullSecrets)"
+    )]
     Denied {
         image: String,
         endpoint: String,

@@ -88,6 +88,10 @@ fn cri_pod_and_container_are_reported_with_kubelet_names() {
     assert_eq!(reported_pod["name"], pod_name.as_str());
     assert_eq!(reported_pod["uid"], uid.as_str());
     assert_eq!(reported_pod["state"], "ready");
+    assert_eq!(
+        reported_pod["owner"], "kubelet",
+        "kubelet's labels make it kubelet's pod"
+    );
     assert!(reported_pod["created_at"].is_string());
 
     let containers = inventory["containers"].as_array().unwrap();
