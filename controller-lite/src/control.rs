@@ -322,7 +322,7 @@ impl ControlService {
             .get_or_insert_with(|| DEFAULT_NAMESPACE.to_owned())
             .clone();
         let what = format!("Pod {namespace}/{}", pod.metadata.name);
-        pod.validate().map_err(|e| refuse(&what, &e))?;
+        crate::objects::pod::validate(&pod).map_err(|e| refuse(&what, &e))?;
         let key = ObjectKey::new(crate::objects::pod::KIND, &namespace, &pod.metadata.name);
         let stored = self.store.get(key.clone()).await.map_err(store_status)?;
         let old = match &stored {

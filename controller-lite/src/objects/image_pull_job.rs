@@ -5,7 +5,10 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{API_VERSION, FieldError, IntOrPercent, KRUISE_API_VERSION, LabelSelector, ObjectMeta};
+use super::{
+    API_VERSION, FieldError, IntOrPercent, KRUISE_API_VERSION, LabelSelector, ObjectMeta,
+    ValidateMeta as _,
+};
 
 pub const KIND: &str = "ImagePullJob";
 

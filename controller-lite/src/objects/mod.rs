@@ -98,28 +98,16 @@ impl FieldError {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ObjectMeta {
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<String, String>,
-    /// Set by the controller.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub uid: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub creation_timestamp: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub generation: Option<u64>,
+pub use rigger_proto::pod::{IntOrName, ObjectMeta};
+
+/// Validation of the shared metadata type.
+pub trait ValidateMeta {
+    /// Names are DNS-1123 subdomains, as in Kubernetes.
+    fn validate(&self) -> Result<(), FieldError>;
 }
 
-impl ObjectMeta {
-    /// Names are DNS-1123 subdomains, as in Kubernetes.
-    pub fn validate(&self) -> Result<(), FieldError> {
+impl ValidateMeta for ObjectMeta {
+    fn validate(&self) -> Result<(), FieldError> {
         check_dns_subdomain(&self.name).map_err(|r| FieldError::new("metadata.name", r))?;
         if let Some(namespace) = &self.namespace {
             check_dns_subdomain(namespace).map_err(|r| FieldError::new("metadata.namespace", r))?;
@@ -256,16 +244,13 @@ impl LabelSelector {
     }
 }
 
-/// A port by number or by name (`8080` or `"http"`), as Kubernetes' `IntOrString`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum IntOrName {
-    Int(u16),
-    Name(String),
+/// Validation of ports by number or name.
+pub trait ValidatePort {
+    fn validate(&self, path: &str) -> Result<(), FieldError>;
 }
 
-impl IntOrName {
-    pub fn validate(&self, path: &str) -> Result<(), FieldError> {
+impl ValidatePort for IntOrName {
+    fn validate(&self, path: &str) -> Result<(), FieldError> {
         match self {
             Self::Int(0) => Err(FieldError::new(path, "must be 1-65535")),
             Self::Name(name)

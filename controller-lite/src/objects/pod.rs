@@ -3,258 +3,11 @@
 //! apply time with the field named, never silently ignored: host networking only (no CNI
 //! on plain hosts), `hostPath` and `emptyDir` volumes only.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 
-use serde::{Deserialize, Serialize};
+pub use rigger_proto::pod::*;
 
-use super::{FieldError, ObjectMeta, check_dns_subdomain};
-
-pub const KIND: &str = "Pod";
-pub const API_VERSION: &str = "v1";
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Pod {
-    pub api_version: String,
-    pub kind: String,
-    pub metadata: ObjectMeta,
-    pub spec: PodSpec,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<serde_json::Value>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct PodSpec {
-    /// The node; the controller sets it when only `nodeSelector` is given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_name: Option<String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub node_selector: BTreeMap<String, String>,
-    /// Must be true: the agent has no pod network (no CNI on plain hosts).
-    #[serde(default)]
-    pub host_network: bool,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub init_containers: Vec<Container>,
-    pub containers: Vec<Container>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub volumes: Vec<Volume>,
-    #[serde(default)]
-    pub restart_policy: RestartPolicy,
-    /// Seconds between SIGTERM and SIGKILL [default: 30].
-    #[serde(default = "default_grace", skip_serializing_if = "is_default_grace")]
-    pub termination_grace_period_seconds: u64,
-}
-
-fn default_grace() -> u64 {
-    30
-}
-
-#[allow(clippy::trivially_copy_pass_by_ref)] // serde's signature
-fn is_default_grace(value: &u64) -> bool {
-    *value == default_grace()
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum RestartPolicy {
-    #[default]
-    Always,
-    OnFailure,
-    Never,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Container {
-    pub name: String,
-    pub image: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image_pull_policy: Option<super::image_pull_job::ImagePullPolicy>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub command: Vec<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub args: Vec<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub env: Vec<EnvVar>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub working_dir: Option<String>,
-    /// Informational with host networking (the container binds the host's ports).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub ports: Vec<ContainerPort>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub volume_mounts: Vec<VolumeMount>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resources: Option<Resources>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lifecycle: Option<Lifecycle>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub readiness_probe: Option<Probe>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub liveness_probe: Option<Probe>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub startup_probe: Option<Probe>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ContainerPort {
-    pub container_port: u16,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub protocol: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct EnvVar {
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub value: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub value_from: Option<EnvVarSource>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct EnvVarSource {
-    pub field_ref: FieldRef,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct FieldRef {
-    pub field_path: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub api_version: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct VolumeMount {
-    pub name: String,
-    pub mount_path: String,
-    #[serde(default)]
-    pub read_only: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Volume {
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_path: Option<HostPathVolume>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub empty_dir: Option<EmptyDirVolume>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct HostPathVolume {
-    pub path: String,
-    /// "", Directory, DirectoryOrCreate, File, FileOrCreate.
-    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct EmptyDirVolume {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub size_limit: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Resources {
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub limits: BTreeMap<String, String>,
-    /// Accepted for compatibility; limits are what the agent enforces.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub requests: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Lifecycle {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub post_start: Option<Handler>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pre_stop: Option<Handler>,
-}
-
-/// One of exec, httpGet, tcpSocket (exactly one).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Handler {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exec: Option<ExecAction>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub http_get: Option<HttpGetAction>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tcp_socket: Option<TcpSocketAction>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ExecAction {
-    pub command: Vec<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct HttpGetAction {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub path: Option<String>,
-    pub port: super::IntOrName,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
-    /// HTTP or HTTPS [default: HTTP].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scheme: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub http_headers: Vec<HttpHeader>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HttpHeader {
-    pub name: String,
-    pub value: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct TcpSocketAction {
-    pub port: super::IntOrName,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Probe {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exec: Option<ExecAction>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub http_get: Option<HttpGetAction>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tcp_socket: Option<TcpSocketAction>,
-    #[serde(default)]
-    pub initial_delay_seconds: u32,
-    /// [default: 10]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub period_seconds: Option<u32>,
-    /// [default: 1]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout_seconds: Option<u32>,
-    /// [default: 1]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub success_threshold: Option<u32>,
-    /// [default: 3]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failure_threshold: Option<u32>,
-}
+use super::{FieldError, ValidateMeta as _, ValidatePort as _, check_dns_subdomain};
 
 /// `fieldRef` paths the agent can resolve (Kubernetes' downward API, metadata part).
 const FIELD_PATHS: [&str; 4] = [
@@ -264,158 +17,124 @@ const FIELD_PATHS: [&str; 4] = [
     "spec.nodeName",
 ];
 
-/// CPU as Kubernetes writes it (`500m`, `2`, `0.5`), in millicores.
-pub fn parse_cpu(text: &str) -> Option<u64> {
-    if let Some(milli) = text.strip_suffix('m') {
-        return milli.parse::<u64>().ok().filter(|m| *m > 0);
+/// Refuse what the agent cannot run, naming the field.
+pub fn validate(pod: &Pod) -> Result<(), FieldError> {
+    if pod.api_version != API_VERSION {
+        return Err(FieldError::new(
+            "apiVersion",
+            format!("{:?}: expected {API_VERSION}", pod.api_version),
+        ));
     }
-    let cores: f64 = text.parse().ok()?;
-    let milli = (cores * 1000.0).round();
-    (1.0..1e15).contains(&milli).then_some(milli as u64)
-}
-
-/// Memory as Kubernetes writes it (`128Mi`, `1G`, `1048576`), in bytes.
-pub fn parse_memory(text: &str) -> Option<u64> {
-    const SUFFIXES: [(&str, u64); 10] = [
-        ("Ki", 1 << 10),
-        ("Mi", 1 << 20),
-        ("Gi", 1 << 30),
-        ("Ti", 1 << 40),
-        ("Pi", 1 << 50),
-        ("k", 1_000),
-        ("M", 1_000_000),
-        ("G", 1_000_000_000),
-        ("T", 1_000_000_000_000),
-        ("P", 1_000_000_000_000_000),
-    ];
-    let (number, unit) = SUFFIXES
-        .iter()
-        .find_map(|(suffix, unit)| text.strip_suffix(suffix).map(|n| (n, *unit)))
-        .unwrap_or((text, 1));
-    number
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(unit))
-        .filter(|b| *b > 0)
-}
-
-impl Pod {
-    /// Refuse what the agent cannot run, naming the field.
-    pub fn validate(&self) -> Result<(), FieldError> {
-        if self.api_version != API_VERSION {
+    pod.metadata.validate()?;
+    let spec = &pod.spec;
+    if !spec.host_network {
+        return Err(FieldError::new(
+            "spec.hostNetwork",
+            "must be true: the agent runs pods in the host's network (no pod network on plain hosts)",
+        ));
+    }
+    if let Some(node) = &spec.node_name {
+        rigger_proto::check_node_name(node).map_err(|_| {
+            FieldError::new("spec.nodeName", format!("{node:?} is not a node name"))
+        })?;
+    }
+    if spec.containers.is_empty() {
+        return Err(FieldError::new(
+            "spec.containers",
+            "at least one container is required",
+        ));
+    }
+    let mut volumes = HashSet::new();
+    for (i, volume) in spec.volumes.iter().enumerate() {
+        let at = format!("spec.volumes[{i}]");
+        check_dns_label(&volume.name).map_err(|r| FieldError::new(format!("{at}.name"), r))?;
+        if !volumes.insert(volume.name.as_str()) {
             return Err(FieldError::new(
-                "apiVersion",
-                format!("{:?}: expected {API_VERSION}", self.api_version),
+                format!("{at}.name"),
+                format!("{:?} is used twice", volume.name),
             ));
         }
-        self.metadata.validate()?;
-        let spec = &self.spec;
-        if !spec.host_network {
-            return Err(FieldError::new(
-                "spec.hostNetwork",
-                "must be true: the agent runs pods in the host's network (no pod network on plain hosts)",
-            ));
-        }
-        if let Some(node) = &spec.node_name {
-            rigger_proto::check_node_name(node).map_err(|_| {
-                FieldError::new("spec.nodeName", format!("{node:?} is not a node name"))
-            })?;
-        }
-        if spec.containers.is_empty() {
-            return Err(FieldError::new(
-                "spec.containers",
-                "at least one container is required",
-            ));
-        }
-        let mut volumes = HashSet::new();
-        for (i, volume) in spec.volumes.iter().enumerate() {
-            let at = format!("spec.volumes[{i}]");
-            check_dns_label(&volume.name).map_err(|r| FieldError::new(format!("{at}.name"), r))?;
-            if !volumes.insert(volume.name.as_str()) {
-                return Err(FieldError::new(
-                    format!("{at}.name"),
-                    format!("{:?} is used twice", volume.name),
-                ));
-            }
-            match (&volume.host_path, &volume.empty_dir) {
-                (Some(host), None) => {
-                    if !host.path.starts_with('/') {
-                        return Err(FieldError::new(
-                            format!("{at}.hostPath.path"),
-                            "must be an absolute path",
-                        ));
-                    }
-                    let kinds = ["", "Directory", "DirectoryOrCreate", "File", "FileOrCreate"];
-                    if let Some(kind) = &host.kind
-                        && !kinds.contains(&kind.as_str())
-                    {
-                        return Err(FieldError::new(
-                            format!("{at}.hostPath.type"),
-                            format!(
-                                "{kind:?}: supported are Directory, DirectoryOrCreate, File, FileOrCreate"
-                            ),
-                        ));
-                    }
-                }
-                (None, Some(empty)) => {
-                    if let Some(limit) = &empty.size_limit
-                        && parse_memory(limit).is_none()
-                    {
-                        return Err(FieldError::new(
-                            format!("{at}.emptyDir.sizeLimit"),
-                            format!("{limit:?} is not a quantity like 1Gi"),
-                        ));
-                    }
-                }
-                _ => {
+        match (&volume.host_path, &volume.empty_dir) {
+            (Some(host), None) => {
+                if !host.path.starts_with('/') {
                     return Err(FieldError::new(
-                        at,
-                        "exactly one of hostPath and emptyDir (the volume types the agent supports)",
+                        format!("{at}.hostPath.path"),
+                        "must be an absolute path",
+                    ));
+                }
+                let kinds = ["", "Directory", "DirectoryOrCreate", "File", "FileOrCreate"];
+                if let Some(kind) = &host.kind
+                    && !kinds.contains(&kind.as_str())
+                {
+                    return Err(FieldError::new(
+                        format!("{at}.hostPath.type"),
+                        format!(
+                            "{kind:?}: supported are Directory, DirectoryOrCreate, File, FileOrCreate"
+                        ),
                     ));
                 }
             }
-        }
-        let mut names = HashSet::new();
-        let all = spec
-            .init_containers
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (format!("spec.initContainers[{i}]"), c, true))
-            .chain(
-                spec.containers
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| (format!("spec.containers[{i}]"), c, false)),
-            );
-        for (at, container, init) in all {
-            check_dns_label(&container.name)
-                .map_err(|r| FieldError::new(format!("{at}.name"), r))?;
-            if !names.insert(container.name.as_str()) {
+            (None, Some(empty)) => {
+                if let Some(limit) = &empty.size_limit
+                    && parse_memory(limit).is_none()
+                {
+                    return Err(FieldError::new(
+                        format!("{at}.emptyDir.sizeLimit"),
+                        format!("{limit:?} is not a quantity like 1Gi"),
+                    ));
+                }
+            }
+            _ => {
                 return Err(FieldError::new(
-                    format!("{at}.name"),
-                    format!("{:?} is used twice", container.name),
+                    at,
+                    "exactly one of hostPath and emptyDir (the volume types the agent supports)",
                 ));
             }
-            container.validate(&at, init, &volumes)?;
         }
-        Ok(())
     }
+    let mut names = HashSet::new();
+    let all = spec
+        .init_containers
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (format!("spec.initContainers[{i}]"), c, true))
+        .chain(
+            spec.containers
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (format!("spec.containers[{i}]"), c, false)),
+        );
+    for (at, container, init) in all {
+        check_dns_label(&container.name).map_err(|r| FieldError::new(format!("{at}.name"), r))?;
+        if !names.insert(container.name.as_str()) {
+            return Err(FieldError::new(
+                format!("{at}.name"),
+                format!("{:?} is used twice", container.name),
+            ));
+        }
+        validate_container(container, &at, init, &volumes)?;
+    }
+    Ok(())
 }
 
-impl Container {
-    fn validate(&self, at: &str, init: bool, volumes: &HashSet<&str>) -> Result<(), FieldError> {
-        if self.image.trim().is_empty() {
+fn validate_container(
+    container: &Container,
+    at: &str,
+    init: bool,
+    volumes: &HashSet<&str>,
+) -> Result<(), FieldError> {
+    {
+        if container.image.trim().is_empty() {
             return Err(FieldError::new(format!("{at}.image"), "is required"));
         }
-        <oci_spec::distribution::Reference as std::str::FromStr>::from_str(&self.image).map_err(
-            |e| {
+        <oci_spec::distribution::Reference as std::str::FromStr>::from_str(&container.image)
+            .map_err(|e| {
                 FieldError::new(
                     format!("{at}.image"),
-                    format!("{:?} is not an image reference: {e}", self.image),
+                    format!("{:?} is not an image reference: {e}", container.image),
                 )
-            },
-        )?;
-        if let Some(dir) = &self.working_dir
+            })?;
+        if let Some(dir) = &container.working_dir
             && !dir.starts_with('/')
         {
             return Err(FieldError::new(
@@ -423,7 +142,7 @@ impl Container {
                 "must be an absolute path",
             ));
         }
-        for (i, env) in self.env.iter().enumerate() {
+        for (i, env) in container.env.iter().enumerate() {
             let here = format!("{at}.env[{i}]");
             if env.name.is_empty() || env.name.contains('=') {
                 return Err(FieldError::new(
@@ -456,7 +175,7 @@ impl Container {
                 _ => {}
             }
         }
-        for (i, mount) in self.volume_mounts.iter().enumerate() {
+        for (i, mount) in container.volume_mounts.iter().enumerate() {
             let here = format!("{at}.volumeMounts[{i}]");
             if !volumes.contains(mount.name.as_str()) {
                 return Err(FieldError::new(
@@ -471,7 +190,7 @@ impl Container {
                 ));
             }
         }
-        if let Some(resources) = &self.resources {
+        if let Some(resources) = &container.resources {
             for (section, values) in [
                 ("limits", &resources.limits),
                 ("requests", &resources.requests),
@@ -497,7 +216,7 @@ impl Container {
                 }
             }
         }
-        if let Some(lifecycle) = &self.lifecycle {
+        if let Some(lifecycle) = &container.lifecycle {
             if init {
                 return Err(FieldError::new(
                     format!("{at}.lifecycle"),
@@ -519,9 +238,9 @@ impl Container {
             }
         }
         for (name, probe) in [
-            ("readinessProbe", &self.readiness_probe),
-            ("livenessProbe", &self.liveness_probe),
-            ("startupProbe", &self.startup_probe),
+            ("readinessProbe", &container.readiness_probe),
+            ("livenessProbe", &container.liveness_probe),
+            ("startupProbe", &container.startup_probe),
         ] {
             let Some(probe) = probe else { continue };
             let here = format!("{at}.{name}");
@@ -620,7 +339,7 @@ mod tests {
             "spec": spec,
         });
         let pod: Pod = serde_json::from_value(value).map_err(|e| e.to_string())?;
-        pod.validate().map_err(|e| e.to_string())?;
+        validate(&pod).map_err(|e| e.to_string())?;
         Ok(pod)
     }
 
