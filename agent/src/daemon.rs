@@ -39,6 +39,8 @@ pub enum DaemonError {
     Serve(std::io::Error),
     #[error(transparent)]
     Tasks(#[from] crate::tasks::TaskError),
+    #[error(transparent)]
+    Pods(#[from] crate::pods::PodError),
 }
 
 /// The latest inventory, shared by the refresher, the HTTP endpoint and the link.
@@ -57,6 +59,18 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
         &config.state_dir,
         config.containerd_address(),
         &config.pull,
+        token.child_token(),
+    )?;
+    let pods = crate::pods::PodRunner::start(
+        &config.state_dir,
+        config.containerd_address(),
+        &crate::pull::PullOptions {
+            hosts_dir: config.pull.registry_config.clone(),
+            spool_dir: config.state_dir.join("spool"),
+            max_connections: config.pull.max_connections,
+            limit_rate: config.pull.limit_rate,
+            ..crate::pull::PullOptions::default()
+        },
         token.child_token(),
     )?;
     let listener = tokio::net::TcpListener::bind(config.health_listen)
@@ -105,6 +119,7 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
             link,
             shared.clone(),
             tasks.clone(),
+            pods.clone(),
             token.clone(),
         ))
     });

@@ -14,3 +14,8 @@ pub const POD_NAMESPACE: &str = "rigger.dev/pod-namespace";
 pub const CONTAINER_NAME: &str = "rigger.dev/container-name";
 /// On containers: a hash of the container's spec, to tell a changed spec from a restart.
 pub const SPEC_HASH: &str = "rigger.dev/spec-hash";
+/// On everything the agent creates, for CRI's label filters.
+pub const MANAGED: &str = "rigger.dev/managed";
+/// On sandboxes: the pod's grace period, so a pod removed while the agent was away is
+/// still stopped with its own grace.
+pub const GRACE_SECONDS: &str = "rigger.dev/termination-grace-seconds";

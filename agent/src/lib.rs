@@ -9,6 +9,7 @@
 //! - [`daemon`]: the long-running agent (health endpoints, readiness, shutdown);
 //! - [`link`]: the agent's stream to the controller (register, heartbeats, tasks);
 //! - [`tasks`]: the controller's work on this node, persisted, run once, reported;
+//! - [`pods`]: agent-managed pods, run through CRI, adopted after a restart;
 //! - [`pull`]: the image pull engine (registry → containerd content, snapshots, images).
 
 pub mod config;
@@ -16,6 +17,7 @@ pub mod daemon;
 pub mod inventory;
 pub mod labels;
 pub mod link;
+pub mod pods;
 pub mod progress;
 pub mod pull;
 pub mod render;

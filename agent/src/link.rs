@@ -17,6 +17,7 @@ use tonic::transport::Endpoint;
 
 use crate::daemon::SharedInventory;
 use crate::inventory::Inventory;
+use crate::pods::PodRunner;
 use crate::tasks::TaskRunner;
 use rigger_daemon::backoff::Backoff;
 
@@ -39,6 +40,7 @@ pub async fn maintain(
     config: LinkConfig,
     inventory: SharedInventory,
     tasks: TaskRunner,
+    pods: PodRunner,
     token: CancellationToken,
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
@@ -53,7 +55,7 @@ pub async fn maintain(
         };
         let outcome = tokio::select! {
             _ = token.cancelled() => return,
-            outcome = session(controller, &config, &inventory, &tasks) => outcome,
+            outcome = session(controller, &config, &inventory, &tasks, &pods) => outcome,
         };
         // The next attempt goes to the next replica (a follower refuses agents).
         next += 1;
@@ -78,6 +80,7 @@ async fn session(
     config: &LinkConfig,
     inventory: &SharedInventory,
     tasks: &TaskRunner,
+    pods: &PodRunner,
 ) -> Result<(), String> {
     let channel = controller.connect().await.map_err(|e| {
         format!(
@@ -90,6 +93,9 @@ async fn session(
     let (mut sent_at, current) = snapshot(inventory).await;
     let mut changes = tasks.subscribe();
     let mut reported = *changes.borrow_and_update();
+    let mut pod_changes = pods.subscribe();
+    // Every pod status goes to a new session (below): the controller may have missed some.
+    let mut pods_reported;
     let register = AgentMessage {
         message: Some(agent_message::Message::Register(Register {
             node_name: config.node_name.clone(),
@@ -120,6 +126,16 @@ async fn session(
     };
     tracing::info!(controller = %controller.uri(), heartbeat = ?interval, "registered with the controller");
 
+    pods_reported = *pod_changes.borrow_and_update();
+    for status in pods.statuses_since(0) {
+        let report = AgentMessage {
+            message: Some(agent_message::Message::PodStatus(status)),
+        };
+        tx.send(report)
+            .await
+            .map_err(|_| "link closed".to_owned())?;
+    }
+
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sequence = 0u64;
@@ -147,6 +163,7 @@ async fn session(
                     Some(controller_message::Message::CancelTask(cancel)) => {
                         tasks.cancel(&cancel.id, &cancel.reason);
                     }
+                    Some(controller_message::Message::Pods(set)) => pods.set_desired(set.pods),
                     Some(controller_message::Message::RegisterAck(_)) | None => {}
                 },
                 Ok(None) => return Ok(()),
@@ -166,6 +183,19 @@ async fn session(
                 reported = now;
                 // Coalesce: progress of a fast pull changes many times a second.
                 tokio::time::sleep(REPORT_INTERVAL).await;
+            }
+            changed = pod_changes.changed() => {
+                if changed.is_err() {
+                    return Err("the pod runner stopped".to_owned());
+                }
+                let now = *pod_changes.borrow_and_update();
+                for status in pods.statuses_since(pods_reported) {
+                    let report = AgentMessage {
+                        message: Some(agent_message::Message::PodStatus(status)),
+                    };
+                    tx.send(report).await.map_err(|_| "link closed".to_owned())?;
+                }
+                pods_reported = now;
             }
         }
     }

@@ -24,6 +24,7 @@ use crate::objects::image_pull_job::{ImagePullJob, ImagePullJobStatus};
 use crate::objects::pod::Pod;
 use crate::objects::secret::Secret;
 use crate::objects::{DEFAULT_NAMESPACE, FieldError, Kind, ObjectMeta};
+use crate::pods::PodSync;
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
 
 /// Largest object accepted (a job or secret is a few kilobytes).
@@ -34,6 +35,7 @@ pub struct ControlService {
     store: Store,
     nodes: NodeRegistry,
     jobs: JobEngine,
+    pods: PodSync,
     users: UserAuth,
     leadership: Leadership,
     node_timeout: Duration,
@@ -44,6 +46,7 @@ impl ControlService {
         store: Store,
         nodes: NodeRegistry,
         jobs: JobEngine,
+        pods: PodSync,
         users: UserAuth,
         leadership: Leadership,
         node_timeout: Duration,
@@ -52,6 +55,7 @@ impl ControlService {
             store,
             nodes,
             jobs,
+            pods,
             users,
             leadership,
             node_timeout,
@@ -373,6 +377,9 @@ impl ControlService {
                 .await
                 .map_err(store_status)?;
             tracing::info!(pod = %what, node = ?pod.spec.node_name, outcome, "pod applied");
+            if let Some(node) = &pod.spec.node_name {
+                self.pods.send_to(node).await;
+            }
         }
         Ok(ApplyResponse {
             object: Some(Object {
@@ -443,7 +450,21 @@ impl ControlService {
                     .map_err(|e| Status::internal(format!("{}: unreadable: {e}", stored.key)))?;
                 to_json(&secret.redacted())?
             }
-            Kind::Pod | Kind::Node => String::from_utf8_lossy(&stored.object).into_owned(),
+            Kind::Pod => {
+                let mut pod: serde_json::Value = serde_json::from_slice(&stored.object)
+                    .map_err(|e| Status::internal(format!("{}: unreadable: {e}", stored.key)))?;
+                if let Some(status) = self
+                    .store
+                    .get(crate::pods::status_key(&stored.key))
+                    .await
+                    .map_err(store_status)?
+                    .and_then(|s| serde_json::from_slice::<serde_json::Value>(&s.object).ok())
+                {
+                    pod["status"] = status;
+                }
+                pod.to_string()
+            }
+            Kind::Node => String::from_utf8_lossy(&stored.object).into_owned(),
         };
         Ok(Object {
             json,
@@ -586,11 +607,29 @@ impl Control for ControlService {
             namespace_or_default(&request.namespace),
             &request.name,
         );
+        // A pod's node is told once it is gone, so its agent stops it.
+        let pod_node = match kind {
+            Kind::Pod => self
+                .store
+                .get(key.clone())
+                .await
+                .map_err(store_status)?
+                .and_then(|s| serde_json::from_slice::<Pod>(&s.object).ok())
+                .and_then(|p| p.spec.node_name),
+            _ => None,
+        };
         self.store
             .delete(key.clone(), Precondition::Any)
             .await
             .map_err(store_status)?;
         tracing::info!(object = %key, %user, "deleted");
+        if let Some(node) = pod_node {
+            let _ = self
+                .store
+                .delete(crate::pods::status_key(&key), Precondition::Any)
+                .await;
+            self.pods.send_to(&node).await;
+        }
         if kind == Kind::ImagePullJob {
             self.jobs.wake();
         }

@@ -8,6 +8,7 @@
 //! - [`nodes`]: the registry of nodes, fed by agents' registrations and heartbeats;
 //! - [`link`]: the agent link (`rigger.v1.AgentLink`), one stream per agent;
 //! - [`jobs`]: the ImagePullJob engine (who pulls when, status from reports);
+//! - [`pods`]: agent-managed pods: each node's set to its agent, statuses back;
 //! - [`control`]: the user API (`rigger.v1.Control`) that riggerctl speaks;
 //! - [`objects`]: the kinds users apply (ImagePullJob, ...) and their validation;
 //! - [`store`]: the object store (embedded redb, or etcd), conditional writes by revision;
@@ -23,6 +24,7 @@ pub mod leader;
 pub mod link;
 pub mod nodes;
 pub mod objects;
+pub mod pods;
 pub mod server;
 pub mod store;
 

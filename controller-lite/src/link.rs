@@ -22,6 +22,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::jobs::JobEngine;
 use crate::leader::Leadership;
 use crate::nodes::{NodeRegistry, SessionId};
+use crate::pods::PodSync;
 
 /// Messages queued for one agent before the engine holds back (and offers them again).
 const AGENT_QUEUE: usize = 64;
@@ -30,6 +31,7 @@ const AGENT_QUEUE: usize = 64;
 pub struct AgentLinkService {
     nodes: NodeRegistry,
     jobs: JobEngine,
+    pods: PodSync,
     leadership: Leadership,
     /// Agents must present a client certificate valid for the node they register.
     mtls: bool,
@@ -40,9 +42,11 @@ pub struct AgentLinkService {
 }
 
 impl AgentLinkService {
+    #[allow(clippy::too_many_arguments)] // the link's collaborators, each used once
     pub fn new(
         nodes: NodeRegistry,
         jobs: JobEngine,
+        pods: PodSync,
         leadership: Leadership,
         mtls: bool,
         heartbeat_interval: Duration,
@@ -52,6 +56,7 @@ impl AgentLinkService {
         Self {
             nodes,
             jobs,
+            pods,
             leadership,
             mtls,
             heartbeat_interval,
@@ -122,6 +127,10 @@ impl AgentLink for AgentLinkService {
             .register(&register, session, tx.clone(), SystemTime::now());
         tracing::info!(%node, %peer, session, agent_version = %register.agent_version, tasks = register.tasks.len(), "agent registered");
         self.jobs.node_connected(&node, register.tasks);
+        {
+            let (pods, node) = (self.pods.clone(), node.clone());
+            tokio::spawn(async move { pods.send_to(&node).await });
+        }
 
         let this = self.clone();
         tokio::spawn(async move {
@@ -173,6 +182,9 @@ impl AgentLinkService {
                 }
                 Some(agent_message::Message::TaskStatus(status)) => {
                     self.jobs.report(node, status);
+                }
+                Some(agent_message::Message::PodStatus(status)) => {
+                    self.pods.report(node, status).await;
                 }
                 Some(agent_message::Message::Register(_)) => {
                     return Err(Status::invalid_argument("Register sent twice"));

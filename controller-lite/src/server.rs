@@ -127,9 +127,11 @@ pub async fn run(
     };
     let nodes = NodeRegistry::default();
     let jobs = JobEngine::new(store.clone(), nodes.clone(), config.node_timeout);
+    let pods = crate::pods::PodSync::new(store.clone(), nodes.clone());
     let link = AgentLinkService::new(
         nodes.clone(),
         jobs.clone(),
+        pods.clone(),
         leadership.clone(),
         tls.is_some(),
         config.heartbeat_interval,
@@ -140,6 +142,7 @@ pub async fn run(
         store,
         nodes,
         jobs.clone(),
+        pods,
         users.clone(),
         leadership.clone(),
         config.node_timeout,

@@ -123,158 +123,157 @@ fn validate_container(
     init: bool,
     volumes: &HashSet<&str>,
 ) -> Result<(), FieldError> {
+    if container.image.trim().is_empty() {
+        return Err(FieldError::new(format!("{at}.image"), "is required"));
+    }
+    <oci_spec::distribution::Reference as std::str::FromStr>::from_str(&container.image).map_err(
+        |e| {
+            FieldError::new(
+                format!("{at}.image"),
+                format!("{:?} is not an image reference: {e}", container.image),
+            )
+        },
+    )?;
+    if let Some(dir) = &container.working_dir
+        && !dir.starts_with('/')
     {
-        if container.image.trim().is_empty() {
-            return Err(FieldError::new(format!("{at}.image"), "is required"));
-        }
-        <oci_spec::distribution::Reference as std::str::FromStr>::from_str(&container.image)
-            .map_err(|e| {
-                FieldError::new(
-                    format!("{at}.image"),
-                    format!("{:?} is not an image reference: {e}", container.image),
-                )
-            })?;
-        if let Some(dir) = &container.working_dir
-            && !dir.starts_with('/')
-        {
+        return Err(FieldError::new(
+            format!("{at}.workingDir"),
+            "must be an absolute path",
+        ));
+    }
+    for (i, env) in container.env.iter().enumerate() {
+        let here = format!("{at}.env[{i}]");
+        if env.name.is_empty() || env.name.contains('=') {
             return Err(FieldError::new(
-                format!("{at}.workingDir"),
+                format!("{here}.name"),
+                format!("{:?} is not a variable name", env.name),
+            ));
+        }
+        match (&env.value, &env.value_from) {
+            (Some(_), Some(_)) => {
+                return Err(FieldError::new(
+                    here,
+                    "value and valueFrom are mutually exclusive",
+                ));
+            }
+            (None, Some(from)) => {
+                let path = &from.field_ref.field_path;
+                let labelled = (path.starts_with("metadata.labels['")
+                    || path.starts_with("metadata.annotations['"))
+                    && path.ends_with("']");
+                if !(FIELD_PATHS.contains(&path.as_str()) || labelled) {
+                    return Err(FieldError::new(
+                        format!("{here}.valueFrom.fieldRef.fieldPath"),
+                        format!(
+                            "{path:?}: supported are {}, metadata.labels['KEY'] and metadata.annotations['KEY']",
+                            FIELD_PATHS.join(", ")
+                        ),
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    for (i, mount) in container.volume_mounts.iter().enumerate() {
+        let here = format!("{at}.volumeMounts[{i}]");
+        if !volumes.contains(mount.name.as_str()) {
+            return Err(FieldError::new(
+                format!("{here}.name"),
+                format!("no volume named {:?}", mount.name),
+            ));
+        }
+        if !mount.mount_path.starts_with('/') {
+            return Err(FieldError::new(
+                format!("{here}.mountPath"),
                 "must be an absolute path",
             ));
         }
-        for (i, env) in container.env.iter().enumerate() {
-            let here = format!("{at}.env[{i}]");
-            if env.name.is_empty() || env.name.contains('=') {
-                return Err(FieldError::new(
-                    format!("{here}.name"),
-                    format!("{:?} is not a variable name", env.name),
-                ));
-            }
-            match (&env.value, &env.value_from) {
-                (Some(_), Some(_)) => {
-                    return Err(FieldError::new(
-                        here,
-                        "value and valueFrom are mutually exclusive",
-                    ));
-                }
-                (None, Some(from)) => {
-                    let path = &from.field_ref.field_path;
-                    let labelled = (path.starts_with("metadata.labels['")
-                        || path.starts_with("metadata.annotations['"))
-                        && path.ends_with("']");
-                    if !(FIELD_PATHS.contains(&path.as_str()) || labelled) {
-                        return Err(FieldError::new(
-                            format!("{here}.valueFrom.fieldRef.fieldPath"),
-                            format!(
-                                "{path:?}: supported are {}, metadata.labels['KEY'] and metadata.annotations['KEY']",
-                                FIELD_PATHS.join(", ")
-                            ),
-                        ));
-                    }
-                }
-                _ => {}
-            }
-        }
-        for (i, mount) in container.volume_mounts.iter().enumerate() {
-            let here = format!("{at}.volumeMounts[{i}]");
-            if !volumes.contains(mount.name.as_str()) {
-                return Err(FieldError::new(
-                    format!("{here}.name"),
-                    format!("no volume named {:?}", mount.name),
-                ));
-            }
-            if !mount.mount_path.starts_with('/') {
-                return Err(FieldError::new(
-                    format!("{here}.mountPath"),
-                    "must be an absolute path",
-                ));
-            }
-        }
-        if let Some(resources) = &container.resources {
-            for (section, values) in [
-                ("limits", &resources.limits),
-                ("requests", &resources.requests),
-            ] {
-                for (name, value) in values {
-                    let here = format!("{at}.resources.{section}.{name}");
-                    let ok = match name.as_str() {
-                        "cpu" => parse_cpu(value).is_some(),
-                        "memory" => parse_memory(value).is_some(),
-                        _ => {
-                            return Err(FieldError::new(
-                                here,
-                                "supported resources are cpu and memory",
-                            ));
-                        }
-                    };
-                    if !ok {
+    }
+    if let Some(resources) = &container.resources {
+        for (section, values) in [
+            ("limits", &resources.limits),
+            ("requests", &resources.requests),
+        ] {
+            for (name, value) in values {
+                let here = format!("{at}.resources.{section}.{name}");
+                let ok = match name.as_str() {
+                    "cpu" => parse_cpu(value).is_some(),
+                    "memory" => parse_memory(value).is_some(),
+                    _ => {
                         return Err(FieldError::new(
                             here,
-                            format!("{value:?} is not a quantity"),
+                            "supported resources are cpu and memory",
                         ));
                     }
-                }
-            }
-        }
-        if let Some(lifecycle) = &container.lifecycle {
-            if init {
-                return Err(FieldError::new(
-                    format!("{at}.lifecycle"),
-                    "init containers have no lifecycle hooks",
-                ));
-            }
-            for (name, handler) in [
-                ("postStart", &lifecycle.post_start),
-                ("preStop", &lifecycle.pre_stop),
-            ] {
-                if let Some(handler) = handler {
-                    check_handler(
-                        &format!("{at}.lifecycle.{name}"),
-                        handler.exec.as_ref(),
-                        handler.http_get.as_ref(),
-                        handler.tcp_socket.as_ref(),
-                    )?;
-                }
-            }
-        }
-        for (name, probe) in [
-            ("readinessProbe", &container.readiness_probe),
-            ("livenessProbe", &container.liveness_probe),
-            ("startupProbe", &container.startup_probe),
-        ] {
-            let Some(probe) = probe else { continue };
-            let here = format!("{at}.{name}");
-            if init {
-                return Err(FieldError::new(here, "init containers have no probes"));
-            }
-            check_handler(
-                &here,
-                probe.exec.as_ref(),
-                probe.http_get.as_ref(),
-                probe.tcp_socket.as_ref(),
-            )?;
-            for (field, value) in [
-                ("periodSeconds", probe.period_seconds),
-                ("timeoutSeconds", probe.timeout_seconds),
-                ("successThreshold", probe.success_threshold),
-                ("failureThreshold", probe.failure_threshold),
-            ] {
-                if value == Some(0) {
+                };
+                if !ok {
                     return Err(FieldError::new(
-                        format!("{here}.{field}"),
-                        "must be at least 1",
+                        here,
+                        format!("{value:?} is not a quantity"),
                     ));
                 }
             }
-            if name != "readinessProbe" && probe.success_threshold.is_some_and(|t| t != 1) {
+        }
+    }
+    if let Some(lifecycle) = &container.lifecycle {
+        if init {
+            return Err(FieldError::new(
+                format!("{at}.lifecycle"),
+                "init containers have no lifecycle hooks",
+            ));
+        }
+        for (name, handler) in [
+            ("postStart", &lifecycle.post_start),
+            ("preStop", &lifecycle.pre_stop),
+        ] {
+            if let Some(handler) = handler {
+                check_handler(
+                    &format!("{at}.lifecycle.{name}"),
+                    handler.exec.as_ref(),
+                    handler.http_get.as_ref(),
+                    handler.tcp_socket.as_ref(),
+                )?;
+            }
+        }
+    }
+    for (name, probe) in [
+        ("readinessProbe", &container.readiness_probe),
+        ("livenessProbe", &container.liveness_probe),
+        ("startupProbe", &container.startup_probe),
+    ] {
+        let Some(probe) = probe else { continue };
+        let here = format!("{at}.{name}");
+        if init {
+            return Err(FieldError::new(here, "init containers have no probes"));
+        }
+        check_handler(
+            &here,
+            probe.exec.as_ref(),
+            probe.http_get.as_ref(),
+            probe.tcp_socket.as_ref(),
+        )?;
+        for (field, value) in [
+            ("periodSeconds", probe.period_seconds),
+            ("timeoutSeconds", probe.timeout_seconds),
+            ("successThreshold", probe.success_threshold),
+            ("failureThreshold", probe.failure_threshold),
+        ] {
+            if value == Some(0) {
                 return Err(FieldError::new(
-                    format!("{here}.successThreshold"),
-                    "must be 1 for liveness and startup probes",
+                    format!("{here}.{field}"),
+                    "must be at least 1",
                 ));
             }
         }
-        Ok(())
+        if name != "readinessProbe" && probe.success_threshold.is_some_and(|t| t != 1) {
+            return Err(FieldError::new(
+                format!("{here}.successThreshold"),
+                "must be 1 for liveness and startup probes",
+            ));
+        }
     }
+    Ok(())
 }
 
 fn check_handler(

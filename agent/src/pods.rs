@@ -1,0 +1,695 @@
+//! Agent-managed pods: the node side of `kind: Pod` on hosts without kubelet.
+//!
+//! The controller sends the full set of pods placed on this node; the set is persisted
+//! under `<state_dir>/pods/desired.json`, and a reconcile loop makes CRI match it: one
+//! host-network sandbox per pod, init containers in order, then the containers,
+//! restarted by the pod's `restartPolicy` with kubelet's back-off (10 s doubling to
+//! 5 min). Everything created carries Rigger's labels (`labels.rs`), so after an agent
+//! restart the same sandboxes and containers are adopted, never duplicated, and kubelet's
+//! are never touched. Pods no longer in the set are stopped (grace period) and removed.
+//! Each pod's status, in Kubernetes' PodStatus shape, goes back over the link when it
+//! changes.
+//!
+//! Not yet: probes (containers count as ready once running), lifecycle hooks, logs/exec.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use k8s_cri::v1::{
+    ContainerConfig, ContainerFilter, ContainerMetadata, ContainerState, ContainerStatusRequest,
+    CreateContainerRequest, ImageSpec, KeyValue, LinuxContainerConfig, LinuxContainerResources,
+    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, ListContainersRequest,
+    ListPodSandboxRequest, Mount, NamespaceMode, NamespaceOption, PodSandboxConfig,
+    PodSandboxFilter, PodSandboxMetadata, PodSandboxState, RemoveContainerRequest,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
+    StopPodSandboxRequest,
+};
+use rigger_proto::pod::{Container, Pod, RestartPolicy};
+use rigger_proto::v1::{AssignedPod, PodStatus};
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use crate::labels;
+use crate::pull::{NoProgress, PullOptions, Puller};
+use crate::runtime::{CRI_NAMESPACE, DEFAULT_CONNECT_TIMEOUT, Runtime};
+
+/// How often pods are checked when nothing else wakes the loop.
+const RECONCILE_INTERVAL: Duration = Duration::from_secs(1);
+/// kubelet's crash back-off: 10 s, doubling, at most 5 min.
+const BACKOFF_BASE: Duration = Duration::from_secs(10);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+#[derive(Debug, thiserror::Error)]
+pub enum PodError {
+    #[error("pod directory {path}: {source}")]
+    Directory {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    containerd_address: PathBuf,
+    pull_options: PullOptions,
+    desired: Mutex<Vec<Pod>>,
+    wake: Notify,
+    /// Per pod uid: the last status (JSON) and the version it changed at.
+    statuses: Mutex<HashMap<String, (PodStatus, u64)>>,
+    version: watch::Sender<u64>,
+}
+
+/// Runs the pods placed on this node. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct PodRunner {
+    inner: Arc<Inner>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every change under these locks is one assignment: a poisoned lock is consistent.
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl PodRunner {
+    /// Load the pods this node had, and keep them running until `token` is cancelled.
+    pub fn start(
+        state_dir: &Path,
+        containerd_address: &Path,
+        pull_options: &PullOptions,
+        token: CancellationToken,
+    ) -> Result<Self, PodError> {
+        let dir = state_dir.join("pods");
+        std::fs::create_dir_all(&dir).map_err(|source| PodError::Directory {
+            path: dir.clone(),
+            source,
+        })?;
+        let desired: Vec<Pod> = std::fs::read(dir.join("desired.json"))
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default();
+        let runner = Self {
+            inner: Arc::new(Inner {
+                dir,
+                containerd_address: containerd_address.to_owned(),
+                // Pods run through CRI, whose images live in kubelet's namespace.
+                pull_options: PullOptions {
+                    namespace: CRI_NAMESPACE.to_owned(),
+                    ..pull_options.clone()
+                },
+                desired: Mutex::new(desired),
+                wake: Notify::new(),
+                statuses: Mutex::default(),
+                version: watch::channel(0).0,
+            }),
+        };
+        tokio::spawn(runner.clone().run(token));
+        Ok(runner)
+    }
+
+    /// The controller's full set of pods for this node.
+    pub fn set_desired(&self, pods: Vec<AssignedPod>) {
+        let pods: Vec<Pod> = pods
+            .into_iter()
+            .filter_map(|assigned| match serde_json::from_str::<Pod>(&assigned.json) {
+                Ok(pod) => Some(pod),
+                Err(error) => {
+                    tracing::warn!(uid = %assigned.uid, %error, "unreadable pod from the controller skipped");
+                    None
+                }
+            })
+            .collect();
+        let path = self.inner.dir.join("desired.json");
+        let temporary = path.with_extension("tmp");
+        let written = serde_json::to_vec_pretty(&pods)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| std::fs::write(&temporary, bytes))
+            .and_then(|()| std::fs::rename(&temporary, &path));
+        if let Err(error) = written {
+            tracing::warn!(path = %path.display(), %error, "cannot persist the node's pods");
+        }
+        tracing::info!(pods = pods.len(), "pods for this node updated");
+        *lock(&self.inner.desired) = pods;
+        self.inner.wake.notify_one();
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.version.subscribe()
+    }
+
+    /// Statuses that changed after `version` (all of them for 0).
+    pub fn statuses_since(&self, version: u64) -> Vec<PodStatus> {
+        lock(&self.inner.statuses)
+            .values()
+            .filter(|(_, changed)| *changed > version)
+            .map(|(status, _)| status.clone())
+            .collect()
+    }
+
+    fn publish(&self, status: PodStatus) {
+        let mut statuses = lock(&self.inner.statuses);
+        let same = statuses
+            .get(&status.uid)
+            .is_some_and(|(old, _)| old.json == status.json);
+        if !same {
+            let mut next = 0;
+            self.inner.version.send_modify(|v| {
+                *v += 1;
+                next = *v;
+            });
+            statuses.insert(status.uid.clone(), (status, next));
+        }
+    }
+
+    async fn run(self, token: CancellationToken) {
+        let mut session: Option<(RuntimeServiceClient<Channel>, Puller)> = None;
+        loop {
+            if session.is_none() {
+                match Runtime::connect(&self.inner.containerd_address, DEFAULT_CONNECT_TIMEOUT)
+                    .await
+                {
+                    Ok(runtime) => {
+                        let cri = RuntimeServiceClient::new(runtime.channel());
+                        session =
+                            Some((cri, Puller::new(runtime, self.inner.pull_options.clone())));
+                    }
+                    Err(error) => tracing::debug!(%error, "pods wait for containerd"),
+                }
+            }
+            if let Some((cri, puller)) = session.as_mut()
+                && let Err(error) = self.reconcile(cri, puller).await
+            {
+                tracing::warn!(%error, "pods: CRI call failed; retrying");
+                session = None;
+            }
+            tokio::select! {
+                _ = token.cancelled() => return,
+                _ = self.inner.wake.notified() => {}
+                _ = tokio::time::sleep(RECONCILE_INTERVAL) => {}
+            }
+        }
+    }
+
+    async fn reconcile(
+        &self,
+        cri: &mut RuntimeServiceClient<Channel>,
+        puller: &Puller,
+    ) -> Result<(), tonic::Status> {
+        let desired = lock(&self.inner.desired).clone();
+        let sandboxes = cri
+            .list_pod_sandbox(ListPodSandboxRequest {
+                filter: Some(PodSandboxFilter {
+                    label_selector: [(labels::MANAGED.to_owned(), "true".to_owned())].into(),
+                    ..PodSandboxFilter::default()
+                }),
+            })
+            .await?
+            .into_inner()
+            .items;
+        for pod in &desired {
+            let Some(uid) = pod.metadata.uid.clone() else {
+                continue;
+            };
+            let sandbox = sandboxes
+                .iter()
+                .find(|s| {
+                    s.labels.get(labels::POD_UID) == Some(&uid)
+                        && s.state == PodSandboxState::SandboxReady as i32
+                })
+                .map(|s| s.id.clone());
+            let status = self.ensure(cri, puller, pod, &uid, sandbox).await?;
+            self.publish(PodStatus {
+                uid,
+                namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                name: pod.metadata.name.clone(),
+                json: status.to_string(),
+            });
+        }
+        // Sandboxes of pods no longer placed here: stop and remove them.
+        for sandbox in &sandboxes {
+            let uid = sandbox
+                .labels
+                .get(labels::POD_UID)
+                .cloned()
+                .unwrap_or_default();
+            if desired
+                .iter()
+                .any(|p| p.metadata.uid.as_deref() == Some(uid.as_str()))
+            {
+                continue;
+            }
+            let grace = sandbox
+                .labels
+                .get(labels::GRACE_SECONDS)
+                .and_then(|g| g.parse::<i64>().ok())
+                .unwrap_or(30);
+            tracing::info!(%uid, sandbox = %sandbox.id, grace, "removing a pod no longer placed on this node");
+            for container in list_containers(cri, &sandbox.id).await? {
+                cri.stop_container(StopContainerRequest {
+                    container_id: container.id.clone(),
+                    timeout: grace,
+                })
+                .await?;
+                cri.remove_container(RemoveContainerRequest {
+                    container_id: container.id,
+                })
+                .await?;
+            }
+            cri.stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: sandbox.id.clone(),
+            })
+            .await?;
+            cri.remove_pod_sandbox(RemovePodSandboxRequest {
+                pod_sandbox_id: sandbox.id.clone(),
+            })
+            .await?;
+            let _ = std::fs::remove_dir_all(self.inner.dir.join(&uid));
+            lock(&self.inner.statuses).remove(&uid);
+        }
+        Ok(())
+    }
+
+    /// Make one pod run; its status in Kubernetes' shape.
+    async fn ensure(
+        &self,
+        cri: &mut RuntimeServiceClient<Channel>,
+        puller: &Puller,
+        pod: &Pod,
+        uid: &str,
+        sandbox: Option<String>,
+    ) -> Result<serde_json::Value, tonic::Status> {
+        let config = self.sandbox_config(pod, uid);
+        let sandbox = match sandbox {
+            Some(id) => id,
+            None => {
+                tracing::info!(pod = %pod.metadata.name, %uid, "creating the pod's sandbox");
+                cri.run_pod_sandbox(RunPodSandboxRequest {
+                    config: Some(config.clone()),
+                    runtime_handler: String::new(),
+                })
+                .await?
+                .into_inner()
+                .pod_sandbox_id
+            }
+        };
+        let existing = list_containers(cri, &sandbox).await?;
+        let mut init_statuses = Vec::new();
+        let mut initialized = true;
+        for container in &pod.spec.init_containers {
+            let (status, done) = Box::pin(self.ensure_container(
+                cri, puller, pod, uid, &sandbox, &config, container, &existing, true,
+            ))
+            .await?;
+            init_statuses.push(status);
+            if !done {
+                initialized = false;
+                break;
+            }
+        }
+        let mut statuses = Vec::new();
+        if initialized {
+            for container in &pod.spec.containers {
+                let (status, _) = Box::pin(self.ensure_container(
+                    cri, puller, pod, uid, &sandbox, &config, container, &existing, false,
+                ))
+                .await?;
+                statuses.push(status);
+            }
+        }
+        let ready = initialized
+            && statuses.len() == pod.spec.containers.len()
+            && statuses.iter().all(|s| s["ready"] == true);
+        let terminated: Vec<&serde_json::Value> = statuses
+            .iter()
+            .filter_map(|s| s["state"].get("terminated"))
+            .collect();
+        let phase = if !initialized || statuses.is_empty() {
+            "Pending"
+        } else if terminated.len() == statuses.len()
+            && pod.spec.restart_policy != RestartPolicy::Always
+        {
+            if terminated.iter().all(|t| t["exitCode"] == 0) {
+                "Succeeded"
+            } else {
+                "Failed"
+            }
+        } else {
+            "Running"
+        };
+        let condition = |kind: &str, ok: bool| serde_json::json!({"type": kind, "status": if ok { "True" } else { "False" }});
+        Ok(serde_json::json!({
+            "phase": phase,
+            "conditions": [
+                condition("PodScheduled", true),
+                condition("Initialized", initialized),
+                condition("ContainersReady", ready),
+                condition("Ready", ready),
+            ],
+            "hostIP": host_ip(),
+            "initContainerStatuses": init_statuses,
+            "containerStatuses": statuses,
+        }))
+    }
+
+    fn sandbox_config(&self, pod: &Pod, uid: &str) -> PodSandboxConfig {
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let mut sandbox_labels: HashMap<String, String> =
+            pod.metadata.labels.clone().into_iter().collect();
+        sandbox_labels.extend([
+            (labels::MANAGED.to_owned(), "true".to_owned()),
+            (labels::POD_UID.to_owned(), uid.to_owned()),
+            (labels::POD_NAME.to_owned(), pod.metadata.name.clone()),
+            (labels::POD_NAMESPACE.to_owned(), namespace.clone()),
+            (
+                labels::GRACE_SECONDS.to_owned(),
+                pod.spec.termination_grace_period_seconds.to_string(),
+            ),
+        ]);
+        PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: pod.metadata.name.clone(),
+                uid: uid.to_owned(),
+                namespace,
+                attempt: 0,
+            }),
+            // Host network, and no hostname: runc cannot set one without a UTS namespace.
+            hostname: String::new(),
+            log_directory: self.inner.dir.join(uid).join("logs").display().to_string(),
+            labels: sandbox_labels,
+            linux: Some(LinuxPodSandboxConfig {
+                security_context: Some(LinuxSandboxSecurityContext {
+                    namespace_options: Some(NamespaceOption {
+                        network: NamespaceMode::Node as i32,
+                        ..NamespaceOption::default()
+                    }),
+                    ..LinuxSandboxSecurityContext::default()
+                }),
+                ..LinuxPodSandboxConfig::default()
+            }),
+            ..PodSandboxConfig::default()
+        }
+    }
+
+    /// Make one container run (or, for init containers, run to completion); its status,
+    /// and whether it is done (init containers: exited 0).
+    #[allow(clippy::too_many_arguments)]
+    async fn ensure_container(
+        &self,
+        cri: &mut RuntimeServiceClient<Channel>,
+        puller: &Puller,
+        pod: &Pod,
+        uid: &str,
+        sandbox: &str,
+        sandbox_config: &PodSandboxConfig,
+        container: &Container,
+        existing: &[k8s_cri::v1::Container],
+        init: bool,
+    ) -> Result<(serde_json::Value, bool), tonic::Status> {
+        let latest = existing
+            .iter()
+            .filter(|c| c.labels.get(labels::CONTAINER_NAME) == Some(&container.name))
+            .max_by_key(|c| c.metadata.as_ref().map_or(0, |m| m.attempt));
+        let current = match latest {
+            Some(c) => Some(
+                cri.container_status(ContainerStatusRequest {
+                    container_id: c.id.clone(),
+                    verbose: false,
+                })
+                .await?
+                .into_inner()
+                .status
+                .unwrap_or_default(),
+            ),
+            None => None,
+        };
+        let attempt = current
+            .as_ref()
+            .and_then(|s| s.metadata.as_ref())
+            .map_or(0, |m| m.attempt);
+        let start_next = match &current {
+            None => Some(0),
+            Some(status) if status.state == ContainerState::ContainerExited as i32 => {
+                let failed = status.exit_code != 0;
+                let restart = match pod.spec.restart_policy {
+                    RestartPolicy::Always => !init || failed,
+                    RestartPolicy::OnFailure => failed,
+                    RestartPolicy::Never => false,
+                };
+                let delay = BACKOFF_BASE
+                    .saturating_mul(1 << attempt.min(5))
+                    .min(BACKOFF_MAX);
+                let finished = SystemTime::UNIX_EPOCH
+                    + Duration::from_nanos(u64::try_from(status.finished_at).unwrap_or(0));
+                let waited = SystemTime::now()
+                    .duration_since(finished)
+                    .unwrap_or_default();
+                (restart && waited >= delay).then_some(attempt + 1)
+            }
+            Some(_) => None,
+        };
+        if let Some(next) = start_next {
+            if let Err(reason) = self.ensure_image(puller, &container.image).await {
+                let status = serde_json::json!({
+                    "name": container.name, "image": container.image, "ready": false,
+                    "restartCount": attempt,
+                    "state": {"waiting": {"reason": "ErrImagePull", "message": reason}},
+                });
+                return Ok((status, false));
+            }
+            let id = cri
+                .create_container(CreateContainerRequest {
+                    pod_sandbox_id: sandbox.to_owned(),
+                    config: Some(self.container_config(pod, uid, container, next)),
+                    sandbox_config: Some(sandbox_config.clone()),
+                })
+                .await?
+                .into_inner()
+                .container_id;
+            cri.start_container(StartContainerRequest {
+                container_id: id.clone(),
+            })
+            .await?;
+            tracing::info!(pod = %pod.metadata.name, container = %container.name, attempt = next, "container started");
+            let status = serde_json::json!({
+                "name": container.name, "image": container.image, "ready": !init,
+                "restartCount": next, "containerID": format!("containerd://{id}"),
+                "started": true, "state": {"running": {"startedAt": rfc3339(SystemTime::now())}},
+            });
+            return Ok((status, false));
+        }
+        let Some(status) = current else {
+            return Ok((serde_json::Value::Null, false));
+        };
+        let running = status.state == ContainerState::ContainerRunning as i32;
+        let state = if running {
+            serde_json::json!({"running": {"startedAt": rfc3339_nanos(status.started_at)}})
+        } else if status.state == ContainerState::ContainerExited as i32 {
+            let restarting = match pod.spec.restart_policy {
+                RestartPolicy::Always => !init || status.exit_code != 0,
+                RestartPolicy::OnFailure => status.exit_code != 0,
+                RestartPolicy::Never => false,
+            };
+            if restarting {
+                serde_json::json!({"waiting": {"reason": "CrashLoopBackOff",
+                    "message": format!("back-off restarting the container (exit code {})", status.exit_code)}})
+            } else {
+                serde_json::json!({"terminated": {"exitCode": status.exit_code, "reason": status.reason,
+                    "startedAt": rfc3339_nanos(status.started_at), "finishedAt": rfc3339_nanos(status.finished_at)}})
+            }
+        } else {
+            serde_json::json!({"waiting": {"reason": "ContainerCreating"}})
+        };
+        let done =
+            init && status.state == ContainerState::ContainerExited as i32 && status.exit_code == 0;
+        Ok((
+            serde_json::json!({
+                "name": container.name,
+                "image": container.image,
+                "imageID": status.image_ref,
+                "containerID": format!("containerd://{}", status.id),
+                "ready": running && !init,
+                "started": running,
+                "restartCount": attempt,
+                "state": state,
+            }),
+            done,
+        ))
+    }
+
+    async fn ensure_image(&self, puller: &Puller, image: &str) -> Result<(), String> {
+        let mut images =
+            k8s_cri::v1::image_service_client::ImageServiceClient::new(puller.runtime().channel());
+        let present = images
+            .image_status(k8s_cri::v1::ImageStatusRequest {
+                image: Some(ImageSpec {
+                    image: image.to_owned(),
+                    ..ImageSpec::default()
+                }),
+                verbose: false,
+            })
+            .await
+            .map_err(|s| s.message().to_owned())?
+            .into_inner()
+            .image
+            .is_some();
+        if !present {
+            // Boxed: a pull is a large future, and most reconciles never start one.
+            Box::pin(puller.pull(image, Arc::new(NoProgress)))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn container_config(
+        &self,
+        pod: &Pod,
+        uid: &str,
+        container: &Container,
+        attempt: u32,
+    ) -> ContainerConfig {
+        let meta = &pod.metadata;
+        let field = |path: &str| -> String {
+            let quoted =
+                |prefix: &str| path.strip_prefix(prefix).and_then(|k| k.strip_suffix("']"));
+            match path {
+                "metadata.name" => meta.name.clone(),
+                "metadata.namespace" => meta.namespace.clone().unwrap_or_default(),
+                "metadata.uid" => uid.to_owned(),
+                "spec.nodeName" => pod.spec.node_name.clone().unwrap_or_default(),
+                _ => quoted("metadata.labels['")
+                    .and_then(|k| meta.labels.get(k).cloned())
+                    .or_else(|| {
+                        quoted("metadata.annotations['")
+                            .and_then(|k| meta.annotations.get(k).cloned())
+                    })
+                    .unwrap_or_default(),
+            }
+        };
+        let envs = container
+            .env
+            .iter()
+            .map(|e| KeyValue {
+                key: e.name.clone(),
+                value: match (&e.value, &e.value_from) {
+                    (Some(value), _) => value.clone(),
+                    (None, Some(from)) => field(&from.field_ref.field_path),
+                    (None, None) => String::new(),
+                },
+            })
+            .collect();
+        let mounts = container
+            .volume_mounts
+            .iter()
+            .filter_map(|m| {
+                let volume = pod.spec.volumes.iter().find(|v| v.name == m.name)?;
+                let host_path = match (&volume.host_path, &volume.empty_dir) {
+                    (Some(host), _) => {
+                        if host.kind.as_deref() == Some("DirectoryOrCreate") {
+                            let _ = std::fs::create_dir_all(&host.path);
+                        }
+                        host.path.clone()
+                    }
+                    (None, Some(_)) => {
+                        let dir = self.inner.dir.join(uid).join("volumes").join(&volume.name);
+                        let _ = std::fs::create_dir_all(&dir);
+                        dir.display().to_string()
+                    }
+                    (None, None) => return None,
+                };
+                Some(Mount {
+                    container_path: m.mount_path.clone(),
+                    host_path,
+                    readonly: m.read_only,
+                    ..Mount::default()
+                })
+            })
+            .collect();
+        let limits = container.resources.as_ref().map(|r| &r.limits);
+        let cpu = limits
+            .and_then(|l| l.get("cpu"))
+            .and_then(|c| rigger_proto::pod::parse_cpu(c));
+        let memory = limits
+            .and_then(|l| l.get("memory"))
+            .and_then(|m| rigger_proto::pod::parse_memory(m));
+        let resources = LinuxContainerResources {
+            cpu_period: if cpu.is_some() { 100_000 } else { 0 },
+            cpu_quota: cpu.map_or(0, |m| i64::try_from(m * 100).unwrap_or(i64::MAX)),
+            memory_limit_in_bytes: memory.map_or(0, |m| i64::try_from(m).unwrap_or(i64::MAX)),
+            ..LinuxContainerResources::default()
+        };
+        ContainerConfig {
+            metadata: Some(ContainerMetadata {
+                name: container.name.clone(),
+                attempt,
+            }),
+            image: Some(ImageSpec {
+                image: container.image.clone(),
+                ..ImageSpec::default()
+            }),
+            command: container.command.clone(),
+            args: container.args.clone(),
+            working_dir: container.working_dir.clone().unwrap_or_default(),
+            envs,
+            mounts,
+            labels: [
+                (labels::MANAGED.to_owned(), "true".to_owned()),
+                (labels::POD_UID.to_owned(), uid.to_owned()),
+                (labels::POD_NAME.to_owned(), meta.name.clone()),
+                (
+                    labels::POD_NAMESPACE.to_owned(),
+                    meta.namespace.clone().unwrap_or_default(),
+                ),
+                (labels::CONTAINER_NAME.to_owned(), container.name.clone()),
+            ]
+            .into(),
+            log_path: format!("{}/{attempt}.log", container.name),
+            linux: Some(LinuxContainerConfig {
+                resources: Some(resources),
+                ..LinuxContainerConfig::default()
+            }),
+            ..ContainerConfig::default()
+        }
+    }
+}
+
+async fn list_containers(
+    cri: &mut RuntimeServiceClient<Channel>,
+    sandbox: &str,
+) -> Result<Vec<k8s_cri::v1::Container>, tonic::Status> {
+    Ok(cri
+        .list_containers(ListContainersRequest {
+            filter: Some(ContainerFilter {
+                pod_sandbox_id: sandbox.to_owned(),
+                ..ContainerFilter::default()
+            }),
+        })
+        .await?
+        .into_inner()
+        .containers)
+}
+
+fn rfc3339(time: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(time).to_string()
+}
+
+fn rfc3339_nanos(nanos: i64) -> String {
+    rfc3339(SystemTime::UNIX_EPOCH + Duration::from_nanos(u64::try_from(nanos).unwrap_or(0)))
+}
+
+/// The address the node is reached at (pods use the host's network).
+fn host_ip() -> String {
+    std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|socket| {
+            socket.connect("192.0.2.1:9")?;
+            socket.local_addr()
+        })
+        .map(|address| address.ip().to_string())
+        .unwrap_or_default()
+}

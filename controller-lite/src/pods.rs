@@ -1,0 +1,89 @@
+//! Agent-managed pods on the controller's side: each node's agent is sent the full set of
+//! pods placed on its node (when it registers and whenever one of them changes), and the
+//! statuses it reports are stored beside the pods (`Pod.status/<ns>/<name>`). The agent
+//! owns the running; the controller only says what should run where.
+
+use rigger_proto::v1::{AssignedPod, ControllerMessage, PodSet, PodStatus, controller_message};
+
+use crate::nodes::NodeRegistry;
+use crate::objects::pod::{self, Pod};
+use crate::store::{ObjectKey, Precondition, Store, StoreError};
+
+/// The store kind under which pod statuses live.
+pub const STATUS_KIND: &str = "Pod.status";
+
+pub fn status_key(pod: &ObjectKey) -> ObjectKey {
+    ObjectKey::new(STATUS_KIND, &pod.namespace, &pod.name)
+}
+
+#[derive(Debug, Clone)]
+pub struct PodSync {
+    store: Store,
+    nodes: NodeRegistry,
+}
+
+impl PodSync {
+    pub fn new(store: Store, nodes: NodeRegistry) -> Self {
+        Self { store, nodes }
+    }
+
+    /// The pods placed on `node`.
+    async fn pods_of(&self, node: &str) -> Result<Vec<AssignedPod>, StoreError> {
+        let mut assigned = Vec::new();
+        for stored in self.store.list(pod::KIND).await? {
+            let Ok(pod) = serde_json::from_slice::<Pod>(&stored.object) else {
+                continue;
+            };
+            if pod.spec.node_name.as_deref() == Some(node) {
+                assigned.push(AssignedPod {
+                    uid: pod.metadata.uid.clone().unwrap_or_default(),
+                    json: String::from_utf8_lossy(&stored.object).into_owned(),
+                });
+            }
+        }
+        Ok(assigned)
+    }
+
+    /// Send `node`'s agent its full set of pods (a no-op when it is not connected: it
+    /// gets the set when it registers).
+    pub async fn send_to(&self, node: &str) {
+        match self.pods_of(node).await {
+            Ok(pods) => {
+                let message = ControllerMessage {
+                    message: Some(controller_message::Message::Pods(PodSet { pods })),
+                };
+                if !self.nodes.send(node, message) {
+                    tracing::debug!(%node, "pod set not delivered now; sent again at registration");
+                }
+            }
+            Err(error) => tracing::warn!(%node, %error, "cannot read the node's pods"),
+        }
+    }
+
+    /// Store a status `node` reported, if the pod is still placed there.
+    pub async fn report(&self, node: &str, status: PodStatus) {
+        let key = ObjectKey::new(pod::KIND, &status.namespace, &status.name);
+        let placed = match self.store.get(key.clone()).await {
+            Ok(Some(stored)) => serde_json::from_slice::<Pod>(&stored.object)
+                .ok()
+                .filter(|p| p.metadata.uid.as_deref() == Some(status.uid.as_str()))
+                .is_some_and(|p| p.spec.node_name.as_deref() == Some(node)),
+            _ => false,
+        };
+        if !placed {
+            tracing::debug!(%node, pod = %key, "status of a pod not placed on this node ignored");
+            return;
+        }
+        if let Err(error) = self
+            .store
+            .put(
+                status_key(&key),
+                status.json.into_bytes(),
+                Precondition::Any,
+            )
+            .await
+        {
+            tracing::warn!(pod = %key, %error, "cannot store the pod's status");
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! Agent-managed pods on a lab node: applied through the controller, run by the agent
+//! through CRI, adopted (not duplicated) after an agent restart, restarted after a crash,
+//! removed when deleted.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::process::Command;
+use std::time::Duration;
+
+use rigger_integration_tests::{Agent, Controller, Lab, binary, log_tail, wait_until};
+use serde_json::Value;
+
+fn pod_yaml(name: &str, image: &str, command: &str, policy: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels:\n    app: {name}\nspec:\n  hostNetwork: true\n  restartPolicy: {policy}\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    image: {image}\n    command: [\"sh\", \"-c\", \"{command}\"]\n    env:\n    - name: POD_NAME\n      valueFrom:\n        fieldRef:\n          fieldPath: metadata.name\n"
+    )
+}
+
+/// Rigger-owned sandboxes the node reports for pod `name`.
+fn sandboxes(name: &str) -> Vec<Value> {
+    let lab = Lab::get();
+    let out = Command::new(binary("rigger-agent"))
+        .args(["status", "-o", "json", "--no-disk-usage", "--address"])
+        .arg(&lab.containerd_address)
+        .output()
+        .unwrap();
+    let inventory: Value = serde_json::from_slice(&out.stdout).unwrap();
+    inventory["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["owner"] == "rigger" && p["name"] == name && p["state"] == "ready")
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn a_pod_runs_survives_an_agent_restart_restarts_crashes_and_goes_when_deleted() {
+    let lab = Lab::get();
+    let dir = tempfile::tempdir().unwrap();
+    let controller = Controller::start(&dir.path().join("controller"));
+    let state = dir.path().join("agent");
+    std::fs::create_dir_all(&state).unwrap();
+    let mut agent = Agent::start(
+        &controller,
+        "pods-node",
+        &lab.containerd_address,
+        &lab.hosts_dir,
+        "itest-pods",
+        &state,
+    );
+    let image = lab.image("rigger-lab/busybox:1");
+    let name = format!("web-{}", std::process::id());
+    let crasher = format!("crash-{}", std::process::id());
+    let agent_log = agent.log.clone();
+    let logs = || {
+        format!(
+            "{}\n{}",
+            log_tail(&controller.log, 20),
+            log_tail(&agent_log, 30)
+        )
+    };
+    wait_until("the node to be ready", Duration::from_secs(30), || {
+        let n = controller.get_json(&["node", "pods-node"])?;
+        (n["status"]["conditions"][0]["status"] == "True").then_some(())
+    });
+
+    let out = controller.apply(&pod_yaml(
+        &name,
+        &image,
+        "echo started $POD_NAME; sleep 3600",
+        "Always",
+    ));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let running = wait_until("the pod to run", Duration::from_secs(60), || {
+        let pod = controller.get_json(&["pod", &name])?;
+        (pod["status"]["phase"] == "Running"
+            && pod["status"]["containerStatuses"][0]["ready"] == true)
+            .then_some(pod)
+    });
+    let container_id = running["status"]["containerStatuses"][0]["containerID"].clone();
+    assert!(
+        container_id.as_str().unwrap().starts_with("containerd://"),
+        "{running:#}"
+    );
+    assert_eq!(running["status"]["conditions"][3]["type"], "Ready");
+    assert_eq!(sandboxes(&name).len(), 1);
+    let log_dir = state
+        .join("pods")
+        .join(running["metadata"]["uid"].as_str().unwrap())
+        .join("logs");
+    let log = wait_until("the container's log", Duration::from_secs(10), || {
+        let text = std::fs::read_to_string(log_dir.join("main/0.log")).ok()?;
+        text.contains("started").then_some(text)
+    });
+    assert!(
+        log.contains(&format!("started {name}")),
+        "fieldRef env reached the container: {log}"
+    );
+
+    // SIGKILL and start again: the same sandbox and container, nothing duplicated.
+    agent.kill();
+    agent.restart();
+    std::thread::sleep(Duration::from_secs(4));
+    let after = wait_until(
+        "the restarted agent to report",
+        Duration::from_secs(30),
+        || {
+            let pod = controller.get_json(&["pod", &name])?;
+            (pod["status"]["phase"] == "Running").then_some(pod)
+        },
+    );
+    assert_eq!(
+        after["status"]["containerStatuses"][0]["containerID"],
+        container_id,
+        "{}",
+        logs()
+    );
+    assert_eq!(after["status"]["containerStatuses"][0]["restartCount"], 0);
+    assert_eq!(sandboxes(&name).len(), 1, "no second sandbox");
+
+    // A crashing container is restarted (after kubelet's 10 s back-off) and counted.
+    let out = controller.apply(&pod_yaml(&crasher, &image, "exit 3", "Always"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let crashed = wait_until(
+        "a restart of the crashing container",
+        Duration::from_secs(60),
+        || {
+            let pod = controller.get_json(&["pod", &crasher])?;
+            (pod["status"]["containerStatuses"][0]["restartCount"].as_u64()? >= 1).then_some(pod)
+        },
+    );
+    assert_eq!(crashed["status"]["phase"], "Running", "{crashed:#}");
+
+    // Deleting the pod stops it and removes its sandbox.
+    for pod in [&name, &crasher] {
+        let out = controller.ctl(&["delete", "pod", pod]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    wait_until("the sandboxes to go", Duration::from_secs(60), || {
+        (sandboxes(&name).is_empty() && sandboxes(&crasher).is_empty()).then_some(())
+    });
+}
