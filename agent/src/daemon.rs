@@ -61,7 +61,9 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
         &config.pull,
         token.child_token(),
     )?;
+    // Pods come from a controller: without one, there are none to run.
     let pods = crate::pods::PodRunner::start(
+        config.link.as_ref().map_or("", |l| l.node_name.as_str()),
         &config.state_dir,
         config.containerd_address(),
         &crate::pull::PullOptions {

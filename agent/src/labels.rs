@@ -19,3 +19,6 @@ pub const MANAGED: &str = "rigger.dev/managed";
 /// On sandboxes: the pod's grace period, so a pod removed while the agent was away is
 /// still stopped with its own grace.
 pub const GRACE_SECONDS: &str = "rigger.dev/termination-grace-seconds";
+/// On sandboxes: the node (agent) that runs the pod. An agent manages only its own, so
+/// agents sharing a containerd (a lab) never remove each other's pods.
+pub const NODE: &str = "rigger.dev/node";

@@ -54,6 +54,7 @@ pub enum PodError {
 
 #[derive(Debug)]
 struct Inner {
+    node: String,
     dir: PathBuf,
     containerd_address: PathBuf,
     pull_options: PullOptions,
@@ -80,6 +81,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 impl PodRunner {
     /// Load the pods this node had, and keep them running until `token` is cancelled.
     pub fn start(
+        node: &str,
         state_dir: &Path,
         containerd_address: &Path,
         pull_options: &PullOptions,
@@ -96,6 +98,7 @@ impl PodRunner {
             .unwrap_or_default();
         let runner = Self {
             inner: Arc::new(Inner {
+                node: node.to_owned(),
                 dir,
                 containerd_address: containerd_address.to_owned(),
                 // Pods run through CRI, whose images live in kubelet's namespace.
@@ -205,7 +208,11 @@ impl PodRunner {
         let sandboxes = cri
             .list_pod_sandbox(ListPodSandboxRequest {
                 filter: Some(PodSandboxFilter {
-                    label_selector: [(labels::MANAGED.to_owned(), "true".to_owned())].into(),
+                    label_selector: [
+                        (labels::MANAGED.to_owned(), "true".to_owned()),
+                        (labels::NODE.to_owned(), self.inner.node.clone()),
+                    ]
+                    .into(),
                     ..PodSandboxFilter::default()
                 }),
             })
@@ -363,6 +370,7 @@ impl PodRunner {
             pod.metadata.labels.clone().into_iter().collect();
         sandbox_labels.extend([
             (labels::MANAGED.to_owned(), "true".to_owned()),
+            (labels::NODE.to_owned(), self.inner.node.clone()),
             (labels::POD_UID.to_owned(), uid.to_owned()),
             (labels::POD_NAME.to_owned(), pod.metadata.name.clone()),
             (labels::POD_NAMESPACE.to_owned(), namespace.clone()),

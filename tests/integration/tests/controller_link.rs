@@ -408,5 +408,27 @@ fn pods_are_placed_on_the_ready_node_with_the_fewest_and_unsupported_ones_refuse
     );
     let table = controller.ctl(&["get", "pods", "-o", "wide"]);
     let table = String::from_utf8_lossy(&table.stdout);
-    assert!(table.contains("p1") && table.contains("Pending"), "{table}");
+    assert!(table.contains("p1") && table.contains("place-"), "{table}");
+    // The agents run what was placed; delete it so nothing outlives the test.
+    for name in ["p1", "p2"] {
+        assert!(controller.ctl(&["delete", "pod", name]).status.success());
+    }
+    wait_until(
+        "the agents to remove the pods",
+        Duration::from_secs(60),
+        || {
+            let out = Command::new(binary("rigger-agent"))
+                .args(["status", "-o", "json", "--no-disk-usage", "--address"])
+                .arg(&lab.containerd_address)
+                .output()
+                .ok()?;
+            let inventory: Value = serde_json::from_slice(&out.stdout).ok()?;
+            let left = inventory["pods"].as_array()?.iter().any(|p| {
+                p["owner"] == "rigger"
+                    && (p["name"] == "p1" || p["name"] == "p2")
+                    && p["state"] == "ready"
+            });
+            (!left).then_some(())
+        },
+    );
 }
