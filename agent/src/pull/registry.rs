@@ -431,7 +431,8 @@ fn classify(error: &oci_client::errors::OciDistributionError) -> Failure {
 }
 
 /// rustls needs a process-wide crypto provider; we build with ring (see Cargo.toml).
-fn install_crypto_provider() {
+/// Every HTTPS client of the agent (registries, probes) calls this first.
+pub fn install_crypto_provider() {
     static INSTALL: std::sync::Once = std::sync::Once::new();
     INSTALL.call_once(|| {
         // Err only means another provider is already installed, which serves as well.

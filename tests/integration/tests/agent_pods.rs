@@ -153,3 +153,154 @@ fn a_pod_runs_survives_an_agent_restart_restarts_crashes_and_goes_when_deleted()
         (sandboxes(&name).is_empty() && sandboxes(&crasher).is_empty()).then_some(())
     });
 }
+
+/// A tiny HTTP server of the test: answers 200 and records request lines.
+fn recorder() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{BufRead as _, Write as _};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            let _ = reader.read_line(&mut line);
+            record.lock().unwrap().push(line.trim().to_owned());
+            let mut stream = stream;
+            let _ = stream.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n");
+        }
+    });
+    (port, seen)
+}
+
+#[test]
+fn probes_and_hooks_run_as_kubelet_runs_them() {
+    let lab = Lab::get();
+    let dir = tempfile::tempdir().unwrap();
+    let controller = Controller::start(&dir.path().join("controller"));
+    let state = dir.path().join("agent");
+    std::fs::create_dir_all(&state).unwrap();
+    let _agent = Agent::start(
+        &controller,
+        "probes-node",
+        &lab.containerd_address,
+        &lab.hosts_dir,
+        "itest-probes",
+        &state,
+    );
+    wait_until("the node to be ready", Duration::from_secs(30), || {
+        let n = controller.get_json(&["node", "probes-node"])?;
+        (n["status"]["conditions"][0]["status"] == "True").then_some(())
+    });
+    let image = lab.image("rigger-lab/busybox:1");
+    let web_port = rigger_integration_tests::free_port();
+    let (hook_port, hooks) = recorder();
+    let name = format!("probed-{}", std::process::id());
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  hostNetwork: true
+  terminationGracePeriodSeconds: 5
+  volumes:
+  - name: shared
+    emptyDir: {{}}
+  initContainers:
+  - name: init
+    image: {image}
+    command: ["sh", "-c", "echo init > /shared/init.txt"]
+    volumeMounts: [{{name: shared, mountPath: /shared}}]
+  containers:
+  - name: web
+    image: {image}
+    command: ["sh", "-c", "mkdir -p /www && sleep 2 && echo ok > /www/ready && exec httpd -f -p 127.0.0.1:{web_port} -h /www"]
+    ports: [{{name: http, containerPort: {web_port}}}]
+    volumeMounts: [{{name: shared, mountPath: /shared}}]
+    readinessProbe:
+      httpGet: {{path: /ready, port: http}}
+      periodSeconds: 1
+    lifecycle:
+      postStart:
+        exec: {{command: ["sh", "-c", "echo poststart > /shared/poststart.txt"]}}
+      preStop:
+        httpGet: {{path: /prestop, port: {hook_port}}}
+  - name: sidecar
+    image: {image}
+    command: ["sh", "-c", "sleep 3600"]
+    volumeMounts: [{{name: shared, mountPath: /shared}}]
+    livenessProbe:
+      exec: {{command: ["sh", "-c", "test ! -f /shared/kill"]}}
+      periodSeconds: 1
+      failureThreshold: 1
+"#
+    );
+    let out = controller.apply(&yaml);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Init container first, then both containers; Ready only once the readiness probe
+    // (httpd serving /ready after 2 s) passes.
+    let ready = wait_until("the pod to be ready", Duration::from_secs(60), || {
+        let pod = controller.get_json(&["pod", &name])?;
+        let ready = pod["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        ready.then_some(pod)
+    });
+    assert_eq!(
+        ready["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"], 0,
+        "{ready:#}"
+    );
+    let uid = ready["metadata"]["uid"].as_str().unwrap().to_owned();
+    let shared = state.join("pods").join(&uid).join("volumes").join("shared");
+    assert_eq!(
+        std::fs::read_to_string(shared.join("init.txt"))
+            .unwrap()
+            .trim(),
+        "init"
+    );
+    assert_eq!(
+        std::fs::read_to_string(shared.join("poststart.txt"))
+            .unwrap()
+            .trim(),
+        "poststart"
+    );
+
+    // A failing liveness probe restarts the sidecar.
+    std::fs::write(shared.join("kill"), b"").unwrap();
+    wait_until(
+        "the liveness probe to restart the sidecar",
+        Duration::from_secs(60),
+        || {
+            let pod = controller.get_json(&["pod", &name])?;
+            let sidecar = pod["status"]["containerStatuses"]
+                .as_array()?
+                .iter()
+                .find(|c| c["name"] == "sidecar")?
+                .clone();
+            (sidecar["restartCount"].as_u64()? >= 1).then_some(())
+        },
+    );
+    std::fs::remove_file(shared.join("kill")).unwrap();
+
+    // Deleting the pod runs preStop (an httpGet the test sees) before stopping.
+    assert!(controller.ctl(&["delete", "pod", &name]).status.success());
+    wait_until("the preStop hook", Duration::from_secs(60), || {
+        hooks
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.starts_with("GET /prestop"))
+            .then_some(())
+    });
+    wait_until("the pod's sandbox to go", Duration::from_secs(60), || {
+        sandboxes(&name).is_empty().then_some(())
+    });
+}

@@ -10,7 +10,8 @@
 //! Each pod's status, in Kubernetes' PodStatus shape, goes back over the link when it
 //! changes.
 //!
-//! Not yet: probes (containers count as ready once running), lifecycle hooks, logs/exec.
+//! Probes and lifecycle hooks run as kubelet runs them (`handlers.rs`), from the same
+//! loop. Not yet: logs and exec through riggerctl.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -33,9 +34,12 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
+mod handlers;
+
 use crate::labels;
 use crate::pull::{NoProgress, PullOptions, Puller};
 use crate::runtime::{CRI_NAMESPACE, DEFAULT_CONNECT_TIMEOUT, Runtime};
+use handlers::Action;
 
 /// How often pods are checked when nothing else wakes the loop.
 const RECONCILE_INTERVAL: Duration = Duration::from_secs(1);
@@ -63,6 +67,24 @@ struct Inner {
     /// Per pod uid: the last status (JSON) and the version it changed at.
     statuses: Mutex<HashMap<String, (PodStatus, u64)>>,
     version: watch::Sender<u64>,
+    /// Probe results per running container id.
+    probes: Mutex<HashMap<String, ProbeState>>,
+    /// The last spec of each pod, for preStop hooks once a pod was removed.
+    known: Mutex<HashMap<String, Pod>>,
+}
+
+/// What the probes of one running container found so far.
+#[derive(Debug, Default)]
+struct ProbeState {
+    /// The startup probe passed (or there is none).
+    started: bool,
+    ready: bool,
+    successes: u32,
+    failures: u32,
+    liveness_failures: u32,
+    startup_failures: u32,
+    /// When each probe (readiness, liveness, startup) last ran.
+    last_run: HashMap<&'static str, std::time::Instant>,
 }
 
 /// Runs the pods placed on this node. Cheap to clone.
@@ -110,9 +132,24 @@ impl PodRunner {
                 wake: Notify::new(),
                 statuses: Mutex::default(),
                 version: watch::channel(0).0,
+                probes: Mutex::default(),
+                known: Mutex::default(),
             }),
         };
-        tokio::spawn(runner.clone().run(token));
+        // A bug in one reconcile must not leave the node's pods unattended: the loop is
+        // restarted (and the panic logged) instead of dying silently.
+        let supervised = runner.clone();
+        tokio::spawn(async move {
+            loop {
+                match tokio::spawn(supervised.clone().run(token.clone())).await {
+                    Ok(()) => return,
+                    Err(error) => {
+                        tracing::error!(%error, "the pod loop failed; restarting it");
+                        tokio::time::sleep(RECONCILE_INTERVAL).await;
+                    }
+                }
+            }
+        });
         Ok(runner)
     }
 
@@ -205,6 +242,14 @@ impl PodRunner {
         puller: &Puller,
     ) -> Result<(), tonic::Status> {
         let desired = lock(&self.inner.desired).clone();
+        {
+            let mut known = lock(&self.inner.known);
+            for pod in &desired {
+                if let Some(uid) = &pod.metadata.uid {
+                    known.insert(uid.clone(), pod.clone());
+                }
+            }
+        }
         let sandboxes = cri
             .list_pod_sandbox(ListPodSandboxRequest {
                 filter: Some(PodSandboxFilter {
@@ -257,12 +302,39 @@ impl PodRunner {
                 .and_then(|g| g.parse::<i64>().ok())
                 .unwrap_or(30);
             tracing::info!(%uid, sandbox = %sandbox.id, grace, "removing a pod no longer placed on this node");
+            let spec = lock(&self.inner.known).get(&uid).cloned();
             for container in list_containers(cri, &sandbox.id).await? {
+                let started = std::time::Instant::now();
+                let name = container
+                    .labels
+                    .get(labels::CONTAINER_NAME)
+                    .cloned()
+                    .unwrap_or_default();
+                let pre_stop = spec.as_ref().and_then(|pod| {
+                    let c = pod.spec.containers.iter().find(|c| c.name == name)?;
+                    Some((c.clone(), c.lifecycle.as_ref()?.pre_stop.clone()?))
+                });
+                if let Some((spec_container, handler)) = pre_stop
+                    && container.state == ContainerState::ContainerRunning as i32
+                    && let Some(action) = Action::of_handler(&handler)
+                {
+                    // preStop is bounded by the grace period.
+                    let bound = Duration::from_secs(u64::try_from(grace).unwrap_or(0));
+                    match handlers::run(cri, &spec_container, &container.id, action, bound).await {
+                        Ok(()) => tracing::info!(%uid, container = %name, "preStop hook ran"),
+                        Err(reason) => {
+                            tracing::warn!(%uid, container = %name, %reason, "preStop hook failed")
+                        }
+                    }
+                }
+                // What is left of the grace period, at least 2 s.
+                let left = (grace - i64::try_from(started.elapsed().as_secs()).unwrap_or(0)).max(2);
                 cri.stop_container(StopContainerRequest {
                     container_id: container.id.clone(),
-                    timeout: grace,
+                    timeout: left,
                 })
                 .await?;
+                lock(&self.inner.probes).remove(&container.id);
                 cri.remove_container(RemoveContainerRequest {
                     container_id: container.id,
                 })
@@ -278,6 +350,7 @@ impl PodRunner {
             .await?;
             let _ = std::fs::remove_dir_all(self.inner.dir.join(&uid));
             lock(&self.inner.statuses).remove(&uid);
+            lock(&self.inner.known).remove(&uid);
         }
         Ok(())
     }
@@ -484,6 +557,24 @@ impl PodRunner {
             })
             .await?;
             tracing::info!(pod = %pod.metadata.name, container = %container.name, attempt = next, "container started");
+            if let Some(handler) = container
+                .lifecycle
+                .as_ref()
+                .and_then(|l| l.post_start.as_ref())
+                && let Some(action) = Action::of_handler(handler)
+            {
+                // As kubelet: the container counts as started only after postStart; a
+                // failed hook kills it (and the restart policy decides what follows).
+                let bound = Duration::from_secs(pod.spec.termination_grace_period_seconds.max(30));
+                if let Err(reason) = handlers::run(cri, container, &id, action, bound).await {
+                    tracing::warn!(pod = %pod.metadata.name, container = %container.name, %reason, "postStart hook failed; stopping the container");
+                    cri.stop_container(StopContainerRequest {
+                        container_id: id.clone(),
+                        timeout: 2,
+                    })
+                    .await?;
+                }
+            }
             let status = serde_json::json!({
                 "name": container.name, "image": container.image, "ready": !init,
                 "restartCount": next, "containerID": format!("containerd://{id}"),
@@ -495,6 +586,11 @@ impl PodRunner {
             return Ok((serde_json::Value::Null, false));
         };
         let running = status.state == ContainerState::ContainerRunning as i32;
+        let (started, ready) = if running && !init {
+            Box::pin(self.probe(cri, pod, container, &status)).await?
+        } else {
+            (running, false)
+        };
         let state = if running {
             serde_json::json!({"running": {"startedAt": rfc3339_nanos(status.started_at)}})
         } else if status.state == ContainerState::ContainerExited as i32 {
@@ -521,13 +617,116 @@ impl PodRunner {
                 "image": container.image,
                 "imageID": status.image_ref,
                 "containerID": format!("containerd://{}", status.id),
-                "ready": running && !init,
-                "started": running,
+                "ready": ready,
+                "started": started,
                 "restartCount": attempt,
                 "state": state,
             }),
             done,
         ))
+    }
+
+    /// Run the container's probes that are due; (started, ready). A liveness (or
+    /// startup) probe past its failure threshold stops the container, and the restart
+    /// policy takes it from there.
+    async fn probe(
+        &self,
+        cri: &mut RuntimeServiceClient<Channel>,
+        pod: &Pod,
+        container: &Container,
+        status: &k8s_cri::v1::ContainerStatus,
+    ) -> Result<(bool, bool), tonic::Status> {
+        let started_at = SystemTime::UNIX_EPOCH
+            + Duration::from_nanos(u64::try_from(status.started_at).unwrap_or(0));
+        let running_for = SystemTime::now()
+            .duration_since(started_at)
+            .unwrap_or_default();
+        let probes = [
+            ("startup", container.startup_probe.as_ref()),
+            ("liveness", container.liveness_probe.as_ref()),
+            ("readiness", container.readiness_probe.as_ref()),
+        ];
+        let mut kill: Option<String> = None;
+        for (kind, probe) in probes {
+            let Some(probe) = probe else { continue };
+            let Some(action) = Action::of_probe(probe) else {
+                continue;
+            };
+            let period = Duration::from_secs(u64::from(probe.period_seconds.unwrap_or(10)));
+            let due = {
+                let mut states = lock(&self.inner.probes);
+                let state = states.entry(status.id.clone()).or_default();
+                // Liveness and readiness wait for the startup probe; it stops once passed.
+                let waiting =
+                    kind != "startup" && container.startup_probe.is_some() && !state.started;
+                let passed = kind == "startup" && state.started;
+                if waiting || passed {
+                    false
+                } else {
+                    running_for >= Duration::from_secs(u64::from(probe.initial_delay_seconds))
+                        && state
+                            .last_run
+                            .get(kind)
+                            .is_none_or(|at| at.elapsed() >= period)
+                }
+            };
+            if !due {
+                continue;
+            }
+            let timeout = Duration::from_secs(u64::from(probe.timeout_seconds.unwrap_or(1)));
+            let outcome = handlers::run(cri, container, &status.id, action, timeout).await;
+            let failure_threshold = probe.failure_threshold.unwrap_or(3);
+            let mut states = lock(&self.inner.probes);
+            let state = states.entry(status.id.clone()).or_default();
+            state.last_run.insert(kind, std::time::Instant::now());
+            match (kind, outcome) {
+                ("startup", Ok(())) => state.started = true,
+                ("startup", Err(reason)) => {
+                    state.startup_failures += 1;
+                    if state.startup_failures >= failure_threshold {
+                        kill = Some(format!("startup probe failed: {reason}"));
+                    }
+                }
+                ("liveness", Ok(())) => state.liveness_failures = 0,
+                ("liveness", Err(reason)) => {
+                    state.liveness_failures += 1;
+                    if state.liveness_failures >= failure_threshold {
+                        kill = Some(format!("liveness probe failed: {reason}"));
+                    }
+                }
+                (_, Ok(())) => {
+                    state.failures = 0;
+                    state.successes += 1;
+                    if state.successes >= probe.success_threshold.unwrap_or(1) {
+                        state.ready = true;
+                    }
+                }
+                (_, Err(reason)) => {
+                    state.successes = 0;
+                    state.failures += 1;
+                    if state.failures >= failure_threshold && state.ready {
+                        tracing::info!(pod = %pod.metadata.name, container = %container.name, %reason, "readiness probe failed; not ready");
+                        state.ready = false;
+                    }
+                }
+            }
+        }
+        if let Some(reason) = kill {
+            tracing::warn!(pod = %pod.metadata.name, container = %container.name, %reason, "stopping the container");
+            lock(&self.inner.probes).remove(&status.id);
+            cri.stop_container(StopContainerRequest {
+                container_id: status.id.clone(),
+                timeout: i64::try_from(pod.spec.termination_grace_period_seconds).unwrap_or(30),
+            })
+            .await?;
+            return Ok((false, false));
+        }
+        let states = lock(&self.inner.probes);
+        let state = states.get(&status.id);
+        let started = container.startup_probe.is_none() || state.is_some_and(|s| s.started);
+        let ready =
+            started && (container.readiness_probe.is_none() || state.is_some_and(|s| s.ready));
+        Ok((started, ready))
     }
 
     async fn ensure_image(&self, puller: &Puller, image: &str) -> Result<(), String> {

@@ -1,0 +1,133 @@
+//! Running a pod's handlers — probes and lifecycle hooks — the way kubelet does: `exec`
+//! through CRI ExecSync in the container, `httpGet` to the pod's address (the host's:
+//! pods use host networking) where a status in 200–399 succeeds, `tcpSocket` a connect.
+//! (OpenKruise ignores tcpSocket preStop hooks, kruise #2505; Rigger does not.)
+
+use std::time::Duration;
+
+use k8s_cri::v1::ExecSyncRequest;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use rigger_proto::pod::{
+    Container, ExecAction, Handler, HttpGetAction, IntOrName, Probe, TcpSocketAction,
+};
+use tonic::transport::Channel;
+
+/// One of a handler's three kinds.
+#[derive(Debug, Clone, Copy)]
+pub enum Action<'a> {
+    Exec(&'a ExecAction),
+    HttpGet(&'a HttpGetAction),
+    TcpSocket(&'a TcpSocketAction),
+}
+
+impl<'a> Action<'a> {
+    pub fn of_handler(handler: &'a Handler) -> Option<Self> {
+        Self::pick(
+            handler.exec.as_ref(),
+            handler.http_get.as_ref(),
+            handler.tcp_socket.as_ref(),
+        )
+    }
+
+    pub fn of_probe(probe: &'a Probe) -> Option<Self> {
+        Self::pick(
+            probe.exec.as_ref(),
+            probe.http_get.as_ref(),
+            probe.tcp_socket.as_ref(),
+        )
+    }
+
+    fn pick(
+        exec: Option<&'a ExecAction>,
+        http: Option<&'a HttpGetAction>,
+        tcp: Option<&'a TcpSocketAction>,
+    ) -> Option<Self> {
+        exec.map(Self::Exec)
+            .or(http.map(Self::HttpGet))
+            .or(tcp.map(Self::TcpSocket))
+    }
+}
+
+/// A port by number, or by the name of one of the container's ports.
+fn port(container: &Container, port: &IntOrName) -> Result<u16, String> {
+    match port {
+        IntOrName::Int(number) => Ok(*number),
+        IntOrName::Name(name) => container
+            .ports
+            .iter()
+            .find(|p| p.name.as_deref() == Some(name.as_str()))
+            .map(|p| p.container_port)
+            .ok_or_else(|| format!("the container has no port named {name:?}")),
+    }
+}
+
+/// Run `action` against `container_id` within `timeout`; `Err` says why it failed.
+pub async fn run(
+    cri: &mut RuntimeServiceClient<Channel>,
+    container: &Container,
+    container_id: &str,
+    action: Action<'_>,
+    timeout: Duration,
+) -> Result<(), String> {
+    match action {
+        Action::Exec(exec) => {
+            let response = tokio::time::timeout(
+                timeout + Duration::from_secs(1),
+                cri.exec_sync(ExecSyncRequest {
+                    container_id: container_id.to_owned(),
+                    cmd: exec.command.clone(),
+                    timeout: i64::try_from(timeout.as_secs().max(1)).unwrap_or(i64::MAX),
+                }),
+            )
+            .await
+            .map_err(|_| format!("exec timed out after {}s", timeout.as_secs()))?
+            .map_err(|s| format!("exec failed: {}", s.message()))?
+            .into_inner();
+            if response.exit_code == 0 {
+                Ok(())
+            } else {
+                Err(format!("exec exited with {}", response.exit_code))
+            }
+        }
+        Action::HttpGet(http) => {
+            let port = port(container, &http.port)?;
+            let scheme = match http.scheme.as_deref() {
+                Some("HTTPS") => "https",
+                _ => "http",
+            };
+            let host = http.host.as_deref().unwrap_or("127.0.0.1");
+            let path = http.path.as_deref().unwrap_or("/");
+            let url = format!("{scheme}://{host}:{port}{path}");
+            // kubelet does not verify probe certificates; neither does the agent.
+            crate::pull::registry::install_crypto_provider();
+            let client = reqwest::Client::builder()
+                .timeout(timeout)
+                .tls_danger_accept_invalid_certs(true)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let mut request = client.get(&url);
+            for header in &http.http_headers {
+                request = request.header(&header.name, &header.value);
+            }
+            let response = request
+                .send()
+                .await
+                .map_err(|e| format!("GET {url}: {}", rigger_daemon::error_chain(&e)))?;
+            let status = response.status();
+            if (200..400).contains(&status.as_u16()) {
+                Ok(())
+            } else {
+                Err(format!("GET {url}: HTTP {status}"))
+            }
+        }
+        Action::TcpSocket(tcp) => {
+            let port = port(container, &tcp.port)?;
+            let host = tcp.host.as_deref().unwrap_or("127.0.0.1");
+            tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host, port)))
+                .await
+                .map_err(|_| format!("connect {host}:{port} timed out"))?
+                .map(drop)
+                .map_err(|e| format!("connect {host}:{port}: {e}"))
+        }
+    }
+}
