@@ -164,6 +164,18 @@ async fn session(
                         tasks.cancel(&cancel.id, &cancel.reason);
                     }
                     Some(controller_message::Message::Pods(set)) => pods.set_desired(set.pods),
+                    Some(controller_message::Message::Request(request)) => {
+                        // Answered on the side: an exec may take a while.
+                        let (pods, tx) = (pods.clone(), tx.clone());
+                        tokio::spawn(async move {
+                            let response = pods.answer(request).await;
+                            let _ = tx
+                                .send(AgentMessage {
+                                    message: Some(agent_message::Message::Response(response)),
+                                })
+                                .await;
+                        });
+                    }
                     Some(controller_message::Message::RegisterAck(_)) | None => {}
                 },
                 Ok(None) => return Ok(()),

@@ -9,8 +9,9 @@ use std::time::{Duration, SystemTime};
 
 use rigger_proto::v1::control_server::Control;
 use rigger_proto::v1::{
-    ApplyRequest, ApplyResponse, DeleteRequest, DeleteResponse, GetRequest, ListRequest,
-    ListResponse, Object,
+    ApplyRequest, ApplyResponse, ContainerExec, ContainerLogs, DeleteRequest, DeleteResponse,
+    GetRequest, ListRequest, ListResponse, Object, PodExecRequest, PodLogsRequest, PodOutput,
+    agent_request,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -394,6 +395,28 @@ impl ControlService {
         })
     }
 
+    /// The node and uid of a stored pod.
+    async fn placement(&self, namespace: &str, name: &str) -> Result<(String, String), Status> {
+        let key = ObjectKey::new(
+            crate::objects::pod::KIND,
+            namespace_or_default(namespace),
+            name,
+        );
+        let pod: Pod = self
+            .store
+            .get(key.clone())
+            .await
+            .map_err(store_status)?
+            .and_then(|s| serde_json::from_slice(&s.object).ok())
+            .ok_or_else(|| Status::not_found(format!("{key}: not found")))?;
+        match (pod.spec.node_name, pod.metadata.uid) {
+            (Some(node), Some(uid)) => Ok((node, uid)),
+            _ => Err(Status::failed_precondition(format!(
+                "{key}: not placed on a node"
+            ))),
+        }
+    }
+
     /// The ready node matching the pod's nodeSelector that runs the fewest pods.
     async fn place(&self, pod: &Pod) -> Result<String, FieldError> {
         let mut pods_per_node: std::collections::HashMap<String, usize> =
@@ -587,6 +610,60 @@ impl Control for ControlService {
             }
         }
         Ok(Response::new(ListResponse { items }))
+    }
+
+    async fn logs(&self, request: Request<PodLogsRequest>) -> Result<Response<PodOutput>, Status> {
+        self.leadership.require()?;
+        self.users.authorize(&request, Role::Viewer)?;
+        let request = request.into_inner();
+        let (node, uid) = self.placement(&request.namespace, &request.name).await?;
+        let answer = self
+            .pods
+            .ask(
+                &node,
+                agent_request::Kind::Logs(ContainerLogs {
+                    pod_uid: uid,
+                    container: request.container,
+                    tail_lines: request.tail_lines,
+                }),
+                Duration::from_secs(30),
+            )
+            .await?;
+        Ok(Response::new(PodOutput {
+            stdout: answer.stdout,
+            stderr: answer.stderr,
+            exit_code: answer.exit_code,
+        }))
+    }
+
+    async fn exec(&self, request: Request<PodExecRequest>) -> Result<Response<PodOutput>, Status> {
+        self.leadership.require()?;
+        let user = self.users.authorize(&request, Role::Admin)?;
+        let request = request.into_inner();
+        if request.command.is_empty() {
+            return Err(Status::invalid_argument("command: is required"));
+        }
+        let (node, uid) = self.placement(&request.namespace, &request.name).await?;
+        tracing::info!(%user, pod = %request.name, %node, "exec");
+        let timeout = u64::from(request.timeout_seconds.clamp(1, 3600));
+        let answer = self
+            .pods
+            .ask(
+                &node,
+                agent_request::Kind::Exec(ContainerExec {
+                    pod_uid: uid,
+                    container: request.container,
+                    command: request.command,
+                    timeout_seconds: u32::try_from(timeout).unwrap_or(u32::MAX),
+                }),
+                Duration::from_secs(timeout + 10),
+            )
+            .await?;
+        Ok(Response::new(PodOutput {
+            stdout: answer.stdout,
+            stderr: answer.stderr,
+            exit_code: answer.exit_code,
+        }))
     }
 
     async fn delete(

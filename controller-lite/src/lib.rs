@@ -9,6 +9,7 @@
 //! - [`link`]: the agent link (`rigger.v1.AgentLink`), one stream per agent;
 //! - [`jobs`]: the ImagePullJob engine (who pulls when, status from reports);
 //! - [`pods`]: agent-managed pods: each node's set to its agent, statuses back;
+//! - [`relay`]: users' questions to agents (logs, exec) and their answers;
 //! - [`control`]: the user API (`rigger.v1.Control`) that riggerctl speaks;
 //! - [`objects`]: the kinds users apply (ImagePullJob, ...) and their validation;
 //! - [`store`]: the object store (embedded redb, or etcd), conditional writes by revision;
@@ -25,6 +26,7 @@ pub mod link;
 pub mod nodes;
 pub mod objects;
 pub mod pods;
+pub mod relay;
 pub mod server;
 pub mod store;
 

@@ -186,6 +186,9 @@ impl AgentLinkService {
                 Some(agent_message::Message::PodStatus(status)) => {
                     self.pods.report(node, status).await;
                 }
+                Some(agent_message::Message::Response(response)) => {
+                    self.pods.relay().complete(node, response);
+                }
                 Some(agent_message::Message::Register(_)) => {
                     return Err(Status::invalid_argument("Register sent twice"));
                 }

@@ -7,6 +7,7 @@ use rigger_proto::v1::{AssignedPod, ControllerMessage, PodSet, PodStatus, contro
 
 use crate::nodes::NodeRegistry;
 use crate::objects::pod::{self, Pod};
+use crate::relay::Relay;
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
 
 /// The store kind under which pod statuses live.
@@ -20,11 +21,31 @@ pub fn status_key(pod: &ObjectKey) -> ObjectKey {
 pub struct PodSync {
     store: Store,
     nodes: NodeRegistry,
+    relay: Relay,
 }
 
 impl PodSync {
     pub fn new(store: Store, nodes: NodeRegistry) -> Self {
-        Self { store, nodes }
+        Self {
+            store,
+            nodes,
+            relay: Relay::default(),
+        }
+    }
+
+    /// Where questions for agents (logs, exec) wait for their answers.
+    pub fn relay(&self) -> &Relay {
+        &self.relay
+    }
+
+    /// Ask the agent of `node` and wait for the answer.
+    pub async fn ask(
+        &self,
+        node: &str,
+        kind: rigger_proto::v1::agent_request::Kind,
+        timeout: std::time::Duration,
+    ) -> Result<rigger_proto::v1::AgentResponse, tonic::Status> {
+        self.relay.ask(&self.nodes, node, kind, timeout).await
     }
 
     /// The pods placed on `node`.

@@ -9,7 +9,9 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use comfy_table::{Table, presets};
 use rigger_proto::v1::control_client::ControlClient;
-use rigger_proto::v1::{ApplyRequest, DeleteRequest, GetRequest, ListRequest};
+use rigger_proto::v1::{
+    ApplyRequest, DeleteRequest, GetRequest, ListRequest, PodExecRequest, PodLogsRequest,
+};
 use serde_json::Value;
 use tonic::transport::Channel;
 
@@ -65,6 +67,25 @@ enum Command {
     Describe { kind: String, name: String },
     /// Delete an object.
     Delete { kind: String, name: String },
+    /// Print a pod's container log (the current attempt's).
+    Logs {
+        pod: String,
+        #[arg(long, short = 'c')]
+        container: Option<String>,
+        /// Only the last N lines.
+        #[arg(long, default_value_t = 0)]
+        tail: u32,
+    },
+    /// Run a command in a pod's container (not interactive): `exec POD -- CMD ARGS...`.
+    Exec {
+        pod: String,
+        #[arg(long, short = 'c')]
+        container: Option<String>,
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// Wait until an object has a condition, e.g. `--for=condition=Complete`.
     Wait {
         /// KIND/NAME, e.g. imagepulljob/warm-nginx.
@@ -95,7 +116,9 @@ fn main() -> ExitCode {
         .context("cannot start the async runtime")
         .and_then(|rt| rt.block_on(run(cli)));
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(0) => ExitCode::SUCCESS,
+        // `exec` passes on the command's exit status.
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
             eprintln!("riggerctl: error: {e:#}");
             ExitCode::FAILURE
@@ -237,10 +260,37 @@ fn refused(status: &tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{}", status.message())
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+async fn run(cli: Cli) -> anyhow::Result<i32> {
     let mut client = connect(&cli).await?;
+    if let Command::Exec {
+        pod,
+        container,
+        timeout,
+        command,
+    } = &cli.command
+    {
+        let output = client
+            .exec(PodExecRequest {
+                namespace: cli.namespace.clone(),
+                name: pod.clone(),
+                container: container.clone().unwrap_or_default(),
+                command: command.clone(),
+                timeout_seconds: u32::try_from(timeout.as_secs()).unwrap_or(u32::MAX),
+            })
+            .await
+            .map_err(|s| refused(&s))?
+            .into_inner();
+        use std::io::Write as _;
+        std::io::stdout().write_all(&output.stdout)?;
+        std::io::stderr().write_all(&output.stderr)?;
+        return Ok(output.exit_code);
+    }
+    run_command(cli, &mut client).await.map(|()| 0)
+}
+
+async fn run_command(cli: Cli, client: &mut Client) -> anyhow::Result<()> {
     match cli.command {
-        Command::Apply { filename, dry_run } => apply(&mut client, &filename, dry_run).await,
+        Command::Apply { filename, dry_run } => apply(client, &filename, dry_run).await,
         Command::Get {
             kind,
             name,
@@ -249,18 +299,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             all_namespaces,
         } => {
             let namespace = if all_namespaces { "" } else { &cli.namespace };
-            get(
-                &mut client,
-                &kind,
-                name.as_deref(),
-                namespace,
-                output,
-                watch,
-            )
-            .await
+            get(client, &kind, name.as_deref(), namespace, output, watch).await
         }
         Command::Describe { kind, name } => {
-            let object = fetch(&mut client, &kind, &cli.namespace, &name).await?;
+            let object = fetch(client, &kind, &cli.namespace, &name).await?;
             print!("{}", describe(&object));
             Ok(())
         }
@@ -280,7 +322,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             object,
             condition,
             timeout,
-        } => wait(&mut client, &cli.namespace, &object, &condition, timeout).await,
+        } => wait(client, &cli.namespace, &object, &condition, timeout).await,
+        Command::Logs {
+            pod,
+            container,
+            tail,
+        } => {
+            let output = client
+                .logs(PodLogsRequest {
+                    namespace: cli.namespace.clone(),
+                    name: pod,
+                    container: container.unwrap_or_default(),
+                    tail_lines: tail,
+                })
+                .await
+                .map_err(|s| refused(&s))?
+                .into_inner();
+            use std::io::Write as _;
+            std::io::stdout().write_all(&output.stdout)?;
+            Ok(())
+        }
+        Command::Exec { .. } => Ok(()),
     }
 }
 

@@ -101,6 +101,39 @@ fn a_pod_runs_survives_an_agent_restart_restarts_crashes_and_goes_when_deleted()
         log.contains(&format!("started {name}")),
         "fieldRef env reached the container: {log}"
     );
+    // riggerctl logs and exec reach the container through the controller and the agent.
+    let logs_out = controller.ctl(&["logs", &name, "--tail", "1"]);
+    assert!(
+        logs_out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&logs_out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&logs_out.stdout),
+        format!("started {name}\n")
+    );
+    let exec_out = controller.ctl(&[
+        "exec",
+        &name,
+        "-c",
+        "main",
+        "--",
+        "sh",
+        "-c",
+        "echo in $POD_NAME; exit 3",
+    ]);
+    assert_eq!(
+        exec_out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&exec_out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&exec_out.stdout),
+        format!("in {name}\n")
+    );
+    let viewer = controller.ctl_as("viewer", &["exec", &name, "--", "true"]);
+    assert!(String::from_utf8_lossy(&viewer.stderr).contains("may only read"));
 
     // SIGKILL and start again: the same sandbox and container, nothing duplicated.
     agent.kill();
