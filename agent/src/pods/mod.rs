@@ -854,6 +854,7 @@ impl PodRunner {
                     meta.namespace.clone().unwrap_or_default(),
                 ),
                 (labels::CONTAINER_NAME.to_owned(), container.name.clone()),
+                (labels::SPEC_HASH.to_owned(), spec_hash(container)),
             ]
             .into(),
             log_path: format!("{}/{attempt}.log", container.name),
@@ -880,6 +881,16 @@ async fn list_containers(
         .await?
         .into_inner()
         .containers)
+}
+
+/// A short hash of a container's spec, to tell a changed spec from a restart.
+fn spec_hash(container: &Container) -> String {
+    use sha2::Digest as _;
+    let bytes = serde_json::to_vec(container).unwrap_or_default();
+    sha2::Sha256::digest(&bytes)[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 fn rfc3339(time: SystemTime) -> String {

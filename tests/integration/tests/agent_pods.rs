@@ -230,6 +230,8 @@ fn probes_and_hooks_run_as_kubelet_runs_them() {
     let web_port = rigger_integration_tests::free_port();
     let (hook_port, hooks) = recorder();
     let name = format!("probed-{}", std::process::id());
+    let out_dir = dir.path().join("out");
+    let out = out_dir.display();
     let yaml = format!(
         r#"apiVersion: v1
 kind: Pod
@@ -241,6 +243,8 @@ spec:
   volumes:
   - name: shared
     emptyDir: {{}}
+  - name: out
+    hostPath: {{path: {out}, type: DirectoryOrCreate}}
   initContainers:
   - name: init
     image: {image}
@@ -260,6 +264,10 @@ spec:
         exec: {{command: ["sh", "-c", "echo poststart > /shared/poststart.txt"]}}
       preStop:
         httpGet: {{path: /prestop, port: {hook_port}}}
+  - name: graceful
+    image: {image}
+    command: ["sh", "-c", "trap 'echo term > /out/term; exit 0' TERM; while true; do sleep 0.2; done"]
+    volumeMounts: [{{name: out, mountPath: /out}}]
   - name: sidecar
     image: {image}
     command: ["sh", "-c", "sleep 3600"]
