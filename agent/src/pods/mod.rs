@@ -535,7 +535,7 @@ impl PodRunner {
             Some(_) => None,
         };
         if let Some(next) = start_next {
-            if let Err(reason) = self.ensure_image(puller, &container.image).await {
+            if let Err(reason) = self.ensure_image(puller, container).await {
                 let status = serde_json::json!({
                     "name": container.name, "image": container.image, "ready": false,
                     "restartCount": attempt,
@@ -729,7 +729,22 @@ impl PodRunner {
         Ok((started, ready))
     }
 
-    async fn ensure_image(&self, puller: &Puller, image: &str) -> Result<(), String> {
+    /// The container's image on the node, as its `imagePullPolicy` asks (Kubernetes'
+    /// default: Always for `:latest` or no tag, IfNotPresent otherwise).
+    async fn ensure_image(&self, puller: &Puller, container: &Container) -> Result<(), String> {
+        let image = container.image.as_str();
+        let policy = container.image_pull_policy.unwrap_or_else(|| {
+            let tag = image
+                .rsplit('/')
+                .next()
+                .and_then(|last| last.split_once(':'))
+                .map(|(_, t)| t);
+            if image.contains('@') || tag.is_some_and(|t| t != "latest") {
+                rigger_proto::pod::PullPolicy::IfNotPresent
+            } else {
+                rigger_proto::pod::PullPolicy::Always
+            }
+        });
         let mut images =
             k8s_cri::v1::image_service_client::ImageServiceClient::new(puller.runtime().channel());
         let present = images
@@ -745,7 +760,17 @@ impl PodRunner {
             .into_inner()
             .image
             .is_some();
-        if !present {
+        let pull = match policy {
+            rigger_proto::pod::PullPolicy::Always => true,
+            rigger_proto::pod::PullPolicy::IfNotPresent => !present,
+            rigger_proto::pod::PullPolicy::Never if present => false,
+            rigger_proto::pod::PullPolicy::Never => {
+                return Err(format!(
+                    "{image} is not on the node and imagePullPolicy is Never"
+                ));
+            }
+        };
+        if pull {
             // Boxed: a pull is a large future, and most reconciles never start one.
             Box::pin(puller.pull(image, Arc::new(NoProgress)))
                 .await

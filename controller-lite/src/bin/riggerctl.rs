@@ -75,6 +75,9 @@ enum Command {
         /// Only the last N lines.
         #[arg(long, default_value_t = 0)]
         tail: u32,
+        /// Keep printing new lines (asks the agent again every second).
+        #[arg(long, short = 'f')]
+        follow: bool,
     },
     /// Run a command in a pod's container (not interactive): `exec POD -- CMD ARGS...`.
     Exec {
@@ -327,20 +330,49 @@ async fn run_command(cli: Cli, client: &mut Client) -> anyhow::Result<()> {
             pod,
             container,
             tail,
+            follow,
         } => {
+            use std::io::Write as _;
+            let request = |tail_lines| PodLogsRequest {
+                namespace: cli.namespace.clone(),
+                name: pod.clone(),
+                container: container.clone().unwrap_or_default(),
+                tail_lines,
+            };
             let output = client
-                .logs(PodLogsRequest {
-                    namespace: cli.namespace.clone(),
-                    name: pod,
-                    container: container.unwrap_or_default(),
-                    tail_lines: tail,
-                })
+                .logs(request(tail))
                 .await
                 .map_err(|s| refused(&s))?
                 .into_inner();
-            use std::io::Write as _;
             std::io::stdout().write_all(&output.stdout)?;
-            Ok(())
+            if !follow {
+                return Ok(());
+            }
+            // Following: the whole log is asked for again each second and only lines
+            // beyond what was seen are printed (a restarted container starts over).
+            let mut seen = client
+                .logs(request(0))
+                .await
+                .map_err(|s| refused(&s))?
+                .into_inner()
+                .stdout;
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let now = client
+                    .logs(request(0))
+                    .await
+                    .map_err(|s| refused(&s))?
+                    .into_inner()
+                    .stdout;
+                let new = if now.starts_with(&seen) {
+                    &now[seen.len()..]
+                } else {
+                    &now[..]
+                };
+                std::io::stdout().write_all(new)?;
+                std::io::stdout().flush()?;
+                seen = now;
+            }
         }
         Command::Exec { .. } => Ok(()),
     }

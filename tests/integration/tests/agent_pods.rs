@@ -132,6 +132,29 @@ fn a_pod_runs_survives_an_agent_restart_restarts_crashes_and_goes_when_deleted()
         String::from_utf8_lossy(&exec_out.stdout),
         format!("in {name}\n")
     );
+    // `logs -f` prints what is there and keeps following.
+    {
+        use std::io::BufRead as _;
+        let mut follow = Command::new(binary("riggerctl"))
+            .args(["--server", &controller.endpoints, "--ca-file"])
+            .arg(controller.pki.join("ca.pem"))
+            .args([
+                "--token",
+                &rigger_integration_tests::token(&controller.pki, "viewer"),
+            ])
+            .args(["logs", "-f", &name])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        std::io::BufReader::new(follow.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        assert_eq!(first, format!("started {name}\n"));
+        assert!(follow.try_wait().unwrap().is_none(), "-f keeps running");
+        follow.kill().unwrap();
+        follow.wait().unwrap();
+    }
     let viewer = controller.ctl_as("viewer", &["exec", &name, "--", "true"]);
     assert!(String::from_utf8_lossy(&viewer.stderr).contains("may only read"));
 
