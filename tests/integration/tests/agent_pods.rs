@@ -179,6 +179,28 @@ fn a_pod_runs_survives_an_agent_restart_restarts_crashes_and_goes_when_deleted()
     assert_eq!(after["status"]["containerStatuses"][0]["restartCount"], 0);
     assert_eq!(sandboxes(&name).len(), 1, "no second sandbox");
 
+    // A controller restart changes nothing on the node.
+    let mut controller = controller;
+    controller.restart();
+    std::thread::sleep(Duration::from_secs(3));
+    let after_controller = wait_until(
+        "the pod after a controller restart",
+        Duration::from_secs(30),
+        || {
+            let pod = controller.get_json(&["pod", &name])?;
+            (pod["status"]["phase"] == "Running").then_some(pod)
+        },
+    );
+    assert_eq!(
+        after_controller["status"]["containerStatuses"][0]["containerID"],
+        container_id
+    );
+    assert_eq!(
+        after_controller["status"]["containerStatuses"][0]["restartCount"],
+        0
+    );
+    assert_eq!(sandboxes(&name).len(), 1);
+
     // A crashing container is restarted (after kubelet's 10 s back-off) and counted.
     let out = controller.apply(&pod_yaml(&crasher, &image, "exit 3", "Always"));
     assert!(
