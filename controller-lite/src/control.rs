@@ -395,6 +395,114 @@ impl ControlService {
         })
     }
 
+    /// Store a ContainerRecreateRequest. Like Kruise's, its spec cannot change once
+    /// created; for a Rigger pod, the containers must be the pod's.
+    async fn apply_crr(
+        &self,
+        value: serde_json::Value,
+        dry_run: bool,
+    ) -> Result<ApplyResponse, Status> {
+        use crate::objects::container_recreate_request::{self as crr, ContainerRecreateRequest};
+        let name = object_name(&value);
+        let mut request: ContainerRecreateRequest = decode(value).map_err(|e| refuse(&name, &e))?;
+        request.status = None;
+        let namespace = request
+            .metadata
+            .namespace
+            .get_or_insert_with(|| DEFAULT_NAMESPACE.to_owned())
+            .clone();
+        let what = format!(
+            "ContainerRecreateRequest {namespace}/{}",
+            request.metadata.name
+        );
+        request.validate().map_err(|e| refuse(&what, &e))?;
+        let pod_key = ObjectKey::new(
+            crate::objects::pod::KIND,
+            &namespace,
+            &request.spec.pod_name,
+        );
+        if let Some(pod) = self
+            .store
+            .get(pod_key)
+            .await
+            .map_err(store_status)?
+            .and_then(|s| serde_json::from_slice::<Pod>(&s.object).ok())
+        {
+            for (i, container) in request.spec.containers.iter().enumerate() {
+                if !pod.spec.containers.iter().any(|c| c.name == container.name) {
+                    return Err(refuse(
+                        &what,
+                        &FieldError::new(
+                            format!("spec.containers[{i}].name"),
+                            format!(
+                                "pod {:?} has no container {:?}",
+                                request.spec.pod_name, container.name
+                            ),
+                        ),
+                    ));
+                }
+            }
+        }
+        let key = ObjectKey::new(crr::KIND, &namespace, &request.metadata.name);
+        let stored = self.store.get(key.clone()).await.map_err(store_status)?;
+        let old = stored
+            .as_ref()
+            .and_then(|s| serde_json::from_slice::<ContainerRecreateRequest>(&s.object).ok());
+        if let Some(old) = &old
+            && old.spec != request.spec
+        {
+            return Err(refuse(
+                &what,
+                &FieldError::new(
+                    "spec",
+                    "cannot change once created; delete the request and apply a new one",
+                ),
+            ));
+        }
+        inherit_metadata(
+            &mut request.metadata,
+            old.as_ref().map(|o| &o.metadata),
+            false,
+        );
+        if old.as_ref() == Some(&request) {
+            return Ok(ApplyResponse {
+                object: Some(Object {
+                    json: to_json(&request)?,
+                    revision: stored.map_or(0, |s| s.revision),
+                }),
+                outcome: "unchanged".to_owned(),
+            });
+        }
+        let outcome = if old.is_some() {
+            "configured"
+        } else {
+            "created"
+        };
+        let mut revision = 0;
+        if !dry_run {
+            let precondition = stored
+                .as_ref()
+                .map_or(Precondition::Absent, |s| Precondition::Revision(s.revision));
+            revision = self
+                .store
+                .put(key, to_json(&request)?.into_bytes(), precondition)
+                .await
+                .map_err(store_status)?;
+            tracing::info!(request = %what, pod = %request.spec.pod_name, outcome, "container recreate request applied");
+        }
+        Ok(ApplyResponse {
+            object: Some(Object {
+                json: to_json(&request)?,
+                revision,
+            }),
+            outcome: if dry_run {
+                format!("{outcome} (dry run)")
+            } else {
+                outcome.to_owned()
+            },
+        })
+    }
+
     /// The node and uid of a stored pod.
     async fn placement(&self, namespace: &str, name: &str) -> Result<(String, String), Status> {
         let key = ObjectKey::new(
@@ -487,7 +595,9 @@ impl ControlService {
                 }
                 pod.to_string()
             }
-            Kind::Node => String::from_utf8_lossy(&stored.object).into_owned(),
+            Kind::ContainerRecreateRequest | Kind::Node => {
+                String::from_utf8_lossy(&stored.object).into_owned()
+            }
         };
         Ok(Object {
             json,
@@ -562,6 +672,7 @@ impl Control for ControlService {
             Kind::ImagePullJob => self.apply_image_pull_job(value, request.dry_run).await?,
             Kind::Secret => self.apply_secret(value, request.dry_run).await?,
             Kind::Pod => self.apply_pod(value, request.dry_run).await?,
+            Kind::ContainerRecreateRequest => self.apply_crr(value, request.dry_run).await?,
             Kind::Node => {
                 return Err(Status::invalid_argument(
                     "Node objects are not applied: a node exists while its agent is registered",

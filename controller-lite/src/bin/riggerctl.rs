@@ -51,7 +51,7 @@ enum Command {
     },
     /// Show objects: one by name, or all of a kind.
     Get {
-        /// imagepulljob (ipj), pod (po), node (no), secret.
+        /// imagepulljob (ipj), containerrecreaterequest (crr), pod (po), node (no), secret.
         kind: String,
         name: Option<String>,
         #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
@@ -690,6 +690,26 @@ fn table_rows(
                     row.push(labels);
                     row.push(str_of(o, "/status/conditions/0/message").to_owned());
                 }
+                rows.push(row);
+            }
+        }
+        "ContainerRecreateRequest" => {
+            header.extend(["NAME", "POD", "PHASE", "AGE"]);
+            for o in objects {
+                let mut row = Vec::new();
+                if all_namespaces {
+                    row.push(str_of(o, "/metadata/namespace").to_owned());
+                }
+                let phase = match str_of(o, "/status/phase") {
+                    "" => "Pending",
+                    phase => phase,
+                };
+                row.extend([
+                    str_of(o, "/metadata/name").to_owned(),
+                    str_of(o, "/spec/podName").to_owned(),
+                    phase.to_owned(),
+                    age(str_of(o, "/metadata/creationTimestamp")),
+                ]);
                 rows.push(row);
             }
         }

@@ -4,6 +4,7 @@
 //! Each kind validates itself whole before anything is stored; an error names the field
 //! path (`spec.parallelism`) and why, as `kubectl` users expect.
 
+pub mod container_recreate_request;
 pub mod image_pull_job;
 pub mod pod;
 pub mod secret;
@@ -24,6 +25,7 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     ImagePullJob,
+    ContainerRecreateRequest,
     Secret,
     Pod,
     /// Nodes are not applied: they exist while their agents register.
@@ -31,11 +33,18 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Self; 4] = [Self::ImagePullJob, Self::Secret, Self::Pod, Self::Node];
+    pub const ALL: [Self; 5] = [
+        Self::ImagePullJob,
+        Self::ContainerRecreateRequest,
+        Self::Secret,
+        Self::Pod,
+        Self::Node,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Self::ImagePullJob => image_pull_job::KIND,
+            Self::ContainerRecreateRequest => container_recreate_request::KIND,
             Self::Secret => secret::KIND,
             Self::Pod => pod::KIND,
             Self::Node => "Node",
@@ -46,6 +55,9 @@ impl Kind {
     pub fn resolve(text: &str) -> Option<Self> {
         match text.to_ascii_lowercase().as_str() {
             "imagepulljob" | "imagepulljobs" | "ipj" => Some(Self::ImagePullJob),
+            "containerrecreaterequest" | "containerrecreaterequests" | "crr" => {
+                Some(Self::ContainerRecreateRequest)
+            }
             "secret" | "secrets" => Some(Self::Secret),
             "pod" | "pods" | "po" => Some(Self::Pod),
             "node" | "nodes" | "no" => Some(Self::Node),

@@ -409,6 +409,29 @@ fn pods_are_placed_on_the_ready_node_with_the_fewest_and_unsupported_ones_refuse
     let table = controller.ctl(&["get", "pods", "-o", "wide"]);
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(table.contains("p1") && table.contains("place-"), "{table}");
+    // ContainerRecreateRequests (Kruise's YAML) are checked against the pod.
+    let crr = |container: &str| {
+        format!(
+            "apiVersion: apps.kruise.io/v1alpha1\nkind: ContainerRecreateRequest\nmetadata:\n  name: restart-p1\nspec:\n  podName: p1\n  containers:\n  - name: {container}\n  strategy:\n    minStartedSeconds: 1\n"
+        )
+    };
+    let refused = controller.apply(&crr("nope"));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("spec.containers[0].name: pod \"p1\" has no container \"nope\""),
+        "{stderr}"
+    );
+    let created = controller.apply(&crr("app"));
+    assert_eq!(
+        String::from_utf8_lossy(&created.stdout).trim(),
+        "containerrecreaterequest.apps.kruise.io/restart-p1 created"
+    );
+    let changed =
+        controller.apply(&crr("app").replace("minStartedSeconds: 1", "minStartedSeconds: 2"));
+    assert!(String::from_utf8_lossy(&changed.stderr).contains("spec: cannot change once created"));
+    let listed = controller.ctl(&["get", "crr"]);
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("restart-p1"));
+
     // The agents run what was placed; delete it so nothing outlives the test.
     for name in ["p1", "p2"] {
         assert!(controller.ctl(&["delete", "pod", name]).status.success());
