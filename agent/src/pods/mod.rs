@@ -733,18 +733,9 @@ impl PodRunner {
     /// default: Always for `:latest` or no tag, IfNotPresent otherwise).
     async fn ensure_image(&self, puller: &Puller, container: &Container) -> Result<(), String> {
         let image = container.image.as_str();
-        let policy = container.image_pull_policy.unwrap_or_else(|| {
-            let tag = image
-                .rsplit('/')
-                .next()
-                .and_then(|last| last.split_once(':'))
-                .map(|(_, t)| t);
-            if image.contains('@') || tag.is_some_and(|t| t != "latest") {
-                rigger_proto::pod::PullPolicy::IfNotPresent
-            } else {
-                rigger_proto::pod::PullPolicy::Always
-            }
-        });
+        let policy = container
+            .image_pull_policy
+            .unwrap_or_else(|| default_pull_policy(image));
         let mut images =
             k8s_cri::v1::image_service_client::ImageServiceClient::new(puller.runtime().channel());
         let present = images
@@ -908,6 +899,40 @@ async fn list_containers(
         .containers)
 }
 
+/// Kubernetes' default `imagePullPolicy`: Always for `:latest` or no tag, IfNotPresent
+/// for any other tag or a digest.
+fn default_pull_policy(image: &str) -> rigger_proto::pod::PullPolicy {
+    let tag = image
+        .rsplit('/')
+        .next()
+        .and_then(|last| last.split_once(':'))
+        .map(|(_, tag)| tag);
+    if image.contains('@') || tag.is_some_and(|t| t != "latest") {
+        rigger_proto::pod::PullPolicy::IfNotPresent
+    } else {
+        rigger_proto::pod::PullPolicy::Always
+    }
+}
+
+/// The messages of a CRI log file (each line is `TIME STREAM TAG MESSAGE`), the last
+/// `tail` of them (all for 0), newline-terminated.
+fn log_messages(text: &str, tail: u32) -> String {
+    let lines: Vec<&str> = text
+        .lines()
+        .map(|line| line.splitn(4, ' ').nth(3).unwrap_or(""))
+        .collect();
+    let skip = if tail == 0 {
+        0
+    } else {
+        lines.len().saturating_sub(tail as usize)
+    };
+    let mut out = lines[skip..].join("\n");
+    if !out.is_empty() {
+        out.push('\n');
+    }
+    out
+}
+
 /// A short hash of a container's spec, to tell a changed spec from a restart.
 fn spec_hash(container: &Container) -> String {
     use sha2::Digest as _;
@@ -1020,20 +1045,7 @@ impl PodRunner {
             .ok_or_else(|| format!("no log for container {name:?} yet"))?;
         let text =
             std::fs::read_to_string(&latest).map_err(|e| format!("{}: {e}", latest.display()))?;
-        let lines: Vec<&str> = text
-            .lines()
-            .map(|line| line.splitn(4, ' ').nth(3).unwrap_or(""))
-            .collect();
-        let skip = if tail == 0 {
-            0
-        } else {
-            lines.len().saturating_sub(tail as usize)
-        };
-        let mut out = lines[skip..].join("\n");
-        if !out.is_empty() {
-            out.push('\n');
-        }
-        Ok(out)
+        Ok(log_messages(&text, tail))
     }
 
     async fn exec(
@@ -1079,5 +1091,51 @@ impl PodRunner {
             .map_err(|s| s.message().to_owned())?
             .into_inner();
         Ok((response.stdout, response.stderr, response.exit_code))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rigger_proto::pod::PullPolicy;
+
+    #[test]
+    fn pull_policy_defaults_follow_kubernetes() {
+        assert_eq!(default_pull_policy("busybox"), PullPolicy::Always);
+        assert_eq!(default_pull_policy("busybox:latest"), PullPolicy::Always);
+        assert_eq!(
+            default_pull_policy("127.0.0.1:5000/app"),
+            PullPolicy::Always
+        );
+        assert_eq!(
+            default_pull_policy("127.0.0.1:5000/app:1"),
+            PullPolicy::IfNotPresent
+        );
+        assert_eq!(
+            default_pull_policy("app@sha256:00"),
+            PullPolicy::IfNotPresent
+        );
+    }
+
+    #[test]
+    fn cri_log_lines_become_messages() {
+        let text =
+            "2026-11-22T16:00:00.1Z stdout F one\n2026-11-22T16:00:01.2Z stderr F two words\n";
+        assert_eq!(log_messages(text, 0), "one\ntwo words\n");
+        assert_eq!(log_messages(text, 1), "two words\n");
+        assert_eq!(log_messages("", 5), "");
+    }
+
+    #[test]
+    fn spec_hash_changes_with_the_spec_only() {
+        let a = Container {
+            name: "app".to_owned(),
+            image: "r.example/app:1".to_owned(),
+            ..Container::default()
+        };
+        let mut b = a.clone();
+        assert_eq!(spec_hash(&a), spec_hash(&b));
+        b.image = "r.example/app:2".to_owned();
+        assert_ne!(spec_hash(&a), spec_hash(&b));
     }
 }
