@@ -127,14 +127,13 @@ async fn session(
     tracing::info!(controller = %controller.uri(), heartbeat = ?interval, "registered with the controller");
 
     pods_reported = *pod_changes.borrow_and_update();
-    for status in pods.statuses_since(0) {
-        let report = AgentMessage {
-            message: Some(agent_message::Message::PodStatus(status)),
-        };
-        tx.send(report)
-            .await
-            .map_err(|_| "link closed".to_owned())?;
-    }
+    send_all(
+        &tx,
+        pods.statuses_since(0)
+            .into_iter()
+            .map(agent_message::Message::PodStatus),
+    )
+    .await?;
 
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -186,12 +185,8 @@ async fn session(
                     return Err("the task runner stopped".to_owned());
                 }
                 let now = *changes.borrow_and_update();
-                for status in tasks.statuses_since(reported) {
-                    let report = AgentMessage {
-                        message: Some(agent_message::Message::TaskStatus(status)),
-                    };
-                    tx.send(report).await.map_err(|_| "link closed".to_owned())?;
-                }
+                let statuses = tasks.statuses_since(reported);
+                send_all(&tx, statuses.into_iter().map(agent_message::Message::TaskStatus)).await?;
                 reported = now;
                 // Coalesce: progress of a fast pull changes many times a second.
                 tokio::time::sleep(REPORT_INTERVAL).await;
@@ -201,16 +196,27 @@ async fn session(
                     return Err("the pod runner stopped".to_owned());
                 }
                 let now = *pod_changes.borrow_and_update();
-                for status in pods.statuses_since(pods_reported) {
-                    let report = AgentMessage {
-                        message: Some(agent_message::Message::PodStatus(status)),
-                    };
-                    tx.send(report).await.map_err(|_| "link closed".to_owned())?;
-                }
+                let statuses = pods.statuses_since(pods_reported);
+                send_all(&tx, statuses.into_iter().map(agent_message::Message::PodStatus)).await?;
                 pods_reported = now;
             }
         }
     }
+}
+
+/// Queue `messages` on the link, in order.
+async fn send_all(
+    tx: &mpsc::Sender<AgentMessage>,
+    messages: impl IntoIterator<Item = agent_message::Message>,
+) -> Result<(), String> {
+    for message in messages {
+        tx.send(AgentMessage {
+            message: Some(message),
+        })
+        .await
+        .map_err(|_| "link closed".to_owned())?;
+    }
+    Ok(())
 }
 
 async fn snapshot(inventory: &SharedInventory) -> (Option<String>, Option<proto::NodeInventory>) {

@@ -142,7 +142,65 @@ fn inherit_metadata(meta: &mut ObjectMeta, stored: Option<&ObjectMeta>, spec_cha
     }
 }
 
+/// Fill in the default namespace; `(namespace, "Kind ns/name")` for messages.
+fn default_namespace(kind: &str, meta: &mut ObjectMeta) -> (String, String) {
+    let namespace = meta
+        .namespace
+        .get_or_insert_with(|| DEFAULT_NAMESPACE.to_owned())
+        .clone();
+    let what = format!("{kind} {namespace}/{}", meta.name);
+    (namespace, what)
+}
+
+/// How an apply ended: kubectl's word for it and the object's revision.
+struct Committed {
+    outcome: String,
+    revision: u64,
+    /// The store was written (side effects such as telling a node follow only then).
+    written: bool,
+}
+
 impl ControlService {
+    /// The end of every apply: nothing to do when `unchanged`, nothing written on a dry
+    /// run, else `object` is stored conditional on the revision that was read.
+    async fn commit<T: Serialize>(
+        &self,
+        key: ObjectKey,
+        stored: Option<&crate::store::Stored>,
+        existed: bool,
+        unchanged: bool,
+        object: &T,
+        dry_run: bool,
+    ) -> Result<Committed, Status> {
+        if unchanged {
+            return Ok(Committed {
+                outcome: "unchanged".to_owned(),
+                revision: stored.map_or(0, |s| s.revision),
+                written: false,
+            });
+        }
+        let outcome = if existed { "configured" } else { "created" };
+        if dry_run {
+            return Ok(Committed {
+                outcome: format!("{outcome} (dry run)"),
+                revision: 0,
+                written: false,
+            });
+        }
+        let precondition =
+            stored.map_or(Precondition::Absent, |s| Precondition::Revision(s.revision));
+        let revision = self
+            .store
+            .put(key, to_json(object)?.into_bytes(), precondition)
+            .await
+            .map_err(store_status)?;
+        Ok(Committed {
+            outcome: outcome.to_owned(),
+            revision,
+            written: true,
+        })
+    }
+
     async fn apply_image_pull_job(
         &self,
         value: serde_json::Value,
@@ -151,12 +209,8 @@ impl ControlService {
         let name = object_name(&value);
         let mut job: ImagePullJob = decode(value).map_err(|e| refuse(&name, &e))?;
         job.status = None;
-        let namespace = job
-            .metadata
-            .namespace
-            .get_or_insert_with(|| DEFAULT_NAMESPACE.to_owned())
-            .clone();
-        let what = format!("ImagePullJob {namespace}/{}", job.metadata.name);
+        let (namespace, what) =
+            default_namespace(crate::objects::image_pull_job::KIND, &mut job.metadata);
         job.validate().map_err(|e| refuse(&what, &e))?;
         let key = ObjectKey::new(
             crate::objects::image_pull_job::KIND,
@@ -205,36 +259,19 @@ impl ControlService {
                 outcome: "unchanged".to_owned(),
             });
         }
-        let outcome = if old.is_some() {
-            "configured"
-        } else {
-            "created"
-        };
-        if dry_run {
-            return Ok(ApplyResponse {
-                object: Some(Object {
-                    json: to_json(&job)?,
-                    revision: 0,
-                }),
-                outcome: format!("{outcome} (dry run)"),
-            });
+        let committed = self
+            .commit(key, stored.as_ref(), old.is_some(), false, &job, dry_run)
+            .await?;
+        if committed.written {
+            tracing::info!(job = %what, image = %job.spec.image, outcome = %committed.outcome, "job applied");
+            self.jobs.wake();
         }
-        let precondition = stored
-            .as_ref()
-            .map_or(Precondition::Absent, |s| Precondition::Revision(s.revision));
-        let revision = self
-            .store
-            .put(key, to_json(&job)?.into_bytes(), precondition)
-            .await
-            .map_err(store_status)?;
-        tracing::info!(job = %what, image = %job.spec.image, outcome, "job applied");
-        self.jobs.wake();
         Ok(ApplyResponse {
             object: Some(Object {
                 json: to_json(&job)?,
-                revision,
+                revision: committed.revision,
             }),
-            outcome: outcome.to_owned(),
+            outcome: committed.outcome,
         })
     }
 
@@ -245,12 +282,8 @@ impl ControlService {
     ) -> Result<ApplyResponse, Status> {
         let name = object_name(&value);
         let mut secret: Secret = decode(value).map_err(|e| refuse(&name, &e))?;
-        let namespace = secret
-            .metadata
-            .namespace
-            .get_or_insert_with(|| DEFAULT_NAMESPACE.to_owned())
-            .clone();
-        let what = format!("Secret {namespace}/{}", secret.metadata.name);
+        let (namespace, what) =
+            default_namespace(crate::objects::secret::KIND, &mut secret.metadata);
         secret
             .validate_and_normalize()
             .map_err(|e| refuse(&what, &e))?;
@@ -272,42 +305,25 @@ impl ControlService {
             old.as_ref().map(|o| &o.metadata),
             changed,
         );
-        if old.as_ref() == Some(&secret) {
-            return Ok(ApplyResponse {
-                object: Some(Object {
-                    json: to_json(&secret.redacted())?,
-                    revision: stored.map_or(0, |s| s.revision),
-                }),
-                outcome: "unchanged".to_owned(),
-            });
-        }
-        let outcome = if old.is_some() {
-            "configured"
-        } else {
-            "created"
-        };
-        let mut revision = 0;
-        if !dry_run {
-            let precondition = stored
-                .as_ref()
-                .map_or(Precondition::Absent, |s| Precondition::Revision(s.revision));
-            revision = self
-                .store
-                .put(key, to_json(&secret)?.into_bytes(), precondition)
-                .await
-                .map_err(store_status)?;
-            tracing::info!(secret = %what, outcome, "secret applied");
+        let committed = self
+            .commit(
+                key,
+                stored.as_ref(),
+                old.is_some(),
+                old.as_ref() == Some(&secret),
+                &secret,
+                dry_run,
+            )
+            .await?;
+        if committed.written {
+            tracing::info!(secret = %what, outcome = %committed.outcome, "secret applied");
         }
         Ok(ApplyResponse {
             object: Some(Object {
                 json: to_json(&secret.redacted())?,
-                revision,
+                revision: committed.revision,
             }),
-            outcome: if dry_run {
-                format!("{outcome} (dry run)")
-            } else {
-                outcome.to_owned()
-            },
+            outcome: committed.outcome,
         })
     }
 
@@ -321,12 +337,7 @@ impl ControlService {
         let name = object_name(&value);
         let mut pod: Pod = decode(value).map_err(|e| refuse(&name, &e))?;
         pod.status = None;
-        let namespace = pod
-            .metadata
-            .namespace
-            .get_or_insert_with(|| DEFAULT_NAMESPACE.to_owned())
-            .clone();
-        let what = format!("Pod {namespace}/{}", pod.metadata.name);
+        let (namespace, what) = default_namespace(crate::objects::pod::KIND, &mut pod.metadata);
         crate::objects::pod::validate(&pod).map_err(|e| refuse(&what, &e))?;
         let key = ObjectKey::new(crate::objects::pod::KIND, &namespace, &pod.metadata.name);
         let stored = self.store.get(key.clone()).await.map_err(store_status)?;
@@ -353,31 +364,18 @@ impl ControlService {
             pod.spec.node_name = Some(self.place(&pod).await.map_err(|e| refuse(&what, &e))?);
         }
         inherit_metadata(&mut pod.metadata, old.as_ref().map(|o| &o.metadata), false);
-        if old.as_ref() == Some(&pod) {
-            return Ok(ApplyResponse {
-                object: Some(Object {
-                    json: to_json(&pod)?,
-                    revision: stored.map_or(0, |s| s.revision),
-                }),
-                outcome: "unchanged".to_owned(),
-            });
-        }
-        let outcome = if old.is_some() {
-            "configured"
-        } else {
-            "created"
-        };
-        let mut revision = 0;
-        if !dry_run {
-            let precondition = stored
-                .as_ref()
-                .map_or(Precondition::Absent, |s| Precondition::Revision(s.revision));
-            revision = self
-                .store
-                .put(key, to_json(&pod)?.into_bytes(), precondition)
-                .await
-                .map_err(store_status)?;
-            tracing::info!(pod = %what, node = ?pod.spec.node_name, outcome, "pod applied");
+        let committed = self
+            .commit(
+                key,
+                stored.as_ref(),
+                old.is_some(),
+                old.as_ref() == Some(&pod),
+                &pod,
+                dry_run,
+            )
+            .await?;
+        if committed.written {
+            tracing::info!(pod = %what, node = ?pod.spec.node_name, outcome = %committed.outcome, "pod applied");
             if let Some(node) = &pod.spec.node_name {
                 self.pods.send_to(node).await;
             }
@@ -385,13 +383,9 @@ impl ControlService {
         Ok(ApplyResponse {
             object: Some(Object {
                 json: to_json(&pod)?,
-                revision,
+                revision: committed.revision,
             }),
-            outcome: if dry_run {
-                format!("{outcome} (dry run)")
-            } else {
-                outcome.to_owned()
-            },
+            outcome: committed.outcome,
         })
     }
 
@@ -406,15 +400,7 @@ impl ControlService {
         let name = object_name(&value);
         let mut request: ContainerRecreateRequest = decode(value).map_err(|e| refuse(&name, &e))?;
         request.status = None;
-        let namespace = request
-            .metadata
-            .namespace
-            .get_or_insert_with(|| DEFAULT_NAMESPACE.to_owned())
-            .clone();
-        let what = format!(
-            "ContainerRecreateRequest {namespace}/{}",
-            request.metadata.name
-        );
+        let (namespace, what) = default_namespace(crr::KIND, &mut request.metadata);
         request.validate().map_err(|e| refuse(&what, &e))?;
         let pod_key = ObjectKey::new(
             crate::objects::pod::KIND,
@@ -464,42 +450,25 @@ impl ControlService {
             old.as_ref().map(|o| &o.metadata),
             false,
         );
-        if old.as_ref() == Some(&request) {
-            return Ok(ApplyResponse {
-                object: Some(Object {
-                    json: to_json(&request)?,
-                    revision: stored.map_or(0, |s| s.revision),
-                }),
-                outcome: "unchanged".to_owned(),
-            });
-        }
-        let outcome = if old.is_some() {
-            "configured"
-        } else {
-            "created"
-        };
-        let mut revision = 0;
-        if !dry_run {
-            let precondition = stored
-                .as_ref()
-                .map_or(Precondition::Absent, |s| Precondition::Revision(s.revision));
-            revision = self
-                .store
-                .put(key, to_json(&request)?.into_bytes(), precondition)
-                .await
-                .map_err(store_status)?;
-            tracing::info!(request = %what, pod = %request.spec.pod_name, outcome, "container recreate request applied");
+        let committed = self
+            .commit(
+                key,
+                stored.as_ref(),
+                old.is_some(),
+                old.as_ref() == Some(&request),
+                &request,
+                dry_run,
+            )
+            .await?;
+        if committed.written {
+            tracing::info!(request = %what, pod = %request.spec.pod_name, outcome = %committed.outcome, "container recreate request applied");
         }
         Ok(ApplyResponse {
             object: Some(Object {
                 json: to_json(&request)?,
-                revision,
+                revision: committed.revision,
             }),
-            outcome: if dry_run {
-                format!("{outcome} (dry run)")
-            } else {
-                outcome.to_owned()
-            },
+            outcome: committed.outcome,
         })
     }
 

@@ -578,10 +578,7 @@ fn reconcile_job(
     let resend: Vec<String> = std::mem::take(&mut job.resend);
     for entry in &mut job.status.nodes {
         let view = views.get(&entry.name);
-        let not_ready = match view {
-            None => Some("node is not registered".to_owned()),
-            Some(v) => v.not_ready.clone(),
-        };
+        let not_ready = why_not_ready(view);
         if deadline_passed {
             if entry.phase == NodePullPhase::Pulling {
                 effects.messages.push((
@@ -701,10 +698,7 @@ fn reconcile_job(
         {
             continue;
         }
-        let not_ready = match views.get(&entry.name) {
-            None => Some("node is not registered".to_owned()),
-            Some(v) => v.not_ready.clone(),
-        };
+        let not_ready = why_not_ready(views.get(&entry.name));
         if let Some(reason) = not_ready {
             if starting {
                 continue;
@@ -789,6 +783,14 @@ fn reconcile_job(
         if status.message != message {
             status.message = message;
         }
+    }
+}
+
+/// Why a node cannot take work now (`None`: it can).
+fn why_not_ready(view: Option<&NodeView>) -> Option<String> {
+    match view {
+        None => Some("node is not registered".to_owned()),
+        Some(v) => v.not_ready.clone(),
     }
 }
 

@@ -166,12 +166,7 @@ impl PodRunner {
             })
             .collect();
         let path = self.inner.dir.join("desired.json");
-        let temporary = path.with_extension("tmp");
-        let written = serde_json::to_vec_pretty(&pods)
-            .map_err(std::io::Error::other)
-            .and_then(|bytes| std::fs::write(&temporary, bytes))
-            .and_then(|()| std::fs::rename(&temporary, &path));
-        if let Err(error) = written {
+        if let Err(error) = crate::tasks::write_json_atomically(&path, &pods) {
             tracing::warn!(path = %path.display(), %error, "cannot persist the node's pods");
         }
         tracing::info!(pods = pods.len(), "pods for this node updated");
@@ -516,12 +511,7 @@ impl PodRunner {
         let start_next = match &current {
             None => Some(0),
             Some(status) if status.state == ContainerState::ContainerExited as i32 => {
-                let failed = status.exit_code != 0;
-                let restart = match pod.spec.restart_policy {
-                    RestartPolicy::Always => !init || failed,
-                    RestartPolicy::OnFailure => failed,
-                    RestartPolicy::Never => false,
-                };
+                let restart = restarts(pod.spec.restart_policy, init, status.exit_code);
                 let delay = BACKOFF_BASE
                     .saturating_mul(1 << attempt.min(5))
                     .min(BACKOFF_MAX);
@@ -594,12 +584,7 @@ impl PodRunner {
         let state = if running {
             serde_json::json!({"running": {"startedAt": rfc3339_nanos(status.started_at)}})
         } else if status.state == ContainerState::ContainerExited as i32 {
-            let restarting = match pod.spec.restart_policy {
-                RestartPolicy::Always => !init || status.exit_code != 0,
-                RestartPolicy::OnFailure => status.exit_code != 0,
-                RestartPolicy::Never => false,
-            };
-            if restarting {
+            if restarts(pod.spec.restart_policy, init, status.exit_code) {
                 serde_json::json!({"waiting": {"reason": "CrashLoopBackOff",
                     "message": format!("back-off restarting the container (exit code {})", status.exit_code)}})
             } else {
@@ -897,6 +882,17 @@ async fn list_containers(
         .await?
         .into_inner()
         .containers)
+}
+
+/// Whether an exited container starts again under `policy` (an init container that
+/// succeeded is done, whatever the policy).
+fn restarts(policy: RestartPolicy, init: bool, exit_code: i32) -> bool {
+    let failed = exit_code != 0;
+    match policy {
+        RestartPolicy::Always => !init || failed,
+        RestartPolicy::OnFailure => failed,
+        RestartPolicy::Never => false,
+    }
 }
 
 /// Kubernetes' default `imagePullPolicy`: Always for `:latest` or no tag, IfNotPresent

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-use super::{API_VERSION, FieldError, KRUISE_API_VERSION, ObjectMeta, ValidateMeta as _};
+use super::{FieldError, ObjectMeta, ValidateMeta as _};
 
 pub const KIND: &str = "ContainerRecreateRequest";
 
@@ -118,15 +118,7 @@ pub enum ContainerRecreatePhase {
 impl ContainerRecreateRequest {
     /// Refuse what cannot run, naming the field; Kruise's API group is accepted too.
     pub fn validate(&self) -> Result<(), FieldError> {
-        if self.api_version != API_VERSION && self.api_version != KRUISE_API_VERSION {
-            return Err(FieldError::new(
-                "apiVersion",
-                format!(
-                    "{:?}: expected {API_VERSION} (or {KRUISE_API_VERSION})",
-                    self.api_version
-                ),
-            ));
-        }
+        super::check_kruise_api_version(&self.api_version)?;
         self.metadata.validate()?;
         let spec = &self.spec;
         if spec.pod_name.is_empty() {
@@ -169,6 +161,7 @@ impl ContainerRecreateRequest {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::objects::KRUISE_API_VERSION;
 
     fn crr(spec: &serde_json::Value) -> Result<ContainerRecreateRequest, String> {
         let value = serde_json::json!({

@@ -5,10 +5,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    API_VERSION, FieldError, IntOrPercent, KRUISE_API_VERSION, LabelSelector, ObjectMeta,
-    ValidateMeta as _,
-};
+use super::{FieldError, IntOrPercent, LabelSelector, ObjectMeta, ValidateMeta as _};
 
 pub const KIND: &str = "ImagePullJob";
 
@@ -183,15 +180,7 @@ pub enum NodePullPhase {
 impl ImagePullJob {
     /// Refuse what cannot run, naming the field; Kruise's API group is accepted too.
     pub fn validate(&self) -> Result<(), FieldError> {
-        if self.api_version != API_VERSION && self.api_version != KRUISE_API_VERSION {
-            return Err(FieldError::new(
-                "apiVersion",
-                format!(
-                    "{:?}: expected {API_VERSION} (or {KRUISE_API_VERSION})",
-                    self.api_version
-                ),
-            ));
-        }
+        super::check_kruise_api_version(&self.api_version)?;
         if self.kind != KIND {
             return Err(FieldError::new(
                 "kind",
@@ -296,6 +285,7 @@ impl ImagePullJobSpec {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::objects::KRUISE_API_VERSION;
 
     fn job(spec: &serde_json::Value) -> Result<ImagePullJob, String> {
         let value = serde_json::json!({

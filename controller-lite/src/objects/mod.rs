@@ -18,6 +18,18 @@ pub const API_VERSION: &str = "rigger.dev/v1alpha1";
 /// OpenKruise's, accepted as-is for the kinds Kruise has, so its YAML applies unchanged.
 pub const KRUISE_API_VERSION: &str = "apps.kruise.io/v1alpha1";
 
+/// Kinds OpenKruise also has accept its API group as well as Rigger's.
+pub fn check_kruise_api_version(api_version: &str) -> Result<(), FieldError> {
+    if api_version == API_VERSION || api_version == KRUISE_API_VERSION {
+        Ok(())
+    } else {
+        Err(FieldError::new(
+            "apiVersion",
+            format!("{api_version:?}: expected {API_VERSION} (or {KRUISE_API_VERSION})"),
+        ))
+    }
+}
+
 /// Objects applied without `metadata.namespace` land here, as with kubectl.
 pub const DEFAULT_NAMESPACE: &str = "default";
 
