@@ -54,13 +54,6 @@ struct AppState {
 /// Run until `stop` resolves, then drain within the configured timeout.
 pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<(), DaemonError> {
     let token = CancellationToken::new();
-    // Tasks accepted before a restart are loaded (and resumed) before anything binds.
-    let tasks = crate::tasks::TaskRunner::start(
-        &config.state_dir,
-        config.containerd_address(),
-        &config.pull,
-        token.child_token(),
-    )?;
     // Pods come from a controller: without one, there are none to run.
     let pods = crate::pods::PodRunner::start(
         config.link.as_ref().map_or("", |l| l.node_name.as_str()),
@@ -73,6 +66,14 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
             limit_rate: config.pull.limit_rate,
             ..crate::pull::PullOptions::default()
         },
+        token.child_token(),
+    )?;
+    // Tasks accepted before a restart are loaded (and resumed) before anything binds.
+    let tasks = crate::tasks::TaskRunner::start(
+        &config.state_dir,
+        config.containerd_address(),
+        &config.pull,
+        pods.clone(),
         token.child_token(),
     )?;
     let listener = tokio::net::TcpListener::bind(config.health_listen)

@@ -20,6 +20,7 @@ pub mod link;
 pub mod pods;
 pub mod progress;
 pub mod pull;
+pub mod recreate;
 pub mod render;
 pub mod runtime;
 pub mod tasks;

@@ -1,4 +1,5 @@
-//! Work the controller hands this agent (today: image pulls for ImagePullJobs).
+//! Work the controller hands this agent: image pulls (ImagePullJobs) and container
+//! recreates (ContainerRecreateRequests, run by `recreate.rs`).
 //!
 //! A task is persisted under `<state_dir>/tasks` the moment it is accepted, so an agent
 //! restart finishes it (or reports how it ended) instead of losing it. Delivery is at
@@ -23,7 +24,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::PullSettings;
+use crate::pods::PodRunner;
 use crate::pull::{Progress, ProgressEvent, PullOptions, Puller};
+use crate::recreate::{Recreate, RecreateWork};
 use crate::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime, namespaced};
 
 /// Finished tasks are kept (and reported on every reconnect) this long.
@@ -74,12 +77,27 @@ impl Phase {
     }
 }
 
+/// What a task does: `{"pull": ...}` or `{"recreate": ...}` in its record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+enum Work {
+    Pull(PullWork),
+    Recreate(RecreateWork),
+}
+
+impl Work {
+    fn needs_secrets(&self) -> bool {
+        matches!(self, Self::Pull(pull) if pull.needs_secrets)
+    }
+}
+
 /// A task as it lives in `<state_dir>/tasks/<hash of id>.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct TaskRecord {
     id: String,
-    pull: PullWork,
+    #[serde(flatten)]
+    work: Work,
     phase: Phase,
     #[serde(default)]
     message: String,
@@ -110,6 +128,10 @@ impl Entry {
             bytes_total: self.bytes_total,
             message: self.record.message.clone(),
             image_digest: self.record.image_digest.clone(),
+            recreate_states: match &self.record.work {
+                Work::Recreate(recreate) => recreate.states(),
+                Work::Pull(_) => Vec::new(),
+            },
         }
     }
 }
@@ -120,6 +142,8 @@ struct Inner {
     containerd_address: PathBuf,
     pull_options: PullOptions,
     puller: tokio::sync::Mutex<Option<Puller>>,
+    /// Recreates of agent-managed pods go through the pod runner.
+    pods: PodRunner,
     tasks: Mutex<HashMap<String, Entry>>,
     version: watch::Sender<u64>,
     shutdown: CancellationToken,
@@ -137,6 +161,7 @@ impl TaskRunner {
         state_dir: &Path,
         containerd_address: &Path,
         settings: &PullSettings,
+        pods: PodRunner,
         shutdown: CancellationToken,
     ) -> Result<Self, TaskError> {
         let dir = state_dir.join("tasks");
@@ -159,6 +184,7 @@ impl TaskRunner {
                 containerd_address: containerd_address.to_owned(),
                 pull_options,
                 puller: tokio::sync::Mutex::new(None),
+                pods,
                 tasks: Mutex::new(HashMap::new()),
                 version: watch::channel(0).0,
                 shutdown,
@@ -190,7 +216,7 @@ impl TaskRunner {
                 let _ = std::fs::remove_file(&path);
                 continue;
             }
-            if !record.phase.finished() && !record.pull.needs_secrets {
+            if !record.phase.finished() && !record.work.needs_secrets() {
                 resume.push(record.id.clone());
             }
             runner.insert(record);
@@ -264,12 +290,19 @@ impl TaskRunner {
             tracing::warn!(len = id.len(), "task refused: its id is empty or too long");
             return;
         }
-        let Some(task::Work::PullImage(pull)) = task.work else {
-            self.refuse(
-                &id,
-                "this agent does not know the task's kind of work (upgrade it)",
-            );
-            return;
+        let pull = match task.work {
+            Some(task::Work::PullImage(pull)) => pull,
+            Some(task::Work::RecreateContainers(recreate)) => {
+                self.accept_recreate(id, &recreate);
+                return;
+            }
+            None => {
+                self.refuse(
+                    &id,
+                    "this agent does not know the task's kind of work (upgrade it)",
+                );
+                return;
+            }
         };
         if let Err(reason) = crate::pull::check_reference(&pull.image) {
             self.refuse(&id, &reason);
@@ -280,7 +313,7 @@ impl TaskRunner {
             match tasks.get_mut(&id) {
                 Some(entry) => {
                     let waiting =
-                        entry.record.phase == Phase::Accepted && entry.record.pull.needs_secrets;
+                        entry.record.phase == Phase::Accepted && entry.record.work.needs_secrets();
                     if !waiting {
                         entry.version = self.bump();
                         return;
@@ -293,12 +326,12 @@ impl TaskRunner {
         if !waiting_for_secrets {
             let record = TaskRecord {
                 id: id.clone(),
-                pull: PullWork {
+                work: Work::Pull(PullWork {
                     image: pull.image.clone(),
                     always: pull.always,
                     timeout_seconds: pull.timeout_seconds,
                     needs_secrets: !pull.docker_configs.is_empty(),
-                },
+                }),
                 phase: Phase::Accepted,
                 message: String::new(),
                 image_digest: String::new(),
@@ -312,17 +345,42 @@ impl TaskRunner {
         self.spawn(&id, pull.docker_configs);
     }
 
+    /// Take a recreate; a known id is reported again, never run twice.
+    fn accept_recreate(&self, id: String, recreate: &proto::RecreateContainers) {
+        if let Some(entry) = self.lock().get_mut(&id) {
+            entry.version = self.bump();
+            return;
+        }
+        if recreate.pod_uid.is_empty() || recreate.containers.is_empty() {
+            self.refuse(&id, "a recreate needs a pod uid and at least one container");
+            return;
+        }
+        let record = TaskRecord {
+            id: id.clone(),
+            work: Work::Recreate(RecreateWork::from_proto(recreate)),
+            phase: Phase::Accepted,
+            message: String::new(),
+            image_digest: String::new(),
+            accepted_at: SystemTime::now(),
+            finished_at: None,
+        };
+        self.persist(&record);
+        tracing::info!(task = %id, pod = %format!("{}/{}", recreate.pod_namespace, recreate.pod_name), containers = ?recreate.containers, "recreate accepted");
+        self.insert(record);
+        self.spawn(&id, Vec::new());
+    }
+
     /// A task that cannot run is recorded as failed, so the controller learns why.
     fn refuse(&self, id: &str, reason: &str) {
         tracing::warn!(task = %id, %reason, "task refused");
         let record = TaskRecord {
             id: id.to_owned(),
-            pull: PullWork {
+            work: Work::Pull(PullWork {
                 image: String::new(),
                 always: false,
                 timeout_seconds: 0,
                 needs_secrets: false,
-            },
+            }),
             phase: Phase::Failed,
             message: reason.to_owned(),
             image_digest: String::new(),
@@ -354,9 +412,16 @@ impl TaskRunner {
     async fn run(&self, id: &str, docker_configs: Vec<String>) {
         let Some((work, cancel)) = self.update(id, |entry| {
             entry.record.phase = Phase::Running;
-            (entry.record.pull.clone(), entry.cancel.clone())
+            (entry.record.work.clone(), entry.cancel.clone())
         }) else {
             return;
+        };
+        let work = match work {
+            Work::Pull(pull) => pull,
+            Work::Recreate(recreate) => {
+                self.run_recreate(id, recreate, cancel).await;
+                return;
+            }
         };
         let pulled = async {
             let puller = self.puller().await?;
@@ -404,7 +469,7 @@ impl TaskRunner {
                     entry.record.image_digest = digest;
                     entry.record.message = message;
                     entry.bytes_done = entry.bytes_total;
-                    tracing::info!(image = %entry.record.pull.image, "pull succeeded");
+                    tracing::info!(image = %work.image, "pull succeeded");
                 }
                 Err(reason) => {
                     entry.record.phase = Phase::Failed;
@@ -412,9 +477,45 @@ impl TaskRunner {
                     if let Some(reason) = reason {
                         entry.record.message = reason;
                     }
-                    tracing::warn!(image = %entry.record.pull.image, reason = %entry.record.message, "pull failed");
+                    tracing::warn!(image = %work.image, reason = %entry.record.message, "pull failed");
                 }
             }
+            entry.record.finished_at = Some(SystemTime::now());
+        });
+    }
+
+    async fn run_recreate(&self, id: &str, mut work: RecreateWork, cancel: CancellationToken) {
+        let save = |progress: &RecreateWork| {
+            self.update(id, |entry| entry.record.work = Work::Recreate(progress.clone()));
+        };
+        let recreate = Recreate {
+            pods: &self.inner.pods,
+            containerd_address: &self.inner.containerd_address,
+            save: &save,
+        };
+        let outcome = recreate.run(&mut work, &cancel).await;
+        if self.inner.shutdown.is_cancelled() {
+            // The agent is stopping: the recreate resumes from its saved progress.
+            return;
+        }
+        self.update(id, |entry| {
+            let cancelled = entry.record.message.starts_with("cancelled: ");
+            match outcome {
+                Ok(summary) => {
+                    entry.record.phase = Phase::Succeeded;
+                    entry.record.message = summary;
+                }
+                Err(reason) => {
+                    entry.record.phase = Phase::Failed;
+                    // A cancel wrote its reason already.
+                    if !cancelled {
+                        entry.record.message = reason;
+                    }
+                    work.fail_open(&entry.record.message);
+                }
+            }
+            tracing::info!(phase = ?entry.record.phase, message = %entry.record.message, "recreate finished");
+            entry.record.work = Work::Recreate(work);
             entry.record.finished_at = Some(SystemTime::now());
         });
     }

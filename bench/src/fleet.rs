@@ -381,6 +381,7 @@ async fn agent(
                             bytes_total: 200 << 20,
                             message: String::new(),
                             image_digest: format!("sha256:{:064x}", 1),
+                            ..TaskStatus::default()
                         })),
                     }).await?;
                 }

@@ -19,6 +19,7 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::{Role, UserAuth};
 use crate::jobs::{JobEngine, status_key};
+use crate::recreates::RecreateEngine;
 use crate::leader::Leadership;
 use crate::nodes::NodeRegistry;
 use crate::objects::image_pull_job::{ImagePullJob, ImagePullJobStatus};
@@ -36,6 +37,7 @@ pub struct ControlService {
     store: Store,
     nodes: NodeRegistry,
     jobs: JobEngine,
+    recreates: RecreateEngine,
     pods: PodSync,
     users: UserAuth,
     leadership: Leadership,
@@ -43,10 +45,12 @@ pub struct ControlService {
 }
 
 impl ControlService {
+    #[allow(clippy::too_many_arguments)] // the API's collaborators, each kept once
     pub fn new(
         store: Store,
         nodes: NodeRegistry,
         jobs: JobEngine,
+        recreates: RecreateEngine,
         pods: PodSync,
         users: UserAuth,
         leadership: Leadership,
@@ -56,6 +60,7 @@ impl ControlService {
             store,
             nodes,
             jobs,
+            recreates,
             pods,
             users,
             leadership,
@@ -402,33 +407,6 @@ impl ControlService {
         request.status = None;
         let (namespace, what) = default_namespace(crr::KIND, &mut request.metadata);
         request.validate().map_err(|e| refuse(&what, &e))?;
-        let pod_key = ObjectKey::new(
-            crate::objects::pod::KIND,
-            &namespace,
-            &request.spec.pod_name,
-        );
-        if let Some(pod) = self
-            .store
-            .get(pod_key)
-            .await
-            .map_err(store_status)?
-            .and_then(|s| serde_json::from_slice::<Pod>(&s.object).ok())
-        {
-            for (i, container) in request.spec.containers.iter().enumerate() {
-                if !pod.spec.containers.iter().any(|c| c.name == container.name) {
-                    return Err(refuse(
-                        &what,
-                        &FieldError::new(
-                            format!("spec.containers[{i}].name"),
-                            format!(
-                                "pod {:?} has no container {:?}",
-                                request.spec.pod_name, container.name
-                            ),
-                        ),
-                    ));
-                }
-            }
-        }
         let key = ObjectKey::new(crr::KIND, &namespace, &request.metadata.name);
         let stored = self.store.get(key.clone()).await.map_err(store_status)?;
         let old = stored
@@ -444,6 +422,26 @@ impl ControlService {
                     "cannot change once created; delete the request and apply a new one",
                 ),
             ));
+        }
+        // The pod is resolved once, at creation, and named in Kruise's labels.
+        let target = match &old {
+            Some(old) => old.metadata.labels.clone(),
+            None => self
+                .resolve_crr_pod(&namespace, &request)
+                .await
+                .map_err(|e| refuse(&what, &e))?,
+        };
+        for label in [
+            crate::recreates::POD_UID_LABEL,
+            crate::recreates::NODE_NAME_LABEL,
+            crate::recreates::POD_OWNER_LABEL,
+        ] {
+            if let Some(value) = target.get(label) {
+                request
+                    .metadata
+                    .labels
+                    .insert(label.to_owned(), value.clone());
+            }
         }
         inherit_metadata(
             &mut request.metadata,
@@ -462,6 +460,7 @@ impl ControlService {
             .await?;
         if committed.written {
             tracing::info!(request = %what, pod = %request.spec.pod_name, outcome = %committed.outcome, "container recreate request applied");
+            self.recreates.wake();
         }
         Ok(ApplyResponse {
             object: Some(Object {
@@ -470,6 +469,62 @@ impl ControlService {
             }),
             outcome: committed.outcome,
         })
+    }
+
+    /// The request's pod: an agent-managed Pod object, else a kubelet pod some node's
+    /// inventory shows. Kruise's labels naming its uid and node (and who runs it).
+    async fn resolve_crr_pod(
+        &self,
+        namespace: &str,
+        request: &crate::objects::container_recreate_request::ContainerRecreateRequest,
+    ) -> Result<std::collections::BTreeMap<String, String>, FieldError> {
+        use crate::recreates::{NODE_NAME_LABEL, POD_OWNER_LABEL, POD_UID_LABEL};
+        let pod_name = &request.spec.pod_name;
+        let pod_key = ObjectKey::new(crate::objects::pod::KIND, namespace, pod_name);
+        let stored = self
+            .store
+            .get(pod_key)
+            .await
+            .map_err(|e| FieldError::new("spec.podName", format!("cannot read pods: {e}")))?
+            .and_then(|s| serde_json::from_slice::<Pod>(&s.object).ok());
+        let (owner, node, uid, containers) = match stored {
+            Some(pod) => {
+                let (Some(node), Some(uid)) = (pod.spec.node_name.clone(), pod.metadata.uid.clone())
+                else {
+                    return Err(FieldError::new(
+                        "spec.podName",
+                        format!("pod {namespace}/{pod_name} is not placed on a node yet"),
+                    ));
+                };
+                let names = pod.spec.containers.iter().map(|c| c.name.clone()).collect();
+                ("rigger", node, uid, names)
+            }
+            None => match self.nodes.kubelet_pod(namespace, pod_name) {
+                Some((node, pod)) => ("kubelet", node, pod.uid, pod.containers),
+                None => {
+                    return Err(FieldError::new(
+                        "spec.podName",
+                        format!(
+                            "pod {namespace}/{pod_name} not found (neither a Rigger pod nor a running kubelet pod on any node)"
+                        ),
+                    ));
+                }
+            },
+        };
+        for (i, container) in request.spec.containers.iter().enumerate() {
+            if !containers.contains(&container.name) {
+                return Err(FieldError::new(
+                    format!("spec.containers[{i}].name"),
+                    format!("pod {pod_name:?} has no container {:?}", container.name),
+                ));
+            }
+        }
+        Ok([
+            (POD_UID_LABEL.to_owned(), uid),
+            (NODE_NAME_LABEL.to_owned(), node),
+            (POD_OWNER_LABEL.to_owned(), owner.to_owned()),
+        ]
+        .into())
     }
 
     /// The node and uid of a stored pod.
@@ -564,9 +619,19 @@ impl ControlService {
                 }
                 pod.to_string()
             }
-            Kind::ContainerRecreateRequest | Kind::Node => {
-                String::from_utf8_lossy(&stored.object).into_owned()
+            Kind::ContainerRecreateRequest => {
+                let mut request: serde_json::Value = serde_json::from_slice(&stored.object)
+                    .map_err(|e| Status::internal(format!("{}: unreadable: {e}", stored.key)))?;
+                request["status"] = self
+                    .store
+                    .get(crate::recreates::status_key(&stored.key))
+                    .await
+                    .map_err(store_status)?
+                    .and_then(|s| serde_json::from_slice::<serde_json::Value>(&s.object).ok())
+                    .unwrap_or_else(|| serde_json::json!({"phase": "Pending"}));
+                request.to_string()
             }
+            Kind::Node => String::from_utf8_lossy(&stored.object).into_owned(),
         };
         Ok(Object {
             json,
@@ -787,8 +852,10 @@ impl Control for ControlService {
                 .await;
             self.pods.send_to(&node).await;
         }
-        if kind == Kind::ImagePullJob {
-            self.jobs.wake();
+        match kind {
+            Kind::ImagePullJob => self.jobs.wake(),
+            Kind::ContainerRecreateRequest => self.recreates.wake(),
+            _ => {}
         }
         Ok(Response::new(DeleteResponse {}))
     }

@@ -23,6 +23,7 @@ use crate::jobs::JobEngine;
 use crate::leader::Leadership;
 use crate::nodes::{NodeRegistry, SessionId};
 use crate::pods::PodSync;
+use crate::recreates::{RecreateEngine, is_recreate_task};
 
 /// Messages queued for one agent before the engine holds back (and offers them again).
 const AGENT_QUEUE: usize = 64;
@@ -31,6 +32,7 @@ const AGENT_QUEUE: usize = 64;
 pub struct AgentLinkService {
     nodes: NodeRegistry,
     jobs: JobEngine,
+    recreates: RecreateEngine,
     pods: PodSync,
     leadership: Leadership,
     /// Agents must present a client certificate valid for the node they register.
@@ -46,6 +48,7 @@ impl AgentLinkService {
     pub fn new(
         nodes: NodeRegistry,
         jobs: JobEngine,
+        recreates: RecreateEngine,
         pods: PodSync,
         leadership: Leadership,
         mtls: bool,
@@ -56,6 +59,7 @@ impl AgentLinkService {
         Self {
             nodes,
             jobs,
+            recreates,
             pods,
             leadership,
             mtls,
@@ -126,7 +130,12 @@ impl AgentLink for AgentLinkService {
         self.nodes
             .register(&register, session, tx.clone(), SystemTime::now());
         tracing::info!(%node, %peer, session, agent_version = %register.agent_version, tasks = register.tasks.len(), "agent registered");
-        self.jobs.node_connected(&node, register.tasks);
+        let (recreates, pulls) = register
+            .tasks
+            .into_iter()
+            .partition(|t| is_recreate_task(&t.id));
+        self.jobs.node_connected(&node, pulls);
+        self.recreates.node_connected(&node, recreates);
         {
             let (pods, node) = (self.pods.clone(), node.clone());
             tokio::spawn(async move { pods.send_to(&node).await });
@@ -181,7 +190,11 @@ impl AgentLinkService {
                     }
                 }
                 Some(agent_message::Message::TaskStatus(status)) => {
-                    self.jobs.report(node, status);
+                    if is_recreate_task(&status.id) {
+                        self.recreates.report(node, status);
+                    } else {
+                        self.jobs.report(node, status);
+                    }
                 }
                 Some(agent_message::Message::PodStatus(status)) => {
                     self.pods.report(node, status).await;

@@ -41,7 +41,18 @@ struct InventorySummary {
     containers: u32,
     /// The image names alone, for "does the node still have it" (completionPolicy Never).
     image_names: Arc<HashSet<Arc<str>>>,
+    /// Running pods of kubelet's (container recreate requests find them here).
+    kubelet_pods: Box<[KubeletPod]>,
     received_at: SystemTime,
+}
+
+/// A running kubelet pod as the node's inventory shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeletPod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub containers: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -103,6 +114,24 @@ impl Interner {
                     .map(|i| self.intern(&i.name))
                     .collect(),
             ),
+            kubelet_pods: inventory
+                .pods
+                .iter()
+                .filter(|p| p.owner == "kubelet" && p.state == "ready")
+                .map(|p| KubeletPod {
+                    namespace: p.namespace.clone(),
+                    name: p.name.clone(),
+                    uid: p.uid.clone(),
+                    containers: inventory
+                        .containers
+                        .iter()
+                        .filter(|c| c.pod_sandbox_id == p.id)
+                        .map(|c| c.name.clone())
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .into_iter()
+                        .collect(),
+                })
+                .collect(),
             received_at: SystemTime::now(),
         }
     }
@@ -199,6 +228,21 @@ impl NodeRegistry {
             .get(node)
             .and_then(|r| r.sender.as_ref())
             .is_some_and(|sender| sender.try_send(Ok(Box::new(message))).is_ok())
+    }
+
+    /// The node running kubelet pod `namespace/name`, and the pod, when an inventory
+    /// shows it.
+    pub fn kubelet_pod(&self, namespace: &str, name: &str) -> Option<(String, KubeletPod)> {
+        let nodes = self.nodes.read().ok()?;
+        nodes.iter().find_map(|(node, record)| {
+            let pod = record
+                .inventory
+                .as_ref()?
+                .kubelet_pods
+                .iter()
+                .find(|p| p.namespace == namespace && p.name == name)?;
+            Some((node.clone(), pod.clone()))
+        })
     }
 
     /// Every node as jobs see it.

@@ -127,10 +127,13 @@ pub async fn run(
     };
     let nodes = NodeRegistry::default();
     let jobs = JobEngine::new(store.clone(), nodes.clone(), config.node_timeout);
+    let recreates =
+        crate::recreates::RecreateEngine::new(store.clone(), nodes.clone(), config.node_timeout);
     let pods = crate::pods::PodSync::new(store.clone(), nodes.clone());
     let link = AgentLinkService::new(
         nodes.clone(),
         jobs.clone(),
+        recreates.clone(),
         pods.clone(),
         leadership.clone(),
         tls.is_some(),
@@ -142,17 +145,18 @@ pub async fn run(
         store,
         nodes,
         jobs.clone(),
+        recreates.clone(),
         pods,
         users.clone(),
         leadership.clone(),
         config.node_timeout,
     );
-    // The job engine runs on the leader only (at once with the embedded store).
+    // The engines run on the leader only (at once with the embedded store).
     let engine = {
         let (mut leadership, token) = (leadership.clone(), token.clone());
         tokio::spawn(async move {
             if leadership.elected().await {
-                jobs.run(token).await;
+                tokio::join!(jobs.run(token.clone()), recreates.run(token));
             }
         })
     };

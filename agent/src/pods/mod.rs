@@ -34,7 +34,7 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
-mod handlers;
+pub(crate) mod handlers;
 
 use crate::labels;
 use crate::pull::{NoProgress, PullOptions, Puller};
@@ -71,6 +71,11 @@ struct Inner {
     probes: Mutex<HashMap<String, ProbeState>>,
     /// The last spec of each pod, for preStop hooks once a pod was removed.
     known: Mutex<HashMap<String, Pod>>,
+    /// Pods a container recreate marked not ready (uid → the request's reason).
+    unready: Mutex<HashMap<String, String>>,
+    /// Containers a recreate stopped: their next attempt starts at once, whatever the
+    /// restart policy and back-off say.
+    recreate_now: Mutex<std::collections::HashSet<String>>,
 }
 
 /// What the probes of one running container found so far.
@@ -134,6 +139,8 @@ impl PodRunner {
                 version: watch::channel(0).0,
                 probes: Mutex::default(),
                 known: Mutex::default(),
+                unready: Mutex::default(),
+                recreate_now: Mutex::default(),
             }),
         };
         // A bug in one reconcile must not leave the node's pods unattended: the loop is
@@ -176,6 +183,56 @@ impl PodRunner {
 
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.inner.version.subscribe()
+    }
+
+    /// The spec of pod `uid`, when it is placed on this node.
+    pub fn pod(&self, uid: &str) -> Option<Pod> {
+        lock(&self.inner.desired)
+            .iter()
+            .find(|p| p.metadata.uid.as_deref() == Some(uid))
+            .cloned()
+    }
+
+    /// Report pod `uid` not ready (its containers keep running) until [`Self::mark_ready`].
+    pub fn mark_unready(&self, uid: &str, reason: &str) {
+        lock(&self.inner.unready).insert(uid.to_owned(), reason.to_owned());
+        self.inner.wake.notify_one();
+    }
+
+    pub fn mark_ready(&self, uid: &str) {
+        if lock(&self.inner.unready).remove(uid).is_some() {
+            self.inner.wake.notify_one();
+        }
+    }
+
+    /// Start the next attempt of the container that `container_id` was as soon as it has
+    /// exited (a recreate stopped it, or is about to).
+    pub fn recreate_now(&self, container_id: &str) {
+        lock(&self.inner.recreate_now).insert(container_id.to_owned());
+        self.inner.wake.notify_one();
+    }
+
+    /// Whether container `name` of pod `uid`, as the container `container_id`, is ready
+    /// in the last status (`None`: no status for that container yet).
+    pub fn container_ready(&self, uid: &str, name: &str, container_id: &str) -> Option<bool> {
+        self.container_flag(uid, name, container_id, "ready")
+    }
+
+    /// Whether it has started (its startup probe and postStart passed).
+    pub fn container_started(&self, uid: &str, name: &str, container_id: &str) -> Option<bool> {
+        self.container_flag(uid, name, container_id, "started")
+    }
+
+    fn container_flag(&self, uid: &str, name: &str, container_id: &str, flag: &str) -> Option<bool> {
+        let statuses = lock(&self.inner.statuses);
+        let (status, _) = statuses.get(uid)?;
+        let status: serde_json::Value = serde_json::from_str(&status.json).ok()?;
+        let container = status["containerStatuses"]
+            .as_array()?
+            .iter()
+            .find(|c| c["name"] == name)?;
+        (container["containerID"] == format!("containerd://{container_id}"))
+            .then(|| container[flag] == true)
     }
 
     /// Statuses that changed after `version` (all of them for 0).
@@ -397,9 +454,11 @@ impl PodRunner {
                 statuses.push(status);
             }
         }
-        let ready = initialized
+        let containers_ready = initialized
             && statuses.len() == pod.spec.containers.len()
             && statuses.iter().all(|s| s["ready"] == true);
+        let unready = lock(&self.inner.unready).get(uid).cloned();
+        let ready = containers_ready && unready.is_none();
         let terminated: Vec<&serde_json::Value> = statuses
             .iter()
             .filter_map(|s| s["state"].get("terminated"))
@@ -418,13 +477,18 @@ impl PodRunner {
             "Running"
         };
         let condition = |kind: &str, ok: bool| serde_json::json!({"type": kind, "status": if ok { "True" } else { "False" }});
+        let mut ready_condition = condition("Ready", ready);
+        if let Some(reason) = unready {
+            ready_condition["reason"] = "ContainerRecreating".into();
+            ready_condition["message"] = reason.into();
+        }
         Ok(serde_json::json!({
             "phase": phase,
             "conditions": [
                 condition("PodScheduled", true),
                 condition("Initialized", initialized),
-                condition("ContainersReady", ready),
-                condition("Ready", ready),
+                condition("ContainersReady", containers_ready),
+                ready_condition,
             ],
             "hostIP": host_ip(),
             "initContainerStatuses": init_statuses,
@@ -510,6 +574,12 @@ impl PodRunner {
             .map_or(0, |m| m.attempt);
         let start_next = match &current {
             None => Some(0),
+            Some(status)
+                if status.state == ContainerState::ContainerExited as i32
+                    && lock(&self.inner.recreate_now).remove(&status.id) =>
+            {
+                Some(attempt + 1)
+            }
             Some(status) if status.state == ContainerState::ContainerExited as i32 => {
                 let restart = restarts(pod.spec.restart_policy, init, status.exit_code);
                 let delay = BACKOFF_BASE
@@ -565,10 +635,13 @@ impl PodRunner {
                     .await?;
                 }
             }
+            // Ready and started only once the probes say so (none: at once).
+            let started = container.startup_probe.is_none();
+            let ready = !init && started && container.readiness_probe.is_none();
             let status = serde_json::json!({
-                "name": container.name, "image": container.image, "ready": !init,
+                "name": container.name, "image": container.image, "ready": ready,
                 "restartCount": next, "containerID": format!("containerd://{id}"),
-                "started": true, "state": {"running": {"startedAt": rfc3339(SystemTime::now())}},
+                "started": started, "state": {"running": {"startedAt": rfc3339(SystemTime::now())}},
             });
             return Ok((status, false));
         }

@@ -1,5 +1,6 @@
 //! `riggerctl`: the command line for Rigger's controller, in kubectl's habits.
 
+use std::collections::HashMap;
 use std::io::Read as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -88,6 +89,28 @@ enum Command {
         timeout: Duration,
         #[arg(last = true, required = true)]
         command: Vec<String>,
+    },
+    /// Restart containers of a pod in place: creates a ContainerRecreateRequest.
+    Recreate {
+        pod: String,
+        /// A container to recreate (repeat for several).
+        #[arg(long = "container", short = 'c', required = true, value_name = "NAME")]
+        containers: Vec<String>,
+        /// One container after the other, each once the previous one is back.
+        #[arg(long)]
+        ordered: bool,
+        /// Grace period for preStop and stop [default: the pod's].
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        grace: Option<Duration>,
+        /// Fail the request if it is not done after this long.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        deadline: Option<Duration>,
+        /// The request's name [default: POD-recreate-<time>].
+        #[arg(long)]
+        name: Option<String>,
+        /// Show each container's progress until the request completes; exit 1 if one failed.
+        #[arg(long)]
+        wait: bool,
     },
     /// Wait until an object has a condition, e.g. `--for=condition=Complete`.
     Wait {
@@ -374,7 +397,125 @@ async fn run_command(cli: Cli, client: &mut Client) -> anyhow::Result<()> {
                 seen = now;
             }
         }
+        Command::Recreate {
+            pod,
+            containers,
+            ordered,
+            grace,
+            deadline,
+            name,
+            wait,
+        } => {
+            let recreate = Recreate {
+                pod,
+                containers,
+                ordered,
+                grace,
+                deadline,
+                name,
+            };
+            run_recreate(client, &cli.namespace, recreate, wait).await
+        }
         Command::Exec { .. } => Ok(()),
+    }
+}
+
+/// What `riggerctl recreate` asks for.
+#[derive(Debug)]
+struct Recreate {
+    pod: String,
+    containers: Vec<String>,
+    ordered: bool,
+    grace: Option<Duration>,
+    deadline: Option<Duration>,
+    name: Option<String>,
+}
+
+impl Recreate {
+    fn object(&self, namespace: &str) -> Value {
+        let name = self.name.clone().unwrap_or_else(|| {
+            let now = SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            format!("{}-recreate-{}{:03}", self.pod, now.as_secs(), now.subsec_millis())
+        });
+        let mut strategy = serde_json::json!({"orderedRecreate": self.ordered});
+        if let Some(grace) = self.grace {
+            strategy["terminationGracePeriodSeconds"] = grace.as_secs().into();
+        }
+        let mut spec = serde_json::json!({
+            "podName": self.pod,
+            "containers": self.containers.iter().map(|c| serde_json::json!({"name": c})).collect::<Vec<_>>(),
+            "strategy": strategy,
+        });
+        if let Some(deadline) = self.deadline {
+            spec["activeDeadlineSeconds"] = deadline.as_secs().into();
+        }
+        serde_json::json!({
+            "apiVersion": "apps.kruise.io/v1alpha1",
+            "kind": "ContainerRecreateRequest",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": spec,
+        })
+    }
+}
+
+async fn run_recreate(
+    client: &mut Client,
+    namespace: &str,
+    recreate: Recreate,
+    wait: bool,
+) -> anyhow::Result<()> {
+    let object = recreate.object(namespace);
+    let name = str_of(&object, "/metadata/name").to_owned();
+    client
+        .apply(ApplyRequest {
+            json: object.to_string(),
+            dry_run: false,
+        })
+        .await
+        .map_err(|s| refused(&s))?;
+    println!("containerrecreaterequest.apps.kruise.io/{name} created");
+    if !wait {
+        return Ok(());
+    }
+    // One line per change of a container's phase, until the request completes.
+    let mut shown: HashMap<String, String> = HashMap::new();
+    loop {
+        let current = fetch(client, "crr", namespace, &name).await?;
+        let states = current
+            .pointer("/status/containerRecreateStates")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        for state in &states {
+            let container = str_of(state, "/name");
+            let mut line = str_of(state, "/phase").to_owned();
+            if state["isKilled"] == true {
+                line.push_str(" (old container stopped)");
+            }
+            let message = str_of(state, "/message");
+            if !message.is_empty() {
+                line.push_str(&format!(": {message}"));
+            }
+            if shown.get(container) != Some(&line) {
+                println!("  {container}: {line}");
+                shown.insert(container.to_owned(), line);
+            }
+        }
+        if str_of(&current, "/status/phase") == "Completed" {
+            let failed = states.iter().any(|s| str_of(s, "/phase") == "Failed");
+            let message = str_of(&current, "/status/message");
+            if failed {
+                anyhow::bail!(
+                    "recreate {name} completed with failed containers{}",
+                    if message.is_empty() { String::new() } else { format!(": {message}") }
+                );
+            }
+            println!("recreate {name} completed");
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
 
@@ -694,7 +835,10 @@ fn table_rows(
             }
         }
         "ContainerRecreateRequest" => {
-            header.extend(["NAME", "POD", "PHASE", "AGE"]);
+            header.extend(["NAME", "POD", "PHASE", "CONTAINERS", "AGE"]);
+            if wide {
+                header.extend(["NODE", "MESSAGE"]);
+            }
             for o in objects {
                 let mut row = Vec::new();
                 if all_namespaces {
@@ -704,12 +848,29 @@ fn table_rows(
                     "" => "Pending",
                     phase => phase,
                 };
+                let containers: Vec<String> = o
+                    .pointer("/status/containerRecreateStates")
+                    .and_then(Value::as_array)
+                    .map(|states| {
+                        states
+                            .iter()
+                            .map(|s| format!("{}={}", str_of(s, "/name"), str_of(s, "/phase")))
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 row.extend([
                     str_of(o, "/metadata/name").to_owned(),
                     str_of(o, "/spec/podName").to_owned(),
                     phase.to_owned(),
+                    containers.join(","),
                     age(str_of(o, "/metadata/creationTimestamp")),
                 ]);
+                if wide {
+                    row.push(
+                        str_of(o, "/metadata/labels/crr.apps.kruise.io~1node-name").to_owned(),
+                    );
+                    row.push(str_of(o, "/status/message").to_owned());
+                }
                 rows.push(row);
             }
         }
@@ -813,8 +974,35 @@ fn describe(object: &Value) -> String {
         .and_then(Value::as_object_mut)
     {
         status.remove("nodes");
+        status.remove("containerRecreateStates");
     }
     out.push_str(&serde_yaml_ng::to_string(&metadata_only).unwrap_or_default());
+    if let Some(states) = object
+        .pointer("/status/containerRecreateStates")
+        .and_then(Value::as_array)
+    {
+        out.push_str("Containers:\n");
+        let header: Vec<String> = ["CONTAINER", "PHASE", "KILLED", "MESSAGE"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        let rows: Vec<Vec<String>> = states
+            .iter()
+            .map(|c| {
+                vec![
+                    str_of(c, "/name").to_owned(),
+                    str_of(c, "/phase").to_owned(),
+                    (c["isKilled"] == true).to_string(),
+                    str_of(c, "/message").to_owned(),
+                ]
+            })
+            .collect();
+        for line in render_table(&header, &rows) {
+            out.push_str("  ");
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
     if let Some(nodes) = object.pointer("/status/nodes").and_then(Value::as_array) {
         out.push_str("Nodes:\n");
         let header: Vec<String> = ["NODE", "PHASE", "ATTEMPTS", "PROGRESS", "MESSAGE"]

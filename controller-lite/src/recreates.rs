@@ -1,0 +1,528 @@
+//! The ContainerRecreateRequest engine: routes each request to its pod's node as a task,
+//! one request per pod at a time (oldest first), and folds the agent's reports into the
+//! request's status.
+//!
+//! The apply step (`control.rs`) resolves the pod once and records it in Kruise's labels
+//! `crr.apps.kruise.io/pod-uid` and `crr.apps.kruise.io/node-name`; the engine trusts
+//! those. Users own the spec (`ContainerRecreateRequest/<ns>/<name>`), the engine owns the
+//! status (`ContainerRecreateRequest.status/<ns>/<name>`). The deadline
+//! (`activeDeadlineSeconds`, from creation) and the TTL are enforced here, so they hold
+//! even when the node is gone. Task ids are `crr/<request uid>`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use rigger_proto::v1::{
+    CancelTask, ContainerRecreatePhase as WirePhase, ControllerMessage, RecreateContainers, Task,
+    TaskPhase, TaskStatus, controller_message, task,
+};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::nodes::NodeRegistry;
+use crate::objects::container_recreate_request::{
+    self as crr, ContainerRecreatePhase, ContainerRecreateRequest, ContainerRecreateState,
+    CrrPhase, CrrStatus, FailurePolicy,
+};
+use crate::objects::pod::{self, Pod};
+use crate::store::{ObjectKey, Precondition, Store};
+
+/// The store kind under which request statuses live.
+pub const STATUS_KIND: &str = "ContainerRecreateRequest.status";
+/// Kruise's labels naming the request's pod and node.
+pub const POD_UID_LABEL: &str = "crr.apps.kruise.io/pod-uid";
+pub const NODE_NAME_LABEL: &str = "crr.apps.kruise.io/node-name";
+/// Who runs the pod: `rigger` (an agent-managed Pod object) or `kubelet`.
+pub const POD_OWNER_LABEL: &str = "rigger.dev/pod-owner";
+/// Task ids of recreates start with this.
+pub const TASK_PREFIX: &str = "crr/";
+const TICK: Duration = Duration::from_millis(500);
+
+pub fn status_key(request: &ObjectKey) -> ObjectKey {
+    ObjectKey::new(STATUS_KIND, &request.namespace, &request.name)
+}
+
+pub fn is_recreate_task(id: &str) -> bool {
+    id.starts_with(TASK_PREFIX)
+}
+
+#[derive(Debug)]
+struct Tracked {
+    request: ContainerRecreateRequest,
+    status: CrrStatus,
+    /// The task reached the agent's queue in this session of the node (not persisted:
+    /// after a reconnect or a controller restart it is sent again; the agent knows it).
+    sent: bool,
+    dirty: bool,
+}
+
+impl Tracked {
+    fn task_id(&self) -> String {
+        format!(
+            "{TASK_PREFIX}{}",
+            self.request.metadata.uid.as_deref().unwrap_or_default()
+        )
+    }
+
+    fn label(&self, key: &str) -> &str {
+        self.request
+            .metadata
+            .labels
+            .get(key)
+            .map_or("", String::as_str)
+    }
+
+    fn finished(&self) -> bool {
+        self.status.phase == CrrPhase::Completed
+    }
+
+    fn created(&self) -> SystemTime {
+        self.request
+            .metadata
+            .creation_timestamp
+            .as_deref()
+            .and_then(|t| humantime::parse_rfc3339(t).ok())
+            .unwrap_or(SystemTime::UNIX_EPOCH)
+    }
+
+    /// End the request: every container still open fails with `reason`.
+    fn complete(&mut self, reason: &str) {
+        for state in &mut self.status.container_recreate_states {
+            if !matches!(
+                state.phase,
+                ContainerRecreatePhase::Succeeded | ContainerRecreatePhase::Failed
+            ) {
+                state.phase = ContainerRecreatePhase::Failed;
+                state.message = reason.to_owned();
+            }
+        }
+        self.status.phase = CrrPhase::Completed;
+        self.status.message = reason.to_owned();
+        self.status.completion_time = Some(now_rfc3339());
+        self.dirty = true;
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    requests: BTreeMap<ObjectKey, Tracked>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    store: Store,
+    nodes: NodeRegistry,
+    node_timeout: Duration,
+    state: Mutex<State>,
+    wake: Notify,
+}
+
+/// The engine; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RecreateEngine {
+    inner: Arc<Inner>,
+}
+
+fn now_rfc3339() -> String {
+    humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
+}
+
+impl RecreateEngine {
+    pub fn new(store: Store, nodes: NodeRegistry, node_timeout: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                nodes,
+                node_timeout,
+                state: Mutex::default(),
+                wake: Notify::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every change under the lock is a field write; a panic cannot leave it torn.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn wake(&self) {
+        self.inner.wake.notify_one();
+    }
+
+    /// Run until `token` is cancelled.
+    pub async fn run(self, token: CancellationToken) {
+        loop {
+            self.sync().await;
+            let (messages, expired) = self.reconcile().await;
+            for (node, message) in messages {
+                self.inner.nodes.send(&node, message);
+            }
+            for key in expired {
+                tracing::info!(request = %key, "recreate request deleted (ttlSecondsAfterFinished)");
+                let _ = self.inner.store.delete(key.clone(), Precondition::Any).await;
+                let _ = self
+                    .inner
+                    .store
+                    .delete(status_key(&key), Precondition::Any)
+                    .await;
+                self.lock().requests.remove(&key);
+            }
+            self.flush().await;
+            tokio::select! {
+                _ = token.cancelled() => break,
+                _ = self.inner.wake.notified() => {}
+                _ = tokio::time::sleep(TICK) => {}
+            }
+        }
+        self.flush().await;
+    }
+
+    /// Pick up created and deleted requests (specs never change once created).
+    async fn sync(&self) {
+        let specs = match self.inner.store.list(crr::KIND).await {
+            Ok(specs) => specs,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read recreate requests from the store");
+                return;
+            }
+        };
+        let known: HashSet<ObjectKey> = self.lock().requests.keys().cloned().collect();
+        let mut seen = HashSet::new();
+        for stored in specs {
+            seen.insert(stored.key.clone());
+            if known.contains(&stored.key) {
+                continue;
+            }
+            let request: ContainerRecreateRequest = match serde_json::from_slice(&stored.object) {
+                Ok(request) => request,
+                Err(error) => {
+                    tracing::warn!(request = %stored.key, %error, "stored recreate request unreadable; skipped");
+                    continue;
+                }
+            };
+            let status = match self.inner.store.get(status_key(&stored.key)).await {
+                Ok(found) => found.and_then(|s| serde_json::from_slice(&s.object).ok()),
+                Err(error) => {
+                    tracing::warn!(request = %stored.key, %error, "cannot read the request's status");
+                    continue;
+                }
+            };
+            let fresh = status.is_none();
+            let status = status.unwrap_or_else(|| CrrStatus {
+                phase: CrrPhase::Pending,
+                container_recreate_states: request
+                    .spec
+                    .containers
+                    .iter()
+                    .map(|c| ContainerRecreateState {
+                        name: c.name.clone(),
+                        ..ContainerRecreateState::default()
+                    })
+                    .collect(),
+                ..CrrStatus::default()
+            });
+            self.lock().requests.insert(
+                stored.key.clone(),
+                Tracked {
+                    request,
+                    status,
+                    sent: false,
+                    dirty: fresh,
+                },
+            );
+        }
+        // Deleted by a user: stop the work, forget the status.
+        let gone: Vec<(ObjectKey, Tracked)> = {
+            let mut state = self.lock();
+            let keys: Vec<ObjectKey> = state
+                .requests
+                .keys()
+                .filter(|k| !seen.contains(*k))
+                .cloned()
+                .collect();
+            keys.into_iter()
+                .filter_map(|k| state.requests.remove(&k).map(|t| (k, t)))
+                .collect()
+        };
+        for (key, tracked) in gone {
+            if !tracked.finished() {
+                self.inner.nodes.send(
+                    tracked.label(NODE_NAME_LABEL),
+                    cancel(&tracked.task_id(), "the request was deleted"),
+                );
+            }
+            let _ = self
+                .inner
+                .store
+                .delete(status_key(&key), Precondition::Any)
+                .await;
+        }
+    }
+
+    /// Decide what each request needs now: messages to nodes, requests to delete.
+    async fn reconcile(&self) -> (Vec<(String, ControllerMessage)>, Vec<ObjectKey>) {
+        // Agent-managed pods as stored now (uid), to notice a deleted or replaced pod.
+        let pods: HashMap<ObjectKey, Option<String>> = {
+            let keys: Vec<ObjectKey> = self
+                .lock()
+                .requests
+                .iter()
+                .filter(|(_, t)| !t.finished() && t.label(POD_OWNER_LABEL) == "rigger")
+                .map(|(k, t)| ObjectKey::new(pod::KIND, &k.namespace, &t.request.spec.pod_name))
+                .collect();
+            let mut pods = HashMap::new();
+            for key in keys {
+                if let Ok(found) = self.inner.store.get(key.clone()).await {
+                    let uid = found
+                        .and_then(|s| serde_json::from_slice::<Pod>(&s.object).ok())
+                        .and_then(|p| p.metadata.uid);
+                    pods.insert(key, uid);
+                }
+            }
+            pods
+        };
+        let views = self
+            .inner
+            .nodes
+            .views(SystemTime::now(), self.inner.node_timeout);
+        let now = SystemTime::now();
+        let mut messages = Vec::new();
+        let mut expired = Vec::new();
+        let mut state = self.lock();
+        // Oldest first, so the first open request of a pod is the one that runs.
+        let mut order: Vec<(SystemTime, ObjectKey)> = state
+            .requests
+            .iter()
+            .map(|(k, t)| (t.created(), k.clone()))
+            .collect();
+        order.sort();
+        let mut busy: HashMap<String, String> = HashMap::new();
+        for (created, key) in order {
+            let Some(tracked) = state.requests.get_mut(&key) else {
+                continue;
+            };
+            if tracked.finished() {
+                let done_at = tracked
+                    .status
+                    .completion_time
+                    .as_deref()
+                    .and_then(|t| humantime::parse_rfc3339(t).ok());
+                if let (Some(ttl), Some(done_at)) =
+                    (tracked.request.spec.ttl_seconds_after_finished, done_at)
+                    && now.duration_since(done_at).unwrap_or_default() >= Duration::from_secs(ttl)
+                {
+                    expired.push(key);
+                }
+                continue;
+            }
+            let node = tracked.label(NODE_NAME_LABEL).to_owned();
+            let uid = tracked.label(POD_UID_LABEL).to_owned();
+            if let Some(deadline) = tracked.request.spec.active_deadline_seconds
+                && now.duration_since(created).unwrap_or_default() >= Duration::from_secs(deadline)
+            {
+                let reason = format!("activeDeadlineSeconds ({deadline}s) passed");
+                tracing::info!(request = %key, %reason, "recreate request failed");
+                if tracked.sent || tracked.status.phase == CrrPhase::Recreating {
+                    messages.push((node.clone(), cancel(&tracked.task_id(), &reason)));
+                }
+                tracked.complete(&reason);
+                continue;
+            }
+            let pod_key = ObjectKey::new(pod::KIND, &key.namespace, &tracked.request.spec.pod_name);
+            // Agent-managed pods only (kubelet's are not in the store; their agent
+            // notices a deleted pod).
+            let gone = match pods.get(&pod_key) {
+                Some(None) => Some("was deleted"),
+                Some(Some(stored)) if *stored != uid => Some("was replaced (its uid changed)"),
+                _ => None,
+            };
+            if let Some(what) = gone {
+                let reason = format!("pod {} {what}", tracked.request.spec.pod_name);
+                tracing::info!(request = %key, %reason, "recreate request failed");
+                messages.push((node.clone(), cancel(&tracked.task_id(), &reason)));
+                tracked.complete(&reason);
+                continue;
+            }
+            if let Some(earlier) = busy.get(&uid) {
+                let message = format!("waiting for {earlier}, created earlier, on the same pod");
+                if tracked.status.message != message {
+                    tracked.status.message = message;
+                    tracked.dirty = true;
+                }
+                continue;
+            }
+            busy.insert(uid.clone(), key.name.clone());
+            if tracked.sent {
+                continue;
+            }
+            match views.get(&node).and_then(|v| v.not_ready.clone()) {
+                None if views.contains_key(&node) => {
+                    let task = recreate_task(tracked, &uid);
+                    if self.inner.nodes.send(&node, task) {
+                        tracing::info!(request = %key, %node, "recreate request sent to the node");
+                        tracked.sent = true;
+                        if !tracked.status.message.is_empty() {
+                            tracked.status.message.clear();
+                            tracked.dirty = true;
+                        }
+                    }
+                }
+                reason => {
+                    let message = format!(
+                        "node {node} is not ready: {}",
+                        reason.unwrap_or_else(|| "its agent never connected".to_owned())
+                    );
+                    if tracked.status.message != message {
+                        tracked.status.message = message;
+                        tracked.dirty = true;
+                    }
+                }
+            }
+        }
+        (messages, expired)
+    }
+
+    async fn flush(&self) {
+        let dirty: Vec<(ObjectKey, CrrStatus)> = {
+            let mut state = self.lock();
+            state
+                .requests
+                .iter_mut()
+                .filter(|(_, t)| t.dirty)
+                .map(|(k, t)| {
+                    t.dirty = false;
+                    (k.clone(), t.status.clone())
+                })
+                .collect()
+        };
+        for (key, status) in dirty {
+            let Ok(bytes) = serde_json::to_vec(&status) else {
+                continue;
+            };
+            if let Err(error) = self
+                .inner
+                .store
+                .put(status_key(&key), bytes, Precondition::Any)
+                .await
+            {
+                tracing::warn!(request = %key, %error, "cannot write the request's status");
+                if let Some(t) = self.lock().requests.get_mut(&key) {
+                    t.dirty = true;
+                }
+            }
+        }
+    }
+
+    /// An agent (re)registered: send its open requests again (it recognizes the ids)
+    /// and take the statuses it holds.
+    pub fn node_connected(&self, node: &str, statuses: Vec<TaskStatus>) {
+        {
+            let mut state = self.lock();
+            for tracked in state.requests.values_mut() {
+                if tracked.label(NODE_NAME_LABEL) == node {
+                    tracked.sent = false;
+                }
+            }
+        }
+        for status in statuses {
+            self.report(node, status);
+        }
+        self.wake();
+    }
+
+    /// A recreate task's status from `node`'s agent.
+    pub fn report(&self, node: &str, report: TaskStatus) {
+        let mut state = self.lock();
+        let Some(tracked) = state
+            .requests
+            .values_mut()
+            .find(|t| t.task_id() == report.id)
+        else {
+            return; // A deleted request.
+        };
+        if tracked.label(NODE_NAME_LABEL) != node {
+            tracing::warn!(%node, task = %report.id, "report for a request of another node refused");
+            return;
+        }
+        if tracked.finished() {
+            return;
+        }
+        let phase = TaskPhase::try_from(report.phase).unwrap_or(TaskPhase::Unspecified);
+        for reported in &report.recreate_states {
+            if let Some(state) = tracked
+                .status
+                .container_recreate_states
+                .iter_mut()
+                .find(|s| s.name == reported.name)
+            {
+                state.phase = match reported.phase() {
+                    WirePhase::Pending => ContainerRecreatePhase::Pending,
+                    WirePhase::Recreating => ContainerRecreatePhase::Recreating,
+                    WirePhase::Succeeded => ContainerRecreatePhase::Succeeded,
+                    WirePhase::Failed => ContainerRecreatePhase::Failed,
+                };
+                state.message.clone_from(&reported.message);
+                state.is_killed = reported.is_killed;
+            }
+        }
+        match phase {
+            TaskPhase::Accepted | TaskPhase::Running => {
+                tracked.sent = true;
+                tracked.status.phase = CrrPhase::Recreating;
+                tracked.status.message.clear();
+                tracked.dirty = true;
+            }
+            TaskPhase::Succeeded | TaskPhase::Failed => {
+                tracked.complete(&report.message);
+                drop(state);
+                self.wake();
+            }
+            TaskPhase::Unspecified => {}
+        }
+    }
+}
+
+fn cancel(id: &str, reason: &str) -> ControllerMessage {
+    ControllerMessage {
+        message: Some(controller_message::Message::CancelTask(CancelTask {
+            id: id.to_owned(),
+            reason: reason.to_owned(),
+        })),
+    }
+}
+
+fn recreate_task(tracked: &Tracked, uid: &str) -> ControllerMessage {
+    let spec = &tracked.request.spec;
+    let strategy = &spec.strategy;
+    let seconds = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    ControllerMessage {
+        message: Some(controller_message::Message::Task(Task {
+            id: tracked.task_id(),
+            work: Some(task::Work::RecreateContainers(RecreateContainers {
+                pod_uid: uid.to_owned(),
+                pod_namespace: tracked
+                    .request
+                    .metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_default(),
+                pod_name: spec.pod_name.clone(),
+                containers: spec.containers.iter().map(|c| c.name.clone()).collect(),
+                ordered: strategy.ordered_recreate,
+                ignore_failures: strategy.failure_policy == FailurePolicy::Ignore,
+                termination_grace_period_seconds: strategy
+                    .termination_grace_period_seconds
+                    .map(seconds),
+                unready_grace_period_seconds: strategy
+                    .unready_grace_period_seconds
+                    .map_or(0, seconds),
+                min_started_seconds: seconds(strategy.min_started_seconds),
+                force_recreate: strategy.force_recreate,
+            })),
+        })),
+    }
+}
