@@ -157,8 +157,13 @@ impl RecreateWork {
 
 /// Where the pod lives and who restarts its containers.
 enum Target {
-    Agent { sandbox: String, pod: Box<rigger_proto::pod::Pod> },
-    Kubelet { sandbox: String },
+    Agent {
+        sandbox: String,
+        pod: Box<rigger_proto::pod::Pod>,
+    },
+    Kubelet {
+        sandbox: String,
+    },
 }
 
 impl Target {
@@ -293,10 +298,9 @@ impl Recreate<'_> {
         work: &RecreateWork,
     ) -> Result<Target, String> {
         if let Some(pod) = self.pods.pod(&work.pod_uid) {
-            let sandbox =
-                ready_sandbox(cri, labels::POD_UID, &work.pod_uid)
-                    .await?
-                    .ok_or_else(|| format!("{} has no running sandbox yet", work.what()))?;
+            let sandbox = ready_sandbox(cri, labels::POD_UID, &work.pod_uid)
+                .await?
+                .ok_or_else(|| format!("{} has no running sandbox yet", work.what()))?;
             return Ok(Target::Agent {
                 sandbox,
                 pod: Box::new(pod),
@@ -340,7 +344,8 @@ impl Recreate<'_> {
             let progress = &mut work.containers[i];
             progress.phase = Phase::Recreating;
             progress.old_container_id = Some(current.id.clone());
-            progress.message = "the container was not running; waiting for its next attempt".to_owned();
+            progress.message =
+                "the container was not running; waiting for its next attempt".to_owned();
             (self.save)(work);
             if matches!(target, Target::Agent { .. }) {
                 self.pods.recreate_now(&current.id);
@@ -381,8 +386,7 @@ impl Recreate<'_> {
                     let bound = Duration::from_secs(grace);
                     match Action::of_handler(&handler) {
                         Some(action) => {
-                            match handlers::run(cri, &container, &current.id, action, bound).await
-                            {
+                            match handlers::run(cri, &container, &current.id, action, bound).await {
                                 Ok(()) => {
                                     tracing::info!(pod = %work.what(), container = %name, "preStop hook ran");
                                 }
@@ -439,12 +443,7 @@ impl Recreate<'_> {
     }
 
     /// The grace period: the request's, else the pod's.
-    fn grace(
-        &self,
-        target: &Target,
-        work: &RecreateWork,
-        current: &k8s_cri::v1::Container,
-    ) -> u32 {
+    fn grace(&self, target: &Target, work: &RecreateWork, current: &k8s_cri::v1::Container) -> u32 {
         if let Some(grace) = work.termination_grace_period_seconds {
             return grace;
         }
@@ -494,7 +493,10 @@ impl Recreate<'_> {
         let min_started = Duration::from_secs(u64::from(work.min_started_seconds));
         loop {
             if !self.pod_still_here(cri, target, work).await? {
-                return Err(format!("{} was deleted or replaced during the request", work.what()));
+                return Err(format!(
+                    "{} was deleted or replaced during the request",
+                    work.what()
+                ));
             }
             let mut open = false;
             for &i in which {
@@ -688,13 +690,14 @@ mod tests {
         ]);
         let (container, handler) = kubelet_pre_stop("app", &annotations).unwrap().unwrap();
         assert_eq!(container.ports[0].container_port, 8080);
-        assert_eq!(
-            handler.http_get.unwrap().path.as_deref(),
-            Some("/drain")
-        );
+        assert_eq!(handler.http_get.unwrap().path.as_deref(), Some("/drain"));
         assert!(kubelet_pre_stop("app", &HashMap::new()).unwrap().is_none());
         let broken = HashMap::from([(KUBELET_PRE_STOP.to_owned(), "{".to_owned())]);
-        assert!(kubelet_pre_stop("app", &broken).unwrap_err().contains("unreadable"));
+        assert!(
+            kubelet_pre_stop("app", &broken)
+                .unwrap_err()
+                .contains("unreadable")
+        );
     }
 
     #[test]

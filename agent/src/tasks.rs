@@ -293,7 +293,7 @@ impl TaskRunner {
         let pull = match task.work {
             Some(task::Work::PullImage(pull)) => pull,
             Some(task::Work::RecreateContainers(recreate)) => {
-                self.accept_recreate(id, &recreate);
+                self.accept_recreate(&id, &recreate);
                 return;
             }
             None => {
@@ -346,17 +346,17 @@ impl TaskRunner {
     }
 
     /// Take a recreate; a known id is reported again, never run twice.
-    fn accept_recreate(&self, id: String, recreate: &proto::RecreateContainers) {
-        if let Some(entry) = self.lock().get_mut(&id) {
+    fn accept_recreate(&self, id: &str, recreate: &proto::RecreateContainers) {
+        if let Some(entry) = self.lock().get_mut(id) {
             entry.version = self.bump();
             return;
         }
         if recreate.pod_uid.is_empty() || recreate.containers.is_empty() {
-            self.refuse(&id, "a recreate needs a pod uid and at least one container");
+            self.refuse(id, "a recreate needs a pod uid and at least one container");
             return;
         }
         let record = TaskRecord {
-            id: id.clone(),
+            id: id.to_owned(),
             work: Work::Recreate(RecreateWork::from_proto(recreate)),
             phase: Phase::Accepted,
             message: String::new(),
@@ -367,7 +367,7 @@ impl TaskRunner {
         self.persist(&record);
         tracing::info!(task = %id, pod = %format!("{}/{}", recreate.pod_namespace, recreate.pod_name), containers = ?recreate.containers, "recreate accepted");
         self.insert(record);
-        self.spawn(&id, Vec::new());
+        self.spawn(id, Vec::new());
     }
 
     /// A task that cannot run is recorded as failed, so the controller learns why.
@@ -486,7 +486,9 @@ impl TaskRunner {
 
     async fn run_recreate(&self, id: &str, mut work: RecreateWork, cancel: CancellationToken) {
         let save = |progress: &RecreateWork| {
-            self.update(id, |entry| entry.record.work = Work::Recreate(progress.clone()));
+            self.update(id, |entry| {
+                entry.record.work = Work::Recreate(progress.clone())
+            });
         };
         let recreate = Recreate {
             pods: &self.inner.pods,
@@ -675,6 +677,18 @@ mod tests {
         }
     }
 
+    /// A pod runner with no containerd behind it (pull tasks never use it).
+    fn pods(state: &Path) -> PodRunner {
+        PodRunner::start(
+            "test-node",
+            state,
+            Path::new("/nonexistent.sock"),
+            &PullOptions::default(),
+            CancellationToken::new(),
+        )
+        .unwrap()
+    }
+
     #[tokio::test]
     async fn accepted_tasks_survive_a_restart_without_their_secrets() {
         let state = tempfile::tempdir().unwrap();
@@ -683,6 +697,7 @@ mod tests {
             state.path(),
             Path::new("/nonexistent.sock"),
             &settings(),
+            pods(state.path()),
             token.clone(),
         )
         .unwrap();
@@ -713,6 +728,7 @@ mod tests {
             state.path(),
             Path::new("/nonexistent.sock"),
             &settings(),
+            pods(state.path()),
             CancellationToken::new(),
         )
         .unwrap();
@@ -733,6 +749,7 @@ mod tests {
             state.path(),
             Path::new("/nonexistent.sock"),
             &settings(),
+            pods(state.path()),
             CancellationToken::new(),
         )
         .unwrap();

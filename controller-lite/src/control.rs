@@ -19,7 +19,6 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::{Role, UserAuth};
 use crate::jobs::{JobEngine, status_key};
-use crate::recreates::RecreateEngine;
 use crate::leader::Leadership;
 use crate::nodes::NodeRegistry;
 use crate::objects::image_pull_job::{ImagePullJob, ImagePullJobStatus};
@@ -27,6 +26,7 @@ use crate::objects::pod::Pod;
 use crate::objects::secret::Secret;
 use crate::objects::{DEFAULT_NAMESPACE, FieldError, Kind, ObjectMeta};
 use crate::pods::PodSync;
+use crate::recreates::RecreateEngine;
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
 
 /// Largest object accepted (a job or secret is a few kilobytes).
@@ -489,7 +489,8 @@ impl ControlService {
             .and_then(|s| serde_json::from_slice::<Pod>(&s.object).ok());
         let (owner, node, uid, containers) = match stored {
             Some(pod) => {
-                let (Some(node), Some(uid)) = (pod.spec.node_name.clone(), pod.metadata.uid.clone())
+                let (Some(node), Some(uid)) =
+                    (pod.spec.node_name.clone(), pod.metadata.uid.clone())
                 else {
                     return Err(FieldError::new(
                         "spec.podName",

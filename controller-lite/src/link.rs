@@ -135,7 +135,7 @@ impl AgentLink for AgentLinkService {
             .into_iter()
             .partition(|t| is_recreate_task(&t.id));
         self.jobs.node_connected(&node, pulls);
-        self.recreates.node_connected(&node, recreates);
+        self.recreates.node_connected(&node, &recreates);
         {
             let (pods, node) = (self.pods.clone(), node.clone());
             tokio::spawn(async move { pods.send_to(&node).await });
@@ -191,7 +191,7 @@ impl AgentLinkService {
                 }
                 Some(agent_message::Message::TaskStatus(status)) => {
                     if is_recreate_task(&status.id) {
-                        self.recreates.report(node, status);
+                        self.recreates.report(node, &status);
                     } else {
                         self.jobs.report(node, status);
                     }

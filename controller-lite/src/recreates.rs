@@ -163,7 +163,11 @@ impl RecreateEngine {
             }
             for key in expired {
                 tracing::info!(request = %key, "recreate request deleted (ttlSecondsAfterFinished)");
-                let _ = self.inner.store.delete(key.clone(), Precondition::Any).await;
+                let _ = self
+                    .inner
+                    .store
+                    .delete(key.clone(), Precondition::Any)
+                    .await;
                 let _ = self
                     .inner
                     .store
@@ -419,7 +423,7 @@ impl RecreateEngine {
 
     /// An agent (re)registered: send its open requests again (it recognizes the ids)
     /// and take the statuses it holds.
-    pub fn node_connected(&self, node: &str, statuses: Vec<TaskStatus>) {
+    pub fn node_connected(&self, node: &str, statuses: &[TaskStatus]) {
         {
             let mut state = self.lock();
             for tracked in state.requests.values_mut() {
@@ -435,7 +439,7 @@ impl RecreateEngine {
     }
 
     /// A recreate task's status from `node`'s agent.
-    pub fn report(&self, node: &str, report: TaskStatus) {
+    pub fn report(&self, node: &str, report: &TaskStatus) {
         let mut state = self.lock();
         let Some(tracked) = state
             .requests

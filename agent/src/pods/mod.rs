@@ -223,7 +223,13 @@ impl PodRunner {
         self.container_flag(uid, name, container_id, "started")
     }
 
-    fn container_flag(&self, uid: &str, name: &str, container_id: &str, flag: &str) -> Option<bool> {
+    fn container_flag(
+        &self,
+        uid: &str,
+        name: &str,
+        container_id: &str,
+        flag: &str,
+    ) -> Option<bool> {
         let statuses = lock(&self.inner.statuses);
         let (status, _) = statuses.get(uid)?;
         let status: serde_json::Value = serde_json::from_str(&status.json).ok()?;

@@ -437,7 +437,12 @@ impl Recreate {
             let now = SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap_or_default();
-            format!("{}-recreate-{}{:03}", self.pod, now.as_secs(), now.subsec_millis())
+            format!(
+                "{}-recreate-{}{:03}",
+                self.pod,
+                now.as_secs(),
+                now.subsec_millis()
+            )
         });
         let mut strategy = serde_json::json!({"orderedRecreate": self.ordered});
         if let Some(grace) = self.grace {
@@ -509,7 +514,11 @@ async fn run_recreate(
             if failed {
                 anyhow::bail!(
                     "recreate {name} completed with failed containers{}",
-                    if message.is_empty() { String::new() } else { format!(": {message}") }
+                    if message.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {message}")
+                    }
                 );
             }
             println!("recreate {name} completed");

@@ -509,6 +509,8 @@ pub fn lab_image(args: &[&str]) {
 pub struct CriPod {
     pub sandbox_id: String,
     pub container_id: String,
+    spec: CriPodSpec,
+    sandbox_config: k8s_cri::v1::PodSandboxConfig,
     runtime: tokio::runtime::Runtime,
     client: k8s_cri::v1::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
 }
@@ -527,6 +529,8 @@ pub struct CriPodSpec {
     pub attempt: u32,
     pub image: String,
     pub command: Vec<String>,
+    /// Bind mounts: (host path, container path).
+    pub mounts: Vec<(PathBuf, String)>,
 }
 
 impl CriPodSpec {
@@ -599,43 +603,94 @@ impl CriPod {
                 .unwrap()
                 .into_inner()
                 .pod_sandbox_id;
-            let container_id = client
-                .create_container(CreateContainerRequest {
-                    pod_sandbox_id: sandbox_id.clone(),
-                    config: Some(ContainerConfig {
-                        metadata: Some(ContainerMetadata {
-                            name: spec.container.clone(),
-                            attempt: spec.attempt,
-                        }),
-                        image: Some(ImageSpec {
-                            image: spec.image.clone(),
-                            ..Default::default()
-                        }),
-                        command: spec.command.clone(),
-                        labels: spec.container_labels.clone(),
-                        annotations: spec.container_annotations.clone(),
-                        ..Default::default()
-                    }),
-                    sandbox_config: Some(sandbox_config),
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .container_id;
-            client
-                .start_container(StartContainerRequest {
-                    container_id: container_id.clone(),
-                })
-                .await
-                .unwrap();
+            let container_id = Box::pin(Self::start_container(
+                &mut client,
+                &sandbox_id,
+                &sandbox_config,
+                spec,
+            ))
+            .await;
             (sandbox_id, container_id)
         });
         Self {
             sandbox_id,
             container_id,
+            spec: spec.clone(),
+            sandbox_config,
             runtime,
             client,
         }
+    }
+
+    async fn start_container(
+        client: &mut k8s_cri::v1::runtime_service_client::RuntimeServiceClient<
+            tonic::transport::Channel,
+        >,
+        sandbox_id: &str,
+        sandbox_config: &k8s_cri::v1::PodSandboxConfig,
+        spec: &CriPodSpec,
+    ) -> String {
+        use k8s_cri::v1::*;
+        let container_id = client
+            .create_container(CreateContainerRequest {
+                pod_sandbox_id: sandbox_id.to_owned(),
+                config: Some(ContainerConfig {
+                    metadata: Some(ContainerMetadata {
+                        name: spec.container.clone(),
+                        attempt: spec.attempt,
+                    }),
+                    image: Some(ImageSpec {
+                        image: spec.image.clone(),
+                        ..Default::default()
+                    }),
+                    command: spec.command.clone(),
+                    labels: spec.container_labels.clone(),
+                    annotations: spec.container_annotations.clone(),
+                    mounts: spec
+                        .mounts
+                        .iter()
+                        .map(|(host, path)| Mount {
+                            container_path: path.clone(),
+                            host_path: host.display().to_string(),
+                            ..Default::default()
+                        })
+                        .collect(),
+                    ..Default::default()
+                }),
+                sandbox_config: Some(sandbox_config.clone()),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .container_id;
+        client
+            .start_container(StartContainerRequest {
+                container_id: container_id.clone(),
+            })
+            .await
+            .unwrap();
+        container_id
+    }
+
+    /// One turn of kubelet's restart loop: when the container has exited, start its next
+    /// attempt (restart count annotation included) and return the new container's id.
+    pub fn restart_if_exited(&mut self) -> Option<String> {
+        if self.container_state() != "CONTAINER_EXITED" {
+            return None;
+        }
+        self.spec.attempt += 1;
+        self.spec.container_annotations.insert(
+            "io.kubernetes.container.restartCount".to_owned(),
+            self.spec.attempt.to_string(),
+        );
+        let id = self.runtime.block_on(Box::pin(Self::start_container(
+            &mut self.client,
+            &self.sandbox_id,
+            &self.sandbox_config,
+            &self.spec,
+        )));
+        self.container_id = id.clone();
+        Some(id)
     }
 
     /// The container's CRI state name, e.g. `CONTAINER_RUNNING`.
