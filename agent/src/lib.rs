@@ -16,6 +16,7 @@ pub mod config;
 pub mod daemon;
 pub mod inventory;
 pub mod labels;
+pub mod lifecycle;
 pub mod link;
 pub mod pods;
 pub mod progress;

@@ -191,14 +191,14 @@ pub(crate) struct Recreate<'a> {
 impl Recreate<'_> {
     /// `Ok` with a summary when every container was handled (some may have failed under
     /// failurePolicy Ignore); `Err` with the reason the request failed (the containers
-    /// still open are left for the caller to fail, or to resume after a restart).
+    /// still open are left for the caller to fail, or to resume after a restart). A pod
+    /// marked not ready stays so: the caller decides when it is ready again.
     pub async fn run(
         &self,
         work: &mut RecreateWork,
         cancel: &CancellationToken,
     ) -> Result<String, String> {
         let outcome = self.steps(work, cancel).await;
-        self.pods.mark_ready(&work.pod_uid);
         match outcome {
             Ok(()) => {
                 let failed: Vec<&str> = work

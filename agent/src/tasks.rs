@@ -496,6 +496,7 @@ impl TaskRunner {
             save: &save,
         };
         let outcome = recreate.run(&mut work, &cancel).await;
+        self.inner.pods.mark_ready(&work.pod_uid);
         if self.inner.shutdown.is_cancelled() {
             // The agent is stopping: the recreate resumes from its saved progress.
             return;

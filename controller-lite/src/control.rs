@@ -29,6 +29,9 @@ use crate::pods::PodSync;
 use crate::recreates::RecreateEngine;
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
 
+/// The label `get pod` shows an agent-managed pod's lifecycle state in.
+pub const LIFECYCLE_STATE_LABEL: &str = "lifecycle.rigger.dev/state";
+
 /// Largest object accepted (a job or secret is a few kilobytes).
 pub const MAX_OBJECT_BYTES: usize = 1 << 20;
 
@@ -280,6 +283,50 @@ impl ControlService {
         })
     }
 
+    /// Store a LifecycleCooperator; the nodes' pods get the new set of cooperators.
+    async fn apply_cooperator(
+        &self,
+        value: serde_json::Value,
+        dry_run: bool,
+    ) -> Result<ApplyResponse, Status> {
+        use crate::objects::lifecycle_cooperator::{self as cooperator, LifecycleCooperator};
+        let name = object_name(&value);
+        let mut object: LifecycleCooperator = decode(value).map_err(|e| refuse(&name, &e))?;
+        let (namespace, what) = default_namespace(cooperator::KIND, &mut object.metadata);
+        object.validate().map_err(|e| refuse(&what, &e))?;
+        let key = ObjectKey::new(cooperator::KIND, &namespace, &object.metadata.name);
+        let stored = self.store.get(key.clone()).await.map_err(store_status)?;
+        let old = stored
+            .as_ref()
+            .and_then(|s| serde_json::from_slice::<LifecycleCooperator>(&s.object).ok());
+        inherit_metadata(
+            &mut object.metadata,
+            old.as_ref().map(|o| &o.metadata),
+            old.as_ref().is_some_and(|o| o.spec != object.spec),
+        );
+        let committed = self
+            .commit(
+                key,
+                stored.as_ref(),
+                old.is_some(),
+                old.as_ref() == Some(&object),
+                &object,
+                dry_run,
+            )
+            .await?;
+        if committed.written {
+            tracing::info!(cooperator = %what, outcome = %committed.outcome, "lifecycle cooperator applied");
+            self.pods.send_to_all().await;
+        }
+        Ok(ApplyResponse {
+            object: Some(Object {
+                json: to_json(&object)?,
+                revision: committed.revision,
+            }),
+            outcome: committed.outcome,
+        })
+    }
+
     async fn apply_secret(
         &self,
         value: serde_json::Value,
@@ -342,6 +389,8 @@ impl ControlService {
         let name = object_name(&value);
         let mut pod: Pod = decode(value).map_err(|e| refuse(&name, &e))?;
         pod.status = None;
+        // Shown on reads, owned by the agent: a re-applied copy must not store it.
+        pod.metadata.labels.remove(LIFECYCLE_STATE_LABEL);
         let (namespace, what) = default_namespace(crate::objects::pod::KIND, &mut pod.metadata);
         crate::objects::pod::validate(&pod).map_err(|e| refuse(&what, &e))?;
         let key = ObjectKey::new(crate::objects::pod::KIND, &namespace, &pod.metadata.name);
@@ -355,20 +404,18 @@ impl ControlService {
             if pod.spec.node_name.is_none() {
                 pod.spec.node_name.clone_from(&old.spec.node_name);
             }
-            if old.spec != pod.spec {
-                return Err(refuse(
-                    &what,
-                    &FieldError::new(
-                        "spec",
-                        "a running pod's spec cannot change yet (in-place updates are not available); delete the pod and apply it again",
-                    ),
-                ));
-            }
+            // Images (and metadata) change in place; the agent updates those containers.
+            crate::objects::pod::check_in_place_change(&old.spec, &pod.spec)
+                .map_err(|e| refuse(&what, &e))?;
         }
         if pod.spec.node_name.is_none() {
             pod.spec.node_name = Some(self.place(&pod).await.map_err(|e| refuse(&what, &e))?);
         }
-        inherit_metadata(&mut pod.metadata, old.as_ref().map(|o| &o.metadata), false);
+        inherit_metadata(
+            &mut pod.metadata,
+            old.as_ref().map(|o| &o.metadata),
+            old.as_ref().is_some_and(|o| o.spec != pod.spec),
+        );
         let committed = self
             .commit(
                 key,
@@ -616,6 +663,11 @@ impl ControlService {
                     .map_err(store_status)?
                     .and_then(|s| serde_json::from_slice::<serde_json::Value>(&s.object).ok())
                 {
+                    // The agent's lifecycle state shows as a label, as Kruise shows its own.
+                    if let Some(state) = status.pointer("/lifecycle/state").and_then(|s| s.as_str())
+                    {
+                        pod["metadata"]["labels"][LIFECYCLE_STATE_LABEL] = state.into();
+                    }
                     pod["status"] = status;
                 }
                 pod.to_string()
@@ -632,7 +684,9 @@ impl ControlService {
                     .unwrap_or_else(|| serde_json::json!({"phase": "Pending"}));
                 request.to_string()
             }
-            Kind::Node => String::from_utf8_lossy(&stored.object).into_owned(),
+            Kind::Node | Kind::LifecycleCooperator => {
+                String::from_utf8_lossy(&stored.object).into_owned()
+            }
         };
         Ok(Object {
             json,
@@ -708,6 +762,7 @@ impl Control for ControlService {
             Kind::Secret => self.apply_secret(value, request.dry_run).await?,
             Kind::Pod => self.apply_pod(value, request.dry_run).await?,
             Kind::ContainerRecreateRequest => self.apply_crr(value, request.dry_run).await?,
+            Kind::LifecycleCooperator => self.apply_cooperator(value, request.dry_run).await?,
             Kind::Node => {
                 return Err(Status::invalid_argument(
                     "Node objects are not applied: a node exists while its agent is registered",
@@ -856,6 +911,7 @@ impl Control for ControlService {
         match kind {
             Kind::ImagePullJob => self.jobs.wake(),
             Kind::ContainerRecreateRequest => self.recreates.wake(),
+            Kind::LifecycleCooperator => self.pods.send_to_all().await,
             _ => {}
         }
         Ok(Response::new(DeleteResponse {}))

@@ -6,6 +6,7 @@
 use rigger_proto::v1::{AssignedPod, ControllerMessage, PodSet, PodStatus, controller_message};
 
 use crate::nodes::NodeRegistry;
+use crate::objects::lifecycle_cooperator::{self, LifecycleCooperator};
 use crate::objects::pod::{self, Pod};
 use crate::relay::Relay;
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
@@ -50,19 +51,55 @@ impl PodSync {
 
     /// The pods placed on `node`.
     async fn pods_of(&self, node: &str) -> Result<Vec<AssignedPod>, StoreError> {
+        let cooperators: Vec<LifecycleCooperator> = self
+            .store
+            .list(lifecycle_cooperator::KIND)
+            .await?
+            .iter()
+            .filter_map(|s| serde_json::from_slice(&s.object).ok())
+            .collect();
         let mut assigned = Vec::new();
         for stored in self.store.list(pod::KIND).await? {
             let Ok(pod) = serde_json::from_slice::<Pod>(&stored.object) else {
                 continue;
             };
             if pod.spec.node_name.as_deref() == Some(node) {
+                let matching: Vec<_> = cooperators
+                    .iter()
+                    .filter(|c| {
+                        c.metadata.namespace == pod.metadata.namespace
+                            && c.spec.selector.matches(&pod.metadata.labels)
+                    })
+                    .map(LifecycleCooperator::cooperator)
+                    .collect();
                 assigned.push(AssignedPod {
                     uid: pod.metadata.uid.clone().unwrap_or_default(),
                     json: String::from_utf8_lossy(&stored.object).into_owned(),
+                    cooperators: serde_json::to_string(&matching).unwrap_or_default(),
                 });
             }
         }
         Ok(assigned)
+    }
+
+    /// Send every node with pods its set again (a cooperator changed).
+    pub async fn send_to_all(&self) {
+        let mut nodes: Vec<String> = match self.store.list(pod::KIND).await {
+            Ok(pods) => pods
+                .iter()
+                .filter_map(|s| serde_json::from_slice::<Pod>(&s.object).ok())
+                .filter_map(|p| p.spec.node_name)
+                .collect(),
+            Err(error) => {
+                tracing::warn!(%error, "cannot read pods");
+                return;
+            }
+        };
+        nodes.sort();
+        nodes.dedup();
+        for node in nodes {
+            self.send_to(&node).await;
+        }
     }
 
     /// Send `node`'s agent its full set of pods (a no-op when it is not connected: it

@@ -6,6 +6,7 @@
 #![allow(missing_debug_implementations)] // generated gRPC clients/servers
 #![allow(clippy::derive_partial_eq_without_eq)]
 
+pub mod lifecycle;
 pub mod pod;
 
 /// `rigger.v1`: node inventory and the agent link.

@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 pub(crate) mod handlers;
+mod update;
 
 use crate::labels;
 use crate::pull::{NoProgress, PullOptions, Puller};
@@ -76,6 +77,13 @@ struct Inner {
     /// Containers a recreate stopped: their next attempt starts at once, whatever the
     /// restart policy and back-off say.
     recreate_now: Mutex<std::collections::HashSet<String>>,
+    /// Each pod's lifecycle cooperators, as the controller sent them.
+    cooperators: Mutex<HashMap<String, Vec<rigger_proto::lifecycle::Cooperator>>>,
+    /// Pods not in state Normal (uid → state and why).
+    lifecycle: Mutex<HashMap<String, (update::LifecycleState, String)>>,
+    /// In-place updates running, and when a failed one may be tried again.
+    updating: Mutex<std::collections::HashSet<String>>,
+    update_retry: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 /// What the probes of one running container found so far.
@@ -141,6 +149,10 @@ impl PodRunner {
                 known: Mutex::default(),
                 unready: Mutex::default(),
                 recreate_now: Mutex::default(),
+                cooperators: Mutex::default(),
+                lifecycle: Mutex::default(),
+                updating: Mutex::default(),
+                update_retry: Mutex::default(),
             }),
         };
         // A bug in one reconcile must not leave the node's pods unattended: the loop is
@@ -162,16 +174,32 @@ impl PodRunner {
 
     /// The controller's full set of pods for this node.
     pub fn set_desired(&self, pods: Vec<AssignedPod>) {
+        let mut cooperators = HashMap::new();
         let pods: Vec<Pod> = pods
             .into_iter()
             .filter_map(|assigned| match serde_json::from_str::<Pod>(&assigned.json) {
-                Ok(pod) => Some(pod),
+                Ok(pod) => {
+                    if !assigned.cooperators.is_empty() {
+                        match serde_json::from_str(&assigned.cooperators) {
+                            Ok(list) => {
+                                cooperators.insert(assigned.uid.clone(), list);
+                            }
+                            Err(error) => {
+                                tracing::warn!(uid = %assigned.uid, %error, "unreadable lifecycle cooperators skipped");
+                            }
+                        }
+                    }
+                    Some(pod)
+                }
                 Err(error) => {
                     tracing::warn!(uid = %assigned.uid, %error, "unreadable pod from the controller skipped");
                     None
                 }
             })
             .collect();
+        *lock(&self.inner.cooperators) = cooperators;
+        // New specs or cooperators: a failed update may succeed now, try at once.
+        lock(&self.inner.update_retry).clear();
         let path = self.inner.dir.join("desired.json");
         if let Err(error) = crate::tasks::write_json_atomically(&path, &pods) {
             tracing::warn!(path = %path.display(), %error, "cannot persist the node's pods");
@@ -437,6 +465,7 @@ impl PodRunner {
             }
         };
         let existing = list_containers(cri, &sandbox).await?;
+        self.start_update_if_changed(pod, uid, &existing);
         let mut init_statuses = Vec::new();
         let mut initialized = true;
         for container in &pod.spec.init_containers {
@@ -488,8 +517,13 @@ impl PodRunner {
             ready_condition["reason"] = "ContainerRecreating".into();
             ready_condition["message"] = reason.into();
         }
+        let (state, message) = lock(&self.inner.lifecycle)
+            .get(uid)
+            .cloned()
+            .unwrap_or((update::LifecycleState::Normal, String::new()));
         Ok(serde_json::json!({
             "phase": phase,
+            "lifecycle": {"state": state, "message": message},
             "conditions": [
                 condition("PodScheduled", true),
                 condition("Initialized", initialized),
@@ -842,35 +876,8 @@ impl PodRunner {
         attempt: u32,
     ) -> ContainerConfig {
         let meta = &pod.metadata;
-        let field = |path: &str| -> String {
-            let quoted =
-                |prefix: &str| path.strip_prefix(prefix).and_then(|k| k.strip_suffix("']"));
-            match path {
-                "metadata.name" => meta.name.clone(),
-                "metadata.namespace" => meta.namespace.clone().unwrap_or_default(),
-                "metadata.uid" => uid.to_owned(),
-                "spec.nodeName" => pod.spec.node_name.clone().unwrap_or_default(),
-                _ => quoted("metadata.labels['")
-                    .and_then(|k| meta.labels.get(k).cloned())
-                    .or_else(|| {
-                        quoted("metadata.annotations['")
-                            .and_then(|k| meta.annotations.get(k).cloned())
-                    })
-                    .unwrap_or_default(),
-            }
-        };
-        let envs = container
-            .env
-            .iter()
-            .map(|e| KeyValue {
-                key: e.name.clone(),
-                value: match (&e.value, &e.value_from) {
-                    (Some(value), _) => value.clone(),
-                    (None, Some(from)) => field(&from.field_ref.field_path),
-                    (None, None) => String::new(),
-                },
-            })
-            .collect();
+        let envs = resolved_env(pod, uid, container);
+        let spec_hash = desired_hash(pod, uid, container);
         let mounts = container
             .volume_mounts
             .iter()
@@ -934,7 +941,7 @@ impl PodRunner {
                     meta.namespace.clone().unwrap_or_default(),
                 ),
                 (labels::CONTAINER_NAME.to_owned(), container.name.clone()),
-                (labels::SPEC_HASH.to_owned(), spec_hash(container)),
+                (labels::SPEC_HASH.to_owned(), spec_hash),
             ]
             .into(),
             log_path: format!("{}/{attempt}.log", container.name),
@@ -1010,11 +1017,62 @@ fn log_messages(text: &str, tail: u32) -> String {
 
 /// A short hash of a container's spec, to tell a changed spec from a restart.
 fn spec_hash(container: &Container) -> String {
+    short_hash(&serde_json::to_vec(container).unwrap_or_default())
+}
+
+fn short_hash(bytes: &[u8]) -> String {
     use sha2::Digest as _;
-    let bytes = serde_json::to_vec(container).unwrap_or_default();
-    sha2::Sha256::digest(&bytes)[..8]
+    sha2::Sha256::digest(bytes)[..8]
         .iter()
         .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// What the running container should be: its spec, and the values of env that refers
+/// to the pod's metadata (so a changed label reaches it through an in-place restart).
+fn desired_hash(pod: &Pod, uid: &str, container: &Container) -> String {
+    let uses_metadata = container.env.iter().any(|e| e.value_from.is_some());
+    if !uses_metadata {
+        return spec_hash(container);
+    }
+    let values: Vec<String> = resolved_env(pod, uid, container)
+        .into_iter()
+        .map(|kv| format!("{}={}", kv.key, kv.value))
+        .collect();
+    let mut bytes = serde_json::to_vec(container).unwrap_or_default();
+    bytes.extend(values.join("\n").into_bytes());
+    short_hash(&bytes)
+}
+
+/// The container's environment, `fieldRef`s resolved against the pod.
+fn resolved_env(pod: &Pod, uid: &str, container: &Container) -> Vec<KeyValue> {
+    let meta = &pod.metadata;
+    let field = |path: &str| -> String {
+        let quoted = |prefix: &str| path.strip_prefix(prefix).and_then(|k| k.strip_suffix("']"));
+        match path {
+            "metadata.name" => meta.name.clone(),
+            "metadata.namespace" => meta.namespace.clone().unwrap_or_default(),
+            "metadata.uid" => uid.to_owned(),
+            "spec.nodeName" => pod.spec.node_name.clone().unwrap_or_default(),
+            _ => quoted("metadata.labels['")
+                .and_then(|k| meta.labels.get(k).cloned())
+                .or_else(|| {
+                    quoted("metadata.annotations['").and_then(|k| meta.annotations.get(k).cloned())
+                })
+                .unwrap_or_default(),
+        }
+    };
+    container
+        .env
+        .iter()
+        .map(|e| KeyValue {
+            key: e.name.clone(),
+            value: match (&e.value, &e.value_from) {
+                (Some(value), _) => value.clone(),
+                (None, Some(from)) => field(&from.field_ref.field_path),
+                (None, None) => String::new(),
+            },
+        })
         .collect()
 }
 

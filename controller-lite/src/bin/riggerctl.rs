@@ -90,6 +90,11 @@ enum Command {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Change objects in place: `set image pod/NAME CONTAINER=IMAGE...`.
+    Set {
+        #[command(subcommand)]
+        what: SetCommand,
+    },
     /// Restart containers of a pod in place: creates a ContainerRecreateRequest.
     Recreate {
         pod: String,
@@ -120,6 +125,18 @@ enum Command {
         condition: String,
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         timeout: Duration,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum SetCommand {
+    /// New images for a pod's containers, updated in place (same sandbox and volumes).
+    Image {
+        /// pod/NAME
+        object: String,
+        /// CONTAINER=IMAGE, one or more.
+        #[arg(required = true)]
+        images: Vec<String>,
     },
 }
 
@@ -416,8 +433,57 @@ async fn run_command(cli: Cli, client: &mut Client) -> anyhow::Result<()> {
             };
             run_recreate(client, &cli.namespace, recreate, wait).await
         }
+        Command::Set {
+            what: SetCommand::Image { object, images },
+        } => set_image(client, &cli.namespace, &object, &images).await,
         Command::Exec { .. } => Ok(()),
     }
+}
+
+/// `set image pod/NAME C=IMAGE...`: the pod as stored, with new images, applied again.
+async fn set_image(
+    client: &mut Client,
+    namespace: &str,
+    object: &str,
+    images: &[String],
+) -> anyhow::Result<()> {
+    let name = object
+        .split_once('/')
+        .filter(|(kind, name)| matches!(*kind, "pod" | "pods" | "po") && !name.is_empty())
+        .map(|(_, name)| name)
+        .ok_or_else(|| anyhow::anyhow!("{object:?}: expected pod/NAME"))?;
+    let mut pod = fetch(client, "pod", namespace, name).await?;
+    if let Some(pod) = pod.as_object_mut() {
+        pod.remove("status");
+    }
+    if let Some(labels) = pod
+        .pointer_mut("/metadata/labels")
+        .and_then(Value::as_object_mut)
+    {
+        labels.remove("lifecycle.rigger.dev/state");
+    }
+    for assignment in images {
+        let (container, image) = assignment
+            .split_once('=')
+            .filter(|(c, i)| !c.is_empty() && !i.is_empty())
+            .ok_or_else(|| anyhow::anyhow!("{assignment:?}: expected CONTAINER=IMAGE"))?;
+        let target = pod
+            .pointer_mut("/spec/containers")
+            .and_then(Value::as_array_mut)
+            .and_then(|cs| cs.iter_mut().find(|c| c["name"] == container))
+            .ok_or_else(|| anyhow::anyhow!("pod {name} has no container {container:?}"))?;
+        target["image"] = image.into();
+    }
+    let response = client
+        .apply(ApplyRequest {
+            json: pod.to_string(),
+            dry_run: false,
+        })
+        .await
+        .map_err(|s| refused(&s))?
+        .into_inner();
+    println!("pod/{name} image updated ({})", response.outcome);
+    Ok(())
 }
 
 /// What `riggerctl recreate` asks for.
@@ -884,7 +950,7 @@ fn table_rows(
             }
         }
         "Pod" => {
-            header.extend(["NAME", "READY", "STATUS", "RESTARTS", "AGE"]);
+            header.extend(["NAME", "READY", "STATUS", "RESTARTS", "LIFECYCLE", "AGE"]);
             if wide {
                 header.extend(["NODE", "IMAGES"]);
             }
@@ -913,6 +979,10 @@ fn table_rows(
                     format!("{ready}/{containers}"),
                     phase.to_owned(),
                     restarts.to_string(),
+                    match str_of(o, "/metadata/labels/lifecycle.rigger.dev~1state") {
+                        "" => "-".to_owned(),
+                        state => state.to_owned(),
+                    },
                     age(str_of(o, "/metadata/creationTimestamp")),
                 ]);
                 if wide {

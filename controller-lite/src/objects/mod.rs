@@ -6,6 +6,7 @@
 
 pub mod container_recreate_request;
 pub mod image_pull_job;
+pub mod lifecycle_cooperator;
 pub mod pod;
 pub mod secret;
 
@@ -40,16 +41,18 @@ pub enum Kind {
     ContainerRecreateRequest,
     Secret,
     Pod,
+    LifecycleCooperator,
     /// Nodes are not applied: they exist while their agents register.
     Node,
 }
 
 impl Kind {
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::ImagePullJob,
         Self::ContainerRecreateRequest,
         Self::Secret,
         Self::Pod,
+        Self::LifecycleCooperator,
         Self::Node,
     ];
 
@@ -59,6 +62,7 @@ impl Kind {
             Self::ContainerRecreateRequest => container_recreate_request::KIND,
             Self::Secret => secret::KIND,
             Self::Pod => pod::KIND,
+            Self::LifecycleCooperator => lifecycle_cooperator::KIND,
             Self::Node => "Node",
         }
     }
@@ -72,6 +76,9 @@ impl Kind {
             }
             "secret" | "secrets" => Some(Self::Secret),
             "pod" | "pods" | "po" => Some(Self::Pod),
+            "lifecyclecooperator" | "lifecyclecooperators" | "lc" => {
+                Some(Self::LifecycleCooperator)
+            }
             "node" | "nodes" | "no" => Some(Self::Node),
             _ => None,
         }

@@ -325,6 +325,64 @@ fn check_dns_label(name: &str) -> Result<(), String> {
     }
 }
 
+/// Whether `new` may replace `old` in place: only container images may differ (labels
+/// and annotations live in metadata and always may). Anything else is refused with the
+/// first differing field named — a pod is never silently recreated.
+pub fn check_in_place_change(old: &PodSpec, new: &PodSpec) -> Result<(), FieldError> {
+    let mut expected = old.clone();
+    if expected.containers.len() == new.containers.len() {
+        for (container, changed) in expected.containers.iter_mut().zip(&new.containers) {
+            if container.name == changed.name {
+                container.image.clone_from(&changed.image);
+            }
+        }
+    }
+    if expected == *new {
+        return Ok(());
+    }
+    let (before, after) = (
+        serde_json::to_value(&expected).unwrap_or_default(),
+        serde_json::to_value(new).unwrap_or_default(),
+    );
+    let field = first_difference("spec", &before, &after).unwrap_or_else(|| "spec".to_owned());
+    Err(FieldError::new(
+        field,
+        "cannot change on a running pod: only container images (and metadata labels and annotations) are updated in place; delete the pod and apply it again",
+    ))
+}
+
+/// The path of the first place two JSON values differ (`spec.containers[0].command`).
+fn first_difference(
+    path: &str,
+    before: &serde_json::Value,
+    after: &serde_json::Value,
+) -> Option<String> {
+    use serde_json::Value;
+    if before == after {
+        return None;
+    }
+    match (before, after) {
+        (Value::Object(a), Value::Object(b)) => {
+            let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            keys.into_iter().find_map(|key| {
+                let (x, y) = (
+                    a.get(key).unwrap_or(&Value::Null),
+                    b.get(key).unwrap_or(&Value::Null),
+                );
+                first_difference(&format!("{path}.{key}"), x, y)
+            })
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => a
+            .iter()
+            .zip(b)
+            .enumerate()
+            .find_map(|(i, (x, y))| first_difference(&format!("{path}[{i}]"), x, y)),
+        _ => Some(path.to_owned()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -435,5 +493,37 @@ mod tests {
         for (err, expected) in cases {
             assert!(err.contains(expected), "{err}\n  expected: {expected}");
         }
+    }
+
+    #[test]
+    fn only_images_change_in_place_and_anything_else_is_named() {
+        let old: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
+            "spec": {"hostNetwork": true, "containers": [
+                {"name": "app", "image": "r.example/app:1", "command": ["run"]},
+                {"name": "side", "image": "r.example/side:1"}
+            ]}
+        }))
+        .unwrap();
+        let mut new = old.spec.clone();
+        new.containers[1].image = "r.example/side:2".to_owned();
+        assert!(check_in_place_change(&old.spec, &new).is_ok());
+        new.containers[0].command = vec!["other".to_owned()];
+        let err = check_in_place_change(&old.spec, &new)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("spec.containers[0].command: cannot change"),
+            "{err}"
+        );
+        let mut grace = old.spec.clone();
+        grace.termination_grace_period_seconds = 5;
+        let err = check_in_place_change(&old.spec, &grace)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("spec.terminationGracePeriodSeconds:"),
+            "{err}"
+        );
     }
 }

@@ -1,0 +1,293 @@
+//! In-place updates of agent-managed pods: when a running container no longer matches
+//! its pod's spec (a new image, or env that refers to changed metadata), it is
+//! recreated in the same sandbox — the other containers, the sandbox and the volumes
+//! stay. Around it runs the pod's lifecycle, shown in status (`lifecycle.state`) and as
+//! the label `lifecycle.rigger.dev/state`:
+//!
+//! Normal → PreparingUpdate (pod not ready; cooperators asked; new images pre-downloaded;
+//! the grace period from the annotation `rigger.dev/in-place-update-grace-seconds`) →
+//! Updating (preStop, stop, next attempt with the new spec) → Updated (cooperators
+//! asked) → Normal (ready again). Completion is checked by the running container's
+//! imageID, not by the spec. A failed update leaves the pod as it is and is tried again
+//! after a back-off.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use k8s_cri::v1::{ContainerFilter, ContainerState, ContainerStatusRequest, ListContainersRequest};
+use rigger_proto::lifecycle::{Operation, Stage};
+use rigger_proto::pod::Pod;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use super::{PodRunner, desired_hash, lock};
+use crate::labels;
+use crate::lifecycle::{PodRef, call_all};
+use crate::pull::Puller;
+use crate::recreate::{ContainerProgress, Phase, Recreate, RecreateWork};
+use crate::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
+
+/// The pod annotation holding the wait between "not ready" and the first stop.
+pub const GRACE_ANNOTATION: &str = "rigger.dev/in-place-update-grace-seconds";
+/// A failed update is tried again after this long.
+const RETRY_AFTER: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum LifecycleState {
+    Normal,
+    PreparingUpdate,
+    Updating,
+    Updated,
+}
+
+impl PodRunner {
+    fn set_lifecycle(&self, uid: &str, state: LifecycleState, message: &str) {
+        let mut lifecycle = lock(&self.inner.lifecycle);
+        if state == LifecycleState::Normal && message.is_empty() {
+            lifecycle.remove(uid);
+        } else {
+            lifecycle.insert(uid.to_owned(), (state, message.to_owned()));
+        }
+        drop(lifecycle);
+        self.inner.wake.notify_one();
+    }
+
+    /// Start an in-place update of `pod` when one of its running containers no longer
+    /// matches the spec (and none runs already, and a failed one is not waiting).
+    pub(super) fn start_update_if_changed(
+        &self,
+        pod: &Pod,
+        uid: &str,
+        existing: &[k8s_cri::v1::Container],
+    ) {
+        let mut latest: HashMap<&str, &k8s_cri::v1::Container> = HashMap::new();
+        for container in existing {
+            let Some(name) = container.labels.get(labels::CONTAINER_NAME) else {
+                continue;
+            };
+            let attempt = |c: &k8s_cri::v1::Container| c.metadata.as_ref().map_or(0, |m| m.attempt);
+            if latest
+                .get(name.as_str())
+                .is_none_or(|l| attempt(l) < attempt(container))
+            {
+                latest.insert(name, container);
+            }
+        }
+        let changed: Vec<String> = pod
+            .spec
+            .containers
+            .iter()
+            .filter(|c| {
+                latest.get(c.name.as_str()).is_some_and(|running| {
+                    running.state == ContainerState::ContainerRunning as i32
+                        && running.labels.get(labels::SPEC_HASH) != Some(&desired_hash(pod, uid, c))
+                })
+            })
+            .map(|c| c.name.clone())
+            .collect();
+        if changed.is_empty() {
+            return;
+        }
+        if lock(&self.inner.update_retry)
+            .get(uid)
+            .is_some_and(|at| Instant::now() < *at)
+        {
+            return;
+        }
+        if !lock(&self.inner.updating).insert(uid.to_owned()) {
+            return;
+        }
+        let (runner, pod, uid) = (self.clone(), pod.clone(), uid.to_owned());
+        tokio::spawn(async move {
+            tracing::info!(pod = %pod.metadata.name, containers = ?changed, "in-place update started");
+            match runner.update(&pod, &uid, &changed).await {
+                Ok(()) => {
+                    tracing::info!(pod = %pod.metadata.name, "in-place update done");
+                    lock(&runner.inner.update_retry).remove(&uid);
+                    runner.set_lifecycle(&uid, LifecycleState::Normal, "");
+                }
+                Err(reason) => {
+                    tracing::warn!(pod = %pod.metadata.name, %reason, "in-place update failed; trying again later");
+                    lock(&runner.inner.update_retry)
+                        .insert(uid.clone(), Instant::now() + RETRY_AFTER);
+                    runner.set_lifecycle(
+                        &uid,
+                        LifecycleState::Normal,
+                        &format!(
+                            "in-place update failed (tried again in {}s): {reason}",
+                            RETRY_AFTER.as_secs()
+                        ),
+                    );
+                }
+            }
+            runner.mark_ready(&uid);
+            lock(&runner.inner.updating).remove(&uid);
+            runner.inner.wake.notify_one();
+        });
+    }
+
+    async fn update(&self, pod: &Pod, uid: &str, changed: &[String]) -> Result<(), String> {
+        let cooperators = lock(&self.inner.cooperators)
+            .get(uid)
+            .cloned()
+            .unwrap_or_default();
+        let what = PodRef {
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone(),
+            uid: uid.to_owned(),
+            node: self.inner.node.clone(),
+        };
+        self.set_lifecycle(uid, LifecycleState::PreparingUpdate, "");
+        self.mark_unready(uid, "in-place update (PreparingUpdate)");
+        call_all(
+            &cooperators,
+            Operation::InPlaceUpdate,
+            Stage::Preparing,
+            &what,
+        )
+        .await?;
+
+        // The new images are on the node before anything stops: the gap between the old
+        // container and the new one never includes a pull.
+        let runtime = Runtime::connect(&self.inner.containerd_address, DEFAULT_CONNECT_TIMEOUT)
+            .await
+            .map_err(|e| e.to_string())?;
+        let puller = Puller::new(runtime.clone(), self.inner.pull_options.clone());
+        for name in changed {
+            if let Some(container) = pod.spec.containers.iter().find(|c| &c.name == name) {
+                Box::pin(self.ensure_image(&puller, container))
+                    .await
+                    .map_err(|e| format!("pre-download of {}: {e}", container.image))?;
+            }
+        }
+        if let Some(grace) = pod
+            .metadata
+            .annotations
+            .get(GRACE_ANNOTATION)
+            .and_then(|g| g.parse::<u64>().ok())
+        {
+            tokio::time::sleep(Duration::from_secs(grace)).await;
+        }
+
+        self.set_lifecycle(uid, LifecycleState::Updating, "");
+        let mut cri = RuntimeServiceClient::new(runtime.channel());
+        let mut before = HashMap::new();
+        for name in changed {
+            before.insert(name.clone(), image_of(&mut cri, uid, name).await?);
+        }
+        let mut work = RecreateWork {
+            pod_uid: uid.to_owned(),
+            pod_namespace: what.namespace.clone(),
+            pod_name: what.name.clone(),
+            ordered: false,
+            ignore_failures: false,
+            termination_grace_period_seconds: None,
+            unready_grace_period_seconds: 0,
+            min_started_seconds: 0,
+            force_recreate: true,
+            unready_done: false,
+            containers: changed
+                .iter()
+                .map(|name| ContainerProgress {
+                    name: name.clone(),
+                    phase: Phase::Pending,
+                    message: String::new(),
+                    old_container_id: None,
+                    is_killed: false,
+                })
+                .collect(),
+        };
+        let save = |_: &RecreateWork| {};
+        let recreate = Recreate {
+            pods: self,
+            containerd_address: &self.inner.containerd_address,
+            save: &save,
+        };
+        recreate.run(&mut work, &CancellationToken::new()).await?;
+        if let Some(failed) = work.containers.iter().find(|c| c.phase == Phase::Failed) {
+            return Err(format!("container {:?}: {}", failed.name, failed.message));
+        }
+        // Done means the new image runs: checked on the container, not the spec.
+        for name in changed {
+            let spec_image = pod
+                .spec
+                .containers
+                .iter()
+                .find(|c| &c.name == name)
+                .map(|c| c.image.as_str())
+                .unwrap_or_default();
+            let old: &Running = &before[name];
+            let new = image_of(&mut cri, uid, name).await?;
+            if new.id == old.id {
+                return Err(format!("container {name:?} was not replaced"));
+            }
+            if old.image != spec_image && new.image_ref == old.image_ref {
+                return Err(format!(
+                    "container {name:?} still runs imageID {} after the update to {spec_image}",
+                    new.image_ref
+                ));
+            }
+        }
+        self.set_lifecycle(uid, LifecycleState::Updated, "");
+        call_all(
+            &cooperators,
+            Operation::InPlaceUpdate,
+            Stage::Completing,
+            &what,
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+/// A container as created: its id, the image it was asked for, and the imageID it runs.
+#[derive(Debug)]
+struct Running {
+    id: String,
+    image: String,
+    image_ref: String,
+}
+
+/// The newest container `name` of pod `uid`.
+async fn image_of(
+    cri: &mut RuntimeServiceClient<Channel>,
+    uid: &str,
+    name: &str,
+) -> Result<Running, String> {
+    let containers = cri
+        .list_containers(ListContainersRequest {
+            filter: Some(ContainerFilter {
+                label_selector: [
+                    (labels::POD_UID.to_owned(), uid.to_owned()),
+                    (labels::CONTAINER_NAME.to_owned(), name.to_owned()),
+                ]
+                .into(),
+                ..ContainerFilter::default()
+            }),
+        })
+        .await
+        .map_err(|s| format!("listing containers: {}", s.message()))?
+        .into_inner()
+        .containers;
+    let newest = containers
+        .into_iter()
+        .max_by_key(|c| c.metadata.as_ref().map_or(0, |m| m.attempt))
+        .ok_or_else(|| format!("container {name:?} is gone"))?;
+    let status = cri
+        .container_status(ContainerStatusRequest {
+            container_id: newest.id.clone(),
+            verbose: false,
+        })
+        .await
+        .map_err(|s| format!("status of container {name:?}: {}", s.message()))?
+        .into_inner()
+        .status
+        .unwrap_or_default();
+    Ok(Running {
+        id: newest.id,
+        image: status.image.map(|i| i.image).unwrap_or_default(),
+        image_ref: status.image_ref,
+    })
+}
