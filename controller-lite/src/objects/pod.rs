@@ -513,7 +513,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.starts_with("spec.containers[0].command: cannot change"),
+            err.starts_with("spec.containers[0].command[0]: cannot change"),
             "{err}"
         );
         let mut grace = old.spec.clone();
