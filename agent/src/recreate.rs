@@ -31,9 +31,11 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 use crate::labels;
-use crate::pods::PodRunner;
+use crate::lifecycle::call_all;
 use crate::pods::handlers::{self, Action};
+use crate::pods::{LifecycleState, PodRunner};
 use crate::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
+use rigger_proto::lifecycle::Stage;
 
 /// How often a waiting recreate looks at the containers.
 const POLL: Duration = Duration::from_millis(100);
@@ -186,6 +188,9 @@ pub(crate) struct Recreate<'a> {
     pub(crate) pods: &'a PodRunner,
     pub(crate) containerd_address: &'a Path,
     pub(crate) save: &'a (dyn Fn(&RecreateWork) + Send + Sync),
+    /// What the pod's lifecycle cooperators are asked about (agent-managed pods), if
+    /// anything: `None` when the caller asked them already.
+    pub(crate) operation: Option<rigger_proto::lifecycle::Operation>,
 }
 
 impl Recreate<'_> {
@@ -230,6 +235,50 @@ impl Recreate<'_> {
             .map_err(|e| e.to_string())?;
         let mut cri = RuntimeServiceClient::new(runtime.channel());
         let target = self.locate(&mut cri, work).await?;
+        let cooperated = match (&target, self.operation) {
+            (Target::Agent { pod, .. }, Some(operation)) => Some((
+                operation,
+                crate::lifecycle::PodRef {
+                    namespace: work.pod_namespace.clone(),
+                    name: pod.metadata.name.clone(),
+                    uid: work.pod_uid.clone(),
+                    node: String::new(),
+                },
+            )),
+            _ => None,
+        };
+        if let Some((operation, what)) = &cooperated {
+            self.pods
+                .set_lifecycle(&work.pod_uid, LifecycleState::PreparingDelete, "");
+            let cooperators = self.pods.cooperators_of(&work.pod_uid);
+            let asked = call_all(&cooperators, *operation, Stage::Preparing, what).await;
+            if let Err(reason) = asked {
+                self.pods
+                    .set_lifecycle(&work.pod_uid, LifecycleState::Normal, "");
+                return Err(reason);
+            }
+        }
+        let outcome = self
+            .recreate_containers(&mut cri, &target, work, cancel)
+            .await;
+        if let Some((operation, what)) = &cooperated {
+            let cooperators = self.pods.cooperators_of(&work.pod_uid);
+            if let Err(reason) = call_all(&cooperators, *operation, Stage::Completing, what).await {
+                tracing::warn!(%reason, "a cooperator did not acknowledge the recreate's completion");
+            }
+            self.pods
+                .set_lifecycle(&work.pod_uid, LifecycleState::Normal, "");
+        }
+        outcome
+    }
+
+    async fn recreate_containers(
+        &self,
+        cri: &mut RuntimeServiceClient<Channel>,
+        target: &Target,
+        work: &mut RecreateWork,
+        cancel: &CancellationToken,
+    ) -> Result<(), String> {
         if work.unready_grace_period_seconds > 0 && !work.unready_done {
             let grace = Duration::from_secs(u64::from(work.unready_grace_period_seconds));
             if matches!(target, Target::Agent { .. }) {
@@ -259,8 +308,8 @@ impl Recreate<'_> {
                 if work.containers[i].phase.finished() {
                     continue;
                 }
-                self.stop(&mut cri, &target, work, i).await?;
-                self.wait(&mut cri, &target, work, &[i], cancel).await?;
+                self.stop(cri, target, work, i).await?;
+                self.wait(cri, target, work, &[i], cancel).await?;
                 self.check_failure_policy(work)?;
             }
         } else {
@@ -268,10 +317,10 @@ impl Recreate<'_> {
                 .filter(|&i| !work.containers[i].phase.finished())
                 .collect();
             for &i in &open {
-                self.stop(&mut cri, &target, work, i).await?;
+                self.stop(cri, target, work, i).await?;
                 self.check_failure_policy(work)?;
             }
-            self.wait(&mut cri, &target, work, &open, cancel).await?;
+            self.wait(cri, target, work, &open, cancel).await?;
             self.check_failure_policy(work)?;
         }
         Ok(())

@@ -494,6 +494,7 @@ impl TaskRunner {
             pods: &self.inner.pods,
             containerd_address: &self.inner.containerd_address,
             save: &save,
+            operation: Some(rigger_proto::lifecycle::Operation::Recreate),
         };
         let outcome = recreate.run(&mut work, &cancel).await;
         self.inner.pods.mark_ready(&work.pod_uid);

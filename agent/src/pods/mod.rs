@@ -37,6 +37,8 @@ use tonic::transport::Channel;
 pub(crate) mod handlers;
 mod update;
 
+pub use update::LifecycleState;
+
 use crate::labels;
 use crate::pull::{NoProgress, PullOptions, Puller};
 use crate::runtime::{CRI_NAMESPACE, DEFAULT_CONNECT_TIMEOUT, Runtime};
@@ -84,6 +86,8 @@ struct Inner {
     /// In-place updates running, and when a failed one may be tried again.
     updating: Mutex<std::collections::HashSet<String>>,
     update_retry: Mutex<HashMap<String, std::time::Instant>>,
+    /// Pods being removed (their removal runs in its own task).
+    removing: Mutex<std::collections::HashSet<String>>,
 }
 
 /// What the probes of one running container found so far.
@@ -153,6 +157,7 @@ impl PodRunner {
                 lifecycle: Mutex::default(),
                 updating: Mutex::default(),
                 update_retry: Mutex::default(),
+                removing: Mutex::default(),
             }),
         };
         // A bug in one reconcile must not leave the node's pods unattended: the loop is
@@ -197,7 +202,12 @@ impl PodRunner {
                 }
             })
             .collect();
-        *lock(&self.inner.cooperators) = cooperators;
+        {
+            // Pods leaving keep theirs until removed: a deletion asks them too.
+            let mut known = lock(&self.inner.cooperators);
+            known.retain(|uid, _| !pods.iter().any(|p| p.metadata.uid.as_deref() == Some(uid)));
+            known.extend(cooperators);
+        }
         // New specs or cooperators: a failed update may succeed now, try at once.
         lock(&self.inner.update_retry).clear();
         let path = self.inner.dir.join("desired.json");
@@ -369,7 +379,8 @@ impl PodRunner {
                 json: status.to_string(),
             });
         }
-        // Sandboxes of pods no longer placed here: stop and remove them.
+        // Sandboxes of pods no longer placed here: stop and remove them, each in its own
+        // task (cooperators may hold a deletion; other pods must not wait for it).
         for sandbox in &sandboxes {
             let uid = sandbox
                 .labels
@@ -382,62 +393,118 @@ impl PodRunner {
             {
                 continue;
             }
-            let grace = sandbox
+            if !lock(&self.inner.removing).insert(uid.clone()) {
+                continue;
+            }
+            let (runner, mut cri, sandbox) = (self.clone(), cri.clone(), sandbox.clone());
+            tokio::spawn(async move {
+                if let Err(error) = runner.remove(&mut cri, &sandbox, &uid).await {
+                    tracing::warn!(%uid, %error, "removing the pod failed; trying again");
+                }
+                lock(&runner.inner.removing).remove(&uid);
+                runner.inner.wake.notify_one();
+            });
+        }
+        Ok(())
+    }
+
+    /// Stop and remove a pod no longer placed here: cooperators (Delete), preStop, stop
+    /// with the grace period, sandbox removed.
+    async fn remove(
+        &self,
+        cri: &mut RuntimeServiceClient<Channel>,
+        sandbox: &k8s_cri::v1::PodSandbox,
+        uid: &str,
+    ) -> Result<(), tonic::Status> {
+        let uid = uid.to_owned();
+        let spec = lock(&self.inner.known).get(&uid).cloned();
+        let cooperators = lock(&self.inner.cooperators)
+            .get(&uid)
+            .cloned()
+            .unwrap_or_default();
+        let what = crate::lifecycle::PodRef {
+            namespace: sandbox
                 .labels
-                .get(labels::GRACE_SECONDS)
-                .and_then(|g| g.parse::<i64>().ok())
-                .unwrap_or(30);
-            tracing::info!(%uid, sandbox = %sandbox.id, grace, "removing a pod no longer placed on this node");
-            let spec = lock(&self.inner.known).get(&uid).cloned();
-            for container in list_containers(cri, &sandbox.id).await? {
-                let started = std::time::Instant::now();
-                let name = container
-                    .labels
-                    .get(labels::CONTAINER_NAME)
-                    .cloned()
-                    .unwrap_or_default();
-                let pre_stop = spec.as_ref().and_then(|pod| {
-                    let c = pod.spec.containers.iter().find(|c| c.name == name)?;
-                    Some((c.clone(), c.lifecycle.as_ref()?.pre_stop.clone()?))
-                });
-                if let Some((spec_container, handler)) = pre_stop
-                    && container.state == ContainerState::ContainerRunning as i32
-                    && let Some(action) = Action::of_handler(&handler)
-                {
-                    // preStop is bounded by the grace period.
-                    let bound = Duration::from_secs(u64::try_from(grace).unwrap_or(0));
-                    match handlers::run(cri, &spec_container, &container.id, action, bound).await {
-                        Ok(()) => tracing::info!(%uid, container = %name, "preStop hook ran"),
-                        Err(reason) => {
-                            tracing::warn!(%uid, container = %name, %reason, "preStop hook failed")
-                        }
+                .get(labels::POD_NAMESPACE)
+                .cloned()
+                .unwrap_or_default(),
+            name: sandbox
+                .labels
+                .get(labels::POD_NAME)
+                .cloned()
+                .unwrap_or_default(),
+            uid: uid.clone(),
+            node: self.inner.node.clone(),
+        };
+        use rigger_proto::lifecycle::{Operation, Stage};
+        if let Err(reason) =
+            crate::lifecycle::call_all(&cooperators, Operation::Delete, Stage::Preparing, &what)
+                .await
+        {
+            // The controller already forgot the pod: the deletion goes on, said loudly.
+            tracing::warn!(%uid, %reason, "deleting the pod without its cooperator's acknowledgement");
+        }
+        let grace = sandbox
+            .labels
+            .get(labels::GRACE_SECONDS)
+            .and_then(|g| g.parse::<i64>().ok())
+            .unwrap_or(30);
+        tracing::info!(%uid, sandbox = %sandbox.id, grace, "removing a pod no longer placed on this node");
+        for container in list_containers(cri, &sandbox.id).await? {
+            let started = std::time::Instant::now();
+            let name = container
+                .labels
+                .get(labels::CONTAINER_NAME)
+                .cloned()
+                .unwrap_or_default();
+            let pre_stop = spec.as_ref().and_then(|pod| {
+                let c = pod.spec.containers.iter().find(|c| c.name == name)?;
+                Some((c.clone(), c.lifecycle.as_ref()?.pre_stop.clone()?))
+            });
+            if let Some((spec_container, handler)) = pre_stop
+                && container.state == ContainerState::ContainerRunning as i32
+                && let Some(action) = Action::of_handler(&handler)
+            {
+                // preStop is bounded by the grace period.
+                let bound = Duration::from_secs(u64::try_from(grace).unwrap_or(0));
+                match handlers::run(cri, &spec_container, &container.id, action, bound).await {
+                    Ok(()) => tracing::info!(%uid, container = %name, "preStop hook ran"),
+                    Err(reason) => {
+                        tracing::warn!(%uid, container = %name, %reason, "preStop hook failed")
                     }
                 }
-                // What is left of the grace period, at least 2 s.
-                let left = (grace - i64::try_from(started.elapsed().as_secs()).unwrap_or(0)).max(2);
-                cri.stop_container(StopContainerRequest {
-                    container_id: container.id.clone(),
-                    timeout: left,
-                })
-                .await?;
-                lock(&self.inner.probes).remove(&container.id);
-                cri.remove_container(RemoveContainerRequest {
-                    container_id: container.id,
-                })
-                .await?;
             }
-            cri.stop_pod_sandbox(StopPodSandboxRequest {
-                pod_sandbox_id: sandbox.id.clone(),
+            // What is left of the grace period, at least 2 s.
+            let left = (grace - i64::try_from(started.elapsed().as_secs()).unwrap_or(0)).max(2);
+            cri.stop_container(StopContainerRequest {
+                container_id: container.id.clone(),
+                timeout: left,
             })
             .await?;
-            cri.remove_pod_sandbox(RemovePodSandboxRequest {
-                pod_sandbox_id: sandbox.id.clone(),
+            lock(&self.inner.probes).remove(&container.id);
+            cri.remove_container(RemoveContainerRequest {
+                container_id: container.id,
             })
             .await?;
-            let _ = std::fs::remove_dir_all(self.inner.dir.join(&uid));
-            lock(&self.inner.statuses).remove(&uid);
-            lock(&self.inner.known).remove(&uid);
         }
+        cri.stop_pod_sandbox(StopPodSandboxRequest {
+            pod_sandbox_id: sandbox.id.clone(),
+        })
+        .await?;
+        cri.remove_pod_sandbox(RemovePodSandboxRequest {
+            pod_sandbox_id: sandbox.id.clone(),
+        })
+        .await?;
+        let _ = std::fs::remove_dir_all(self.inner.dir.join(&uid));
+        lock(&self.inner.statuses).remove(&uid);
+        lock(&self.inner.known).remove(&uid);
+        if let Err(reason) =
+            crate::lifecycle::call_all(&cooperators, Operation::Delete, Stage::Completing, &what)
+                .await
+        {
+            tracing::warn!(%uid, %reason, "a cooperator did not acknowledge the deletion's completion");
+        }
+        lock(&self.inner.cooperators).remove(&uid);
         Ok(())
     }
 

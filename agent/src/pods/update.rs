@@ -40,10 +40,12 @@ pub enum LifecycleState {
     PreparingUpdate,
     Updating,
     Updated,
+    /// Containers are about to be stopped for good or recreated (ContainerRecreateRequest).
+    PreparingDelete,
 }
 
 impl PodRunner {
-    fn set_lifecycle(&self, uid: &str, state: LifecycleState, message: &str) {
+    pub(crate) fn set_lifecycle(&self, uid: &str, state: LifecycleState, message: &str) {
         let mut lifecycle = lock(&self.inner.lifecycle);
         if state == LifecycleState::Normal && message.is_empty() {
             lifecycle.remove(uid);
@@ -128,11 +130,16 @@ impl PodRunner {
         });
     }
 
-    async fn update(&self, pod: &Pod, uid: &str, changed: &[String]) -> Result<(), String> {
-        let cooperators = lock(&self.inner.cooperators)
+    /// The lifecycle cooperators of pod `uid`.
+    pub(crate) fn cooperators_of(&self, uid: &str) -> Vec<rigger_proto::lifecycle::Cooperator> {
+        lock(&self.inner.cooperators)
             .get(uid)
             .cloned()
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+
+    async fn update(&self, pod: &Pod, uid: &str, changed: &[String]) -> Result<(), String> {
+        let cooperators = self.cooperators_of(uid);
         let what = PodRef {
             namespace: pod.metadata.namespace.clone().unwrap_or_default(),
             name: pod.metadata.name.clone(),
@@ -204,6 +211,8 @@ impl PodRunner {
             pods: self,
             containerd_address: &self.inner.containerd_address,
             save: &save,
+            // The update is the operation cooperators were asked about.
+            operation: None,
         };
         recreate.run(&mut work, &CancellationToken::new()).await?;
         if let Some(failed) = work.containers.iter().find(|c| c.phase == Phase::Failed) {

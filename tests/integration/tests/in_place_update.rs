@@ -392,5 +392,48 @@ fn images_and_metadata_update_in_place_with_the_lifecycle_and_cooperators() {
         );
         std::thread::sleep(Duration::from_millis(300));
     }
+
+    // A recreate asks the cooperators too (operation Recreate).
+    calls.lock().unwrap().clear();
+    assert!(apply(&cooperator("Fail", "/ack")).status.success());
+    let out = controller.ctl(&["recreate", &name, "-c", "side", "--wait"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Vec<String> = calls
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, s)| s.clone())
+        .collect();
+    assert_eq!(seen, ["Recreate/Preparing", "Recreate/Completing"]);
+
+    // A command on the node as a cooperator, for deletions only.
+    let record = dir.path().join("deletes");
+    let exec_cooperator = format!(
+        "apiVersion: rigger.dev/v1alpha1\nkind: LifecycleCooperator\nmetadata:\n  name: node-hook\nspec:\n  operations: [Delete]\n  exec:\n    command: [\"sh\", \"-c\", \"echo $RIGGER_OPERATION/$RIGGER_STAGE/$RIGGER_POD_NAME >> {}\"]\n",
+        record.display()
+    );
+    let out = apply(&exec_cooperator);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::thread::sleep(Duration::from_secs(1));
     assert!(controller.ctl(&["delete", "pod", &name]).status.success());
+    let lines = wait_until(
+        "the deletion's cooperator calls",
+        Duration::from_secs(60),
+        || {
+            let text = std::fs::read_to_string(&record).ok()?;
+            (text.lines().count() >= 2).then_some(text)
+        },
+    );
+    assert_eq!(
+        lines,
+        format!("Delete/Preparing/{name}\nDelete/Completing/{name}\n")
+    );
 }
