@@ -4,6 +4,7 @@
 //! answer, or exit 0). Unacknowledged calls are repeated each second until the
 //! cooperator's timeout; then its failure policy decides.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use rigger_proto::lifecycle::{Cooperator, FailurePolicy, Operation, Stage};
@@ -21,6 +22,16 @@ pub struct PodRef {
     pub node: String,
 }
 
+/// The pod's labels as they are now (labelsHandler cooperators watch them).
+pub type CurrentLabels<'a> = &'a (dyn Fn() -> BTreeMap<String, String> + Send + Sync);
+
+/// Whether any cooperator of `operation` wants the pod reported not ready.
+pub fn marks_not_ready(cooperators: &[Cooperator], operation: Operation) -> bool {
+    cooperators
+        .iter()
+        .any(|c| c.mark_pod_not_ready && c.operations.contains(&operation))
+}
+
 /// Ask every cooperator taking part in `operation`; `Err` names the one that did not
 /// acknowledge in time under failurePolicy Fail.
 pub async fn call_all(
@@ -28,6 +39,7 @@ pub async fn call_all(
     operation: Operation,
     stage: Stage,
     pod: &PodRef,
+    labels: CurrentLabels<'_>,
 ) -> Result<(), String> {
     for cooperator in cooperators
         .iter()
@@ -37,15 +49,8 @@ pub async fn call_all(
         let timeout = Duration::from_secs(u64::from(cooperator.timeout_seconds));
         let mut last = String::new();
         let acknowledged = loop {
-            match call(
-                cooperator,
-                operation,
-                stage,
-                pod,
-                timeout.saturating_sub(started.elapsed()),
-            )
-            .await
-            {
+            let left = timeout.saturating_sub(started.elapsed());
+            match call(cooperator, operation, stage, pod, labels, left).await {
                 Ok(()) => break true,
                 Err(reason) => last = reason,
             }
@@ -77,9 +82,26 @@ async fn call(
     operation: Operation,
     stage: Stage,
     pod: &PodRef,
+    labels: CurrentLabels<'_>,
     left: Duration,
 ) -> Result<(), String> {
     let left = left.max(Duration::from_millis(100));
+    if !cooperator.labels_handler.is_empty() {
+        let current = labels();
+        let present = cooperator
+            .labels_handler
+            .iter()
+            .all(|(k, v)| current.get(k) == Some(v));
+        return match (stage, present) {
+            (Stage::Preparing, false) | (Stage::Completing, true) => Ok(()),
+            (Stage::Preparing, true) => {
+                Err("the pod still has the labelsHandler labels".to_owned())
+            }
+            (Stage::Completing, false) => {
+                Err("the pod does not have the labelsHandler labels back yet".to_owned())
+            }
+        };
+    }
     if let Some(webhook) = &cooperator.webhook {
         crate::pull::registry::install_crypto_provider();
         let client = reqwest::Client::builder()

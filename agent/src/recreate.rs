@@ -251,7 +251,14 @@ impl Recreate<'_> {
             self.pods
                 .set_lifecycle(&work.pod_uid, LifecycleState::PreparingDelete, "");
             let cooperators = self.pods.cooperators_of(&work.pod_uid);
-            let asked = call_all(&cooperators, *operation, Stage::Preparing, what).await;
+            if crate::lifecycle::marks_not_ready(&cooperators, *operation) {
+                self.pods.mark_unready(
+                    &work.pod_uid,
+                    "a lifecycle cooperator asked (markPodNotReady)",
+                );
+            }
+            let labels = || self.pods.labels_of(&work.pod_uid);
+            let asked = call_all(&cooperators, *operation, Stage::Preparing, what, &labels).await;
             if let Err(reason) = asked {
                 self.pods
                     .set_lifecycle(&work.pod_uid, LifecycleState::Normal, "");
@@ -263,7 +270,9 @@ impl Recreate<'_> {
             .await;
         if let Some((operation, what)) = &cooperated {
             let cooperators = self.pods.cooperators_of(&work.pod_uid);
-            if let Err(reason) = call_all(&cooperators, *operation, Stage::Completing, what).await {
+            let labels = || self.pods.labels_of(&work.pod_uid);
+            let completing = call_all(&cooperators, *operation, Stage::Completing, what, &labels);
+            if let Err(reason) = completing.await {
                 tracing::warn!(%reason, "a cooperator did not acknowledge the recreate's completion");
             }
             self.pods

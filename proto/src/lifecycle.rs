@@ -5,6 +5,8 @@
 //! `kind: LifecycleCooperator` objects and hands each pod's matching ones to its agent,
 //! which makes the calls.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// The operations a cooperator can take part in.
@@ -49,6 +51,14 @@ pub struct Cooperator {
     pub webhook: Option<Webhook>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec: Option<NodeExec>,
+    /// Kruise's labelsHandler: `Preparing` is acknowledged once the pod no longer has
+    /// these labels (a controller of the user's removed them), `Completing` once it has
+    /// them again.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels_handler: BTreeMap<String, String>,
+    /// Kruise's markPodNotReady: the pod is reported not ready from `Preparing` on.
+    #[serde(default)]
+    pub mark_pod_not_ready: bool,
     pub timeout_seconds: u32,
     pub failure_policy: FailurePolicy,
 }

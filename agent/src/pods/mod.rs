@@ -418,6 +418,10 @@ impl PodRunner {
     ) -> Result<(), tonic::Status> {
         let uid = uid.to_owned();
         let spec = lock(&self.inner.known).get(&uid).cloned();
+        let last_labels = spec
+            .as_ref()
+            .map(|p| p.metadata.labels.clone())
+            .unwrap_or_default();
         let cooperators = lock(&self.inner.cooperators)
             .get(&uid)
             .cloned()
@@ -437,9 +441,14 @@ impl PodRunner {
             node: self.inner.node.clone(),
         };
         use rigger_proto::lifecycle::{Operation, Stage};
-        if let Err(reason) =
-            crate::lifecycle::call_all(&cooperators, Operation::Delete, Stage::Preparing, &what)
-                .await
+        if let Err(reason) = crate::lifecycle::call_all(
+            &cooperators,
+            Operation::Delete,
+            Stage::Preparing,
+            &what,
+            &|| last_labels.clone(),
+        )
+        .await
         {
             // The controller already forgot the pod: the deletion goes on, said loudly.
             tracing::warn!(%uid, %reason, "deleting the pod without its cooperator's acknowledgement");
@@ -498,9 +507,14 @@ impl PodRunner {
         let _ = std::fs::remove_dir_all(self.inner.dir.join(&uid));
         lock(&self.inner.statuses).remove(&uid);
         lock(&self.inner.known).remove(&uid);
-        if let Err(reason) =
-            crate::lifecycle::call_all(&cooperators, Operation::Delete, Stage::Completing, &what)
-                .await
+        if let Err(reason) = crate::lifecycle::call_all(
+            &cooperators,
+            Operation::Delete,
+            Stage::Completing,
+            &what,
+            &|| last_labels.clone(),
+        )
+        .await
         {
             tracing::warn!(%uid, %reason, "a cooperator did not acknowledge the deletion's completion");
         }

@@ -130,6 +130,11 @@ impl PodRunner {
         });
     }
 
+    /// The labels pod `uid` has now (none once it left the node).
+    pub(crate) fn labels_of(&self, uid: &str) -> std::collections::BTreeMap<String, String> {
+        self.pod(uid).map(|p| p.metadata.labels).unwrap_or_default()
+    }
+
     /// The lifecycle cooperators of pod `uid`.
     pub(crate) fn cooperators_of(&self, uid: &str) -> Vec<rigger_proto::lifecycle::Cooperator> {
         lock(&self.inner.cooperators)
@@ -153,6 +158,7 @@ impl PodRunner {
             Operation::InPlaceUpdate,
             Stage::Preparing,
             &what,
+            &|| self.labels_of(uid),
         )
         .await?;
 
@@ -245,6 +251,7 @@ impl PodRunner {
             Operation::InPlaceUpdate,
             Stage::Completing,
             &what,
+            &|| self.labels_of(uid),
         )
         .await?;
         Ok(())

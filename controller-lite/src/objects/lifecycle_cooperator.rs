@@ -2,6 +2,8 @@
 //! acknowledge operations on the agent-managed pods its selector matches, in its
 //! namespace (see `rigger_proto::lifecycle`).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use rigger_proto::lifecycle::{Cooperator, FailurePolicy, NodeExec, Operation, Webhook};
@@ -34,6 +36,13 @@ pub struct CooperatorSpec {
     pub webhook: Option<Webhook>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec: Option<NodeExec>,
+    /// Kruise's labelsHandler: hold Preparing while the pod has these labels, and
+    /// Completing until it has them again.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels_handler: BTreeMap<String, String>,
+    /// Kruise's markPodNotReady: the pod is reported not ready from Preparing on.
+    #[serde(default)]
+    pub mark_pod_not_ready: bool,
     /// How long an unacknowledged call holds the operation [default: 30].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_seconds: Option<u32>,
@@ -52,21 +61,29 @@ impl LifecycleCooperator {
         self.metadata.validate()?;
         let spec = &self.spec;
         spec.selector.validate("spec.selector")?;
-        match (&spec.webhook, &spec.exec) {
-            (None, None) | (Some(_), Some(_)) => {
-                return Err(FieldError::new(
-                    "spec",
-                    "exactly one of webhook and exec is required",
-                ));
-            }
-            (Some(webhook), None) => {
-                check_url(&webhook.url)
-                    .map_err(|reason| FieldError::new("spec.webhook.url", reason))?;
-            }
-            (None, Some(exec)) if exec.command.is_empty() => {
-                return Err(FieldError::new("spec.exec.command", "is required"));
-            }
-            (None, Some(_)) => {}
+        let kinds = usize::from(spec.webhook.is_some())
+            + usize::from(spec.exec.is_some())
+            + usize::from(!spec.labels_handler.is_empty());
+        if kinds != 1 {
+            return Err(FieldError::new(
+                "spec",
+                "exactly one of webhook, exec and labelsHandler is required",
+            ));
+        }
+        if let Some(webhook) = &spec.webhook {
+            check_url(&webhook.url)
+                .map_err(|reason| FieldError::new("spec.webhook.url", reason))?;
+        }
+        if spec.exec.as_ref().is_some_and(|e| e.command.is_empty()) {
+            return Err(FieldError::new("spec.exec.command", "is required"));
+        }
+        if !spec.labels_handler.is_empty()
+            && (spec.operations.is_empty() || spec.operations.contains(&Operation::Delete))
+        {
+            return Err(FieldError::new(
+                "spec.operations",
+                "a labelsHandler needs operations without Delete (a deleted pod's labels can no longer change: Rigger deletes at once)",
+            ));
         }
         if spec.timeout_seconds == Some(0) {
             return Err(FieldError::new("spec.timeoutSeconds", "must be at least 1"));
@@ -90,6 +107,8 @@ impl LifecycleCooperator {
             },
             webhook: spec.webhook.clone(),
             exec: spec.exec.clone(),
+            labels_handler: spec.labels_handler.clone(),
+            mark_pod_not_ready: spec.mark_pod_not_ready,
             timeout_seconds: spec.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECONDS),
             failure_policy: spec.failure_policy,
         }

@@ -437,3 +437,94 @@ fn images_and_metadata_update_in_place_with_the_lifecycle_and_cooperators() {
         format!("Delete/Preparing/{name}\nDelete/Completing/{name}\n")
     );
 }
+
+#[test]
+fn a_labels_handler_holds_an_update_until_its_label_is_removed_and_put_back() {
+    let lab = Lab::get();
+    let dir = tempfile::tempdir().unwrap();
+    let controller = Controller::start(&dir.path().join("controller"));
+    let state = dir.path().join("agent");
+    std::fs::create_dir_all(&state).unwrap();
+    let agent = Agent::start(
+        &controller,
+        "update-labels-node",
+        &lab.containerd_address,
+        &lab.hosts_dir,
+        "itest-update-labels",
+        &state,
+    );
+    wait_until("the node to be ready", Duration::from_secs(30), || {
+        let n = controller.get_json(&["node", "update-labels-node"])?;
+        (n["status"]["conditions"][0]["status"] == "True").then_some(())
+    });
+    let v1 = lab.image("rigger-lab/busybox:1");
+    let v2 = lab.image(&unique_image_with(
+        "labels-v2",
+        1,
+        4096,
+        &["--base", "busybox"],
+    ));
+    let name = format!("gated-{}", std::process::id());
+    let pod = |image: &str, blocked: bool| {
+        let block = if blocked {
+            ", example.io/block-updating: \"true\""
+        } else {
+            ""
+        };
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{app: {name}{block}}}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {image}\n    command: [\"sh\", \"-c\", \"{IDLE}\"]\n"
+        )
+    };
+    let applied = |yaml: &str| {
+        let out = controller.apply(yaml);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    applied(&format!(
+        "apiVersion: rigger.dev/v1alpha1\nkind: LifecycleCooperator\nmetadata:\n  name: gate\nspec:\n  selector: {{matchLabels: {{app: {name}}}}}\n  operations: [InPlaceUpdate]\n  labelsHandler: {{example.io/block-updating: \"true\"}}\n  timeoutSeconds: 120\n"
+    ));
+    applied(&pod(&v1, true));
+    let before = wait_until("the pod to be ready", Duration::from_secs(90), || {
+        let pod = controller.get_json(&["pod", &name])?;
+        is_ready(&pod).then_some(pod)
+    });
+
+    // The new image waits in PreparingUpdate while the label is there.
+    applied(&pod(&v2, true));
+    wait_until("PreparingUpdate", Duration::from_secs(30), || {
+        (lifecycle(&controller.get_json(&["pod", &name])?) == "PreparingUpdate").then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let held = controller.get_json(&["pod", &name]).unwrap();
+    assert_eq!(
+        lifecycle(&held),
+        "PreparingUpdate",
+        "{}",
+        log_tail(&agent.log, 30)
+    );
+    assert_eq!(
+        container(&held, "app")["containerID"],
+        container(&before, "app")["containerID"]
+    );
+    assert!(!is_ready(&held));
+
+    // Removing the label lets it go on; it stays Updated until the label is back.
+    applied(&pod(&v2, false));
+    let updated = wait_until("Updated", Duration::from_secs(60), || {
+        let pod = controller.get_json(&["pod", &name])?;
+        (lifecycle(&pod) == "Updated").then_some(pod)
+    });
+    assert_ne!(
+        container(&updated, "app")["containerID"],
+        container(&before, "app")["containerID"]
+    );
+    applied(&pod(&v2, true));
+    wait_until("Normal and ready", Duration::from_secs(60), || {
+        let pod = controller.get_json(&["pod", &name])?;
+        (lifecycle(&pod) == "Normal" && is_ready(&pod)).then_some(())
+    });
+    assert!(controller.ctl(&["delete", "pod", &name]).status.success());
+}
