@@ -26,6 +26,7 @@ pub mod link;
 pub mod nodes;
 pub mod objects;
 pub mod pods;
+pub mod predownload;
 pub mod recreates;
 pub mod relay;
 pub mod server;

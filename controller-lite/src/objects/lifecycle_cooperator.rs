@@ -11,7 +11,7 @@ use rigger_proto::lifecycle::{Cooperator, FailurePolicy, NodeExec, Operation, We
 use super::{FieldError, LabelSelector, ObjectMeta, ValidateMeta as _};
 
 pub const KIND: &str = "LifecycleCooperator";
-pub const API_VERSION: &str = "rigger.dev/v1alpha1";
+pub use super::API_VERSION;
 const DEFAULT_TIMEOUT_SECONDS: u32 = 30;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,4 +125,62 @@ fn check_url(text: &str) -> Result<(), String> {
         return Err(format!("{text:?} has no host"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_documented_examples_are_valid() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/examples/lifecycle-cooperator.yaml"
+        ))
+        .unwrap();
+        let mut count = 0;
+        for document in serde_yaml_ng::Deserializer::from_str(&text) {
+            let mut cooperator: LifecycleCooperator =
+                serde::Deserialize::deserialize(document).unwrap();
+            cooperator.metadata.namespace = Some("default".to_owned());
+            cooperator.validate().unwrap();
+            count += 1;
+        }
+        assert_eq!(count, 3);
+    }
+
+    #[test]
+    fn one_kind_of_cooperator_and_no_labels_handler_on_deletions() {
+        let cooperator = |spec: serde_json::Value| -> Result<(), String> {
+            let object: LifecycleCooperator = serde_json::from_value(serde_json::json!({
+                "apiVersion": API_VERSION, "kind": KIND,
+                "metadata": {"name": "c", "namespace": "default"}, "spec": spec,
+            }))
+            .map_err(|e| e.to_string())?;
+            object.validate().map_err(|e| e.to_string())
+        };
+        let both =
+            serde_json::json!({"webhook": {"url": "http://x"}, "exec": {"command": ["true"]}});
+        assert!(
+            cooperator(both)
+                .unwrap_err()
+                .starts_with("spec: exactly one")
+        );
+        let bad_url = serde_json::json!({"webhook": {"url": "ftp://x"}});
+        assert!(
+            cooperator(bad_url)
+                .unwrap_err()
+                .starts_with("spec.webhook.url")
+        );
+        let deletes = serde_json::json!({"labelsHandler": {"a": "b"}});
+        assert!(
+            cooperator(deletes)
+                .unwrap_err()
+                .starts_with("spec.operations")
+        );
+        let fine =
+            serde_json::json!({"labelsHandler": {"a": "b"}, "operations": ["InPlaceUpdate"]});
+        cooperator(fine).unwrap();
+    }
 }
