@@ -242,7 +242,7 @@ impl Recreate<'_> {
                     namespace: work.pod_namespace.clone(),
                     name: pod.metadata.name.clone(),
                     uid: work.pod_uid.clone(),
-                    node: String::new(),
+                    node: self.pods.node().to_owned(),
                 },
             )),
             _ => None,

@@ -223,6 +223,11 @@ impl PodRunner {
         self.inner.version.subscribe()
     }
 
+    /// The node this runner runs pods for.
+    pub fn node(&self) -> &str {
+        &self.inner.node
+    }
+
     /// The spec of pod `uid`, when it is placed on this node.
     pub fn pod(&self, uid: &str) -> Option<Pod> {
         lock(&self.inner.desired)
@@ -738,6 +743,22 @@ impl PodRunner {
             })
             .await?;
             tracing::info!(pod = %pod.metadata.name, container = %container.name, attempt = next, "container started");
+            // As kubelet: one dead attempt is kept (its log is the "previous" one), older
+            // ones are removed so restarts and recreates do not pile up containers.
+            for dead in existing.iter().filter(|c| {
+                c.labels.get(labels::CONTAINER_NAME) == Some(&container.name)
+                    && c.metadata.as_ref().is_some_and(|m| m.attempt + 1 < next)
+                    && c.state == ContainerState::ContainerExited as i32
+            }) {
+                if let Err(status) = cri
+                    .remove_container(RemoveContainerRequest {
+                        container_id: dead.id.clone(),
+                    })
+                    .await
+                {
+                    tracing::debug!(id = %dead.id, error = %status.message(), "old container not removed");
+                }
+            }
             if let Some(handler) = container
                 .lifecycle
                 .as_ref()

@@ -166,6 +166,24 @@ fn image_recorded_and_container_finished(name: &str, id: &str) -> (i128, i128) {
     })
 }
 
+/// Ids of the lab's sandboxes of pod uid `uid` (any state).
+fn sandboxes(uid: &str) -> Vec<String> {
+    let lab = Lab::get();
+    let out = std::process::Command::new(rigger_integration_tests::binary("rigger-agent"))
+        .args(["status", "-o", "json", "--no-disk-usage", "--address"])
+        .arg(&lab.containerd_address)
+        .output()
+        .unwrap();
+    let inventory: Value = serde_json::from_slice(&out.stdout).unwrap();
+    inventory["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["uid"] == uid)
+        .map(|p| p["id"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
 const IDLE: &str = "trap 'exit 0' TERM; while true; do sleep 0.2; done";
 
 #[test]
@@ -215,6 +233,8 @@ fn images_and_metadata_update_in_place_with_the_lifecycle_and_cooperators() {
         let pod = controller.get_json(&["pod", &name])?;
         is_ready(&pod).then_some(pod)
     });
+    let sandbox_before = sandboxes(before["metadata"]["uid"].as_str().unwrap());
+    assert_eq!(sandbox_before.len(), 1);
     let exec = controller.ctl(&[
         "exec",
         &name,
@@ -265,6 +285,11 @@ fn images_and_metadata_update_in_place_with_the_lifecycle_and_cooperators() {
     });
     assert!(states.contains(&"PreparingUpdate".to_owned()), "{states:?}");
     assert_eq!(after["metadata"]["uid"], before["metadata"]["uid"]);
+    assert_eq!(
+        sandboxes(before["metadata"]["uid"].as_str().unwrap()),
+        sandbox_before,
+        "the same sandbox, never replaced"
+    );
     assert_eq!(
         container(&after, "side")["containerID"],
         container(&before, "side")["containerID"]
