@@ -283,6 +283,98 @@ impl ControlService {
         })
     }
 
+    /// Store a SidecarSet: it joins pods created from now on (and rolls its containers
+    /// out to the pods that have it).
+    async fn apply_sidecar_set(
+        &self,
+        value: serde_json::Value,
+        dry_run: bool,
+    ) -> Result<ApplyResponse, Status> {
+        use crate::objects::sidecar_set::{self as sidecar_set, SidecarSet};
+        let name = object_name(&value);
+        let mut object: SidecarSet = decode(value).map_err(|e| refuse(&name, &e))?;
+        object.status = None;
+        // Cluster-scoped, as in Kruise.
+        object.metadata.namespace = None;
+        let what = format!("{} {}", sidecar_set::KIND, object.metadata.name);
+        object.validate().map_err(|e| refuse(&what, &e))?;
+        let key = ObjectKey::new(sidecar_set::KIND, "", &object.metadata.name);
+        let stored = self.store.get(key.clone()).await.map_err(store_status)?;
+        let old = stored
+            .as_ref()
+            .and_then(|s| serde_json::from_slice::<SidecarSet>(&s.object).ok());
+        inherit_metadata(
+            &mut object.metadata,
+            old.as_ref().map(|o| &o.metadata),
+            old.as_ref().is_some_and(|o| o.spec != object.spec),
+        );
+        let committed = self
+            .commit(
+                key,
+                stored.as_ref(),
+                old.is_some(),
+                old.as_ref() == Some(&object),
+                &object,
+                dry_run,
+            )
+            .await?;
+        if committed.written {
+            tracing::info!(sidecar_set = %what, outcome = %committed.outcome, "sidecar set applied");
+        }
+        Ok(ApplyResponse {
+            object: Some(Object {
+                json: to_json(&object)?,
+                revision: committed.revision,
+            }),
+            outcome: committed.outcome,
+        })
+    }
+
+    /// Kruise's SidecarSet counts, from the pods it was injected into.
+    async fn sidecar_set_status(
+        &self,
+        set: &crate::objects::sidecar_set::SidecarSet,
+    ) -> Result<crate::objects::sidecar_set::SidecarSetStatus, Status> {
+        let hash = set.hash();
+        let mut status = crate::objects::sidecar_set::SidecarSetStatus {
+            observed_generation: set.metadata.generation.unwrap_or(1),
+            ..Default::default()
+        };
+        for stored in self
+            .store
+            .list(crate::objects::pod::KIND)
+            .await
+            .map_err(store_status)?
+        {
+            let Ok(pod) = serde_json::from_slice::<Pod>(&stored.object) else {
+                continue;
+            };
+            let Some(version) =
+                crate::objects::sidecar_set::injected(&pod).remove(&set.metadata.name)
+            else {
+                continue;
+            };
+            let ready = self
+                .store
+                .get(crate::pods::status_key(&stored.key))
+                .await
+                .map_err(store_status)?
+                .and_then(|s| serde_json::from_slice::<serde_json::Value>(&s.object).ok())
+                .and_then(|s| s["conditions"].as_array().cloned())
+                .is_some_and(|conditions| {
+                    conditions
+                        .iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                });
+            let updated = version.hash == hash;
+            status.matched_pods += 1;
+            status.updated_pods += u32::from(updated);
+            status.ready_pods += u32::from(ready);
+            status.updated_ready_pods += u32::from(updated && ready);
+        }
+        Ok(status)
+    }
+
     /// Store a LifecycleCooperator; the nodes' pods get the new set of cooperators.
     async fn apply_cooperator(
         &self,
@@ -399,6 +491,23 @@ impl ControlService {
             Some(s) => serde_json::from_slice::<Pod>(&s.object).ok(),
             None => None,
         };
+        // Sidecars: injected into new pods; an existing pod keeps what it was given.
+        match &old {
+            Some(old) => crate::objects::sidecar_set::keep_injected(&mut pod, old),
+            None => {
+                let sets: Vec<crate::objects::sidecar_set::SidecarSet> = self
+                    .store
+                    .list(crate::objects::sidecar_set::KIND)
+                    .await
+                    .map_err(store_status)?
+                    .iter()
+                    .filter_map(|s| serde_json::from_slice(&s.object).ok())
+                    .collect();
+                crate::objects::sidecar_set::inject(&mut pod, &sets)
+                    .and_then(|()| crate::objects::pod::validate(&pod))
+                    .map_err(|e| refuse(&what, &e))?;
+            }
+        }
         if let Some(old) = &old {
             // Placement is the controller's: an apply without nodeName keeps the node.
             if pod.spec.node_name.is_none() {
@@ -684,6 +793,14 @@ impl ControlService {
                     .unwrap_or_else(|| serde_json::json!({"phase": "Pending"}));
                 request.to_string()
             }
+            Kind::SidecarSet => {
+                let mut set: crate::objects::sidecar_set::SidecarSet =
+                    serde_json::from_slice(&stored.object).map_err(|e| {
+                        Status::internal(format!("{}: unreadable: {e}", stored.key))
+                    })?;
+                set.status = Some(self.sidecar_set_status(&set).await?);
+                to_json(&set)?
+            }
             Kind::Node | Kind::LifecycleCooperator => {
                 String::from_utf8_lossy(&stored.object).into_owned()
             }
@@ -763,6 +880,7 @@ impl Control for ControlService {
             Kind::Pod => self.apply_pod(value, request.dry_run).await?,
             Kind::ContainerRecreateRequest => self.apply_crr(value, request.dry_run).await?,
             Kind::LifecycleCooperator => self.apply_cooperator(value, request.dry_run).await?,
+            Kind::SidecarSet => self.apply_sidecar_set(value, request.dry_run).await?,
             Kind::Node => {
                 return Err(Status::invalid_argument(
                     "Node objects are not applied: a node exists while its agent is registered",
@@ -806,7 +924,10 @@ impl Control for ControlService {
         }
         let mut items = Vec::new();
         for stored in self.store.list(kind.name()).await.map_err(store_status)? {
-            if request.namespace.is_empty() || stored.key.namespace == request.namespace {
+            if request.namespace.is_empty()
+                || !kind.namespaced()
+                || stored.key.namespace == request.namespace
+            {
                 items.push(self.show(kind, stored).await?);
             }
         }
@@ -880,11 +1001,12 @@ impl Control for ControlService {
                 "Node objects are not deleted: a node leaves when its agent stops",
             ));
         }
-        let key = ObjectKey::new(
-            kind.name(),
-            namespace_or_default(&request.namespace),
-            &request.name,
-        );
+        let namespace = if kind.namespaced() {
+            namespace_or_default(&request.namespace)
+        } else {
+            ""
+        };
+        let key = ObjectKey::new(kind.name(), namespace, &request.name);
         // A pod's node is told once it is gone, so its agent stops it.
         let pod_node = match kind {
             Kind::Pod => self

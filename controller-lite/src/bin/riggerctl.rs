@@ -909,6 +909,18 @@ fn table_rows(
                 rows.push(row);
             }
         }
+        "SidecarSet" => {
+            header.extend(["NAME", "MATCHED", "UPDATED", "READY", "AGE"]);
+            for o in objects {
+                rows.push(vec![
+                    str_of(o, "/metadata/name").to_owned(),
+                    num_of(o, "/status/matchedPods").to_string(),
+                    num_of(o, "/status/updatedPods").to_string(),
+                    num_of(o, "/status/readyPods").to_string(),
+                    age(str_of(o, "/metadata/creationTimestamp")),
+                ]);
+            }
+        }
         "ContainerRecreateRequest" => {
             header.extend(["NAME", "POD", "PHASE", "CONTAINERS", "AGE"]);
             if wide {

@@ -9,6 +9,7 @@ pub mod image_pull_job;
 pub mod lifecycle_cooperator;
 pub mod pod;
 pub mod secret;
+pub mod sidecar_set;
 
 use std::collections::BTreeMap;
 
@@ -42,17 +43,19 @@ pub enum Kind {
     Secret,
     Pod,
     LifecycleCooperator,
+    SidecarSet,
     /// Nodes are not applied: they exist while their agents register.
     Node,
 }
 
 impl Kind {
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::ImagePullJob,
         Self::ContainerRecreateRequest,
         Self::Secret,
         Self::Pod,
         Self::LifecycleCooperator,
+        Self::SidecarSet,
         Self::Node,
     ];
 
@@ -63,6 +66,7 @@ impl Kind {
             Self::Secret => secret::KIND,
             Self::Pod => pod::KIND,
             Self::LifecycleCooperator => lifecycle_cooperator::KIND,
+            Self::SidecarSet => sidecar_set::KIND,
             Self::Node => "Node",
         }
     }
@@ -79,13 +83,15 @@ impl Kind {
             "lifecyclecooperator" | "lifecyclecooperators" | "lc" => {
                 Some(Self::LifecycleCooperator)
             }
+            "sidecarset" | "sidecarsets" => Some(Self::SidecarSet),
             "node" | "nodes" | "no" => Some(Self::Node),
             _ => None,
         }
     }
 
+    /// Nodes and SidecarSets (as in Kubernetes and Kruise) belong to no namespace.
     pub fn namespaced(self) -> bool {
-        self != Self::Node
+        !matches!(self, Self::Node | Self::SidecarSet)
     }
 }
 
