@@ -30,6 +30,7 @@ pub mod predownload;
 pub mod recreates;
 pub mod relay;
 pub mod server;
+pub mod sidecars;
 pub mod store;
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

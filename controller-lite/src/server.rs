@@ -130,6 +130,7 @@ pub async fn run(
     let recreates =
         crate::recreates::RecreateEngine::new(store.clone(), nodes.clone(), config.node_timeout);
     let pods = crate::pods::PodSync::new(store.clone(), nodes.clone());
+    let sidecars = crate::sidecars::SidecarRollout::new(store.clone(), pods.clone());
     let link = AgentLinkService::new(
         nodes.clone(),
         jobs.clone(),
@@ -156,7 +157,11 @@ pub async fn run(
         let (mut leadership, token) = (leadership.clone(), token.clone());
         tokio::spawn(async move {
             if leadership.elected().await {
-                tokio::join!(jobs.run(token.clone()), recreates.run(token));
+                tokio::join!(
+                    jobs.run(token.clone()),
+                    recreates.run(token.clone()),
+                    sidecars.run(token)
+                );
             }
         })
     };

@@ -146,6 +146,10 @@ pub struct SidecarSetStatus {
 pub struct InjectedVersion {
     pub sidecar_set_name: String,
     pub hash: String,
+    /// The hash with images left out: pods whose sidecars differ in more than images
+    /// cannot be upgraded in place (Kruise's sidecarset-hash-without-image).
+    #[serde(default)]
+    pub hash_without_image: String,
     pub sidecar_list: Vec<String>,
 }
 
@@ -236,12 +240,16 @@ impl SidecarSet {
     /// A short hash of what the sidecars are (Kruise's sidecarset hash): it changes when
     /// a container changes, so pods with another hash are on an older version.
     pub fn hash(&self) -> String {
-        use sha2::Digest as _;
-        let bytes = serde_json::to_vec(&self.spec.containers).unwrap_or_default();
-        sha2::Sha256::digest(&bytes)[..5]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        short_hash(&serde_json::to_vec(&self.spec.containers).unwrap_or_default())
+    }
+
+    /// The same, images left out.
+    pub fn hash_without_image(&self) -> String {
+        let mut containers = self.spec.containers.clone();
+        for sidecar in &mut containers {
+            sidecar.container.image.clear();
+        }
+        short_hash(&serde_json::to_vec(&containers).unwrap_or_default())
     }
 
     /// The containers to add to a pod: as written for ColdUpgrade; for HotUpgrade two
@@ -288,6 +296,14 @@ impl SidecarSet {
         }
         out
     }
+}
+
+fn short_hash(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes)[..5]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Inject the SidecarSets matching a new pod: their containers go before the pod's own
@@ -355,6 +371,7 @@ pub fn inject(pod: &mut Pod, sets: &[SidecarSet]) -> Result<(), FieldError> {
             InjectedVersion {
                 sidecar_set_name: set.metadata.name.clone(),
                 hash: set.hash(),
+                hash_without_image: set.hash_without_image(),
                 sidecar_list: containers.iter().map(|c| c.name.clone()).collect(),
             },
         );

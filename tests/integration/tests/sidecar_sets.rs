@@ -151,3 +151,181 @@ spec:
             .success()
     );
 }
+
+#[test]
+#[allow(clippy::too_many_lines)] // one rollout, watched from start to end
+fn a_cold_upgrade_rolls_within_max_unavailable_by_priority_up_to_the_partition() {
+    use rigger_integration_tests::unique_image_with;
+    let lab = Lab::get();
+    let dir = tempfile::tempdir().unwrap();
+    let controller = Controller::start(&dir.path().join("controller"));
+    let state = dir.path().join("agent");
+    std::fs::create_dir_all(&state).unwrap();
+    let agent = Agent::start(
+        &controller,
+        "rollout-node",
+        &lab.containerd_address,
+        &lab.hosts_dir,
+        "itest-rollout",
+        &state,
+    );
+    wait_until("the node to be ready", Duration::from_secs(30), || {
+        let n = controller.get_json(&["node", "rollout-node"])?;
+        (n["status"]["conditions"][0]["status"] == "True").then_some(())
+    });
+    let v1 = lab.image("rigger-lab/busybox:1");
+    let v2 = lab.image(&unique_image_with(
+        "proxy-v2",
+        1,
+        4096,
+        &["--base", "busybox"],
+    ));
+    let pid = std::process::id();
+    let set_name = format!("rollout-{pid}");
+    let applied = |yaml: &str| {
+        let out = controller.apply(yaml);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let set = |image: &str, paused: bool| {
+        format!(
+            r#"apiVersion: apps.kruise.io/v1alpha1
+kind: SidecarSet
+metadata:
+  name: {set_name}
+spec:
+  selector: {{matchLabels: {{rollout: "{pid}"}}}}
+  containers:
+  - name: proxy
+    image: {image}
+    command: ["sh", "-c", "{IDLE}"]
+  updateStrategy:
+    maxUnavailable: 1
+    partition: 1
+    paused: {paused}
+    priorityStrategy:
+      weightPriority:
+      - weight: 10
+        matchSelector: {{matchLabels: {{tier: edge}}}}
+"#
+        )
+    };
+    applied(&set(&v1, false));
+    let names: Vec<String> = (0..4).map(|i| format!("r{i}-{pid}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let tier = if i == 2 { ", tier: edge" } else { "" };
+        applied(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{rollout: \"{pid}\"{tier}}}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {v1}\n    command: [\"sh\", \"-c\", \"{IDLE}\"]\n"
+        ));
+    }
+    let container_of = |pod: &Value, name: &str| -> Value {
+        pod["status"]["containerStatuses"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["name"] == name).cloned())
+            .unwrap_or_default()
+    };
+    let ready = |pod: &Value| {
+        pod["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+    };
+    let apps: Vec<Value> = names
+        .iter()
+        .map(|name| {
+            wait_until("the pods to be ready", Duration::from_secs(90), || {
+                let pod = controller.get_json(&["pod", name])?;
+                ready(&pod).then(|| container_of(&pod, "app")["containerID"].clone())
+            })
+        })
+        .collect();
+
+    // Paused: the new version waits.
+    applied(&set(&v2, true));
+    std::thread::sleep(Duration::from_secs(4));
+    for name in &names {
+        let pod = controller.get_json(&["pod", name]).unwrap();
+        assert_eq!(pod["spec"]["containers"][0]["image"], v1.as_str(), "paused");
+    }
+
+    // Resumed: one pod at a time, the edge pod first, one pod left on v1.
+    applied(&set(&v2, false));
+    let mut order: Vec<String> = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let pods: Vec<Value> = names
+            .iter()
+            .map(|n| controller.get_json(&["pod", n]).unwrap())
+            .collect();
+        let mut upgrading = 0;
+        for (name, pod) in names.iter().zip(&pods) {
+            let on_v2 = pod["spec"]["containers"][0]["image"] == v2.as_str();
+            if on_v2 && !order.contains(name) {
+                order.push(name.clone());
+            }
+            let proxy = container_of(pod, "proxy");
+            let done = proxy["image"] == v2.as_str() && proxy["ready"] == true && ready(pod);
+            if (on_v2 && !done) || !ready(pod) {
+                upgrading += 1;
+            }
+        }
+        assert!(
+            upgrading <= 1,
+            "more than maxUnavailable at once: {order:?}"
+        );
+        let done = pods
+            .iter()
+            .filter(|p| container_of(p, "proxy")["image"] == v2.as_str() && ready(p))
+            .count();
+        if done == 3 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rollout stuck at {order:?}\n{}",
+            log_tail(&agent.log, 30)
+        );
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    assert_eq!(order[0], names[2], "weight priority first: {order:?}");
+    assert_eq!(order[1..], [names[0].clone(), names[1].clone()]);
+    std::thread::sleep(Duration::from_secs(3));
+    let last = controller.get_json(&["pod", &names[3]]).unwrap();
+    assert_eq!(
+        last["spec"]["containers"][0]["image"],
+        v1.as_str(),
+        "partition 1 keeps one"
+    );
+    for (name, app) in names.iter().zip(&apps) {
+        let pod = controller.get_json(&["pod", name]).unwrap();
+        assert_eq!(
+            &container_of(&pod, "app")["containerID"],
+            app,
+            "{name}: app untouched"
+        );
+    }
+    // The new image was pre-downloaded by an ImagePullJob of the rollout.
+    let jobs = controller.get_json(&["ipj"]).unwrap();
+    let job = jobs["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["spec"]["image"] == v2.as_str())
+        .unwrap_or_else(|| panic!("no pre-download job: {jobs:#}"));
+    assert!(
+        job["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("sidecarset-{set_name}")),
+        "{job:#}"
+    );
+    let status = controller.get_json(&["sidecarset", &set_name]).unwrap();
+    assert_eq!(status["status"]["matchedPods"], 4);
+    assert_eq!(status["status"]["updatedPods"], 3);
+    for name in &names {
+        assert!(controller.ctl(&["delete", "pod", name]).status.success());
+    }
+}
