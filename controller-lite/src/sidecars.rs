@@ -12,9 +12,17 @@
 //!   (`predownload.rs`) as the rollout starts.
 //!
 //! Only images change in place (as in Kruise): any other change of a sidecar reaches
-//! pods created afterwards. HotUpgrade sidecars are not rolled by this engine yet.
+//! pods created afterwards.
+//!
+//! HotUpgrade sidecars run in two slots (`<name>-1`, `<name>-2`): the idle slot (on the
+//! empty image) gets the new image first; once it runs it and is ready — its postStart,
+//! the state migration, has finished — the old slot gets the empty image and the idle
+//! one becomes the working one (Kruise's annotations record versions and the working
+//! slot). The pod stays ready throughout; a new image that never gets ready leaves the
+//! old slot serving, and the pod's status says why.
 
 use std::cmp::Reverse;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +48,9 @@ struct Member {
     /// Every sidecar of the set runs the image its spec names (checked on the agent's
     /// reported status, not on the spec).
     running_spec: bool,
+    status: serde_json::Value,
+    /// A hot upgrade started (an idle slot got the new image) and has not switched yet.
+    hot_in_progress: bool,
 }
 
 impl Member {
@@ -49,7 +60,7 @@ impl Member {
 
     /// Being upgraded or not ready: what maxUnavailable bounds.
     fn unavailable(&self, hash: &str) -> bool {
-        !self.ready || (self.updated(hash) && !self.running_spec)
+        !self.ready || self.hot_in_progress || (self.updated(hash) && !self.running_spec)
     }
 }
 
@@ -135,6 +146,8 @@ impl SidecarRollout {
                     pod: pod.clone(),
                     ready: is_ready(status),
                     running_spec: runs_spec(pod, status, &version.sidecar_list),
+                    hot_in_progress: version.hash != hash && hot_started(set, pod),
+                    status: status.clone(),
                     version,
                 })
             })
@@ -152,6 +165,10 @@ impl SidecarRollout {
         let updated = members.iter().filter(|m| m.updated(&hash)).count();
         let budget = total.saturating_sub(keep_old).saturating_sub(updated);
         let max_unavailable = strategy.max_unavailable.map_or(1, |m| m.of(total)).max(1);
+        // Hot upgrades under way go on (or switch) whatever the budget: they hold a slot.
+        for member in members.iter().filter(|m| m.hot_in_progress) {
+            self.upgrade(set, &hash, member).await;
+        }
         let unavailable = members.iter().filter(|m| m.unavailable(&hash)).count();
         let slots = max_unavailable.saturating_sub(unavailable).min(budget);
         if slots == 0 {
@@ -160,7 +177,7 @@ impl SidecarRollout {
         let without_image = set.hash_without_image();
         let mut candidates: Vec<&Member> = members
             .iter()
-            .filter(|m| !m.updated(&hash))
+            .filter(|m| !m.updated(&hash) && !m.hot_in_progress)
             // More than images changed: only pods created from now on get it.
             .filter(|m| m.version.hash_without_image == without_image)
             .filter(|m| {
@@ -176,25 +193,47 @@ impl SidecarRollout {
         }
     }
 
-    /// Move one pod to the SidecarSet's current version: new images for its ColdUpgrade
-    /// sidecars, new version in the annotation; conditional on the revision read.
+    /// Move one pod towards the SidecarSet's current version: new images for its
+    /// ColdUpgrade sidecars; for HotUpgrade ones, first the idle slot gets the new image,
+    /// and once it runs it and is ready the old slot gets the empty image and the idle
+    /// one becomes the working one. The version in the annotation moves when all is done.
+    /// Conditional on the revision read.
     async fn upgrade(&self, set: &SidecarSet, hash: &str, member: &Member) {
         let mut pod = member.pod.clone();
+        let mut all_switched = true;
         for sidecar in &set.spec.containers {
-            if sidecar.upgrade_strategy.upgrade_type != UpgradeType::ColdUpgrade {
-                continue;
-            }
-            if let Some(container) = pod
-                .spec
-                .containers
-                .iter_mut()
-                .find(|c| c.name == sidecar.container.name)
-            {
-                container.image.clone_from(&sidecar.container.image);
+            let name = &sidecar.container.name;
+            match sidecar.upgrade_strategy.upgrade_type {
+                UpgradeType::ColdUpgrade => {
+                    if let Some(container) =
+                        pod.spec.containers.iter_mut().find(|c| &c.name == name)
+                    {
+                        container.image.clone_from(&sidecar.container.image);
+                    }
+                }
+                UpgradeType::HotUpgrade => {
+                    let empty = sidecar
+                        .upgrade_strategy
+                        .hot_upgrade_empty_image
+                        .clone()
+                        .unwrap_or_default();
+                    let switched = hot_step(
+                        &mut pod,
+                        &member.status,
+                        name,
+                        &sidecar.container.image,
+                        &empty,
+                        hash,
+                    );
+                    all_switched &= switched;
+                }
             }
         }
+        if pod == member.pod {
+            return; // Waiting for the new slot to be ready.
+        }
         let mut versions = sidecar_set::injected(&pod);
-        if let Some(version) = versions.get_mut(&set.metadata.name) {
+        if all_switched && let Some(version) = versions.get_mut(&set.metadata.name) {
             hash.clone_into(&mut version.hash);
         }
         pod.metadata.annotations.insert(
@@ -275,6 +314,115 @@ impl SidecarRollout {
             }
         }
     }
+}
+
+/// The working and idle slot of hot-upgrade sidecar `name`.
+fn slots(pod: &Pod, name: &str) -> (String, String) {
+    let working = working_slots(pod)
+        .remove(name)
+        .unwrap_or_else(|| format!("{name}-1"));
+    let idle = if working.ends_with("-1") {
+        format!("{name}-2")
+    } else {
+        format!("{name}-1")
+    };
+    (working, idle)
+}
+
+fn working_slots(pod: &Pod) -> BTreeMap<String, String> {
+    pod.metadata
+        .annotations
+        .get(sidecar_set::WORKING_ANNOTATION)
+        .and_then(|w| serde_json::from_str(w).ok())
+        .unwrap_or_default()
+}
+
+/// Whether a hot upgrade of `set` started on `pod`: an idle slot runs (in spec) an image
+/// other than its empty image.
+fn hot_started(set: &SidecarSet, pod: &Pod) -> bool {
+    set.spec.containers.iter().any(|sidecar| {
+        if sidecar.upgrade_strategy.upgrade_type != UpgradeType::HotUpgrade {
+            return false;
+        }
+        let (_, idle) = slots(pod, &sidecar.container.name);
+        let empty = sidecar
+            .upgrade_strategy
+            .hot_upgrade_empty_image
+            .as_deref()
+            .unwrap_or_default();
+        pod.spec
+            .containers
+            .iter()
+            .any(|c| c.name == idle && c.image != empty)
+    })
+}
+
+/// One step of sidecar `name`'s hot upgrade to `image`; true once switched.
+fn hot_step(
+    pod: &mut Pod,
+    status: &serde_json::Value,
+    name: &str,
+    image: &str,
+    empty: &str,
+    hash: &str,
+) -> bool {
+    let (working, idle) = slots(pod, name);
+    let spec_image = |pod: &Pod, slot: &str| {
+        pod.spec
+            .containers
+            .iter()
+            .find(|c| c.name == slot)
+            .map(|c| c.image.clone())
+            .unwrap_or_default()
+    };
+    if spec_image(pod, &working) == image {
+        return true; // Already on this version.
+    }
+    if spec_image(pod, &idle) != image {
+        // Start the new version in the idle slot; versions as Kruise sets them.
+        if let Some(slot) = pod.spec.containers.iter_mut().find(|c| c.name == idle) {
+            slot.image = image.to_owned();
+        }
+        let annotations = &mut pod.metadata.annotations;
+        let working_version = annotations
+            .get(&format!("{}{working}", sidecar_set::VERSION_ANNOTATION))
+            .cloned()
+            .unwrap_or_default();
+        annotations.insert(
+            format!("{}{idle}", sidecar_set::VERSION_ANNOTATION),
+            hash.to_owned(),
+        );
+        annotations.insert(
+            format!("{}{idle}", sidecar_set::VERSION_ALT_ANNOTATION),
+            working_version,
+        );
+        annotations.insert(
+            format!("{}{working}", sidecar_set::VERSION_ALT_ANNOTATION),
+            hash.to_owned(),
+        );
+        return false;
+    }
+    // The new slot must run the new image and be ready (postStart, the state migration,
+    // has finished by then) before the old one is emptied.
+    let ready = status["containerStatuses"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == idle.as_str()))
+        .is_some_and(|c| {
+            c["image"] == image && c["ready"] == true && c["state"].get("running").is_some()
+        });
+    if !ready {
+        return false;
+    }
+    if let Some(slot) = pod.spec.containers.iter_mut().find(|c| c.name == working) {
+        slot.image = empty.to_owned();
+    }
+    let mut slots = working_slots(pod);
+    slots.insert(name.to_owned(), idle);
+    pod.metadata.annotations.insert(
+        sidecar_set::WORKING_ANNOTATION.to_owned(),
+        serde_json::to_string(&slots).unwrap_or_default(),
+    );
+    true
 }
 
 fn is_ready(status: &serde_json::Value) -> bool {

@@ -44,6 +44,11 @@ use crate::pull::{NoProgress, PullOptions, Puller};
 use crate::runtime::{CRI_NAMESPACE, DEFAULT_CONNECT_TIMEOUT, Runtime};
 use handlers::Action;
 
+/// Env a SidecarSet hot upgrade changes without restarting the container.
+const HOT_UPGRADE_ENV: [&str; 2] = ["SIDECARSET_VERSION", "SIDECARSET_VERSION_ALT"];
+/// Kruise's pod annotation naming each hot-upgrade sidecar's working slot.
+const HOT_UPGRADE_WORKING: &str = "kruise.io/sidecarset-working-hotupgrade-container";
+
 /// How often pods are checked when nothing else wakes the loop.
 const RECONCILE_INTERVAL: Duration = Duration::from_secs(1);
 /// kubelet's crash back-off: 10 s, doubling, at most 5 min.
@@ -1139,6 +1144,9 @@ fn desired_hash(pod: &Pod, uid: &str, container: &Container) -> String {
     }
     let values: Vec<String> = resolved_env(pod, uid, container)
         .into_iter()
+        // A hot upgrade rewrites these on the working slot too; like kubelet, that
+        // never restarts it (the value is read at the container's start).
+        .filter(|kv| !HOT_UPGRADE_ENV.contains(&kv.key.as_str()))
         .map(|kv| format!("{}={}", kv.key, kv.value))
         .collect();
     let mut bytes = serde_json::to_vec(container).unwrap_or_default();

@@ -151,8 +151,13 @@ impl PodRunner {
             uid: uid.to_owned(),
             node: self.inner.node.clone(),
         };
+        // A hot upgrade restarts only an idle sidecar slot: the pod keeps serving, so it
+        // stays ready.
+        let hot = changed.iter().all(|name| is_hot_upgrade_slot(pod, name));
         self.set_lifecycle(uid, LifecycleState::PreparingUpdate, "");
-        self.mark_unready(uid, "in-place update (PreparingUpdate)");
+        if !hot {
+            self.mark_unready(uid, "in-place update (PreparingUpdate)");
+        }
         call_all(
             &cooperators,
             Operation::InPlaceUpdate,
@@ -256,6 +261,19 @@ impl PodRunner {
         .await?;
         Ok(())
     }
+}
+
+/// Whether container `name` is a slot (`<sidecar>-1` / `-2`) of a hot-upgrade sidecar.
+fn is_hot_upgrade_slot(pod: &Pod, name: &str) -> bool {
+    let working: std::collections::BTreeMap<String, String> = pod
+        .metadata
+        .annotations
+        .get(super::HOT_UPGRADE_WORKING)
+        .and_then(|w| serde_json::from_str(w).ok())
+        .unwrap_or_default();
+    working
+        .keys()
+        .any(|sidecar| name == format!("{sidecar}-1") || name == format!("{sidecar}-2"))
 }
 
 /// A container as created: its id, the image it was asked for, and the imageID it runs.

@@ -329,3 +329,155 @@ spec:
         assert!(controller.ctl(&["delete", "pod", name]).status.success());
     }
 }
+
+#[test]
+#[allow(clippy::too_many_lines)] // one hot upgrade, then a broken one
+fn a_hot_upgrade_swaps_slots_and_a_broken_image_leaves_the_old_slot_serving() {
+    use rigger_integration_tests::unique_image_with;
+    let lab = Lab::get();
+    let dir = tempfile::tempdir().unwrap();
+    let controller = Controller::start(&dir.path().join("controller"));
+    let state = dir.path().join("agent");
+    std::fs::create_dir_all(&state).unwrap();
+    let agent = Agent::start(
+        &controller,
+        "hot-node",
+        &lab.containerd_address,
+        &lab.hosts_dir,
+        "itest-hot",
+        &state,
+    );
+    wait_until("the node to be ready", Duration::from_secs(30), || {
+        let n = controller.get_json(&["node", "hot-node"])?;
+        (n["status"]["conditions"][0]["status"] == "True").then_some(())
+    });
+    let empty = lab.image("rigger-lab/busybox:1");
+    let first = lab.image(&unique_image_with("hot-a", 1, 4096, &["--base", "busybox"]));
+    let second = lab.image(&unique_image_with("hot-b", 1, 4096, &["--base", "busybox"]));
+    let pid = std::process::id();
+    let set_name = format!("hot-{pid}");
+    let applied = |yaml: &str| {
+        let out = controller.apply(yaml);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let set = |image: &str| {
+        format!(
+            r#"apiVersion: apps.kruise.io/v1alpha1
+kind: SidecarSet
+metadata:
+  name: {set_name}
+spec:
+  selector: {{matchLabels: {{hot: "{pid}"}}}}
+  containers:
+  - name: proxy
+    image: {image}
+    command: ["sh", "-c", "echo $SIDECARSET_VERSION > /tmp/version; {IDLE}"]
+    upgradeStrategy:
+      upgradeType: HotUpgrade
+      hotUpgradeEmptyImage: {empty}
+"#
+        )
+    };
+    applied(&set(&first));
+    let name = format!("hot-pod-{pid}");
+    applied(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{hot: \"{pid}\"}}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {empty}\n    command: [\"sh\", \"-c\", \"{IDLE}\"]\n"
+    ));
+    let status_of = |pod: &Value, c: &str| -> Value {
+        pod["status"]["containerStatuses"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|s| s["name"] == c).cloned())
+            .unwrap_or_default()
+    };
+    let ready = |pod: &Value| {
+        pod["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+    };
+    let working = |pod: &Value| -> String {
+        let text =
+            pod["metadata"]["annotations"]["kruise.io/sidecarset-working-hotupgrade-container"]
+                .as_str()
+                .unwrap_or("{}");
+        serde_json::from_str::<Value>(text).unwrap()["proxy"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    };
+    let before = wait_until("the pod to be ready", Duration::from_secs(90), || {
+        let pod = controller.get_json(&["pod", &name])?;
+        ready(&pod).then_some(pod)
+    });
+    assert_eq!(
+        names(&before),
+        ["proxy-1", "proxy-2", "app"],
+        "two slots, injected first"
+    );
+    assert_eq!(working(&before), "proxy-1");
+    assert_eq!(status_of(&before, "proxy-1")["image"], first.as_str());
+    assert_eq!(status_of(&before, "proxy-2")["image"], empty.as_str());
+    let app_id = status_of(&before, "app")["containerID"].clone();
+    let old_slot_id = status_of(&before, "proxy-1")["containerID"].clone();
+
+    // Upgrade: proxy-2 starts on the new image while proxy-1 keeps serving; then the
+    // switch. The pod stays ready throughout.
+    applied(&set(&second));
+    let switched = wait_until("the hot upgrade", Duration::from_secs(120), || {
+        let pod = controller.get_json(&["pod", &name])?;
+        assert!(
+            ready(&pod),
+            "the pod stayed ready: {pod:#}\n{}",
+            log_tail(&agent.log, 30)
+        );
+        if working(&pod) == "proxy-1" {
+            // Before the switch the old slot is the same container, still running.
+            let old = status_of(&pod, "proxy-1");
+            assert_eq!(
+                old["containerID"], old_slot_id,
+                "the old slot was never restarted before the switch"
+            );
+        }
+        let done = working(&pod) == "proxy-2"
+            && status_of(&pod, "proxy-2")["image"] == second.as_str()
+            && status_of(&pod, "proxy-1")["image"] == empty.as_str()
+            && status_of(&pod, "proxy-1")["ready"] == true;
+        done.then_some(pod)
+    });
+    assert_eq!(
+        status_of(&switched, "app")["containerID"],
+        app_id,
+        "app untouched"
+    );
+    let version = controller.ctl(&["exec", &name, "-c", "proxy-2", "--", "cat", "/tmp/version"]);
+    assert!(
+        !String::from_utf8_lossy(&version.stdout).trim().is_empty(),
+        "SIDECARSET_VERSION reached the new slot"
+    );
+
+    // A broken image: the idle slot never gets ready, the working one keeps serving, and
+    // the pod says why.
+    let broken = lab.image("rigger-lab/busybox:no-such-tag");
+    applied(&set(&broken));
+    let held = wait_until(
+        "the broken upgrade to be reported",
+        Duration::from_secs(60),
+        || {
+            let pod = controller.get_json(&["pod", &name])?;
+            let message = pod["status"]["lifecycle"]["message"].as_str()?.to_owned();
+            message.contains("no-such-tag").then_some(pod)
+        },
+    );
+    assert_eq!(working(&held), "proxy-2");
+    assert_eq!(
+        status_of(&held, "proxy-2")["containerID"],
+        status_of(&switched, "proxy-2")["containerID"],
+        "the working slot kept running"
+    );
+    assert!(ready(&held));
+    assert!(controller.ctl(&["delete", "pod", &name]).status.success());
+}
