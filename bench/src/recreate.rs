@@ -12,8 +12,9 @@
 //! the agent's status reporting are not part of the measurement). Reports medians, the
 //! ratio, and the agent's peak RSS.
 
+mod cluster;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -24,7 +25,6 @@ use k8s_cri::v1::{
     ListPodSandboxRequest, PodSandboxFilter,
 };
 use rigger_agent::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
-use rigger_proto::v1::control_client::ControlClient;
 use rigger_proto::v1::{ApplyRequest, DeleteRequest, GetRequest};
 use tonic::transport::Channel;
 
@@ -52,21 +52,6 @@ struct Args {
     /// Keep the controller's and agent's logs here [default: a temporary directory].
     #[arg(long)]
     work_dir: Option<PathBuf>,
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 const POD: &str = "bench-recreate";
@@ -160,18 +145,6 @@ async fn sandboxes(cri: &mut RuntimeServiceClient<Channel>) -> anyhow::Result<us
         .len())
 }
 
-fn peak_rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|n| n.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 fn median(samples: &mut [Duration]) -> Duration {
     samples.sort();
     samples[samples.len() / 2]
@@ -180,6 +153,7 @@ fn median(samples: &mut [Duration]) -> Duration {
 fn ms(d: Duration) -> String {
     format!("{:.0} ms", d.as_secs_f64() * 1000.0)
 }
+
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
@@ -192,15 +166,7 @@ async fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(&work)?;
     let outcome = run(&args, &work).await;
     if outcome.is_err() {
-        // What the controller and agent said is the first thing to read.
-        for name in ["controller.log", "agent.log"] {
-            let text = std::fs::read_to_string(work.join(name)).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(15).collect();
-            eprintln!("--- {name} (last lines)");
-            for line in tail.iter().rev() {
-                eprintln!("{line}");
-            }
-        }
+        cluster::print_logs(&work);
     }
     outcome
 }
@@ -211,57 +177,14 @@ async fn run(args: &Args, work: &Path) -> anyhow::Result<()> {
     }
     let bin_dir = match &args.bin_dir {
         Some(dir) => dir.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .map(Path::to_path_buf)
-            .context("this binary has no directory")?,
+        None => cluster::own_bin_dir()?,
     };
-    let (port, health, agent_health) = (free_port()?, free_port()?, free_port()?);
-    let log = |name: &str| -> anyhow::Result<Stdio> {
-        Ok(std::fs::File::create(work.join(name))?.into())
-    };
-    let _controller = Killed(
-        Command::new(bin_dir.join("rigger-controller"))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--health-listen", &format!("127.0.0.1:{health}")])
-            .arg("--data-dir")
-            .arg(work.join("controller"))
-            .args(["--insecure-plaintext", "--heartbeat-interval", "1s"])
-            .stderr(log("controller.log")?)
-            .spawn()
-            .context("starting rigger-controller")?,
-    );
-    let agent = Killed(
-        Command::new(bin_dir.join("rigger-agent"))
-            .arg("run")
-            .arg("--address")
-            .arg(&args.address)
-            .arg("--registry-config")
-            .arg(&args.registry_config)
-            .arg("--state-dir")
-            .arg(work.join("agent"))
-            .args(["--health-listen", &format!("127.0.0.1:{agent_health}")])
-            .args(["--controller", &format!("http://127.0.0.1:{port}")])
-            .args(["--insecure-plaintext", "--node-name", "bench-node"])
-            .stderr(log("agent.log")?)
-            .spawn()
-            .context("starting rigger-agent")?,
-    );
+    let cluster =
+        cluster::Cluster::start(&bin_dir, work, &args.address, &args.registry_config).await?;
+    let agent = &cluster.agent;
+    let mut control = cluster.control.clone();
     let runtime = Runtime::connect(&args.address, DEFAULT_CONNECT_TIMEOUT).await?;
     let mut cri = RuntimeServiceClient::new(runtime.channel());
-    let endpoint = format!("http://127.0.0.1:{port}");
-    let mut control = {
-        let started = Instant::now();
-        loop {
-            match ControlClient::connect(endpoint.clone()).await {
-                Ok(client) => break client,
-                Err(_) if started.elapsed() < Duration::from_secs(20) => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => return Err(e).context("the controller never answered"),
-            }
-        }
-    };
     // The node must be ready before a pod can be placed.
     let started = Instant::now();
     let _first = loop {
@@ -363,7 +286,7 @@ async fn run(args: &Args, work: &Path) -> anyhow::Result<()> {
     while !running(&mut cri).await?.is_empty() && started.elapsed() < Duration::from_secs(20) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let rss = peak_rss_kib(agent.0.id());
+    let rss = cluster::peak_rss_kib(agent.0.id());
     let (recreate, pod) = (median(&mut recreates), median(&mut pods));
     let ratio = recreate.as_secs_f64() / pod.as_secs_f64();
     let report = format!(
