@@ -185,7 +185,18 @@ fn load(
     })
 }
 
-/// Upgrade `set` to `:2` under load; (requests, failed, seconds the upgrade took).
+/// What one upgrade under load counted.
+struct Outcome {
+    /// Over the whole load (pads included).
+    sent: u64,
+    failed: u64,
+    /// Between the SidecarSet change and the upgrade's completion.
+    sent_during: u64,
+    failed_during: u64,
+    took: f64,
+}
+
+/// Upgrade `set` to `:2` under load.
 async fn upgrade_under_load(
     control: &mut ControlClient<Channel>,
     args: &Args,
@@ -193,13 +204,17 @@ async fn upgrade_under_load(
     pod_name: &str,
     port: u16,
     hot: bool,
-) -> anyhow::Result<(u64, u64, f64)> {
+) -> anyhow::Result<Outcome> {
     let registry = &args.registry;
     let counts = Arc::new(Counts::default());
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let generator = load(port, args.rate, counts.clone(), stop.clone());
     tokio::time::sleep(args.pad).await;
     let started = Instant::now();
+    let at_start = (
+        counts.sent.load(Ordering::Relaxed),
+        counts.failed.load(Ordering::Relaxed),
+    );
     apply(control, sidecar_set(set, registry, 2, port, hot)).await?;
     let (v2, empty) = (
         format!("{registry}/rigger-lab/sidecar:2"),
@@ -212,14 +227,20 @@ async fn upgrade_under_load(
     };
     wait_for(control, pod_name, &done, Duration::from_secs(120)).await?;
     let took = started.elapsed().as_secs_f64();
+    let at_end = (
+        counts.sent.load(Ordering::Relaxed),
+        counts.failed.load(Ordering::Relaxed),
+    );
     tokio::time::sleep(args.pad).await;
     stop.store(true, Ordering::SeqCst);
     generator.await.context("the load generator")?;
-    Ok((
-        counts.sent.load(Ordering::Relaxed),
-        counts.failed.load(Ordering::Relaxed),
+    Ok(Outcome {
+        sent: counts.sent.load(Ordering::Relaxed),
+        failed: counts.failed.load(Ordering::Relaxed),
+        sent_during: at_end.0 - at_start.0,
+        failed_during: at_end.1 - at_start.1,
         took,
-    ))
+    })
 }
 
 async fn run(args: &Args, work: &Path) -> anyhow::Result<()> {
@@ -300,19 +321,22 @@ async fn run(args: &Args, work: &Path) -> anyhow::Result<()> {
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     println!(
-        "| upgrade | requests (at {} /s) | failed | upgrade took | agent peak RSS |\n|---|---|---|---|---|",
-        args.rate
+        "| upgrade | requests during the upgrade (at {} /s) | failed | whole load (± {} pads) | failed | upgrade took | agent peak RSS |\n|---|---|---|---|---|---|---|",
+        args.rate,
+        humantime::format_duration(args.pad)
     );
     println!(
-        "| hot (SidecarSet HotUpgrade) | {} | **{}** | {:.1} s | {} MiB |",
-        hot.0,
-        hot.1,
-        hot.2,
+        "| hot (HotUpgrade) | {} | **{}** | {} | {} | {:.1} s | {} MiB |",
+        hot.sent_during,
+        hot.failed_during,
+        hot.sent,
+        hot.failed,
+        hot.took,
         rss / 1024
     );
     println!(
-        "| cold (ColdUpgrade, for contrast) | {} | {} | {:.1} s | |",
-        cold.0, cold.1, cold.2
+        "| cold (ColdUpgrade, for contrast) | {} | {} | {} | {} | {:.1} s | |",
+        cold.sent_during, cold.failed_during, cold.sent, cold.failed, cold.took
     );
     Ok(())
 }

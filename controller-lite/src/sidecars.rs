@@ -274,7 +274,6 @@ impl SidecarRollout {
             .spec
             .containers
             .iter()
-            .filter(|s| s.upgrade_strategy.upgrade_type == UpgradeType::ColdUpgrade)
             .map(|s| s.container.image.clone())
             .collect();
         let rollout: Vec<RolloutPod> = members

@@ -816,10 +816,18 @@ impl PodRunner {
         };
         let done =
             init && status.state == ContainerState::ContainerExited as i32 && status.exit_code == 0;
+        // The image this container was created from (as Kubernetes reports it), which
+        // differs from the spec's while an in-place update is under way.
+        let image = status
+            .image
+            .as_ref()
+            .map(|i| i.image.clone())
+            .filter(|i| !i.is_empty())
+            .unwrap_or_else(|| container.image.clone());
         Ok((
             serde_json::json!({
                 "name": container.name,
-                "image": container.image,
+                "image": image,
                 "imageID": status.image_ref,
                 "containerID": format!("containerd://{}", status.id),
                 "ready": ready,

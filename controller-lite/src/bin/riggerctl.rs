@@ -964,7 +964,7 @@ fn table_rows(
         "Pod" => {
             header.extend(["NAME", "READY", "STATUS", "RESTARTS", "LIFECYCLE", "AGE"]);
             if wide {
-                header.extend(["NODE", "IMAGES"]);
+                header.extend(["NODE", "IMAGES", "WORKING SIDECARS"]);
             }
             for o in objects {
                 let containers = o
@@ -1005,6 +1005,17 @@ fn table_rows(
                         .map(|cs| cs.iter().map(|c| str_of(c, "/image")).collect())
                         .unwrap_or_default();
                     row.push(images.join(","));
+                    // Hot-upgrade sidecars: which slot serves (Kruise's annotation).
+                    let working: std::collections::BTreeMap<String, String> = o
+                        .pointer("/metadata/annotations/kruise.io~1sidecarset-working-hotupgrade-container")
+                        .and_then(Value::as_str)
+                        .and_then(|w| serde_json::from_str(w).ok())
+                        .unwrap_or_default();
+                    row.push(if working.is_empty() {
+                        "-".to_owned()
+                    } else {
+                        working.into_values().collect::<Vec<_>>().join(",")
+                    });
                 }
                 rows.push(row);
             }

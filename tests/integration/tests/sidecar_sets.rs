@@ -453,6 +453,12 @@ spec:
         app_id,
         "app untouched"
     );
+    let wide = controller.ctl(&["get", "pod", &name, "-o", "wide"]);
+    let table = String::from_utf8_lossy(&wide.stdout);
+    assert!(
+        table.contains("WORKING SIDECARS") && table.contains("proxy-2"),
+        "{table}"
+    );
     let version = controller.ctl(&["exec", &name, "-c", "proxy-2", "--", "cat", "/tmp/version"]);
     assert!(
         !String::from_utf8_lossy(&version.stdout).trim().is_empty(),
