@@ -168,7 +168,79 @@ struct Committed {
     written: bool,
 }
 
+/// Objects whose metadata the API manages (uid, creation time, generation).
+trait Managed: Serialize + serde::de::DeserializeOwned + PartialEq {
+    fn metadata(&self) -> &ObjectMeta;
+    fn metadata_mut(&mut self) -> &mut ObjectMeta;
+    /// Whether the spec differs (the generation moves).
+    fn spec_differs(&self, other: &Self) -> bool;
+}
+
+impl Managed for crate::objects::lifecycle_cooperator::LifecycleCooperator {
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+    fn spec_differs(&self, other: &Self) -> bool {
+        self.spec != other.spec
+    }
+}
+
+impl Managed for crate::objects::sidecar_set::SidecarSet {
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+    fn spec_differs(&self, other: &Self) -> bool {
+        self.spec != other.spec
+    }
+}
+
+fn applied<T: Serialize>(object: &T, committed: Committed) -> Result<ApplyResponse, Status> {
+    Ok(ApplyResponse {
+        object: Some(Object {
+            json: to_json(object)?,
+            revision: committed.revision,
+        }),
+        outcome: committed.outcome,
+    })
+}
+
 impl ControlService {
+    /// Store a validated object under `key`: metadata carried over from the stored
+    /// version, written only when it changed, conditional on the revision read.
+    async fn store_version<T: Managed>(
+        &self,
+        key: ObjectKey,
+        object: &mut T,
+        dry_run: bool,
+    ) -> Result<Committed, Status> {
+        let stored = self.store.get(key.clone()).await.map_err(store_status)?;
+        let old = stored
+            .as_ref()
+            .and_then(|s| serde_json::from_slice::<T>(&s.object).ok());
+        let spec_changed = old.as_ref().is_some_and(|o| o.spec_differs(object));
+        inherit_metadata(
+            object.metadata_mut(),
+            old.as_ref().map(Managed::metadata),
+            spec_changed,
+        );
+        let unchanged = old.as_ref() == Some(&*object);
+        self.commit(
+            key,
+            stored.as_ref(),
+            old.is_some(),
+            unchanged,
+            &*object,
+            dry_run,
+        )
+        .await
+    }
+
     /// The end of every apply: nothing to do when `unchanged`, nothing written on a dry
     /// run, else `object` is stored conditional on the revision that was read.
     async fn commit<T: Serialize>(
@@ -299,35 +371,11 @@ impl ControlService {
         let what = format!("{} {}", sidecar_set::KIND, object.metadata.name);
         object.validate().map_err(|e| refuse(&what, &e))?;
         let key = ObjectKey::new(sidecar_set::KIND, "", &object.metadata.name);
-        let stored = self.store.get(key.clone()).await.map_err(store_status)?;
-        let old = stored
-            .as_ref()
-            .and_then(|s| serde_json::from_slice::<SidecarSet>(&s.object).ok());
-        inherit_metadata(
-            &mut object.metadata,
-            old.as_ref().map(|o| &o.metadata),
-            old.as_ref().is_some_and(|o| o.spec != object.spec),
-        );
-        let committed = self
-            .commit(
-                key,
-                stored.as_ref(),
-                old.is_some(),
-                old.as_ref() == Some(&object),
-                &object,
-                dry_run,
-            )
-            .await?;
+        let committed = self.store_version(key, &mut object, dry_run).await?;
         if committed.written {
             tracing::info!(sidecar_set = %what, outcome = %committed.outcome, "sidecar set applied");
         }
-        Ok(ApplyResponse {
-            object: Some(Object {
-                json: to_json(&object)?,
-                revision: committed.revision,
-            }),
-            outcome: committed.outcome,
-        })
+        applied(&object, committed)
     }
 
     /// Kruise's SidecarSet counts, from the pods it was injected into.
@@ -387,36 +435,12 @@ impl ControlService {
         let (namespace, what) = default_namespace(cooperator::KIND, &mut object.metadata);
         object.validate().map_err(|e| refuse(&what, &e))?;
         let key = ObjectKey::new(cooperator::KIND, &namespace, &object.metadata.name);
-        let stored = self.store.get(key.clone()).await.map_err(store_status)?;
-        let old = stored
-            .as_ref()
-            .and_then(|s| serde_json::from_slice::<LifecycleCooperator>(&s.object).ok());
-        inherit_metadata(
-            &mut object.metadata,
-            old.as_ref().map(|o| &o.metadata),
-            old.as_ref().is_some_and(|o| o.spec != object.spec),
-        );
-        let committed = self
-            .commit(
-                key,
-                stored.as_ref(),
-                old.is_some(),
-                old.as_ref() == Some(&object),
-                &object,
-                dry_run,
-            )
-            .await?;
+        let committed = self.store_version(key, &mut object, dry_run).await?;
         if committed.written {
             tracing::info!(cooperator = %what, outcome = %committed.outcome, "lifecycle cooperator applied");
             self.pods.send_to_all().await;
         }
-        Ok(ApplyResponse {
-            object: Some(Object {
-                json: to_json(&object)?,
-                revision: committed.revision,
-            }),
-            outcome: committed.outcome,
-        })
+        applied(&object, committed)
     }
 
     async fn apply_secret(

@@ -1050,6 +1050,28 @@ pub fn token(pki: &Path, role: &str) -> String {
         .to_owned()
 }
 
+/// A controller under `dir/controller` and an agent for `node` on the lab's first node
+/// (pulls into `namespace`, state under `dir/agent`), once the node is ready.
+pub fn controller_with_agent(dir: &Path, node: &str, namespace: &str) -> (Controller, Agent) {
+    let lab = Lab::get();
+    let controller = Controller::start(&dir.join("controller"));
+    let state = dir.join("agent");
+    std::fs::create_dir_all(&state).unwrap();
+    let agent = Agent::start(
+        &controller,
+        node,
+        &lab.containerd_address,
+        &lab.hosts_dir,
+        namespace,
+        &state,
+    );
+    wait_until("the node to be ready", Duration::from_secs(30), || {
+        let n = controller.get_json(&["node", node])?;
+        (n["status"]["conditions"][0]["status"] == "True").then_some(())
+    });
+    (controller, agent)
+}
+
 impl Controller {
     pub fn start(data_dir: &Path) -> Self {
         let pki = data_dir.join("pki");

@@ -6,33 +6,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rigger_integration_tests::{Agent, Controller, CriPod, CriPodSpec, Lab, log_tail, wait_until};
+use rigger_integration_tests::{
+    Controller, CriPod, CriPodSpec, Lab, controller_with_agent, log_tail, wait_until,
+};
 use serde_json::Value;
-
-/// A controller and one agent named `node`, with the node ready.
-fn cluster(dir: &Path, node: &str) -> (Controller, Agent) {
-    let lab = Lab::get();
-    let controller = Controller::start(&dir.join("controller"));
-    let state = dir.join("agent");
-    std::fs::create_dir_all(&state).unwrap();
-    let agent = Agent::start(
-        &controller,
-        node,
-        &lab.containerd_address,
-        &lab.hosts_dir,
-        "itest-recreate",
-        &state,
-    );
-    wait_until("the node to be ready", Duration::from_secs(30), || {
-        let n = controller.get_json(&["node", node])?;
-        (n["status"]["conditions"][0]["status"] == "True").then_some(())
-    });
-    (controller, agent)
-}
 
 fn apply_ok(controller: &Controller, yaml: &str) -> String {
     let out = controller.apply(yaml);
@@ -138,7 +118,7 @@ const IDLE: &str = "trap 'exit 0' TERM; while true; do sleep 0.2; done";
 fn recreate_keeps_the_pod_runs_every_kind_of_pre_stop_and_goes_in_order() {
     let lab = Lab::get();
     let dir = tempfile::tempdir().unwrap();
-    let (controller, agent) = cluster(dir.path(), "recreate-node");
+    let (controller, agent) = controller_with_agent(dir.path(), "recreate-node", "itest-recreate");
     let image = lab.image("rigger-lab/busybox:1");
     let (http_port, http_hooks) = http_recorder();
     let (tcp_port, tcp_hooks) = tcp_recorder();
@@ -359,7 +339,8 @@ fn lab_sandboxes(uid: &str) -> usize {
 fn failure_policies_deadlines_and_pods_that_go_away() {
     let lab = Lab::get();
     let dir = tempfile::tempdir().unwrap();
-    let (controller, agent) = cluster(dir.path(), "recreate-fail-node");
+    let (controller, agent) =
+        controller_with_agent(dir.path(), "recreate-fail-node", "itest-recreate");
     let image = lab.image("rigger-lab/busybox:1");
     let out_dir = dir.path().join("out");
     let name = format!("failing-{}", std::process::id());
@@ -563,7 +544,8 @@ spec:
 fn kubelet_pods_are_recreated_with_kubelets_hook_and_restart_loop() {
     let lab = Lab::get();
     let dir = tempfile::tempdir().unwrap();
-    let (controller, agent) = cluster(dir.path(), "recreate-kubelet-node");
+    let (controller, agent) =
+        controller_with_agent(dir.path(), "recreate-kubelet-node", "itest-recreate");
     let image = lab.image("rigger-lab/busybox:1");
     // The image comes the way kubelet gets it: CRI PullImage.
     let pulled =

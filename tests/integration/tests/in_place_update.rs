@@ -6,7 +6,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rigger_integration_tests::{Agent, Controller, Lab, log_tail, unique_image_with, wait_until};
+use rigger_integration_tests::{
+    Lab, controller_with_agent, log_tail, unique_image_with, wait_until,
+};
 use serde_json::Value;
 
 /// A cooperator endpoint of the test: `/ack` answers 200 after a second (so the
@@ -191,21 +193,7 @@ const IDLE: &str = "trap 'exit 0' TERM; while true; do sleep 0.2; done";
 fn images_and_metadata_update_in_place_with_the_lifecycle_and_cooperators() {
     let lab = Lab::get();
     let dir = tempfile::tempdir().unwrap();
-    let controller = Controller::start(&dir.path().join("controller"));
-    let state = dir.path().join("agent");
-    std::fs::create_dir_all(&state).unwrap();
-    let agent = Agent::start(
-        &controller,
-        "update-node",
-        &lab.containerd_address,
-        &lab.hosts_dir,
-        "itest-update",
-        &state,
-    );
-    wait_until("the node to be ready", Duration::from_secs(30), || {
-        let n = controller.get_json(&["node", "update-node"])?;
-        (n["status"]["conditions"][0]["status"] == "True").then_some(())
-    });
+    let (controller, agent) = controller_with_agent(dir.path(), "update-node", "itest-update");
     let logs = || {
         format!(
             "{}\n{}",
@@ -467,21 +455,8 @@ fn images_and_metadata_update_in_place_with_the_lifecycle_and_cooperators() {
 fn a_labels_handler_holds_an_update_until_its_label_is_removed_and_put_back() {
     let lab = Lab::get();
     let dir = tempfile::tempdir().unwrap();
-    let controller = Controller::start(&dir.path().join("controller"));
-    let state = dir.path().join("agent");
-    std::fs::create_dir_all(&state).unwrap();
-    let agent = Agent::start(
-        &controller,
-        "update-labels-node",
-        &lab.containerd_address,
-        &lab.hosts_dir,
-        "itest-update-labels",
-        &state,
-    );
-    wait_until("the node to be ready", Duration::from_secs(30), || {
-        let n = controller.get_json(&["node", "update-labels-node"])?;
-        (n["status"]["conditions"][0]["status"] == "True").then_some(())
-    });
+    let (controller, agent) =
+        controller_with_agent(dir.path(), "update-labels-node", "itest-update-labels");
     let v1 = lab.image("rigger-lab/busybox:1");
     let v2 = lab.image(&unique_image_with(
         "labels-v2",

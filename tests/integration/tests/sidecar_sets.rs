@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use rigger_integration_tests::{Agent, Controller, Lab, log_tail, wait_until};
+use rigger_integration_tests::{Lab, controller_with_agent, log_tail, wait_until};
 use serde_json::Value;
 
 const IDLE: &str = "trap 'exit 0' TERM; while true; do sleep 0.2; done";
@@ -23,21 +23,7 @@ fn names(pod: &Value) -> Vec<String> {
 fn sidecars_are_injected_into_matching_new_pods_only_and_kept_on_reapply() {
     let lab = Lab::get();
     let dir = tempfile::tempdir().unwrap();
-    let controller = Controller::start(&dir.path().join("controller"));
-    let state = dir.path().join("agent");
-    std::fs::create_dir_all(&state).unwrap();
-    let agent = Agent::start(
-        &controller,
-        "sidecar-node",
-        &lab.containerd_address,
-        &lab.hosts_dir,
-        "itest-sidecar",
-        &state,
-    );
-    wait_until("the node to be ready", Duration::from_secs(30), || {
-        let n = controller.get_json(&["node", "sidecar-node"])?;
-        (n["status"]["conditions"][0]["status"] == "True").then_some(())
-    });
+    let (controller, agent) = controller_with_agent(dir.path(), "sidecar-node", "itest-sidecar");
     let image = lab.image("rigger-lab/busybox:1");
     let pid = std::process::id();
     let set_name = format!("mesh-{pid}");
@@ -158,21 +144,7 @@ fn a_cold_upgrade_rolls_within_max_unavailable_by_priority_up_to_the_partition()
     use rigger_integration_tests::unique_image_with;
     let lab = Lab::get();
     let dir = tempfile::tempdir().unwrap();
-    let controller = Controller::start(&dir.path().join("controller"));
-    let state = dir.path().join("agent");
-    std::fs::create_dir_all(&state).unwrap();
-    let agent = Agent::start(
-        &controller,
-        "rollout-node",
-        &lab.containerd_address,
-        &lab.hosts_dir,
-        "itest-rollout",
-        &state,
-    );
-    wait_until("the node to be ready", Duration::from_secs(30), || {
-        let n = controller.get_json(&["node", "rollout-node"])?;
-        (n["status"]["conditions"][0]["status"] == "True").then_some(())
-    });
+    let (controller, agent) = controller_with_agent(dir.path(), "rollout-node", "itest-rollout");
     let v1 = lab.image("rigger-lab/busybox:1");
     let v2 = lab.image(&unique_image_with(
         "proxy-v2",
@@ -336,21 +308,7 @@ fn a_hot_upgrade_swaps_slots_and_a_broken_image_leaves_the_old_slot_serving() {
     use rigger_integration_tests::unique_image_with;
     let lab = Lab::get();
     let dir = tempfile::tempdir().unwrap();
-    let controller = Controller::start(&dir.path().join("controller"));
-    let state = dir.path().join("agent");
-    std::fs::create_dir_all(&state).unwrap();
-    let agent = Agent::start(
-        &controller,
-        "hot-node",
-        &lab.containerd_address,
-        &lab.hosts_dir,
-        "itest-hot",
-        &state,
-    );
-    wait_until("the node to be ready", Duration::from_secs(30), || {
-        let n = controller.get_json(&["node", "hot-node"])?;
-        (n["status"]["conditions"][0]["status"] == "True").then_some(())
-    });
+    let (controller, agent) = controller_with_agent(dir.path(), "hot-node", "itest-hot");
     let empty = lab.image("rigger-lab/busybox:1");
     let first = lab.image(&unique_image_with("hot-a", 1, 4096, &["--base", "busybox"]));
     let second = lab.image(&unique_image_with("hot-b", 1, 4096, &["--base", "busybox"]));
