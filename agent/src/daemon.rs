@@ -54,6 +54,8 @@ struct AppState {
 /// Run until `stop` resolves, then drain within the configured timeout.
 pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<(), DaemonError> {
     let token = CancellationToken::new();
+    let metrics = Arc::new(crate::metrics::AgentMetrics::new());
+    let registry = Arc::new(metrics.registry());
     // Pods come from a controller: without one, there are none to run.
     let pods = crate::pods::PodRunner::start(
         config.link.as_ref().map_or("", |l| l.node_name.as_str()),
@@ -66,6 +68,7 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
             limit_rate: config.pull.limit_rate,
             ..crate::pull::PullOptions::default()
         },
+        metrics.clone(),
         token.child_token(),
     )?;
     // Tasks accepted before a restart are loaded (and resumed) before anything binds.
@@ -74,6 +77,7 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
         config.containerd_address(),
         &config.pull,
         pods.clone(),
+        metrics.clone(),
         token.child_token(),
     )?;
     let listener = tokio::net::TcpListener::bind(config.health_listen)
@@ -88,13 +92,15 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
     let readiness = Readiness::new("containerd not contacted yet");
     let shared: SharedInventory = Arc::default();
 
-    let app: Router = health::router(readiness.clone()).merge(
-        Router::new()
-            .route("/inventory", get(get_inventory))
-            .with_state(AppState {
-                inventory: shared.clone(),
-            }),
-    );
+    let app: Router = health::router(readiness.clone())
+        .merge(rigger_daemon::metrics::router(registry))
+        .merge(
+            Router::new()
+                .route("/inventory", get(get_inventory))
+                .with_state(AppState {
+                    inventory: shared.clone(),
+                }),
+        );
     let server_token = token.clone();
     let server = tokio::spawn(async move {
         axum::serve(listener, app)

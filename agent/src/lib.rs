@@ -18,6 +18,7 @@ pub mod inventory;
 pub mod labels;
 pub mod lifecycle;
 pub mod link;
+pub mod metrics;
 pub mod pods;
 pub mod progress;
 pub mod pull;

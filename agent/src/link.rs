@@ -35,6 +35,15 @@ pub struct LinkConfig {
 /// Progress reports are sent at most this often (status changes are coalesced).
 const REPORT_INTERVAL: Duration = Duration::from_millis(250);
 
+/// Sets the link gauge back to 0 when a session ends.
+struct LinkDown(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for LinkDown {
+    fn drop(&mut self) {
+        self.0.set(0);
+    }
+}
+
 /// Keep a session to the controller open until `token` is cancelled.
 pub async fn maintain(
     config: LinkConfig,
@@ -125,6 +134,10 @@ async fn session(
         Err(s) => return Err(format!("registration refused: {}", s.message())),
     };
     tracing::info!(controller = %controller.uri(), heartbeat = ?interval, "registered with the controller");
+    // Up while this session lasts; down however it ends.
+    let link_up = tasks.metrics().link_up.clone();
+    link_up.set(1);
+    let _down = LinkDown(link_up);
 
     pods_reported = *pod_changes.borrow_and_update();
     send_all(

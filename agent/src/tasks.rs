@@ -24,6 +24,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::PullSettings;
+use crate::metrics::{AgentMetrics, Outcome};
 use crate::pods::PodRunner;
 use crate::pull::{Progress, ProgressEvent, PullOptions, Puller};
 use crate::recreate::{Recreate, RecreateWork};
@@ -144,6 +145,7 @@ struct Inner {
     puller: tokio::sync::Mutex<Option<Puller>>,
     /// Recreates of agent-managed pods go through the pod runner.
     pods: PodRunner,
+    metrics: Arc<AgentMetrics>,
     tasks: Mutex<HashMap<String, Entry>>,
     version: watch::Sender<u64>,
     shutdown: CancellationToken,
@@ -162,6 +164,7 @@ impl TaskRunner {
         containerd_address: &Path,
         settings: &PullSettings,
         pods: PodRunner,
+        metrics: Arc<AgentMetrics>,
         shutdown: CancellationToken,
     ) -> Result<Self, TaskError> {
         let dir = state_dir.join("tasks");
@@ -185,6 +188,7 @@ impl TaskRunner {
                 pull_options,
                 puller: tokio::sync::Mutex::new(None),
                 pods,
+                metrics,
                 tasks: Mutex::new(HashMap::new()),
                 version: watch::channel(0).0,
                 shutdown,
@@ -258,6 +262,11 @@ impl TaskRunner {
                 cancel: self.inner.shutdown.child_token(),
             },
         );
+    }
+
+    /// The agent's metrics (the link reports its state there too).
+    pub fn metrics(&self) -> &Arc<AgentMetrics> {
+        &self.inner.metrics
     }
 
     /// Watch this to learn that some status changed.
@@ -416,10 +425,19 @@ impl TaskRunner {
         }) else {
             return;
         };
+        let metrics = self.inner.metrics.clone();
+        metrics.tasks_active.inc();
+        let started = std::time::Instant::now();
         let work = match work {
             Work::Pull(pull) => pull,
             Work::Recreate(recreate) => {
-                self.run_recreate(id, recreate, cancel).await;
+                let succeeded = self.run_recreate(id, recreate, cancel).await;
+                metrics.tasks_active.dec();
+                if let Some(succeeded) = succeeded {
+                    let result = if succeeded { "succeeded" } else { "failed" };
+                    metrics.recreates.get_or_create(&Outcome::of(result)).inc();
+                    AgentMetrics::observe(&metrics.recreate_seconds, started.elapsed());
+                }
                 return;
             }
         };
@@ -450,6 +468,7 @@ impl TaskRunner {
                 if self.inner.shutdown.is_cancelled() {
                     // The agent is stopping: the task stays Running on disk and
                     // resumes when the agent starts again.
+                    metrics.tasks_active.dec();
                     return;
                 }
                 Err(None)
@@ -462,7 +481,18 @@ impl TaskRunner {
                 ))),
             },
         };
+        metrics.tasks_active.dec();
+        let result = match &outcome {
+            Ok((_, message)) if message == "already present" => "present",
+            Ok(_) => "succeeded",
+            Err(_) => "failed",
+        };
+        metrics.pulls.get_or_create(&Outcome::of(result)).inc();
+        AgentMetrics::observe(&metrics.pull_seconds, started.elapsed());
         self.update(id, |entry| {
+            if result == "succeeded" {
+                metrics.pull_bytes.inc_by(entry.bytes_total);
+            }
             match outcome {
                 Ok((digest, message)) => {
                     entry.record.phase = Phase::Succeeded;
@@ -484,7 +514,13 @@ impl TaskRunner {
         });
     }
 
-    async fn run_recreate(&self, id: &str, mut work: RecreateWork, cancel: CancellationToken) {
+    /// `Some(succeeded)` once it ended; `None` when the agent stops first (it resumes).
+    async fn run_recreate(
+        &self,
+        id: &str,
+        mut work: RecreateWork,
+        cancel: CancellationToken,
+    ) -> Option<bool> {
         let save = |progress: &RecreateWork| {
             self.update(id, |entry| {
                 entry.record.work = Work::Recreate(progress.clone())
@@ -500,8 +536,9 @@ impl TaskRunner {
         self.inner.pods.mark_ready(&work.pod_uid);
         if self.inner.shutdown.is_cancelled() {
             // The agent is stopping: the recreate resumes from its saved progress.
-            return;
+            return None;
         }
+        let succeeded = outcome.is_ok();
         self.update(id, |entry| {
             let cancelled = entry.record.message.starts_with("cancelled: ");
             match outcome {
@@ -522,6 +559,7 @@ impl TaskRunner {
             entry.record.work = Work::Recreate(work);
             entry.record.finished_at = Some(SystemTime::now());
         });
+        Some(succeeded)
     }
 
     /// Change an entry, persist it and tell the link; `None` if the task is unknown.
@@ -686,6 +724,7 @@ mod tests {
             state,
             Path::new("/nonexistent.sock"),
             &PullOptions::default(),
+            Arc::default(),
             CancellationToken::new(),
         )
         .unwrap()
@@ -700,6 +739,7 @@ mod tests {
             Path::new("/nonexistent.sock"),
             &settings(),
             pods(state.path()),
+            Arc::default(),
             token.clone(),
         )
         .unwrap();
@@ -731,6 +771,7 @@ mod tests {
             Path::new("/nonexistent.sock"),
             &settings(),
             pods(state.path()),
+            Arc::default(),
             CancellationToken::new(),
         )
         .unwrap();
@@ -752,6 +793,7 @@ mod tests {
             Path::new("/nonexistent.sock"),
             &settings(),
             pods(state.path()),
+            Arc::default(),
             CancellationToken::new(),
         )
         .unwrap();

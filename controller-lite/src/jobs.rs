@@ -177,6 +177,16 @@ impl JobEngine {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// How many jobs are running and completed (for metrics).
+    pub fn phase_counts(&self) -> [(&'static str, usize); 2] {
+        let state = self.lock();
+        let completed = state.jobs.values().filter(|j| j.finished()).count();
+        [
+            ("running", state.jobs.len() - completed),
+            ("completed", completed),
+        ]
+    }
+
     /// Reconcile soon (a job was applied or deleted, a node came or went).
     pub fn wake(&self) {
         self.inner.wake.notify_one();

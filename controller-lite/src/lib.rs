@@ -23,6 +23,7 @@ pub mod control;
 pub mod jobs;
 pub mod leader;
 pub mod link;
+pub mod metrics;
 pub mod nodes;
 pub mod objects;
 pub mod pods;

@@ -149,6 +149,23 @@ impl RecreateEngine {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// How many requests are in each phase (for metrics).
+    pub fn phase_counts(&self) -> [(&'static str, usize); 3] {
+        let state = self.lock();
+        let count = |phase: CrrPhase| {
+            state
+                .requests
+                .values()
+                .filter(|t| t.status.phase == phase)
+                .count()
+        };
+        [
+            ("pending", count(CrrPhase::Pending)),
+            ("recreating", count(CrrPhase::Recreating)),
+            ("completed", count(CrrPhase::Completed)),
+        ]
+    }
+
     pub fn wake(&self) {
         self.inner.wake.notify_one();
     }

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use rigger_daemon::health::{self, Readiness};
 use rigger_daemon::shutdown::{Drain, drain};
@@ -130,6 +131,13 @@ pub async fn run(
     let recreates =
         crate::recreates::RecreateEngine::new(store.clone(), nodes.clone(), config.node_timeout);
     let pods = crate::pods::PodSync::new(store.clone(), nodes.clone());
+    let metrics_sources = crate::metrics::Sources {
+        nodes: nodes.clone(),
+        jobs: jobs.clone(),
+        recreates: recreates.clone(),
+        leadership: leadership.clone(),
+        node_timeout: config.node_timeout,
+    };
     let sidecars = crate::sidecars::SidecarRollout::new(store.clone(), pods.clone());
     let link = AgentLinkService::new(
         nodes.clone(),
@@ -190,10 +198,14 @@ pub async fn run(
                 grpc_token.cancelled().await;
             }),
     );
+    let metrics = Arc::new(crate::metrics::ControllerMetrics::default());
+    tokio::spawn(metrics.clone().run(metrics_sources, token.clone()));
     let readiness = Readiness::new("starting");
     let health_token = token.clone();
+    let app = health::router(readiness.clone())
+        .merge(rigger_daemon::metrics::router(Arc::new(metrics.registry())));
     let health_server = tokio::spawn(
-        axum::serve(health_listener, health::router(readiness.clone()))
+        axum::serve(health_listener, app)
             .with_graceful_shutdown(async move { health_token.cancelled().await })
             .into_future(),
     );

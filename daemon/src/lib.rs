@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod health;
 pub mod logging;
+pub mod metrics;
 pub mod shutdown;
 pub mod systemd;
 

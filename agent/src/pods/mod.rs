@@ -93,6 +93,7 @@ struct Inner {
     update_retry: Mutex<HashMap<String, std::time::Instant>>,
     /// Pods being removed (their removal runs in its own task).
     removing: Mutex<std::collections::HashSet<String>>,
+    metrics: Arc<crate::metrics::AgentMetrics>,
 }
 
 /// What the probes of one running container found so far.
@@ -129,6 +130,7 @@ impl PodRunner {
         state_dir: &Path,
         containerd_address: &Path,
         pull_options: &PullOptions,
+        metrics: Arc<crate::metrics::AgentMetrics>,
         token: CancellationToken,
     ) -> Result<Self, PodError> {
         let dir = state_dir.join("pods");
@@ -163,6 +165,7 @@ impl PodRunner {
                 updating: Mutex::default(),
                 update_retry: Mutex::default(),
                 removing: Mutex::default(),
+                metrics,
             }),
         };
         // A bug in one reconcile must not leave the node's pods unattended: the loop is

@@ -104,7 +104,20 @@ impl PodRunner {
         let (runner, pod, uid) = (self.clone(), pod.clone(), uid.to_owned());
         tokio::spawn(async move {
             tracing::info!(pod = %pod.metadata.name, containers = ?changed, "in-place update started");
-            match runner.update(&pod, &uid, &changed).await {
+            let started = Instant::now();
+            let outcome = runner.update(&pod, &uid, &changed).await;
+            let metrics = &runner.inner.metrics;
+            let result = if outcome.is_ok() {
+                "succeeded"
+            } else {
+                "failed"
+            };
+            metrics
+                .updates
+                .get_or_create(&crate::metrics::Outcome::of(result))
+                .inc();
+            crate::metrics::AgentMetrics::observe(&metrics.update_seconds, started.elapsed());
+            match outcome {
                 Ok(()) => {
                     tracing::info!(pod = %pod.metadata.name, "in-place update done");
                     lock(&runner.inner.update_retry).remove(&uid);

@@ -970,6 +970,8 @@ pub struct Controller {
     pub data_dir: PathBuf,
     pub pki: PathBuf,
     pub log: PathBuf,
+    /// `127.0.0.1:PORT` of `/healthz`, `/readyz` and `/metrics`.
+    pub health: String,
     listen: String,
     extra: Vec<String>,
     daemon: Option<Daemon>,
@@ -1090,6 +1092,7 @@ impl Controller {
             data_dir: data_dir.to_owned(),
             pki: pki.to_owned(),
             log: data_dir.join("controller.log"),
+            health: format!("127.0.0.1:{}", free_port()),
             listen,
             extra,
             daemon: None,
@@ -1145,7 +1148,7 @@ impl Controller {
                 .arg("--data-dir")
                 .arg(&self.data_dir)
                 .args(["--listen", &self.listen])
-                .args(["--health-listen", &format!("127.0.0.1:{}", free_port())])
+                .args(["--health-listen", &self.health])
                 .args(["--heartbeat-interval", "1s", "--node-timeout", "3s"])
                 .arg("--tls-cert-file")
                 .arg(self.pki.join("controller.pem"))
@@ -1255,6 +1258,8 @@ pub struct Agent {
     pub node: String,
     pub state_dir: PathBuf,
     pub log: PathBuf,
+    /// `127.0.0.1:PORT` of `/healthz`, `/readyz`, `/inventory` and `/metrics`.
+    pub health: String,
     args: Vec<String>,
     daemon: Option<Daemon>,
 }
@@ -1303,6 +1308,7 @@ impl Agent {
             node: node.to_owned(),
             state_dir: state_dir.to_owned(),
             log: state_dir.join("agent.log"),
+            health: format!("127.0.0.1:{}", free_port()),
             args,
             daemon: None,
         };
@@ -1319,7 +1325,7 @@ impl Agent {
         self.daemon = Some(Daemon::spawn(
             Command::new(binary("rigger-agent"))
                 .args(&self.args)
-                .args(["--health-listen", &format!("127.0.0.1:{}", free_port())])
+                .args(["--health-listen", &self.health])
                 .env("RIGGER_LOG_LEVEL", "info,rigger_agent=debug")
                 .stdout(Stdio::null())
                 .stderr(log),

@@ -315,6 +315,36 @@ spec:
     );
     assert!(text.contains("web: Succeeded"), "{text}");
     assert!(text.contains("completed"), "{text}");
+
+    // Both daemons count it on /metrics (Prometheus' text format).
+    let (code, agent_metrics) =
+        rigger_integration_tests::http_get(&agent.health, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    for series in [
+        "rigger_agent_recreates_total{result=\"succeeded\"} 2",
+        "rigger_agent_recreate_duration_seconds_count 2",
+        "rigger_agent_controller_link_up 1",
+        "rigger_agent_tasks_active 0",
+    ] {
+        assert!(
+            agent_metrics.contains(series),
+            "{series} in\n{agent_metrics}"
+        );
+    }
+    let controller_metrics = wait_until("the controller's gauges", Duration::from_secs(10), || {
+        let (_, text) = rigger_integration_tests::http_get(&controller.health, "/metrics")?;
+        text.contains("rigger_controller_recreate_requests{phase=\"completed\"} 2")
+            .then_some(text)
+    });
+    for series in [
+        "rigger_controller_agents{state=\"ready\"} 1",
+        "rigger_controller_leader 1",
+    ] {
+        assert!(
+            controller_metrics.contains(series),
+            "{series} in\n{controller_metrics}"
+        );
+    }
     assert!(controller.ctl(&["delete", "pod", &name]).status.success());
 }
 

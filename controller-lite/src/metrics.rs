@@ -1,0 +1,131 @@
+//! The controller's Prometheus series, served at `/metrics` beside `/healthz`; gauges
+//! are refreshed every few seconds from the node registry and the engines:
+//!
+//! | series | type | labels |
+//! |---|---|---|
+//! | `rigger_controller_agents` | gauge | `state`: ready, not_ready |
+//! | `rigger_controller_image_pull_jobs` | gauge | `phase`: running, completed |
+//! | `rigger_controller_recreate_requests` | gauge | `phase`: pending, recreating, completed |
+//! | `rigger_controller_leader` | gauge | 1 on the replica that leads |
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::jobs::JobEngine;
+use crate::leader::Leadership;
+use crate::nodes::NodeRegistry;
+use crate::recreates::RecreateEngine;
+
+const REFRESH: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct State {
+    state: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Phase {
+    phase: String,
+}
+
+#[derive(Debug, Default)]
+pub struct ControllerMetrics {
+    agents: Family<State, Gauge>,
+    jobs: Family<Phase, Gauge>,
+    recreates: Family<Phase, Gauge>,
+    leader: Gauge,
+}
+
+/// What the gauges are read from.
+#[derive(Debug, Clone)]
+pub struct Sources {
+    pub nodes: NodeRegistry,
+    pub jobs: JobEngine,
+    pub recreates: RecreateEngine,
+    pub leadership: Leadership,
+    pub node_timeout: Duration,
+}
+
+impl ControllerMetrics {
+    pub fn registry(self: &Arc<Self>) -> Registry {
+        let mut registry = Registry::with_prefix("rigger_controller");
+        registry.register("agents", "Agents known, by readiness", self.agents.clone());
+        registry.register(
+            "image_pull_jobs",
+            "ImagePullJobs, by phase",
+            self.jobs.clone(),
+        );
+        registry.register(
+            "recreate_requests",
+            "ContainerRecreateRequests, by phase",
+            self.recreates.clone(),
+        );
+        registry.register("leader", "1 on the replica that leads", self.leader.clone());
+        registry
+    }
+
+    fn refresh(&self, sources: &Sources) {
+        let views = sources.nodes.views(SystemTime::now(), sources.node_timeout);
+        let ready = views.values().filter(|v| v.not_ready.is_none()).count();
+        set(
+            &self.agents,
+            &State {
+                state: "ready".to_owned(),
+            },
+            ready,
+        );
+        set(
+            &self.agents,
+            &State {
+                state: "not_ready".to_owned(),
+            },
+            views.len() - ready,
+        );
+        for (phase, count) in sources.jobs.phase_counts() {
+            set(
+                &self.jobs,
+                &Phase {
+                    phase: phase.to_owned(),
+                },
+                count,
+            );
+        }
+        for (phase, count) in sources.recreates.phase_counts() {
+            set(
+                &self.recreates,
+                &Phase {
+                    phase: phase.to_owned(),
+                },
+                count,
+            );
+        }
+        self.leader.set(i64::from(sources.leadership.is_leader()));
+    }
+
+    /// Refresh the gauges until `token` is cancelled.
+    pub async fn run(self: Arc<Self>, sources: Sources, token: CancellationToken) {
+        loop {
+            self.refresh(&sources);
+            tokio::select! {
+                _ = token.cancelled() => return,
+                _ = tokio::time::sleep(REFRESH) => {}
+            }
+        }
+    }
+}
+
+fn set<L: Clone + std::hash::Hash + Eq + EncodeLabelSet + std::fmt::Debug>(
+    family: &Family<L, Gauge>,
+    labels: &L,
+    count: usize,
+) {
+    family
+        .get_or_create(labels)
+        .set(i64::try_from(count).unwrap_or(i64::MAX));
+}
