@@ -35,6 +35,8 @@ enum Command {
     Pull(PullArgs),
     /// Run the agent daemon.
     Run(RunArgs),
+    #[command(flatten)]
+    Docs(rigger_daemon::cli::DocsCommand),
 }
 
 #[derive(Debug, clap::Args)]
@@ -103,6 +105,7 @@ fn main() -> ExitCode {
         Command::Status(args) => report(status(&args)),
         Command::Pull(args) => report(pull(&args)),
         Command::Run(args) => run(&args),
+        Command::Docs(docs) => docs.print(<Cli as clap::CommandFactory>::command()),
     }
 }
 

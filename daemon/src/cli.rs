@@ -22,3 +22,41 @@ pub fn refuse_config(program: &str, error: &dyn std::fmt::Display) -> ExitCode {
     eprintln!("{program}: error: {error}");
     ExitCode::from(EXIT_BAD_CONFIG as u8)
 }
+
+/// What `completion` and `manpage` subcommands print: shell completions or a man page
+/// (roff) for the binary whose clap command is `command`.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum DocsCommand {
+    /// Print shell completions, e.g. `completion bash > /etc/bash_completion.d/NAME`.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff), e.g. `manpage > /usr/share/man/man1/NAME.1`.
+    Manpage,
+}
+
+impl DocsCommand {
+    pub fn print(&self, mut command: clap::Command) -> std::process::ExitCode {
+        use std::io::Write as _;
+        let name = command.get_name().to_owned();
+        // Rendered into memory first: the generators panic on a failed write (a closed
+        // pipe), a write of our own reports it.
+        let mut text = Vec::new();
+        let rendered = match self {
+            Self::Completion { shell } => {
+                clap_complete::generate(*shell, &mut command, name.clone(), &mut text);
+                Ok(())
+            }
+            Self::Manpage => clap_mangen::Man::new(command).render(&mut text),
+        };
+        let written = rendered.and_then(|()| std::io::stdout().write_all(&text));
+        match written {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("{name}: error: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        }
+    }
+}

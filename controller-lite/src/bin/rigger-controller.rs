@@ -37,6 +37,8 @@ enum Command {
         #[arg(long = "node", value_name = "NAME")]
         nodes: Vec<String>,
     },
+    #[command(flatten)]
+    Docs(rigger_daemon::cli::DocsCommand),
 }
 
 #[global_allocator]
@@ -47,6 +49,9 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return code,
     };
+    if let Some(Command::Docs(docs)) = &cli.command {
+        return docs.print(<Cli as clap::CommandFactory>::command());
+    }
     if let Some(Command::Certs { out, hosts, nodes }) = cli.command {
         return match create(&CertsRequest { out, hosts, nodes }) {
             Ok(written) => {

@@ -117,6 +117,8 @@ enum Command {
         #[arg(long)]
         wait: bool,
     },
+    #[command(flatten)]
+    Docs(rigger_daemon::cli::DocsCommand),
     /// Wait until an object has a condition, e.g. `--for=condition=Complete`.
     Wait {
         /// KIND/NAME, e.g. imagepulljob/warm-nginx.
@@ -153,6 +155,10 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return code,
     };
+    // Completions and the man page need no controller.
+    if let Command::Docs(docs) = &cli.command {
+        return docs.print(<Cli as clap::CommandFactory>::command());
+    }
     let result = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -436,7 +442,7 @@ async fn run_command(cli: Cli, client: &mut Client) -> anyhow::Result<()> {
         Command::Set {
             what: SetCommand::Image { object, images },
         } => set_image(client, &cli.namespace, &object, &images).await,
-        Command::Exec { .. } => Ok(()),
+        Command::Exec { .. } | Command::Docs(_) => Ok(()),
     }
 }
 

@@ -1,0 +1,37 @@
+//! Shell completions and man pages of the three binaries (what packages install).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::process::Command;
+
+use rigger_integration_tests::binary;
+
+#[test]
+fn every_binary_prints_completions_and_a_man_page() {
+    for (name, subcommand) in [
+        ("riggerctl", "recreate"),
+        ("rigger-agent", "pull"),
+        ("rigger-controller", "certs"),
+    ] {
+        for shell in ["bash", "zsh", "fish"] {
+            let out = Command::new(binary(name))
+                .args(["completion", shell])
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{name} completion {shell}");
+            let text = String::from_utf8(out.stdout).unwrap();
+            assert!(text.contains(subcommand), "{name} {shell}: {text}");
+        }
+        let out = Command::new(binary(name)).arg("manpage").output().unwrap();
+        assert!(out.status.success());
+        let page = String::from_utf8(out.stdout).unwrap();
+        assert!(page.contains(&format!(".TH {name} 1")), "{page}");
+        assert!(page.contains(subcommand), "{page}");
+    }
+    // A shell it does not know is refused like any bad argument.
+    let out = Command::new(binary("riggerctl"))
+        .args(["completion", "tcsh"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+}
