@@ -140,6 +140,7 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
         Err(reason) => format!("running, not ready: {reason}"),
     };
     systemd::ready(&status);
+    tokio::spawn(systemd::watchdog(token.clone()));
     tracing::info!(%status, "agent started");
 
     stop.await;

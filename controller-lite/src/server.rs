@@ -226,6 +226,7 @@ pub async fn run(
         grpc_address.map_or_else(|| config.listen.to_string(), |a| a.to_string())
     );
     systemd::ready(&status);
+    tokio::spawn(systemd::watchdog(token.clone()));
     tracing::info!(
         listen = ?grpc_address,
         health_listen = ?health_address,

@@ -23,3 +23,19 @@ pub fn stopping(status: &str) {
 pub fn status(status: &str) {
     send(&[NotifyState::Status(status)]);
 }
+
+/// Ping systemd's watchdog (`WatchdogSec=`) at half its interval until `token` is
+/// cancelled; a stalled runtime stops the pings and systemd restarts the service. Does
+/// nothing when the unit has no watchdog.
+pub async fn watchdog(token: tokio_util::sync::CancellationToken) {
+    let Some(interval) = sd_notify::watchdog_enabled() else {
+        return;
+    };
+    let mut ticker = tokio::time::interval(interval / 2);
+    loop {
+        tokio::select! {
+            () = token.cancelled() => return,
+            _ = ticker.tick() => send(&[NotifyState::Watchdog]),
+        }
+    }
+}
