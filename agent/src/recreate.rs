@@ -690,11 +690,21 @@ async fn latest_container(
     target: &Target,
     name: &str,
 ) -> Result<Option<k8s_cri::v1::Container>, String> {
+    let labels = HashMap::from([(target.name_label().to_owned(), name.to_owned())]);
+    newest_container(cri, target.sandbox(), labels).await
+}
+
+/// The newest attempt among the containers with `labels` (in `sandbox`; "" = any).
+pub(crate) async fn newest_container(
+    cri: &mut RuntimeServiceClient<Channel>,
+    sandbox: &str,
+    labels: HashMap<String, String>,
+) -> Result<Option<k8s_cri::v1::Container>, String> {
     let containers = cri
         .list_containers(ListContainersRequest {
             filter: Some(ContainerFilter {
-                pod_sandbox_id: target.sandbox().to_owned(),
-                label_selector: HashMap::from([(target.name_label().to_owned(), name.to_owned())]),
+                pod_sandbox_id: sandbox.to_owned(),
+                label_selector: labels,
                 ..ContainerFilter::default()
             }),
         })

@@ -408,12 +408,7 @@ impl ControlService {
                 .await
                 .map_err(store_status)?
                 .and_then(|s| serde_json::from_slice::<serde_json::Value>(&s.object).ok())
-                .and_then(|s| s["conditions"].as_array().cloned())
-                .is_some_and(|conditions| {
-                    conditions
-                        .iter()
-                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                });
+                .is_some_and(|status| crate::pods::is_ready(&status));
             let updated = version.hash == hash;
             status.matched_pods += 1;
             status.updated_pods += u32::from(updated);

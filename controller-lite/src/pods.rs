@@ -11,6 +11,15 @@ use crate::objects::pod::{self, Pod};
 use crate::relay::Relay;
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
 
+/// Whether a reported PodStatus has condition Ready=True.
+pub fn is_ready(status: &serde_json::Value) -> bool {
+    status["conditions"].as_array().is_some_and(|conditions| {
+        conditions
+            .iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
 /// The store kind under which pod statuses live.
 pub const STATUS_KIND: &str = "Pod.status";
 

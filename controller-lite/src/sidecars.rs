@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use crate::objects::image_pull_job;
 use crate::objects::pod::{self, Pod};
 use crate::objects::sidecar_set::{self, InjectedVersion, SidecarSet, UpgradeType};
-use crate::pods::PodSync;
+use crate::pods::{PodSync, is_ready};
 use crate::predownload::{self, PreDownload, RolloutPod};
 use crate::store::{ObjectKey, Precondition, Store, Stored};
 
@@ -422,13 +422,6 @@ fn hot_step(
         serde_json::to_string(&slots).unwrap_or_default(),
     );
     true
-}
-
-fn is_ready(status: &serde_json::Value) -> bool {
-    status["conditions"].as_array().is_some_and(|cs| {
-        cs.iter()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True")
-    })
 }
 
 /// Whether each of `sidecars` runs (per the agent's status) the image the spec names.

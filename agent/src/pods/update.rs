@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use k8s_cri::v1::{ContainerFilter, ContainerState, ContainerStatusRequest, ListContainersRequest};
+use k8s_cri::v1::{ContainerState, ContainerStatusRequest};
 use rigger_proto::lifecycle::{Operation, Stage};
 use rigger_proto::pod::Pod;
 use serde::Serialize;
@@ -303,24 +303,12 @@ async fn image_of(
     uid: &str,
     name: &str,
 ) -> Result<Running, String> {
-    let containers = cri
-        .list_containers(ListContainersRequest {
-            filter: Some(ContainerFilter {
-                label_selector: [
-                    (labels::POD_UID.to_owned(), uid.to_owned()),
-                    (labels::CONTAINER_NAME.to_owned(), name.to_owned()),
-                ]
-                .into(),
-                ..ContainerFilter::default()
-            }),
-        })
-        .await
-        .map_err(|s| format!("listing containers: {}", s.message()))?
-        .into_inner()
-        .containers;
-    let newest = containers
-        .into_iter()
-        .max_by_key(|c| c.metadata.as_ref().map_or(0, |m| m.attempt))
+    let labels = HashMap::from([
+        (labels::POD_UID.to_owned(), uid.to_owned()),
+        (labels::CONTAINER_NAME.to_owned(), name.to_owned()),
+    ]);
+    let newest = crate::recreate::newest_container(cri, "", labels)
+        .await?
         .ok_or_else(|| format!("container {name:?} is gone"))?;
     let status = cri
         .container_status(ContainerStatusRequest {

@@ -255,6 +255,27 @@ pub fn http_get(address: &str, path: &str) -> Option<(u16, String)> {
     Some((code, body.to_owned()))
 }
 
+/// An HTTP listener of the test on a free loopback port: answers every request 200 and
+/// records its request line.
+pub fn http_recorder() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::BufRead as _;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            let _ = reader.read_line(&mut line);
+            record.lock().unwrap().push(line.trim().to_owned());
+            let mut stream = stream;
+            let _ = stream.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n");
+        }
+    });
+    (port, seen)
+}
+
 /// Poll `check` every 100 ms until it returns `Some`, or panic after `timeout`.
 pub fn wait_until<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;

@@ -232,26 +232,6 @@ fn a_pod_runs_survives_an_agent_restart_restarts_crashes_and_goes_when_deleted()
     });
 }
 
-/// A tiny HTTP server of the test: answers 200 and records request lines.
-fn recorder() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
-    use std::io::{BufRead as _, Write as _};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let record = seen.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
-            let mut line = String::new();
-            let _ = reader.read_line(&mut line);
-            record.lock().unwrap().push(line.trim().to_owned());
-            let mut stream = stream;
-            let _ = stream.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n");
-        }
-    });
-    (port, seen)
-}
-
 #[test]
 fn probes_and_hooks_run_as_kubelet_runs_them() {
     let lab = Lab::get();
@@ -273,7 +253,7 @@ fn probes_and_hooks_run_as_kubelet_runs_them() {
     });
     let image = lab.image("rigger-lab/busybox:1");
     let web_port = rigger_integration_tests::free_port();
-    let (hook_port, hooks) = recorder();
+    let (hook_port, hooks) = rigger_integration_tests::http_recorder();
     let name = format!("probed-{}", std::process::id());
     let out_dir = dir.path().join("out");
     let out = out_dir.display();

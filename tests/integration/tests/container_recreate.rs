@@ -77,26 +77,6 @@ fn ready_pod(controller: &Controller, name: &str) -> Value {
     )
 }
 
-/// Request lines an HTTP listener of the test received (it answers 200).
-fn http_recorder() -> (u16, Arc<Mutex<Vec<String>>>) {
-    use std::io::{BufRead as _, Write as _};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let record = seen.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
-            let mut line = String::new();
-            let _ = reader.read_line(&mut line);
-            record.lock().unwrap().push(line.trim().to_owned());
-            let mut stream = stream;
-            let _ = stream.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n");
-        }
-    });
-    (port, seen)
-}
-
 /// Connections a TCP listener of the test accepted.
 fn tcp_recorder() -> (u16, Arc<Mutex<u32>>) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -120,7 +100,7 @@ fn recreate_keeps_the_pod_runs_every_kind_of_pre_stop_and_goes_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let (controller, agent) = controller_with_agent(dir.path(), "recreate-node", "itest-recreate");
     let image = lab.image("rigger-lab/busybox:1");
-    let (http_port, http_hooks) = http_recorder();
+    let (http_port, http_hooks) = rigger_integration_tests::http_recorder();
     let (tcp_port, tcp_hooks) = tcp_recorder();
     let out_dir = dir.path().join("out");
     let name = format!("recreated-{}", std::process::id());
