@@ -15,7 +15,8 @@ else
 TEST_CMD := $(CARGO) test --workspace --no-fail-fast
 endif
 
-.PHONY: all build deps fmt-check clippy test demo lab-up lab-down lab-status clean
+.PHONY: all build deps fmt-check clippy test demo lab-up lab-down lab-status clean \
+	docs deb package-test k8s-check
 
 all: build
 
@@ -38,6 +39,25 @@ test: deps fmt-check clippy build
 
 demo: build
 	scripts/demo
+
+# The configuration references in docs/reference/, generated from the config types
+# (a test fails when they are stale).
+docs: build
+	target/debug/rigger-agent config-reference > docs/reference/agent-config.md
+	target/debug/rigger-controller config-reference > docs/reference/controller-config.md
+
+# Debian packages (release build) into target/debian/.
+deb:
+	packaging/deb/build
+
+# Build the packages from the debug build, install them into a fresh Debian root,
+# upgrade, remove and purge (packaging/deb/test), and check the Kubernetes manifests.
+package-test: deps build
+	packaging/deb/test
+	deploy/kubernetes/check
+
+k8s-check: deps
+	deploy/kubernetes/check
 
 lab-up: deps
 	$(LAB) up

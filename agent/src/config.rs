@@ -49,7 +49,8 @@ pub struct RunArgs {
     /// TOML config file; flags and environment variables override its keys.
     #[arg(long, env = "RIGGER_AGENT_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// containerd's gRPC socket (file key: containerd_address).
+    /// containerd's gRPC socket (CRI is served on the same socket)
+    /// [default: /run/containerd/containerd.sock].
     #[arg(
         long = "address",
         visible_alias = "containerd-address",
@@ -58,7 +59,7 @@ pub struct RunArgs {
     )]
     pub containerd_address: Option<PathBuf>,
     /// What must outlive the agent: downloads in progress, accepted tasks
-    /// [default: /var/lib/rigger] (file key: state_dir).
+    /// [default: /var/lib/rigger].
     #[arg(long, env = "RIGGER_AGENT_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
     /// Address for /healthz, /readyz and /inventory [default: 127.0.0.1:9440].
@@ -110,7 +111,13 @@ pub struct RunArgs {
     /// Allow an http:// controller: no encryption, no authentication (trusted networks).
     #[arg(long, env = "RIGGER_AGENT_INSECURE_PLAINTEXT")]
     pub insecure_plaintext: bool,
+    /// Check the configuration and exit: 0 if it is usable, 64 naming the bad key.
+    #[arg(long)]
+    pub check_config: bool,
 }
+
+/// Flags of `run` that are not configuration keys (the config reference skips them).
+pub const NOT_CONFIG_KEYS: &[&str] = &["config", "check_config"];
 
 /// How the agent pulls images for the controller's tasks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -495,6 +502,14 @@ mod tests {
 
     fn file(text: &str) -> AgentConfigFile {
         rigger_daemon::config::parse_toml(Path::new("agent.toml"), text).unwrap()
+    }
+
+    #[test]
+    fn every_flag_of_run_is_a_file_key() {
+        let run = <RunArgs as clap::Args>::augment_args(clap::Command::new("run"));
+        let missing =
+            rigger_daemon::config::keys_missing_from_file::<AgentConfigFile>(&run, NOT_CONFIG_KEYS);
+        assert!(missing.is_empty(), "flags without a file key: {missing:?}");
     }
 
     #[test]

@@ -35,6 +35,9 @@ enum Command {
     Pull(PullArgs),
     /// Run the agent daemon.
     Run(RunArgs),
+    /// Print the reference of `run`'s configuration (Markdown): every key of the file
+    /// with its flag, environment variable and meaning.
+    ConfigReference,
     #[command(flatten)]
     Docs(rigger_daemon::cli::DocsCommand),
 }
@@ -105,8 +108,23 @@ fn main() -> ExitCode {
         Command::Status(args) => report(status(&args)),
         Command::Pull(args) => report(pull(&args)),
         Command::Run(args) => run(&args),
+        Command::ConfigReference => config_reference(),
         Command::Docs(docs) => docs.print(<Cli as clap::CommandFactory>::command()),
     }
+}
+
+fn config_reference() -> ExitCode {
+    let cli = <Cli as clap::CommandFactory>::command();
+    let Some(run) = cli.find_subcommand("run") else {
+        eprintln!("rigger-agent: error: no `run` command to describe");
+        return ExitCode::FAILURE;
+    };
+    rigger_daemon::cli::print_config_reference(
+        run,
+        "rigger-agent run",
+        "/etc/rigger/agent.toml",
+        rigger_agent::config::NOT_CONFIG_KEYS,
+    )
 }
 
 fn report(result: anyhow::Result<()>) -> ExitCode {
@@ -218,6 +236,10 @@ fn run(args: &RunArgs) -> ExitCode {
         Ok(config) => config,
         Err(e) => return rigger_daemon::cli::refuse_config("rigger-agent", &e),
     };
+    if args.check_config {
+        println!("rigger-agent: configuration is valid");
+        return ExitCode::SUCCESS;
+    }
     if let Err(e) = rigger_daemon::logging::init(config.log_format, &config.log_level) {
         return rigger_daemon::cli::refuse_config("rigger-agent", &e);
     }

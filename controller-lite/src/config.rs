@@ -88,7 +88,13 @@ pub struct ControllerArgs {
     /// With etcd: how long a leader that stopped renewing stays leader [default: 15s].
     #[arg(long, env = "RIGGER_CONTROLLER_LEADER_LEASE", value_name = "DURATION")]
     pub leader_lease: Option<String>,
+    /// Check the configuration and exit: 0 if it is usable, 64 naming the bad key.
+    #[arg(long)]
+    pub check_config: bool,
 }
+
+/// Flags that are not configuration keys (the config reference skips them).
+pub const NOT_CONFIG_KEYS: &[&str] = &["config", "check_config"];
 
 /// Where objects live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -355,6 +361,16 @@ impl ControllerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_flag_is_a_file_key() {
+        let args = <ControllerArgs as clap::Args>::augment_args(clap::Command::new("c"));
+        let missing = rigger_daemon::config::keys_missing_from_file::<ControllerConfigFile>(
+            &args,
+            NOT_CONFIG_KEYS,
+        );
+        assert!(missing.is_empty(), "flags without a file key: {missing:?}");
+    }
 
     #[test]
     fn documented_example_is_valid_and_matches_the_defaults() {

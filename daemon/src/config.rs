@@ -128,6 +128,26 @@ pub fn parse_toml<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, Con
     })
 }
 
+/// The configuration keys of `args` (flags with a long name, but `not_keys`) that the
+/// file type `T` does not accept: keeps flags, file keys and the generated reference in
+/// step (every daemon's tests call it).
+pub fn keys_missing_from_file<T: DeserializeOwned>(
+    args: &clap::Command,
+    not_keys: &[&str],
+) -> Vec<String> {
+    args.get_arguments()
+        .filter(|arg| arg.get_long().is_some())
+        .map(|arg| arg.get_id().as_str())
+        .filter(|id| !not_keys.contains(id) && *id != "help" && *id != "version")
+        .filter(|id| {
+            // Any value: a wrong type is a different error than an unknown key.
+            toml::from_str::<T>(&format!("{id} = 0"))
+                .is_err_and(|e| e.message().contains("unknown field"))
+        })
+        .map(ToOwned::to_owned)
+        .collect()
+}
+
 /// toml's own message spans several lines with a source excerpt; daemons log one line.
 fn one_line_toml_error(text: &str, e: &toml::de::Error) -> String {
     let message = e.message().trim().to_owned();

@@ -37,6 +37,9 @@ enum Command {
         #[arg(long = "node", value_name = "NAME")]
         nodes: Vec<String>,
     },
+    /// Print the configuration reference (Markdown): every key of the file with its flag,
+    /// environment variable and meaning.
+    ConfigReference,
     #[command(flatten)]
     Docs(rigger_daemon::cli::DocsCommand),
 }
@@ -51,6 +54,14 @@ fn main() -> ExitCode {
     };
     if let Some(Command::Docs(docs)) = &cli.command {
         return docs.print(<Cli as clap::CommandFactory>::command());
+    }
+    if let Some(Command::ConfigReference) = &cli.command {
+        return rigger_daemon::cli::print_config_reference(
+            &<Cli as clap::CommandFactory>::command(),
+            "rigger-controller",
+            "/etc/rigger/controller.toml",
+            rigger_controller::config::NOT_CONFIG_KEYS,
+        );
     }
     if let Some(Command::Certs { out, hosts, nodes }) = cli.command {
         return match create(&CertsRequest { out, hosts, nodes }) {
@@ -70,6 +81,10 @@ fn main() -> ExitCode {
         Ok(config) => config,
         Err(e) => return rigger_daemon::cli::refuse_config("rigger-controller", &e),
     };
+    if cli.args.check_config {
+        println!("rigger-controller: configuration is valid");
+        return ExitCode::SUCCESS;
+    }
     if let Err(e) = rigger_daemon::logging::init(config.log_format, &config.log_level) {
         return rigger_daemon::cli::refuse_config("rigger-controller", &e);
     }

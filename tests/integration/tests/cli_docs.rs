@@ -35,3 +35,29 @@ fn every_binary_prints_completions_and_a_man_page() {
         .unwrap();
     assert_eq!(out.status.code(), Some(64));
 }
+
+/// docs/reference/ is generated from the config types; a changed flag or help text
+/// must come with `make docs`.
+#[test]
+fn configuration_references_are_current() {
+    for (name, file) in [
+        ("rigger-agent", "agent-config.md"),
+        ("rigger-controller", "controller-config.md"),
+    ] {
+        let out = Command::new(binary(name))
+            .arg("config-reference")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{name} config-reference");
+        let generated = String::from_utf8(out.stdout).unwrap();
+        let path = rigger_integration_tests::repo_root()
+            .join("docs/reference")
+            .join(file);
+        let committed = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            committed == generated,
+            "{} is stale: run `make docs`",
+            path.display()
+        );
+    }
+}
