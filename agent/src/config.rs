@@ -15,6 +15,7 @@ use rigger_daemon::logging::LogFormat;
 
 pub use crate::link::LinkConfig;
 use crate::runtime::DEFAULT_CONTAINERD_ADDRESS;
+use crate::runtime_socket::AUTO;
 
 /// Default address of the health/inventory HTTP endpoint.
 pub const DEFAULT_HEALTH_LISTEN: &str = "127.0.0.1:9440";
@@ -24,6 +25,7 @@ pub const DEFAULT_HEALTH_LISTEN: &str = "127.0.0.1:9440";
 #[serde(deny_unknown_fields)]
 pub struct AgentConfigFile {
     pub containerd_address: Option<PathBuf>,
+    pub runtime_socket_dir: Option<PathBuf>,
     pub state_dir: Option<PathBuf>,
     pub health_listen: Option<String>,
     pub log_format: Option<String>,
@@ -49,8 +51,8 @@ pub struct RunArgs {
     /// TOML config file; flags and environment variables override its keys.
     #[arg(long, env = "RIGGER_AGENT_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// containerd's gRPC socket (CRI is served on the same socket)
-    /// [default: /run/containerd/containerd.sock].
+    /// containerd's gRPC socket (CRI is served on the same socket), or `auto` to look
+    /// for it under runtime_socket_dir [default: /run/containerd/containerd.sock].
     #[arg(
         long = "address",
         visible_alias = "containerd-address",
@@ -58,6 +60,10 @@ pub struct RunArgs {
         value_name = "SOCK"
     )]
     pub containerd_address: Option<PathBuf>,
+    /// Where `containerd_address = "auto"` looks: the host's /run, wherever it is mounted
+    /// (containerd, k3s; CRI-O and cri-dockerd are named as unsupported) [default: /run].
+    #[arg(long, env = "RIGGER_AGENT_RUNTIME_SOCKET_DIR", value_name = "DIR")]
+    pub runtime_socket_dir: Option<PathBuf>,
     /// What must outlive the agent: downloads in progress, accepted tasks
     /// [default: /var/lib/rigger].
     #[arg(long, env = "RIGGER_AGENT_STATE_DIR", value_name = "DIR")]
@@ -159,6 +165,21 @@ impl AgentConfig {
             .containerd_address
             .or(file.containerd_address)
             .unwrap_or_else(|| PathBuf::from(DEFAULT_CONTAINERD_ADDRESS));
+        let runtime_socket_dir = args.runtime_socket_dir.or(file.runtime_socket_dir);
+        if runtime_socket_dir.is_some() && containerd_address != Path::new(AUTO) {
+            return Err(
+                RUNTIME_SOCKET_DIR.invalid("is only used with containerd_address = \"auto\"")
+            );
+        }
+        let containerd_address = if containerd_address == Path::new(AUTO) {
+            let dir = runtime_socket_dir.unwrap_or_else(|| {
+                PathBuf::from(crate::runtime_socket::DEFAULT_RUNTIME_SOCKET_DIR)
+            });
+            crate::runtime_socket::detect(&dir)
+                .map_err(|e| CONTAINERD_ADDRESS.invalid(e.to_string()))?
+        } else {
+            containerd_address
+        };
         if !containerd_address.is_absolute() {
             return Err(CONTAINERD_ADDRESS.invalid(format!(
                 "{} is not an absolute path",
@@ -475,6 +496,11 @@ const CONTAINERD_ADDRESS: Setting = Setting {
     flag: "--address",
     env: "RIGGER_CONTAINERD_ADDRESS",
 };
+const RUNTIME_SOCKET_DIR: Setting = Setting {
+    key: "runtime_socket_dir",
+    flag: "--runtime-socket-dir",
+    env: "RIGGER_AGENT_RUNTIME_SOCKET_DIR",
+};
 const STATE_DIR: Setting = Setting {
     key: "state_dir",
     flag: "--state-dir",
@@ -502,6 +528,40 @@ mod tests {
 
     fn file(text: &str) -> AgentConfigFile {
         rigger_daemon::config::parse_toml(Path::new("agent.toml"), text).unwrap()
+    }
+
+    #[test]
+    fn auto_finds_the_containerd_socket_under_the_runtime_socket_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("containerd")).unwrap();
+        let socket = dir.path().join("containerd/containerd.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let args = RunArgs {
+            containerd_address: Some(PathBuf::from("auto")),
+            runtime_socket_dir: Some(dir.path().to_owned()),
+            ..RunArgs::default()
+        };
+        let config = AgentConfig::from_layers(AgentConfigFile::default(), args).unwrap();
+        assert_eq!(config.containerd_address, socket);
+
+        let empty = tempfile::tempdir().unwrap();
+        let args = RunArgs {
+            containerd_address: Some(PathBuf::from("auto")),
+            runtime_socket_dir: Some(empty.path().to_owned()),
+            ..RunArgs::default()
+        };
+        let error = AgentConfig::from_layers(AgentConfigFile::default(), args).unwrap_err();
+        assert!(
+            error.to_string().starts_with("config field `containerd_address`"),
+            "{error}"
+        );
+
+        let args = RunArgs {
+            runtime_socket_dir: Some(dir.path().to_owned()),
+            ..RunArgs::default()
+        };
+        let error = AgentConfig::from_layers(AgentConfigFile::default(), args).unwrap_err();
+        assert!(error.to_string().contains("runtime_socket_dir"), "{error}");
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub mod pull;
 pub mod recreate;
 pub mod render;
 pub mod runtime;
+pub mod runtime_socket;
 pub mod tasks;
 
 /// The agent's version, as reported to users and to the controller.
