@@ -552,7 +552,9 @@ mod tests {
         };
         let error = AgentConfig::from_layers(AgentConfigFile::default(), args).unwrap_err();
         assert!(
-            error.to_string().starts_with("config field `containerd_address`"),
+            error
+                .to_string()
+                .starts_with("config field `containerd_address`"),
             "{error}"
         );
 

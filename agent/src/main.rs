@@ -34,7 +34,7 @@ enum Command {
     /// Pull images into containerd (faster than containerd's own pull, same result).
     Pull(PullArgs),
     /// Run the agent daemon.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the reference of `run`'s configuration (Markdown): every key of the file
     /// with its flag, environment variable and meaning.
     ConfigReference,

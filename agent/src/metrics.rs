@@ -1,16 +1,6 @@
-//! The agent's Prometheus series, served at `/metrics` beside `/healthz`:
-//!
-//! | series | type | labels |
-//! |---|---|---|
-//! | `rigger_agent_pulls_total` | counter | `result`: succeeded, present, failed |
-//! | `rigger_agent_pull_bytes_total` | counter | |
-//! | `rigger_agent_pull_duration_seconds` | histogram | |
-//! | `rigger_agent_tasks_active` | gauge | |
-//! | `rigger_agent_recreates_total` | counter | `result`: succeeded, failed |
-//! | `rigger_agent_recreate_duration_seconds` | histogram | |
-//! | `rigger_agent_updates_total` | counter | `result`: succeeded, failed (in-place updates) |
-//! | `rigger_agent_update_duration_seconds` | histogram | |
-//! | `rigger_agent_controller_link_up` | gauge | 1 while registered with a controller |
+//! The agent's Prometheus series, served at `/metrics` beside `/healthz`. The series
+//! and their labels are listed in docs/operator-guide.md (Health and metrics); a test
+//! below keeps that table and this registry in step.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +25,11 @@ impl Outcome {
     }
 }
 
+/// Values of `result` on `rigger_agent_pulls_total`.
+pub const PULL_RESULTS: [&str; 3] = ["succeeded", "present", "failed"];
+/// Values of `result` on the recreate and update counters.
+pub const OPERATION_RESULTS: [&str; 2] = ["succeeded", "failed"];
+
 #[derive(Debug)]
 pub struct AgentMetrics {
     pub pulls: Family<Outcome, Counter>,
@@ -55,7 +50,7 @@ fn seconds() -> Histogram {
 
 impl AgentMetrics {
     pub fn new() -> Self {
-        Self {
+        let metrics = Self {
             pulls: Family::default(),
             pull_bytes: Counter::default(),
             pull_seconds: seconds(),
@@ -65,7 +60,17 @@ impl AgentMetrics {
             updates: Family::default(),
             update_seconds: seconds(),
             link_up: Gauge::default(),
+        };
+        // Every documented label value is served from the start (at 0), so rates and
+        // alerts work before the first failure.
+        for result in PULL_RESULTS {
+            let _ = metrics.pulls.get_or_create(&Outcome::of(result));
         }
+        for result in OPERATION_RESULTS {
+            let _ = metrics.recreates.get_or_create(&Outcome::of(result));
+            let _ = metrics.updates.get_or_create(&Outcome::of(result));
+        }
+        metrics
     }
 
     /// A registry holding every series, for `/metrics`.
@@ -127,5 +132,24 @@ impl AgentMetrics {
 impl Default for AgentMetrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_operator_guide_lists_every_series() {
+        let registry = Arc::new(AgentMetrics::new()).registry();
+        let mut served = rigger_daemon::metrics::series_names(&registry);
+        let mut documented = rigger_daemon::metrics::documented_series(
+            include_str!("../../docs/operator-guide.md"),
+            "rigger_agent_",
+        );
+        served.sort();
+        documented.sort();
+        assert!(!served.is_empty());
+        assert_eq!(served, documented, "docs/operator-guide.md, Metrics");
     }
 }

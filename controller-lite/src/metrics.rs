@@ -1,12 +1,7 @@
 //! The controller's Prometheus series, served at `/metrics` beside `/healthz`; gauges
-//! are refreshed every few seconds from the node registry and the engines:
-//!
-//! | series | type | labels |
-//! |---|---|---|
-//! | `rigger_controller_agents` | gauge | `state`: ready, not_ready |
-//! | `rigger_controller_image_pull_jobs` | gauge | `phase`: running, completed |
-//! | `rigger_controller_recreate_requests` | gauge | `phase`: pending, recreating, completed |
-//! | `rigger_controller_leader` | gauge | 1 on the replica that leads |
+//! are refreshed every few seconds from the node registry and the engines. The series
+//! and their labels are listed in docs/operator-guide.md (Health and metrics); a test
+//! below keeps that table and this registry in step.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -54,6 +49,22 @@ pub struct Sources {
 
 impl ControllerMetrics {
     pub fn registry(self: &Arc<Self>) -> Registry {
+        // Every documented label value is served from the start (at 0).
+        for state in ["ready", "not_ready"] {
+            let _ = self.agents.get_or_create(&State {
+                state: state.to_owned(),
+            });
+        }
+        for phase in ["running", "completed"] {
+            let _ = self.jobs.get_or_create(&Phase {
+                phase: phase.to_owned(),
+            });
+        }
+        for phase in ["pending", "recreating", "completed"] {
+            let _ = self.recreates.get_or_create(&Phase {
+                phase: phase.to_owned(),
+            });
+        }
         let mut registry = Registry::with_prefix("rigger_controller");
         registry.register("agents", "Agents known, by readiness", self.agents.clone());
         registry.register(
@@ -128,4 +139,23 @@ fn set<L: Clone + std::hash::Hash + Eq + EncodeLabelSet + std::fmt::Debug>(
     family
         .get_or_create(labels)
         .set(i64::try_from(count).unwrap_or(i64::MAX));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_operator_guide_lists_every_series() {
+        let registry = Arc::new(ControllerMetrics::default()).registry();
+        let mut served = rigger_daemon::metrics::series_names(&registry);
+        let mut documented = rigger_daemon::metrics::documented_series(
+            include_str!("../../docs/operator-guide.md"),
+            "rigger_controller_",
+        );
+        served.sort();
+        documented.sort();
+        assert!(!served.is_empty());
+        assert_eq!(served, documented, "docs/operator-guide.md, Metrics");
+    }
 }

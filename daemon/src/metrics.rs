@@ -36,3 +36,33 @@ async fn metrics(State(registry): State<Arc<Registry>>) -> impl IntoResponse {
         ),
     }
 }
+
+/// The series a registry serves, as users query them (counters with `_total`); tests
+/// compare them with the operator guide's tables.
+pub fn series_names(registry: &Registry) -> Vec<String> {
+    let mut text = String::new();
+    if encode(&mut text, registry).is_err() {
+        return Vec::new();
+    }
+    text.lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| {
+            let (name, kind) = rest.split_once(' ')?;
+            Some(if kind == "counter" {
+                format!("{name}_total")
+            } else {
+                name.to_owned()
+            })
+        })
+        .collect()
+}
+
+/// The series a Markdown document lists in table rows that start with `` | `PREFIX``.
+pub fn documented_series(markdown: &str, prefix: &str) -> Vec<String> {
+    let start = format!("| `{prefix}");
+    markdown
+        .lines()
+        .filter(|line| line.starts_with(&start))
+        .filter_map(|line| line.split('`').nth(1).map(ToOwned::to_owned))
+        .collect()
+}

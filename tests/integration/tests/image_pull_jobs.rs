@@ -334,6 +334,48 @@ fn parallelism_one_pulls_on_two_nodes_one_after_the_other() {
         total >= 2 * (image_bytes - (64 << 10)) && total <= 2 * image_bytes,
         "layers sent {total} bytes for two nodes of an image of {image_bytes}"
     );
+
+    // Each agent counts its pull on /metrics (the series docs/operator-guide.md lists),
+    // and the controller its job by phase.
+    for agent in &fleet.agents {
+        let (code, metrics) =
+            rigger_integration_tests::http_get(&agent.health, "/metrics").unwrap();
+        assert_eq!(code, 200);
+        let value = |series: &str| -> u64 {
+            metrics
+                .lines()
+                .find_map(|line| line.strip_prefix(series)?.trim().parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("{series} in\n{metrics}")) as u64
+        };
+        assert_eq!(
+            value("rigger_agent_pulls_total{result=\"succeeded\"}"),
+            1,
+            "{metrics}"
+        );
+        assert_eq!(
+            value("rigger_agent_pull_duration_seconds_count"),
+            1,
+            "{metrics}"
+        );
+        let bytes = value("rigger_agent_pull_bytes_total");
+        assert!(
+            bytes >= image_bytes - (64 << 10) && bytes <= image_bytes,
+            "{bytes} of {image_bytes}"
+        );
+        assert_eq!(value("rigger_agent_tasks_active"), 0, "{metrics}");
+        assert_eq!(value("rigger_agent_controller_link_up"), 1, "{metrics}");
+    }
+    wait_until(
+        "the controller's job and agent gauges",
+        Duration::from_secs(10),
+        || {
+            let (_, metrics) =
+                rigger_integration_tests::http_get(&fleet.controller.health, "/metrics")?;
+            (metrics.contains("rigger_controller_image_pull_jobs{phase=\"completed\"} 1")
+                && metrics.contains("rigger_controller_agents{state=\"ready\"} 2"))
+            .then_some(())
+        },
+    );
 }
 
 #[test]
