@@ -37,6 +37,11 @@ pub enum DaemonError {
     },
     #[error("health endpoint failed: {0}")]
     Serve(std::io::Error),
+    #[error("state directory {}: {source}", path.display())]
+    StateDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Tasks(#[from] crate::tasks::TaskError),
     #[error(transparent)]
@@ -51,8 +56,21 @@ struct AppState {
     inventory: SharedInventory,
 }
 
+/// The state directory holds pod specs (their env values) and task records: root only,
+/// whatever the umask or a previous owner left.
+fn private_state_dir(path: &std::path::Path) -> Result<(), DaemonError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let error = |source| DaemonError::StateDir {
+        path: path.to_owned(),
+        source,
+    };
+    std::fs::create_dir_all(path).map_err(error)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700)).map_err(error)
+}
+
 /// Run until `stop` resolves, then drain within the configured timeout.
 pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<(), DaemonError> {
+    private_state_dir(&config.state_dir)?;
     let token = CancellationToken::new();
     let metrics = Arc::new(crate::metrics::AgentMetrics::new());
     let registry = Arc::new(metrics.registry());

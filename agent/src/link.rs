@@ -171,7 +171,12 @@ async fn session(
             }
             message = inbound.message() => match message {
                 Ok(Some(message)) => match message.message {
-                    Some(controller_message::Message::Task(task)) => tasks.accept(task),
+                    Some(controller_message::Message::Task(task)) => {
+                        match for_this_node(task, &config.node_name) {
+                            Ok(task) => tasks.accept(task),
+                            Err(refusal) => tracing::warn!(%refusal, "task refused"),
+                        }
+                    }
                     Some(controller_message::Message::CancelTask(cancel)) => {
                         tasks.cancel(&cancel.id, &cancel.reason);
                     }
@@ -327,5 +332,43 @@ pub fn to_proto(inv: &Inventory) -> proto::NodeInventory {
             filesystem_available_bytes: fs.map_or(0, |f| f.available_bytes),
         }),
         warnings: inv.warnings.clone(),
+    }
+}
+
+/// A task is only run by the node it names: a controller that mixed up its nodes (or an
+/// impostor that got hold of the stream) cannot make this node pull or restart anything
+/// meant for another.
+fn for_this_node(task: proto::Task, node: &str) -> Result<proto::Task, String> {
+    if task.node_name == node {
+        Ok(task)
+    } else {
+        Err(format!(
+            "task {:?} is for node {:?}, this is node {node:?}",
+            task.id, task.node_name
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tasks_for_another_node_are_refused() {
+        let task = |node: &str| proto::Task {
+            id: "job/uid/n1/1".to_owned(),
+            node_name: node.to_owned(),
+            work: None,
+        };
+        assert!(for_this_node(task("n1"), "n1").is_ok());
+        let refusal = for_this_node(task("n2"), "n1").unwrap_err();
+        assert_eq!(
+            refusal,
+            r#"task "job/uid/n1/1" is for node "n2", this is node "n1""#
+        );
+        assert!(
+            for_this_node(task(""), "n1").is_err(),
+            "a task naming no node"
+        );
     }
 }

@@ -708,6 +708,7 @@ mod tests {
     fn pull_task(id: &str, image: &str) -> proto::Task {
         proto::Task {
             id: id.to_owned(),
+            node_name: "n1".to_owned(),
             work: Some(task::Work::PullImage(proto::PullImage {
                 image: image.to_owned(),
                 always: true,
@@ -800,6 +801,7 @@ mod tests {
         runner.accept(pull_task("t1", "Not A Reference"));
         runner.accept(proto::Task {
             id: "t2".to_owned(),
+            node_name: "n1".to_owned(),
             work: None,
         });
         let statuses = runner.all_statuses();

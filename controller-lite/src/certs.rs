@@ -198,3 +198,28 @@ pub fn create(request: &CertsRequest) -> Result<Vec<PathBuf>, CertsError> {
     }
     Ok(written)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    #[test]
+    fn keys_and_tokens_are_written_for_their_owner_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = create(&CertsRequest {
+            out: dir.path().join("pki"),
+            hosts: Vec::new(),
+            nodes: vec!["node-1".to_owned()],
+        })
+        .unwrap();
+        assert!(!written.is_empty());
+        for path in written {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+            let secret =
+                name.ends_with("-key.pem") || name == "tokens.csv" || name == "riggerctl.toml";
+            assert_eq!(mode, if secret { 0o600 } else { 0o644 }, "{name}");
+        }
+    }
+}

@@ -640,7 +640,7 @@ fn reconcile_job(
                     );
                     job.dirty = true;
                 } else if resend.contains(&entry.name) {
-                    match pull_task(&job.job, key, &entry.task_id, secrets) {
+                    match pull_task(&job.job, key, &entry.name, &entry.task_id, secrets) {
                         Ok(message) => effects.messages.push((entry.name.clone(), message)),
                         Err(reason) => fail(entry, &reason),
                     }
@@ -722,7 +722,7 @@ fn reconcile_job(
         }
         let attempt = entry.attempts + 1;
         let task_id = format!("{uid}/{}/{attempt}", entry.name);
-        match pull_task(&job.job, key, &task_id, secrets) {
+        match pull_task(&job.job, key, &entry.name, &task_id, secrets) {
             Ok(message) => {
                 effects.messages.push((entry.name.clone(), message));
                 tasks.insert(task_id.clone(), (key.clone(), entry.name.clone()));
@@ -832,6 +832,7 @@ fn fail(entry: &mut NodePullStatus, reason: &str) {
 fn pull_task(
     job: &ImagePullJob,
     key: &ObjectKey,
+    node: &str,
     task_id: &str,
     secrets: &HashMap<ObjectKey, Result<String, String>>,
 ) -> Result<ControllerMessage, String> {
@@ -846,6 +847,7 @@ fn pull_task(
     Ok(ControllerMessage {
         message: Some(controller_message::Message::Task(Task {
             id: task_id.to_owned(),
+            node_name: node.to_owned(),
             work: Some(task::Work::PullImage(PullImage {
                 image: job.spec.image.clone(),
                 always: job.spec.image_pull_policy == ImagePullPolicy::Always,

@@ -382,7 +382,7 @@ impl RecreateEngine {
             }
             match views.get(&node).and_then(|v| v.not_ready.clone()) {
                 None if views.contains_key(&node) => {
-                    let task = recreate_task(tracked, &uid);
+                    let task = recreate_task(tracked, &uid, &node);
                     if self.inner.nodes.send(&node, task) {
                         tracing::info!(request = %key, %node, "recreate request sent to the node");
                         tracked.sent = true;
@@ -516,13 +516,14 @@ fn cancel(id: &str, reason: &str) -> ControllerMessage {
     }
 }
 
-fn recreate_task(tracked: &Tracked, uid: &str) -> ControllerMessage {
+fn recreate_task(tracked: &Tracked, uid: &str, node: &str) -> ControllerMessage {
     let spec = &tracked.request.spec;
     let strategy = &spec.strategy;
     let seconds = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
     ControllerMessage {
         message: Some(controller_message::Message::Task(Task {
             id: tracked.task_id(),
+            node_name: node.to_owned(),
             work: Some(task::Work::RecreateContainers(RecreateContainers {
                 pod_uid: uid.to_owned(),
                 pod_namespace: tracked

@@ -22,8 +22,9 @@ fn runs_reports_ready_to_systemd_and_stops_on_sigterm() {
     let config = write_config(
         dir.path(),
         &format!(
-            "containerd_address = \"{}\"\nhealth_listen = \"127.0.0.1:{port}\"\nlog_format = \"json\"\ndrain_timeout = \"5s\"\n",
-            lab.containerd_address.display()
+            "containerd_address = \"{}\"\nhealth_listen = \"127.0.0.1:{port}\"\nlog_format = \"json\"\ndrain_timeout = \"5s\"\nstate_dir = \"{}\"\n",
+            lab.containerd_address.display(),
+            dir.path().join("state").display()
         ),
     );
     // Stand in for systemd's notify socket.
@@ -47,6 +48,14 @@ fn runs_reports_ready_to_systemd_and_stops_on_sigterm() {
     let message = String::from_utf8_lossy(&buf[..n]).into_owned();
     assert!(message.contains("READY=1"), "{message}");
     assert!(message.contains("STATUS=ready"), "{message}");
+    // Its state (pod specs with their env values, task records) is root's alone.
+    let mode = std::fs::metadata(dir.path().join("state"))
+        .unwrap()
+        .permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+        0o700
+    );
 
     let address = format!("127.0.0.1:{port}");
     assert_eq!(http_get(&address, "/healthz").unwrap().0, 200);
