@@ -102,6 +102,29 @@ fn a_reset_mid_blob_resumes_from_the_offset_containerd_holds() {
 }
 
 #[test]
+fn a_truncated_body_is_resumed_and_the_image_is_whole() {
+    let image = unique_image("fault-truncate", 1, 4 << 20);
+    let layer = layer_digest(&image);
+    let proxy = Proxy::start(
+        &json!([{"path_contains": layer, "action": {"truncate_after": 500000}, "times": 1}]),
+        &[],
+    );
+    let ns = TestNamespace::new("fault-truncate");
+    assert_ok(&pull_through(&proxy.address, &ns.name, &image, &[]));
+    let fetches: Vec<_> = blob_requests(&proxy)
+        .into_iter()
+        .filter(|r| r["path"].as_str().unwrap().contains(&layer))
+        .collect();
+    assert!(
+        fetches.len() >= 2 && fetches[0]["fault"].as_str().is_some(),
+        "the truncated layer was fetched again: {fetches:?}"
+    );
+    // The image is recorded only once every blob matched its digest.
+    assert_eq!(image_records(&ns.name).len(), 1);
+    assert!(active_ingests(&ns.name).is_empty(), "no ingest left behind");
+}
+
+#[test]
 fn a_wrong_digest_is_downloaded_again() {
     let image = unique_image("fault-digest", 1, 1 << 20);
     let layer = layer_digest(&image);

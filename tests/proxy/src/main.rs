@@ -12,6 +12,7 @@
 //! ```json
 //! [{"path_contains": "/blobs/", "action": {"status": 429, "retry_after": 1}, "times": 2},
 //!  {"path_contains": "/blobs/", "action": {"reset_after": 100000}, "times": 1},
+//!  {"path_contains": "/blobs/", "action": {"truncate_after": 100000}, "times": 1},
 //!  {"path_contains": "/blobs/", "action": {"corrupt": true}, "times": 1},
 //!  {"path_contains": "/blobs/", "action": {"stall_after": 0}, "times": 1}]
 //! ```
@@ -67,6 +68,9 @@ enum Action {
     ResetAfter { reset_after: u64 },
     /// Send this many body bytes, then stop sending without closing.
     StallAfter { stall_after: u64 },
+    /// Send this many body bytes, then end the body early (short of its
+    /// Content-Length): a truncated response.
+    TruncateAfter { truncate_after: u64 },
     /// Flip bits in the first body byte (a wrong digest): `{"corrupt": true}`.
     Corrupt { corrupt: bool },
 }
@@ -285,6 +289,7 @@ fn faulty_body(
     let limit = match fault {
         Some(Action::ResetAfter { reset_after }) => Some((*reset_after, After::Reset)),
         Some(Action::StallAfter { stall_after }) => Some((*stall_after, After::Stall)),
+        Some(Action::TruncateAfter { truncate_after }) => Some((*truncate_after, After::Ended)),
         _ => None,
     };
     let corrupt = matches!(fault, Some(Action::Corrupt { corrupt: true }));
@@ -327,6 +332,7 @@ fn faulty_body(
                 piece = piece.slice(..usize::try_from(at - sent).unwrap_or(0).min(piece.len()));
                 next = match what {
                     After::Stall => After::Stall,
+                    After::Ended => After::Ended,
                     _ => After::Reset,
                 };
             }
