@@ -81,6 +81,15 @@ pub struct ContainerProgress {
     pub old_container_id: Option<String>,
     #[serde(default)]
     pub is_killed: bool,
+    /// When the preStop hook (or the stop, without one) began, in seconds since the Unix
+    /// epoch: a resumed recreate counts the grace period from here.
+    #[serde(default)]
+    pub stopping_since: Option<u64>,
+    /// The preStop hook ran to its end (or failed): a resumed recreate does not run it
+    /// again. One the agent's restart cut short runs again: hooks are at least once, as
+    /// in Kubernetes.
+    #[serde(default)]
+    pub pre_stop_done: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -119,6 +128,8 @@ impl RecreateWork {
                     message: String::new(),
                     old_container_id: None,
                     is_killed: false,
+                    stopping_since: None,
+                    pre_stop_done: false,
                 })
                 .collect(),
         }
@@ -432,16 +443,34 @@ impl Recreate<'_> {
             // attempt at once.
             self.pods.recreate_now(&current.id);
         }
-        let started = std::time::Instant::now();
         let grace = u64::from(self.grace(target, work, &current));
+        // The grace period runs from the first try, across agent restarts.
+        let since = match work.containers[i].stopping_since {
+            Some(since) if resumed => since,
+            _ => {
+                let now = unix_seconds();
+                work.containers[i].stopping_since = Some(now);
+                work.containers[i].pre_stop_done = false;
+                (self.save)(work);
+                now
+            }
+        };
+        let grace_left = || grace.saturating_sub(unix_seconds().saturating_sub(since));
         let mut notes = Vec::new();
-        if resumed {
-            notes.push("preStop skipped: it ran before the agent restarted".to_owned());
+        if work.containers[i].pre_stop_done {
+            notes.push("preStop ran before the agent restarted".to_owned());
+        } else if resumed && grace_left() == 0 {
+            notes.push(
+                "preStop cut short by an agent restart; no grace left to run it again".to_owned(),
+            );
         } else {
+            if resumed {
+                notes.push("preStop run again: an agent restart cut it short".to_owned());
+            }
             match self.pre_stop(target, &name, &current) {
                 Ok(None) => {}
                 Ok(Some((container, handler))) => {
-                    let bound = Duration::from_secs(grace);
+                    let bound = Duration::from_secs(grace_left());
                     match Action::of_handler(&handler) {
                         Some(action) => {
                             match handlers::run(cri, &container, &current.id, action, bound).await {
@@ -459,10 +488,10 @@ impl Recreate<'_> {
                 }
                 Err(reason) => notes.push(reason),
             }
+            work.containers[i].pre_stop_done = true;
+            (self.save)(work);
         }
-        let left = grace
-            .saturating_sub(started.elapsed().as_secs())
-            .max(MIN_STOP_SECONDS);
+        let left = grace_left().max(MIN_STOP_SECONDS);
         cri.stop_container(StopContainerRequest {
             container_id: current.id.clone(),
             timeout: i64::try_from(left).unwrap_or(i64::MAX),
@@ -737,6 +766,13 @@ fn kubelet_pre_stop(
         ..Container::default()
     };
     Ok(Some((container, handler)))
+}
+
+/// Now, in whole seconds since the Unix epoch (persisted progress outlives the process).
+fn unix_seconds() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]

@@ -227,6 +227,8 @@ impl PodRunner {
                     message: String::new(),
                     old_container_id: None,
                     is_killed: false,
+                    stopping_since: None,
+                    pre_stop_done: false,
                 })
                 .collect(),
         };

@@ -677,3 +677,111 @@ fn kubelet_pods_are_recreated_with_kubelets_hook_and_restart_loop() {
         "kept"
     );
 }
+
+/// Running containers named `name` of the pod with sandbox uid `uid`, as CRI lists them.
+fn running_containers(uid: &str, name: &str) -> usize {
+    let lab = Lab::get();
+    let out = std::process::Command::new(rigger_integration_tests::binary("rigger-agent"))
+        .args(["status", "-o", "json", "--no-disk-usage", "--address"])
+        .arg(&lab.containerd_address)
+        .output()
+        .unwrap();
+    let inventory: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let sandboxes: Vec<&Value> = inventory["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["uid"] == uid)
+        .map(|p| &p["id"])
+        .collect();
+    inventory["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| {
+            c["name"] == name
+                && c["state"] == "running"
+                && sandboxes.contains(&&c["pod_sandbox_id"])
+        })
+        .count()
+}
+
+#[test]
+fn an_agent_killed_mid_recreate_finishes_it_once_after_a_restart() {
+    let lab = Lab::get();
+    let dir = tempfile::tempdir().unwrap();
+    let (controller, mut agent) =
+        controller_with_agent(dir.path(), "recreate-kill-node", "itest-recreate-kill");
+    let image = lab.image("rigger-lab/busybox:1");
+    let out_dir = dir.path().join("out");
+    let name = format!("killed-mid-recreate-{}", std::process::id());
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  hostNetwork: true
+  terminationGracePeriodSeconds: 20
+  volumes:
+  - name: out
+    hostPath: {{path: {out}, type: DirectoryOrCreate}}
+  containers:
+  - name: app
+    image: {image}
+    command: ["sh", "-c", "{IDLE}"]
+    volumeMounts: [{{name: out, mountPath: /out}}]
+    lifecycle:
+      preStop:
+        exec: {{command: ["sh", "-c", "echo start >> /out/prestop; sleep 3; echo end >> /out/prestop"]}}
+  - name: keeper
+    image: {image}
+    command: ["sh", "-c", "{IDLE}"]
+"#,
+        out = out_dir.display()
+    );
+    apply_ok(&controller, &yaml);
+    let before = ready_pod(&controller, &name);
+    let uid = before["metadata"]["uid"].as_str().unwrap().to_owned();
+    let keeper_before = container(&before, "keeper")["containerID"].clone();
+
+    let request = crr_yaml("killed", &name, &["app"], "minStartedSeconds: 1", "");
+    apply_ok(&controller, &request);
+    // SIGKILL while the preStop hook runs, and start the agent again on the same state.
+    wait_until("the preStop hook to start", Duration::from_secs(60), || {
+        std::fs::read_to_string(out_dir.join("prestop"))
+            .ok()
+            .filter(|text| text.contains("start"))
+    });
+    agent.restart();
+
+    let done = completed(&controller, "killed", Duration::from_secs(120));
+    assert_eq!(
+        state_of(&done, "app")["phase"],
+        "Succeeded",
+        "{done:#}\n{}",
+        log_tail(&agent.log, 30)
+    );
+    let after = ready_pod(&controller, &name);
+    // Recreated exactly once: one more attempt, one running container, the pod and its
+    // other container untouched.
+    assert_eq!(container(&after, "app")["restartCount"], 1, "{after:#}");
+    assert_eq!(container(&after, "keeper")["containerID"], keeper_before);
+    assert_eq!(after["metadata"]["uid"], before["metadata"]["uid"]);
+    assert_eq!(running_containers(&uid, "app"), 1);
+    assert_eq!(lab_sandboxes(&uid), 1);
+    // The preStop hook the restart cut short ran again, to its end (hooks are at least
+    // once, as in Kubernetes), within the grace period counted from its first start.
+    // (containerd ends the first exec when the agent's call goes away.)
+    let hooks = std::fs::read_to_string(out_dir.join("prestop")).unwrap();
+    assert_eq!(hooks.matches("start").count(), 2, "{hooks}");
+    assert!(hooks.ends_with("end\n"), "{hooks}");
+    assert!(
+        state_of(&done, "app")["message"]
+            .as_str()
+            .unwrap()
+            .contains("preStop run again"),
+        "{done:#}"
+    );
+    assert!(controller.ctl(&["delete", "pod", &name]).status.success());
+}
