@@ -16,7 +16,7 @@ TEST_CMD := $(CARGO) test --workspace --no-fail-fast
 endif
 
 .PHONY: all build deps fmt-check clippy test demo lab-up lab-down lab-status clean \
-	docs deb package-test k8s-check
+	docs deb package-test k8s-check deny fuzz-test
 
 all: build
 
@@ -32,8 +32,12 @@ fmt-check:
 clippy: deps
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
+# Supply chain: licenses, sources, advisories (scripts/deny, deny.toml).
+deny:
+	scripts/deny
+
 # Unit and integration tests against the real lab; the lab is stopped afterwards.
-test: deps fmt-check clippy build
+test: deps fmt-check clippy deny build
 	@$(LAB) up
 	@set +e; $(TEST_CMD); rc=$$?; $(LAB) down; exit $$rc
 
@@ -58,6 +62,10 @@ package-test: deps build
 
 k8s-check: deps
 	deploy/kubernetes/check
+
+# Every fuzz target (fuzz/) for FUZZ_SECONDS each (20 by default).
+fuzz-test:
+	scripts/fuzz
 
 lab-up: deps
 	$(LAB) up

@@ -160,7 +160,8 @@ impl AgentConfig {
         Self::from_layers(file, args.clone())
     }
 
-    fn from_layers(file: AgentConfigFile, args: RunArgs) -> Result<Self, ConfigError> {
+    /// Merge a parsed file with flags and validate (what `resolve` does after reading).
+    pub fn from_layers(file: AgentConfigFile, args: RunArgs) -> Result<Self, ConfigError> {
         let containerd_address = args
             .containerd_address
             .or(file.containerd_address)
@@ -331,8 +332,8 @@ struct TlsSettings {
 }
 
 fn read_pem(setting: Setting, path: &Path, label: &str) -> Result<Vec<u8>, ConfigError> {
-    let bytes =
-        std::fs::read(path).map_err(|e| setting.invalid(format!("{}: {e}", path.display())))?;
+    let bytes = rigger_daemon::config::read_small_file(path)
+        .map_err(|e| setting.invalid(format!("{}: {e}", path.display())))?;
     if !String::from_utf8_lossy(&bytes).contains(&format!(" {label}-----")) {
         return Err(setting.invalid(format!("{}: no PEM {label} in it", path.display())));
     }

@@ -85,8 +85,8 @@ impl Users {
     }
 
     pub fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
-        Self::parse(&text)
+        let bytes = rigger_daemon::config::read_small_file(path).map_err(|e| e.to_string())?;
+        Self::parse(&String::from_utf8_lossy(&bytes))
     }
 }
 

@@ -233,8 +233,9 @@ const INSECURE_PLAINTEXT: Setting = Setting {
 
 /// A PEM file that must hold at least one `label` block (CERTIFICATE, PRIVATE KEY).
 fn check_pem(setting: Setting, path: &std::path::Path, label: &str) -> Result<(), ConfigError> {
-    let text = std::fs::read_to_string(path)
+    let bytes = rigger_daemon::config::read_small_file(path)
         .map_err(|e| setting.invalid(format!("{}: {e}", path.display())))?;
+    let text = String::from_utf8_lossy(&bytes);
     if !text.contains(&format!("-----BEGIN {label}")) && !text.contains(&format!(" {label}-----")) {
         return Err(setting.invalid(format!("{}: no PEM {label} in it", path.display())));
     }
@@ -250,7 +251,11 @@ impl ControllerConfig {
         Self::from_layers(file, args.clone())
     }
 
-    fn from_layers(file: ControllerConfigFile, args: ControllerArgs) -> Result<Self, ConfigError> {
+    /// Merge a parsed file with flags and validate (what `resolve` does after reading).
+    pub fn from_layers(
+        file: ControllerConfigFile,
+        args: ControllerArgs,
+    ) -> Result<Self, ConfigError> {
         let listen = LISTEN.socket_addr(args.listen.or(file.listen), DEFAULT_LISTEN)?;
         let health_listen = HEALTH_LISTEN.socket_addr(
             args.health_listen.or(file.health_listen),

@@ -5,6 +5,7 @@
 //! conditional on the revision that was read, so two concurrent applies cannot silently
 //! overwrite each other.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use rigger_proto::v1::control_server::Control;
@@ -26,6 +27,7 @@ use crate::objects::pod::Pod;
 use crate::objects::secret::Secret;
 use crate::objects::{DEFAULT_NAMESPACE, FieldError, Kind, ObjectMeta};
 use crate::pods::PodSync;
+use crate::rate_limit::ClientLimiter;
 use crate::recreates::RecreateEngine;
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
 
@@ -43,6 +45,7 @@ pub struct ControlService {
     recreates: RecreateEngine,
     pods: PodSync,
     users: UserAuth,
+    limiter: Arc<ClientLimiter>,
     leadership: Leadership,
     node_timeout: Duration,
 }
@@ -66,9 +69,36 @@ impl ControlService {
             recreates,
             pods,
             users,
+            limiter: Arc::new(ClientLimiter::api()),
             leadership,
             node_timeout,
         }
+    }
+
+    /// Who sent `request`, if they may act with `needed` and are within their request
+    /// rate (per user; per address when there are no tokens).
+    fn admit<T>(&self, request: &Request<T>, needed: Role) -> Result<String, Status> {
+        let user = self.users.authorize(request, needed)?;
+        let client = match (&self.users, request.remote_addr()) {
+            (UserAuth::Open, Some(address)) => address.ip().to_string(),
+            _ => user.clone(),
+        };
+        self.limiter.admit(&client)?;
+        Ok(user)
+    }
+
+    /// Forget idle clients now and then: the limiter keeps one entry per client seen.
+    pub fn spawn_limiter_cleanup(&self, stop: tokio_util::sync::CancellationToken) {
+        let limiter = self.limiter.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(60));
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    _ = every.tick() => limiter.forget_idle(),
+                }
+            }
+        });
     }
 }
 
@@ -871,7 +901,7 @@ impl Control for ControlService {
         request: Request<ApplyRequest>,
     ) -> Result<Response<ApplyResponse>, Status> {
         self.leadership.require()?;
-        let user = self.users.authorize(&request, Role::Admin)?;
+        let user = self.admit(&request, Role::Admin)?;
         let request = request.into_inner();
         if request.json.len() > MAX_OBJECT_BYTES {
             return Err(Status::invalid_argument(format!(
@@ -911,7 +941,7 @@ impl Control for ControlService {
 
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<Object>, Status> {
         self.leadership.require()?;
-        self.users.authorize(&request, Role::Viewer)?;
+        self.admit(&request, Role::Viewer)?;
         let request = request.into_inner();
         let kind = kind_of(&request.kind)?;
         let namespace = if kind.namespaced() {
@@ -926,7 +956,7 @@ impl Control for ControlService {
 
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
         self.leadership.require()?;
-        self.users.authorize(&request, Role::Viewer)?;
+        self.admit(&request, Role::Viewer)?;
         let request = request.into_inner();
         let kind = kind_of(&request.kind)?;
         if kind == Kind::Node {
@@ -955,7 +985,7 @@ impl Control for ControlService {
 
     async fn logs(&self, request: Request<PodLogsRequest>) -> Result<Response<PodOutput>, Status> {
         self.leadership.require()?;
-        self.users.authorize(&request, Role::Viewer)?;
+        self.admit(&request, Role::Viewer)?;
         let request = request.into_inner();
         let (node, uid) = self.placement(&request.namespace, &request.name).await?;
         let answer = self
@@ -979,7 +1009,7 @@ impl Control for ControlService {
 
     async fn exec(&self, request: Request<PodExecRequest>) -> Result<Response<PodOutput>, Status> {
         self.leadership.require()?;
-        let user = self.users.authorize(&request, Role::Admin)?;
+        let user = self.admit(&request, Role::Admin)?;
         let request = request.into_inner();
         if request.command.is_empty() {
             return Err(Status::invalid_argument("command: is required"));
@@ -1012,7 +1042,7 @@ impl Control for ControlService {
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
         self.leadership.require()?;
-        let user = self.users.authorize(&request, Role::Admin)?;
+        let user = self.admit(&request, Role::Admin)?;
         let request = request.into_inner();
         let kind = kind_of(&request.kind)?;
         if kind == Kind::Node {

@@ -28,6 +28,7 @@ pub mod nodes;
 pub mod objects;
 pub mod pods;
 pub mod predownload;
+pub mod rate_limit;
 pub mod recreates;
 pub mod relay;
 pub mod server;

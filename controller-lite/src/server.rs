@@ -50,7 +50,7 @@ pub enum ServerError {
 /// the agent link refuses sessions without one.
 fn server_tls(files: &TlsFiles) -> Result<ServerTlsConfig, ServerError> {
     let read = |path: &PathBuf| {
-        std::fs::read(path).map_err(|e| ServerError::Security {
+        rigger_daemon::config::read_small_file(path).map_err(|e| ServerError::Security {
             path: path.clone(),
             detail: e.to_string(),
         })
@@ -160,6 +160,7 @@ pub async fn run(
         leadership.clone(),
         config.node_timeout,
     );
+    control.spawn_limiter_cleanup(token.clone());
     // The engines run on the leader only (at once with the embedded store).
     let engine = {
         let (mut leadership, token) = (leadership.clone(), token.clone());

@@ -111,12 +111,34 @@ impl Setting {
     }
 }
 
+/// The largest configuration, certificate, key or token file a daemon reads: a path
+/// that names a device or a huge file by mistake is refused instead of read forever.
+pub const MAX_SMALL_FILE: u64 = 1 << 20;
+
+/// Read a small file (configuration, PEM, tokens): at most [`MAX_SMALL_FILE`] bytes.
+pub fn read_small_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_SMALL_FILE + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_SMALL_FILE {
+        return Err(std::io::Error::other(format!(
+            "larger than {MAX_SMALL_FILE} bytes: not a configuration, certificate or key file"
+        )));
+    }
+    Ok(bytes)
+}
+
 /// Parse the TOML file at `path` into `T`.
 pub fn load_toml<T: DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    let read = |source| ConfigError::Read {
         path: path.to_owned(),
         source,
-    })?;
+    };
+    let bytes = read_small_file(path).map_err(read)?;
+    let text = String::from_utf8(bytes)
+        .map_err(|e| read(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
     parse_toml(path, &text)
 }
 
@@ -165,6 +187,16 @@ fn one_line_toml_error(text: &str, e: &toml::de::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_device_or_huge_file_is_refused_not_read_forever() {
+        let error = read_small_file(Path::new("/dev/zero")).unwrap_err();
+        assert!(error.to_string().contains("larger than"), "{error}");
+        let dir = std::env::temp_dir().join(format!("rigger-small-{}", std::process::id()));
+        std::fs::write(&dir, b"key = 1").unwrap();
+        assert_eq!(read_small_file(&dir).unwrap(), b"key = 1");
+        let _ = std::fs::remove_file(&dir);
+    }
 
     #[derive(Debug, serde::Deserialize)]
     #[serde(deny_unknown_fields)]

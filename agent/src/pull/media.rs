@@ -206,15 +206,44 @@ pub fn parse_manifest(bytes: &[u8]) -> Result<ImageManifest, String> {
             "config media type {config_type:?} is not a container image config (an artifact, not an image?)"
         ));
     }
+    let layers = manifest.layers().len();
+    if layers > MAX_LAYERS {
+        return Err(format!(
+            "{layers} layers: more than the {MAX_LAYERS} an image may have here (overlayfs \
+             cannot stack that many; a registry serving this is broken or hostile)"
+        ));
+    }
     for layer in manifest.layers() {
         layer_compression(layer.media_type().as_ref())?;
     }
     Ok(manifest)
 }
 
+/// The most layers an image may have. Docker stops at 127 and overlayfs mounts cannot
+/// stack many more lower directories; the limit keeps a hostile manifest from making
+/// the agent plan thousands of downloads.
+pub const MAX_LAYERS: usize = 500;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_manifest_with_too_many_layers_is_refused() {
+        let layer = r#"{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a","size":2}"#;
+        let manifest = |n: usize| {
+            format!(
+                r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a","size":2}},"layers":[{}]}}"#,
+                vec![layer; n].join(",")
+            )
+        };
+        assert!(parse_manifest(manifest(MAX_LAYERS).as_bytes()).is_ok());
+        let error = parse_manifest(manifest(MAX_LAYERS + 1).as_bytes()).unwrap_err();
+        assert!(
+            error.starts_with("501 layers: more than the 500"),
+            "{error}"
+        );
+    }
 
     #[test]
     fn schema1_and_unknown_types_are_refused() {
