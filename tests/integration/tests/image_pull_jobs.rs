@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rigger_integration_tests::{
-    Agent, AuthRegistry, Controller, Etcd, Lab, Proxy, log_tail, plain_http_hosts_dir,
+    Agent, AuthRegistry, Controller, Etcd, Lab, Proxy, TcpRelay, log_tail, plain_http_hosts_dir,
     unique_image, wait_until,
 };
 use serde_json::{Value, json};
@@ -22,6 +22,8 @@ struct Fleet {
     /// With etcd: the other replicas (`controller` is the first).
     replicas: Vec<Controller>,
     agents: Vec<Agent>,
+    /// With `start_relayed`: agent i's link to the controller.
+    relays: Vec<TcpRelay>,
     proxy: Proxy,
     namespace: String,
     _dir: tempfile::TempDir,
@@ -38,7 +40,16 @@ impl Fleet {
         let path = dir.path().join("controller");
         std::fs::create_dir_all(&path).unwrap();
         let controller = Controller::start(&path);
-        Self::with(test, rate, dir, vec![controller], registries)
+        Self::with(test, rate, dir, vec![controller], registries, false)
+    }
+
+    /// Each agent reaches the controller through a [`TcpRelay`] of its own.
+    fn start_relayed(test: &str, rate: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("controller");
+        std::fs::create_dir_all(&path).unwrap();
+        let controller = Controller::start(&path);
+        Self::with(test, rate, dir, vec![controller], &[], true)
     }
 
     /// `controllers`: one, or replicas on etcd (agents get every replica's URL).
@@ -48,6 +59,7 @@ impl Fleet {
         dir: tempfile::TempDir,
         mut controllers: Vec<Controller>,
         registries: &[&str],
+        relayed: bool,
     ) -> Self {
         let lab = Lab::get();
         let proxy = Proxy::start(&json!([]), &["--connection-rate", rate]);
@@ -61,13 +73,24 @@ impl Fleet {
             path
         };
         let controller = controllers.remove(0);
+        let mut relays = Vec::new();
         let agents = [&lab.containerd_address, &lab.node2_containerd_address]
             .iter()
             .enumerate()
             .map(|(i, containerd)| {
                 let node = format!("{test}-{}", i + 1);
-                Agent::start(
+                let endpoints = if relayed {
+                    let upstream = controller.server.trim_start_matches("https://");
+                    let relay = TcpRelay::start(upstream);
+                    let url = format!("https://{}", relay.address);
+                    relays.push(relay);
+                    url
+                } else {
+                    controller.endpoints.clone()
+                };
+                Agent::start_via(
                     &controller,
+                    &endpoints,
                     &node,
                     containerd,
                     &hosts,
@@ -80,6 +103,7 @@ impl Fleet {
             controller,
             replicas: controllers,
             agents,
+            relays,
             proxy,
             namespace,
             _dir: dir,
@@ -493,7 +517,7 @@ fn with_three_controllers_on_etcd_killing_the_leader_hands_over_and_the_job_comp
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
     let replicas = Controller::replicas(dir.path(), &etcd, 3);
-    let mut fleet = Fleet::with("job-ha", "4MiB", dir, replicas, &[]);
+    let mut fleet = Fleet::with("job-ha", "4MiB", dir, replicas, &[], false);
     let image = unique_image("job-ha", 2, 3 << 20);
 
     let leaders = |fleet: &Fleet| {
@@ -617,5 +641,58 @@ fn pull_secrets_reach_the_nodes_and_never_show() {
             !text.contains(&encoded_marker),
             "the encoded credentials show in {place}"
         );
+    }
+}
+
+#[test]
+fn a_link_cut_longer_than_the_node_timeout_is_survived_without_lost_or_doubled_counts() {
+    let fleet = Fleet::start_relayed("job-cut", "1MiB");
+    let image = unique_image("job-cut", 2, 3 << 20);
+    fleet.apply_job("warm", &image, 2);
+    let cut_node = fleet.agents[0].node.clone();
+    wait_until("both nodes pulling", Duration::from_secs(30), || {
+        let phases = phases(&fleet.job("warm"));
+        (phases.values().filter(|p| *p == "Pulling").count() == 2).then_some(())
+    });
+
+    // A partition between node 1 and the controller: no reset, nothing gets through,
+    // for well over the node timeout (3 s here). The pull itself goes on.
+    fleet.relays[0].cut();
+    wait_until(
+        "the cut node to be marked not ready",
+        Duration::from_secs(20),
+        || {
+            let node = fleet.controller.get_json(&["node", &cut_node])?;
+            (node["status"]["conditions"][0]["status"] == "False").then_some(())
+        },
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    let during = fleet.job("warm");
+    assert_eq!(count(&during, "desired"), 2, "{during:#}");
+    fleet.relays[0].restore();
+
+    fleet.wait_ready(&cut_node);
+    let job = fleet.watch_until_complete("warm", |_| {});
+    assert_eq!(count(&job, "desired"), 2, "{job:#}");
+    assert_eq!(count(&job, "succeeded"), 2, "{job:#}\n{}", fleet.logs());
+    assert_eq!(count(&job, "failed"), 0, "{job:#}");
+    for node in job["status"]["nodes"].as_array().unwrap() {
+        assert_eq!(node["phase"], "Succeeded", "{node:#}");
+    }
+    // Every layer crossed the network once per node: the cut did not restart the pull.
+    let image_bytes = job["status"]["nodes"][0]["bytesTotal"].as_u64().unwrap();
+    let sent: u64 = fleet
+        .blob_bytes_sent()
+        .into_values()
+        .filter(|sent| *sent > 1 << 20)
+        .sum();
+    assert!(
+        sent <= 2 * image_bytes,
+        "layers sent {sent} bytes for two nodes of an image of {image_bytes}"
+    );
+    let lab = Lab::get();
+    let reference = format!("{}/{image}", fleet.proxy.address);
+    for containerd in [&lab.containerd_address, &lab.node2_containerd_address] {
+        assert_eq!(fleet.images_on(containerd), vec![reference.clone()]);
     }
 }
