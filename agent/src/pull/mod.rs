@@ -357,6 +357,14 @@ impl Puller {
             .pull_with_lease(&name, &reference, registry, &store, progress)
             .await
             .map_err(|e| e.naming(&name));
+        // A full disk: partial downloads would keep it full, so they go (anything else
+        // keeps them, for resuming).
+        if let Err(error) = &result
+            && is_disk_full(error)
+        {
+            let aborted = store.abort_opened().await;
+            tracing::warn!(image = %name, aborted, "disk full: this pull's partial downloads removed");
+        }
         // The lease goes in every case: on success the image record now holds everything;
         // on failure what was written becomes garbage (ingests stay, for resuming).
         if let Err(error) = store.release().await {
@@ -1047,8 +1055,16 @@ impl Transfer {
                                     .map_err(|e| self.store_err(e))?;
                             }
                         }
+                        Err(e) if e.is_connection_lost() => {
+                            last = e.to_string();
+                            self.resume_after_containerd(digest, sink).await?;
+                        }
                         Err(e) => return Err(self.store_err(e)),
                     }
+                }
+                Err(PullError::Store { source, .. }) if source.is_connection_lost() => {
+                    last = source.to_string();
+                    self.resume_after_containerd(digest, sink).await?;
                 }
                 Err(e) => {
                     if let PullError::Registry(re) = &e {
@@ -1076,6 +1092,31 @@ impl Transfer {
             }
         }
         Err(self.exhausted(digest, last))
+    }
+
+    /// containerd went away mid-write (a restart, an upgrade): wait for it to answer
+    /// again (up to [`CONTAINERD_RETURN`]), reopen the ingest at the offset it kept and
+    /// go on from there.
+    async fn resume_after_containerd(
+        &self,
+        digest: &str,
+        sink: &mut Sink,
+    ) -> Result<(), PullError> {
+        tracing::warn!(%digest, "containerd went away mid-write; waiting for it to resume");
+        let deadline = tokio::time::Instant::now() + CONTAINERD_RETURN;
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            match sink.writer.reopen(&self.store).await {
+                Ok(()) => break,
+                Err(e) if e.is_connection_lost() && tokio::time::Instant::now() < deadline => {}
+                Err(e) => return Err(self.store_err(e)),
+            }
+        }
+        tracing::info!(%digest, offset = sink.writer.offset(), "containerd is back; resuming the blob");
+        if sink.writer.offset() != sink.fed {
+            sink.drop_streaming(&self.store).await;
+        }
+        Ok(())
     }
 
     /// Open the ingest; if another process (a concurrent `ctr pull`) holds its lock,
@@ -1496,6 +1537,17 @@ impl From<PullError> for RangeOutcome {
 
 /// containerd's ingest ref for a blob (remotes.MakeRefKey), so concurrent pulls by
 /// containerd and Rigger of the same blob share one ingest and its lock.
+/// ENOSPC, whether containerd (a gRPC message) or the agent (an io error) ran into it.
+fn is_disk_full(error: &PullError) -> bool {
+    error
+        .to_string()
+        .to_ascii_lowercase()
+        .contains("no space left on device")
+}
+
+/// How long a pull waits for a containerd that went away mid-write to come back.
+const CONTAINERD_RETURN: Duration = Duration::from_secs(60);
+
 fn ingest_ref(digest: &str) -> String {
     format!("layer-{digest}")
 }

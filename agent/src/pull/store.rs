@@ -36,6 +36,10 @@ pub enum StoreError {
     Call(#[from] CallError),
     #[error("{what}: {detail}")]
     Write { what: String, detail: String },
+    /// containerd went away mid-write (stopped, restarted, crashed): the pull waits for
+    /// it and resumes from what it kept.
+    #[error("{what}: containerd went away mid-write (stopped or restarted?)")]
+    Lost { what: String },
     #[error(
         "digest mismatch for {digest}: the bytes received hash to something else (corrupt transfer or a registry serving wrong content)"
     )]
@@ -48,6 +52,8 @@ pub struct Store {
     channel: Channel,
     namespace: String,
     lease: Option<String>,
+    /// Ingest refs this pull opened: what `abort_opened` frees when the disk is full.
+    opened: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
 }
 
 impl Store {
@@ -56,7 +62,35 @@ impl Store {
             channel: runtime.channel(),
             namespace: namespace.to_owned(),
             lease: None,
+            opened: std::sync::Arc::default(),
         }
+    }
+
+    /// Abort every ingest this pull opened (partial downloads containerd holds): used
+    /// when the disk is full, where keeping them to resume would keep the node full.
+    /// Returns how many were aborted.
+    pub async fn abort_opened(&self) -> usize {
+        let refs: Vec<String> = match self.opened.lock() {
+            Ok(opened) => opened.iter().cloned().collect(),
+            Err(_) => return 0,
+        };
+        let mut aborted = 0;
+        for reference in refs {
+            let request = containerd_client::services::v1::AbortRequest {
+                r#ref: reference.clone(),
+            };
+            let Ok(request) = self.request(request) else {
+                continue;
+            };
+            match ContentClient::new(self.channel()).abort(request).await {
+                Ok(_) => aborted += 1,
+                Err(status) if status.code() == tonic::Code::NotFound => {}
+                Err(status) => {
+                    tracing::warn!(%reference, error = %status.message(), "could not abort the ingest");
+                }
+            }
+        }
+        aborted
     }
 
     pub fn namespace(&self) -> &str {
@@ -241,6 +275,9 @@ impl Store {
         size: u64,
     ) -> Result<BlobWriter, StoreError> {
         let what = format!("write {digest}");
+        if let Ok(mut opened) = self.opened.lock() {
+            opened.insert(reference.to_owned());
+        }
         let (tx, rx) = mpsc::channel::<WriteContentRequest>(16);
         let stat = WriteContentRequest {
             action: WriteAction::Stat as i32,
@@ -249,10 +286,9 @@ impl Store {
             expected: digest.to_owned(),
             ..Default::default()
         };
-        tx.send(stat).await.map_err(|_| StoreError::Write {
-            what: what.clone(),
-            detail: "write stream closed".into(),
-        })?;
+        tx.send(stat)
+            .await
+            .map_err(|_| StoreError::Lost { what: what.clone() })?;
         let request = self
             .request(ReceiverStream::new(rx))
             .map_err(|s| CallError::new("content write", s))?;
@@ -318,15 +354,37 @@ impl Store {
     }
 }
 
+/// A status that means containerd is not there (any more), rather than refusing.
+fn is_gone(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Unavailable
+        || (status.code() == tonic::Code::Unknown
+            && ["transport", "broken pipe", "connection", "stream closed"]
+                .iter()
+                .any(|sign| status.message().to_ascii_lowercase().contains(sign)))
+}
+
+impl StoreError {
+    /// containerd went away (or was not there to answer): worth waiting for.
+    pub fn is_connection_lost(&self) -> bool {
+        match self {
+            Self::Lost { .. } => true,
+            Self::Call(call) => is_gone(&call.status),
+            Self::Write { .. } | Self::DigestMismatch { .. } => false,
+        }
+    }
+}
+
 async fn next_response(
     responses: &mut Streaming<WriteContentResponse>,
     what: &str,
 ) -> Result<WriteContentResponse, StoreError> {
     match responses.message().await {
         Ok(Some(r)) => Ok(r),
-        Ok(None) => Err(StoreError::Write {
+        Ok(None) => Err(StoreError::Lost {
             what: what.to_owned(),
-            detail: "containerd closed the write stream".into(),
+        }),
+        Err(status) if is_gone(&status) => Err(StoreError::Lost {
+            what: what.to_owned(),
         }),
         Err(status) => Err(StoreError::Write {
             what: what.to_owned(),
@@ -439,9 +497,8 @@ impl BlobWriter {
             data,
             ..Default::default()
         };
-        self.tx.send(request).await.map_err(|_| StoreError::Write {
+        self.tx.send(request).await.map_err(|_| StoreError::Lost {
             what: self.what.clone(),
-            detail: "write stream closed".into(),
         })?;
         self.in_flight += 1;
         self.drain(WRITES_IN_FLIGHT).await
@@ -489,9 +546,8 @@ impl BlobWriter {
         &mut self,
         request: WriteContentRequest,
     ) -> Result<WriteContentResponse, StoreError> {
-        self.tx.send(request).await.map_err(|_| StoreError::Write {
+        self.tx.send(request).await.map_err(|_| StoreError::Lost {
             what: self.what.clone(),
-            detail: "write stream closed".into(),
         })?;
         next_response(&mut self.responses, &self.what).await
     }

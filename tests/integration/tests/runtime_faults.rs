@@ -1,0 +1,99 @@
+//! Faults of the runtime under a pull, on a containerd of the test's own (the shared lab
+//! nodes must not restart or fill up under the other tests): containerd killed and
+//! restarted mid-pull, and a content store that fills up.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use rigger_integration_tests::{PrivateContainerd, Proxy, binary, unique_image};
+use serde_json::json;
+
+fn pull(containerd: &PrivateContainerd, state: &std::path::Path, ns: &str, image: &str) -> Command {
+    let mut command = Command::new(binary("rigger-agent"));
+    command
+        .args(["pull", "--plain-http", "--registry-config", "/nonexistent"])
+        .arg("--address")
+        .arg(&containerd.address)
+        .arg("--state-dir")
+        .arg(state)
+        .args(["--namespace", ns, "--max-connections", "2", image]);
+    command
+}
+
+fn one_line_error(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "one error line: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    errors[0].to_owned()
+}
+
+/// `ctr images check`: every blob of the image is present and complete.
+fn image_complete(containerd: &PrivateContainerd, ns: &str) -> bool {
+    let check = containerd.ctr(ns, &["images", "check"]);
+    let rows: Vec<&str> = check.lines().skip(1).collect();
+    rows.len() == 1 && rows[0].contains("complete")
+}
+
+#[test]
+fn a_pull_rides_through_a_containerd_restart_and_the_image_is_whole() {
+    let mut containerd = PrivateContainerd::start(None);
+    let state = tempfile::tempdir().unwrap();
+    // About 6 s to download: containerd goes down and comes back in the middle.
+    let image = unique_image("ctd-restart", 2, 6 << 20);
+    let proxy = Proxy::start(&json!([]), &["--connection-rate", "1MiB"]);
+    let reference = format!("{}/{image}", proxy.address);
+    let ns = "itest-ctd-restart";
+
+    let child = pull(&containerd, state.path(), ns, &reference)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    containerd.restart();
+    let first = child.wait_with_output().unwrap();
+    // The pull waited for containerd, reopened its ingests where containerd kept them,
+    // and finished; the image is whole.
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(
+        image_complete(&containerd, ns),
+        "{}",
+        containerd.ctr(ns, &["images", "check"])
+    );
+    // (It did meet the restart: the pull says so.)
+    let stderr = String::from_utf8_lossy(&first.stderr);
+    assert!(stderr.contains("containerd went away"), "{stderr}");
+    assert_eq!(
+        containerd.ctr(ns, &["images", "ls", "-q"]).trim(),
+        reference
+    );
+}
+
+#[test]
+fn a_full_content_store_fails_the_pull_clearly_and_records_no_image() {
+    // 16 MiB of root for an image of two 12 MiB layers (incompressible filler).
+    let containerd = PrivateContainerd::start(Some("16m"));
+    let state = tempfile::tempdir().unwrap();
+    let image = unique_image("disk-full", 2, 12 << 20);
+    let proxy = Proxy::start(&json!([]), &[]);
+    let reference = format!("{}/{image}", proxy.address);
+    let ns = "itest-disk-full";
+
+    let out = pull(&containerd, state.path(), ns, &reference)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let error = one_line_error(&out);
+    assert!(error.contains("no space left on device"), "{error}");
+    assert_eq!(containerd.ctr(ns, &["images", "ls", "-q"]).trim(), "");
+    // The partial downloads went (keeping them to resume would keep the disk full).
+    let active = containerd.ctr(ns, &["content", "active"]);
+    assert_eq!(active.lines().count(), 1, "only the header: {active}");
+}
