@@ -1584,3 +1584,31 @@ impl Drop for PrivateContainerd {
         }
     }
 }
+
+/// Running containers named `name` of the pod with sandbox uid `uid`, as CRI lists them.
+pub fn running_containers(uid: &str, name: &str) -> usize {
+    let lab = Lab::get();
+    let out = std::process::Command::new(binary("rigger-agent"))
+        .args(["status", "-o", "json", "--no-disk-usage", "--address"])
+        .arg(&lab.containerd_address)
+        .output()
+        .unwrap();
+    let inventory: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let sandboxes: Vec<&serde_json::Value> = inventory["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["uid"] == uid)
+        .map(|p| &p["id"])
+        .collect();
+    inventory["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| {
+            c["name"] == name
+                && c["state"] == "running"
+                && sandboxes.contains(&&c["pod_sandbox_id"])
+        })
+        .count()
+}

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rigger_integration_tests::{
-    Controller, CriPod, CriPodSpec, Lab, controller_with_agent, log_tail, wait_until,
+    Controller, CriPod, CriPodSpec, Lab, controller_with_agent, log_tail, running_containers,
+    wait_until,
 };
 use serde_json::Value;
 
@@ -676,34 +677,6 @@ fn kubelet_pods_are_recreated_with_kubelets_hook_and_restart_loop() {
         std::fs::read_to_string(out_dir.join("data")).unwrap(),
         "kept"
     );
-}
-
-/// Running containers named `name` of the pod with sandbox uid `uid`, as CRI lists them.
-fn running_containers(uid: &str, name: &str) -> usize {
-    let lab = Lab::get();
-    let out = std::process::Command::new(rigger_integration_tests::binary("rigger-agent"))
-        .args(["status", "-o", "json", "--no-disk-usage", "--address"])
-        .arg(&lab.containerd_address)
-        .output()
-        .unwrap();
-    let inventory: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let sandboxes: Vec<&Value> = inventory["pods"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["uid"] == uid)
-        .map(|p| &p["id"])
-        .collect();
-    inventory["containers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| {
-            c["name"] == name
-                && c["state"] == "running"
-                && sandboxes.contains(&&c["pod_sandbox_id"])
-        })
-        .count()
 }
 
 #[test]

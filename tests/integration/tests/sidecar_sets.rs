@@ -10,6 +10,32 @@ use serde_json::Value;
 
 const IDLE: &str = "trap 'exit 0' TERM; while true; do sleep 0.2; done";
 
+/// A container's status in a pod (empty when it has none yet).
+fn status_of(pod: &Value, container: &str) -> Value {
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == container).cloned())
+        .unwrap_or_default()
+}
+
+fn ready(pod: &Value) -> bool {
+    pod["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
+/// The hot-upgrade slot of sidecar `proxy` that serves, from Kruise's annotation.
+fn working(pod: &Value) -> String {
+    let text = pod["metadata"]["annotations"]["kruise.io/sidecarset-working-hotupgrade-container"]
+        .as_str()
+        .unwrap_or("{}");
+    serde_json::from_str::<Value>(text).unwrap()["proxy"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned()
+}
+
 fn names(pod: &Value) -> Vec<String> {
     pod["spec"]["containers"]
         .as_array()
@@ -193,24 +219,12 @@ spec:
             "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{rollout: \"{pid}\"{tier}}}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {v1}\n    command: [\"sh\", \"-c\", \"{IDLE}\"]\n"
         ));
     }
-    let container_of = |pod: &Value, name: &str| -> Value {
-        pod["status"]["containerStatuses"]
-            .as_array()
-            .and_then(|cs| cs.iter().find(|c| c["name"] == name).cloned())
-            .unwrap_or_default()
-    };
-    let ready = |pod: &Value| {
-        pod["status"]["conditions"].as_array().is_some_and(|cs| {
-            cs.iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-        })
-    };
     let apps: Vec<Value> = names
         .iter()
         .map(|name| {
             wait_until("the pods to be ready", Duration::from_secs(90), || {
                 let pod = controller.get_json(&["pod", name])?;
-                ready(&pod).then(|| container_of(&pod, "app")["containerID"].clone())
+                ready(&pod).then(|| status_of(&pod, "app")["containerID"].clone())
             })
         })
         .collect();
@@ -238,7 +252,7 @@ spec:
             if on_v2 && !order.contains(name) {
                 order.push(name.clone());
             }
-            let proxy = container_of(pod, "proxy");
+            let proxy = status_of(pod, "proxy");
             let done = proxy["image"] == v2.as_str() && proxy["ready"] == true && ready(pod);
             if (on_v2 && !done) || !ready(pod) {
                 upgrading += 1;
@@ -250,7 +264,7 @@ spec:
         );
         let done = pods
             .iter()
-            .filter(|p| container_of(p, "proxy")["image"] == v2.as_str() && ready(p))
+            .filter(|p| status_of(p, "proxy")["image"] == v2.as_str() && ready(p))
             .count();
         if done == 3 {
             break;
@@ -274,7 +288,7 @@ spec:
     for (name, app) in names.iter().zip(&apps) {
         let pod = controller.get_json(&["pod", name]).unwrap();
         assert_eq!(
-            &container_of(&pod, "app")["containerID"],
+            &status_of(&pod, "app")["containerID"],
             app,
             "{name}: app untouched"
         );
@@ -345,28 +359,6 @@ spec:
     applied(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{hot: \"{pid}\"}}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {empty}\n    command: [\"sh\", \"-c\", \"{IDLE}\"]\n"
     ));
-    let status_of = |pod: &Value, c: &str| -> Value {
-        pod["status"]["containerStatuses"]
-            .as_array()
-            .and_then(|cs| cs.iter().find(|s| s["name"] == c).cloned())
-            .unwrap_or_default()
-    };
-    let ready = |pod: &Value| {
-        pod["status"]["conditions"].as_array().is_some_and(|cs| {
-            cs.iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-        })
-    };
-    let working = |pod: &Value| -> String {
-        let text =
-            pod["metadata"]["annotations"]["kruise.io/sidecarset-working-hotupgrade-container"]
-                .as_str()
-                .unwrap_or("{}");
-        serde_json::from_str::<Value>(text).unwrap()["proxy"]
-            .as_str()
-            .unwrap_or("")
-            .to_owned()
-    };
     let before = wait_until("the pod to be ready", Duration::from_secs(90), || {
         let pod = controller.get_json(&["pod", &name])?;
         ready(&pod).then_some(pod)
@@ -443,5 +435,99 @@ spec:
         "the working slot kept running"
     );
     assert!(ready(&held));
+    assert!(controller.ctl(&["delete", "pod", &name]).status.success());
+}
+
+#[test]
+fn an_agent_killed_mid_hot_upgrade_finishes_it_with_one_container_per_slot() {
+    use rigger_integration_tests::{running_containers, unique_image_with};
+    let lab = Lab::get();
+    let dir = tempfile::tempdir().unwrap();
+    let (controller, mut agent) =
+        controller_with_agent(dir.path(), "hot-kill-node", "itest-hot-kill");
+    let empty = lab.image("rigger-lab/busybox:1");
+    let first = lab.image(&unique_image_with(
+        "hot-kill-a",
+        1,
+        4096,
+        &["--base", "busybox"],
+    ));
+    let second = lab.image(&unique_image_with(
+        "hot-kill-b",
+        1,
+        4096,
+        &["--base", "busybox"],
+    ));
+    let pid = std::process::id();
+    let set_name = format!("hot-kill-{pid}");
+    let applied = |yaml: &str| {
+        let out = controller.apply(yaml);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let set = |image: &str| {
+        format!(
+            "apiVersion: apps.kruise.io/v1alpha1\nkind: SidecarSet\nmetadata:\n  name: {set_name}\nspec:\n  selector: {{matchLabels: {{hotkill: \"{pid}\"}}}}\n  containers:\n  - name: proxy\n    image: {image}\n    command: [\"sh\", \"-c\", \"{IDLE}\"]\n    upgradeStrategy:\n      upgradeType: HotUpgrade\n      hotUpgradeEmptyImage: {empty}\n"
+        )
+    };
+    applied(&set(&first));
+    let name = format!("hot-kill-pod-{pid}");
+    applied(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{hotkill: \"{pid}\"}}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {empty}\n    command: [\"sh\", \"-c\", \"{IDLE}\"]\n"
+    ));
+    let before = wait_until("the pod to be ready", Duration::from_secs(90), || {
+        let pod = controller.get_json(&["pod", &name])?;
+        ready(&pod).then_some(pod)
+    });
+    let uid = before["metadata"]["uid"].as_str().unwrap().to_owned();
+    let app_id = status_of(&before, "app")["containerID"].clone();
+
+    // The upgrade starts: the idle slot gets the new image. SIGKILL the agent then, and
+    // start it again on the same state.
+    applied(&set(&second));
+    wait_until(
+        "the idle slot to get the new image",
+        Duration::from_secs(60),
+        || {
+            let pod = controller.get_json(&["pod", &name])?;
+            let spec = pod["spec"]["containers"].as_array()?.clone();
+            spec.iter()
+                .any(|c| c["name"] == "proxy-2" && c["image"] == second.as_str())
+                .then_some(())
+        },
+    );
+    agent.restart();
+
+    let switched = wait_until(
+        "the hot upgrade after the restart",
+        Duration::from_secs(120),
+        || {
+            let pod = controller.get_json(&["pod", &name])?;
+            let done = working(&pod) == "proxy-2"
+                && status_of(&pod, "proxy-2")["image"] == second.as_str()
+                && status_of(&pod, "proxy-1")["image"] == empty.as_str()
+                && status_of(&pod, "proxy-1")["ready"] == true
+                && ready(&pod);
+            done.then_some(pod)
+        },
+    );
+    assert_eq!(
+        status_of(&switched, "app")["containerID"],
+        app_id,
+        "app untouched"
+    );
+    assert_eq!(switched["metadata"]["uid"], uid.as_str(), "same pod");
+    // One container per slot: nothing doubled, nothing orphaned by the kill.
+    for container in ["proxy-1", "proxy-2", "app"] {
+        assert_eq!(
+            running_containers(&uid, container),
+            1,
+            "{container}\n{}",
+            log_tail(&agent.log, 30)
+        );
+    }
     assert!(controller.ctl(&["delete", "pod", &name]).status.success());
 }
