@@ -602,7 +602,8 @@ fn pull_secrets_reach_the_nodes_and_never_show() {
     let pulled = fleet.watch_until_complete("with-secret", |_| {});
     assert_eq!(count(&pulled, "succeeded"), 2, "{pulled:#}");
 
-    // The password is nowhere: not in reads of the secret, logs, or agents' task files.
+    // The password is nowhere: not in reads of the secret, logs, metrics, the job's
+    // status, the agents' inventories or their task files.
     let shown = fleet
         .controller
         .ctl(&["get", "secret", "registry-login", "-o", "yaml"]);
@@ -621,10 +622,30 @@ fn pull_secrets_reach_the_nodes_and_never_show() {
         "controller log".into(),
         std::fs::read_to_string(&fleet.controller.log).unwrap(),
     ));
+    let metrics = |address: &str| {
+        rigger_integration_tests::http_get(address, "/metrics")
+            .unwrap()
+            .1
+    };
+    places.push((
+        "controller /metrics".into(),
+        metrics(&fleet.controller.health),
+    ));
+    places.push((
+        "the job's status".into(),
+        fleet.job("with-secret").to_string(),
+    ));
     for agent in &fleet.agents {
         places.push((
             agent.node.clone(),
             std::fs::read_to_string(&agent.log).unwrap(),
+        ));
+        places.push((format!("{} /metrics", agent.node), metrics(&agent.health)));
+        places.push((
+            format!("{} /inventory", agent.node),
+            rigger_integration_tests::http_get(&agent.health, "/inventory")
+                .unwrap()
+                .1,
         ));
         for entry in std::fs::read_dir(agent.state_dir.join("tasks")).unwrap() {
             let path = entry.unwrap().path();
