@@ -328,6 +328,17 @@ fn an_invalid_object_is_refused_with_its_field_and_nothing_is_applied() {
         stderr.contains("spec.podSelector: selector and podSelector are mutually exclusive"),
         "{stderr}"
     );
+
+    // An object over the size limit is refused as such, before anything is parsed.
+    let big = format!(
+        "apiVersion: rigger.dev/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: big\n  annotations:\n    filler: \"{}\"\nspec:\n  image: registry.example/app:1\n  selector:\n    names: [a]\n",
+        "x".repeat(2 << 20)
+    );
+    let out = controller.apply(&big);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("at most 1048576 are accepted"), "{stderr}");
+    assert!(controller.get_json(&["imagepulljob", "big"]).is_none());
 }
 
 #[test]

@@ -52,11 +52,12 @@ fn image_records(ns: &str) -> Vec<String> {
 }
 
 #[test]
-fn retries_429_with_retry_after_and_500() {
+fn retries_429_and_503_with_retry_after_and_500() {
     let image = unique_image("fault-429", 1, 1 << 20);
     let proxy = Proxy::start(
         &json!([
             {"path_contains": "/blobs/", "action": {"status": 429, "retry_after": 1}, "times": 2},
+            {"path_contains": "/blobs/", "action": {"status": 503, "retry_after": 1}, "times": 1},
             {"path_contains": "/blobs/", "action": {"status": 500}, "times": 1}
         ]),
         &[],
@@ -67,9 +68,9 @@ fn retries_429_with_retry_after_and_500() {
         .iter()
         .map(|r| r["status"].as_u64().unwrap())
         .collect();
-    assert_eq!(&statuses[..3], &[429, 429, 500], "{statuses:?}");
+    assert_eq!(&statuses[..4], &[429, 429, 503, 500], "{statuses:?}");
     assert!(
-        statuses[3..].iter().all(|s| *s == 200 || *s == 206),
+        statuses[4..].iter().all(|s| *s == 200 || *s == 206),
         "{statuses:?}"
     );
     assert_eq!(image_records(&ns.name).len(), 1);
