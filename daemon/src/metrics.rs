@@ -57,6 +57,28 @@ pub fn series_names(registry: &Registry) -> Vec<String> {
         .collect()
 }
 
+/// Compare the series `registry` serves with those `markdown` lists under `prefix`:
+/// `Err` says which are missing on either side (each daemon's tests call it with the
+/// operator guide).
+pub fn check_documented(registry: &Registry, markdown: &str, prefix: &str) -> Result<(), String> {
+    let mut served = series_names(registry);
+    let mut documented = documented_series(markdown, prefix);
+    served.sort();
+    documented.sort();
+    if served.is_empty() {
+        return Err("the registry serves no series".to_owned());
+    }
+    let undocumented: Vec<_> = served.iter().filter(|s| !documented.contains(s)).collect();
+    let unserved: Vec<_> = documented.iter().filter(|s| !served.contains(s)).collect();
+    if undocumented.is_empty() && unserved.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "served but not documented: {undocumented:?}; documented but not served: {unserved:?}"
+        ))
+    }
+}
+
 /// The series a Markdown document lists in table rows that start with `` | `PREFIX``.
 pub fn documented_series(markdown: &str, prefix: &str) -> Vec<String> {
     let start = format!("| `{prefix}");

@@ -1612,3 +1612,19 @@ pub fn running_containers(uid: &str, name: &str) -> usize {
         })
         .count()
 }
+
+/// A container's status in a pod as riggerctl shows it (`Null` when it has none yet).
+pub fn container_status(pod: &serde_json::Value, name: &str) -> serde_json::Value {
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == name).cloned())
+        .unwrap_or_default()
+}
+
+/// Whether a pod as riggerctl shows it has the condition Ready=True.
+pub fn pod_ready(pod: &serde_json::Value) -> bool {
+    pod["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rigger_integration_tests::{
-    Controller, CriPod, CriPodSpec, Lab, controller_with_agent, log_tail, running_containers,
-    wait_until,
+    Controller, CriPod, CriPodSpec, Lab, container_status, controller_with_agent, log_tail,
+    pod_ready, running_containers, wait_until,
 };
 use serde_json::Value;
 
@@ -54,26 +54,13 @@ fn state_of<'a>(crr: &'a Value, container: &str) -> &'a Value {
         .unwrap()
 }
 
-fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
-    pod["status"]["containerStatuses"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == name)
-        .unwrap()
-}
-
 fn ready_pod(controller: &Controller, name: &str) -> Value {
     wait_until(
         &format!("pod {name} to be ready"),
         Duration::from_secs(90),
         || {
             let pod = controller.get_json(&["pod", name])?;
-            pod["status"]["conditions"]
-                .as_array()?
-                .iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                .then_some(pod)
+            pod_ready(&pod).then_some(pod)
         },
     )
 }
@@ -264,17 +251,17 @@ spec:
     let after = ready_pod(&controller, &name);
     assert_eq!(after["metadata"]["uid"], before["metadata"]["uid"]);
     for c in ["app", "web", "tcp"] {
-        assert_eq!(container(&after, c)["restartCount"], 1, "{after:#}");
+        assert_eq!(container_status(&after, c)["restartCount"], 1, "{after:#}");
         assert_ne!(
-            container(&after, c)["containerID"],
-            container(&before, c)["containerID"]
+            container_status(&after, c)["containerID"],
+            container_status(&before, c)["containerID"]
         );
     }
     assert_eq!(
-        container(&after, "keeper")["containerID"],
-        container(&before, "keeper")["containerID"]
+        container_status(&after, "keeper")["containerID"],
+        container_status(&before, "keeper")["containerID"]
     );
-    assert_eq!(container(&after, "keeper")["restartCount"], 0);
+    assert_eq!(container_status(&after, "keeper")["restartCount"], 0);
     let sandboxes = lab_sandboxes(&uid);
     assert_eq!(sandboxes, 1, "one sandbox, never replaced");
     let cat = controller.ctl(&["exec", &name, "-c", "app", "--", "cat", "/data/marker"]);
@@ -284,7 +271,7 @@ spec:
     assert!(apply_ok(&controller, &request).contains("unchanged"));
     std::thread::sleep(Duration::from_secs(3));
     let again = controller.get_json(&["pod", &name]).unwrap();
-    assert_eq!(container(&again, "app")["restartCount"], 1);
+    assert_eq!(container_status(&again, "app")["restartCount"], 1);
 
     // The shorthand, waiting with per-container progress.
     let out = controller.ctl(&["recreate", &name, "-c", "web", "--grace", "3s", "--wait"]);
@@ -432,8 +419,8 @@ spec:
     );
     let pod = controller.get_json(&["pod", &name]).unwrap();
     assert_eq!(
-        container(&pod, "steady")["containerID"],
-        container(&before, "steady")["containerID"]
+        container_status(&pod, "steady")["containerID"],
+        container_status(&before, "steady")["containerID"]
     );
 
     // failurePolicy Ignore: the failure is recorded and the next container recreated.
@@ -505,7 +492,11 @@ spec:
         first["status"]["completionTime"].as_str() <= second["status"]["completionTime"].as_str()
     );
     let pod = ready_pod(&controller, &name);
-    assert_eq!(container(&pod, "steady")["restartCount"], 3, "{pod:#}");
+    assert_eq!(
+        container_status(&pod, "steady")["restartCount"],
+        3,
+        "{pod:#}"
+    );
 
     // The deadline fails a request whose container never comes back ready.
     std::fs::write(out_dir.join("unready"), b"").unwrap();
@@ -716,7 +707,7 @@ spec:
     apply_ok(&controller, &yaml);
     let before = ready_pod(&controller, &name);
     let uid = before["metadata"]["uid"].as_str().unwrap().to_owned();
-    let keeper_before = container(&before, "keeper")["containerID"].clone();
+    let keeper_before = container_status(&before, "keeper")["containerID"].clone();
 
     let request = crr_yaml("killed", &name, &["app"], "minStartedSeconds: 1", "");
     apply_ok(&controller, &request);
@@ -738,8 +729,15 @@ spec:
     let after = ready_pod(&controller, &name);
     // Recreated exactly once: one more attempt, one running container, the pod and its
     // other container untouched.
-    assert_eq!(container(&after, "app")["restartCount"], 1, "{after:#}");
-    assert_eq!(container(&after, "keeper")["containerID"], keeper_before);
+    assert_eq!(
+        container_status(&after, "app")["restartCount"],
+        1,
+        "{after:#}"
+    );
+    assert_eq!(
+        container_status(&after, "keeper")["containerID"],
+        keeper_before
+    );
     assert_eq!(after["metadata"]["uid"], before["metadata"]["uid"]);
     assert_eq!(running_containers(&uid, "app"), 1);
     assert_eq!(lab_sandboxes(&uid), 1);

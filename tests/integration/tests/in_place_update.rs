@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rigger_integration_tests::{
-    Lab, controller_with_agent, log_tail, unique_image_with, wait_until,
+    Lab, container_status, controller_with_agent, log_tail, pod_ready, unique_image_with,
+    wait_until,
 };
 use serde_json::Value;
 
@@ -65,22 +66,6 @@ fn cooperator_endpoint() -> (u16, Calls) {
         }
     });
     (port, seen)
-}
-
-fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
-    pod["status"]["containerStatuses"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == name)
-        .unwrap()
-}
-
-fn is_ready(pod: &Value) -> bool {
-    pod["status"]["conditions"].as_array().is_some_and(|cs| {
-        cs.iter()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True")
-    })
 }
 
 fn lifecycle(pod: &Value) -> String {
@@ -219,7 +204,7 @@ fn images_and_metadata_update_in_place_with_the_lifecycle_and_cooperators() {
     );
     let before = wait_until("the pod to be ready", Duration::from_secs(90), || {
         let pod = controller.get_json(&["pod", &name])?;
-        is_ready(&pod).then_some(pod)
+        pod_ready(&pod).then_some(pod)
     });
     let sandbox_before = sandboxes(before["metadata"]["uid"].as_str().unwrap());
     assert_eq!(sandbox_before.len(), 1);
@@ -260,15 +245,15 @@ fn images_and_metadata_update_in_place_with_the_lifecycle_and_cooperators() {
         let pod = controller.get_json(&["pod", &name])?;
         let state = lifecycle(&pod);
         if ["PreparingUpdate", "Updating", "Updated"].contains(&state.as_str()) {
-            assert!(!is_ready(&pod), "ready during {state}: {pod:#}");
+            assert!(!pod_ready(&pod), "ready during {state}: {pod:#}");
         }
         if states.last() != Some(&state) {
             states.push(state.clone());
         }
-        let app = container(&pod, "app");
+        let app = container_status(&pod, "app");
         (state == "Normal"
-            && app["containerID"] != container(&before, "app")["containerID"]
-            && is_ready(&pod))
+            && app["containerID"] != container_status(&before, "app")["containerID"]
+            && pod_ready(&pod))
         .then_some(pod)
     });
     assert!(states.contains(&"PreparingUpdate".to_owned()), "{states:?}");
@@ -279,19 +264,19 @@ fn images_and_metadata_update_in_place_with_the_lifecycle_and_cooperators() {
         "the same sandbox, never replaced"
     );
     assert_eq!(
-        container(&after, "side")["containerID"],
-        container(&before, "side")["containerID"]
+        container_status(&after, "side")["containerID"],
+        container_status(&before, "side")["containerID"]
     );
-    assert_eq!(container(&after, "app")["restartCount"], 1);
+    assert_eq!(container_status(&after, "app")["restartCount"], 1);
     assert_ne!(
-        container(&after, "app")["imageID"],
-        container(&before, "app")["imageID"],
+        container_status(&after, "app")["imageID"],
+        container_status(&before, "app")["imageID"],
         "the new container runs the new image\n{}",
         logs()
     );
     // The new image was on the node before the old container stopped: the pull is not
     // part of the gap.
-    let old_app = container(&before, "app")["containerID"]
+    let old_app = container_status(&before, "app")["containerID"]
         .as_str()
         .unwrap()
         .trim_start_matches("containerd://")
@@ -331,15 +316,15 @@ fn images_and_metadata_update_in_place_with_the_lifecycle_and_cooperators() {
         Duration::from_secs(60),
         || {
             let pod = controller.get_json(&["pod", &name])?;
-            (container(&pod, "side")["restartCount"] == 1
-                && is_ready(&pod)
+            (container_status(&pod, "side")["restartCount"] == 1
+                && pod_ready(&pod)
                 && lifecycle(&pod) == "Normal")
                 .then_some(pod)
         },
     );
     assert_eq!(
-        container(&relabeled, "app")["containerID"],
-        container(&after, "app")["containerID"]
+        container_status(&relabeled, "app")["containerID"],
+        container_status(&after, "app")["containerID"]
     );
     let env = controller.ctl(&["exec", &name, "-c", "side", "--", "sh", "-c", "echo $TRACK"]);
     assert_eq!(
@@ -375,15 +360,15 @@ fn images_and_metadata_update_in_place_with_the_lifecycle_and_cooperators() {
         message.contains("did not acknowledge").then_some(pod)
     });
     assert_eq!(
-        container(&held, "app")["containerID"],
-        container(&after, "app")["containerID"]
+        container_status(&held, "app")["containerID"],
+        container_status(&after, "app")["containerID"]
     );
     assert!(
         calls.lock().unwrap().len() >= 3,
         "asked again each second until the timeout"
     );
     wait_until("the pod ready again", Duration::from_secs(30), || {
-        is_ready(&controller.get_json(&["pod", &name])?).then_some(())
+        pod_ready(&controller.get_json(&["pod", &name])?).then_some(())
     });
 
     // With failurePolicy Ignore the update goes on after the timeout.
@@ -391,10 +376,12 @@ fn images_and_metadata_update_in_place_with_the_lifecycle_and_cooperators() {
     let deadline = std::time::Instant::now() + Duration::from_secs(90);
     loop {
         let pod = controller.get_json(&["pod", &name]).unwrap();
-        if container(&pod, "app")["containerID"] != container(&after, "app")["containerID"]
-            && container(&pod, "app")["imageID"] != container(&after, "app")["imageID"]
+        if container_status(&pod, "app")["containerID"]
+            != container_status(&after, "app")["containerID"]
+            && container_status(&pod, "app")["imageID"]
+                != container_status(&after, "app")["imageID"]
             && lifecycle(&pod) == "Normal"
-            && is_ready(&pod)
+            && pod_ready(&pod)
         {
             break;
         }
@@ -489,7 +476,7 @@ fn a_labels_handler_holds_an_update_until_its_label_is_removed_and_put_back() {
     applied(&pod(&v1, true));
     let before = wait_until("the pod to be ready", Duration::from_secs(90), || {
         let pod = controller.get_json(&["pod", &name])?;
-        is_ready(&pod).then_some(pod)
+        pod_ready(&pod).then_some(pod)
     });
 
     // The new image waits in PreparingUpdate while the label is there.
@@ -506,10 +493,10 @@ fn a_labels_handler_holds_an_update_until_its_label_is_removed_and_put_back() {
         log_tail(&agent.log, 30)
     );
     assert_eq!(
-        container(&held, "app")["containerID"],
-        container(&before, "app")["containerID"]
+        container_status(&held, "app")["containerID"],
+        container_status(&before, "app")["containerID"]
     );
-    assert!(!is_ready(&held));
+    assert!(!pod_ready(&held));
 
     // Removing the label lets it go on; it stays Updated until the label is back.
     applied(&pod(&v2, false));
@@ -518,13 +505,13 @@ fn a_labels_handler_holds_an_update_until_its_label_is_removed_and_put_back() {
         (lifecycle(&pod) == "Updated").then_some(pod)
     });
     assert_ne!(
-        container(&updated, "app")["containerID"],
-        container(&before, "app")["containerID"]
+        container_status(&updated, "app")["containerID"],
+        container_status(&before, "app")["containerID"]
     );
     applied(&pod(&v2, true));
     wait_until("Normal and ready", Duration::from_secs(60), || {
         let pod = controller.get_json(&["pod", &name])?;
-        (lifecycle(&pod) == "Normal" && is_ready(&pod)).then_some(())
+        (lifecycle(&pod) == "Normal" && pod_ready(&pod)).then_some(())
     });
     assert!(controller.ctl(&["delete", "pod", &name]).status.success());
 }

@@ -5,25 +5,12 @@
 
 use std::time::Duration;
 
-use rigger_integration_tests::{Lab, controller_with_agent, log_tail, wait_until};
+use rigger_integration_tests::{
+    Lab, container_status, controller_with_agent, log_tail, pod_ready, wait_until,
+};
 use serde_json::Value;
 
 const IDLE: &str = "trap 'exit 0' TERM; while true; do sleep 0.2; done";
-
-/// A container's status in a pod (empty when it has none yet).
-fn status_of(pod: &Value, container: &str) -> Value {
-    pod["status"]["containerStatuses"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["name"] == container).cloned())
-        .unwrap_or_default()
-}
-
-fn ready(pod: &Value) -> bool {
-    pod["status"]["conditions"].as_array().is_some_and(|cs| {
-        cs.iter()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True")
-    })
-}
 
 /// The hot-upgrade slot of sidecar `proxy` that serves, from Kruise's annotation.
 fn working(pod: &Value) -> String {
@@ -224,7 +211,7 @@ spec:
         .map(|name| {
             wait_until("the pods to be ready", Duration::from_secs(90), || {
                 let pod = controller.get_json(&["pod", name])?;
-                ready(&pod).then(|| status_of(&pod, "app")["containerID"].clone())
+                pod_ready(&pod).then(|| container_status(&pod, "app")["containerID"].clone())
             })
         })
         .collect();
@@ -252,9 +239,9 @@ spec:
             if on_v2 && !order.contains(name) {
                 order.push(name.clone());
             }
-            let proxy = status_of(pod, "proxy");
-            let done = proxy["image"] == v2.as_str() && proxy["ready"] == true && ready(pod);
-            if (on_v2 && !done) || !ready(pod) {
+            let proxy = container_status(pod, "proxy");
+            let done = proxy["image"] == v2.as_str() && proxy["ready"] == true && pod_ready(pod);
+            if (on_v2 && !done) || !pod_ready(pod) {
                 upgrading += 1;
             }
         }
@@ -264,7 +251,7 @@ spec:
         );
         let done = pods
             .iter()
-            .filter(|p| status_of(p, "proxy")["image"] == v2.as_str() && ready(p))
+            .filter(|p| container_status(p, "proxy")["image"] == v2.as_str() && pod_ready(p))
             .count();
         if done == 3 {
             break;
@@ -288,7 +275,7 @@ spec:
     for (name, app) in names.iter().zip(&apps) {
         let pod = controller.get_json(&["pod", name]).unwrap();
         assert_eq!(
-            &status_of(&pod, "app")["containerID"],
+            &container_status(&pod, "app")["containerID"],
             app,
             "{name}: app untouched"
         );
@@ -361,7 +348,7 @@ spec:
     ));
     let before = wait_until("the pod to be ready", Duration::from_secs(90), || {
         let pod = controller.get_json(&["pod", &name])?;
-        ready(&pod).then_some(pod)
+        pod_ready(&pod).then_some(pod)
     });
     assert_eq!(
         names(&before),
@@ -369,10 +356,16 @@ spec:
         "two slots, injected first"
     );
     assert_eq!(working(&before), "proxy-1");
-    assert_eq!(status_of(&before, "proxy-1")["image"], first.as_str());
-    assert_eq!(status_of(&before, "proxy-2")["image"], empty.as_str());
-    let app_id = status_of(&before, "app")["containerID"].clone();
-    let old_slot_id = status_of(&before, "proxy-1")["containerID"].clone();
+    assert_eq!(
+        container_status(&before, "proxy-1")["image"],
+        first.as_str()
+    );
+    assert_eq!(
+        container_status(&before, "proxy-2")["image"],
+        empty.as_str()
+    );
+    let app_id = container_status(&before, "app")["containerID"].clone();
+    let old_slot_id = container_status(&before, "proxy-1")["containerID"].clone();
 
     // Upgrade: proxy-2 starts on the new image while proxy-1 keeps serving; then the
     // switch. The pod stays ready throughout.
@@ -380,26 +373,26 @@ spec:
     let switched = wait_until("the hot upgrade", Duration::from_secs(120), || {
         let pod = controller.get_json(&["pod", &name])?;
         assert!(
-            ready(&pod),
+            pod_ready(&pod),
             "the pod stayed ready: {pod:#}\n{}",
             log_tail(&agent.log, 30)
         );
         if working(&pod) == "proxy-1" {
             // Before the switch the old slot is the same container, still running.
-            let old = status_of(&pod, "proxy-1");
+            let old = container_status(&pod, "proxy-1");
             assert_eq!(
                 old["containerID"], old_slot_id,
                 "the old slot was never restarted before the switch"
             );
         }
         let done = working(&pod) == "proxy-2"
-            && status_of(&pod, "proxy-2")["image"] == second.as_str()
-            && status_of(&pod, "proxy-1")["image"] == empty.as_str()
-            && status_of(&pod, "proxy-1")["ready"] == true;
+            && container_status(&pod, "proxy-2")["image"] == second.as_str()
+            && container_status(&pod, "proxy-1")["image"] == empty.as_str()
+            && container_status(&pod, "proxy-1")["ready"] == true;
         done.then_some(pod)
     });
     assert_eq!(
-        status_of(&switched, "app")["containerID"],
+        container_status(&switched, "app")["containerID"],
         app_id,
         "app untouched"
     );
@@ -430,11 +423,11 @@ spec:
     );
     assert_eq!(working(&held), "proxy-2");
     assert_eq!(
-        status_of(&held, "proxy-2")["containerID"],
-        status_of(&switched, "proxy-2")["containerID"],
+        container_status(&held, "proxy-2")["containerID"],
+        container_status(&switched, "proxy-2")["containerID"],
         "the working slot kept running"
     );
-    assert!(ready(&held));
+    assert!(pod_ready(&held));
     assert!(controller.ctl(&["delete", "pod", &name]).status.success());
 }
 
@@ -480,10 +473,10 @@ fn an_agent_killed_mid_hot_upgrade_finishes_it_with_one_container_per_slot() {
     ));
     let before = wait_until("the pod to be ready", Duration::from_secs(90), || {
         let pod = controller.get_json(&["pod", &name])?;
-        ready(&pod).then_some(pod)
+        pod_ready(&pod).then_some(pod)
     });
     let uid = before["metadata"]["uid"].as_str().unwrap().to_owned();
-    let app_id = status_of(&before, "app")["containerID"].clone();
+    let app_id = container_status(&before, "app")["containerID"].clone();
 
     // The upgrade starts: the idle slot gets the new image. SIGKILL the agent then, and
     // start it again on the same state.
@@ -507,15 +500,15 @@ fn an_agent_killed_mid_hot_upgrade_finishes_it_with_one_container_per_slot() {
         || {
             let pod = controller.get_json(&["pod", &name])?;
             let done = working(&pod) == "proxy-2"
-                && status_of(&pod, "proxy-2")["image"] == second.as_str()
-                && status_of(&pod, "proxy-1")["image"] == empty.as_str()
-                && status_of(&pod, "proxy-1")["ready"] == true
-                && ready(&pod);
+                && container_status(&pod, "proxy-2")["image"] == second.as_str()
+                && container_status(&pod, "proxy-1")["image"] == empty.as_str()
+                && container_status(&pod, "proxy-1")["ready"] == true
+                && pod_ready(&pod);
             done.then_some(pod)
         },
     );
     assert_eq!(
-        status_of(&switched, "app")["containerID"],
+        container_status(&switched, "app")["containerID"],
         app_id,
         "app untouched"
     );
