@@ -1250,6 +1250,19 @@ impl Controller {
     }
 
     /// `riggerctl apply -f -` with `yaml` on stdin, as the admin.
+    /// `riggerctl apply` that must succeed (the test fails with riggerctl's message and
+    /// the controller's log otherwise); its standard output.
+    pub fn apply_ok(&self, yaml: &str) -> String {
+        let out = self.apply(yaml);
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            log_tail(&self.log, 20)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     pub fn apply(&self, yaml: &str) -> Output {
         let mut child = Command::new(binary("riggerctl"))
             .args(["--server", &self.endpoints])

@@ -15,17 +15,6 @@ use rigger_integration_tests::{
 };
 use serde_json::Value;
 
-fn apply_ok(controller: &Controller, yaml: &str) -> String {
-    let out = controller.apply(yaml);
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        log_tail(&controller.log, 20)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 fn crr_yaml(name: &str, pod: &str, containers: &[&str], strategy: &str, extra: &str) -> String {
     let list: Vec<String> = containers
         .iter()
@@ -131,7 +120,7 @@ spec:
 "#,
         out = out_dir.display()
     );
-    apply_ok(&controller, &yaml);
+    controller.apply_ok(&yaml);
     let before = ready_pod(&controller, &name);
     let uid = before["metadata"]["uid"].as_str().unwrap().to_owned();
     // Data in the pod's volume, written from inside the container to be recreated.
@@ -181,7 +170,7 @@ spec:
         "orderedRecreate: true, minStartedSeconds: 2",
         "",
     );
-    assert!(apply_ok(&controller, &request).contains("created"));
+    assert!(controller.apply_ok(&request).contains("created"));
     let mut saw_gap = false;
     let done = wait_until("the ordered recreate", Duration::from_secs(120), || {
         let crr = controller.get_json(&["crr", "ordered"])?;
@@ -268,7 +257,7 @@ spec:
     assert_eq!(String::from_utf8_lossy(&cat.stdout), "kept\n");
 
     // The same request again changes nothing.
-    assert!(apply_ok(&controller, &request).contains("unchanged"));
+    assert!(controller.apply_ok(&request).contains("unchanged"));
     std::thread::sleep(Duration::from_secs(3));
     let again = controller.get_json(&["pod", &name]).unwrap();
     assert_eq!(container_status(&again, "app")["restartCount"], 1);
@@ -371,7 +360,7 @@ spec:
 "#,
         out = out_dir.display()
     );
-    apply_ok(&controller, &yaml);
+    controller.apply_ok(&yaml);
     let before = ready_pod(&controller, &name);
     let logs = || {
         format!(
@@ -384,16 +373,13 @@ spec:
     // failurePolicy Fail: the crashing container (it exits before it has run
     // minStartedSeconds) fails the request; the next container is never touched.
     std::fs::write(out_dir.join("crash"), b"").unwrap();
-    apply_ok(
-        &controller,
-        &crr_yaml(
-            "fail-fast",
-            &name,
-            &["crashy", "steady"],
-            "orderedRecreate: true, minStartedSeconds: 2",
-            "",
-        ),
-    );
+    controller.apply_ok(&crr_yaml(
+        "fail-fast",
+        &name,
+        &["crashy", "steady"],
+        "orderedRecreate: true, minStartedSeconds: 2",
+        "",
+    ));
     let crr = completed(&controller, "fail-fast", Duration::from_secs(60));
     assert_eq!(
         state_of(&crr, "crashy")["phase"],
@@ -424,16 +410,13 @@ spec:
     );
 
     // failurePolicy Ignore: the failure is recorded and the next container recreated.
-    apply_ok(
-        &controller,
-        &crr_yaml(
-            "go-on",
-            &name,
-            &["crashy", "steady"],
-            "orderedRecreate: true, failurePolicy: Ignore, minStartedSeconds: 2",
-            "",
-        ),
-    );
+    controller.apply_ok(&crr_yaml(
+        "go-on",
+        &name,
+        &["crashy", "steady"],
+        "orderedRecreate: true, failurePolicy: Ignore, minStartedSeconds: 2",
+        "",
+    ));
     let crr = completed(&controller, "go-on", Duration::from_secs(60));
     assert_eq!(state_of(&crr, "crashy")["phase"], "Failed", "{crr:#}");
     assert_eq!(
@@ -446,20 +429,17 @@ spec:
 
     // unreadyGracePeriodSeconds: the pod is reported not ready before anything stops;
     // two requests for one pod run one after the other.
-    apply_ok(
-        &controller,
-        &format!(
-            "{}---\n{}",
-            crr_yaml(
-                "first",
-                &name,
-                &["steady"],
-                "unreadyGracePeriodSeconds: 2",
-                ""
-            ),
-            crr_yaml("second", &name, &["steady"], "", "")
+    controller.apply_ok(&format!(
+        "{}---\n{}",
+        crr_yaml(
+            "first",
+            &name,
+            &["steady"],
+            "unreadyGracePeriodSeconds: 2",
+            ""
         ),
-    );
+        crr_yaml("second", &name, &["steady"], "", "")
+    ));
     wait_until(
         "the pod to be marked not ready",
         Duration::from_secs(30),
@@ -500,16 +480,13 @@ spec:
 
     // The deadline fails a request whose container never comes back ready.
     std::fs::write(out_dir.join("unready"), b"").unwrap();
-    apply_ok(
-        &controller,
-        &crr_yaml(
-            "too-slow",
-            &name,
-            &["slow"],
-            "",
-            "  activeDeadlineSeconds: 5\n",
-        ),
-    );
+    controller.apply_ok(&crr_yaml(
+        "too-slow",
+        &name,
+        &["slow"],
+        "",
+        "  activeDeadlineSeconds: 5\n",
+    ));
     let crr = completed(&controller, "too-slow", Duration::from_secs(60));
     assert_eq!(state_of(&crr, "slow")["phase"], "Failed", "{crr:#}");
     assert!(
@@ -522,10 +499,13 @@ spec:
     std::fs::remove_file(out_dir.join("unready")).unwrap();
 
     // A pod deleted during a request fails it with that reason.
-    apply_ok(
-        &controller,
-        &crr_yaml("orphaned", &name, &["steady"], "minStartedSeconds: 600", ""),
-    );
+    controller.apply_ok(&crr_yaml(
+        "orphaned",
+        &name,
+        &["steady"],
+        "minStartedSeconds: 600",
+        "",
+    ));
     wait_until("the recreate to start", Duration::from_secs(30), || {
         let crr = controller.get_json(&["crr", "orphaned"])?;
         (state_of(&crr, "steady")["isKilled"] == true).then_some(())
@@ -704,13 +684,13 @@ spec:
 "#,
         out = out_dir.display()
     );
-    apply_ok(&controller, &yaml);
+    controller.apply_ok(&yaml);
     let before = ready_pod(&controller, &name);
     let uid = before["metadata"]["uid"].as_str().unwrap().to_owned();
     let keeper_before = container_status(&before, "keeper")["containerID"].clone();
 
     let request = crr_yaml("killed", &name, &["app"], "minStartedSeconds: 1", "");
-    apply_ok(&controller, &request);
+    controller.apply_ok(&request);
     // SIGKILL while the preStop hook runs, and start the agent again on the same state.
     wait_until("the preStop hook to start", Duration::from_secs(60), || {
         std::fs::read_to_string(out_dir.join("prestop"))

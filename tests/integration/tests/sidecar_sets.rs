@@ -40,17 +40,7 @@ fn sidecars_are_injected_into_matching_new_pods_only_and_kept_on_reapply() {
     let image = lab.image("rigger-lab/busybox:1");
     let pid = std::process::id();
     let set_name = format!("mesh-{pid}");
-    let applied = |yaml: &str| {
-        let out = controller.apply(yaml);
-        assert!(
-            out.status.success(),
-            "{}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            log_tail(&controller.log, 10)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    applied(&format!(
+    controller.apply_ok(&format!(
         r#"apiVersion: apps.kruise.io/v1alpha1
 kind: SidecarSet
 metadata:
@@ -74,8 +64,8 @@ spec:
         )
     };
     let (meshed, plain) = (format!("meshed-{pid}"), format!("plain-{pid}"));
-    applied(&pod(&meshed, &format!("on-{pid}")));
-    applied(&pod(&plain, "off"));
+    controller.apply_ok(&pod(&meshed, &format!("on-{pid}")));
+    controller.apply_ok(&pod(&plain, "off"));
 
     let stored = controller.get_json(&["pod", &meshed]).unwrap();
     assert_eq!(
@@ -121,7 +111,7 @@ spec:
     );
 
     // The owner applying its own YAML again changes nothing: the sidecar stays.
-    let again = applied(&pod(&meshed, &format!("on-{pid}")));
+    let again = controller.apply_ok(&pod(&meshed, &format!("on-{pid}")));
     assert!(
         again.contains("unchanged"),
         "{again}\n{}",
@@ -167,14 +157,6 @@ fn a_cold_upgrade_rolls_within_max_unavailable_by_priority_up_to_the_partition()
     ));
     let pid = std::process::id();
     let set_name = format!("rollout-{pid}");
-    let applied = |yaml: &str| {
-        let out = controller.apply(yaml);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
     let set = |image: &str, paused: bool| {
         format!(
             r#"apiVersion: apps.kruise.io/v1alpha1
@@ -198,11 +180,11 @@ spec:
 "#
         )
     };
-    applied(&set(&v1, false));
+    controller.apply_ok(&set(&v1, false));
     let names: Vec<String> = (0..4).map(|i| format!("r{i}-{pid}")).collect();
     for (i, name) in names.iter().enumerate() {
         let tier = if i == 2 { ", tier: edge" } else { "" };
-        applied(&format!(
+        controller.apply_ok(&format!(
             "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{rollout: \"{pid}\"{tier}}}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {v1}\n    command: [\"sh\", \"-c\", \"{IDLE}\"]\n"
         ));
     }
@@ -217,7 +199,7 @@ spec:
         .collect();
 
     // Paused: the new version waits.
-    applied(&set(&v2, true));
+    controller.apply_ok(&set(&v2, true));
     std::thread::sleep(Duration::from_secs(4));
     for name in &names {
         let pod = controller.get_json(&["pod", name]).unwrap();
@@ -225,7 +207,7 @@ spec:
     }
 
     // Resumed: one pod at a time, the edge pod first, one pod left on v1.
-    applied(&set(&v2, false));
+    controller.apply_ok(&set(&v2, false));
     let mut order: Vec<String> = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     loop {
@@ -315,14 +297,6 @@ fn a_hot_upgrade_swaps_slots_and_a_broken_image_leaves_the_old_slot_serving() {
     let second = lab.image(&unique_image_with("hot-b", 1, 4096, &["--base", "busybox"]));
     let pid = std::process::id();
     let set_name = format!("hot-{pid}");
-    let applied = |yaml: &str| {
-        let out = controller.apply(yaml);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
     let set = |image: &str| {
         format!(
             r#"apiVersion: apps.kruise.io/v1alpha1
@@ -341,9 +315,9 @@ spec:
 "#
         )
     };
-    applied(&set(&first));
+    controller.apply_ok(&set(&first));
     let name = format!("hot-pod-{pid}");
-    applied(&format!(
+    controller.apply_ok(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{hot: \"{pid}\"}}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {empty}\n    command: [\"sh\", \"-c\", \"{IDLE}\"]\n"
     ));
     let before = wait_until("the pod to be ready", Duration::from_secs(90), || {
@@ -369,7 +343,7 @@ spec:
 
     // Upgrade: proxy-2 starts on the new image while proxy-1 keeps serving; then the
     // switch. The pod stays ready throughout.
-    applied(&set(&second));
+    controller.apply_ok(&set(&second));
     let switched = wait_until("the hot upgrade", Duration::from_secs(120), || {
         let pod = controller.get_json(&["pod", &name])?;
         assert!(
@@ -411,7 +385,7 @@ spec:
     // A broken image: the idle slot never gets ready, the working one keeps serving, and
     // the pod says why.
     let broken = lab.image("rigger-lab/busybox:no-such-tag");
-    applied(&set(&broken));
+    controller.apply_ok(&set(&broken));
     let held = wait_until(
         "the broken upgrade to be reported",
         Duration::from_secs(60),
@@ -453,22 +427,14 @@ fn an_agent_killed_mid_hot_upgrade_finishes_it_with_one_container_per_slot() {
     ));
     let pid = std::process::id();
     let set_name = format!("hot-kill-{pid}");
-    let applied = |yaml: &str| {
-        let out = controller.apply(yaml);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
     let set = |image: &str| {
         format!(
             "apiVersion: apps.kruise.io/v1alpha1\nkind: SidecarSet\nmetadata:\n  name: {set_name}\nspec:\n  selector: {{matchLabels: {{hotkill: \"{pid}\"}}}}\n  containers:\n  - name: proxy\n    image: {image}\n    command: [\"sh\", \"-c\", \"{IDLE}\"]\n    upgradeStrategy:\n      upgradeType: HotUpgrade\n      hotUpgradeEmptyImage: {empty}\n"
         )
     };
-    applied(&set(&first));
+    controller.apply_ok(&set(&first));
     let name = format!("hot-kill-pod-{pid}");
-    applied(&format!(
+    controller.apply_ok(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{hotkill: \"{pid}\"}}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {empty}\n    command: [\"sh\", \"-c\", \"{IDLE}\"]\n"
     ));
     let before = wait_until("the pod to be ready", Duration::from_secs(90), || {
@@ -480,7 +446,7 @@ fn an_agent_killed_mid_hot_upgrade_finishes_it_with_one_container_per_slot() {
 
     // The upgrade starts: the idle slot gets the new image. SIGKILL the agent then, and
     // start it again on the same state.
-    applied(&set(&second));
+    controller.apply_ok(&set(&second));
     wait_until(
         "the idle slot to get the new image",
         Duration::from_secs(60),
