@@ -548,3 +548,72 @@ fn recreate_task(tracked: &Tracked, uid: &str, node: &str) -> ControllerMessage 
         })),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn reports_count_only_from_the_requests_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::Embedded(crate::store::EmbeddedStore::open(dir.path()).unwrap());
+        let engine = RecreateEngine::new(store, NodeRegistry::default(), Duration::from_secs(30));
+        let request: ContainerRecreateRequest = serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps.kruise.io/v1alpha1",
+            "kind": "ContainerRecreateRequest",
+            "metadata": {
+                "name": "r", "namespace": "default", "uid": "u1",
+                "labels": {NODE_NAME_LABEL: "n1", POD_UID_LABEL: "p1"}
+            },
+            "spec": {"podName": "web", "containers": [{"name": "app"}]}
+        }))
+        .unwrap();
+        let key = ObjectKey::new("ContainerRecreateRequest", "default", "r");
+        engine.lock().requests.insert(
+            key.clone(),
+            Tracked {
+                request,
+                status: CrrStatus {
+                    container_recreate_states: vec![ContainerRecreateState {
+                        name: "app".to_owned(),
+                        ..ContainerRecreateState::default()
+                    }],
+                    ..CrrStatus::default()
+                },
+                sent: true,
+                dirty: false,
+            },
+        );
+        let done = TaskStatus {
+            id: "crr/u1".to_owned(),
+            phase: TaskPhase::Succeeded.into(),
+            recreate_states: vec![rigger_proto::v1::ContainerRecreateState {
+                name: "app".to_owned(),
+                phase: WirePhase::Succeeded.into(),
+                ..Default::default()
+            }],
+            ..TaskStatus::default()
+        };
+        let app = |engine: &RecreateEngine| {
+            engine.lock().requests[&key]
+                .status
+                .container_recreate_states[0]
+                .phase
+        };
+
+        // Another node's word changes nothing.
+        engine.report("n2", &done);
+        assert_eq!(app(&engine), ContainerRecreatePhase::Pending);
+        assert_ne!(
+            engine.lock().requests[&key].status.phase,
+            CrrPhase::Completed
+        );
+
+        engine.report("n1", &done);
+        assert_eq!(app(&engine), ContainerRecreatePhase::Succeeded);
+        assert_eq!(
+            engine.lock().requests[&key].status.phase,
+            CrrPhase::Completed
+        );
+    }
+}
