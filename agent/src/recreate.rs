@@ -92,6 +92,21 @@ pub struct ContainerProgress {
     pub pre_stop_done: bool,
 }
 
+impl ContainerProgress {
+    /// A container not yet looked at.
+    pub fn pending(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            phase: Phase::Pending,
+            message: String::new(),
+            old_container_id: None,
+            is_killed: false,
+            stopping_since: None,
+            pre_stop_done: false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Phase {
     Pending,
@@ -122,15 +137,7 @@ impl RecreateWork {
             containers: task
                 .containers
                 .iter()
-                .map(|name| ContainerProgress {
-                    name: name.clone(),
-                    phase: Phase::Pending,
-                    message: String::new(),
-                    old_container_id: None,
-                    is_killed: false,
-                    stopping_since: None,
-                    pre_stop_done: false,
-                })
+                .map(|name| ContainerProgress::pending(name))
                 .collect(),
         }
     }

@@ -241,6 +241,19 @@ fn applied<T: Serialize>(object: &T, committed: Committed) -> Result<ApplyRespon
 }
 
 impl ControlService {
+    /// What is stored under `key`, and it decoded (`None` when absent or unreadable:
+    /// an apply then writes over it).
+    async fn read_stored<T: DeserializeOwned>(
+        &self,
+        key: &ObjectKey,
+    ) -> Result<(Option<crate::store::Stored>, Option<T>), Status> {
+        let stored = self.store.get(key.clone()).await.map_err(store_status)?;
+        let old = stored
+            .as_ref()
+            .and_then(|s| serde_json::from_slice::<T>(&s.object).ok());
+        Ok((stored, old))
+    }
+
     /// Store a validated object under `key`: metadata carried over from the stored
     /// version, written only when it changed, conditional on the revision read.
     async fn store_version<T: Managed>(
@@ -249,10 +262,7 @@ impl ControlService {
         object: &mut T,
         dry_run: bool,
     ) -> Result<Committed, Status> {
-        let stored = self.store.get(key.clone()).await.map_err(store_status)?;
-        let old = stored
-            .as_ref()
-            .and_then(|s| serde_json::from_slice::<T>(&s.object).ok());
+        let (stored, old) = self.read_stored::<T>(&key).await?;
         let spec_changed = old.as_ref().is_some_and(|o| o.spec_differs(object));
         inherit_metadata(
             object.metadata_mut(),
@@ -376,13 +386,7 @@ impl ControlService {
             tracing::info!(job = %what, image = %job.spec.image, outcome = %committed.outcome, "job applied");
             self.jobs.wake();
         }
-        Ok(ApplyResponse {
-            object: Some(Object {
-                json: to_json(&job)?,
-                revision: committed.revision,
-            }),
-            outcome: committed.outcome,
-        })
+        applied(&job, committed)
     }
 
     /// Store a SidecarSet: it joins pods created from now on (and rolls its containers
@@ -485,11 +489,7 @@ impl ControlService {
             &namespace,
             &secret.metadata.name,
         );
-        let stored = self.store.get(key.clone()).await.map_err(store_status)?;
-        let old = match &stored {
-            Some(s) => serde_json::from_slice::<Secret>(&s.object).ok(),
-            None => None,
-        };
+        let (stored, old) = self.read_stored::<Secret>(&key).await?;
         let changed = old
             .as_ref()
             .is_none_or(|o| o.data != secret.data || o.secret_type != secret.secret_type);
@@ -511,13 +511,7 @@ impl ControlService {
         if committed.written {
             tracing::info!(secret = %what, outcome = %committed.outcome, "secret applied");
         }
-        Ok(ApplyResponse {
-            object: Some(Object {
-                json: to_json(&secret.redacted())?,
-                revision: committed.revision,
-            }),
-            outcome: committed.outcome,
-        })
+        applied(&secret.redacted(), committed)
     }
 
     /// Store a Pod, placing it on a node first when it names none: a ready node matching
@@ -535,11 +529,7 @@ impl ControlService {
         let (namespace, what) = default_namespace(crate::objects::pod::KIND, &mut pod.metadata);
         crate::objects::pod::validate(&pod).map_err(|e| refuse(&what, &e))?;
         let key = ObjectKey::new(crate::objects::pod::KIND, &namespace, &pod.metadata.name);
-        let stored = self.store.get(key.clone()).await.map_err(store_status)?;
-        let old = match &stored {
-            Some(s) => serde_json::from_slice::<Pod>(&s.object).ok(),
-            None => None,
-        };
+        let (stored, old) = self.read_stored::<Pod>(&key).await?;
         // Sidecars: injected into new pods; an existing pod keeps what it was given.
         match &old {
             Some(old) => crate::objects::sidecar_set::keep_injected(&mut pod, old),
@@ -590,13 +580,7 @@ impl ControlService {
                 self.pods.send_to(node).await;
             }
         }
-        Ok(ApplyResponse {
-            object: Some(Object {
-                json: to_json(&pod)?,
-                revision: committed.revision,
-            }),
-            outcome: committed.outcome,
-        })
+        applied(&pod, committed)
     }
 
     /// Store a ContainerRecreateRequest. Like Kruise's, its spec cannot change once
@@ -613,10 +597,7 @@ impl ControlService {
         let (namespace, what) = default_namespace(crr::KIND, &mut request.metadata);
         request.validate().map_err(|e| refuse(&what, &e))?;
         let key = ObjectKey::new(crr::KIND, &namespace, &request.metadata.name);
-        let stored = self.store.get(key.clone()).await.map_err(store_status)?;
-        let old = stored
-            .as_ref()
-            .and_then(|s| serde_json::from_slice::<ContainerRecreateRequest>(&s.object).ok());
+        let (stored, old) = self.read_stored::<ContainerRecreateRequest>(&key).await?;
         if let Some(old) = &old
             && old.spec != request.spec
         {
@@ -667,13 +648,7 @@ impl ControlService {
             tracing::info!(request = %what, pod = %request.spec.pod_name, outcome = %committed.outcome, "container recreate request applied");
             self.recreates.wake();
         }
-        Ok(ApplyResponse {
-            object: Some(Object {
-                json: to_json(&request)?,
-                revision: committed.revision,
-            }),
-            outcome: committed.outcome,
-        })
+        applied(&request, committed)
     }
 
     /// The request's pod: an agent-managed Pod object, else a kubelet pod some node's

@@ -212,17 +212,12 @@ impl SidecarRollout {
                     }
                 }
                 UpgradeType::HotUpgrade => {
-                    let empty = sidecar
-                        .upgrade_strategy
-                        .hot_upgrade_empty_image
-                        .clone()
-                        .unwrap_or_default();
                     let switched = hot_step(
                         &mut pod,
                         &member.status,
                         name,
                         &sidecar.container.image,
-                        &empty,
+                        sidecar.empty_image(),
                         hash,
                     );
                     all_switched &= switched;
@@ -344,11 +339,7 @@ fn hot_started(set: &SidecarSet, pod: &Pod) -> bool {
             return false;
         }
         let (_, idle) = slots(pod, &sidecar.container.name);
-        let empty = sidecar
-            .upgrade_strategy
-            .hot_upgrade_empty_image
-            .as_deref()
-            .unwrap_or_default();
+        let empty = sidecar.empty_image();
         pod.spec
             .containers
             .iter()

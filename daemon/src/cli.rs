@@ -50,13 +50,20 @@ impl DocsCommand {
             }
             Self::Manpage => clap_mangen::Man::new(command).render(&mut text),
         };
-        let written = rendered.and_then(|()| std::io::stdout().write_all(&text));
-        match written {
-            Ok(()) => std::process::ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("{name}: error: {e}");
-                std::process::ExitCode::FAILURE
-            }
+        exit_after_write(
+            &name,
+            rendered.and_then(|()| std::io::stdout().write_all(&text)),
+        )
+    }
+}
+
+/// Success, or `PROGRAM: error: CAUSE` and failure when writing the output failed.
+fn exit_after_write(program: &str, written: std::io::Result<()>) -> std::process::ExitCode {
+    match written {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{program}: error: {e}");
+            std::process::ExitCode::FAILURE
         }
     }
 }
@@ -72,13 +79,9 @@ pub fn print_config_reference(
 ) -> std::process::ExitCode {
     use std::io::Write as _;
     let text = config_reference(command, title, file, not_keys);
-    match std::io::stdout().write_all(text.as_bytes()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("{}: error: {e}", command.get_name());
-            std::process::ExitCode::FAILURE
-        }
-    }
+    // The program is the title's first word (`rigger-agent run` describes a subcommand).
+    let program = title.split(' ').next().unwrap_or(title);
+    exit_after_write(program, std::io::stdout().write_all(text.as_bytes()))
 }
 
 /// The configuration reference as Markdown: one row per key, with its flag, environment

@@ -221,15 +221,7 @@ impl PodRunner {
             unready_done: false,
             containers: changed
                 .iter()
-                .map(|name| ContainerProgress {
-                    name: name.clone(),
-                    phase: Phase::Pending,
-                    message: String::new(),
-                    old_container_id: None,
-                    is_killed: false,
-                    stopping_since: None,
-                    pre_stop_done: false,
-                })
+                .map(|name| ContainerProgress::pending(name))
                 .collect(),
         };
         let save = |_: &RecreateWork| {};

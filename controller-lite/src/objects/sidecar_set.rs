@@ -61,6 +61,17 @@ pub struct SidecarContainer {
     pub upgrade_strategy: UpgradeStrategy,
 }
 
+impl SidecarContainer {
+    /// HotUpgrade: the image the idle slot runs (validation requires it for hot
+    /// upgrades; empty otherwise).
+    pub fn empty_image(&self) -> &str {
+        self.upgrade_strategy
+            .hot_upgrade_empty_image
+            .as_deref()
+            .unwrap_or_default()
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UpgradeStrategy {
@@ -262,11 +273,7 @@ impl SidecarSet {
             match sidecar.upgrade_strategy.upgrade_type {
                 UpgradeType::ColdUpgrade => out.push(container.clone()),
                 UpgradeType::HotUpgrade => {
-                    let empty = sidecar
-                        .upgrade_strategy
-                        .hot_upgrade_empty_image
-                        .clone()
-                        .unwrap_or_default();
+                    let empty = sidecar.empty_image().to_owned();
                     for (slot, image) in [(1, container.image.clone()), (2, empty)] {
                         let mut slot_container = container.clone();
                         slot_container.name = format!("{}-{slot}", container.name);

@@ -232,6 +232,15 @@ impl Drop for Daemon {
     }
 }
 
+/// A daemon's log file, opened for appending (a restarted daemon adds to it).
+fn append_log(path: &Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap()
+}
+
 /// A loopback TCP port free right now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -1159,11 +1168,7 @@ impl Controller {
 
     fn spawn(&mut self) {
         let before = std::fs::metadata(&self.log).map_or(0, |m| m.len() as usize);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
+        let log = append_log(&self.log);
         self.daemon = Some(Daemon::spawn(
             Command::new(binary("rigger-controller"))
                 .arg("--data-dir")
@@ -1367,11 +1372,7 @@ impl Agent {
     }
 
     fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
+        let log = append_log(&self.log);
         self.daemon = Some(Daemon::spawn(
             Command::new(binary("rigger-agent"))
                 .args(&self.args)
@@ -1544,11 +1545,7 @@ impl PrivateContainerd {
     }
 
     fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
+        let log = append_log(&self.log);
         self.daemon = Some(Daemon::spawn(
             Command::new("containerd")
                 .arg("--config")
