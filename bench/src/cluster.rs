@@ -110,8 +110,24 @@ pub fn peak_rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// Run `bench` in `work_dir` (a temporary folder when none is given); when it fails,
+/// print the daemons' last log lines from there.
+pub async fn in_work_dir(
+    work_dir: Option<&Path>,
+    bench: impl AsyncFnOnce(&Path) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let temporary = tempfile::tempdir()?;
+    let work = work_dir.map_or_else(|| temporary.path().to_owned(), Path::to_owned);
+    std::fs::create_dir_all(&work)?;
+    let outcome = bench(&work).await;
+    if outcome.is_err() {
+        print_logs(&work);
+    }
+    outcome
+}
+
 /// The last lines of the controller's and agent's logs, for a failed run.
-pub fn print_logs(work: &Path) {
+fn print_logs(work: &Path) {
     for name in ["controller.log", "agent.log"] {
         let text = std::fs::read_to_string(work.join(name)).unwrap_or_default();
         let tail: Vec<&str> = text.lines().rev().take(15).collect();

@@ -344,15 +344,8 @@ async fn run(args: &Args, work: &Path) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let temporary = tempfile::tempdir()?;
-    let work = args
-        .work_dir
-        .clone()
-        .unwrap_or_else(|| temporary.path().to_owned());
-    std::fs::create_dir_all(&work)?;
-    let outcome = run(&args, &work).await;
-    if outcome.is_err() {
-        cluster::print_logs(&work);
-    }
-    outcome
+    cluster::in_work_dir(args.work_dir.as_deref(), async |work| {
+        run(&args, work).await
+    })
+    .await
 }
