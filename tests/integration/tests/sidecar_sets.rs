@@ -23,6 +23,46 @@ fn working(pod: &Value) -> String {
         .to_owned()
 }
 
+/// A busybox-based image of its own (a digest no other test shares) in the lab registry.
+fn busybox_variant(name: &str) -> String {
+    Lab::get().image(&rigger_integration_tests::unique_image_with(
+        name,
+        1,
+        4096,
+        &["--base", "busybox"],
+    ))
+}
+
+/// A SidecarSet hot-upgrading sidecar `proxy` (running `command`, idle slot on `empty`)
+/// into pods labelled `label: "<test pid>"`.
+fn hot_sidecar_set(name: &str, label: &str, image: &str, empty: &str, command: &str) -> String {
+    let pid = std::process::id();
+    format!(
+        r#"apiVersion: apps.kruise.io/v1alpha1
+kind: SidecarSet
+metadata:
+  name: {name}
+spec:
+  selector: {{matchLabels: {{{label}: "{pid}"}}}}
+  containers:
+  - name: proxy
+    image: {image}
+    command: ["sh", "-c", "{command}"]
+    upgradeStrategy:
+      upgradeType: HotUpgrade
+      hotUpgradeEmptyImage: {empty}
+"#
+    )
+}
+
+/// A pod labelled `label: "<test pid>"` whose one container, `app`, idles on `image`.
+fn idle_pod(name: &str, label: &str, image: &str) -> String {
+    let pid = std::process::id();
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{{label}: \"{pid}\"}}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {image}\n    command: [\"sh\", \"-c\", \"{IDLE}\"]\n"
+    )
+}
+
 fn names(pod: &Value) -> Vec<String> {
     pod["spec"]["containers"]
         .as_array()
@@ -144,17 +184,11 @@ spec:
 #[test]
 #[allow(clippy::too_many_lines)] // one rollout, watched from start to end
 fn a_cold_upgrade_rolls_within_max_unavailable_by_priority_up_to_the_partition() {
-    use rigger_integration_tests::unique_image_with;
     let lab = Lab::get();
     let dir = tempfile::tempdir().unwrap();
     let (controller, agent) = controller_with_agent(dir.path(), "rollout-node", "itest-rollout");
     let v1 = lab.image("rigger-lab/busybox:1");
-    let v2 = lab.image(&unique_image_with(
-        "proxy-v2",
-        1,
-        4096,
-        &["--base", "busybox"],
-    ));
+    let v2 = busybox_variant("proxy-v2");
     let pid = std::process::id();
     let set_name = format!("rollout-{pid}");
     let set = |image: &str, paused: bool| {
@@ -288,38 +322,19 @@ spec:
 #[test]
 #[allow(clippy::too_many_lines)] // one hot upgrade, then a broken one
 fn a_hot_upgrade_swaps_slots_and_a_broken_image_leaves_the_old_slot_serving() {
-    use rigger_integration_tests::unique_image_with;
     let lab = Lab::get();
     let dir = tempfile::tempdir().unwrap();
     let (controller, agent) = controller_with_agent(dir.path(), "hot-node", "itest-hot");
     let empty = lab.image("rigger-lab/busybox:1");
-    let first = lab.image(&unique_image_with("hot-a", 1, 4096, &["--base", "busybox"]));
-    let second = lab.image(&unique_image_with("hot-b", 1, 4096, &["--base", "busybox"]));
+    let first = busybox_variant("hot-a");
+    let second = busybox_variant("hot-b");
     let pid = std::process::id();
     let set_name = format!("hot-{pid}");
-    let set = |image: &str| {
-        format!(
-            r#"apiVersion: apps.kruise.io/v1alpha1
-kind: SidecarSet
-metadata:
-  name: {set_name}
-spec:
-  selector: {{matchLabels: {{hot: "{pid}"}}}}
-  containers:
-  - name: proxy
-    image: {image}
-    command: ["sh", "-c", "echo $SIDECARSET_VERSION > /tmp/version; {IDLE}"]
-    upgradeStrategy:
-      upgradeType: HotUpgrade
-      hotUpgradeEmptyImage: {empty}
-"#
-        )
-    };
+    let command = format!("echo $SIDECARSET_VERSION > /tmp/version; {IDLE}");
+    let set = |image: &str| hot_sidecar_set(&set_name, "hot", image, &empty, &command);
     controller.apply_ok(&set(&first));
     let name = format!("hot-pod-{pid}");
-    controller.apply_ok(&format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{hot: \"{pid}\"}}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {empty}\n    command: [\"sh\", \"-c\", \"{IDLE}\"]\n"
-    ));
+    controller.apply_ok(&idle_pod(&name, "hot", &empty));
     let before = wait_until("the pod to be ready", Duration::from_secs(90), || {
         let pod = controller.get_json(&["pod", &name])?;
         pod_ready(&pod).then_some(pod)
@@ -407,36 +422,20 @@ spec:
 
 #[test]
 fn an_agent_killed_mid_hot_upgrade_finishes_it_with_one_container_per_slot() {
-    use rigger_integration_tests::{running_containers, unique_image_with};
+    use rigger_integration_tests::running_containers;
     let lab = Lab::get();
     let dir = tempfile::tempdir().unwrap();
     let (controller, mut agent) =
         controller_with_agent(dir.path(), "hot-kill-node", "itest-hot-kill");
     let empty = lab.image("rigger-lab/busybox:1");
-    let first = lab.image(&unique_image_with(
-        "hot-kill-a",
-        1,
-        4096,
-        &["--base", "busybox"],
-    ));
-    let second = lab.image(&unique_image_with(
-        "hot-kill-b",
-        1,
-        4096,
-        &["--base", "busybox"],
-    ));
+    let first = busybox_variant("hot-kill-a");
+    let second = busybox_variant("hot-kill-b");
     let pid = std::process::id();
     let set_name = format!("hot-kill-{pid}");
-    let set = |image: &str| {
-        format!(
-            "apiVersion: apps.kruise.io/v1alpha1\nkind: SidecarSet\nmetadata:\n  name: {set_name}\nspec:\n  selector: {{matchLabels: {{hotkill: \"{pid}\"}}}}\n  containers:\n  - name: proxy\n    image: {image}\n    command: [\"sh\", \"-c\", \"{IDLE}\"]\n    upgradeStrategy:\n      upgradeType: HotUpgrade\n      hotUpgradeEmptyImage: {empty}\n"
-        )
-    };
+    let set = |image: &str| hot_sidecar_set(&set_name, "hotkill", image, &empty, IDLE);
     controller.apply_ok(&set(&first));
     let name = format!("hot-kill-pod-{pid}");
-    controller.apply_ok(&format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{hotkill: \"{pid}\"}}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: app\n    image: {empty}\n    command: [\"sh\", \"-c\", \"{IDLE}\"]\n"
-    ));
+    controller.apply_ok(&idle_pod(&name, "hotkill", &empty));
     let before = wait_until("the pod to be ready", Duration::from_secs(90), || {
         let pod = controller.get_json(&["pod", &name])?;
         pod_ready(&pod).then_some(pod)
