@@ -106,6 +106,18 @@ impl Progress for TerminalProgress {
                     }
                 }
             }
+            ProgressEvent::BlobStalled { digest, reason } => {
+                if let Some(bar) = layers.get(&digest) {
+                    bar.set_message(reason);
+                }
+            }
+            ProgressEvent::BlobResumed { digest, offset } => {
+                if let Some(bar) = layers.get(&digest) {
+                    bar.set_position(offset);
+                    bar.reset_eta();
+                    bar.set_message(format!("resumed at {}", bytes(offset)));
+                }
+            }
             ProgressEvent::LayerUnpacked { digest } => {
                 if let Some(bar) = layers.get(&digest) {
                     bar.finish_with_message("unpacked");
@@ -208,6 +220,14 @@ impl Progress for LineProgress {
                 digest,
                 skipped: false,
             } => Some(format!("layer {}: downloaded", short(&digest))),
+            ProgressEvent::BlobStalled { digest, reason } => {
+                Some(format!("layer {}: {reason}", short(&digest)))
+            }
+            ProgressEvent::BlobResumed { digest, offset } => Some(format!(
+                "layer {}: going on from {}",
+                short(&digest),
+                bytes(offset)
+            )),
             ProgressEvent::LayerUnpacked { digest } => {
                 Some(format!("layer {}: unpacked", short(&digest)))
             }

@@ -674,7 +674,16 @@ impl Progress for TaskProgress {
                     entry.1 = entry.0;
                 }
             }
-            ProgressEvent::LayerUnpacked { .. } | ProgressEvent::Done { .. } => return,
+            // What containerd holds is what counts: bytes fetched but not stored before
+            // the stall come again.
+            ProgressEvent::BlobResumed { digest, offset } => {
+                if let Some(entry) = sizes.get_mut(&digest) {
+                    entry.1 = offset.min(entry.0);
+                }
+            }
+            ProgressEvent::BlobStalled { .. }
+            | ProgressEvent::LayerUnpacked { .. }
+            | ProgressEvent::Done { .. } => return,
         }
         let (total, done) = sizes
             .values()

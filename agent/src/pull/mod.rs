@@ -181,6 +181,18 @@ pub enum ProgressEvent {
         digest: String,
         skipped: bool,
     },
+    /// The blob's download stopped and will go on: `reason` says what it waits for (a
+    /// registry to answer again, containerd to come back).
+    BlobStalled {
+        digest: String,
+        reason: String,
+    },
+    /// The stalled blob goes on from `offset`, the bytes containerd holds of it (what
+    /// arrived but was not stored comes again).
+    BlobResumed {
+        digest: String,
+        offset: u64,
+    },
     LayerUnpacked {
         digest: String,
     },
@@ -1042,6 +1054,10 @@ impl Transfer {
                             // The bytes are wrong: start over (maybe from another host).
                             last = format!("{digest}: content does not match its digest");
                             tracing::warn!(%digest, "digest mismatch; downloading again");
+                            self.stalled(
+                                digest,
+                                "content did not match its digest; downloading it again",
+                            );
                             self.remove_spool(digest);
                             sink.drop_streaming(&self.store).await;
                             sink.writer
@@ -1054,6 +1070,7 @@ impl Transfer {
                                     .await
                                     .map_err(|e| self.store_err(e))?;
                             }
+                            self.resumed(digest, sink.writer.offset());
                         }
                         Err(e) if e.is_connection_lost() => {
                             last = e.to_string();
@@ -1077,11 +1094,13 @@ impl Transfer {
                         if let Err(error) = sink.writer.flush().await {
                             tracing::debug!(%error, "could not store the bytes before a failure");
                         }
+                        self.stalled(digest, &format!("retrying after: {re}"));
                         backoff(attempt, re.retry_after()).await;
                         sink.writer
                             .reopen(&self.store)
                             .await
                             .map_err(|e| self.store_err(e))?;
+                        self.resumed(digest, sink.writer.offset());
                         if sink.writer.offset() != sink.fed {
                             sink.drop_streaming(&self.store).await;
                         }
@@ -1094,6 +1113,20 @@ impl Transfer {
         Err(self.exhausted(digest, last))
     }
 
+    fn stalled(&self, digest: &str, reason: &str) {
+        self.progress.event(ProgressEvent::BlobStalled {
+            digest: digest.to_owned(),
+            reason: reason.to_owned(),
+        });
+    }
+
+    fn resumed(&self, digest: &str, offset: u64) {
+        self.progress.event(ProgressEvent::BlobResumed {
+            digest: digest.to_owned(),
+            offset,
+        });
+    }
+
     /// containerd went away mid-write (a restart, an upgrade): wait for it to answer
     /// again (up to [`CONTAINERD_RETURN`]), reopen the ingest at the offset it kept and
     /// go on from there.
@@ -1103,6 +1136,13 @@ impl Transfer {
         sink: &mut Sink,
     ) -> Result<(), PullError> {
         tracing::warn!(%digest, "containerd went away mid-write; waiting for it to resume");
+        self.stalled(
+            digest,
+            &format!(
+                "containerd went away; waiting up to {} for it to come back",
+                humantime::format_duration(CONTAINERD_RETURN)
+            ),
+        );
         let deadline = tokio::time::Instant::now() + CONTAINERD_RETURN;
         loop {
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1113,6 +1153,7 @@ impl Transfer {
             }
         }
         tracing::info!(%digest, offset = sink.writer.offset(), "containerd is back; resuming the blob");
+        self.resumed(digest, sink.writer.offset());
         if sink.writer.offset() != sink.fed {
             sink.drop_streaming(&self.store).await;
         }

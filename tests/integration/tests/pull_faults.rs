@@ -85,7 +85,19 @@ fn a_reset_mid_blob_resumes_from_the_offset_containerd_holds() {
         &[],
     );
     let ns = TestNamespace::new("fault-reset");
-    assert_ok(&pull_through(&proxy.address, &ns.name, &image, &[]));
+    let out = pull_through(&proxy.address, &ns.name, &image, &[]);
+    assert_ok(&out);
+    // The progress says so: the layer stalled, then went on from what containerd held.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let short = &layer.trim_start_matches("sha256:")[..12];
+    assert!(
+        stderr.contains(&format!("layer {short}: retrying after:")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("layer {short}: going on from ")),
+        "{stderr}"
+    );
     let blobs = blob_requests(&proxy);
     let resumed = blobs
         .iter()

@@ -67,9 +67,13 @@ fn a_pull_rides_through_a_containerd_restart_and_the_image_is_whole() {
         "{}",
         containerd.ctr(ns, &["images", "check"])
     );
-    // (It did meet the restart: the pull says so.)
+    // (It did meet the restart: the pull's progress says so, and where it went on.)
     let stderr = String::from_utf8_lossy(&first.stderr);
-    assert!(stderr.contains("containerd went away"), "{stderr}");
+    assert!(
+        stderr.contains(": containerd went away; waiting up to 1m for it to come back"),
+        "{stderr}"
+    );
+    assert!(stderr.contains(": going on from "), "{stderr}");
     assert_eq!(
         containerd.ctr(ns, &["images", "ls", "-q"]).trim(),
         reference
