@@ -2,11 +2,14 @@
 //! validated as a whole before anything binds.
 
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use rigger_daemon::config::{ConfigError, LOG_FORMAT, LOG_LEVEL, Setting, load_toml};
 use rigger_daemon::logging::LogFormat;
+
+use crate::rate_limit::ApiRate;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9450";
 pub const DEFAULT_HEALTH_LISTEN: &str = "127.0.0.1:9451";
@@ -31,6 +34,8 @@ pub struct ControllerConfigFile {
     pub insecure_plaintext: Option<bool>,
     pub store: Option<String>,
     pub leader_lease: Option<String>,
+    pub api_requests_per_second: Option<u32>,
+    pub api_burst: Option<u32>,
 }
 
 #[derive(Debug, Default, Clone, clap::Args)]
@@ -88,6 +93,18 @@ pub struct ControllerArgs {
     /// With etcd: how long a leader that stopped renewing stays leader [default: 15s].
     #[arg(long, env = "RIGGER_CONTROLLER_LEADER_LEASE", value_name = "DURATION")]
     pub leader_lease: Option<String>,
+    /// Requests per second each API client (user, or address without tokens) may send;
+    /// more are refused with RESOURCE_EXHAUSTED and riggerctl waits and retries [default: 50].
+    #[arg(
+        long,
+        env = "RIGGER_CONTROLLER_API_REQUESTS_PER_SECOND",
+        value_name = "N"
+    )]
+    pub api_requests_per_second: Option<u32>,
+    /// Requests an API client may send at once before api_requests_per_second applies
+    /// [default: 200].
+    #[arg(long, env = "RIGGER_CONTROLLER_API_BURST", value_name = "N")]
+    pub api_burst: Option<u32>,
     /// Check the configuration and exit: 0 if it is usable, 64 naming the bad key.
     #[arg(long)]
     pub check_config: bool,
@@ -129,6 +146,7 @@ pub struct ControllerConfig {
     pub tokens_file: Option<PathBuf>,
     pub store: StoreConfig,
     pub leader_lease: Duration,
+    pub api_rate: ApiRate,
 }
 
 const LISTEN: Setting = Setting {
@@ -192,6 +210,29 @@ const LEADER_LEASE: Setting = Setting {
     flag: "--leader-lease",
     env: "RIGGER_CONTROLLER_LEADER_LEASE",
 };
+
+const API_REQUESTS_PER_SECOND: Setting = Setting {
+    key: "api_requests_per_second",
+    flag: "--api-requests-per-second",
+    env: "RIGGER_CONTROLLER_API_REQUESTS_PER_SECOND",
+};
+const API_BURST: Setting = Setting {
+    key: "api_burst",
+    flag: "--api-burst",
+    env: "RIGGER_CONTROLLER_API_BURST",
+};
+
+/// A count that must be at least 1, or `default` when unset.
+fn positive(
+    setting: Setting,
+    value: Option<u32>,
+    default: NonZeroU32,
+) -> Result<NonZeroU32, ConfigError> {
+    match value {
+        None => Ok(default),
+        Some(n) => NonZeroU32::new(n).ok_or_else(|| setting.invalid("must be at least 1")),
+    }
+}
 
 fn parse_store(text: Option<String>) -> Result<StoreConfig, ConfigError> {
     let Some(text) = text else {
@@ -346,6 +387,16 @@ impl ControllerConfig {
         if leader_lease < Duration::from_secs(2) {
             return Err(LEADER_LEASE.invalid("must be at least 2s"));
         }
+        let defaults = ApiRate::default();
+        let api_rate = ApiRate {
+            per_second: positive(
+                API_REQUESTS_PER_SECOND,
+                args.api_requests_per_second
+                    .or(file.api_requests_per_second),
+                defaults.per_second,
+            )?,
+            burst: positive(API_BURST, args.api_burst.or(file.api_burst), defaults.burst)?,
+        };
         Ok(Self {
             listen,
             health_listen,
@@ -359,6 +410,7 @@ impl ControllerConfig {
             tokens_file,
             store,
             leader_lease,
+            api_rate,
         })
     }
 }

@@ -27,7 +27,7 @@ use crate::objects::pod::Pod;
 use crate::objects::secret::Secret;
 use crate::objects::{DEFAULT_NAMESPACE, FieldError, Kind, ObjectMeta};
 use crate::pods::PodSync;
-use crate::rate_limit::ClientLimiter;
+use crate::rate_limit::{ApiRate, ClientLimiter};
 use crate::recreates::RecreateEngine;
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
 
@@ -61,6 +61,7 @@ impl ControlService {
         users: UserAuth,
         leadership: Leadership,
         node_timeout: Duration,
+        api_rate: ApiRate,
     ) -> Self {
         Self {
             store,
@@ -69,7 +70,7 @@ impl ControlService {
             recreates,
             pods,
             users,
-            limiter: Arc::new(ClientLimiter::api()),
+            limiter: Arc::new(ClientLimiter::new(api_rate)),
             leadership,
             node_timeout,
         }

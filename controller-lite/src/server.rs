@@ -159,6 +159,7 @@ pub async fn run(
         users.clone(),
         leadership.clone(),
         config.node_timeout,
+        config.api_rate,
     );
     control.spawn_limiter_cleanup(token.clone());
     // The engines run on the leader only (at once with the embedded store).

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use comfy_table::{Table, presets};
+use rigger_controller::rate_limit::WaitOutRateLimit;
 use rigger_proto::v1::control_client::ControlClient;
 use rigger_proto::v1::{
     ApplyRequest, DeleteRequest, GetRequest, ListRequest, PodExecRequest, PodLogsRequest,
@@ -205,7 +206,20 @@ impl tonic::service::Interceptor for BearerToken {
 /// Largest response accepted from the controller.
 const MAX_RESPONSE: usize = 1 << 30;
 
-type Client = ControlClient<tonic::service::interceptor::InterceptedService<Channel, BearerToken>>;
+type Client = ControlClient<
+    tonic::service::interceptor::InterceptedService<WaitOutRateLimit<Channel>, BearerToken>,
+>;
+
+/// How long riggerctl waits out the controller's request-rate limit before giving up
+/// with its refusal.
+const RATE_LIMIT_PATIENCE: Duration = Duration::from_secs(60);
+
+fn say_rate_limited(wait: Duration) {
+    eprintln!(
+        "riggerctl: the controller limits this client's requests per second; retrying in {:.1}s",
+        wait.as_secs_f64()
+    );
+}
 
 async fn connect(cli: &Cli) -> anyhow::Result<Client> {
     let default_config = std::env::var_os("HOME")
@@ -300,6 +314,7 @@ async fn connect_one(
         )
     })?;
     // A list of thousands of nodes, or a job's status over them, is tens of MiB.
+    let channel = WaitOutRateLimit::new(channel, RATE_LIMIT_PATIENCE, say_rate_limited);
     Ok(ControlClient::with_interceptor(channel, BearerToken(token))
         .max_decoding_message_size(MAX_RESPONSE))
 }

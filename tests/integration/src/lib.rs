@@ -1106,9 +1106,15 @@ pub fn controller_with_agent(dir: &Path, node: &str, namespace: &str) -> (Contro
 
 impl Controller {
     pub fn start(data_dir: &Path) -> Self {
+        Self::start_with(data_dir, &[])
+    }
+
+    /// [`Controller::start`] with more `rigger-controller` flags.
+    pub fn start_with(data_dir: &Path, flags: &[&str]) -> Self {
         let pki = data_dir.join("pki");
         controller_certs(&pki, &[]);
-        let mut controller = Self::new(data_dir, &pki, Vec::new());
+        let extra = flags.iter().map(|f| (*f).to_owned()).collect();
+        let mut controller = Self::new(data_dir, &pki, extra);
         controller.spawn();
         controller
     }

@@ -120,6 +120,40 @@ fn riggerctl_without_a_controller_is_one_clear_line() {
 }
 
 #[test]
+fn riggerctl_waits_out_the_request_rate_limit_instead_of_failing() {
+    // One request per second and none in reserve: riggerctl's connect uses the allowance,
+    // so the list that follows at once is refused for coming too fast.
+    let data = tempfile::tempdir().unwrap();
+    let controller = Controller::start_with(
+        data.path(),
+        &["--api-requests-per-second", "1", "--api-burst", "1"],
+    );
+    let out = controller.ctl(&["get", "nodes"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "riggerctl: the controller limits this client's requests per second; retrying in"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("No resources found."), "{stderr}");
+
+    // A limit of nothing is refused before the controller binds.
+    let out = Command::new(binary("rigger-controller"))
+        .args(["--insecure-plaintext", "--api-burst", "0", "--check-config"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr
+            .contains("`api_burst` (--api-burst, RIGGER_CONTROLLER_API_BURST): must be at least 1"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn an_unusable_data_dir_stops_the_controller_before_it_listens() {
     let data = tempfile::tempdir().unwrap();
     let not_a_dir = data.path().join("file");
