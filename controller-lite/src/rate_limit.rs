@@ -113,19 +113,16 @@ impl<S> WaitOutRateLimit<S> {
 /// gRPC's RESOURCE_EXHAUSTED, in the status header of a refusal sent before any message.
 const GRPC_RESOURCE_EXHAUSTED: &str = "8";
 
-/// How long a refused request should wait: the hint, plus up to a quarter of jitter so
-/// clients refused together do not all come back at once.
+/// How long a request refused by the rate limit should wait: the hint, plus up to a
+/// quarter of jitter so clients refused together do not all come back at once. Other
+/// RESOURCE_EXHAUSTED refusals (without the hint) go to the caller at once.
 fn wait_before_retry(response: &http::Response<Body>) -> Option<Duration> {
     let headers = response.headers();
     if headers.get("grpc-status")?.as_bytes() != GRPC_RESOURCE_EXHAUSTED.as_bytes() {
         return None;
     }
-    let hint = headers
-        .get(RETRY_AFTER_MS)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .map_or(Duration::from_secs(1), Duration::from_millis);
-    Some(hint.mul_f64(1.0 + fastrand::f64() / 4.0))
+    let hint: u64 = headers.get(RETRY_AFTER_MS)?.to_str().ok()?.parse().ok()?;
+    Some(Duration::from_millis(hint).mul_f64(1.0 + fastrand::f64() / 4.0))
 }
 
 impl<S> Service<http::Request<Body>> for WaitOutRateLimit<S>
