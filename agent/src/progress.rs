@@ -144,10 +144,30 @@ pub struct LineProgress {
 
 #[derive(Debug)]
 struct LineState {
-    total: u64,
-    done: u64,
+    /// Per layer: (size, bytes containerd holds or has been sent). Per layer, so a
+    /// stalled layer that goes on from an earlier offset is not counted twice.
+    layers: HashMap<String, (u64, u64)>,
+    /// Bytes downloaded by this pull: what the rate is of.
+    fetched: u64,
     started: Instant,
     last_line: Instant,
+}
+
+impl LineState {
+    fn total(&self) -> u64 {
+        self.layers.values().map(|(size, _)| size).sum()
+    }
+
+    fn done(&self) -> u64 {
+        self.layers.values().map(|(_, done)| done).sum()
+    }
+
+    /// The layer's bytes held: `done`, at most its size.
+    fn set_done(&mut self, digest: &str, done: u64) {
+        if let Some(entry) = self.layers.get_mut(digest) {
+            entry.1 = done.min(entry.0);
+        }
+    }
 }
 
 impl LineProgress {
@@ -155,8 +175,8 @@ impl LineProgress {
         let now = Instant::now();
         Self {
             state: Mutex::new(LineState {
-                total: 0,
-                done: 0,
+                layers: HashMap::new(),
+                fetched: 0,
                 started: now,
                 last_line: now,
             }),
@@ -176,11 +196,13 @@ impl Progress for LineProgress {
                 digest,
                 layers,
             } => {
-                s.total += layers.iter().map(|(_, size)| size).sum::<u64>();
+                let count = layers.len();
+                for (layer, size) in layers {
+                    s.layers.entry(layer).or_insert((size, 0));
+                }
                 Some(format!(
-                    "{image}: resolved to {digest}, {} layers, {}",
-                    layers.len(),
-                    bytes(s.total)
+                    "{image}: resolved to {digest}, {count} layers, {}",
+                    bytes(s.total())
                 ))
             }
             ProgressEvent::BlobStarted {
@@ -188,7 +210,7 @@ impl Progress for LineProgress {
                 size,
                 resumed_from,
             } if resumed_from > 0 => {
-                s.done += resumed_from;
+                s.set_done(&digest, resumed_from);
                 Some(format!(
                     "layer {}: resuming at {} of {}",
                     short(&digest),
@@ -197,37 +219,44 @@ impl Progress for LineProgress {
                 ))
             }
             ProgressEvent::BlobStarted { .. } => None,
-            ProgressEvent::BlobBytes { bytes: n, .. } => {
-                s.done += n;
+            ProgressEvent::BlobBytes { digest, bytes: n } => {
+                s.fetched += n;
+                if let Some((size, done)) = s.layers.get_mut(&digest) {
+                    *done = (*done + n).min(*size);
+                }
                 if s.last_line.elapsed() >= self.every {
                     s.last_line = Instant::now();
                     let secs = s.started.elapsed().as_secs_f64().max(0.001);
                     Some(format!(
                         "downloaded {} of {} ({}/s)",
-                        bytes(s.done),
-                        bytes(s.total),
-                        bytes((s.done as f64 / secs) as u64)
+                        bytes(s.done()),
+                        bytes(s.total()),
+                        bytes((s.fetched as f64 / secs) as u64)
                     ))
                 } else {
                     None
                 }
             }
-            ProgressEvent::BlobDone {
-                digest,
-                skipped: true,
-            } => Some(format!("layer {}: already present", short(&digest))),
-            ProgressEvent::BlobDone {
-                digest,
-                skipped: false,
-            } => Some(format!("layer {}: downloaded", short(&digest))),
+            ProgressEvent::BlobDone { digest, skipped } => {
+                s.set_done(&digest, u64::MAX);
+                let what = if skipped {
+                    "already present"
+                } else {
+                    "downloaded"
+                };
+                Some(format!("layer {}: {what}", short(&digest)))
+            }
             ProgressEvent::BlobStalled { digest, reason } => {
                 Some(format!("layer {}: {reason}", short(&digest)))
             }
-            ProgressEvent::BlobResumed { digest, offset } => Some(format!(
-                "layer {}: going on from {}",
-                short(&digest),
-                bytes(offset)
-            )),
+            ProgressEvent::BlobResumed { digest, offset } => {
+                s.set_done(&digest, offset);
+                Some(format!(
+                    "layer {}: going on from {}",
+                    short(&digest),
+                    bytes(offset)
+                ))
+            }
             ProgressEvent::LayerUnpacked { digest } => {
                 Some(format!("layer {}: unpacked", short(&digest)))
             }
@@ -239,5 +268,56 @@ impl Progress for LineProgress {
         if let Some(line) = line {
             eprintln!("{line}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_layer_that_goes_on_from_an_earlier_offset_is_not_counted_twice() {
+        let progress = LineProgress::new(Duration::from_secs(3600));
+        let layer = |digest: &str| digest.to_owned();
+        progress.event(ProgressEvent::Resolved {
+            image: "i".into(),
+            digest: "sha256:d".into(),
+            layers: vec![(layer("a"), 100), (layer("b"), 50)],
+        });
+        progress.event(ProgressEvent::BlobStarted {
+            digest: layer("a"),
+            size: 100,
+            resumed_from: 0,
+        });
+        progress.event(ProgressEvent::BlobBytes {
+            digest: layer("a"),
+            bytes: 60,
+        });
+        progress.event(ProgressEvent::BlobStalled {
+            digest: layer("a"),
+            reason: "retrying".into(),
+        });
+        // containerd kept 40 of the 60: the other 20 come again.
+        progress.event(ProgressEvent::BlobResumed {
+            digest: layer("a"),
+            offset: 40,
+        });
+        progress.event(ProgressEvent::BlobBytes {
+            digest: layer("a"),
+            bytes: 30,
+        });
+        let state = progress.state.lock().unwrap();
+        assert_eq!((state.done(), state.total(), state.fetched), (70, 150, 90));
+        drop(state);
+        progress.event(ProgressEvent::BlobDone {
+            digest: layer("b"),
+            skipped: true,
+        });
+        progress.event(ProgressEvent::BlobBytes {
+            digest: layer("a"),
+            bytes: 30,
+        });
+        let state = progress.state.lock().unwrap();
+        assert_eq!((state.done(), state.total()), (150, 150));
     }
 }
