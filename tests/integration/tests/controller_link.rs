@@ -121,14 +121,22 @@ fn riggerctl_without_a_controller_is_one_clear_line() {
 
 #[test]
 fn riggerctl_waits_out_the_request_rate_limit_instead_of_failing() {
-    // One request per second and none in reserve: riggerctl's connect uses the allowance,
-    // so the list that follows at once is refused for coming too fast.
+    // One request per second and none in reserve; applying three objects takes seven
+    // (connect, three dry runs, three applies), so riggerctl must be refused and wait,
+    // however fast or slow it runs.
     let data = tempfile::tempdir().unwrap();
     let controller = Controller::start_with(
         data.path(),
         &["--api-requests-per-second", "1", "--api-burst", "1"],
     );
-    let out = controller.ctl(&["get", "nodes"]);
+    let secrets: Vec<String> = (1..=3)
+        .map(|i| {
+            format!(
+                "apiVersion: v1\nkind: Secret\nmetadata:\n  name: login-{i}\ntype: kubernetes.io/dockerconfigjson\nstringData:\n  .dockerconfigjson: '{{\"auths\":{{}}}}'\n"
+            )
+        })
+        .collect();
+    let out = controller.apply(&secrets.join("---\n"));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
@@ -137,7 +145,13 @@ fn riggerctl_waits_out_the_request_rate_limit_instead_of_failing() {
         ),
         "{stderr}"
     );
-    assert!(stderr.contains("No resources found."), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for i in 1..=3 {
+        assert!(
+            stdout.contains(&format!("secret/login-{i} created")),
+            "{stdout}"
+        );
+    }
 
     // A limit of nothing is refused before the controller binds.
     let out = Command::new(binary("rigger-controller"))
