@@ -1576,8 +1576,6 @@ impl From<PullError> for RangeOutcome {
     }
 }
 
-/// containerd's ingest ref for a blob (remotes.MakeRefKey), so concurrent pulls by
-/// containerd and Rigger of the same blob share one ingest and its lock.
 /// ENOSPC, whether containerd (a gRPC message) or the agent (an io error) ran into it.
 fn is_disk_full(error: &PullError) -> bool {
     error
@@ -1589,6 +1587,8 @@ fn is_disk_full(error: &PullError) -> bool {
 /// How long a pull waits for a containerd that went away mid-write to come back.
 const CONTAINERD_RETURN: Duration = Duration::from_secs(60);
 
+/// containerd's ingest ref for a blob (remotes.MakeRefKey), so concurrent pulls by
+/// containerd and Rigger of the same blob share one ingest and its lock.
 fn ingest_ref(digest: &str) -> String {
     format!("layer-{digest}")
 }
