@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use bytesize::ByteSize;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
-use crate::pull::{Progress, ProgressEvent};
+use crate::pull::{LayerBytes, Progress, ProgressEvent};
 
 fn short(digest: &str) -> &str {
     let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
@@ -144,30 +144,11 @@ pub struct LineProgress {
 
 #[derive(Debug)]
 struct LineState {
-    /// Per layer: (size, bytes containerd holds or has been sent). Per layer, so a
-    /// stalled layer that goes on from an earlier offset is not counted twice.
-    layers: HashMap<String, (u64, u64)>,
+    layers: LayerBytes,
     /// Bytes downloaded by this pull: what the rate is of.
     fetched: u64,
     started: Instant,
     last_line: Instant,
-}
-
-impl LineState {
-    fn total(&self) -> u64 {
-        self.layers.values().map(|(size, _)| size).sum()
-    }
-
-    fn done(&self) -> u64 {
-        self.layers.values().map(|(_, done)| done).sum()
-    }
-
-    /// The layer's bytes held: `done`, at most its size.
-    fn set_done(&mut self, digest: &str, done: u64) {
-        if let Some(entry) = self.layers.get_mut(digest) {
-            entry.1 = done.min(entry.0);
-        }
-    }
 }
 
 impl LineProgress {
@@ -175,7 +156,7 @@ impl LineProgress {
         let now = Instant::now();
         Self {
             state: Mutex::new(LineState {
-                layers: HashMap::new(),
+                layers: LayerBytes::default(),
                 fetched: 0,
                 started: now,
                 last_line: now,
@@ -190,47 +171,37 @@ impl Progress for LineProgress {
         let Ok(mut s) = self.state.lock() else {
             return;
         };
+        s.layers.count(&event);
         let line = match event {
             ProgressEvent::Resolved {
                 image,
                 digest,
                 layers,
-            } => {
-                let count = layers.len();
-                for (layer, size) in layers {
-                    s.layers.entry(layer).or_insert((size, 0));
-                }
-                Some(format!(
-                    "{image}: resolved to {digest}, {count} layers, {}",
-                    bytes(s.total())
-                ))
-            }
+            } => Some(format!(
+                "{image}: resolved to {digest}, {} layers, {}",
+                layers.len(),
+                bytes(s.layers.total())
+            )),
             ProgressEvent::BlobStarted {
                 digest,
                 size,
                 resumed_from,
-            } if resumed_from > 0 => {
-                s.set_done(&digest, resumed_from);
-                Some(format!(
-                    "layer {}: resuming at {} of {}",
-                    short(&digest),
-                    bytes(resumed_from),
-                    bytes(size)
-                ))
-            }
+            } if resumed_from > 0 => Some(format!(
+                "layer {}: resuming at {} of {}",
+                short(&digest),
+                bytes(resumed_from),
+                bytes(size)
+            )),
             ProgressEvent::BlobStarted { .. } => None,
-            ProgressEvent::BlobBytes { digest, bytes: n } => {
+            ProgressEvent::BlobBytes { bytes: n, .. } => {
                 s.fetched += n;
-                if let Some((size, done)) = s.layers.get_mut(&digest) {
-                    *done = (*done + n).min(*size);
-                }
                 if s.last_line.elapsed() >= self.every {
                     s.last_line = Instant::now();
                     let secs = s.started.elapsed().as_secs_f64().max(0.001);
                     Some(format!(
                         "downloaded {} of {} ({}/s)",
-                        bytes(s.done()),
-                        bytes(s.total()),
+                        bytes(s.layers.done()),
+                        bytes(s.layers.total()),
                         bytes((s.fetched as f64 / secs) as u64)
                     ))
                 } else {
@@ -238,7 +209,6 @@ impl Progress for LineProgress {
                 }
             }
             ProgressEvent::BlobDone { digest, skipped } => {
-                s.set_done(&digest, u64::MAX);
                 let what = if skipped {
                     "already present"
                 } else {
@@ -249,14 +219,11 @@ impl Progress for LineProgress {
             ProgressEvent::BlobStalled { digest, reason } => {
                 Some(format!("layer {}: {reason}", short(&digest)))
             }
-            ProgressEvent::BlobResumed { digest, offset } => {
-                s.set_done(&digest, offset);
-                Some(format!(
-                    "layer {}: going on from {}",
-                    short(&digest),
-                    bytes(offset)
-                ))
-            }
+            ProgressEvent::BlobResumed { digest, offset } => Some(format!(
+                "layer {}: going on from {}",
+                short(&digest),
+                bytes(offset)
+            )),
             ProgressEvent::LayerUnpacked { digest } => {
                 Some(format!("layer {}: unpacked", short(&digest)))
             }
@@ -307,7 +274,10 @@ mod tests {
             bytes: 30,
         });
         let state = progress.state.lock().unwrap();
-        assert_eq!((state.done(), state.total(), state.fetched), (70, 150, 90));
+        assert_eq!(
+            (state.layers.done(), state.layers.total(), state.fetched),
+            (70, 150, 90)
+        );
         drop(state);
         progress.event(ProgressEvent::BlobDone {
             digest: layer("b"),
@@ -318,6 +288,6 @@ mod tests {
             bytes: 30,
         });
         let state = progress.state.lock().unwrap();
-        assert_eq!((state.done(), state.total()), (150, 150));
+        assert_eq!((state.layers.done(), state.layers.total()), (150, 150));
     }
 }

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::PullSettings;
 use crate::metrics::{AgentMetrics, Outcome};
 use crate::pods::PodRunner;
-use crate::pull::{Progress, ProgressEvent, PullOptions, Puller};
+use crate::pull::{LayerBytes, Progress, ProgressEvent, PullOptions, Puller};
 use crate::recreate::{Recreate, RecreateWork};
 use crate::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime, namespaced};
 
@@ -451,7 +451,7 @@ impl TaskRunner {
             let progress: Arc<dyn Progress> = Arc::new(TaskProgress {
                 runner: self.clone(),
                 id: id.to_owned(),
-                sizes: Mutex::default(),
+                bytes: Mutex::default(),
             });
             let pulled = puller
                 .pull_with_credentials(&work.image, &docker_configs, progress)
@@ -640,55 +640,20 @@ pub(crate) fn write_json_atomically<T: Serialize>(path: &Path, value: &T) -> std
 struct TaskProgress {
     runner: TaskRunner,
     id: String,
-    /// Per blob: (size, bytes done).
-    sizes: Mutex<HashMap<String, (u64, u64)>>,
+    bytes: Mutex<LayerBytes>,
 }
 
 impl Progress for TaskProgress {
     fn event(&self, event: ProgressEvent) {
-        let mut sizes = self
-            .sizes
+        let mut bytes = self
+            .bytes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match event {
-            ProgressEvent::Resolved { layers, .. } => {
-                for (digest, size) in layers {
-                    sizes.entry(digest).or_insert((size, 0));
-                }
-            }
-            ProgressEvent::BlobStarted {
-                digest,
-                size,
-                resumed_from,
-            } => {
-                let entry = sizes.entry(digest).or_insert((size, 0));
-                entry.1 = entry.1.max(resumed_from);
-            }
-            ProgressEvent::BlobBytes { digest, bytes } => {
-                if let Some(entry) = sizes.get_mut(&digest) {
-                    entry.1 = (entry.1 + bytes).min(entry.0);
-                }
-            }
-            ProgressEvent::BlobDone { digest, .. } => {
-                if let Some(entry) = sizes.get_mut(&digest) {
-                    entry.1 = entry.0;
-                }
-            }
-            // What containerd holds is what counts: bytes fetched but not stored before
-            // the stall come again.
-            ProgressEvent::BlobResumed { digest, offset } => {
-                if let Some(entry) = sizes.get_mut(&digest) {
-                    entry.1 = offset.min(entry.0);
-                }
-            }
-            ProgressEvent::BlobStalled { .. }
-            | ProgressEvent::LayerUnpacked { .. }
-            | ProgressEvent::Done { .. } => return,
+        if !bytes.count(&event) {
+            return;
         }
-        let (total, done) = sizes
-            .values()
-            .fold((0, 0), |(t, d), (size, done)| (t + size, d + done));
-        drop(sizes);
+        let (done, total) = (bytes.done(), bytes.total());
+        drop(bytes);
         self.runner.progress(&self.id, done, total);
     }
 }

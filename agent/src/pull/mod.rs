@@ -205,6 +205,63 @@ pub trait Progress: Send + Sync {
     fn event(&self, event: ProgressEvent);
 }
 
+/// Bytes per layer of a pull as containerd holds them, for progress that counts: a
+/// layer that goes on from an earlier offset after a stall is not counted twice.
+#[derive(Debug, Default)]
+pub struct LayerBytes {
+    /// Per layer: (size, bytes held or sent).
+    layers: HashMap<String, (u64, u64)>,
+}
+
+impl LayerBytes {
+    /// Count `event`; `false` for the events that carry no byte counts.
+    pub fn count(&mut self, event: &ProgressEvent) -> bool {
+        match event {
+            ProgressEvent::Resolved { layers, .. } => {
+                for (digest, size) in layers {
+                    self.layers.entry(digest.clone()).or_insert((*size, 0));
+                }
+            }
+            ProgressEvent::BlobStarted {
+                digest,
+                size,
+                resumed_from,
+            } => {
+                let entry = self.layers.entry(digest.clone()).or_insert((*size, 0));
+                entry.1 = entry.1.max(*resumed_from).min(entry.0);
+            }
+            ProgressEvent::BlobBytes { digest, bytes } => {
+                if let Some(entry) = self.layers.get_mut(digest) {
+                    entry.1 = (entry.1 + bytes).min(entry.0);
+                }
+            }
+            ProgressEvent::BlobDone { digest, .. } => self.set(digest, u64::MAX),
+            // What containerd holds is what counts: bytes fetched but not stored before
+            // the stall come again.
+            ProgressEvent::BlobResumed { digest, offset } => self.set(digest, *offset),
+            ProgressEvent::BlobStalled { .. }
+            | ProgressEvent::LayerUnpacked { .. }
+            | ProgressEvent::Done { .. } => return false,
+        }
+        true
+    }
+
+    /// The layer's bytes held: `done`, at most its size.
+    fn set(&mut self, digest: &str, done: u64) {
+        if let Some(entry) = self.layers.get_mut(digest) {
+            entry.1 = done.min(entry.0);
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.layers.values().map(|(size, _)| size).sum()
+    }
+
+    pub fn done(&self) -> u64 {
+        self.layers.values().map(|(_, done)| done).sum()
+    }
+}
+
 /// A progress sink that ignores everything.
 #[derive(Debug, Default)]
 pub struct NoProgress;
