@@ -7,7 +7,7 @@ use std::num::NonZeroU32;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use governor::clock::{Clock as _, DefaultClock};
+use governor::clock::Clock as _;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use http_body_util::{BodyExt as _, Full};
 use tonic::Status;
@@ -49,7 +49,6 @@ impl Default for ApiRate {
 #[derive(Debug)]
 pub struct ClientLimiter {
     limiter: DefaultKeyedRateLimiter<String>,
-    clock: DefaultClock,
     per_second: u32,
 }
 
@@ -57,7 +56,6 @@ impl ClientLimiter {
     pub fn new(rate: ApiRate) -> Self {
         Self {
             limiter: RateLimiter::keyed(Quota::per_second(rate.per_second).allow_burst(rate.burst)),
-            clock: DefaultClock::default(),
             per_second: rate.per_second.get(),
         }
     }
@@ -68,7 +66,7 @@ impl ClientLimiter {
         self.limiter
             .check_key(&client.to_owned())
             .map_err(|not_until| {
-                let wait = not_until.wait_time_from(self.clock.now());
+                let wait = not_until.wait_time_from(self.limiter.clock().now());
                 let mut status = Status::resource_exhausted(format!(
                     "{client}: more than {} requests per second; slow down",
                     self.per_second
