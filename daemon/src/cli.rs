@@ -69,7 +69,7 @@ fn exit_after_write(program: &str, written: std::io::Result<()>) -> std::process
 }
 
 /// Print the configuration reference (Markdown) of a daemon whose configuration keys are
-/// the arguments of `command` (the file key is the argument's id), except `not_keys`.
+/// the arguments of `command` ([`crate::config::config_keys`]).
 /// `title` names the command, `file` its default config file.
 pub fn print_config_reference(
     command: &clap::Command,
@@ -105,11 +105,7 @@ pub fn config_reference(
          | Key | Flag | Environment | Meaning |\n|---|---|---|---|\n",
         generator = title.split(' ').next().unwrap_or(title),
     );
-    let keys = command.get_arguments().filter(|arg| {
-        let id = arg.get_id().as_str();
-        arg.get_long().is_some() && !not_keys.contains(&id) && id != "help" && id != "version"
-    });
-    for arg in keys {
+    for arg in crate::config::config_keys(command, not_keys) {
         let takes_value = arg.get_action().takes_values();
         let flag = match (arg.get_long(), arg.get_value_names()) {
             (Some(long), Some([value, ..])) if takes_value => format!("`--{long} {value}`"),

@@ -150,17 +150,27 @@ pub fn parse_toml<T: DeserializeOwned>(path: &Path, text: &str) -> Result<T, Con
     })
 }
 
-/// The configuration keys of `args` (flags with a long name, but `not_keys`) that the
-/// file type `T` does not accept: keeps flags, file keys and the generated reference in
-/// step (every daemon's tests call it).
+/// The arguments of `command` that are configuration keys (the file key is the
+/// argument's id): those with a long flag, but `not_keys` and clap's own help and version.
+pub fn config_keys<'a>(
+    command: &'a clap::Command,
+    not_keys: &'a [&str],
+) -> impl Iterator<Item = &'a clap::Arg> {
+    command.get_arguments().filter(|arg| {
+        let id = arg.get_id().as_str();
+        arg.get_long().is_some() && !not_keys.contains(&id) && id != "help" && id != "version"
+    })
+}
+
+/// The configuration keys of `args` ([`config_keys`]) that the file type `T` does not
+/// accept: keeps flags, file keys and the generated reference in step (every daemon's
+/// tests call it).
 pub fn keys_missing_from_file<T: DeserializeOwned>(
     args: &clap::Command,
     not_keys: &[&str],
 ) -> Vec<String> {
-    args.get_arguments()
-        .filter(|arg| arg.get_long().is_some())
+    config_keys(args, not_keys)
         .map(|arg| arg.get_id().as_str())
-        .filter(|id| !not_keys.contains(id) && *id != "help" && *id != "version")
         .filter(|id| {
             // Any value: a wrong type is a different error than an unknown key.
             toml::from_str::<T>(&format!("{id} = 0"))
