@@ -110,19 +110,7 @@ impl Lab {
 
     /// Run `ctr` against the lab's containerd in namespace `ns`; panics on failure.
     pub fn ctr(&self, ns: &str, args: &[&str]) -> String {
-        let out = Command::new("ctr")
-            .arg("--address")
-            .arg(&self.containerd_address)
-            .args(["--namespace", ns])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ctr {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        ctr_at(&self.containerd_address, ns, args)
     }
 
     /// `ctr images pull` (containerd's own pull) of a lab image into `ns`.
@@ -130,6 +118,24 @@ impl Lab {
         let hosts = self.hosts_dir.to_str().unwrap().to_owned();
         self.ctr(ns, &["images", "pull", "--hosts-dir", &hosts, reference]);
     }
+}
+
+/// Run `ctr` against the containerd at `address` in namespace `ns`; its standard output.
+/// Panics on failure.
+pub fn ctr_at(address: &Path, ns: &str, args: &[&str]) -> String {
+    let out = Command::new("ctr")
+        .arg("--address")
+        .arg(address)
+        .args(["--namespace", ns])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ctr {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// A containerd namespace of this test alone, removed (with its images) when dropped.
@@ -1579,16 +1585,9 @@ impl PrivateContainerd {
         self.spawn();
     }
 
-    /// `ctr` against this containerd in namespace `ns`; standard output.
+    /// `ctr` against this containerd in namespace `ns`; panics on failure.
     pub fn ctr(&self, ns: &str, args: &[&str]) -> String {
-        let out = Command::new("ctr")
-            .arg("--address")
-            .arg(&self.address)
-            .args(["--namespace", ns])
-            .args(args)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        ctr_at(&self.address, ns, args)
     }
 }
 

@@ -10,8 +10,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rigger_integration_tests::{
-    Agent, AuthRegistry, Controller, Etcd, Lab, Proxy, TcpRelay, log_tail, plain_http_hosts_dir,
-    unique_image, wait_until,
+    Agent, AuthRegistry, Controller, Etcd, Lab, Proxy, TcpRelay, ctr_at, log_tail,
+    plain_http_hosts_dir, unique_image, wait_until,
 };
 use serde_json::{Value, json};
 
@@ -204,13 +204,7 @@ impl Fleet {
 
     /// Image names in the test's namespace on one containerd.
     fn images_on(&self, containerd: &Path) -> Vec<String> {
-        let out = Command::new("ctr")
-            .arg("--address")
-            .arg(containerd)
-            .args(["-n", &self.namespace, "images", "ls", "-q"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout)
+        ctr_at(containerd, &self.namespace, &["images", "ls", "-q"])
             .lines()
             .map(str::to_owned)
             .collect()
