@@ -249,11 +249,16 @@ fn append_log(path: &Path) -> std::fs::File {
 
 /// A loopback TCP port free right now.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    let [port] = free_ports();
+    port
+}
+
+/// `N` loopback TCP ports free right now, all different (each is held until all are
+/// chosen: ports chosen one after another may repeat).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: [std::net::TcpListener; N] =
+        std::array::from_fn(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    listeners.map(|listener| listener.local_addr().unwrap().port())
 }
 
 /// Minimal HTTP/1.0 GET: (status code, body). `None` if nothing listens yet.
@@ -1126,7 +1131,8 @@ impl Controller {
     }
 
     fn new(data_dir: &Path, pki: &Path, extra: Vec<String>) -> Self {
-        let listen = format!("127.0.0.1:{}", free_port());
+        let [listen_port, health_port] = free_ports();
+        let listen = format!("127.0.0.1:{listen_port}");
         let server = format!("https://{listen}");
         Self {
             endpoints: server.clone(),
@@ -1134,7 +1140,7 @@ impl Controller {
             data_dir: data_dir.to_owned(),
             pki: pki.to_owned(),
             log: data_dir.join("controller.log"),
-            health: format!("127.0.0.1:{}", free_port()),
+            health: format!("127.0.0.1:{health_port}"),
             listen,
             extra,
             daemon: None,
@@ -1202,12 +1208,17 @@ impl Controller {
         ));
         // Serving (a follower serves too, saying it does not lead): look at what this
         // process wrote only.
+        // A controller that stopped (refused its configuration, could not bind) fails the
+        // test at once, with what it said.
         let log = self.log.clone();
+        let daemon = self.daemon.as_mut().unwrap();
         wait_until("the controller to serve", Duration::from_secs(20), || {
             let text = std::fs::read(&log).ok()?;
-            String::from_utf8_lossy(&text[before.min(text.len())..])
-                .contains("controller started")
-                .then_some(())
+            let written = String::from_utf8_lossy(&text[before.min(text.len())..]).into_owned();
+            if let Ok(Some(status)) = daemon.child.try_wait() {
+                panic!("the controller stopped ({status}) before serving:\n{written}");
+            }
+            written.contains("controller started").then_some(())
         });
     }
 
