@@ -6,12 +6,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test support
 
-use std::collections::HashMap;
+mod cri_pod;
+mod lab;
+
+pub use cri_pod::{CriPod, CriPodSpec};
+pub use lab::{
+    Containerd, Lab, LabNode, MountedSnapshot, TestNamespace, content_labels, ctr_at, top_chain_id,
+    tree_listing,
+};
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// The repository root.
@@ -20,160 +27,6 @@ pub fn repo_root() -> PathBuf {
         .join("../..")
         .canonicalize()
         .unwrap()
-}
-
-/// The shared lab, started on first use (`scripts/lab up` is idempotent and locked).
-#[derive(Debug, Clone)]
-pub struct Lab {
-    pub dir: PathBuf,
-    /// `127.0.0.1:PORT` of the lab registry.
-    pub registry: String,
-    pub containerd_address: PathBuf,
-    pub containerd_root: PathBuf,
-    pub hosts_dir: PathBuf,
-    /// The lab's second node (fleet tests).
-    pub node2_containerd_address: PathBuf,
-    pub node2_hosts_dir: PathBuf,
-}
-
-impl Lab {
-    pub fn get() -> &'static Lab {
-        static LAB: OnceLock<Lab> = OnceLock::new();
-        LAB.get_or_init(|| {
-            let script = repo_root().join("scripts/lab");
-            let dir = PathBuf::from(
-                std::env::var("RIGGER_LAB_DIR").unwrap_or_else(|_| "/tmp/rigger-lab".into()),
-            );
-            let running = std::fs::read_to_string(dir.join("env"))
-                .is_ok_and(|env| env.contains("RIGGER_LAB_NODE2_CONTAINERD_ADDRESS"))
-                && Command::new(&script)
-                    .arg("status")
-                    .stdout(Stdio::null())
-                    .status()
-                    .unwrap()
-                    .success();
-            if !running {
-                let out = Command::new(&script).arg("up").output().unwrap();
-                assert!(
-                    out.status.success(),
-                    "scripts/lab up failed:\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            let env: HashMap<String, String> = std::fs::read_to_string(dir.join("env"))
-                .unwrap()
-                .lines()
-                .filter_map(|l| l.split_once('='))
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect();
-            Lab {
-                dir,
-                registry: env["RIGGER_LAB_REGISTRY"].clone(),
-                containerd_address: env["RIGGER_LAB_CONTAINERD_ADDRESS"].clone().into(),
-                containerd_root: env["RIGGER_LAB_CONTAINERD_ROOT"].clone().into(),
-                hosts_dir: env["RIGGER_LAB_HOSTS_DIR"].clone().into(),
-                node2_containerd_address: env["RIGGER_LAB_NODE2_CONTAINERD_ADDRESS"].clone().into(),
-                node2_hosts_dir: env["RIGGER_LAB_NODE2_HOSTS_DIR"].clone().into(),
-            }
-        })
-    }
-
-    /// Full reference of a lab image, e.g. `image("rigger-lab/busybox:1")`.
-    pub fn image(&self, repo_and_tag: &str) -> String {
-        format!("{}/{repo_and_tag}", self.registry)
-    }
-
-    /// The manifest the lab pushed for `repo:tag`, and its digest.
-    pub fn manifest(&self, repo_and_tag: &str) -> (serde_json::Value, String) {
-        self.pushed_document(repo_and_tag, "manifest")
-    }
-
-    /// The index (manifest list) the lab pushed for `repo:tag`, and its digest.
-    pub fn index(&self, repo_and_tag: &str) -> (serde_json::Value, String) {
-        self.pushed_document(repo_and_tag, "index")
-    }
-
-    /// `scripts/lab-images` keeps what it pushed as `<repo>_<tag>.<kind>.json`.
-    fn pushed_document(&self, repo_and_tag: &str, kind: &str) -> (serde_json::Value, String) {
-        let (repo, tag) = repo_and_tag.split_once(':').unwrap();
-        let path = self
-            .dir
-            .join("images")
-            .join(format!("{}_{tag}.{kind}.json", repo.replace('/', "_")));
-        let bytes = std::fs::read(&path).unwrap();
-        let digest = sha256_hex(&bytes);
-        (
-            serde_json::from_slice(&bytes).unwrap(),
-            format!("sha256:{digest}"),
-        )
-    }
-
-    /// Run `ctr` against the lab's containerd in namespace `ns`; panics on failure.
-    pub fn ctr(&self, ns: &str, args: &[&str]) -> String {
-        ctr_at(&self.containerd_address, ns, args)
-    }
-
-    /// `ctr images pull` (containerd's own pull) of a lab image into `ns`.
-    pub fn ctr_pull(&self, ns: &str, reference: &str) {
-        let hosts = self.hosts_dir.to_str().unwrap().to_owned();
-        self.ctr(ns, &["images", "pull", "--hosts-dir", &hosts, reference]);
-    }
-}
-
-/// Run `ctr` against the containerd at `address` in namespace `ns`; its standard output.
-/// Panics on failure.
-pub fn ctr_at(address: &Path, ns: &str, args: &[&str]) -> String {
-    let out = Command::new("ctr")
-        .arg("--address")
-        .arg(address)
-        .args(["--namespace", ns])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ctr {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// A containerd namespace of this test alone, removed (with its images) when dropped.
-#[derive(Debug)]
-pub struct TestNamespace {
-    pub name: String,
-}
-
-impl TestNamespace {
-    pub fn new(test: &str) -> Self {
-        Self {
-            name: format!("itest-{test}-{}", std::process::id()),
-        }
-    }
-}
-
-impl Drop for TestNamespace {
-    fn drop(&mut self) {
-        let lab = Lab::get();
-        let ctr = |args: &[&str]| {
-            Command::new("ctr")
-                .arg("--address")
-                .arg(&lab.containerd_address)
-                .args(["--namespace", &self.name])
-                .args(args)
-                .output()
-        };
-        if let Ok(out) = ctr(&["images", "ls", "-q"]) {
-            for image in String::from_utf8_lossy(&out.stdout).lines() {
-                let _ = ctr(&["images", "rm", "--sync", image]);
-            }
-        }
-        let _ = Command::new("ctr")
-            .arg("--address")
-            .arg(&lab.containerd_address)
-            .args(["namespaces", "rm", &self.name])
-            .output();
-    }
 }
 
 /// Path of a binary of this workspace, built next to the test executables.
@@ -308,161 +161,11 @@ pub fn wait_until<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> O
     }
 }
 
-fn sha256_hex(data: &[u8]) -> String {
+pub(crate) fn sha256_hex(data: &[u8]) -> String {
     use sha2::Digest as _;
     sha2::Sha256::digest(data)
         .iter()
         .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// A read-only view of a committed snapshot, mounted at a temporary directory, unmounted
-/// and removed when dropped.
-#[derive(Debug)]
-pub struct MountedSnapshot {
-    pub path: PathBuf,
-    namespace: String,
-    key: String,
-    _dir: tempfile::TempDir,
-}
-
-impl MountedSnapshot {
-    /// Mount the snapshot `chain_id` of namespace `ns` (it must exist: no unpacking here).
-    pub fn view(ns: &str, chain_id: &str) -> Self {
-        let lab = Lab::get();
-        let dir = tempfile::tempdir().unwrap();
-        let key = format!("itest-view-{}-{}", std::process::id(), &chain_id[7..19]);
-        let json = lab.ctr(ns, &["snapshots", "view", "--mounts", &key, chain_id]);
-        let mounts: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
-        assert_eq!(mounts.len(), 1, "{json}");
-        let m = &mounts[0];
-        let options: Vec<&str> = m["Options"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|o| o.as_str().unwrap())
-            .collect();
-        let status = Command::new("mount")
-            .args(["-t", m["Type"].as_str().unwrap()])
-            .args(["-o", &options.join(",")])
-            .arg(m["Source"].as_str().unwrap())
-            .arg(dir.path())
-            .status()
-            .unwrap();
-        assert!(status.success(), "mount of {chain_id} failed");
-        Self {
-            path: dir.path().to_owned(),
-            namespace: ns.to_owned(),
-            key,
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for MountedSnapshot {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.path).status();
-        let lab = Lab::get();
-        let _ = Command::new("ctr")
-            .arg("--address")
-            .arg(&lab.containerd_address)
-            .args(["--namespace", &self.namespace, "snapshots", "rm", &self.key])
-            .output();
-    }
-}
-
-/// Everything about a file tree that unpacking must reproduce: per path its type, mode,
-/// owner, size, modification time, link count, and content hash or link target.
-pub fn tree_listing(root: &Path) -> std::collections::BTreeMap<String, String> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let mut out = std::collections::BTreeMap::new();
-    let mut stack = vec![root.to_owned()];
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let entry = entry.unwrap();
-            let path = entry.path();
-            let meta = std::fs::symlink_metadata(&path).unwrap();
-            let ft = meta.file_type();
-            let what = if ft.is_dir() {
-                stack.push(path.clone());
-                "dir".to_owned()
-            } else if ft.is_symlink() {
-                format!(
-                    "symlink -> {}",
-                    std::fs::read_link(&path).unwrap().display()
-                )
-            } else if ft.is_file() {
-                format!(
-                    "file sha256:{} nlink {}",
-                    sha256_hex(&std::fs::read(&path).unwrap()),
-                    meta.nlink()
-                )
-            } else if ft.is_fifo() {
-                "fifo".to_owned()
-            } else if ft.is_char_device() || ft.is_block_device() {
-                format!("device {}", meta.rdev())
-            } else {
-                "socket".to_owned()
-            };
-            let rel = path.strip_prefix(root).unwrap().display().to_string();
-            // A directory created implicitly while unpacking gets "now" as its mtime once
-            // files land in it (containerd's unpack does the same): only compare old ones.
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_secs() as i64;
-            let mtime = if ft.is_dir() && now - meta.mtime() < 3600 {
-                "recent".to_owned()
-            } else {
-                format!("{}.{:09}", meta.mtime(), meta.mtime_nsec())
-            };
-            out.insert(
-                rel,
-                format!(
-                    "{what} mode {:o} owner {}:{} size {} mtime {mtime}",
-                    meta.mode(),
-                    meta.uid(),
-                    meta.gid(),
-                    if ft.is_dir() { 0 } else { meta.size() },
-                ),
-            );
-        }
-    }
-    out
-}
-
-/// ChainID of the top layer of a manifest's config (as containerd names snapshots).
-pub fn top_chain_id(diff_ids: &[String]) -> String {
-    let mut chain = diff_ids[0].clone();
-    for diff_id in &diff_ids[1..] {
-        chain = format!(
-            "sha256:{}",
-            sha256_hex(format!("{chain} {diff_id}").as_bytes())
-        );
-    }
-    chain
-}
-
-/// Labels of each blob in namespace `ns`, from `ctr content ls`.
-pub fn content_labels(ns: &str) -> HashMap<String, std::collections::BTreeMap<String, String>> {
-    let out = Lab::get().ctr(ns, &["content", "ls"]);
-    out.lines()
-        .skip(1)
-        .filter_map(|line| {
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            let digest = cols.first()?.to_string();
-            let labels = cols
-                .last()
-                .filter(|l| l.contains('='))
-                .map(|l| {
-                    l.split(',')
-                        .filter_map(|kv| kv.split_once('='))
-                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                        .collect()
-                })
-                .unwrap_or_default();
-            Some((digest, labels))
-        })
         .collect()
 }
 
@@ -542,236 +245,6 @@ pub fn lab_image(args: &[&str]) {
         "scripts/lab image {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// Playing kubelet's part over the real CRI API (kubelet cannot run here): a host-network
-/// pod sandbox with one container, removed when dropped.
-#[derive(Debug)]
-pub struct CriPod {
-    pub sandbox_id: String,
-    pub container_id: String,
-    spec: CriPodSpec,
-    sandbox_config: k8s_cri::v1::PodSandboxConfig,
-    runtime: tokio::runtime::Runtime,
-    client: k8s_cri::v1::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
-}
-
-/// What a test pod looks like; `CriPodSpec::new` fills the usual values.
-#[derive(Debug, Clone, Default)]
-pub struct CriPodSpec {
-    pub name: String,
-    pub namespace: String,
-    pub uid: String,
-    /// Labels of the sandbox and its container (kubelet puts its own here).
-    pub labels: HashMap<String, String>,
-    pub container: String,
-    pub container_labels: HashMap<String, String>,
-    pub container_annotations: HashMap<String, String>,
-    pub attempt: u32,
-    pub image: String,
-    pub command: Vec<String>,
-    /// Bind mounts: (host path, container path).
-    pub mounts: Vec<(PathBuf, String)>,
-}
-
-impl CriPodSpec {
-    pub fn new(name: &str, image: &str, command: &[&str]) -> Self {
-        Self {
-            name: name.to_owned(),
-            namespace: "itest".to_owned(),
-            uid: format!("{name}-{}", std::process::id()),
-            container: "main".to_owned(),
-            image: image.to_owned(),
-            command: command.iter().map(|s| (*s).to_owned()).collect(),
-            ..Self::default()
-        }
-    }
-}
-
-impl CriPod {
-    /// Run `command` from `image` (which must already be pulled: this never pulls it).
-    pub fn run(name: &str, image: &str, command: &[&str]) -> Self {
-        Self::run_spec(&CriPodSpec::new(name, image, command))
-    }
-
-    /// Run the pod `spec` describes (its image must already be pulled).
-    pub fn run_spec(spec: &CriPodSpec) -> Self {
-        use k8s_cri::v1::*;
-        let lab = Lab::get();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let mut client = runtime.block_on(async {
-            let rt = rigger_agent::runtime::Runtime::connect(
-                &lab.containerd_address,
-                rigger_agent::runtime::DEFAULT_CONNECT_TIMEOUT,
-            )
-            .await
-            .unwrap();
-            runtime_service_client::RuntimeServiceClient::new(rt.channel())
-        });
-        let sandbox_config = PodSandboxConfig {
-            metadata: Some(PodSandboxMetadata {
-                name: spec.name.clone(),
-                uid: spec.uid.clone(),
-                namespace: spec.namespace.clone(),
-                attempt: 0,
-            }),
-            // No CNI here: host network, and no hostname (runc cannot set one without a
-            // UTS namespace).
-            hostname: String::new(),
-            labels: spec.labels.clone(),
-            linux: Some(LinuxPodSandboxConfig {
-                security_context: Some(LinuxSandboxSecurityContext {
-                    namespace_options: Some(NamespaceOption {
-                        network: NamespaceMode::Node as i32,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let (sandbox_id, container_id) = runtime.block_on(async {
-            let sandbox_id = client
-                .run_pod_sandbox(RunPodSandboxRequest {
-                    config: Some(sandbox_config.clone()),
-                    runtime_handler: String::new(),
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .pod_sandbox_id;
-            let container_id = Box::pin(Self::start_container(
-                &mut client,
-                &sandbox_id,
-                &sandbox_config,
-                spec,
-            ))
-            .await;
-            (sandbox_id, container_id)
-        });
-        Self {
-            sandbox_id,
-            container_id,
-            spec: spec.clone(),
-            sandbox_config,
-            runtime,
-            client,
-        }
-    }
-
-    async fn start_container(
-        client: &mut k8s_cri::v1::runtime_service_client::RuntimeServiceClient<
-            tonic::transport::Channel,
-        >,
-        sandbox_id: &str,
-        sandbox_config: &k8s_cri::v1::PodSandboxConfig,
-        spec: &CriPodSpec,
-    ) -> String {
-        use k8s_cri::v1::*;
-        let container_id = client
-            .create_container(CreateContainerRequest {
-                pod_sandbox_id: sandbox_id.to_owned(),
-                config: Some(ContainerConfig {
-                    metadata: Some(ContainerMetadata {
-                        name: spec.container.clone(),
-                        attempt: spec.attempt,
-                    }),
-                    image: Some(ImageSpec {
-                        image: spec.image.clone(),
-                        ..Default::default()
-                    }),
-                    command: spec.command.clone(),
-                    labels: spec.container_labels.clone(),
-                    annotations: spec.container_annotations.clone(),
-                    mounts: spec
-                        .mounts
-                        .iter()
-                        .map(|(host, path)| Mount {
-                            container_path: path.clone(),
-                            host_path: host.display().to_string(),
-                            ..Default::default()
-                        })
-                        .collect(),
-                    ..Default::default()
-                }),
-                sandbox_config: Some(sandbox_config.clone()),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .container_id;
-        client
-            .start_container(StartContainerRequest {
-                container_id: container_id.clone(),
-            })
-            .await
-            .unwrap();
-        container_id
-    }
-
-    /// One turn of kubelet's restart loop: when the container has exited, start its next
-    /// attempt (restart count annotation included) and return the new container's id.
-    pub fn restart_if_exited(&mut self) -> Option<String> {
-        if self.container_state() != "CONTAINER_EXITED" {
-            return None;
-        }
-        self.spec.attempt += 1;
-        self.spec.container_annotations.insert(
-            "io.kubernetes.container.restartCount".to_owned(),
-            self.spec.attempt.to_string(),
-        );
-        let id = self.runtime.block_on(Box::pin(Self::start_container(
-            &mut self.client,
-            &self.sandbox_id,
-            &self.sandbox_config,
-            &self.spec,
-        )));
-        self.container_id = id.clone();
-        Some(id)
-    }
-
-    /// The container's CRI state name, e.g. `CONTAINER_RUNNING`.
-    pub fn container_state(&mut self) -> String {
-        let id = self.container_id.clone();
-        let status = self
-            .runtime
-            .block_on(
-                self.client
-                    .container_status(k8s_cri::v1::ContainerStatusRequest {
-                        container_id: id,
-                        verbose: false,
-                    }),
-            )
-            .unwrap()
-            .into_inner()
-            .status
-            .unwrap();
-        k8s_cri::v1::ContainerState::try_from(status.state)
-            .unwrap()
-            .as_str_name()
-            .to_owned()
-    }
-}
-
-impl Drop for CriPod {
-    fn drop(&mut self) {
-        let id = self.sandbox_id.clone();
-        let client = &mut self.client;
-        self.runtime.block_on(async {
-            let _ = client
-                .stop_pod_sandbox(k8s_cri::v1::StopPodSandboxRequest {
-                    pod_sandbox_id: id.clone(),
-                })
-                .await;
-            let _ = client
-                .remove_pod_sandbox(k8s_cri::v1::RemovePodSandboxRequest { pod_sandbox_id: id })
-                .await;
-        });
-    }
 }
 
 /// A distribution registry on a free port, storing under `storage`, with the `auth:`
@@ -1611,12 +1084,17 @@ impl Drop for PrivateContainerd {
     }
 }
 
-/// Running containers named `name` of the pod with sandbox uid `uid`, as CRI lists them.
+/// Running containers named `name` of the pod with sandbox uid `uid`, as CRI of the
+/// lab's first node lists them.
 pub fn running_containers(uid: &str, name: &str) -> usize {
-    let lab = Lab::get();
+    running_containers_on(Lab::get().first_node(), uid, name)
+}
+
+/// As [`running_containers`], on `node`.
+pub fn running_containers_on(node: &LabNode, uid: &str, name: &str) -> usize {
     let out = std::process::Command::new(binary("rigger-agent"))
         .args(["status", "-o", "json", "--no-disk-usage", "--address"])
-        .arg(&lab.containerd_address)
+        .arg(&node.address)
         .output()
         .unwrap();
     let inventory: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -1,5 +1,7 @@
 //! `rigger-agent pull` against the lab: the result must be what containerd's own pull
-//! leaves (same rootfs, same labels, same records), and CRI must use it as pulled.
+//! leaves (same rootfs, same labels, same records), and CRI must use it as pulled, on
+//! every containerd version the lab runs (1.6, 1.7, 2.1: each compared with the same
+//! version's own pull).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
@@ -10,17 +12,23 @@ use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::{ImageSpec, ImageStatusRequest};
 use rigger_agent::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 use rigger_integration_tests::{
-    Lab, MountedSnapshot, TestNamespace, agent, binary, content_labels, top_chain_id, tree_listing,
+    Lab, LabNode, MountedSnapshot, TestNamespace, agent, binary, on_every_containerd, top_chain_id,
+    tree_listing,
 };
 
+/// `rigger-agent pull` into namespace `ns` of the lab's first node.
 fn agent_pull(ns: &str, images: &[&str]) -> Output {
-    let lab = Lab::get();
+    agent_pull_on(Lab::get().first_node(), ns, images)
+}
+
+/// `rigger-agent pull` into namespace `ns` of `node`.
+fn agent_pull_on(node: &LabNode, ns: &str, images: &[&str]) -> Output {
     let mut args = vec![
         "pull".to_owned(),
         "--address".to_owned(),
-        lab.containerd_address.display().to_string(),
+        node.address.display().to_string(),
         "--registry-config".to_owned(),
-        lab.hosts_dir.display().to_string(),
+        node.hosts_dir.display().to_string(),
         "--namespace".to_owned(),
         ns.to_owned(),
     ];
@@ -39,10 +47,10 @@ fn assert_pulled(out: &Output) {
     );
 }
 
-/// diff IDs of a lab image, from the config the registry serves.
-fn diff_ids(lab: &Lab, ns: &str, repo_tag: &str) -> Vec<String> {
-    let (manifest, _) = lab.manifest(repo_tag);
-    let config = lab.ctr(
+/// diff IDs of a lab image, from its config as pulled into `ns` of `node`.
+fn diff_ids(node: &LabNode, ns: &str, repo_tag: &str) -> Vec<String> {
+    let (manifest, _) = Lab::get().manifest(repo_tag);
+    let config = node.ctr(
         ns,
         &[
             "content",
@@ -62,6 +70,7 @@ fn diff_ids(lab: &Lab, ns: &str, repo_tag: &str) -> Vec<String> {
 /// Every blob of the image — `blobs` (index, manifest), then the manifest's config and
 /// layers — is in `ours` with the labels it has in `theirs`. Returns `ours`' labels.
 fn assert_same_labels(
+    node: &LabNode,
     ours: &str,
     theirs: &str,
     mut blobs: Vec<String>,
@@ -75,7 +84,7 @@ fn assert_same_labels(
             .iter()
             .map(|l| l["digest"].as_str().unwrap().to_owned()),
     );
-    let (a, b) = (content_labels(ours), content_labels(theirs));
+    let (a, b) = (node.content_labels(ours), node.content_labels(theirs));
     for blob in &blobs {
         assert!(a.contains_key(blob), "{blob} missing");
         assert_eq!(
@@ -87,19 +96,19 @@ fn assert_same_labels(
     a
 }
 
-fn compare_with_ctr(repo_tag: &str, test: &str) {
+fn compare_with_ctr(node: &LabNode, repo_tag: &str, test: &str) {
     let lab = Lab::get();
-    let ours = TestNamespace::new(&format!("{test}-agent"));
-    let theirs = TestNamespace::new(&format!("{test}-ctr"));
+    let ours = TestNamespace::on(node, &format!("{test}-agent"));
+    let theirs = TestNamespace::on(node, &format!("{test}-ctr"));
     let image = lab.image(repo_tag);
 
     // The agent first, so it really downloads (content is shared across namespaces).
-    assert_pulled(&agent_pull(&ours.name, &[&image]));
-    lab.ctr_pull(&theirs.name, &image);
+    assert_pulled(&agent_pull_on(node, &ours.name, &[&image]));
+    node.ctr_pull(&theirs.name, &image);
 
     // Same image record.
     let record = |ns: &str| {
-        lab.ctr(ns, &["images", "ls"])
+        node.ctr(ns, &["images", "ls"])
             .lines()
             .skip(1)
             .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
@@ -109,13 +118,19 @@ fn compare_with_ctr(repo_tag: &str, test: &str) {
 
     // Same labels on every blob of the image.
     let (manifest, manifest_digest) = lab.manifest(repo_tag);
-    assert_same_labels(&ours.name, &theirs.name, vec![manifest_digest], &manifest);
+    assert_same_labels(
+        node,
+        &ours.name,
+        &theirs.name,
+        vec![manifest_digest],
+        &manifest,
+    );
 
     // Same snapshots and the same rootfs, file by file.
-    let ids = diff_ids(lab, &ours.name, repo_tag);
+    let ids = diff_ids(node, &ours.name, repo_tag);
     let chain = top_chain_id(&ids);
-    let ours_root = MountedSnapshot::view(&ours.name, &chain);
-    let theirs_root = MountedSnapshot::view(&theirs.name, &chain);
+    let ours_root = MountedSnapshot::view_on(node, &ours.name, &chain);
+    let theirs_root = MountedSnapshot::view_on(node, &theirs.name, &chain);
     let (a, b) = (
         tree_listing(&ours_root.path),
         tree_listing(&theirs_root.path),
@@ -127,56 +142,62 @@ fn compare_with_ctr(repo_tag: &str, test: &str) {
     assert_eq!(a.len(), b.len(), "extra paths in the agent's rootfs");
 }
 
-#[test]
-fn fixtures_rootfs_matches_containerds_pull() {
+on_every_containerd!(
+    fixtures_rootfs_matches_containerds_pull,
+    multi_layer_rootfs_matches_containerds_pull,
+    zstd_layers_match_containerds_pull,
+    uncompressed_layers_match_containerds_pull,
+    docker_schema2_images_match_containerds_pull,
+    oci_index_picks_the_host_platform_like_ctr,
+    docker_manifest_list_picks_the_host_platform_like_ctr,
+    cri_finds_an_agent_pulled_image,
+);
+
+fn fixtures_rootfs_matches_containerds_pull(node: &LabNode) {
     // Whiteouts, opaque dirs, hardlinks, symlinks, setuid, owners, fifos, long names.
-    compare_with_ctr("rigger-lab/fixtures:1", "pull-fixtures");
+    compare_with_ctr(node, "rigger-lab/fixtures:1", "pull-fixtures");
 }
 
-#[test]
-fn multi_layer_rootfs_matches_containerds_pull() {
-    compare_with_ctr("rigger-lab/multi:1", "pull-multi");
+fn multi_layer_rootfs_matches_containerds_pull(node: &LabNode) {
+    compare_with_ctr(node, "rigger-lab/multi:1", "pull-multi");
 }
 
-#[test]
-fn zstd_layers_match_containerds_pull() {
+fn zstd_layers_match_containerds_pull(node: &LabNode) {
     let image =
         rigger_integration_tests::unique_image_with("zstd", 2, 300_000, &["--compression", "zstd"]);
-    compare_with_ctr(&image, "pull-zstd");
+    compare_with_ctr(node, &image, "pull-zstd");
 }
 
-#[test]
-fn uncompressed_layers_match_containerds_pull() {
+fn uncompressed_layers_match_containerds_pull(node: &LabNode) {
     let image = rigger_integration_tests::unique_image_with(
         "plain",
         2,
         300_000,
         &["--compression", "none"],
     );
-    compare_with_ctr(&image, "pull-plain");
+    compare_with_ctr(node, &image, "pull-plain");
 }
 
-#[test]
-fn docker_schema2_images_match_containerds_pull() {
+fn docker_schema2_images_match_containerds_pull(node: &LabNode) {
     let image =
         rigger_integration_tests::unique_image_with("docker", 2, 300_000, &["--format", "docker"]);
-    compare_with_ctr(&image, "pull-docker");
+    compare_with_ctr(node, &image, "pull-docker");
 }
 
-fn compare_index_with_ctr(format: &str, test: &str) {
+fn compare_index_with_ctr(node: &LabNode, format: &str, test: &str) {
     let lab = Lab::get();
     let repo = format!("rigger-lab/{test}-{}", std::process::id());
     rigger_integration_tests::lab_image(&["index", "--name", &repo, "--format", format]);
     let repo_tag = format!("{repo}:1");
     let image = lab.image(&repo_tag);
-    let ours = TestNamespace::new(&format!("{test}-agent"));
-    let theirs = TestNamespace::new(&format!("{test}-ctr"));
-    assert_pulled(&agent_pull(&ours.name, &[&image]));
-    lab.ctr_pull(&theirs.name, &image);
+    let ours = TestNamespace::on(node, &format!("{test}-agent"));
+    let theirs = TestNamespace::on(node, &format!("{test}-ctr"));
+    assert_pulled(&agent_pull_on(node, &ours.name, &[&image]));
+    node.ctr_pull(&theirs.name, &image);
 
     let (index, index_digest) = lab.index(&repo_tag);
     let record = |ns: &str| {
-        lab.ctr(ns, &["images", "ls"])
+        node.ctr(ns, &["images", "ls"])
             .lines()
             .nth(1)
             .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
@@ -200,8 +221,9 @@ fn compare_index_with_ctr(format: &str, test: &str) {
         .unwrap()
         .to_owned();
     let manifest: serde_json::Value =
-        serde_json::from_str(&lab.ctr(&ours.name, &["content", "get", &chosen])).unwrap();
+        serde_json::from_str(&node.ctr(&ours.name, &["content", "get", &chosen])).unwrap();
     let a = assert_same_labels(
+        node,
         &ours.name,
         &theirs.name,
         vec![index_digest, chosen],
@@ -217,7 +239,7 @@ fn compare_index_with_ctr(format: &str, test: &str) {
             );
         }
     }
-    let config: serde_json::Value = serde_json::from_str(&lab.ctr(
+    let config: serde_json::Value = serde_json::from_str(&node.ctr(
         &ours.name,
         &[
             "content",
@@ -234,24 +256,21 @@ fn compare_index_with_ctr(format: &str, test: &str) {
         .collect();
     let chain = top_chain_id(&ids);
     let (x, y) = (
-        MountedSnapshot::view(&ours.name, &chain),
-        MountedSnapshot::view(&theirs.name, &chain),
+        MountedSnapshot::view_on(node, &ours.name, &chain),
+        MountedSnapshot::view_on(node, &theirs.name, &chain),
     );
     assert_eq!(tree_listing(&x.path), tree_listing(&y.path));
 }
 
-#[test]
-fn oci_index_picks_the_host_platform_like_ctr() {
-    compare_index_with_ctr("oci", "pull-index");
+fn oci_index_picks_the_host_platform_like_ctr(node: &LabNode) {
+    compare_index_with_ctr(node, "oci", "pull-index");
 }
 
-#[test]
-fn docker_manifest_list_picks_the_host_platform_like_ctr() {
-    compare_index_with_ctr("docker", "pull-list");
+fn docker_manifest_list_picks_the_host_platform_like_ctr(node: &LabNode) {
+    compare_index_with_ctr(node, "docker", "pull-list");
 }
 
-#[test]
-fn cri_finds_an_agent_pulled_image() {
+fn cri_finds_an_agent_pulled_image(node: &LabNode) {
     let lab = Lab::get();
     // An image no other test pulls, so CRI can only know it from the agent.
     let repo = format!("rigger-lab/cri-{}", std::process::id());
@@ -259,12 +278,12 @@ fn cri_finds_an_agent_pulled_image() {
         "layers", "--name", &repo, "--count", "2", "--size", "65536",
     ]);
     let image = lab.image(&format!("{repo}:1"));
-    let out = agent_pull("k8s.io", &[&image]);
+    let out = agent_pull_on(node, "k8s.io", &[&image]);
     assert_pulled(&out);
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let status = runtime.block_on(async {
-        let rt = Runtime::connect(&lab.containerd_address, DEFAULT_CONNECT_TIMEOUT)
+        let rt = Runtime::connect(&node.address, DEFAULT_CONNECT_TIMEOUT)
             .await
             .unwrap();
         ImageServiceClient::new(rt.channel())
@@ -290,8 +309,12 @@ fn cri_finds_an_agent_pulled_image() {
     );
 
     // kubelet would now start a container from it without pulling: so does this.
-    let mut pod =
-        rigger_integration_tests::CriPod::run("agent-pulled", &image, &["/bin/sleep", "3600"]);
+    let mut pod = rigger_integration_tests::CriPod::run_on(
+        node,
+        "agent-pulled",
+        &image,
+        &["/bin/sleep", "3600"],
+    );
     rigger_integration_tests::wait_until(
         "the container to run",
         std::time::Duration::from_secs(30),
@@ -300,12 +323,12 @@ fn cri_finds_an_agent_pulled_image() {
     drop(pod);
 
     // Clean up the image from CRI's namespace.
-    let records = lab.ctr("k8s.io", &["images", "ls", "-q"]);
+    let records = node.ctr("k8s.io", &["images", "ls", "-q"]);
     for name in records
         .lines()
         .filter(|l| l.contains(&repo) || l == &found.id)
     {
-        lab.ctr("k8s.io", &["images", "rm", name]);
+        node.ctr("k8s.io", &["images", "rm", name]);
     }
 }
 
