@@ -16,7 +16,10 @@ TEST_CMD := $(CARGO) test --workspace --no-fail-fast
 endif
 
 .PHONY: all build deps fmt-check clippy test demo lab-up lab-down lab-status clean \
-	docs deb package-test k8s-check deny fuzz-test
+	docs deb package-test k8s-check deny fuzz-test fresh-root-test
+
+# The containerd versions the tests run against: one lab node each (scripts/lab).
+TEST_CONTAINERDS := 1.6,1.7,2.1
 
 all: build
 
@@ -36,10 +39,11 @@ clippy: deps
 deny:
 	scripts/deny
 
-# Unit and integration tests against the real lab; the lab is stopped afterwards.
+# Unit and integration tests against the real lab (containerd 1.6, 1.7 and 2.1); the lab
+# is stopped afterwards.
 test: deps fmt-check clippy deny build
-	@$(LAB) up
-	@set +e; $(TEST_CMD); rc=$$?; $(LAB) down; exit $$rc
+	@$(LAB) up --containerd $(TEST_CONTAINERDS)
+	@set +e; RIGGER_LAB_CONTAINERD=$(TEST_CONTAINERDS) $(TEST_CMD); rc=$$?; $(LAB) down; exit $$rc
 
 demo: build
 	scripts/demo
@@ -59,6 +63,11 @@ deb:
 package-test: deps build
 	packaging/deb/test
 	deploy/kubernetes/check
+
+# A fresh Debian 12 root with only the Rust toolchain: scripts/lab install, make demo, the
+# whole build, a test on every containerd version (scripts/fresh-root-test).
+fresh-root-test:
+	scripts/fresh-root-test
 
 k8s-check: deps
 	deploy/kubernetes/check

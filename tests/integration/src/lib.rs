@@ -569,15 +569,24 @@ pub fn token(pki: &Path, role: &str) -> String {
 /// A controller under `dir/controller` and an agent for `node` on the lab's first node
 /// (pulls into `namespace`, state under `dir/agent`), once the node is ready.
 pub fn controller_with_agent(dir: &Path, node: &str, namespace: &str) -> (Controller, Agent) {
-    let lab = Lab::get();
+    controller_with_agent_on(Lab::get().first_node(), dir, node, namespace)
+}
+
+/// As [`controller_with_agent`], the agent on the lab node `lab_node`.
+pub fn controller_with_agent_on(
+    lab_node: &LabNode,
+    dir: &Path,
+    node: &str,
+    namespace: &str,
+) -> (Controller, Agent) {
     let controller = Controller::start(&dir.join("controller"));
     let state = dir.join("agent");
     std::fs::create_dir_all(&state).unwrap();
     let agent = Agent::start(
         &controller,
         node,
-        &lab.containerd_address,
-        &lab.hosts_dir,
+        &lab_node.address,
+        &lab_node.hosts_dir,
         namespace,
         &state,
     );

@@ -1,13 +1,15 @@
 //! Agent-managed pods on a lab node: applied through the controller, run by the agent
 //! through CRI, adopted (not duplicated) after an agent restart, restarted after a crash,
-//! removed when deleted.
+//! removed when deleted; on every containerd version the lab runs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::process::Command;
 use std::time::Duration;
 
-use rigger_integration_tests::{Agent, Controller, Lab, binary, log_tail, wait_until};
+use rigger_integration_tests::{
+    Agent, Controller, Lab, LabNode, binary, log_tail, on_every_containerd, wait_until,
+};
 use serde_json::Value;
 
 fn pod_yaml(name: &str, image: &str, command: &str, policy: &str) -> String {
@@ -16,12 +18,11 @@ fn pod_yaml(name: &str, image: &str, command: &str, policy: &str) -> String {
     )
 }
 
-/// Rigger-owned sandboxes the node reports for pod `name`.
-fn sandboxes(name: &str) -> Vec<Value> {
-    let lab = Lab::get();
+/// Rigger-owned sandboxes `node` reports for pod `name`.
+fn sandboxes(node: &LabNode, name: &str) -> Vec<Value> {
     let out = Command::new(binary("rigger-agent"))
         .args(["status", "-o", "json", "--no-disk-usage", "--address"])
-        .arg(&lab.containerd_address)
+        .arg(&node.address)
         .output()
         .unwrap();
     let inventory: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -34,8 +35,12 @@ fn sandboxes(name: &str) -> Vec<Value> {
         .collect()
 }
 
-#[test]
-fn a_pod_runs_survives_an_agent_restart_restarts_crashes_and_goes_when_deleted() {
+on_every_containerd!(
+    a_pod_runs_survives_an_agent_restart_restarts_crashes_and_goes_when_deleted,
+    probes_and_hooks_run_as_kubelet_runs_them,
+);
+
+fn a_pod_runs_survives_an_agent_restart_restarts_crashes_and_goes_when_deleted(node: &LabNode) {
     let lab = Lab::get();
     let dir = tempfile::tempdir().unwrap();
     let controller = Controller::start(&dir.path().join("controller"));
@@ -44,8 +49,8 @@ fn a_pod_runs_survives_an_agent_restart_restarts_crashes_and_goes_when_deleted()
     let mut agent = Agent::start(
         &controller,
         "pods-node",
-        &lab.containerd_address,
-        &lab.hosts_dir,
+        &node.address,
+        &node.hosts_dir,
         "itest-pods",
         &state,
     );
@@ -88,7 +93,7 @@ fn a_pod_runs_survives_an_agent_restart_restarts_crashes_and_goes_when_deleted()
         "{running:#}"
     );
     assert_eq!(running["status"]["conditions"][3]["type"], "Ready");
-    assert_eq!(sandboxes(&name).len(), 1);
+    assert_eq!(sandboxes(node, &name).len(), 1);
     let log_dir = state
         .join("pods")
         .join(running["metadata"]["uid"].as_str().unwrap())
@@ -177,7 +182,7 @@ fn a_pod_runs_survives_an_agent_restart_restarts_crashes_and_goes_when_deleted()
         logs()
     );
     assert_eq!(after["status"]["containerStatuses"][0]["restartCount"], 0);
-    assert_eq!(sandboxes(&name).len(), 1, "no second sandbox");
+    assert_eq!(sandboxes(node, &name).len(), 1, "no second sandbox");
 
     // A controller restart changes nothing on the node.
     let mut controller = controller;
@@ -199,7 +204,7 @@ fn a_pod_runs_survives_an_agent_restart_restarts_crashes_and_goes_when_deleted()
         after_controller["status"]["containerStatuses"][0]["restartCount"],
         0
     );
-    assert_eq!(sandboxes(&name).len(), 1);
+    assert_eq!(sandboxes(node, &name).len(), 1);
 
     // A crashing container is restarted (after kubelet's 10 s back-off) and counted.
     let out = controller.apply(&pod_yaml(&crasher, &image, "exit 3", "Always"));
@@ -228,12 +233,11 @@ fn a_pod_runs_survives_an_agent_restart_restarts_crashes_and_goes_when_deleted()
         );
     }
     wait_until("the sandboxes to go", Duration::from_secs(60), || {
-        (sandboxes(&name).is_empty() && sandboxes(&crasher).is_empty()).then_some(())
+        (sandboxes(node, &name).is_empty() && sandboxes(node, &crasher).is_empty()).then_some(())
     });
 }
 
-#[test]
-fn probes_and_hooks_run_as_kubelet_runs_them() {
+fn probes_and_hooks_run_as_kubelet_runs_them(node: &LabNode) {
     let lab = Lab::get();
     let dir = tempfile::tempdir().unwrap();
     let controller = Controller::start(&dir.path().join("controller"));
@@ -242,8 +246,8 @@ fn probes_and_hooks_run_as_kubelet_runs_them() {
     let _agent = Agent::start(
         &controller,
         "probes-node",
-        &lab.containerd_address,
-        &lab.hosts_dir,
+        &node.address,
+        &node.hosts_dir,
         "itest-probes",
         &state,
     );
@@ -367,6 +371,6 @@ spec:
             .then_some(())
     });
     wait_until("the pod's sandbox to go", Duration::from_secs(60), || {
-        sandboxes(&name).is_empty().then_some(())
+        sandboxes(node, &name).is_empty().then_some(())
     });
 }

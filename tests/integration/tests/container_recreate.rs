@@ -1,7 +1,8 @@
 //! ContainerRecreateRequest end to end: applied through the controller, routed to the
 //! pod's node, executed by the agent over the lab's real CRI — for agent-managed pods
 //! (the agent starts the next attempt) and for kubelet's pods (this test plays kubelet's
-//! restart loop, as kubelet cannot run here).
+//! restart loop, as kubelet cannot run here). The recreate itself and kubelet's pods
+//! are tested on every containerd version the lab runs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
@@ -10,8 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rigger_integration_tests::{
-    Controller, CriPod, CriPodSpec, Lab, container_status, controller_with_agent, log_tail,
-    pod_ready, running_containers, wait_until,
+    Controller, CriPod, CriPodSpec, Lab, LabNode, container_status, controller_with_agent,
+    controller_with_agent_on, log_tail, on_every_containerd, pod_ready, running_containers,
+    wait_until,
 };
 use serde_json::Value;
 
@@ -71,11 +73,16 @@ fn tcp_recorder() -> (u16, Arc<Mutex<u32>>) {
 /// A loop that ends at once on SIGTERM (shells as PID 1 ignore it otherwise).
 const IDLE: &str = "trap 'exit 0' TERM; while true; do sleep 0.2; done";
 
-#[test]
-fn recreate_keeps_the_pod_runs_every_kind_of_pre_stop_and_goes_in_order() {
+on_every_containerd!(
+    recreate_keeps_the_pod_runs_every_kind_of_pre_stop_and_goes_in_order,
+    kubelet_pods_are_recreated_with_kubelets_hook_and_restart_loop,
+);
+
+fn recreate_keeps_the_pod_runs_every_kind_of_pre_stop_and_goes_in_order(node: &LabNode) {
     let lab = Lab::get();
     let dir = tempfile::tempdir().unwrap();
-    let (controller, agent) = controller_with_agent(dir.path(), "recreate-node", "itest-recreate");
+    let (controller, agent) =
+        controller_with_agent_on(node, dir.path(), "recreate-node", "itest-recreate");
     let image = lab.image("rigger-lab/busybox:1");
     let (http_port, http_hooks) = rigger_integration_tests::http_recorder();
     let (tcp_port, tcp_hooks) = tcp_recorder();
@@ -251,7 +258,7 @@ spec:
         container_status(&before, "keeper")["containerID"]
     );
     assert_eq!(container_status(&after, "keeper")["restartCount"], 0);
-    let sandboxes = lab_sandboxes(&uid);
+    let sandboxes = lab_sandboxes(node, &uid);
     assert_eq!(sandboxes, 1, "one sandbox, never replaced");
     let cat = controller.ctl(&["exec", &name, "-c", "app", "--", "cat", "/data/marker"]);
     assert_eq!(String::from_utf8_lossy(&cat.stdout), "kept\n");
@@ -305,12 +312,11 @@ spec:
     assert!(controller.ctl(&["delete", "pod", &name]).status.success());
 }
 
-/// Ready sandboxes in the lab's containerd for pod uid `uid`.
-fn lab_sandboxes(uid: &str) -> usize {
-    let lab = Lab::get();
+/// Ready sandboxes in the containerd of lab node `node` for pod uid `uid`.
+fn lab_sandboxes(node: &LabNode, uid: &str) -> usize {
     let out = std::process::Command::new(rigger_integration_tests::binary("rigger-agent"))
         .args(["status", "-o", "json", "--no-disk-usage", "--address"])
-        .arg(&lab.containerd_address)
+        .arg(&node.address)
         .output()
         .unwrap();
     let inventory: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -522,17 +528,16 @@ spec:
     assert_eq!(state_of(&crr, "steady")["phase"], "Failed");
 }
 
-#[test]
-fn kubelet_pods_are_recreated_with_kubelets_hook_and_restart_loop() {
+fn kubelet_pods_are_recreated_with_kubelets_hook_and_restart_loop(node: &LabNode) {
     let lab = Lab::get();
     let dir = tempfile::tempdir().unwrap();
     let (controller, agent) =
-        controller_with_agent(dir.path(), "recreate-kubelet-node", "itest-recreate");
+        controller_with_agent_on(node, dir.path(), "recreate-kubelet-node", "itest-recreate");
     let image = lab.image("rigger-lab/busybox:1");
     // The image comes the way kubelet gets it: CRI PullImage.
     let pulled =
         std::process::Command::new(rigger_integration_tests::binary("rigger-bench-cri-pull"))
-            .arg(&lab.containerd_address)
+            .arg(&node.address)
             .arg(&image)
             .output()
             .unwrap();
@@ -561,7 +566,7 @@ fn kubelet_pods_are_recreated_with_kubelets_hook_and_restart_loop() {
     ]);
     let mut container_labels = labels.clone();
     container_labels.insert("io.kubernetes.container.name".into(), "app".into());
-    let mut spec = CriPodSpec::new(&name, &image, &["sh", "-c", IDLE]);
+    let mut spec = CriPodSpec::on(node, &name, &image, &["sh", "-c", IDLE]);
     spec.namespace = namespace.to_owned();
     spec.uid = uid;
     spec.labels = labels;
@@ -720,7 +725,7 @@ spec:
     );
     assert_eq!(after["metadata"]["uid"], before["metadata"]["uid"]);
     assert_eq!(running_containers(&uid, "app"), 1);
-    assert_eq!(lab_sandboxes(&uid), 1);
+    assert_eq!(lab_sandboxes(Lab::get().first_node(), &uid), 1);
     // The preStop hook the restart cut short ran again, to its end (hooks are at least
     // once, as in Kubernetes), within the grace period counted from its first start.
     // (containerd ends the first exec when the agent's call goes away.)

@@ -1,12 +1,13 @@
-//! SidecarSet: injection into the matching pods created after it (issue 8, first part),
-//! on the lab's real CRI.
+//! SidecarSet: injection into the matching pods created after it, cold and hot upgrades,
+//! on the lab's real CRI (the hot upgrade on every containerd version the lab runs).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::time::Duration;
 
 use rigger_integration_tests::{
-    Lab, container_status, controller_with_agent, log_tail, pod_ready, wait_until,
+    Lab, LabNode, container_status, controller_with_agent, controller_with_agent_on, log_tail,
+    on_every_containerd, pod_ready, wait_until,
 };
 use serde_json::Value;
 
@@ -319,12 +320,13 @@ spec:
     }
 }
 
-#[test]
+on_every_containerd!(a_hot_upgrade_swaps_slots_and_a_broken_image_leaves_the_old_slot_serving);
+
 #[allow(clippy::too_many_lines)] // one hot upgrade, then a broken one
-fn a_hot_upgrade_swaps_slots_and_a_broken_image_leaves_the_old_slot_serving() {
+fn a_hot_upgrade_swaps_slots_and_a_broken_image_leaves_the_old_slot_serving(node: &LabNode) {
     let lab = Lab::get();
     let dir = tempfile::tempdir().unwrap();
-    let (controller, agent) = controller_with_agent(dir.path(), "hot-node", "itest-hot");
+    let (controller, agent) = controller_with_agent_on(node, dir.path(), "hot-node", "itest-hot");
     let empty = lab.image("rigger-lab/busybox:1");
     let first = busybox_variant("hot-a");
     let second = busybox_variant("hot-b");
