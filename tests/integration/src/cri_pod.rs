@@ -59,13 +59,8 @@ impl CriPodSpec {
 }
 
 impl CriPod {
-    /// Run `command` from `image` on the lab's first node (the image must already be
-    /// pulled: this never pulls it).
-    pub fn run(name: &str, image: &str, command: &[&str]) -> Self {
-        Self::run_spec(&CriPodSpec::new(name, image, command))
-    }
-
-    /// As [`CriPod::run`], on `node`.
+    /// Run `command` from `image` on `node` (the image must already be pulled: this
+    /// never pulls it).
     pub fn run_on(node: &LabNode, name: &str, image: &str, command: &[&str]) -> Self {
         Self::run_spec(&CriPodSpec::on(node, name, image, command))
     }

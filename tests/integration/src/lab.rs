@@ -59,6 +59,14 @@ impl LabNode {
         run_ctr(&self.ctr_path, &self.address, ns, args)
     }
 
+    /// This node's `ctr`, aimed at its socket, for callers that handle failure
+    /// themselves (clean-ups).
+    fn ctr_command(&self) -> Command {
+        let mut command = Command::new(&self.ctr_path);
+        command.arg("--address").arg(&self.address);
+        command
+    }
+
     /// `ctr images pull` (containerd's own pull, of this version) of a lab image into `ns`.
     pub fn ctr_pull(&self, ns: &str, reference: &str) {
         let hosts = self.hosts_dir.to_str().unwrap().to_owned();
@@ -317,9 +325,8 @@ impl TestNamespace {
 impl Drop for TestNamespace {
     fn drop(&mut self) {
         let ctr = |args: &[&str]| {
-            Command::new(&self.node.ctr_path)
-                .arg("--address")
-                .arg(&self.node.address)
+            self.node
+                .ctr_command()
                 .args(["--namespace", &self.name])
                 .args(args)
                 .output()
@@ -329,9 +336,9 @@ impl Drop for TestNamespace {
                 let _ = ctr(&["images", "rm", "--sync", image]);
             }
         }
-        let _ = Command::new(&self.node.ctr_path)
-            .arg("--address")
-            .arg(&self.node.address)
+        let _ = self
+            .node
+            .ctr_command()
             .args(["namespaces", "rm", &self.name])
             .output();
     }
@@ -349,13 +356,8 @@ pub struct MountedSnapshot {
 }
 
 impl MountedSnapshot {
-    /// Mount the snapshot `chain_id` of namespace `ns` on the lab's first node (it must
-    /// exist: no unpacking here).
-    pub fn view(ns: &str, chain_id: &str) -> Self {
-        Self::view_on(Lab::get().first_node(), ns, chain_id)
-    }
-
-    /// Mount the snapshot `chain_id` of namespace `ns` on `node`.
+    /// Mount the snapshot `chain_id` of namespace `ns` on `node` (it must exist: no
+    /// unpacking here).
     pub fn view_on(node: &LabNode, ns: &str, chain_id: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let key = format!("itest-view-{}-{}", std::process::id(), &chain_id[7..19]);
@@ -390,9 +392,9 @@ impl MountedSnapshot {
 impl Drop for MountedSnapshot {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.path).status();
-        let _ = Command::new(&self.node.ctr_path)
-            .arg("--address")
-            .arg(&self.node.address)
+        let _ = self
+            .node
+            .ctr_command()
             .args(["--namespace", &self.namespace, "snapshots", "rm", &self.key])
             .output();
     }
@@ -468,9 +470,4 @@ pub fn top_chain_id(diff_ids: &[String]) -> String {
         );
     }
     chain
-}
-
-/// Labels of each blob in namespace `ns` of the lab's first node, from `ctr content ls`.
-pub fn content_labels(ns: &str) -> HashMap<String, BTreeMap<String, String>> {
-    Lab::get().first_node().content_labels(ns)
 }

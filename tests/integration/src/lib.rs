@@ -11,8 +11,7 @@ mod lab;
 
 pub use cri_pod::{CriPod, CriPodSpec};
 pub use lab::{
-    Containerd, Lab, LabNode, MountedSnapshot, TestNamespace, content_labels, ctr_at, top_chain_id,
-    tree_listing,
+    Containerd, Lab, LabNode, MountedSnapshot, TestNamespace, ctr_at, top_chain_id, tree_listing,
 };
 
 use std::io::{Read, Write};
