@@ -17,7 +17,6 @@
 //! - [`unpack`]: chain IDs and snapshots;
 //! - [`limit`]: the node-wide bandwidth cap.
 
-pub mod apply;
 pub mod hosts;
 pub mod limit;
 pub mod media;

@@ -1,10 +1,12 @@
 //! Unpacking layers into containerd's snapshotter as containerd does: one committed
 //! snapshot per layer, named by its chain ID and labelled `containerd.io/snapshot.ref`.
 //!
-//! For overlayfs (and the bind-mounted base layer) the layer is applied by Rigger's own
-//! applier ([`super::apply`]) straight into the snapshot directory — while the layer is
-//! still downloading ([`StreamingApply`]), or from the content store afterwards
-//! ([`apply_from_store`]). Other snapshotters go through containerd's diff service.
+//! For overlayfs (and its bind-mounted base layer) the layer is applied by Rigger's own
+//! applier (`rigger_layer`, which never writes outside the snapshot) straight into the
+//! snapshot directory — while the layer is still downloading ([`StreamingApply`]), or
+//! from the content store afterwards ([`apply_from_store`]). Other snapshotters (native
+//! among them: its whiteouts are removals, not overlayfs' device nodes) go through
+//! containerd's diff service.
 //!
 //! A snapshot can only be prepared on a committed parent, but layers download (and
 //! decompress) in parallel. So a layer whose parent is not unpacked yet is applied into
@@ -23,7 +25,6 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::apply::{Applied, ApplyError, ApplyTarget, adopt_lowers, apply_layer};
 use super::media::Compression;
 use containerd_client::services::v1::diff_client::DiffClient;
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
@@ -31,6 +32,7 @@ use containerd_client::services::v1::snapshots::{
     CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
 };
 use containerd_client::types::Descriptor as ContainerdDescriptor;
+use rigger_layer::{Applied, ApplyError, ApplyTarget, adopt_lowers, apply_layer};
 use sha2::{Digest as _, Sha256};
 use tonic::Code;
 
@@ -81,8 +83,41 @@ pub fn chain_ids(diff_ids: &[String]) -> Vec<String> {
     chain
 }
 
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+pub use rigger_layer::hex;
+
+/// The snapshot the layer goes to, from the mounts `Snapshots.Prepare` returned, when it
+/// is one Rigger applies to itself: overlayfs' bind mount (the base layer) or overlay
+/// mount (its `upperdir` and `lowerdir`s). `None` for anything else, which containerd's
+/// diff service unpacks.
+fn apply_target(
+    snapshotter: &str,
+    mounts: &[containerd_client::types::Mount],
+) -> Option<ApplyTarget> {
+    if snapshotter != "overlayfs" {
+        return None;
+    }
+    let [mount] = mounts else { return None };
+    match mount.r#type.as_str() {
+        "bind" => Some(ApplyTarget {
+            root: PathBuf::from(&mount.source),
+            lowers: Vec::new(),
+        }),
+        "overlay" => {
+            let option = |key: &str| {
+                mount
+                    .options
+                    .iter()
+                    .find_map(|o| o.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+            };
+            Some(ApplyTarget {
+                root: PathBuf::from(option("upperdir")?),
+                lowers: option("lowerdir")
+                    .map(|l| l.split(':').map(PathBuf::from).collect())
+                    .unwrap_or_default(),
+            })
+        }
+        _ => None,
+    }
 }
 
 /// Whether the snapshot `chain_id` is already unpacked.
@@ -327,7 +362,7 @@ impl StreamingApply {
         } else {
             prepare(store, snapshotter, parent, chain_id).await?
         };
-        let target = ApplyTarget::from_mounts(&prepared.mounts);
+        let target = apply_target(snapshotter, &prepared.mounts);
         let Some(target) = target.filter(|t| !staged || t.lowers.is_empty()) else {
             remove(store, snapshotter, &prepared.key).await;
             return Ok(None);
@@ -435,7 +470,7 @@ impl StreamingApply {
         )
         .await?;
         let moved = async {
-            let target = ApplyTarget::from_mounts(&prepared.mounts)
+            let target = apply_target(&self.snapshotter, &prepared.mounts)
                 .ok_or_else(|| promote_err("the snapshot is not an overlay".to_owned()))?;
             tokio::task::spawn_blocking(move || -> Result<(), String> {
                 // The new snapshot's directory is empty: the staged one takes its place,
@@ -478,7 +513,7 @@ pub async fn apply_from_store(
     chain_id: &str,
 ) -> Result<(), UnpackError> {
     let prepared = prepare(store, snapshotter, parent, chain_id).await?;
-    let Some(target) = ApplyTarget::from_mounts(&prepared.mounts) else {
+    let Some(target) = apply_target(snapshotter, &prepared.mounts) else {
         return apply_with_diff_service(store, snapshotter, prepared, layer, diff_id, chain_id)
             .await;
     };

@@ -349,6 +349,7 @@ impl Drop for TestNamespace {
 #[derive(Debug)]
 pub struct MountedSnapshot {
     pub path: PathBuf,
+    snapshotter: String,
     namespace: String,
     key: String,
     node: LabNode,
@@ -356,12 +357,28 @@ pub struct MountedSnapshot {
 }
 
 impl MountedSnapshot {
-    /// Mount the snapshot `chain_id` of namespace `ns` on `node` (it must exist: no
-    /// unpacking here).
+    /// Mount the overlayfs snapshot `chain_id` of namespace `ns` on `node` (it must
+    /// exist: no unpacking here).
     pub fn view_on(node: &LabNode, ns: &str, chain_id: &str) -> Self {
+        Self::view_with(node, "overlayfs", ns, chain_id)
+    }
+
+    /// As [`MountedSnapshot::view_on`], in `snapshotter`.
+    pub fn view_with(node: &LabNode, snapshotter: &str, ns: &str, chain_id: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let key = format!("itest-view-{}-{}", std::process::id(), &chain_id[7..19]);
-        let json = node.ctr(ns, &["snapshots", "view", "--mounts", &key, chain_id]);
+        let json = node.ctr(
+            ns,
+            &[
+                "snapshots",
+                "--snapshotter",
+                snapshotter,
+                "view",
+                "--mounts",
+                &key,
+                chain_id,
+            ],
+        );
         let mounts: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
         assert_eq!(mounts.len(), 1, "{json}");
         let m = &mounts[0];
@@ -381,6 +398,7 @@ impl MountedSnapshot {
         assert!(status.success(), "mount of {chain_id} failed");
         Self {
             path: dir.path().to_owned(),
+            snapshotter: snapshotter.to_owned(),
             namespace: ns.to_owned(),
             key,
             node: node.clone(),
@@ -395,7 +413,8 @@ impl Drop for MountedSnapshot {
         let _ = self
             .node
             .ctr_command()
-            .args(["--namespace", &self.namespace, "snapshots", "rm", &self.key])
+            .args(["--namespace", &self.namespace, "snapshots", "--snapshotter"])
+            .args([&self.snapshotter, "rm", &self.key])
             .output();
     }
 }
@@ -410,7 +429,13 @@ pub fn tree_listing(root: &Path) -> BTreeMap<String, String> {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let entry = entry.unwrap();
             let path = entry.path();
-            let meta = std::fs::symlink_metadata(&path).unwrap();
+            // overlayfs lists the whiteout of a directory that only one layer has, and
+            // lookup then finds nothing: that entry is not in the tree.
+            let meta = match std::fs::symlink_metadata(&path) {
+                Ok(meta) => meta,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => panic!("{}: {e}", path.display()),
+            };
             let ft = meta.file_type();
             let what = if ft.is_dir() {
                 stack.push(path.clone());

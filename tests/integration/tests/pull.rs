@@ -12,8 +12,8 @@ use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::{ImageSpec, ImageStatusRequest};
 use rigger_agent::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 use rigger_integration_tests::{
-    Lab, LabNode, MountedSnapshot, TestNamespace, agent, binary, on_every_containerd, top_chain_id,
-    tree_listing,
+    Containerd, Lab, LabNode, MountedSnapshot, TestNamespace, agent, binary, on_every_containerd,
+    top_chain_id, tree_listing,
 };
 
 /// `rigger-agent pull` into namespace `ns` of the lab's first node.
@@ -23,8 +23,14 @@ fn agent_pull(ns: &str, images: &[&str]) -> Output {
 
 /// `rigger-agent pull` into namespace `ns` of `node`.
 fn agent_pull_on(node: &LabNode, ns: &str, images: &[&str]) -> Output {
+    agent_pull_with(node, "overlayfs", ns, images)
+}
+
+/// `rigger-agent pull` into namespace `ns` of `node`, unpacking into `snapshotter`.
+fn agent_pull_with(node: &LabNode, snapshotter: &str, ns: &str, images: &[&str]) -> Output {
     let mut args = vec![
-        "pull".to_owned(),
+        "--snapshotter".to_owned(),
+        snapshotter.to_owned(),
         "--address".to_owned(),
         node.address.display().to_string(),
         "--registry-config".to_owned(),
@@ -34,6 +40,7 @@ fn agent_pull_on(node: &LabNode, ns: &str, images: &[&str]) -> Output {
     ];
     args.extend(images.iter().map(|s| (*s).to_owned()));
     Command::new(binary("rigger-agent"))
+        .arg("pull")
         .args(&args)
         .output()
         .unwrap()
@@ -97,14 +104,34 @@ fn assert_same_labels(
 }
 
 fn compare_with_ctr(node: &LabNode, repo_tag: &str, test: &str) {
+    compare_with_ctr_in(node, "overlayfs", repo_tag, test);
+}
+
+/// As [`compare_with_ctr`], both pulls unpacking into `snapshotter`.
+fn compare_with_ctr_in(node: &LabNode, snapshotter: &str, repo_tag: &str, test: &str) {
     let lab = Lab::get();
     let ours = TestNamespace::on(node, &format!("{test}-agent"));
     let theirs = TestNamespace::on(node, &format!("{test}-ctr"));
     let image = lab.image(repo_tag);
 
     // The agent first, so it really downloads (content is shared across namespaces).
-    assert_pulled(&agent_pull_on(node, &ours.name, &[&image]));
-    node.ctr_pull(&theirs.name, &image);
+    assert_pulled(&agent_pull_with(node, snapshotter, &ours.name, &[&image]));
+    let hosts = node.hosts_dir.display().to_string();
+    let mut pull = vec![
+        "images",
+        "pull",
+        "--snapshotter",
+        snapshotter,
+        "--hosts-dir",
+        &hosts,
+    ];
+    if node.containerd == Containerd::V2_1 && snapshotter != "overlayfs" {
+        // 2.x's transfer service unpacks only for the snapshotters its config lists
+        // (overlayfs by default); ctr's own client-side pull unpacks anywhere.
+        pull.push("--local");
+    }
+    pull.push(&image);
+    node.ctr(&theirs.name, &pull);
 
     // Same image record.
     let record = |ns: &str| {
@@ -129,8 +156,8 @@ fn compare_with_ctr(node: &LabNode, repo_tag: &str, test: &str) {
     // Same snapshots and the same rootfs, file by file.
     let ids = diff_ids(node, &ours.name, repo_tag);
     let chain = top_chain_id(&ids);
-    let ours_root = MountedSnapshot::view_on(node, &ours.name, &chain);
-    let theirs_root = MountedSnapshot::view_on(node, &theirs.name, &chain);
+    let ours_root = MountedSnapshot::view_with(node, snapshotter, &ours.name, &chain);
+    let theirs_root = MountedSnapshot::view_with(node, snapshotter, &theirs.name, &chain);
     let (a, b) = (
         tree_listing(&ours_root.path),
         tree_listing(&theirs_root.path),
@@ -144,6 +171,7 @@ fn compare_with_ctr(node: &LabNode, repo_tag: &str, test: &str) {
 
 on_every_containerd!(
     fixtures_rootfs_matches_containerds_pull,
+    the_native_snapshotter_unpacks_as_containerd_does,
     multi_layer_rootfs_matches_containerds_pull,
     zstd_layers_match_containerds_pull,
     uncompressed_layers_match_containerds_pull,
@@ -156,6 +184,17 @@ on_every_containerd!(
 fn fixtures_rootfs_matches_containerds_pull(node: &LabNode) {
     // Whiteouts, opaque dirs, hardlinks, symlinks, setuid, owners, fifos, long names.
     compare_with_ctr(node, "rigger-lab/fixtures:1", "pull-fixtures");
+}
+
+/// Not overlayfs: whiteouts there are removals, not overlayfs' device nodes, so layers go
+/// through containerd's own diff service (whiteouts, opaque directories, hostile names
+/// handled as containerd handles them).
+fn the_native_snapshotter_unpacks_as_containerd_does(node: &LabNode) {
+    compare_with_ctr_in(node, "native", "rigger-lab/fixtures:1", "pull-native");
+    let canary = Canary::new();
+    let image = hostile_image("symlink-to-target", Some(canary.dir.path()));
+    compare_with_ctr_in(node, "native", &image, "hostile-native");
+    canary.assert_untouched();
 }
 
 fn multi_layer_rootfs_matches_containerds_pull(node: &LabNode) {
@@ -382,18 +421,25 @@ fn bad_references_fail_with_one_line_naming_the_image() {
     assert!(!out.status.success());
 }
 
-fn hostile_image(kind: &str) -> String {
-    let lab = Lab::get();
+/// A hostile lab image of `kind` (scripts/lab-images), its symlinks aimed at `target`.
+fn hostile_image(kind: &str, target: Option<&std::path::Path>) -> String {
     let repo = format!("rigger-lab/hostile-{kind}-{}", std::process::id());
-    rigger_integration_tests::lab_image(&["hostile", "--name", &repo, "--kind", kind]);
-    lab.image(&format!("{repo}:1"))
+    let mut args = vec!["hostile", "--name", &repo, "--kind", kind];
+    let target = target.map(|t| t.display().to_string());
+    if let Some(target) = &target {
+        args.extend(["--target", target]);
+    }
+    rigger_integration_tests::lab_image(&args);
+    format!("{repo}:1")
 }
 
-fn assert_refused_leaving_nothing(kind: &str, expected: &str) {
+/// `rigger-agent pull` of hostile image `kind` fails with one line naming the image and
+/// saying `expected`, and leaves no image record and no half-unpacked snapshot.
+fn assert_refused_leaving_nothing(node: &LabNode, kind: &str, expected: &str) {
     let lab = Lab::get();
-    let ns = TestNamespace::new(&format!("hostile-{kind}"));
-    let image = hostile_image(kind);
-    let out = agent_pull(&ns.name, &[&image]);
+    let ns = TestNamespace::on(node, &format!("hostile-{kind}"));
+    let image = lab.image(&hostile_image(kind, None));
+    let out = agent_pull_on(node, &ns.name, &[&image]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     let last = stderr.trim_end().lines().last().unwrap();
@@ -403,33 +449,116 @@ fn assert_refused_leaving_nothing(kind: &str, expected: &str) {
     );
     assert!(last.contains(expected), "{last}");
     assert!(
-        lab.ctr(&ns.name, &["images", "ls", "-q"]).trim().is_empty(),
+        node.ctr(&ns.name, &["images", "ls", "-q"])
+            .trim()
+            .is_empty(),
         "no image record"
     );
     // No half-unpacked snapshot (the good base layer may linger until GC runs).
-    let snapshots = lab.ctr(&ns.name, &["snapshots", "ls"]);
+    let snapshots = node.ctr(&ns.name, &["snapshots", "ls"]);
     assert!(!snapshots.contains("Active"), "{snapshots}");
 }
 
-#[test]
-fn a_hardlink_into_a_lower_layer_is_refused_as_containerd_does() {
-    assert_refused_leaving_nothing("hardlink-lower", "links must point into the same layer");
-    // containerd's own unpack refuses it too.
-    let lab = Lab::get();
-    let ns = TestNamespace::new("hostile-ctr");
-    let out = Command::new("ctr")
+/// containerd's own pull (of the same version) refuses hostile image `kind` too.
+fn assert_containerd_refuses(node: &LabNode, kind: &str) {
+    let ns = TestNamespace::on(node, &format!("hostile-{kind}-ctr"));
+    let out = Command::new(&node.ctr_path)
         .arg("--address")
-        .arg(&lab.containerd_address)
+        .arg(&node.address)
         .args(["--namespace", &ns.name, "images", "pull", "--hosts-dir"])
-        .arg(&lab.hosts_dir)
-        .arg(hostile_image("hardlink-lower"))
+        .arg(&node.hosts_dir)
+        .arg(Lab::get().image(&hostile_image(kind, None)))
         .output()
         .unwrap();
-    assert!(!out.status.success());
+    assert!(
+        !out.status.success(),
+        "containerd {} pulled it",
+        node.version
+    );
 }
 
-#[test]
-fn a_path_escaping_the_root_is_refused() {
-    // Stricter than containerd 1.6, which cleans such a name back into the root.
-    assert_refused_leaving_nothing("escape", "outside of the layer root");
+on_every_containerd!(
+    a_hardlink_into_a_lower_layer_is_refused_as_containerd_does,
+    a_path_escaping_the_root_is_refused,
+    invalid_whiteout_names_are_refused_as_containerd_refuses_them,
+    a_symlink_over_implied_parents_never_changes_the_host,
+    writing_through_a_symlink_to_the_host_stays_in_the_snapshot,
+);
+
+fn a_hardlink_into_a_lower_layer_is_refused_as_containerd_does(node: &LabNode) {
+    assert_refused_leaving_nothing(
+        node,
+        "hardlink-lower",
+        "links must point into the same layer",
+    );
+    assert_containerd_refuses(node, "hardlink-lower");
+}
+
+fn a_path_escaping_the_root_is_refused(node: &LabNode) {
+    // Stricter than containerd, which cleans such a name back into the root.
+    assert_refused_leaving_nothing(node, "escape", "outside of the layer root");
+}
+
+fn invalid_whiteout_names_are_refused_as_containerd_refuses_them(node: &LabNode) {
+    for kind in ["whiteout-dot", "whiteout-dotdot"] {
+        assert_refused_leaving_nothing(node, kind, "invalid whiteout");
+        assert_containerd_refuses(node, kind);
+    }
+}
+
+/// A directory outside every snapshot that hostile layers aim their symlinks at, with
+/// what it held before, for "byte for byte and mode for mode unchanged".
+struct Canary {
+    dir: tempfile::TempDir,
+    before: std::collections::BTreeMap<String, String>,
+}
+
+impl Canary {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("b")).unwrap();
+        std::fs::write(dir.path().join("file"), b"host data").unwrap();
+        std::fs::write(dir.path().join("b/inner"), b"host data").unwrap();
+        let before = Self::listing(dir.path());
+        Self { dir, before }
+    }
+
+    /// tree_listing of the directory, and of the directory itself.
+    fn listing(path: &std::path::Path) -> std::collections::BTreeMap<String, String> {
+        use std::os::unix::fs::MetadataExt as _;
+        let mut listing = tree_listing(path);
+        let meta = std::fs::metadata(path).unwrap();
+        listing.insert(
+            ".".to_owned(),
+            format!("mode {:o} owner {}:{}", meta.mode(), meta.uid(), meta.gid()),
+        );
+        listing
+    }
+
+    fn assert_untouched(&self) {
+        assert_eq!(
+            Self::listing(self.dir.path()),
+            self.before,
+            "a directory outside the snapshots changed"
+        );
+    }
+}
+
+/// The case: after `a/b/f` (implying `a` and `a/b`), `a` becomes a symlink to a
+/// host directory, above a lower `a/` (6777, uid 1000) and `a/b/` (0700, uid 1000).
+/// Rigger's pull must leave the host as it was and the image as containerd's pull does.
+fn a_symlink_over_implied_parents_never_changes_the_host(node: &LabNode) {
+    let canary = Canary::new();
+    let image = hostile_image("symlink-over-implied-parent", Some(canary.dir.path()));
+    compare_with_ctr(node, &image, "hostile-implied");
+    canary.assert_untouched();
+}
+
+/// Files, a directory, a whiteout and an opaque marker written through a symlink to a
+/// host directory land in the snapshot, as containerd's pull puts them.
+fn writing_through_a_symlink_to_the_host_stays_in_the_snapshot(node: &LabNode) {
+    let canary = Canary::new();
+    let image = hostile_image("symlink-to-target", Some(canary.dir.path()));
+    compare_with_ctr(node, &image, "hostile-through");
+    canary.assert_untouched();
 }

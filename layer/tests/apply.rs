@@ -1,0 +1,161 @@
+//! The applier's rules, as containerd applies a layer (the fidelity tests against
+//! containerd itself are in tests/integration).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+// test code
+// Fixtures (canaries, lower layers) are made on the host, outside any snapshot under test.
+#![allow(clippy::disallowed_methods)]
+
+mod support;
+
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
+use std::path::Path;
+
+use rigger_layer::adopt_lowers;
+use sha2::Digest as _;
+use support::{Layer, Scene, is_root};
+
+#[test]
+fn hardlink_into_a_lower_layer_fails() {
+    let scene = Scene::new();
+    let lower = scene.lower("lower", |l| {
+        std::fs::write(l.join("file"), b"lower").unwrap()
+    });
+    let err = scene
+        .apply(Layer::default().hard_link("link", "file"), &[lower])
+        .unwrap_err();
+    assert!(err.to_string().contains("same layer"), "{err}");
+}
+
+#[test]
+fn hardlinks_within_the_layer_share_the_inode() {
+    let scene = Scene::new();
+    let layer = Layer::default()
+        .file("bin/tool", 0o755, b"tool")
+        .symlink("bin/alias", "tool")
+        .hard_link("bin/other", "bin/alias");
+    scene.apply(layer, &[]).unwrap();
+    let (a, b) = (
+        std::fs::metadata(scene.root.join("bin/tool")).unwrap(),
+        std::fs::symlink_metadata(scene.root.join("bin/other")).unwrap(),
+    );
+    // As containerd's rootPath does, the link target's symlink is followed.
+    assert_eq!(a.ino(), b.ino());
+    assert_eq!(a.nlink(), 2);
+}
+
+#[test]
+fn a_layer_applied_before_its_lowers_ends_up_as_if_applied_on_them() {
+    let scene = Scene::new();
+    let lower = scene.lower("lower", |l| {
+        std::fs::create_dir_all(l.join("opt/app")).unwrap();
+        std::fs::set_permissions(l.join("opt"), std::fs::Permissions::from_mode(0o711)).unwrap();
+        std::fs::set_permissions(l.join("opt/app"), std::fs::Permissions::from_mode(0o750))
+            .unwrap();
+    });
+    // `opt` given after its content: the layer's own attributes win.
+    let layer = || {
+        Layer::default()
+            .file("opt/app/bin/tool", 0o644, b"hi")
+            .dir("opt/", 0o700)
+    };
+    let on_lowers = scene.dir.path().join("on-lowers");
+    std::fs::create_dir(&on_lowers).unwrap();
+    rigger_layer::apply_layer(
+        &layer().bytes()[..],
+        &rigger_layer::ApplyTarget {
+            root: on_lowers.clone(),
+            lowers: vec![lower.clone()],
+        },
+    )
+    .unwrap();
+    let applied = scene.apply(layer(), &[]).unwrap();
+    let implied: Vec<_> = applied
+        .implied_parents
+        .iter()
+        .map(|p| (p.path.to_str().unwrap(), p.explicit))
+        .collect();
+    assert_eq!(
+        implied,
+        [("opt", true), ("opt/app", false), ("opt/app/bin", false)]
+    );
+    adopt_lowers(&scene.root, &[lower], &applied.implied_parents).unwrap();
+    for path in ["opt", "opt/app", "opt/app/bin", "opt/app/bin/tool"] {
+        let mode = |root: &Path| std::fs::metadata(root.join(path)).unwrap().mode();
+        assert_eq!(mode(&scene.root), mode(&on_lowers), "{path}");
+    }
+    let mode = std::fs::metadata(scene.root.join("opt/app"))
+        .unwrap()
+        .mode();
+    assert_eq!(mode & 0o7777, 0o750, "from the lower layer");
+}
+
+#[test]
+fn whiteouts_and_implied_parents() {
+    let scene = Scene::new();
+    let lower = scene.lower("lower", |l| {
+        std::fs::create_dir_all(l.join("etc/conf.d")).unwrap();
+        std::fs::set_permissions(l.join("etc"), std::fs::Permissions::from_mode(0o750)).unwrap();
+    });
+    let layer = Layer::default()
+        .file("etc/conf.d/new", 0o600, b"hi")
+        .file("etc/.wh.gone", 0o644, b"")
+        .file("etc/conf.d/.wh..wh..opq", 0o644, b"");
+    let bytes = layer.bytes();
+    let diff_id = rigger_layer::apply_layer(
+        &bytes[..],
+        &rigger_layer::ApplyTarget {
+            root: scene.root.clone(),
+            lowers: vec![lower],
+        },
+    )
+    .unwrap()
+    .diff_id;
+    assert_eq!(
+        diff_id,
+        format!(
+            "sha256:{}",
+            rigger_layer::hex(&sha2::Sha256::digest(&bytes))
+        )
+    );
+    // The implied parent took the lower layer's mode.
+    let etc = std::fs::metadata(scene.root.join("etc")).unwrap();
+    assert_eq!(etc.mode() & 0o7777, 0o750);
+    let file = std::fs::metadata(scene.root.join("etc/conf.d/new")).unwrap();
+    assert_eq!(file.mode() & 0o7777, 0o600);
+    assert_eq!(file.mtime(), 1_700_000_000);
+    let gone = std::fs::symlink_metadata(scene.root.join("etc/gone")).unwrap();
+    assert!(gone.file_type().is_char_device());
+    assert_eq!(gone.rdev(), 0);
+    // trusted.* xattrs need root (the tests and the agent run as root).
+    if is_root() {
+        let mut value = [0u8; 4];
+        let n = rustix::fs::getxattr(
+            scene.root.join("etc/conf.d"),
+            "trusted.overlay.opaque",
+            &mut value[..],
+        )
+        .unwrap();
+        assert_eq!(&value[..n], b"y");
+    }
+}
+
+#[test]
+fn dangling_parent_symlinks_are_created_where_they_point_inside_the_root() {
+    let scene = Scene::new();
+    // As containerd's RootPath: a link to a missing directory is followed lexically.
+    let layer = Layer::default()
+        .symlink("lib", "/usr/lib64")
+        .file("lib/libc.so", 0o755, b"elf");
+    let applied = scene.apply(layer, &[]).unwrap();
+    assert_eq!(
+        std::fs::read(scene.root.join("usr/lib64/libc.so")).unwrap(),
+        b"elf"
+    );
+    let implied: Vec<_> = applied
+        .implied_parents
+        .iter()
+        .map(|p| p.path.to_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(implied, ["usr", "usr/lib64"]);
+}
