@@ -26,7 +26,7 @@ use std::path::{Component, Path, PathBuf};
 
 use sha2::{Digest as _, Sha256};
 
-use crate::root::{Dir, FsError, Kind, Node, SnapshotRoot, Timespec};
+use crate::root::{Dir, FsError, Kind, NewFile, Node, SnapshotRoot, Timespec};
 
 const WHITEOUT_PREFIX: &str = ".wh.";
 const WHITEOUT_META_PREFIX: &str = ".wh..wh.";
@@ -220,6 +220,10 @@ fn apply_entries<R: Read>(
     let mut implied = Vec::new();
     let mut archive = tar::Archive::new(reader);
     let mut dirs: Vec<DirTimes> = Vec::new();
+    // The directory of the last entry: consecutive entries mostly share one. Forgotten
+    // whenever an entry could change where a path resolves (a removal, a whiteout, a
+    // symlink); adding new names cannot.
+    let mut cached: Option<(PathBuf, Dir)> = None;
     let entries = archive.entries().map_err(ApplyError::Read)?;
     for entry in entries {
         let mut entry = entry.map_err(|e| ApplyError::Invalid(e.to_string()))?;
@@ -236,7 +240,16 @@ fn apply_entries<R: Read>(
         let top_name = name.to_string_lossy().into_owned();
 
         // The parent, resolved inside the root; missing directories created.
-        let parent = parent_dir(root, lowers, parent_rel, &mut implied)?;
+        if !matches!(&cached, Some((rel, _)) if rel.as_path() == parent_rel) {
+            cached = Some((
+                parent_rel.to_owned(),
+                parent_dir(root, lowers, parent_rel, &mut implied)?,
+            ));
+        }
+        let Some((_, parent)) = &cached else {
+            continue; // just set
+        };
+        let mut changes_resolution = false;
 
         // AUFS metadata at the top level is not part of the filesystem.
         if top_name.starts_with(WHITEOUT_META_PREFIX) && top_name != WHITEOUT_OPAQUE {
@@ -261,6 +274,7 @@ fn apply_entries<R: Read>(
             parent.remove_all(original)?;
             parent.make_node(original, Node::CharDevice { major: 0, minor: 0 }, 0)?;
             parent.chown(original, uid, gid)?;
+            cached = None;
             continue;
         }
 
@@ -270,6 +284,7 @@ fn apply_entries<R: Read>(
             && !(existing.kind == Kind::Directory && kind.is_dir())
         {
             parent.remove_all(&base)?;
+            changes_resolution = true;
         }
 
         let mode = header
@@ -277,6 +292,7 @@ fn apply_entries<R: Read>(
             .map_err(|e| ApplyError::Invalid(e.to_string()))?
             & 0o7777;
         let mut has_mode = true;
+        let mut file = None;
         match kind {
             k if k.is_dir() => {
                 let here = parent.path().join(&base);
@@ -288,11 +304,9 @@ fn apply_entries<R: Read>(
                 }
             }
             k if k.is_file() || k == tar::EntryType::Continuous => {
-                let mut file = parent.create_file(&base)?;
-                std::io::copy(&mut entry, &mut file).map_err(|e| FsError {
-                    path: parent.path().join(&base).display().to_string(),
-                    source: e,
-                })?;
+                let mut new = parent.create_file(&base)?;
+                new.write_from(&mut entry)?;
+                file = Some(new);
             }
             k if k.is_hard_link() => {
                 let link = entry
@@ -316,6 +330,7 @@ fn apply_entries<R: Read>(
                 parent.symlink(&base, OsStr::from_bytes(&link))?;
                 // A symlink has no mode of its own.
                 has_mode = false;
+                changes_resolution = true;
             }
             k if k.is_character_special() || k.is_block_special() || k.is_fifo() => {
                 let major = header.device_major().ok().flatten().unwrap_or(0);
@@ -336,7 +351,11 @@ fn apply_entries<R: Read>(
             }
         }
 
-        parent.chown(&base, uid, gid)?;
+        let made = match &file {
+            Some(file) => Made::File(file),
+            None => Made::Entry(parent, &base),
+        };
+        made.chown(uid, gid)?;
         if let Some(extensions) = entry
             .pax_extensions()
             .map_err(|e| ApplyError::Invalid(e.to_string()))?
@@ -345,7 +364,7 @@ fn apply_entries<R: Read>(
                 let ext = ext.map_err(|e| ApplyError::Invalid(e.to_string()))?;
                 let Ok(key) = ext.key() else { continue };
                 if let Some(attr) = key.strip_prefix(PAX_XATTR) {
-                    match parent.set_xattr(&base, OsStr::new(attr), ext.value_bytes()) {
+                    match made.set_xattr(OsStr::new(attr), ext.value_bytes()) {
                         Ok(()) => {}
                         Err(e) if e.source.raw_os_error() == Some(nix_enotsup()) => {
                             tracing::warn!(attr, path = %e.path, "xattr not supported here; ignored");
@@ -356,7 +375,7 @@ fn apply_entries<R: Read>(
             }
         }
         if has_mode {
-            parent.chmod(&base, mode)?;
+            made.chmod(mode)?;
         }
         let (atime, mtime) = times(&mut entry, &header);
         if kind.is_dir() {
@@ -367,7 +386,10 @@ fn apply_entries<R: Read>(
                 mtime,
             });
         } else {
-            parent.set_times(&base, atime, mtime)?;
+            made.set_times(atime, mtime)?;
+        }
+        if changes_resolution {
+            cached = None;
         }
     }
     for dir in dirs {
@@ -380,6 +402,43 @@ fn apply_entries<R: Read>(
         }
     }
     Ok(implied)
+}
+
+/// What an entry's attributes go to: the descriptor of a file just written, or an entry
+/// of its directory by name.
+enum Made<'a> {
+    File(&'a NewFile),
+    Entry(&'a Dir, &'a OsStr),
+}
+
+impl Made<'_> {
+    fn chown(&self, uid: u32, gid: u32) -> Result<(), FsError> {
+        match self {
+            Self::File(file) => file.chown(uid, gid),
+            Self::Entry(dir, name) => dir.chown(name, uid, gid),
+        }
+    }
+
+    fn chmod(&self, mode: u32) -> Result<(), FsError> {
+        match self {
+            Self::File(file) => file.chmod(mode),
+            Self::Entry(dir, name) => dir.chmod(name, mode),
+        }
+    }
+
+    fn set_xattr(&self, key: &OsStr, value: &[u8]) -> Result<(), FsError> {
+        match self {
+            Self::File(file) => file.set_xattr(key, value),
+            Self::Entry(dir, name) => dir.set_xattr(name, key, value),
+        }
+    }
+
+    fn set_times(&self, atime: Timespec, mtime: Timespec) -> Result<(), FsError> {
+        match self {
+            Self::File(file) => file.set_times(atime, mtime),
+            Self::Entry(dir, name) => dir.set_times(name, atime, mtime),
+        }
+    }
 }
 
 fn nix_enotsup() -> i32 {

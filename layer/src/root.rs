@@ -22,8 +22,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use pathrs::flags::OpenFlags;
-use pathrs::{Handle, Root};
+use pathrs::Root;
 
 use rustix::fs::{AtFlags, FileType, Gid, Mode, OFlags, Timestamps, Uid, XattrFlags};
 use rustix::io::Errno;
@@ -304,6 +303,14 @@ pub struct Dir {
 }
 
 impl Dir {
+    /// Another descriptor of the same directory.
+    pub fn try_clone(&self) -> Result<Dir, FsError> {
+        Ok(Dir {
+            fd: rustix::io::dup(&self.fd).map_err(|e| FsError::new(&self.path, e))?,
+            path: self.path.clone(),
+        })
+    }
+
     /// Where this directory is, relative to the snapshot root (as resolved).
     pub fn path(&self) -> &Path {
         &self.path
@@ -368,8 +375,9 @@ impl Dir {
         self.chmod(name, mode)
     }
 
-    /// Create regular file `name` (there must be none) and open it for writing.
-    pub fn create_file(&self, name: &OsStr) -> Result<File, FsError> {
+    /// Create regular file `name` (there must be none), open for writing; its
+    /// attributes are then set through the same descriptor.
+    pub fn create_file(&self, name: &OsStr) -> Result<NewFile, FsError> {
         self.check_name(name)?;
         let fd = rustix::fs::openat(
             &self.fd,
@@ -378,7 +386,10 @@ impl Dir {
             Mode::from_raw_mode(0o600),
         )
         .map_err(|e| FsError::new(&self.child(name), e))?;
-        Ok(File::from(fd))
+        Ok(NewFile {
+            file: File::from(fd),
+            path: self.child(name),
+        })
     }
 
     /// Create symlink `name` pointing at `target` (never followed here).
@@ -555,15 +566,20 @@ impl Dir {
         let kind = Stat::from_raw(&st).kind;
         match kind {
             Kind::Directory | Kind::File => {
-                let flags = if kind == Kind::Directory {
-                    OpenFlags::O_RDONLY | OpenFlags::O_DIRECTORY
-                } else {
-                    OpenFlags::O_RDONLY
-                };
-                let file = Handle::from_fd(fd)
-                    .reopen(flags | OpenFlags::O_NOFOLLOW | OpenFlags::O_CLOEXEC)
-                    .map_err(|e| FsError::pathrs(&path, &e))?;
-                Ok(Opened::Readable(file))
+                // Opened again by name, never following it, and checked to be the same
+                // inode: a directory or regular file, so the open has no side effect.
+                let mut flags =
+                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+                if kind == Kind::Directory {
+                    flags |= OFlags::DIRECTORY;
+                }
+                let file = rustix::fs::openat(&self.fd, name, flags, Mode::empty())
+                    .map_err(|e| FsError::new(&path, e))?;
+                let again = rustix::fs::fstat(&file).map_err(|e| FsError::new(&path, e))?;
+                if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
+                    return Err(FsError::new(&path, Errno::STALE));
+                }
+                Ok(Opened::Readable(File::from(file)))
             }
             other => Ok(Opened::Other(other)),
         }
@@ -585,6 +601,52 @@ impl Dir {
         let mut path = PathBuf::from(format!("/proc/thread-self/fd/{}", self.fd.as_raw_fd()));
         path.push(name);
         path
+    }
+}
+
+/// A regular file [`Dir::create_file`] made, held open.
+#[derive(Debug)]
+pub struct NewFile {
+    file: File,
+    path: PathBuf,
+}
+
+impl NewFile {
+    fn err(&self, e: impl Into<std::io::Error>) -> FsError {
+        FsError::new(&self.path, e)
+    }
+
+    /// Copy everything `reader` gives into the file.
+    pub fn write_from(&mut self, reader: &mut impl std::io::Read) -> Result<u64, FsError> {
+        std::io::copy(reader, &mut self.file).map_err(|e| self.err(e))
+    }
+
+    pub fn chown(&self, uid: u32, gid: u32) -> Result<(), FsError> {
+        rustix::fs::fchown(
+            &self.file,
+            Some(Uid::from_raw(uid)),
+            Some(Gid::from_raw(gid)),
+        )
+        .map_err(|e| self.err(e))
+    }
+
+    pub fn chmod(&self, mode: u32) -> Result<(), FsError> {
+        rustix::fs::fchmod(&self.file, Mode::from_raw_mode(mode & 0o7777)).map_err(|e| self.err(e))
+    }
+
+    pub fn set_xattr(&self, key: &OsStr, value: &[u8]) -> Result<(), FsError> {
+        rustix::fs::fsetxattr(&self.file, key, value, XattrFlags::empty()).map_err(|e| self.err(e))
+    }
+
+    pub fn set_times(&self, atime: Timespec, mtime: Timespec) -> Result<(), FsError> {
+        rustix::fs::futimens(
+            &self.file,
+            &Timestamps {
+                last_access: atime,
+                last_modification: mtime,
+            },
+        )
+        .map_err(|e| self.err(e))
     }
 }
 
