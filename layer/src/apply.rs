@@ -316,7 +316,7 @@ fn apply_entries<R: Read>(
                     })?
                     .into_owned();
                 let target_rel = clean(&link)?;
-                hard_link(root, &parent, &base, &target_rel)?;
+                hard_link(root, parent, &base, &target_rel)?;
                 // A hard link shares its target's mode.
                 has_mode = false;
             }
