@@ -16,6 +16,7 @@ pub mod root;
 pub use apply::{
     Applied, ApplyError, ApplyTarget, DiffIdReader, ImpliedParent, adopt_lowers, apply_layer,
 };
+pub use root::move_snapshot_dir;
 
 /// Lower-case hex of `bytes` (digests).
 pub fn hex(bytes: &[u8]) -> String {

@@ -255,6 +255,34 @@ fn is_not_a_directory(e: &FsError) -> bool {
             .any(|errno| e.source.raw_os_error() == Some(errno.raw_os_error()))
 }
 
+/// Put the staged snapshot directory `staging` in the place of the (empty) snapshot
+/// directory `target`, and leave an empty directory where `staging` was (its snapshot is
+/// removed next). Both paths are containerd's (from its mounts); the move goes through
+/// descriptors of their parents, so neither last component is followed.
+#[allow(clippy::disallowed_methods)] // the parents of two snapshot roots, containerd's paths
+pub fn move_snapshot_dir(staging: &Path, target: &Path) -> Result<(), FsError> {
+    let parent = |path: &Path| -> Result<(OwnedFd, std::ffi::OsString), FsError> {
+        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+            return Err(FsError::new(path, Errno::INVAL));
+        };
+        let fd = rustix::fs::open(
+            dir,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| FsError::new(dir, e))?;
+        Ok((fd, name.to_owned()))
+    };
+    let (staging_dir, staging_name) = parent(staging)?;
+    let (target_dir, target_name) = parent(target)?;
+    rustix::fs::unlinkat(&target_dir, &target_name, AtFlags::REMOVEDIR)
+        .map_err(|e| FsError::new(target, e))?;
+    rustix::fs::renameat(&staging_dir, &staging_name, &target_dir, &target_name)
+        .map_err(|e| FsError::new(target, e))?;
+    rustix::fs::mkdirat(&staging_dir, &staging_name, Mode::from_raw_mode(0o755))
+        .map_err(|e| FsError::new(staging, e))
+}
+
 /// Where [`SnapshotRoot::walk`] led.
 #[derive(Debug)]
 pub struct Walk {

@@ -367,6 +367,12 @@ impl StreamingApply {
             remove(store, snapshotter, &prepared.key).await;
             return Ok(None);
         };
+        if staged {
+            tracing::debug!(
+                chain_id,
+                "unpacking into a staging snapshot until the layer below is committed"
+            );
+        }
         let (tx, rx) = mpsc::channel(FEED_QUEUE);
         Ok(Some(Self {
             snapshotter: snapshotter.to_owned(),
@@ -475,10 +481,8 @@ impl StreamingApply {
             tokio::task::spawn_blocking(move || -> Result<(), String> {
                 // The new snapshot's directory is empty: the staged one takes its place,
                 // and the staging snapshot gets an empty one back for its removal.
-                std::fs::remove_dir(&target.root)
-                    .and_then(|()| std::fs::rename(&staging_root, &target.root))
-                    .and_then(|()| std::fs::create_dir(&staging_root))
-                    .map_err(|e| format!("{}: {e}", target.root.display()))?;
+                rigger_layer::move_snapshot_dir(&staging_root, &target.root)
+                    .map_err(|e| e.to_string())?;
                 adopt_lowers(&target.root, &target.lowers, &applied.implied_parents)
                     .map_err(|e| e.to_string())
             })

@@ -550,6 +550,25 @@ impl Canary {
 fn a_symlink_over_implied_parents_never_changes_the_host(node: &LabNode) {
     let canary = Canary::new();
     let image = hostile_image("symlink-over-implied-parent", Some(canary.dir.path()));
+    // The top layer unpacks staged, apart from its parent, and its implied parents are
+    // completed from the lower layer afterwards: the pass that followed the symlink.
+    let staged = TestNamespace::on(node, "hostile-implied-staged");
+    let out = Command::new(binary("rigger-agent"))
+        .args(["pull", "--address"])
+        .arg(&node.address)
+        .arg("--registry-config")
+        .arg(&node.hosts_dir)
+        .args(["--namespace", &staged.name, &Lab::get().image(&image)])
+        .env("RUST_LOG", "rigger_agent=debug")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(
+        log.contains("staging snapshot"),
+        "the top layer was not staged:\n{log}"
+    );
+    canary.assert_untouched();
     compare_with_ctr(node, &image, "hostile-implied");
     canary.assert_untouched();
 }
