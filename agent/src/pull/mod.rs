@@ -42,7 +42,7 @@ use tokio::sync::{Mutex, Semaphore};
 
 use self::limit::RateLimit;
 use self::media::Platform;
-use self::registry::{Registry, RegistryError};
+use self::registry::{MAX_DOCUMENT_SIZE, Registry, RegistryError};
 use self::spool::{Spool, SpoolError};
 use self::store::{BlobWriter, Store, StoreError};
 use self::unpack::{StreamingApply, UnpackError, chain_ids};
@@ -68,8 +68,6 @@ const SLOW_STREAM_RATE: u64 = 48 << 20;
 const PROBE_TIME: Duration = Duration::from_millis(100);
 /// Connections open at once across all pulls of this agent.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16;
-/// Configs and manifests larger than this are refused (they are kilobytes in practice).
-const MAX_METADATA_BLOB: u64 = 8 << 20;
 
 /// How to pull.
 #[derive(Debug, Clone)]
@@ -523,7 +521,7 @@ impl Puller {
 
         // The config is small and tells us the uncompressed digests (diff IDs).
         let config_desc = manifest.config().clone();
-        if config_desc.size() > MAX_METADATA_BLOB {
+        if config_desc.size() > MAX_DOCUMENT_SIZE {
             return Err(image_err(format!(
                 "config is {} bytes, too big",
                 config_desc.size()
@@ -839,7 +837,7 @@ impl Transfer {
                             match body.next().await {
                                 Ok(Some(piece)) => {
                                     data.extend_from_slice(&piece);
-                                    if data.len() as u64 > MAX_METADATA_BLOB {
+                                    if data.len() as u64 > MAX_DOCUMENT_SIZE {
                                         return Err(PullError::Image {
                                             image: self.image.clone(),
                                             detail: format!(

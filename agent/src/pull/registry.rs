@@ -171,38 +171,45 @@ impl Registry {
                 continue;
             }
             let reference = self.reference_at(i, digest);
-            match self.clients[i]
-                .pull_manifest_raw(&reference, &self.auth, media::ACCEPTED_MANIFESTS)
-                .await
-            {
-                Ok((bytes, served_digest)) => {
+            let name = reference
+                .digest()
+                .or(reference.tag())
+                .unwrap_or("latest")
+                .to_owned();
+            match self.get_manifest(i, &name).await {
+                Ok(bytes) => {
                     let media_type = media::manifest_media_type(&bytes).map_err(|detail| {
                         RegistryError::Manifest {
                             image: self.image(),
                             detail,
                         }
                     })?;
+                    // What is stored is the body: its digest is the manifest's.
+                    let digest = format!("sha256:{}", sha256_hex(&bytes));
                     return Ok(RawManifest {
                         bytes,
-                        digest: served_digest,
+                        digest,
                         media_type,
                     });
                 }
-                Err(e) => {
-                    let text = rigger_daemon::error_chain(&e);
-                    tracing::debug!(endpoint = %endpoint.url, error = %text, "manifest fetch failed");
-                    match classify(&e) {
-                        Failure::Denied => {
-                            return Err(RegistryError::Denied {
-                                image: self.image(),
-                                endpoint: endpoint.url.clone(),
-                                detail: text,
-                            });
-                        }
-                        // containerd also moves on to the next host when one lacks the image.
-                        Failure::NotFound => not_found = true,
-                        Failure::Other => last = Some((endpoint.url.clone(), text)),
-                    }
+                Err(ManifestFailure::Denied(detail)) => {
+                    return Err(RegistryError::Denied {
+                        image: self.image(),
+                        endpoint: endpoint.url.clone(),
+                        detail,
+                    });
+                }
+                Err(ManifestFailure::TooBig(detail)) => {
+                    return Err(RegistryError::Manifest {
+                        image: self.image(),
+                        detail: format!("{}: {detail}", endpoint.url),
+                    });
+                }
+                // containerd also moves on to the next host when one lacks the image.
+                Err(ManifestFailure::NotFound) => not_found = true,
+                Err(ManifestFailure::Other(detail)) => {
+                    tracing::debug!(endpoint = %endpoint.url, error = %detail, "manifest fetch failed");
+                    last = Some((endpoint.url.clone(), detail));
                 }
             }
         }
@@ -220,6 +227,51 @@ impl Registry {
                     .collect::<Vec<_>>()
                     .join(", "),
             }),
+        }
+    }
+
+    /// GET manifest `name` (a tag or a digest) from endpoint `i`, read through
+    /// [`MAX_DOCUMENT_SIZE`] as it streams: a registry answering with an endless body
+    /// costs that much memory at most, not the node's.
+    async fn get_manifest(&self, i: usize, name: &str) -> Result<Bytes, ManifestFailure> {
+        let endpoint = &self.endpoints[i];
+        let url = format!(
+            "{}/v2/{}/manifests/{name}",
+            endpoint.url,
+            self.reference.repository()
+        );
+        let mut retried_token = false;
+        loop {
+            let mut request = self
+                .http
+                .get(&url)
+                .header(ACCEPT, media::ACCEPTED_MANIFESTS.join(", "));
+            let authorization = self.authorization(i).await;
+            if let Some(authorization) = &authorization {
+                request = request.header(AUTHORIZATION, &authorization.header);
+            }
+            let response = request
+                .send()
+                .await
+                .map_err(|e| ManifestFailure::Other(rigger_daemon::error_chain(&e)))?;
+            let status = response.status();
+            match status {
+                StatusCode::OK => return read_capped(response, MAX_DOCUMENT_SIZE).await,
+                StatusCode::NOT_FOUND => return Err(ManifestFailure::NotFound),
+                // A token of ours the registry no longer takes: ask for a new one, once.
+                StatusCode::UNAUTHORIZED
+                    if !retried_token && authorization.is_some_and(|a| a.issued.is_some()) =>
+                {
+                    self.forget_token(i).await;
+                    retried_token = true;
+                }
+                StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+                    return Err(ManifestFailure::Denied(format!(
+                        "manifest {name}: HTTP {status}"
+                    )));
+                }
+                _ => return Err(ManifestFailure::Other(format!("HTTP {status}"))),
+            }
         }
     }
 
@@ -393,41 +445,44 @@ struct Authorization {
     issued: Option<Instant>,
 }
 
-enum Failure {
+/// Manifests, indexes and configs larger than this are refused as they stream (they are
+/// kilobytes in practice).
+pub const MAX_DOCUMENT_SIZE: u64 = 8 << 20;
+
+/// Why a manifest request failed.
+enum ManifestFailure {
     NotFound,
-    Denied,
-    Other,
+    Denied(String),
+    TooBig(String),
+    Other(String),
 }
 
-fn classify(error: &oci_client::errors::OciDistributionError) -> Failure {
-    use oci_client::errors::{OciDistributionError as E, OciErrorCode as C};
-    match error {
-        E::ImageManifestNotFoundError(_) => Failure::NotFound,
-        E::AuthenticationFailure(_) | E::UnauthorizedError { .. } => Failure::Denied,
-        E::ServerError { code: 404, .. } => Failure::NotFound,
-        E::ServerError {
-            code: 401 | 403, ..
-        } => Failure::Denied,
-        E::RegistryError { envelope, .. } => {
-            if envelope
-                .errors
-                .iter()
-                .any(|e| matches!(e.code, C::Unauthorized | C::Denied))
-            {
-                Failure::Denied
-            } else if envelope.errors.iter().any(|e| {
-                matches!(
-                    e.code,
-                    C::ManifestUnknown | C::NameUnknown | C::NotFound | C::BlobUnknown
-                )
-            }) {
-                Failure::NotFound
-            } else {
-                Failure::Other
-            }
-        }
-        _ => Failure::Other,
+/// The body of `response`, refused (without reading further) past `cap` bytes.
+async fn read_capped(response: reqwest::Response, cap: u64) -> Result<Bytes, ManifestFailure> {
+    let too_big = || {
+        ManifestFailure::TooBig(format!(
+            "the manifest is bigger than {} (the limit for manifests and indexes); refused",
+            bytesize::ByteSize(cap).display().iec()
+        ))
+    };
+    if response.content_length().is_some_and(|n| n > cap) {
+        return Err(too_big());
     }
+    let mut body = Vec::new();
+    let mut stream = response.bytes_stream();
+    while let Some(piece) = stream.next().await {
+        let piece = piece.map_err(|e| ManifestFailure::Other(rigger_daemon::error_chain(&e)))?;
+        if (body.len() + piece.len()) as u64 > cap {
+            return Err(too_big());
+        }
+        body.extend_from_slice(&piece);
+    }
+    Ok(Bytes::from(body))
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    super::unpack::hex(&sha2::Sha256::digest(bytes))
 }
 
 /// rustls needs a process-wide crypto provider; we build with ring (see Cargo.toml).

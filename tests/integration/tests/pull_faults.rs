@@ -607,3 +607,41 @@ fn a_killed_parallel_pull_refetches_less_than_a_range_per_layer() {
         "no spool left behind"
     );
 }
+
+/// A registry answering a manifest request with a body that never ends (a manifest
+/// bomb; anyone on the path of a plain-HTTP mirror can send one): the pull fails with one
+/// clear line once the 8 MiB limit is passed, and the agent's memory stays bounded (it
+/// used to read the whole body: 8.4 GB before failing on the digest). The registry side
+/// comes before anything containerd does, so one containerd version covers it.
+#[test]
+fn a_manifest_that_never_ends_is_refused_within_the_size_limit() {
+    let proxy = Proxy::start(
+        &json!([{"path_contains": "/manifests/", "action": {"endless": true}, "times": 100}]),
+        &[],
+    );
+    let ns = TestNamespace::new("fault-bomb");
+    let out = pull_through(&proxy.address, &ns.name, "rigger-lab/busybox:1", &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let last = stderr.trim_end().lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("rigger-agent: error:")
+            && last.contains("rigger-lab/busybox:1")
+            && last.contains("bigger than 8.0 MiB"),
+        "{stderr}"
+    );
+    // The largest child this test waited for (the agent; ctr and scripts are smaller).
+    let usage =
+        nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN).unwrap();
+    let peak_mib = usage.max_rss() / 1024;
+    assert!(peak_mib < 96, "the agent peaked at {peak_mib} MiB");
+    // It stopped reading at the limit (plus what was in flight).
+    let sent: u64 = proxy
+        .requests()
+        .iter()
+        .filter(|r| r["path"].as_str().unwrap().contains("/manifests/"))
+        .map(|r| r["sent"].as_u64().unwrap())
+        .sum();
+    assert!(sent < 64 << 20, "the proxy sent {sent} bytes of manifest");
+    assert!(image_records(&ns.name).is_empty());
+}

@@ -14,8 +14,12 @@
 //!  {"path_contains": "/blobs/", "action": {"reset_after": 100000}, "times": 1},
 //!  {"path_contains": "/blobs/", "action": {"truncate_after": 100000}, "times": 1},
 //!  {"path_contains": "/blobs/", "action": {"corrupt": true}, "times": 1},
-//!  {"path_contains": "/blobs/", "action": {"stall_after": 0}, "times": 1}]
+//!  {"path_contains": "/blobs/", "action": {"stall_after": 0}, "times": 1},
+//!  {"path_contains": "/manifests/", "action": {"endless": true}, "times": 1}]
 //! ```
+//!
+//! `endless` answers 200 with the manifest content type and a body that never ends (a
+//! manifest bomb), without asking the registry.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -73,6 +77,8 @@ enum Action {
     TruncateAfter { truncate_after: u64 },
     /// Flip bits in the first body byte (a wrong digest): `{"corrupt": true}`.
     Corrupt { corrupt: bool },
+    /// Answer 200 with a body that never ends: `{"endless": true}`.
+    Endless { endless: bool },
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -231,6 +237,33 @@ async fn handle(
                 .insert(hyper::header::RETRY_AFTER, value);
         }
         return Ok(response);
+    }
+
+    if let Some(Action::Endless { endless: true }) = &fault {
+        let index = record(200, fault.as_ref());
+        let counter = state.clone();
+        // JSON whitespace after an opening brace, 64 KiB a piece, forever.
+        let piece = Bytes::from({
+            let mut piece = vec![b' '; 64 << 10];
+            piece[0] = b'{';
+            piece
+        });
+        let endless = futures::stream::repeat(piece).map(move |piece| {
+            if let (Some(i), Ok(mut served)) = (index, counter.served.lock())
+                && let Some(record) = served.get_mut(i)
+            {
+                record.sent += piece.len() as u64;
+            }
+            Ok::<_, std::io::Error>(Frame::data(piece))
+        });
+        return Ok(Response::builder()
+            .status(StatusCode::OK)
+            .header(
+                hyper::header::CONTENT_TYPE,
+                "application/vnd.oci.image.manifest.v1+json",
+            )
+            .body(BodyExt::boxed(StreamBody::new(endless)))
+            .unwrap_or_else(|_| full(StatusCode::INTERNAL_SERVER_ERROR, "endless\n")));
     }
 
     let mut upstream = state.client.request(
