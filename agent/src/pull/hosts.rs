@@ -23,6 +23,8 @@ pub struct Endpoint {
     /// May serve blobs and manifests by digest.
     pub pull: bool,
     pub skip_verify: bool,
+    /// The registry itself (`server`), not a mirror: its credentials are the registry's.
+    pub upstream: bool,
 }
 
 impl Endpoint {
@@ -92,6 +94,7 @@ pub fn endpoints(
             resolve: true,
             pull: true,
             skip_verify: false,
+            upstream: true,
         }]);
     };
     let text = std::fs::read_to_string(path).map_err(|source| HostsError::Read {
@@ -121,19 +124,22 @@ pub fn endpoints(
             resolve: caps.iter().any(|c| c == "resolve"),
             pull: caps.iter().any(|c| c == "pull"),
             skip_verify: entry.skip_verify,
+            upstream: false,
         });
     }
     let server = match parsed.server {
         Some(server) => normalize(path, &server)?,
         None => default_server,
     };
-    if !endpoints.iter().any(|e| e.url == server) {
-        endpoints.push(Endpoint {
+    match endpoints.iter_mut().find(|e| e.url == server) {
+        Some(listed) => listed.upstream = true,
+        None => endpoints.push(Endpoint {
             url: server,
             resolve: true,
             pull: true,
             skip_verify: false,
-        });
+            upstream: true,
+        }),
     }
     Ok(endpoints)
 }
@@ -195,6 +201,12 @@ server = "https://registry-1.docker.io"
         assert!(!e[0].resolve && e[0].pull && e[0].is_plain_http());
         assert!(e[1].resolve && e[1].skip_verify);
         assert_eq!(e[0].authority(), "z-mirror:5000");
+        let upstream: Vec<bool> = e.iter().map(|e| e.upstream).collect();
+        assert_eq!(
+            upstream,
+            [false, false, true],
+            "only the server is the registry"
+        );
     }
 
     #[test]

@@ -17,6 +17,8 @@
 //! - [`unpack`]: chain IDs and snapshots;
 //! - [`limit`]: the node-wide bandwidth cap.
 
+mod auth;
+mod credentials;
 pub mod hosts;
 pub mod limit;
 pub mod media;
@@ -35,11 +37,11 @@ use std::time::Duration;
 use containerd_client::types::Descriptor as ContainerdDescriptor;
 use futures::StreamExt;
 use oci_client::Reference;
-use oci_client::secrets::RegistryAuth;
 use oci_spec::image::{Descriptor, ImageConfiguration};
 use sha2::{Digest as _, Sha256};
 use tokio::sync::{Mutex, Semaphore};
 
+use self::credentials::{credentials, secret_credentials};
 use self::limit::RateLimit;
 use self::media::Platform;
 use self::registry::{MAX_DOCUMENT_SIZE, Registry, RegistryError};
@@ -392,14 +394,26 @@ impl Puller {
             image: name.clone(),
             source,
         })?;
-        let auth = match secret_credentials(&registry_host, docker_configs)? {
-            Some(auth) => auth,
-            None => credentials(&registry_host, self.options.docker_config.as_deref())?,
-        };
+        // Each host's own credentials: the registry's go to the registry, a mirror's
+        // (if any are configured for it) to the mirror.
+        let credentials = endpoints
+            .iter()
+            .map(|endpoint| {
+                let host = if endpoint.upstream {
+                    registry_host.as_str()
+                } else {
+                    endpoint.authority()
+                };
+                match secret_credentials(host, docker_configs)? {
+                    Some(credential) => Ok(credential),
+                    None => credentials(host, self.options.docker_config.as_deref()),
+                }
+            })
+            .collect::<Result<Vec<_>, PullError>>()?;
         let registry = Arc::new(Registry::new(
             reference.clone(),
             endpoints,
-            auth,
+            credentials,
             self.options.stall_timeout,
         )?);
 
@@ -1702,83 +1716,6 @@ fn descriptor(media_type: &str, digest: &str, size: usize) -> ContainerdDescript
     }
 }
 
-/// Registry credentials from a docker `config.json` (explicit path, or docker's default).
-/// The first credentials for `registry` in the given docker config documents.
-fn secret_credentials(
-    registry: &str,
-    docker_configs: &[String],
-) -> Result<Option<RegistryAuth>, PullError> {
-    for (i, document) in docker_configs.iter().enumerate() {
-        let found = docker_credential::get_credential_from_reader(
-            std::io::Cursor::new(document.as_bytes()),
-            docker_server(registry),
-        );
-        match found {
-            Ok(docker_credential::DockerCredential::UsernamePassword(user, password)) => {
-                return Ok(Some(RegistryAuth::Basic(user, password)));
-            }
-            Ok(docker_credential::DockerCredential::IdentityToken(token)) => {
-                return Ok(Some(RegistryAuth::Bearer(token)));
-            }
-            Err(docker_credential::CredentialRetrievalError::NoCredentialConfigured) => {}
-            // The document's content never goes into the message: it holds secrets.
-            Err(e) => {
-                return Err(PullError::Credentials {
-                    registry: registry.to_owned(),
-                    detail: format!("pull secret {} is not a usable docker config: {e}", i + 1),
-                });
-            }
-        }
-    }
-    Ok(None)
-}
-
-/// docker keeps Docker Hub's credentials under its v1 URL.
-fn docker_server(registry: &str) -> &str {
-    if registry == "docker.io" {
-        "https://index.docker.io/v1/"
-    } else {
-        registry
-    }
-}
-
-fn credentials(
-    registry: &str,
-    docker_config: Option<&std::path::Path>,
-) -> Result<RegistryAuth, PullError> {
-    let server = docker_server(registry);
-    let found = match docker_config {
-        Some(path) => {
-            let file = std::fs::File::open(path).map_err(|e| PullError::Credentials {
-                registry: registry.to_owned(),
-                detail: format!("{}: {e}", path.display()),
-            })?;
-            docker_credential::get_credential_from_reader(file, server)
-        }
-        None => docker_credential::get_credential(server),
-    };
-    match found {
-        Ok(docker_credential::DockerCredential::UsernamePassword(user, password)) => {
-            Ok(RegistryAuth::Basic(user, password))
-        }
-        Ok(docker_credential::DockerCredential::IdentityToken(token)) => {
-            Ok(RegistryAuth::Bearer(token))
-        }
-        Err(
-            docker_credential::CredentialRetrievalError::ConfigNotFound
-            | docker_credential::CredentialRetrievalError::ConfigReadError
-            | docker_credential::CredentialRetrievalError::NoCredentialConfigured,
-        ) if docker_config.is_none() => Ok(RegistryAuth::Anonymous),
-        Err(docker_credential::CredentialRetrievalError::NoCredentialConfigured) => {
-            Ok(RegistryAuth::Anonymous)
-        }
-        Err(e) => Err(PullError::Credentials {
-            registry: registry.to_owned(),
-            detail: e.to_string(),
-        }),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1806,50 +1743,5 @@ mod tests {
         let digest = format!("sha256:{}", unpack::hex(&Sha256::digest(b"abc")));
         assert!(verify_digest(b"abc", &digest).is_ok());
         assert!(verify_digest(b"abd", &digest).is_err());
-    }
-
-    #[test]
-    fn pull_secrets_come_first_and_never_show_in_errors() {
-        let other = r#"{"auths":{"other.example":{"auth":"dXNlcjpzZWNyZXQ="}}}"#.to_owned();
-        let ours = r#"{"auths":{"reg.example:5000":{"auth":"dXNlcjpzZWNyZXQ="}}}"#.to_owned();
-        match secret_credentials("reg.example:5000", &[other.clone(), ours]).unwrap() {
-            Some(RegistryAuth::Basic(u, p)) => {
-                assert_eq!((u.as_str(), p.as_str()), ("user", "secret"))
-            }
-            other => panic!("{other:?}"),
-        }
-        assert!(
-            secret_credentials("reg.example:5000", &[other])
-                .unwrap()
-                .is_none()
-        );
-        let broken = r#"{"auths": "sup3rsecret"#.to_owned();
-        let err = secret_credentials("reg.example:5000", &[broken])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("pull secret 1"), "{err}");
-        assert!(!err.contains("sup3rsecret"), "{err}");
-    }
-
-    #[test]
-    fn credentials_come_from_the_given_config() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("config.json");
-        // "user:secret" in base64.
-        std::fs::write(
-            &path,
-            r#"{"auths":{"reg.example:5000":{"auth":"dXNlcjpzZWNyZXQ="}}}"#,
-        )
-        .unwrap();
-        match credentials("reg.example:5000", Some(&path)).unwrap() {
-            RegistryAuth::Basic(u, p) => assert_eq!((u.as_str(), p.as_str()), ("user", "secret")),
-            other => panic!("{other:?}"),
-        }
-        assert!(matches!(
-            credentials("other.example", Some(&path)).unwrap(),
-            RegistryAuth::Anonymous
-        ));
-        let err = credentials("x", Some(&dir.path().join("missing.json"))).unwrap_err();
-        assert!(err.to_string().contains("missing.json"), "{err}");
     }
 }

@@ -1,22 +1,20 @@
-//! The registry side of a pull: resolving a reference to a manifest (through mirrors,
-//! with auth) and fetching blobs or byte ranges of them.
+//! The registry side of a pull: resolving a reference to a manifest (through mirrors)
+//! and fetching blobs or byte ranges of them, over `reqwest`.
 //!
-//! `oci-client` does the protocol work that must be right (bearer-token and basic auth,
-//! manifest negotiation). Blob bytes are fetched with our own requests on the same
-//! `reqwest` stack, because the transfer needs what a convenience API hides: byte
-//! ranges, the status and `Retry-After` of every response, and fallback between hosts.
+//! Our own requests, because the transfer needs what a convenience API hides: byte
+//! ranges, the status and `Retry-After` of every response, fallback between hosts, a
+//! size limit while a manifest streams, and authentication that sends credentials only
+//! to the host they are for and only when it asks ([`super::auth`]).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference, RegistryOperation};
+use oci_client::Reference;
 use reqwest::StatusCode;
-use reqwest::header::{ACCEPT, AUTHORIZATION, RANGE, RETRY_AFTER};
-use tokio::sync::Mutex;
+use reqwest::header::{ACCEPT, AUTHORIZATION, RANGE, RETRY_AFTER, WWW_AUTHENTICATE};
 
+use super::auth::{AuthError, Credential, HostAuth};
 use super::hosts::Endpoint;
 use super::media;
 
@@ -83,13 +81,9 @@ pub struct Registry {
     /// The reference as the user gave it, normalised (`docker.io/library/x:1`).
     pub reference: Reference,
     endpoints: Vec<Endpoint>,
-    auth: RegistryAuth,
-    http: reqwest::Client,
-    /// One oci-client per endpoint (its protocol setting is per client).
-    clients: Vec<Client>,
-    /// Bearer tokens per endpoint, asked for on first use: `Some(None)` means the
-    /// endpoint needs none (so it is not asked again for every blob).
-    tokens: Vec<Mutex<Option<Option<IssuedToken>>>>,
+    /// Per endpoint: its HTTP client (TLS as its `hosts.toml` says) and credentials.
+    http: Vec<reqwest::Client>,
+    auths: Vec<HostAuth>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -101,46 +95,98 @@ impl std::fmt::Debug for Registry {
     }
 }
 
+/// Why a request with authentication failed before any status of its own.
+enum SendError {
+    Network(String),
+    Auth(AuthError),
+}
+
 impl Registry {
+    /// `credentials[i]` are endpoint `i`'s own (looked up for its host).
     pub fn new(
         reference: Reference,
         endpoints: Vec<Endpoint>,
-        auth: RegistryAuth,
+        credentials: Vec<Credential>,
         stall_timeout: Duration,
     ) -> Result<Self, RegistryError> {
         install_crypto_provider();
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(stall_timeout)
-            .pool_max_idle_per_host(32)
-            .build()
-            .map_err(|e| RegistryError::Client(format!("HTTP client: {e}")))?;
-        let clients = endpoints
+        let client = |skip_verify: bool| {
+            reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .read_timeout(stall_timeout)
+                .pool_max_idle_per_host(32)
+                .user_agent(concat!("rigger-agent/", env!("CARGO_PKG_VERSION")))
+                .danger_accept_invalid_certs(skip_verify)
+                .build()
+                .map_err(|e| RegistryError::Client(format!("HTTP client: {e}")))
+        };
+        let (verifying, trusting) = (client(false)?, client(true)?);
+        let http = endpoints
             .iter()
             .map(|e| {
-                Client::new(ClientConfig {
-                    protocol: if e.is_plain_http() {
-                        ClientProtocol::Http
-                    } else {
-                        ClientProtocol::Https
-                    },
-                    accept_invalid_certificates: e.skip_verify,
-                    read_timeout: Some(stall_timeout),
-                    connect_timeout: Some(Duration::from_secs(10)),
-                    user_agent: concat!("rigger-agent/", env!("CARGO_PKG_VERSION")),
-                    ..ClientConfig::default()
-                })
+                if e.skip_verify {
+                    trusting.clone()
+                } else {
+                    verifying.clone()
+                }
             })
             .collect();
-        let tokens = endpoints.iter().map(|_| Mutex::new(None)).collect();
+        let mut credentials = credentials.into_iter();
+        let auths = endpoints
+            .iter()
+            .map(|e| HostAuth::new(&e.url, credentials.next().unwrap_or_default()))
+            .collect();
         Ok(Self {
             reference,
             endpoints,
-            auth,
             http,
-            clients,
-            tokens,
+            auths,
         })
+    }
+
+    /// What the pull asks a token service for.
+    fn scope(&self) -> String {
+        format!("repository:{}:pull", self.reference.repository())
+    }
+
+    /// Send the request `build` makes to endpoint `i` with what the host asked for
+    /// before (nothing until it asks); a 401 is answered once (a token asked for, or
+    /// the host's own credentials) and the request sent again.
+    async fn send(
+        &self,
+        i: usize,
+        build: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, SendError> {
+        let (client, auth) = (&self.http[i], &self.auths[i]);
+        let mut answered = false;
+        loop {
+            let header = auth.header().await;
+            let mut request = build(client);
+            if let Some(header) = &header {
+                request = request.header(AUTHORIZATION, header);
+            }
+            let response = request
+                .send()
+                .await
+                .map_err(|e| SendError::Network(rigger_daemon::error_chain(&e)))?;
+            if response.status() != StatusCode::UNAUTHORIZED || answered {
+                return Ok(response);
+            }
+            answered = true;
+            let challenge = response
+                .headers()
+                .get(WWW_AUTHENTICATE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            auth.challenged(
+                client,
+                challenge.as_deref(),
+                &self.scope(),
+                header.as_deref(),
+            )
+            .await
+            .map_err(SendError::Auth)?;
+        }
     }
 
     /// The reference as served by endpoint `i` (mirrors keep the repository path).
@@ -240,38 +286,25 @@ impl Registry {
             endpoint.url,
             self.reference.repository()
         );
-        let mut retried_token = false;
-        loop {
-            let mut request = self
-                .http
-                .get(&url)
-                .header(ACCEPT, media::ACCEPTED_MANIFESTS.join(", "));
-            let authorization = self.authorization(i).await;
-            if let Some(authorization) = &authorization {
-                request = request.header(AUTHORIZATION, &authorization.header);
-            }
-            let response = request
-                .send()
-                .await
-                .map_err(|e| ManifestFailure::Other(rigger_daemon::error_chain(&e)))?;
-            let status = response.status();
-            match status {
-                StatusCode::OK => return read_capped(response, MAX_DOCUMENT_SIZE).await,
-                StatusCode::NOT_FOUND => return Err(ManifestFailure::NotFound),
-                // A token of ours the registry no longer takes: ask for a new one, once.
-                StatusCode::UNAUTHORIZED
-                    if !retried_token && authorization.is_some_and(|a| a.issued.is_some()) =>
-                {
-                    self.forget_token(i).await;
-                    retried_token = true;
-                }
-                StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
-                    return Err(ManifestFailure::Denied(format!(
-                        "manifest {name}: HTTP {status}"
-                    )));
-                }
-                _ => return Err(ManifestFailure::Other(format!("HTTP {status}"))),
-            }
+        let response = self
+            .send(i, |http| {
+                http.get(&url)
+                    .header(ACCEPT, media::ACCEPTED_MANIFESTS.join(", "))
+            })
+            .await
+            .map_err(|e| match e {
+                SendError::Network(detail) => ManifestFailure::Other(detail),
+                SendError::Auth(AuthError::Denied(detail)) => ManifestFailure::Denied(detail),
+                SendError::Auth(e) => ManifestFailure::Other(e.to_string()),
+            })?;
+        let status = response.status();
+        match status {
+            StatusCode::OK => read_capped(response, MAX_DOCUMENT_SIZE).await,
+            StatusCode::NOT_FOUND => Err(ManifestFailure::NotFound),
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Err(ManifestFailure::Denied(
+                format!("manifest {name}: HTTP {status}"),
+            )),
+            _ => Err(ManifestFailure::Other(format!("HTTP {status}"))),
         }
     }
 
@@ -286,59 +319,6 @@ impl Registry {
 
     pub fn endpoint_url(&self, i: usize) -> &str {
         &self.endpoints[i].url
-    }
-
-    /// The `Authorization` header for blob requests to endpoint `i`. The registry decides
-    /// the scheme: oci-client asks it (once per endpoint) and, for a token registry,
-    /// trades the credentials (or nothing) for a bearer token; a registry that wants
-    /// basic auth gets the credentials themselves.
-    async fn authorization(&self, i: usize) -> Option<Authorization> {
-        if let RegistryAuth::Bearer(token) = &self.auth {
-            return Some(Authorization {
-                header: format!("Bearer {token}"),
-                issued: None,
-            });
-        }
-        let mut cached = self.tokens[i].lock().await;
-        if cached.is_none() {
-            let reference = self.reference_at(i, None);
-            match self.clients[i]
-                .auth(&reference, &self.auth, RegistryOperation::Pull)
-                .await
-            {
-                Ok(token) => {
-                    *cached = Some(token.map(|token| IssuedToken {
-                        token,
-                        issued: Instant::now(),
-                    }));
-                }
-                // Not cached: the next request asks again.
-                Err(error) => tracing::debug!(%error, "registry auth failed"),
-            }
-        }
-        if let Some(Some(issued)) = cached.as_ref() {
-            return Some(Authorization {
-                header: format!("Bearer {}", issued.token),
-                issued: Some(issued.issued),
-            });
-        }
-        match &self.auth {
-            RegistryAuth::Basic(user, password) => {
-                use base64::Engine as _;
-                let encoded =
-                    base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
-                Some(Authorization {
-                    header: format!("Basic {encoded}"),
-                    issued: None,
-                })
-            }
-            _ => None,
-        }
-    }
-
-    /// Drop endpoint `i`'s token (it expired): the next request asks for a new one.
-    async fn forget_token(&self, i: usize) {
-        *self.tokens[i].lock().await = None;
     }
 
     /// GET a blob (or `range` of it) from endpoint `i`. `Ok((true, body))` when the server
@@ -368,18 +348,25 @@ impl Registry {
                 retry_after,
             }
         };
-        let mut request = self.http.get(&url).header(ACCEPT, "*/*");
-        if let Some((start, end)) = range {
-            request = request.header(RANGE, format!("bytes={start}-{end}"));
-        }
-        let authorization = self.authorization(i).await;
-        if let Some(authorization) = &authorization {
-            request = request.header(AUTHORIZATION, &authorization.header);
-        }
-        let response = request
-            .send()
+        let response = self
+            .send(i, |http| {
+                let request = http.get(&url).header(ACCEPT, "*/*");
+                match range {
+                    Some((start, end)) => request.header(RANGE, format!("bytes={start}-{end}")),
+                    None => request,
+                }
+            })
             .await
-            .map_err(|e| transfer(rigger_daemon::error_chain(&e), true, None))?;
+            .map_err(|e| match e {
+                SendError::Network(detail) => transfer(detail, true, None),
+                SendError::Auth(AuthError::Denied(detail)) => RegistryError::Denied {
+                    image: self.reference.whole(),
+                    endpoint: endpoint.url.clone(),
+                    detail,
+                },
+                // A token service that failed may answer the next try.
+                SendError::Auth(e) => transfer(e.to_string(), true, None),
+            })?;
         let status = response.status();
         match status {
             StatusCode::OK | StatusCode::PARTIAL_CONTENT => Ok((
@@ -398,19 +385,6 @@ impl Registry {
                 Err(transfer(format!("HTTP {status}"), true, retry_after))
             }
             s if s.is_server_error() => Err(transfer(format!("HTTP {status}"), true, None)),
-            // Tokens live minutes (Docker Hub: 5); a long pull outlives them.
-            StatusCode::UNAUTHORIZED
-                if authorization
-                    .and_then(|a| a.issued)
-                    .is_some_and(|issued| issued.elapsed() > TOKEN_REFRESH_AGE) =>
-            {
-                self.forget_token(i).await;
-                Err(transfer(
-                    format!("HTTP {status}: the token expired; asking for a new one"),
-                    true,
-                    None,
-                ))
-            }
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Err(RegistryError::Denied {
                 image: self.reference.whole(),
                 endpoint: endpoint.url.clone(),
@@ -419,30 +393,6 @@ impl Registry {
             _ => Err(transfer(format!("HTTP {status}"), false, None)),
         }
     }
-}
-
-/// A token refused after this long is taken as expired, not as denied.
-const TOKEN_REFRESH_AGE: Duration = Duration::from_secs(1);
-
-/// A bearer token the registry's token service gave us, and when.
-struct IssuedToken {
-    token: String,
-    issued: Instant,
-}
-
-/// Tokens are secrets: never printed.
-impl std::fmt::Debug for IssuedToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IssuedToken")
-            .field("issued", &self.issued)
-            .finish_non_exhaustive()
-    }
-}
-
-/// An `Authorization` header, and when its bearer token was issued (for our own tokens).
-struct Authorization {
-    header: String,
-    issued: Option<Instant>,
 }
 
 /// Manifests, indexes and configs larger than this are refused as they stream (they are

@@ -6,8 +6,10 @@
 //! `--cert-out` (the registry's `rootcertbundle`), and answers `GET /token?service=…&
 //! scope=repository:NAME:pull` with an ES256 JWT carrying the certificate in `x5c`.
 //! Clients authenticate with basic auth as `--user`/`--password`; without credentials
-//! they get a token only with `--allow-anonymous`. `GET /_token/issued` lists who got
-//! tokens for what (JSON), for assertions.
+//! they get a token only with `--allow-anonymous`. With `--refresh-token`, `POST /token`
+//! answers docker's OAuth2 refresh-token grant (`grant_type=refresh_token`, what a docker
+//! `identitytoken` is traded with) for that token. `GET /_token/issued` lists who got
+//! tokens for what, and by which grant (JSON), for assertions.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
-use axum::extract::{Query, State};
+use axum::extract::{Form, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -49,6 +51,9 @@ struct Args {
     /// Issue tokens to clients without credentials.
     #[arg(long)]
     allow_anonymous: bool,
+    /// The refresh token (a docker `identitytoken`) that `POST /token` accepts.
+    #[arg(long)]
+    refresh_token: Option<String>,
     /// How long issued tokens are accepted, in seconds. The registry allows 60 s of clock
     /// skew past a token's `exp`, so `exp` is set that much earlier.
     #[arg(long, default_value_t = 300)]
@@ -67,6 +72,19 @@ struct Issuer {
 struct Issued {
     account: String,
     scope: String,
+    /// `basic`, `anonymous` or `refresh_token`.
+    grant: String,
+    /// Whether the request carried an `Authorization` header of any kind.
+    authorization: bool,
+}
+
+/// The OAuth2 form of `POST /token`.
+#[derive(Debug, Deserialize)]
+struct TokenForm {
+    grant_type: String,
+    refresh_token: Option<String>,
+    service: Option<String>,
+    scope: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -115,7 +133,7 @@ async fn main() -> anyhow::Result<()> {
         issued: Mutex::default(),
     });
     let app = axum::Router::new()
-        .route("/token", get(token))
+        .route("/token", get(token).post(oauth_token))
         .route("/_token/issued", get(issued))
         .with_state(issuer);
     let listener = tokio::net::TcpListener::bind(listen)
@@ -154,7 +172,55 @@ async fn token(
                 .into_response();
         }
     };
-    let scope = query.scope.unwrap_or_default();
+    let grant = if account.is_empty() {
+        "anonymous"
+    } else {
+        "basic"
+    };
+    let authorization = headers.contains_key(header::AUTHORIZATION);
+    issue(
+        &issuer,
+        account,
+        query.service,
+        query.scope,
+        grant,
+        authorization,
+    )
+}
+
+/// docker's refresh-token grant: the identity token buys an access token.
+async fn oauth_token(
+    State(issuer): State<Arc<Issuer>>,
+    headers: HeaderMap,
+    Form(form): Form<TokenForm>,
+) -> Response {
+    let accepted = issuer.args.refresh_token.is_some()
+        && form.grant_type == "refresh_token"
+        && form.refresh_token == issuer.args.refresh_token;
+    if !accepted {
+        return (StatusCode::UNAUTHORIZED, "invalid grant\n").into_response();
+    }
+    let authorization = headers.contains_key(header::AUTHORIZATION);
+    issue(
+        &issuer,
+        "identity".to_owned(),
+        form.service,
+        form.scope,
+        "refresh_token",
+        authorization,
+    )
+}
+
+/// A signed token for `account` with pull access to the scope's repository.
+fn issue(
+    issuer: &Issuer,
+    account: String,
+    service: Option<String>,
+    scope: Option<String>,
+    grant: &str,
+    authorization: bool,
+) -> Response {
+    let scope = scope.unwrap_or_default();
     // "repository:NAME:ACTIONS"; only pull is granted.
     let access = scope
         .strip_prefix("repository:")
@@ -176,7 +242,7 @@ async fn token(
     let claims = Claims {
         iss: issuer.args.issuer.clone(),
         sub: account.clone(),
-        aud: query.service.unwrap_or_default(),
+        aud: service.unwrap_or_default(),
         exp: (now + issuer.args.expires_in).saturating_sub(REGISTRY_LEEWAY),
         nbf: now.saturating_sub(REGISTRY_LEEWAY + 10),
         iat: now,
@@ -190,7 +256,12 @@ async fn token(
         Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     };
     if let Ok(mut issued) = issuer.issued.lock() {
-        issued.push(Issued { account, scope });
+        issued.push(Issued {
+            account,
+            scope,
+            grant: grant.to_owned(),
+            authorization,
+        });
     }
     axum::Json(serde_json::json!({
         "token": token,
