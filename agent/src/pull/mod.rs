@@ -19,6 +19,7 @@
 
 mod auth;
 mod credentials;
+pub mod endpoint_client;
 pub mod hosts;
 pub mod limit;
 pub mod media;

@@ -15,6 +15,7 @@ use reqwest::StatusCode;
 use reqwest::header::{ACCEPT, AUTHORIZATION, RANGE, RETRY_AFTER, WWW_AUTHENTICATE};
 
 use super::auth::{AuthError, Credential, HostAuth};
+use super::endpoint_client;
 use super::hosts::Endpoint;
 use super::media;
 
@@ -110,27 +111,11 @@ impl Registry {
         stall_timeout: Duration,
     ) -> Result<Self, RegistryError> {
         install_crypto_provider();
-        let client = |skip_verify: bool| {
-            reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(10))
-                .read_timeout(stall_timeout)
-                .pool_max_idle_per_host(32)
-                .user_agent(concat!("rigger-agent/", env!("CARGO_PKG_VERSION")))
-                .danger_accept_invalid_certs(skip_verify)
-                .build()
-                .map_err(|e| RegistryError::Client(format!("HTTP client: {e}")))
-        };
-        let (verifying, trusting) = (client(false)?, client(true)?);
         let http = endpoints
             .iter()
-            .map(|e| {
-                if e.skip_verify {
-                    trusting.clone()
-                } else {
-                    verifying.clone()
-                }
-            })
-            .collect();
+            .map(|e| endpoint_client::build(e, stall_timeout))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| RegistryError::Client(e.to_string()))?;
         let mut credentials = credentials.into_iter();
         let auths = endpoints
             .iter()
@@ -282,8 +267,8 @@ impl Registry {
     async fn get_manifest(&self, i: usize, name: &str) -> Result<Bytes, ManifestFailure> {
         let endpoint = &self.endpoints[i];
         let url = format!(
-            "{}/v2/{}/manifests/{name}",
-            endpoint.url,
+            "{}/{}/manifests/{name}",
+            endpoint.api_url(),
             self.reference.repository()
         );
         let response = self
@@ -331,8 +316,8 @@ impl Registry {
     ) -> Result<(bool, BlobBody), RegistryError> {
         let endpoint = &self.endpoints[i];
         let url = format!(
-            "{}/v2/{}/blobs/{digest}",
-            endpoint.url,
+            "{}/{}/blobs/{digest}",
+            endpoint.api_url(),
             self.reference.repository()
         );
         let what = match range {
@@ -385,6 +370,12 @@ impl Registry {
                 Err(transfer(format!("HTTP {status}"), true, retry_after))
             }
             s if s.is_server_error() => Err(transfer(format!("HTTP {status}"), true, None)),
+            // As containerd: a host without the blob sends the request to the next one;
+            // the last one's answer is final.
+            StatusCode::NOT_FOUND => {
+                let later_host = self.blob_endpoints().any(|j| j > i);
+                Err(transfer(format!("HTTP {status}"), later_host, None))
+            }
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Err(RegistryError::Denied {
                 image: self.reference.whole(),
                 endpoint: endpoint.url.clone(),

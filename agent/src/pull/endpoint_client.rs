@@ -1,0 +1,181 @@
+//! The HTTP client of one registry host, built from what its `hosts.toml` says: CA
+//! files, client certificates, `skip_verify`, headers and the dial timeout. Every request
+//! to the host (manifests, blobs, its token service) goes through it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+
+use super::hosts::Endpoint;
+
+/// Connecting to a host takes at most this long unless its `dial_timeout` says otherwise.
+const DEFAULT_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a host's client could not be built: a file or setting of its `hosts.toml`.
+#[derive(Debug, thiserror::Error)]
+#[error("{origin}host {url}: {detail}")]
+pub struct ClientError {
+    origin: String,
+    url: String,
+    detail: String,
+}
+
+/// The client for `endpoint`; a byte-less `stall_timeout` on a response is a failure.
+pub fn build(endpoint: &Endpoint, stall_timeout: Duration) -> Result<reqwest::Client, ClientError> {
+    let fail = |detail: String| ClientError {
+        origin: endpoint
+            .source
+            .as_ref()
+            .map(|p| format!("{}: ", p.display()))
+            .unwrap_or_default(),
+        url: endpoint.url.clone(),
+        detail,
+    };
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(endpoint.dial_timeout.unwrap_or(DEFAULT_DIAL_TIMEOUT))
+        .read_timeout(stall_timeout)
+        .pool_max_idle_per_host(32)
+        .user_agent(concat!("rigger-agent/", env!("CARGO_PKG_VERSION")))
+        .danger_accept_invalid_certs(endpoint.tls.skip_verify);
+
+    let mut roots = Vec::new();
+    for file in &endpoint.tls.ca_files {
+        let pem = read(file).map_err(&fail)?;
+        let certificates = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| fail(format!("ca {}: {e}", file.display())))?;
+        if certificates.is_empty() {
+            return Err(fail(format!(
+                "ca {}: no PEM certificate in it",
+                file.display()
+            )));
+        }
+        roots.extend(certificates);
+    }
+    if !roots.is_empty() {
+        // As containerd: the system's roots and these.
+        builder = builder.tls_certs_merge(roots);
+    }
+
+    // containerd offers every pair and Go picks the one the server asks for; rustls
+    // holds one identity per client, so the first is presented and the rest named.
+    if let Some(pair) = endpoint.tls.client_pairs.first() {
+        if endpoint.tls.client_pairs.len() > 1 {
+            tracing::warn!(
+                host = %endpoint.url,
+                using = %pair.certificate.display(),
+                ignored = endpoint.tls.client_pairs.len() - 1,
+                "several client certificates configured; Rigger presents the first"
+            );
+        }
+        let mut pem = read(&pair.certificate).map_err(&fail)?;
+        if let Some(key) = &pair.key {
+            pem.push(b'\n');
+            pem.extend(read(key).map_err(&fail)?);
+        }
+        let identity = reqwest::Identity::from_pem(&pem).map_err(|e| {
+            fail(format!(
+                "client certificate {}: {e}",
+                pair.certificate.display()
+            ))
+        })?;
+        builder = builder.identity(identity);
+    }
+
+    let mut headers = HeaderMap::new();
+    for (name, value) in &endpoint.headers {
+        let header_name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| fail(format!("header {name:?} is not a valid header name")))?;
+        let header_value = HeaderValue::from_str(value)
+            .map_err(|_| fail(format!("header {name:?} has a value that cannot be sent")))?;
+        headers.append(header_name, header_value);
+    }
+    builder
+        .default_headers(headers)
+        .build()
+        .map_err(|e| fail(format!("HTTP client: {}", rigger_daemon::error_chain(&e))))
+}
+
+fn read(file: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pull::hosts::{ClientPair, Tls};
+    use std::path::PathBuf;
+
+    fn endpoint(tls: Tls, headers: Vec<(String, String)>) -> Endpoint {
+        Endpoint {
+            url: "https://mirror.example".to_owned(),
+            api_root: "/v2".to_owned(),
+            resolve: true,
+            pull: true,
+            upstream: false,
+            tls,
+            headers,
+            dial_timeout: None,
+            source: Some(PathBuf::from("/etc/containerd/certs.d/r/hosts.toml")),
+        }
+    }
+
+    #[test]
+    fn unusable_settings_name_the_file_the_host_and_the_setting() {
+        crate::pull::registry::install_crypto_provider();
+        let dir = tempfile::tempdir().unwrap();
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, "not a certificate").unwrap();
+        let cases = [
+            (
+                Tls {
+                    ca_files: vec![dir.path().join("missing.pem")],
+                    ..Tls::default()
+                },
+                vec![],
+                "missing.pem",
+            ),
+            (
+                Tls {
+                    ca_files: vec![junk.clone()],
+                    ..Tls::default()
+                },
+                vec![],
+                "no PEM certificate",
+            ),
+            (
+                Tls {
+                    client_pairs: vec![ClientPair {
+                        certificate: junk.clone(),
+                        key: None,
+                    }],
+                    ..Tls::default()
+                },
+                vec![],
+                "client certificate",
+            ),
+            (
+                Tls::default(),
+                vec![("bad name".to_owned(), "v".to_owned())],
+                "header \"bad name\"",
+            ),
+            (
+                Tls::default(),
+                vec![("x-ok".to_owned(), "line\nbreak".to_owned())],
+                "cannot be sent",
+            ),
+        ];
+        for (tls, headers, expected) in cases {
+            let err = build(&endpoint(tls, headers), Duration::from_secs(1))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(expected), "{err}");
+            assert!(
+                err.starts_with(
+                    "/etc/containerd/certs.d/r/hosts.toml: host https://mirror.example"
+                ),
+                "{err}"
+            );
+        }
+    }
+}
