@@ -195,8 +195,10 @@ impl Registry {
     /// Fetch the manifest or index the reference names (a tag needs `resolve`).
     pub async fn manifest(&self, digest: Option<&str>) -> Result<RawManifest, RegistryError> {
         let by_tag = digest.is_none() && self.reference.digest().is_none();
-        let mut last = None;
-        let mut not_found = false;
+        // Every host's reason, so a failure shows the mirror's TLS error and not only
+        // the upstream's answer after it.
+        let mut failures = Vec::new();
+        let mut not_found = Vec::new();
         for (i, endpoint) in self.endpoints.iter().enumerate() {
             if (by_tag || !endpoint.pull) && !endpoint.resolve {
                 continue;
@@ -237,28 +239,30 @@ impl Registry {
                     });
                 }
                 // containerd also moves on to the next host when one lacks the image.
-                Err(ManifestFailure::NotFound) => not_found = true,
+                Err(ManifestFailure::NotFound) => {
+                    not_found.push(endpoint.url.as_str());
+                }
                 Err(ManifestFailure::Other(detail)) => {
                     tracing::debug!(endpoint = %endpoint.url, error = %detail, "manifest fetch failed");
-                    last = Some((endpoint.url.clone(), detail));
+                    failures.push(format!("{}: {detail}", endpoint.url));
                 }
             }
         }
-        match last {
-            Some((endpoint, detail)) if !not_found => Err(RegistryError::Manifest {
+        if failures.is_empty() {
+            if not_found.is_empty() {
+                // No host may resolve this reference.
+                not_found = self.endpoints.iter().map(|e| e.url.as_str()).collect();
+            }
+            return Err(RegistryError::NotFound {
                 image: self.image(),
-                detail: format!("{endpoint}: {detail}"),
-            }),
-            _ => Err(RegistryError::NotFound {
-                image: self.image(),
-                endpoints: self
-                    .endpoints
-                    .iter()
-                    .map(|e| e.url.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            }),
+                endpoints: not_found.join(", "),
+            });
         }
+        failures.extend(not_found.iter().map(|url| format!("{url}: not found")));
+        Err(RegistryError::Manifest {
+            image: self.image(),
+            detail: failures.join("; "),
+        })
     }
 
     /// GET manifest `name` (a tag or a digest) from endpoint `i`, read through

@@ -8,11 +8,13 @@
 
 mod cri_pod;
 mod lab;
+mod registries;
 
 pub use cri_pod::{CriPod, CriPodSpec};
 pub use lab::{
     Containerd, Lab, LabNode, MountedSnapshot, TestNamespace, ctr_at, top_chain_id, tree_listing,
 };
+pub use registries::{AuthRegistry, Proxy, TlsRegistry, plain_http_hosts_dir};
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -168,51 +170,6 @@ pub(crate) fn sha256_hex(data: &[u8]) -> String {
         .collect()
 }
 
-/// `rigger-lab-proxy` in front of the lab registry, with fault rules; stopped on drop.
-#[derive(Debug)]
-pub struct Proxy {
-    /// `127.0.0.1:PORT`
-    pub address: String,
-    _daemon: Daemon,
-}
-
-impl Proxy {
-    /// Start the proxy with `faults` (a JSON list of rules, see the proxy's docs) and
-    /// extra flags.
-    pub fn start(faults: &serde_json::Value, flags: &[&str]) -> Self {
-        use std::io::BufRead;
-        let lab = Lab::get();
-        let dir = tempfile::tempdir().unwrap();
-        let rules = dir.path().join("faults.json");
-        std::fs::write(&rules, faults.to_string()).unwrap();
-        let mut daemon = Daemon::spawn(
-            Command::new(binary("rigger-lab-proxy"))
-                .args(["--upstream", &format!("http://{}", lab.registry)])
-                .arg("--faults")
-                .arg(&rules)
-                .args(flags)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null()),
-        );
-        let mut line = String::new();
-        std::io::BufReader::new(daemon.child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let address = line.split_whitespace().last().unwrap().to_owned();
-        Self {
-            address,
-            _daemon: daemon,
-        }
-    }
-
-    /// Requests served so far: `[{method, path, range, status, fault}]`.
-    pub fn requests(&self) -> Vec<serde_json::Value> {
-        let (code, body) = http_get(&self.address, "/_proxy/requests").unwrap();
-        assert_eq!(code, 200);
-        serde_json::from_str(&body).unwrap()
-    }
-}
-
 /// Build and push an image no other test uses (its content is unique to `name`).
 pub fn unique_image(name: &str, layers: usize, size: usize) -> String {
     unique_image_with(name, layers, size, &["--base", "none"])
@@ -246,221 +203,22 @@ pub fn lab_image(args: &[&str]) {
     );
 }
 
-/// A distribution registry on a free port, storing under `storage`, with the `auth:`
-/// section `auth` (YAML, indented by two); returns once it answers 401 on `/v2/`.
-fn serve_registry(dir: &Path, storage: &Path, auth: &str) -> (String, Daemon) {
-    let port = free_port();
-    let config = dir.join("config.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "version: 0.1\nlog: {{level: error, accesslog: {{disabled: true}}}}\nstorage: {{filesystem: {{rootdirectory: {}}}}}\nauth:\n{auth}http: {{addr: 127.0.0.1:{port}}}\n",
-            storage.display()
-        ),
-    )
-    .unwrap();
-    let daemon = Daemon::spawn(
-        Command::new("docker-registry")
-            .arg("serve")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
+/// Fail with the command's stderr unless it succeeded.
+pub fn assert_ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    let address = format!("127.0.0.1:{port}");
-    wait_until(
-        "the registry that wants credentials",
-        Duration::from_secs(20),
-        || http_get(&address, "/v2/").filter(|(code, _)| *code == 401),
-    );
-    (address, daemon)
 }
 
-/// A second registry that wants credentials, for auth tests: basic auth (htpasswd,
-/// bcrypt) with [`AuthRegistry::start`], or bearer tokens from `rigger-lab-token-server`
-/// with [`AuthRegistry::with_tokens`].
-#[derive(Debug)]
-pub struct AuthRegistry {
-    /// `127.0.0.1:PORT`
-    pub address: String,
-    pub user: String,
-    pub password: String,
-    /// The token server's `127.0.0.1:PORT`, for a token registry.
-    pub token_server: Option<String>,
-    _dir: tempfile::TempDir,
-    _daemons: Vec<Daemon>,
-}
-
-impl AuthRegistry {
-    pub fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let (user, password) = (
-            "rigger".to_owned(),
-            format!("secret-{}", std::process::id()),
-        );
-        // bcrypt, as the registry's htpasswd wants; Python's crypt module has it.
-        let hash = Command::new("python3")
-            .args(["-W", "ignore", "-c", "import crypt,sys; print(crypt.crypt(sys.argv[1], crypt.mksalt(crypt.METHOD_BLOWFISH)))"])
-            .arg(&password)
-            .output()
-            .unwrap();
-        assert!(hash.status.success());
-        let htpasswd = dir.path().join("htpasswd");
-        std::fs::write(
-            &htpasswd,
-            format!("{user}:{}", String::from_utf8(hash.stdout).unwrap()),
-        )
-        .unwrap();
-        let (address, daemon) = serve_registry(
-            dir.path(),
-            &dir.path().join("data"),
-            &format!(
-                "  htpasswd:\n    realm: rigger-lab\n    path: {}\n",
-                htpasswd.display()
-            ),
-        );
-        Self {
-            address,
-            user,
-            password,
-            token_server: None,
-            _dir: dir,
-            _daemons: vec![daemon],
-        }
-    }
-
-    /// A registry serving the lab registry's images (read-only, same storage) that wants
-    /// bearer tokens, issued by `rigger-lab-token-server` to this registry's user (and to
-    /// anyone with `allow_anonymous`).
-    pub fn with_tokens(allow_anonymous: bool) -> Self {
-        Self::with_tokens_expiring(allow_anonymous, Duration::from_secs(300))
-    }
-
-    /// [`AuthRegistry::with_tokens`] whose tokens expire after `lifetime`.
-    pub fn with_tokens_expiring(allow_anonymous: bool, lifetime: Duration) -> Self {
-        let lab = Lab::get();
-        let dir = tempfile::tempdir().unwrap();
-        let (user, password) = (
-            "rigger".to_owned(),
-            format!("token-secret-{}", std::process::id()),
-        );
-        let cert = dir.path().join("token-cert.pem");
-        let mut command = Command::new(binary("rigger-lab-token-server"));
-        command
-            .arg("--cert-out")
-            .arg(&cert)
-            .args(["--user", &user, "--password", &password])
-            .args(["--expires-in", &lifetime.as_secs().to_string()]);
-        if allow_anonymous {
-            command.arg("--allow-anonymous");
-        }
-        let mut token_daemon = Daemon::spawn(command.stdout(Stdio::piped()).stderr(Stdio::null()));
-        let token_server = {
-            use std::io::BufRead as _;
-            let stdout = token_daemon.child.stdout.take().unwrap();
-            let mut line = String::new();
-            std::io::BufReader::new(stdout)
-                .read_line(&mut line)
-                .unwrap();
-            line.split_whitespace().last().unwrap().to_owned()
-        };
-        let (address, registry) = serve_registry(
-            dir.path(),
-            &lab.dir.join("registry/data"),
-            &format!(
-                "  token:\n    realm: http://{token_server}/token\n    service: rigger-lab\n    issuer: rigger-lab-token-server\n    rootcertbundle: {}\n",
-                cert.display()
-            ),
-        );
-        Self {
-            address,
-            user,
-            password,
-            token_server: Some(token_server),
-            _dir: dir,
-            _daemons: vec![token_daemon, registry],
-        }
-    }
-
-    /// Who the token server gave tokens to: `(account, scope)`; account is empty for
-    /// anonymous clients.
-    pub fn tokens_issued(&self) -> Vec<(String, String)> {
-        let server = self.token_server.as_deref().expect("a token registry");
-        let (_, body) = http_get(server, "/_token/issued").unwrap();
-        let issued: serde_json::Value = serde_json::from_str(&body).unwrap();
-        issued
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| {
-                (
-                    i["account"].as_str().unwrap().to_owned(),
-                    i["scope"].as_str().unwrap().to_owned(),
-                )
-            })
-            .collect()
-    }
-
-    /// Push a small image (`repo:1`) with the registry's credentials.
-    pub fn push(&self, repo: &str) {
-        let out = Command::new("python3")
-            .arg(repo_root().join("scripts/lab-images"))
-            .arg("--work")
-            .arg(self._dir.path().join("images"))
-            .args(["--registry", &self.address])
-            .args(["--user", &format!("{}:{}", self.user, self.password)])
-            .args(["layers", "--name", repo, "--count", "1", "--size", "65536"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    /// A docker config.json with this registry's credentials.
-    pub fn docker_config(&self, dir: &Path) -> PathBuf {
-        use std::io::Write as _;
-        let path = dir.join("config.json");
-        let token = {
-            // base64 without a crate: python is already a lab dependency.
-            let out = Command::new("python3")
-                .args([
-                    "-c",
-                    "import base64,sys; print(base64.b64encode(sys.argv[1].encode()).decode())",
-                ])
-                .arg(format!("{}:{}", self.user, self.password))
-                .output()
-                .unwrap();
-            String::from_utf8(out.stdout).unwrap().trim().to_owned()
-        };
-        let mut f = std::fs::File::create(&path).unwrap();
-        write!(
-            f,
-            r#"{{"auths":{{"{}":{{"auth":"{token}"}}}}}}"#,
-            self.address
-        )
-        .unwrap();
-        path
-    }
-}
-
-/// A `certs.d` directory under `dir` saying that each of `registries` (`host:port`)
-/// speaks plain HTTP, for agents pulling through a test proxy.
-pub fn plain_http_hosts_dir(dir: &Path, registries: &[&str]) -> PathBuf {
-    let hosts = dir.join("certs.d");
-    for registry in registries {
-        let at = hosts.join(registry);
-        std::fs::create_dir_all(&at).unwrap();
-        std::fs::write(
-            at.join("hosts.toml"),
-            format!(
-                "server = \"http://{registry}\"\n\n[host.\"http://{registry}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
-            ),
-        )
-        .unwrap();
-    }
-    hosts
+/// The image records of containerd namespace `ns` on the lab's node.
+pub fn image_records(ns: &str) -> Vec<String> {
+    Lab::get()
+        .ctr(ns, &["images", "ls", "-q"])
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The tail of a log file, for assertion messages.

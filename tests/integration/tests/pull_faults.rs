@@ -6,7 +6,9 @@
 
 use std::process::{Command, Output};
 
-use rigger_integration_tests::{Lab, Proxy, TestNamespace, binary, unique_image};
+use rigger_integration_tests::{
+    Lab, Proxy, TestNamespace, assert_ok, binary, image_records, unique_image,
+};
 use serde_json::json;
 
 fn pull_through(proxy: &str, ns: &str, repo_tag: &str, extra: &[&str]) -> Output {
@@ -33,22 +35,6 @@ fn blob_requests(proxy: &Proxy) -> Vec<serde_json::Value> {
 fn layer_digest(repo_tag: &str) -> String {
     let (manifest, _) = Lab::get().manifest(repo_tag);
     manifest["layers"][0]["digest"].as_str().unwrap().to_owned()
-}
-
-fn assert_ok(out: &Output) {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn image_records(ns: &str) -> Vec<String> {
-    Lab::get()
-        .ctr(ns, &["images", "ls", "-q"])
-        .lines()
-        .map(str::to_owned)
-        .collect()
 }
 
 #[test]
@@ -367,144 +353,6 @@ fn concurrent_pulls_of_shared_layers_fetch_each_blob_once() {
         assert_eq!(fetches, 1, "layer {digest} fetched {fetches} times");
     }
     assert_eq!(image_records(&ns.name).len(), 1);
-}
-
-/// `rigger-agent pull` of a full image reference over plain HTTP, with `DOCKER_CONFIG`
-/// pointing into `dir` (so only credentials a test gives are used).
-fn pull_without_default_credentials(
-    ns: &str,
-    image: &str,
-    extra: &[&str],
-    dir: &std::path::Path,
-) -> Output {
-    Command::new(binary("rigger-agent"))
-        .args(["pull", "--plain-http", "--registry-config", "/nonexistent"])
-        .arg("--address")
-        .arg(&Lab::get().containerd_address)
-        .args(["--namespace", ns])
-        .args(extra)
-        .arg(image)
-        .env("DOCKER_CONFIG", dir.join("nowhere"))
-        .output()
-        .unwrap()
-}
-
-#[test]
-fn basic_auth_credentials_come_from_docker_config() {
-    use rigger_integration_tests::AuthRegistry;
-
-    let registry = AuthRegistry::start();
-    registry.push("private/app");
-    let ns = TestNamespace::new("auth");
-    let dir = tempfile::tempdir().unwrap();
-    let image = format!("{}/private/app:1", registry.address);
-    let pull =
-        |extra: &[&str]| pull_without_default_credentials(&ns.name, &image, extra, dir.path());
-
-    // Without credentials: refused, one line, naming the image, nothing recorded.
-    let out = pull(&[]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    let last = stderr.trim_end().lines().last().unwrap();
-    assert!(last.contains(&image) && last.contains("denied"), "{last}");
-    assert!(image_records(&ns.name).is_empty());
-
-    // With the docker config: pulled. The password never shows in the output.
-    let config = registry.docker_config(dir.path());
-    let out = pull(&["--docker-config", config.to_str().unwrap()]);
-    assert_ok(&out);
-    assert!(!String::from_utf8_lossy(&out.stderr).contains(&registry.password));
-    assert_eq!(image_records(&ns.name).len(), 1);
-}
-
-#[test]
-fn bearer_tokens_are_fetched_with_docker_config_credentials() {
-    use rigger_integration_tests::AuthRegistry;
-
-    let registry = AuthRegistry::with_tokens(false);
-    let repo_tag = unique_image("bearer", 2, 2 << 20);
-    let image = format!("{}/{repo_tag}", registry.address);
-    let ns = TestNamespace::new("bearer");
-    let dir = tempfile::tempdir().unwrap();
-    let pull =
-        |extra: &[&str]| pull_without_default_credentials(&ns.name, &image, extra, dir.path());
-
-    // No credentials, no token: refused in one line naming the image.
-    let out = pull(&[]);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let last = stderr.trim_end().lines().last().unwrap();
-    assert!(last.contains(&image), "{last}");
-    assert!(image_records(&ns.name).is_empty());
-    assert!(registry.tokens_issued().is_empty());
-
-    // The docker config's credentials buy a token from the token server; every blob is
-    // fetched with it (the registry answers nothing without one).
-    let config = registry.docker_config(dir.path());
-    let out = pull(&["--docker-config", config.to_str().unwrap()]);
-    assert_ok(&out);
-    assert!(!String::from_utf8_lossy(&out.stderr).contains(&registry.password));
-    assert_eq!(image_records(&ns.name).len(), 1);
-    let repository = repo_tag.split(':').next().unwrap();
-    let issued = registry.tokens_issued();
-    assert!(
-        issued.iter().any(|(account, scope)| account == "rigger"
-            && scope == &format!("repository:{repository}:pull")),
-        "{issued:?}"
-    );
-}
-
-/// Pull `repo_tag` from a token registry without credentials; returns the tokens issued.
-fn pull_anonymously(
-    registry: &rigger_integration_tests::AuthRegistry,
-    name: &str,
-    extra: &[&str],
-) -> Vec<(String, String)> {
-    let lab = Lab::get();
-    let repo_tag = unique_image(name, 3, 1 << 20);
-    let ns = TestNamespace::new(name);
-    let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(binary("rigger-agent"))
-        .args(["pull", "--plain-http", "--registry-config", "/nonexistent"])
-        .arg("--address")
-        .arg(&lab.containerd_address)
-        .args(["--namespace", &ns.name])
-        .args(extra)
-        .arg(format!("{}/{repo_tag}", registry.address))
-        .env("DOCKER_CONFIG", dir.path())
-        .output()
-        .unwrap();
-    assert_ok(&out);
-    assert_eq!(image_records(&ns.name).len(), 1);
-    registry.tokens_issued()
-}
-
-#[test]
-fn anonymous_bearer_tokens_are_used_when_the_registry_allows_them() {
-    let registry = rigger_integration_tests::AuthRegistry::with_tokens(true);
-    let issued = pull_anonymously(&registry, "bearer-anonymous", &[]);
-    assert!(
-        !issued.is_empty() && issued.iter().all(|(account, _)| account.is_empty()),
-        "{issued:?}"
-    );
-}
-
-#[test]
-fn an_expired_token_is_renewed_mid_pull() {
-    use std::time::Duration;
-    let lasting = rigger_integration_tests::AuthRegistry::with_tokens(true);
-    // One connection at 512 KiB/s: the layers' requests come seconds apart.
-    let slowly = ["--limit-rate", "512KiB", "--max-connections", "1"];
-    let usual = pull_anonymously(&lasting, "bearer-lasting", &slowly).len();
-    // Tokens accepted for 2 s: the later requests need new ones.
-    let expiring =
-        rigger_integration_tests::AuthRegistry::with_tokens_expiring(true, Duration::from_secs(2));
-    let issued = pull_anonymously(&expiring, "bearer-expiry", &slowly);
-    assert!(
-        issued.len() > usual,
-        "{} tokens with expiry, {usual} without",
-        issued.len()
-    );
 }
 
 /// Bytes the proxy delivered per layer blob: (digest, bytes).

@@ -15,11 +15,19 @@
 //!  {"path_contains": "/blobs/", "action": {"truncate_after": 100000}, "times": 1},
 //!  {"path_contains": "/blobs/", "action": {"corrupt": true}, "times": 1},
 //!  {"path_contains": "/blobs/", "action": {"stall_after": 0}, "times": 1},
-//!  {"path_contains": "/manifests/", "action": {"endless": true}, "times": 1}]
+//!  {"path_contains": "/manifests/", "action": {"endless": true}, "times": 1},
+//!  {"path_contains": "/blobs/", "action": {"redirect": "http://127.0.0.1:5001"}, "times": 9}]
 //! ```
 //!
 //! `endless` answers 200 with the manifest content type and a body that never ends (a
-//! manifest bomb), without asking the registry.
+//! manifest bomb), without asking the registry. `redirect` answers 307 to the same path
+//! on another origin (blobs served from object storage).
+//!
+//! Each request is recorded with its headers; `Authorization` only by its scheme
+//! (`Basic`, `Bearer`), so tests can tell whether credentials arrived without the proxy
+//! keeping them. `--require-header NAME=VALUE` refuses (403) requests without that
+//! header; `--api-root /PATH` serves the registry's `/v2` under `/PATH` instead (a host
+//! that needs containerd's `override_path`).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -58,6 +66,18 @@ struct Args {
     /// JSON file with fault rules.
     #[arg(long)]
     faults: Option<std::path::PathBuf>,
+    /// Refuse (403) requests without this header: `NAME=VALUE`.
+    #[arg(long, value_parser = parse_header)]
+    require_header: Option<(String, String)>,
+    /// Serve the registry's `/v2` under this path instead, e.g. `/registry/api`.
+    #[arg(long)]
+    api_root: Option<String>,
+}
+
+fn parse_header(text: &str) -> Result<(String, String), String> {
+    text.split_once('=')
+        .map(|(n, v)| (n.to_ascii_lowercase(), v.to_owned()))
+        .ok_or_else(|| format!("{text:?} is not NAME=VALUE"))
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -79,6 +99,8 @@ enum Action {
     Corrupt { corrupt: bool },
     /// Answer 200 with a body that never ends: `{"endless": true}`.
     Endless { endless: bool },
+    /// Answer 307 to the same path on this origin: `{"redirect": "http://host:port"}`.
+    Redirect { redirect: String },
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -97,6 +119,10 @@ struct Served {
     fault: Option<String>,
     /// Body bytes handed to the client's connection so far.
     sent: u64,
+    /// The scheme of the `Authorization` header, when one came.
+    authorization: Option<String>,
+    /// The other request headers (names lowercase).
+    headers: std::collections::BTreeMap<String, String>,
 }
 
 struct State {
@@ -106,6 +132,8 @@ struct State {
     served: Mutex<Vec<Served>>,
     latency: Option<Duration>,
     rate: Option<u64>,
+    require_header: Option<(String, String)>,
+    api_root: Option<String>,
 }
 
 type Body = BoxBody<Bytes, std::io::Error>;
@@ -142,6 +170,8 @@ async fn main() -> anyhow::Result<()> {
         served: Mutex::default(),
         latency: args.connection_latency,
         rate: args.connection_rate.map(|r| r.as_u64()),
+        require_header: args.require_header,
+        api_root: args.api_root.map(|r| r.trim_end_matches('/').to_owned()),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -206,6 +236,22 @@ async fn handle(
         .get(hyper::header::RANGE)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    let authorization = request
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split_whitespace().next().unwrap_or_default().to_owned());
+    let headers: std::collections::BTreeMap<String, String> = request
+        .headers()
+        .iter()
+        .filter(|(name, _)| *name != hyper::header::AUTHORIZATION)
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
     let fault = take_rule(&state, &path);
     let record = |status: u16, fault: Option<&Action>| {
         let mut served = state.served.lock().ok()?;
@@ -216,9 +262,38 @@ async fn handle(
             status,
             fault: fault.map(|f| format!("{f:?}")),
             sent: 0,
+            authorization: authorization.clone(),
+            headers: headers.clone(),
         });
         Some(served.len() - 1)
     };
+    if let Some((name, value)) = &state.require_header
+        && headers.get(name) != Some(value)
+    {
+        record(403, None);
+        return Ok(full(StatusCode::FORBIDDEN, format!("{name} required\n")));
+    }
+    // Under `--api-root`, only that path is the API; it is `/v2` upstream.
+    let upstream_path = match &state.api_root {
+        None => path.clone(),
+        Some(root) => match path.strip_prefix(root.as_str()) {
+            Some(rest) if rest.is_empty() || rest.starts_with('/') => format!("/v2{rest}"),
+            _ => {
+                record(404, None);
+                return Ok(full(StatusCode::NOT_FOUND, "not under the API root\n"));
+            }
+        },
+    };
+    if let Some(Action::Redirect { redirect }) = &fault {
+        record(307, fault.as_ref());
+        let mut response = full(StatusCode::TEMPORARY_REDIRECT, "redirected\n");
+        if let Ok(location) = format!("{}{path}", redirect.trim_end_matches('/')).parse() {
+            response
+                .headers_mut()
+                .insert(hyper::header::LOCATION, location);
+        }
+        return Ok(response);
+    }
     if let Some(Action::Status {
         status,
         retry_after,
@@ -268,7 +343,7 @@ async fn handle(
 
     let mut upstream = state.client.request(
         request.method().clone(),
-        format!("{}{path}", state.upstream),
+        format!("{}{upstream_path}", state.upstream),
     );
     for (name, value) in request.headers() {
         if name != hyper::header::HOST {
