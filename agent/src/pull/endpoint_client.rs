@@ -146,7 +146,7 @@ mod tests {
             (
                 Tls {
                     client_pairs: vec![ClientPair {
-                        certificate: junk.clone(),
+                        certificate: junk,
                         key: None,
                     }],
                     ..Tls::default()
