@@ -499,6 +499,8 @@ fn parent_dir(
 
 /// Hard link `name` in `dir` to `target` (cleaned, relative to the root), resolved
 /// inside this layer: a target only a lower layer has is not found, as containerd finds.
+/// As containerd's `hardlinkRootPath`, the target's parents are resolved in the root and
+/// a final symlink is linked itself, never followed.
 fn hard_link(
     root: &SnapshotRoot,
     dir: &Dir,
@@ -518,7 +520,7 @@ fn hard_link(
         })
     };
     let walk = root
-        .walk(target, true)
+        .walk(target, false)
         .map_err(|e| refused(e.to_string()))?;
     let depth = walk.resolved.components().count();
     let Some(last) = walk.resolved.file_name().map(OsStr::to_owned) else {

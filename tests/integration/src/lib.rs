@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test support
 
 mod cri_pod;
+pub mod fidelity;
 mod lab;
 mod registries;
 

@@ -1,0 +1,163 @@
+//! What "pulled as containerd pulls" means in tests: `rigger-agent pull` into one
+//! namespace, `ctr images pull` (the same containerd) into another, and the same image
+//! record, the same labels on every blob and the same rootfs, file by file.
+
+use std::collections::HashMap;
+use std::process::{Command, Output};
+
+use crate::{
+    Containerd, Lab, LabNode, MountedSnapshot, TestNamespace, binary, top_chain_id, tree_listing,
+};
+
+/// `rigger-agent pull` into namespace `ns` of the lab's first node.
+pub fn agent_pull(ns: &str, images: &[&str]) -> Output {
+    agent_pull_on(Lab::get().first_node(), ns, images)
+}
+
+/// `rigger-agent pull` into namespace `ns` of `node`.
+pub fn agent_pull_on(node: &LabNode, ns: &str, images: &[&str]) -> Output {
+    agent_pull_with(node, "overlayfs", ns, images)
+}
+
+/// `rigger-agent pull` into namespace `ns` of `node`, unpacking into `snapshotter`.
+pub fn agent_pull_with(node: &LabNode, snapshotter: &str, ns: &str, images: &[&str]) -> Output {
+    let mut args = vec![
+        "--snapshotter".to_owned(),
+        snapshotter.to_owned(),
+        "--address".to_owned(),
+        node.address.display().to_string(),
+        "--registry-config".to_owned(),
+        node.hosts_dir.display().to_string(),
+        "--namespace".to_owned(),
+        ns.to_owned(),
+    ];
+    args.extend(images.iter().map(|s| (*s).to_owned()));
+    Command::new(binary("rigger-agent"))
+        .arg("pull")
+        .args(&args)
+        .output()
+        .unwrap()
+}
+
+pub fn assert_pulled(out: &Output) {
+    assert!(
+        out.status.success(),
+        "pull failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// diff IDs of a lab image, from its config as pulled into `ns` of `node`.
+pub fn diff_ids(node: &LabNode, ns: &str, repo_tag: &str) -> Vec<String> {
+    let (manifest, _) = Lab::get().manifest(repo_tag);
+    let config = node.ctr(
+        ns,
+        &[
+            "content",
+            "get",
+            manifest["config"]["digest"].as_str().unwrap(),
+        ],
+    );
+    let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+    config["rootfs"]["diff_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Every blob of the image — `blobs` (index, manifest), then the manifest's config and
+/// layers — is in `ours` with the labels it has in `theirs`. Returns `ours`' labels.
+pub fn assert_same_labels(
+    node: &LabNode,
+    ours: &str,
+    theirs: &str,
+    mut blobs: Vec<String>,
+    manifest: &serde_json::Value,
+) -> HashMap<String, std::collections::BTreeMap<String, String>> {
+    blobs.push(manifest["config"]["digest"].as_str().unwrap().to_owned());
+    blobs.extend(
+        manifest["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["digest"].as_str().unwrap().to_owned()),
+    );
+    let (a, b) = (node.content_labels(ours), node.content_labels(theirs));
+    for blob in &blobs {
+        assert!(a.contains_key(blob), "{blob} missing");
+        assert_eq!(
+            a.get(blob),
+            b.get(blob),
+            "labels of {blob} differ (agent vs ctr)"
+        );
+    }
+    a
+}
+
+pub fn compare_with_ctr(node: &LabNode, repo_tag: &str, test: &str) {
+    compare_with_ctr_in(node, "overlayfs", repo_tag, test);
+}
+
+/// As [`compare_with_ctr`], both pulls unpacking into `snapshotter`.
+pub fn compare_with_ctr_in(node: &LabNode, snapshotter: &str, repo_tag: &str, test: &str) {
+    let lab = Lab::get();
+    let ours = TestNamespace::on(node, &format!("{test}-agent"));
+    let theirs = TestNamespace::on(node, &format!("{test}-ctr"));
+    let image = lab.image(repo_tag);
+
+    // The agent first, so it really downloads (content is shared across namespaces).
+    assert_pulled(&agent_pull_with(node, snapshotter, &ours.name, &[&image]));
+    let hosts = node.hosts_dir.display().to_string();
+    let mut pull = vec![
+        "images",
+        "pull",
+        "--snapshotter",
+        snapshotter,
+        "--hosts-dir",
+        &hosts,
+    ];
+    if node.containerd == Containerd::V2_1 && snapshotter != "overlayfs" {
+        // 2.x's transfer service unpacks only for the snapshotters its config lists
+        // (overlayfs by default); ctr's own client-side pull unpacks anywhere.
+        pull.push("--local");
+    }
+    pull.push(&image);
+    node.ctr(&theirs.name, &pull);
+
+    // Same image record.
+    let record = |ns: &str| {
+        node.ctr(ns, &["images", "ls"])
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(record(&ours.name), record(&theirs.name));
+
+    // Same labels on every blob of the image.
+    let (manifest, manifest_digest) = lab.manifest(repo_tag);
+    assert_same_labels(
+        node,
+        &ours.name,
+        &theirs.name,
+        vec![manifest_digest],
+        &manifest,
+    );
+
+    // Same snapshots and the same rootfs, file by file.
+    let ids = diff_ids(node, &ours.name, repo_tag);
+    let chain = top_chain_id(&ids);
+    let ours_root = MountedSnapshot::view_with(node, snapshotter, &ours.name, &chain);
+    let theirs_root = MountedSnapshot::view_with(node, snapshotter, &theirs.name, &chain);
+    let (a, b) = (
+        tree_listing(&ours_root.path),
+        tree_listing(&theirs_root.path),
+    );
+    assert!(!a.is_empty());
+    for (path, entry) in &b {
+        assert_eq!(a.get(path), Some(entry), "{path} differs");
+    }
+    assert_eq!(a.len(), b.len(), "extra paths in the agent's rootfs");
+}
