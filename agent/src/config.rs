@@ -39,6 +39,7 @@ pub struct AgentConfigFile {
     pub registry_config: Option<PathBuf>,
     pub max_connections: Option<usize>,
     pub limit_rate: Option<String>,
+    pub max_document_size: Option<String>,
     pub ca_file: Option<PathBuf>,
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
@@ -105,6 +106,10 @@ pub struct RunArgs {
     /// Bandwidth cap for all pulls together, e.g. `50MiB` (per second) [default: none].
     #[arg(long, env = "RIGGER_AGENT_LIMIT_RATE", value_name = "BYTES_PER_S")]
     pub limit_rate: Option<String>,
+    /// Largest manifest, index or image config read from a registry, e.g. `16MiB`;
+    /// bigger ones are refused as they stream [default: 8MiB].
+    #[arg(long, env = "RIGGER_AGENT_MAX_DOCUMENT_SIZE", value_name = "BYTES")]
+    pub max_document_size: Option<String>,
     /// CA (PEM) that signed the controller's certificate (https:// controllers).
     #[arg(long, env = "RIGGER_AGENT_CA_FILE", value_name = "FILE")]
     pub ca_file: Option<PathBuf>,
@@ -132,6 +137,22 @@ pub struct PullSettings {
     pub registry_config: PathBuf,
     pub max_connections: usize,
     pub limit_rate: Option<u64>,
+    pub max_document_size: u64,
+}
+
+impl PullSettings {
+    /// How the agent's pulls (tasks and pods) run, their spool under `state_dir`.
+    pub fn pull_options(&self, state_dir: &Path) -> crate::pull::PullOptions {
+        crate::pull::PullOptions {
+            namespace: self.namespace.clone(),
+            hosts_dir: self.registry_config.clone(),
+            spool_dir: state_dir.join("spool"),
+            max_connections: self.max_connections,
+            limit_rate: self.limit_rate,
+            max_document_size: self.max_document_size,
+            ..crate::pull::PullOptions::default()
+        }
+    }
 }
 
 /// The validated configuration the agent runs with.
@@ -298,6 +319,19 @@ impl AgentConfig {
                 Some(rate)
             }
         };
+        let max_document_size = match args.max_document_size.or(file.max_document_size) {
+            None => crate::pull::registry::DEFAULT_MAX_DOCUMENT_SIZE,
+            Some(text) => {
+                let size = text
+                    .parse::<bytesize::ByteSize>()
+                    .map_err(|e| MAX_DOCUMENT_SIZE.invalid(format!("{text:?}: {e}")))?
+                    .as_u64();
+                if !crate::pull::registry::MAX_DOCUMENT_SIZE_RANGE.contains(&size) {
+                    return Err(MAX_DOCUMENT_SIZE.invalid("must be between 64KiB and 1GiB"));
+                }
+                size
+            }
+        };
 
         Ok(Self {
             containerd_address,
@@ -313,6 +347,7 @@ impl AgentConfig {
                 registry_config,
                 max_connections,
                 limit_rate,
+                max_document_size,
             },
         })
     }
@@ -492,6 +527,11 @@ const LIMIT_RATE: Setting = Setting {
     flag: "--limit-rate",
     env: "RIGGER_AGENT_LIMIT_RATE",
 };
+const MAX_DOCUMENT_SIZE: Setting = Setting {
+    key: "max_document_size",
+    flag: "--max-document-size",
+    env: "RIGGER_AGENT_MAX_DOCUMENT_SIZE",
+};
 const CONTAINERD_ADDRESS: Setting = Setting {
     key: "containerd_address",
     flag: "--address",
@@ -664,6 +704,8 @@ mod tests {
             ("state_dir = \"relative/dir\"", "`state_dir`"),
             ("max_connections = 0", "`max_connections`"),
             ("limit_rate = \"fast\"", "`limit_rate`"),
+            ("max_document_size = \"huge\"", "`max_document_size`"),
+            ("max_document_size = \"2GiB\"", "`max_document_size`"),
             ("namespace = \"a/b\"", "`namespace`"),
         ];
         for (text, field) in cases {

@@ -80,11 +80,10 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
         &config.state_dir,
         config.containerd_address(),
         &crate::pull::PullOptions {
-            hosts_dir: config.pull.registry_config.clone(),
-            spool_dir: config.state_dir.join("spool"),
-            max_connections: config.pull.max_connections,
-            limit_rate: config.pull.limit_rate,
-            ..crate::pull::PullOptions::default()
+            // Pods run through CRI, which finds their images in k8s.io whatever the
+            // namespace for pull tasks says.
+            namespace: crate::pull::PullOptions::default().namespace,
+            ..config.pull.pull_options(&config.state_dir)
         },
         metrics.clone(),
         token.child_token(),

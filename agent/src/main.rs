@@ -74,6 +74,10 @@ struct PullArgs {
     /// Snapshotter to unpack into.
     #[arg(long, default_value = "overlayfs", value_name = "NAME")]
     snapshotter: String,
+    /// Largest manifest, index or image config read from a registry, e.g. 16MiB;
+    /// bigger ones are refused as they stream.
+    #[arg(long, default_value = "8MiB", value_name = "BYTES")]
+    max_document_size: bytesize::ByteSize,
     /// The agent's state directory; downloads in progress wait in its `spool/`, so a
     /// pull that is interrupted and run again continues where it stopped.
     #[arg(long, env = "RIGGER_AGENT_STATE_DIR", default_value = rigger_agent::DEFAULT_STATE_DIR, value_name = "DIR")]
@@ -184,6 +188,11 @@ fn pull(args: &PullArgs) -> anyhow::Result<()> {
         args.max_connections > 0,
         "--max-connections must be at least 1"
     );
+    anyhow::ensure!(
+        rigger_agent::pull::registry::MAX_DOCUMENT_SIZE_RANGE
+            .contains(&args.max_document_size.as_u64()),
+        "--max-document-size must be between 64KiB and 1GiB"
+    );
     let options = PullOptions {
         namespace: args.namespace.clone(),
         snapshotter: args.snapshotter.clone(),
@@ -197,6 +206,7 @@ fn pull(args: &PullArgs) -> anyhow::Result<()> {
         stall_timeout: args
             .stall_timeout
             .unwrap_or(rigger_agent::pull::registry::DEFAULT_STALL_TIMEOUT),
+        max_document_size: args.max_document_size.as_u64(),
         ..PullOptions::default()
     };
     let progress: std::sync::Arc<dyn Progress> = if std::io::stderr().is_terminal() {

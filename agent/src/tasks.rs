@@ -173,14 +173,7 @@ impl TaskRunner {
             source,
         };
         std::fs::create_dir_all(&dir).map_err(directory_error)?;
-        let pull_options = PullOptions {
-            namespace: settings.namespace.clone(),
-            hosts_dir: settings.registry_config.clone(),
-            spool_dir: state_dir.join("spool"),
-            max_connections: settings.max_connections,
-            limit_rate: settings.limit_rate,
-            ..PullOptions::default()
-        };
+        let pull_options = settings.pull_options(state_dir);
         let runner = Self {
             inner: Arc::new(Inner {
                 dir: dir.clone(),
@@ -676,6 +669,7 @@ mod tests {
             registry_config: PathBuf::from("/nonexistent"),
             max_connections: 1,
             limit_rate: None,
+            max_document_size: crate::pull::registry::DEFAULT_MAX_DOCUMENT_SIZE,
         }
     }
 

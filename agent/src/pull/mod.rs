@@ -45,7 +45,7 @@ use tokio::sync::{Mutex, Semaphore};
 use self::credentials::{credentials, secret_credentials};
 use self::limit::RateLimit;
 use self::media::Platform;
-use self::registry::{MAX_DOCUMENT_SIZE, Registry, RegistryError};
+use self::registry::{Registry, RegistryError};
 use self::spool::{Spool, SpoolError};
 use self::store::{BlobWriter, Store, StoreError};
 use self::unpack::{StreamingApply, UnpackError, chain_ids};
@@ -95,6 +95,8 @@ pub struct PullOptions {
     pub stall_timeout: Duration,
     /// Tries per blob (and per range) before giving up.
     pub attempts: u32,
+    /// Manifests, indexes and configs bigger than this are refused as they stream.
+    pub max_document_size: u64,
 }
 
 impl Default for PullOptions {
@@ -112,6 +114,7 @@ impl Default for PullOptions {
             limit_rate: None,
             stall_timeout: registry::DEFAULT_STALL_TIMEOUT,
             attempts: 5,
+            max_document_size: registry::DEFAULT_MAX_DOCUMENT_SIZE,
         }
     }
 }
@@ -416,6 +419,7 @@ impl Puller {
             endpoints,
             credentials,
             self.options.stall_timeout,
+            self.options.max_document_size,
         )?);
 
         let mut store = Store::new(&self.runtime, &self.options.namespace);
@@ -536,7 +540,7 @@ impl Puller {
 
         // The config is small and tells us the uncompressed digests (diff IDs).
         let config_desc = manifest.config().clone();
-        if config_desc.size() > MAX_DOCUMENT_SIZE {
+        if config_desc.size() > self.options.max_document_size {
             return Err(image_err(format!(
                 "config is {} bytes, too big",
                 config_desc.size()
@@ -852,7 +856,7 @@ impl Transfer {
                             match body.next().await {
                                 Ok(Some(piece)) => {
                                     data.extend_from_slice(&piece);
-                                    if data.len() as u64 > MAX_DOCUMENT_SIZE {
+                                    if data.len() as u64 > self.registry.max_document_size() {
                                         return Err(PullError::Image {
                                             image: self.image.clone(),
                                             detail: format!(

@@ -85,6 +85,8 @@ pub struct Registry {
     /// Per endpoint: its HTTP client (TLS as its `hosts.toml` says) and credentials.
     http: Vec<reqwest::Client>,
     auths: Vec<HostAuth>,
+    /// Manifests and indexes bigger than this are refused as they stream.
+    max_document_size: u64,
 }
 
 impl std::fmt::Debug for Registry {
@@ -109,6 +111,7 @@ impl Registry {
         endpoints: Vec<Endpoint>,
         credentials: Vec<Credential>,
         stall_timeout: Duration,
+        max_document_size: u64,
     ) -> Result<Self, RegistryError> {
         install_crypto_provider();
         let http = endpoints
@@ -126,7 +129,13 @@ impl Registry {
             endpoints,
             http,
             auths,
+            max_document_size,
         })
+    }
+
+    /// Manifests, indexes and configs bigger than this are refused.
+    pub fn max_document_size(&self) -> u64 {
+        self.max_document_size
     }
 
     /// What the pull asks a token service for.
@@ -266,7 +275,7 @@ impl Registry {
     }
 
     /// GET manifest `name` (a tag or a digest) from endpoint `i`, read through
-    /// [`MAX_DOCUMENT_SIZE`] as it streams: a registry answering with an endless body
+    /// `max_document_size` as it streams: a registry answering with an endless body
     /// costs that much memory at most, not the node's.
     async fn get_manifest(&self, i: usize, name: &str) -> Result<Bytes, ManifestFailure> {
         let endpoint = &self.endpoints[i];
@@ -288,7 +297,7 @@ impl Registry {
             })?;
         let status = response.status();
         match status {
-            StatusCode::OK => read_capped(response, MAX_DOCUMENT_SIZE).await,
+            StatusCode::OK => read_capped(response, self.max_document_size).await,
             StatusCode::NOT_FOUND => Err(ManifestFailure::NotFound),
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Err(ManifestFailure::Denied(
                 format!("manifest {name}: HTTP {status}"),
@@ -391,8 +400,11 @@ impl Registry {
 }
 
 /// Manifests, indexes and configs larger than this are refused as they stream (they are
-/// kilobytes in practice).
-pub const MAX_DOCUMENT_SIZE: u64 = 8 << 20;
+/// kilobytes in practice); `max_document_size` in the agent's configuration.
+pub const DEFAULT_MAX_DOCUMENT_SIZE: u64 = 8 << 20;
+/// What `max_document_size` may be set to: real manifests fit in the least, and the
+/// most is memory a node can spare for each document in flight.
+pub const MAX_DOCUMENT_SIZE_RANGE: std::ops::RangeInclusive<u64> = (64 << 10)..=(1 << 30);
 
 /// Why a manifest request failed.
 enum ManifestFailure {
@@ -406,7 +418,7 @@ enum ManifestFailure {
 async fn read_capped(response: reqwest::Response, cap: u64) -> Result<Bytes, ManifestFailure> {
     let too_big = || {
         ManifestFailure::TooBig(format!(
-            "the manifest is bigger than {} (the limit for manifests and indexes); refused",
+            "the manifest is bigger than {} (max_document_size, the limit for manifests, indexes and configs); refused",
             bytesize::ByteSize(cap).display().iec()
         ))
     };

@@ -492,4 +492,16 @@ fn a_manifest_that_never_ends_is_refused_within_the_size_limit() {
         .sum();
     assert!(sent < 64 << 20, "the proxy sent {sent} bytes of manifest");
     assert!(image_records(&ns.name).is_empty());
+
+    // The limit is the operator's to set.
+    let out = pull_through(
+        &proxy.address,
+        &ns.name,
+        "rigger-lab/busybox:1",
+        &["--max-document-size", "1MiB"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("bigger than 1.0 MiB"), "{stderr}");
+    assert!(image_records(&ns.name).is_empty());
 }
