@@ -14,7 +14,8 @@
 //!   layers (0755 when none has it);
 //! - `.wh..wh..opq` marks the directory opaque (`trusted.overlay.opaque=y`), `.wh.NAME`
 //!   becomes a 0:0 character device NAME owned like the whiteout entry; a whiteout whose
-//!   NAME is empty, `.` or `..` is an invalid whiteout (containerd's `validateWhiteout`);
+//!   NAME is empty, `.` or `..` is an invalid whiteout (containerd's `validateWhiteout`),
+//!   and one of something the layer itself holds is refused (containerd's mknod fails);
 //! - an existing path is replaced unless both are directories (then merged);
 //! - hard links resolve within this layer only (a link to a lower layer's file fails);
 //! - owner, then xattrs, then mode, then times; directory times last of all.
@@ -271,7 +272,13 @@ fn apply_entries<R: Read>(
                 )));
             }
             let original = OsStr::from_bytes(original);
-            parent.remove_all(original)?;
+            // As containerd's mknod: a whiteout of something this layer itself holds is
+            // refused, not taken as a removal.
+            if parent.lstat(original)?.is_some() {
+                return Err(ApplyError::Invalid(format!(
+                    "whiteout {top_name:?} of an entry the layer itself holds"
+                )));
+            }
             parent.make_node(original, Node::CharDevice { major: 0, minor: 0 }, 0)?;
             parent.chown(original, uid, gid)?;
             cached = None;

@@ -225,6 +225,10 @@ const CORPUS: &[(&str, Expected)] = &[
     ("non-utf8", Expected::SameTree),
     ("huge-size", Expected::Refused("invalid layer archive")),
     ("duplicates", Expected::SameTree),
+    (
+        "whiteout-own-entry",
+        Expected::Refused("the layer itself holds"),
+    ),
 ];
 
 fn the_hostile_corpus_ends_as_containerds_pull_does(node: &LabNode) {
