@@ -25,12 +25,32 @@ const MODES: [u32; 6] = [0o755, 0o700, 0o644, 0o4755, 0o777, 0o600];
 /// One tar entry of the generated layer.
 #[derive(Debug, Clone)]
 enum Entry {
-    Dir { name: String, mode: u32, uid: u32 },
-    File { name: String, mode: u32, uid: u32, data: u8 },
-    Symlink { name: String, target: String },
-    HardLink { name: String, target: String },
-    Whiteout { dir: String, name: String },
-    Opaque { dir: String },
+    Dir {
+        name: String,
+        mode: u32,
+        uid: u32,
+    },
+    File {
+        name: String,
+        mode: u32,
+        uid: u32,
+        data: u8,
+    },
+    Symlink {
+        name: String,
+        target: String,
+    },
+    HardLink {
+        name: String,
+        target: String,
+    },
+    Whiteout {
+        dir: String,
+        name: String,
+    },
+    Opaque {
+        dir: String,
+    },
 }
 
 /// Reads choices off the fuzzer's bytes; zeros when they run out.
@@ -57,7 +77,11 @@ impl Choices<'_> {
         (0..depth)
             .map(|_| {
                 let b = self.byte();
-                if b < 200 { NAMES[usize::from(b) % 3] } else { NAMES[usize::from(b) % 5] }
+                if b < 200 {
+                    NAMES[usize::from(b) % 3]
+                } else {
+                    NAMES[usize::from(b) % 5]
+                }
             })
             .collect::<Vec<_>>()
             .join("/")
@@ -110,40 +134,56 @@ fn entries(data: &[u8], canary: &str) -> Vec<Entry> {
 
 fn tar_of(entries: &[Entry]) -> Vec<u8> {
     let mut builder = tar::Builder::new(Vec::new());
-    let mut add = |kind: tar::EntryType, name: &str, mode: u32, uid: u32, link: Option<&str>, data: &[u8]| {
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(kind);
-        h.set_mode(mode);
-        h.set_uid(u64::from(uid));
-        h.set_gid(0);
-        h.set_mtime(1_700_000_000);
-        h.set_size(data.len() as u64);
-        let raw = name.as_bytes();
-        h.as_old_mut().name[..raw.len()].copy_from_slice(raw);
-        if let Some(link) = link {
-            h.as_old_mut().linkname[..link.len()].copy_from_slice(link.as_bytes());
-        }
-        h.set_cksum();
-        builder.append(&h, data).expect("in-memory tar");
-    };
+    let mut add =
+        |kind: tar::EntryType, name: &str, mode: u32, uid: u32, link: Option<&str>, data: &[u8]| {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(kind);
+            h.set_mode(mode);
+            h.set_uid(u64::from(uid));
+            h.set_gid(0);
+            h.set_mtime(1_700_000_000);
+            h.set_size(data.len() as u64);
+            let raw = name.as_bytes();
+            h.as_old_mut().name[..raw.len()].copy_from_slice(raw);
+            if let Some(link) = link {
+                h.as_old_mut().linkname[..link.len()].copy_from_slice(link.as_bytes());
+            }
+            h.set_cksum();
+            builder.append(&h, data).expect("in-memory tar");
+        };
     for entry in entries {
         match entry {
-            Entry::Dir { name, mode, uid } => add(tar::EntryType::Directory, name, *mode, *uid, None, b""),
-            Entry::File { name, mode, uid, data } => {
-                add(tar::EntryType::Regular, name, *mode, *uid, None, &[*data])
+            Entry::Dir { name, mode, uid } => {
+                add(tar::EntryType::Directory, name, *mode, *uid, None, b"")
             }
+            Entry::File {
+                name,
+                mode,
+                uid,
+                data,
+            } => add(tar::EntryType::Regular, name, *mode, *uid, None, &[*data]),
             Entry::Symlink { name, target } => {
                 add(tar::EntryType::Symlink, name, 0o777, 0, Some(target), b"")
             }
             Entry::HardLink { name, target } => {
                 add(tar::EntryType::Link, name, 0o644, 0, Some(target), b"")
             }
-            Entry::Whiteout { dir, name } => {
-                add(tar::EntryType::Regular, &format!("{dir}/.wh.{name}"), 0o644, 0, None, b"")
-            }
-            Entry::Opaque { dir } => {
-                add(tar::EntryType::Regular, &format!("{dir}/.wh..wh..opq"), 0o644, 0, None, b"")
-            }
+            Entry::Whiteout { dir, name } => add(
+                tar::EntryType::Regular,
+                &format!("{dir}/.wh.{name}"),
+                0o644,
+                0,
+                None,
+                b"",
+            ),
+            Entry::Opaque { dir } => add(
+                tar::EntryType::Regular,
+                &format!("{dir}/.wh..wh..opq"),
+                0o644,
+                0,
+                None,
+                b"",
+            ),
         }
     }
     builder.into_inner().expect("in-memory tar")
@@ -153,11 +193,19 @@ fn tar_of(entries: &[Entry]) -> Vec<u8> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Node {
     /// `opaque`: `trusted.overlay.opaque=y`.
-    Dir { mode: u32, uid: u32, opaque: bool },
+    Dir {
+        mode: u32,
+        uid: u32,
+        opaque: bool,
+    },
     /// `mode` is `None` for files a hard link touched: containerd chmods a hard link by
     /// an `os.Lstat` of the link name relative to its own working directory (a host path),
     /// which no model can predict.
-    File { mode: Option<u32>, uid: u32, data: Vec<u8> },
+    File {
+        mode: Option<u32>,
+        uid: u32,
+        data: Vec<u8>,
+    },
     Symlink(Vec<u8>),
     Whiteout,
 }
@@ -235,7 +283,11 @@ impl Model {
                 None => {
                     self.tree.insert(
                         dir[..depth].to_vec(),
-                        Node::Dir { mode: 0o755, uid: 0, opaque: false },
+                        Node::Dir {
+                            mode: 0o755,
+                            uid: 0,
+                            opaque: false,
+                        },
                     );
                 }
             }
@@ -248,7 +300,10 @@ impl Model {
     }
 
     fn apply(entries: &[Entry]) -> Result<Model, String> {
-        let mut model = Model { tree: Tree::new(), root_opaque: false };
+        let mut model = Model {
+            tree: Tree::new(),
+            root_opaque: false,
+        };
         for entry in entries {
             model.entry(entry)?;
         }
@@ -309,13 +364,30 @@ impl Model {
         match entry {
             Entry::Dir { mode, uid, .. } => {
                 let opaque = matches!(existing, Some(Node::Dir { opaque: true, .. }));
-                self.tree.insert(path, Node::Dir { mode: *mode, uid: *uid, opaque });
+                self.tree.insert(
+                    path,
+                    Node::Dir {
+                        mode: *mode,
+                        uid: *uid,
+                        opaque,
+                    },
+                );
             }
-            Entry::File { mode, uid, data, .. } => {
-                self.tree.insert(path, Node::File { mode: Some(*mode), uid: *uid, data: vec![*data] });
+            Entry::File {
+                mode, uid, data, ..
+            } => {
+                self.tree.insert(
+                    path,
+                    Node::File {
+                        mode: Some(*mode),
+                        uid: *uid,
+                        data: vec![*data],
+                    },
+                );
             }
             Entry::Symlink { target, .. } => {
-                self.tree.insert(path, Node::Symlink(target.as_bytes().to_vec()));
+                self.tree
+                    .insert(path, Node::Symlink(target.as_bytes().to_vec()));
             }
             Entry::HardLink { target, .. } => {
                 // hardlinkRootPath: the parent resolved, the last component as it is.
@@ -331,7 +403,11 @@ impl Model {
                 match self.tree.get(&at).cloned() {
                     Some(Node::File { data, .. }) => {
                         // One inode: the link entry's owner (root here) is now both's.
-                        let linked = Node::File { mode: None, uid: 0, data };
+                        let linked = Node::File {
+                            mode: None,
+                            uid: 0,
+                            data,
+                        };
                         self.tree.insert(at, linked.clone());
                         self.tree.insert(path, linked);
                     }
@@ -354,7 +430,9 @@ impl Model {
 /// The tree Rigger left in `root`.
 fn read_tree(root: &Path) -> (Tree, bool) {
     fn walk(dir: &Path, prefix: &[String], out: &mut Tree) {
-        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
         for entry in entries.flatten() {
             let name = String::from_utf8_lossy(entry.file_name().as_bytes()).into_owned();
             let mut key = prefix.to_vec();
@@ -362,10 +440,20 @@ fn read_tree(root: &Path) -> (Tree, bool) {
             let path = entry.path();
             let meta = std::fs::symlink_metadata(&path).expect("lstat");
             let node = if meta.file_type().is_symlink() {
-                Node::Symlink(std::fs::read_link(&path).expect("readlink").as_os_str().as_bytes().to_vec())
+                Node::Symlink(
+                    std::fs::read_link(&path)
+                        .expect("readlink")
+                        .as_os_str()
+                        .as_bytes()
+                        .to_vec(),
+                )
             } else if meta.is_dir() {
                 walk(&path, &key, out);
-                Node::Dir { mode: meta.mode() & 0o7777, uid: meta.uid(), opaque: opaque(&path) }
+                Node::Dir {
+                    mode: meta.mode() & 0o7777,
+                    uid: meta.uid(),
+                    opaque: opaque(&path),
+                }
             } else if meta.file_type().is_char_device() && meta.rdev() == 0 {
                 Node::Whiteout
             } else {
@@ -385,7 +473,8 @@ fn read_tree(root: &Path) -> (Tree, bool) {
 
 fn opaque(path: &Path) -> bool {
     let mut value = [0u8; 4];
-    rustix::fs::lgetxattr(path, "trusted.overlay.opaque", &mut value).is_ok_and(|n| &value[..n] == b"y")
+    rustix::fs::lgetxattr(path, "trusted.overlay.opaque", &mut value)
+        .is_ok_and(|n| &value[..n] == b"y")
 }
 
 /// Files a hard link touched have no comparable mode (see [`Node::File`]): where
@@ -406,7 +495,11 @@ fn canary_state(canary: &Path) -> Vec<(PathBuf, u32, u32, Vec<u8>)> {
     let mut state = Vec::new();
     for path in [canary.to_owned(), canary.join("file"), canary.join("a")] {
         if let Ok(meta) = std::fs::symlink_metadata(&path) {
-            let data = if meta.is_file() { std::fs::read(&path).unwrap_or_default() } else { Vec::new() };
+            let data = if meta.is_file() {
+                std::fs::read(&path).unwrap_or_default()
+            } else {
+                Vec::new()
+            };
             state.push((path, meta.mode(), meta.uid(), data));
         }
     }
@@ -427,8 +520,18 @@ fuzz_target!(|data: &[u8]| {
     let canary_str = canary.display().to_string();
     let layer = entries(data, &canary_str);
     let tar = tar_of(&layer);
-    let ours = apply_layer(&tar[..], &ApplyTarget { root: root.clone(), lowers: Vec::new() });
-    assert_eq!(canary_state(&canary), before, "the canary outside the snapshot changed: {layer:?}");
+    let ours = apply_layer(
+        &tar[..],
+        &ApplyTarget {
+            root: root.clone(),
+            lowers: Vec::new(),
+        },
+    );
+    assert_eq!(
+        canary_state(&canary),
+        before,
+        "the canary outside the snapshot changed: {layer:?}"
+    );
 
     let theirs = Model::apply(&layer);
     match (ours, theirs) {
@@ -437,7 +540,10 @@ fuzz_target!(|data: &[u8]| {
             let mut expected = model.tree;
             forget_linked_modes(&mut tree, &mut expected);
             assert_eq!(tree, expected, "trees differ for {layer:?}");
-            assert_eq!(root_opaque, model.root_opaque, "root opaque differs for {layer:?}");
+            assert_eq!(
+                root_opaque, model.root_opaque,
+                "root opaque differs for {layer:?}"
+            );
         }
         (Err(_), Err(_)) => {}
         // Rigger's documented strictness: containerd clamps such names into the root.

@@ -199,40 +199,32 @@ impl AuthRegistry {
         }
     }
 
+    /// The token server's record of every token it issued (`account`, `scope`,
+    /// `grant`, `authorization`).
+    fn issued(&self) -> Vec<serde_json::Value> {
+        let server = self.token_server.as_deref().expect("a token registry");
+        let (_, body) = http_get(server, "/_token/issued").unwrap();
+        serde_json::from_str(&body).unwrap()
+    }
+
     /// Who the token server gave tokens to: `(account, scope)`; account is empty for
     /// anonymous clients.
     pub fn tokens_issued(&self) -> Vec<(String, String)> {
-        let server = self.token_server.as_deref().expect("a token registry");
-        let (_, body) = http_get(server, "/_token/issued").unwrap();
-        let issued: serde_json::Value = serde_json::from_str(&body).unwrap();
-        issued
-            .as_array()
-            .unwrap()
+        let text = |v: &serde_json::Value| v.as_str().unwrap().to_owned();
+        self.issued()
             .iter()
-            .map(|i| {
-                (
-                    i["account"].as_str().unwrap().to_owned(),
-                    i["scope"].as_str().unwrap().to_owned(),
-                )
-            })
+            .map(|i| (text(&i["account"]), text(&i["scope"])))
             .collect()
     }
 
     /// How each token was granted (`basic`, `anonymous`, `refresh_token`) and whether
     /// its request carried an `Authorization` header.
     pub fn token_grants(&self) -> Vec<(String, bool)> {
-        let server = self.token_server.as_deref().expect("a token registry");
-        let (_, body) = http_get(server, "/_token/issued").unwrap();
-        let issued: serde_json::Value = serde_json::from_str(&body).unwrap();
-        issued
-            .as_array()
-            .unwrap()
+        self.issued()
             .iter()
             .map(|i| {
-                (
-                    i["grant"].as_str().unwrap().to_owned(),
-                    i["authorization"].as_bool().unwrap(),
-                )
+                let grant = i["grant"].as_str().unwrap().to_owned();
+                (grant, i["authorization"].as_bool().unwrap())
             })
             .collect()
     }
