@@ -253,6 +253,7 @@ fn run(args: &RunArgs) -> ExitCode {
     if let Err(e) = rigger_daemon::logging::init(config.log_format, &config.log_level) {
         return rigger_daemon::cli::refuse_config("rigger-agent", &e);
     }
+    rigger_daemon::limits::raise_and_log_open_files_limit();
     report(runtime().and_then(|rt| {
         rt.block_on(async {
             let stop =

@@ -614,19 +614,10 @@ impl TaskRunner {
     /// would not survive a restart.
     fn persist(&self, record: &TaskRecord) {
         let path = self.path_of(&record.id);
-        if let Err(error) = write_json_atomically(&path, record) {
+        if let Err(error) = rigger_daemon::durable::write_json_atomically(&path, record) {
             tracing::warn!(task = %record.id, path = %path.display(), %error, "cannot persist the task");
         }
     }
-}
-
-/// Write `value` as JSON to `path` through a temporary file and a rename, so a crash
-/// leaves the old file or the new one, never half of one.
-pub(crate) fn write_json_atomically<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
-    let temporary = path.with_extension("tmp");
-    let bytes = serde_json::to_vec_pretty(value).map_err(std::io::Error::other)?;
-    std::fs::write(&temporary, bytes)?;
-    std::fs::rename(&temporary, path)
 }
 
 /// Turns pull events into the task's byte counts.

@@ -3,11 +3,15 @@
 //! Each daemon parses and validates its whole configuration first ([`config`]), then sets
 //! up logging ([`logging`]), binds, tells systemd it is ready ([`systemd`]), serves its
 //! health endpoints ([`health`]) and stops gracefully on SIGTERM/SIGINT ([`shutdown`]).
+//! Both raise their open-files limit at start ([`limits`]) and write state files only
+//! durably ([`durable`]).
 
 pub mod backoff;
 pub mod cli;
 pub mod config;
+pub mod durable;
 pub mod health;
+pub mod limits;
 pub mod logging;
 pub mod metrics;
 pub mod shutdown;

@@ -219,7 +219,7 @@ impl PodRunner {
         // New specs or cooperators: a failed update may succeed now, try at once.
         lock(&self.inner.update_retry).clear();
         let path = self.inner.dir.join("desired.json");
-        if let Err(error) = crate::tasks::write_json_atomically(&path, &pods) {
+        if let Err(error) = rigger_daemon::durable::write_json_atomically(&path, &pods) {
             tracing::warn!(path = %path.display(), %error, "cannot persist the node's pods");
         }
         tracing::info!(pods = pods.len(), "pods for this node updated");

@@ -88,6 +88,7 @@ fn main() -> ExitCode {
     if let Err(e) = rigger_daemon::logging::init(config.log_format, &config.log_level) {
         return rigger_daemon::cli::refuse_config("rigger-controller", &e);
     }
+    rigger_daemon::limits::raise_and_log_open_files_limit();
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
