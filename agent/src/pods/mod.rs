@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 pub(crate) mod handlers;
+mod ownership;
 mod update;
 
 pub use update::LifecycleState;
@@ -93,6 +94,11 @@ struct Inner {
     update_retry: Mutex<HashMap<String, std::time::Instant>>,
     /// Pods being removed (their removal runs in its own task).
     removing: Mutex<std::collections::HashSet<String>>,
+    /// Pod uids this agent created a sandbox for (persisted before each creation): a
+    /// sandbox is only ever the agent's if its uid is here (`ownership.rs`).
+    created: Mutex<std::collections::BTreeSet<String>>,
+    /// Sandboxes with Rigger's labels that are not ours, already warned about.
+    warned: Mutex<std::collections::HashSet<String>>,
     metrics: Arc<crate::metrics::AgentMetrics>,
 }
 
@@ -123,6 +129,48 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The pod uids this agent created sandboxes for, under the pods directory.
+const CREATED_FILE: &str = "created.json";
+
+/// The recorded uids. Where there is no record yet (an agent from before it was kept)
+/// or it cannot be read (kept aside for a human), the pods this node runs are taken as
+/// the agent's: they are the ones it would have created.
+fn load_created(dir: &Path, desired: &[Pod]) -> std::collections::BTreeSet<String> {
+    let path = dir.join(CREATED_FILE);
+    let from_desired = || {
+        desired
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .filter(|uid| ownership::is_valid_uid(uid))
+            .collect::<std::collections::BTreeSet<String>>()
+    };
+    let created = match std::fs::read(&path) {
+        Ok(bytes) => match serde_json::from_slice(&bytes) {
+            Ok(created) => return created,
+            Err(error) => {
+                let aside = path.with_extension(format!(
+                    "json.unreadable-{}",
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs())
+                ));
+                tracing::error!(path = %path.display(), aside = %aside.display(), %error, "the record of this agent's sandboxes is unreadable; kept aside, the node's pods taken as the agent's");
+                let _ = std::fs::rename(&path, &aside);
+                from_desired()
+            }
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => from_desired(),
+        Err(error) => {
+            tracing::error!(path = %path.display(), %error, "cannot read the record of this agent's sandboxes; the node's pods taken as the agent's");
+            from_desired()
+        }
+    };
+    if let Err(error) = rigger_daemon::durable::write_json_atomically(&path, &created) {
+        tracing::warn!(path = %path.display(), %error, "cannot persist the pods' sandboxes");
+    }
+    created
+}
+
 impl PodRunner {
     /// Load the pods this node had, and keep them running until `token` is cancelled.
     pub fn start(
@@ -142,6 +190,7 @@ impl PodRunner {
             .ok()
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
             .unwrap_or_default();
+        let created = load_created(&dir, &desired);
         let runner = Self {
             inner: Arc::new(Inner {
                 node: node.to_owned(),
@@ -165,6 +214,8 @@ impl PodRunner {
                 updating: Mutex::default(),
                 update_retry: Mutex::default(),
                 removing: Mutex::default(),
+                created: Mutex::new(created),
+                warned: Mutex::default(),
                 metrics,
             }),
         };
@@ -373,17 +424,20 @@ impl PodRunner {
             .await?
             .into_inner()
             .items;
+        let sandboxes = self.only_ours(sandboxes);
         for pod in &desired {
             let Some(uid) = pod.metadata.uid.clone() else {
                 continue;
             };
+            if !ownership::is_valid_uid(&uid) {
+                // It would name the pod's directory: refused, whoever sent it.
+                tracing::warn!(pod = %pod.metadata.name, %uid, "a pod whose uid is not a uid is not run");
+                continue;
+            }
             let sandbox = sandboxes
                 .iter()
-                .find(|s| {
-                    s.labels.get(labels::POD_UID) == Some(&uid)
-                        && s.state == PodSandboxState::SandboxReady as i32
-                })
-                .map(|s| s.id.clone());
+                .find(|(owner, s)| *owner == uid && s.state == PodSandboxState::SandboxReady as i32)
+                .map(|(_, s)| s.id.clone());
             let status = self.ensure(cri, puller, pod, &uid, sandbox).await?;
             self.publish(PodStatus {
                 uid,
@@ -394,12 +448,8 @@ impl PodRunner {
         }
         // Sandboxes of pods no longer placed here: stop and remove them, each in its own
         // task (cooperators may hold a deletion; other pods must not wait for it).
-        for sandbox in &sandboxes {
-            let uid = sandbox
-                .labels
-                .get(labels::POD_UID)
-                .cloned()
-                .unwrap_or_default();
+        for (uid, sandbox) in &sandboxes {
+            let uid = uid.clone();
             if desired
                 .iter()
                 .any(|p| p.metadata.uid.as_deref() == Some(uid.as_str()))
@@ -419,6 +469,58 @@ impl PodRunner {
             });
         }
         Ok(())
+    }
+
+    /// The sandboxes that are this agent's own, each with its pod uid; the others are
+    /// left alone, and one carrying Rigger's labels is warned about once.
+    fn only_ours(
+        &self,
+        sandboxes: Vec<k8s_cri::v1::PodSandbox>,
+    ) -> Vec<(String, k8s_cri::v1::PodSandbox)> {
+        let created = lock(&self.inner.created).clone();
+        let mut ours = Vec::new();
+        for sandbox in sandboxes {
+            let metadata_uid = sandbox.metadata.as_ref().map_or("", |m| m.uid.as_str());
+            match ownership::ownership(&sandbox.labels, metadata_uid, &self.inner.node, &created) {
+                ownership::Ownership::Ours(uid) => ours.push((uid, sandbox)),
+                ownership::Ownership::NotOurs(why) => {
+                    if lock(&self.inner.warned).insert(sandbox.id.clone()) {
+                        tracing::warn!(sandbox = %sandbox.id, reason = why, "a sandbox with Rigger's labels is not this agent's: left alone");
+                    }
+                }
+            }
+        }
+        ours
+    }
+
+    /// Record (durably) that this agent creates a sandbox for `uid`.
+    fn record_created(&self, uid: &str) -> Result<(), tonic::Status> {
+        let mut created = lock(&self.inner.created);
+        if created.contains(uid) {
+            return Ok(());
+        }
+        let mut next = created.clone();
+        next.insert(uid.to_owned());
+        let path = self.inner.dir.join(CREATED_FILE);
+        rigger_daemon::durable::write_json_atomically(&path, &next).map_err(|e| {
+            tonic::Status::internal(format!(
+                "cannot record the pod's sandbox in {}: {e}",
+                path.display()
+            ))
+        })?;
+        *created = next;
+        Ok(())
+    }
+
+    /// The pod's sandbox is gone: its uid is no longer ours.
+    fn forget_created(&self, uid: &str) {
+        let mut created = lock(&self.inner.created);
+        if created.remove(uid) {
+            let path = self.inner.dir.join(CREATED_FILE);
+            if let Err(error) = rigger_daemon::durable::write_json_atomically(&path, &*created) {
+                tracing::warn!(path = %path.display(), %error, "cannot persist the pods' sandboxes");
+            }
+        }
     }
 
     /// Stop and remove a pod no longer placed here: cooperators (Delete), preStop, stop
@@ -518,6 +620,7 @@ impl PodRunner {
         })
         .await?;
         let _ = std::fs::remove_dir_all(self.inner.dir.join(&uid));
+        self.forget_created(&uid);
         lock(&self.inner.statuses).remove(&uid);
         lock(&self.inner.known).remove(&uid);
         if let Err(reason) = crate::lifecycle::call_all(
@@ -549,6 +652,8 @@ impl PodRunner {
             Some(id) => id,
             None => {
                 tracing::info!(pod = %pod.metadata.name, %uid, "creating the pod's sandbox");
+                // Recorded (durably) first: a sandbox is ours only if its uid is.
+                self.record_created(uid)?;
                 cri.run_pod_sandbox(RunPodSandboxRequest {
                     config: Some(config.clone()),
                     runtime_handler: String::new(),
@@ -632,8 +737,14 @@ impl PodRunner {
 
     fn sandbox_config(&self, pod: &Pod, uid: &str) -> PodSandboxConfig {
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-        let mut sandbox_labels: HashMap<String, String> =
-            pod.metadata.labels.clone().into_iter().collect();
+        // The pod's labels, but never kubelet's or Rigger's own: those say who owns it.
+        let mut sandbox_labels: HashMap<String, String> = pod
+            .metadata
+            .labels
+            .iter()
+            .filter(|(k, _)| !ownership::is_reserved_label(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         sandbox_labels.extend([
             (labels::MANAGED.to_owned(), "true".to_owned()),
             (labels::NODE.to_owned(), self.inner.node.clone()),

@@ -1,0 +1,110 @@
+//! The agent manages only sandboxes it can prove are its own. On a node that also runs
+//! kubelet, a tenant can put Rigger's labels on a pod (kubelet copies them onto the
+//! sandbox): such a sandbox must survive, whatever uid label it claims, and the agent's
+//! own pod must stay as it was.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use rigger_integration_tests::{Agent, Controller, CriPod, CriPodSpec, Lab, log_tail, wait_until};
+
+#[test]
+fn a_kubelet_pod_wearing_riggers_labels_is_left_alone() {
+    let lab = Lab::get();
+    let node = lab.first_node();
+    let dir = tempfile::tempdir().unwrap();
+    let controller = Controller::start(&dir.path().join("controller"));
+    let state = dir.path().join("agent");
+    std::fs::create_dir_all(&state).unwrap();
+    let agent_node = format!("owner-{}", std::process::id());
+    let agent = Agent::start(
+        &controller,
+        &agent_node,
+        &node.address,
+        &node.hosts_dir,
+        "itest-owner",
+        &state,
+    );
+    let image = lab.image("rigger-lab/busybox:1");
+    wait_until("the node to be ready", Duration::from_secs(30), || {
+        let n = controller.get_json(&["node", &agent_node])?;
+        (n["status"]["conditions"][0]["status"] == "True").then_some(())
+    });
+    let name = format!("own-{}", std::process::id());
+    let out = controller.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  nodeName: {agent_node}\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    image: {image}\n    command: [\"sleep\", \"3600\"]\n"
+    ));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let running = wait_until("the agent's pod to run", Duration::from_secs(60), || {
+        let pod = controller.get_json(&["pod", &name])?;
+        (pod["status"]["containerStatuses"][0]["ready"] == true).then_some(pod)
+    });
+    let own_uid = running["metadata"]["uid"].as_str().unwrap().to_owned();
+    let own_container = running["status"]["containerStatuses"][0]["containerID"].clone();
+
+    // Kubelet's pods with Rigger's labels for this node: one claiming no uid (the old
+    // code joined "" into a path: the whole pods directory), one claiming the agent's
+    // own pod's uid, one a uid that is a path.
+    let wearing = |pod: &str, claimed: Option<&str>| {
+        let mut spec = CriPodSpec::on(node, pod, &image, &["sleep", "3600"]);
+        let mut labels: HashMap<String, String> = [
+            ("rigger.dev/managed", "true"),
+            ("rigger.dev/node", agent_node.as_str()),
+            ("io.kubernetes.pod.name", pod),
+            ("io.kubernetes.pod.namespace", "tenant"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        labels.insert("io.kubernetes.pod.uid".to_owned(), spec.uid.clone());
+        if let Some(uid) = claimed {
+            labels.insert("rigger.dev/pod-uid".to_owned(), uid.to_owned());
+        }
+        spec.labels = labels;
+        CriPod::run_spec(&spec)
+    };
+    let mut tenants = [
+        wearing(&format!("tenant-a-{}", std::process::id()), None),
+        wearing(&format!("tenant-b-{}", std::process::id()), Some(&own_uid)),
+        wearing(&format!("tenant-c-{}", std::process::id()), Some("../..")),
+    ];
+    let logs = || log_tail(&agent.log, 40);
+    wait_until("the agent to notice them", Duration::from_secs(30), || {
+        let log = std::fs::read_to_string(&agent.log).ok()?;
+        (log.matches("is not this agent's").count() >= 3).then_some(())
+    });
+    // Several reconciles later (one a second), all still running.
+    std::thread::sleep(Duration::from_secs(5));
+    for tenant in &mut tenants {
+        assert_eq!(tenant.container_state(), "CONTAINER_RUNNING", "{}", logs());
+    }
+    let pod = controller.get_json(&["pod", &name]).unwrap();
+    assert_eq!(
+        pod["status"]["containerStatuses"][0]["containerID"],
+        own_container
+    );
+    assert_eq!(pod["status"]["containerStatuses"][0]["ready"], true);
+    assert!(
+        state.join("pods").join(&own_uid).is_dir(),
+        "the pod's directory"
+    );
+
+    // Deleting the agent's pod removes only it.
+    assert!(controller.ctl(&["delete", "pod", &name]).status.success());
+    wait_until("the pod's directory to go", Duration::from_secs(60), || {
+        (!state.join("pods").join(&own_uid).exists()).then_some(())
+    });
+    for tenant in &mut tenants {
+        assert_eq!(tenant.container_state(), "CONTAINER_RUNNING", "{}", logs());
+    }
+    assert!(
+        state.join("pods").is_dir(),
+        "the pods directory itself stays"
+    );
+}
