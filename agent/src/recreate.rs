@@ -90,6 +90,10 @@ pub struct ContainerProgress {
     /// in Kubernetes.
     #[serde(default)]
     pub pre_stop_done: bool,
+    /// StopContainer was asked for (saved before asking): an agent killed during a long
+    /// stop knows, on resume, that the container it finds next may be the successor.
+    #[serde(default)]
+    pub stop_issued: bool,
 }
 
 impl ContainerProgress {
@@ -103,7 +107,17 @@ impl ContainerProgress {
             is_killed: false,
             stopping_since: None,
             pre_stop_done: false,
+            stop_issued: false,
         }
+    }
+
+    /// The container this recreate chose is no longer the newest: a successor runs in
+    /// its place (our stop before an agent restart, or a crash). The recreate's stop is
+    /// then done; the successor is never stopped.
+    fn replaced_by(&self, newest_id: &str) -> bool {
+        self.old_container_id
+            .as_deref()
+            .is_some_and(|old| old != newest_id)
     }
 }
 
@@ -413,6 +427,18 @@ impl Recreate<'_> {
             (self.save)(work);
             return Ok(());
         };
+        if work.containers[i].replaced_by(&current.id) {
+            tracing::info!(pod = %work.what(), container = %name, successor = %current.id, "the chosen container was already replaced; its successor is not stopped");
+            let progress = &mut work.containers[i];
+            progress.is_killed = true;
+            progress.message = if progress.stop_issued {
+                "stopped before the agent restarted".to_owned()
+            } else {
+                "the container was replaced before it was stopped".to_owned()
+            };
+            (self.save)(work);
+            return Ok(());
+        }
         let resumed = work.containers[i].old_container_id.as_deref() == Some(current.id.as_str());
         let running = current.state == ContainerState::ContainerRunning as i32;
         if !running {
@@ -436,6 +462,7 @@ impl Recreate<'_> {
                 "the container is still starting; not stopped (forceRecreate is off)".to_owned();
             progress.old_container_id = None;
             progress.is_killed = false;
+            progress.stop_issued = false;
             (self.save)(work);
             return Ok(());
         }
@@ -499,6 +526,8 @@ impl Recreate<'_> {
             (self.save)(work);
         }
         let left = grace_left().max(MIN_STOP_SECONDS);
+        work.containers[i].stop_issued = true;
+        (self.save)(work);
         cri.stop_container(StopContainerRequest {
             container_id: current.id.clone(),
             timeout: i64::try_from(left).unwrap_or(i64::MAX),
@@ -786,6 +815,24 @@ fn unix_seconds() -> u64 {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_chosen_container_replaced_by_its_successor_is_never_stopped_again() {
+        let mut progress = ContainerProgress::pending("main");
+        assert!(!progress.replaced_by("a"), "nothing chosen yet");
+        progress.old_container_id = Some("a".to_owned());
+        assert!(
+            !progress.replaced_by("a"),
+            "still the chosen one: stop (again) is right"
+        );
+        assert!(progress.replaced_by("b"), "a successor: the stop was done");
+        // Progress saved before this field existed still loads.
+        let old: ContainerProgress = serde_json::from_str(
+            r#"{"name":"main","phase":"Recreating","oldContainerId":"a","isKilled":false}"#,
+        )
+        .unwrap();
+        assert!(!old.stop_issued && old.replaced_by("b"));
+    }
 
     #[test]
     fn kubelet_records_its_pre_stop_handler_as_json() {

@@ -741,3 +741,73 @@ spec:
     );
     assert!(controller.ctl(&["delete", "pod", &name]).status.success());
 }
+
+/// The agent is killed after StopContainer was asked for and stays away until the
+/// container has exited: on its return the pod runner starts the next attempt, and the
+/// recreate must count that one as its result, never stop it again.
+#[test]
+fn an_agent_killed_during_a_long_stop_restarts_the_container_exactly_once() {
+    let lab = Lab::get();
+    let dir = tempfile::tempdir().unwrap();
+    let (controller, mut agent) =
+        controller_with_agent(dir.path(), "recreate-stop-node", "itest-recreate-stop");
+    let image = lab.image("rigger-lab/busybox:1");
+    let out_dir = dir.path().join("out");
+    let name = format!("killed-mid-stop-{}", std::process::id());
+    // SIGTERM is noted and the process takes 5 s to go (the grace period is 20 s).
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  hostNetwork: true
+  terminationGracePeriodSeconds: 20
+  volumes:
+  - name: out
+    hostPath: {{path: {out}, type: DirectoryOrCreate}}
+  containers:
+  - name: app
+    image: {image}
+    command: ["sh", "-c", "trap 'echo term >> /out/term; sleep 5; exit 0' TERM; while true; do sleep 1; done"]
+    volumeMounts: [{{name: out, mountPath: /out}}]
+"#,
+        out = out_dir.display()
+    );
+    controller.apply_ok(&yaml);
+    ready_pod(&controller, &name);
+    controller.apply_ok(&crr_yaml(
+        "long-stop",
+        &name,
+        &["app"],
+        "minStartedSeconds: 1",
+        "",
+    ));
+    wait_until("the stop to begin", Duration::from_secs(60), || {
+        std::fs::read_to_string(out_dir.join("term")).ok()
+    });
+    agent.kill();
+    // Away until the container has gone (5 s after SIGTERM).
+    std::thread::sleep(Duration::from_secs(8));
+    agent.restart();
+
+    let done = completed(&controller, "long-stop", Duration::from_secs(120));
+    assert_eq!(
+        state_of(&done, "app")["phase"],
+        "Succeeded",
+        "{done:#}\n{}",
+        log_tail(&agent.log, 30)
+    );
+    // Give a second (wrong) stop time to show.
+    std::thread::sleep(Duration::from_secs(3));
+    let after = ready_pod(&controller, &name);
+    assert_eq!(
+        container_status(&after, "app")["restartCount"],
+        1,
+        "{after:#}\n{}",
+        log_tail(&agent.log, 30)
+    );
+    let terms = std::fs::read_to_string(out_dir.join("term")).unwrap();
+    assert_eq!(terms.matches("term").count(), 1, "stopped once: {terms}");
+    assert!(controller.ctl(&["delete", "pod", &name]).status.success());
+}
