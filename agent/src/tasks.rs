@@ -32,6 +32,17 @@ use crate::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime, namespaced};
 
 /// Finished tasks are kept (and reported on every reconnect) this long.
 const KEEP_FINISHED: Duration = Duration::from_secs(24 * 3600);
+/// How often finished tasks past [`KEEP_FINISHED`] are forgotten.
+const PRUNE_INTERVAL: Duration = Duration::from_secs(600);
+/// Where unreadable task records are kept, under the tasks directory.
+const UNREADABLE_DIR: &str = "unreadable";
+
+/// A finished task kept long enough.
+fn is_expired(record: &TaskRecord, now: SystemTime) -> bool {
+    record
+        .finished_at
+        .is_some_and(|at| now.duration_since(at).unwrap_or_default() > KEEP_FINISHED)
+}
 /// Longest task id accepted (ids become file names only through a hash).
 const MAX_TASK_ID: usize = 256;
 
@@ -190,6 +201,9 @@ impl TaskRunner {
         let mut resume = Vec::new();
         for entry in std::fs::read_dir(&dir).map_err(directory_error)? {
             let path = entry.map_err(directory_error)?.path();
+            if path.is_dir() {
+                continue; // `unreadable/`
+            }
             if path.extension().is_none_or(|e| e != "json") {
                 // A temporary file of a write the agent did not finish.
                 let _ = std::fs::remove_file(&path);
@@ -201,15 +215,18 @@ impl TaskRunner {
             {
                 Ok(record) => record,
                 Err(error) => {
-                    tracing::warn!(path = %path.display(), %error, "unreadable task record removed");
-                    let _ = std::fs::remove_file(&path);
+                    // Kept for a human (a crash mid-write, a format from another version):
+                    // never silently gone.
+                    let aside = dir
+                        .join(UNREADABLE_DIR)
+                        .join(path.file_name().unwrap_or_default());
+                    let moved = std::fs::create_dir_all(dir.join(UNREADABLE_DIR))
+                        .and_then(|()| std::fs::rename(&path, &aside));
+                    tracing::error!(path = %path.display(), aside = %aside.display(), moved = moved.is_ok(), %error, "unreadable task record moved aside; its task is not resumed");
                     continue;
                 }
             };
-            let expired = record.finished_at.is_some_and(|at| {
-                SystemTime::now().duration_since(at).unwrap_or_default() > KEEP_FINISHED
-            });
-            if expired {
+            if is_expired(&record, SystemTime::now()) {
                 let _ = std::fs::remove_file(&path);
                 continue;
             }
@@ -222,7 +239,41 @@ impl TaskRunner {
             tracing::info!(task = %id, "resuming a task accepted before the agent restarted");
             runner.spawn(&id, Vec::new());
         }
+        let pruner = runner.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(PRUNE_INTERVAL);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = pruner.inner.shutdown.cancelled() => return,
+                    _ = every.tick() => pruner.prune_finished(SystemTime::now()),
+                }
+            }
+        });
         Ok(runner)
+    }
+
+    /// Forget finished tasks older than [`KEEP_FINISHED`], in memory and on disk.
+    fn prune_finished(&self, now: SystemTime) {
+        let expired: Vec<String> = self
+            .lock()
+            .values()
+            .filter(|e| is_expired(&e.record, now))
+            .map(|e| e.record.id.clone())
+            .collect();
+        for id in &expired {
+            self.lock().remove(id);
+            let path = self.path_of(id);
+            if let Err(error) = std::fs::remove_file(&path)
+                && error.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(path = %path.display(), %error, "cannot remove a finished task's record");
+            }
+        }
+        if !expired.is_empty() {
+            tracing::debug!(pruned = expired.len(), "finished tasks forgotten");
+            self.bump();
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
@@ -771,5 +822,42 @@ mod tests {
             "{statuses:?}"
         );
         assert!(statuses[1].message.contains("kind of work"), "{statuses:?}");
+    }
+
+    #[tokio::test]
+    async fn unreadable_records_are_kept_aside_and_finished_tasks_are_pruned() {
+        let state = tempfile::tempdir().unwrap();
+        let tasks = state.path().join("tasks");
+        std::fs::create_dir_all(&tasks).unwrap();
+        std::fs::write(tasks.join("0123.json"), b"{\"id\": \"half-writ").unwrap();
+        std::fs::write(tasks.join(".0123.json.Xy12.tmp"), b"{}").unwrap();
+        let runner = TaskRunner::start(
+            state.path(),
+            Path::new("/nonexistent.sock"),
+            &settings(),
+            pods(state.path()),
+            Arc::default(),
+            CancellationToken::new(),
+        )
+        .unwrap();
+        // The torn record is kept for a human; the temporary file of a write is gone.
+        assert_eq!(
+            std::fs::read(tasks.join("unreadable/0123.json")).unwrap(),
+            b"{\"id\": \"half-writ"
+        );
+        let left: Vec<_> = std::fs::read_dir(&tasks)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(left, ["unreadable"]);
+
+        // A finished task is forgotten once past KEEP_FINISHED, from memory and disk.
+        runner.accept(pull_task("t1", "Not A Reference"));
+        assert_eq!(runner.all_statuses().len(), 1);
+        runner.prune_finished(SystemTime::now());
+        assert_eq!(runner.all_statuses().len(), 1, "kept while recent");
+        runner.prune_finished(SystemTime::now() + KEEP_FINISHED + Duration::from_secs(1));
+        assert!(runner.all_statuses().is_empty());
+        assert!(!runner.path_of("t1").exists());
     }
 }
