@@ -36,6 +36,7 @@ use tonic::transport::Channel;
 
 pub(crate) mod handlers;
 mod ownership;
+mod state;
 mod update;
 
 pub use update::LifecycleState;
@@ -99,6 +100,9 @@ struct Inner {
     created: Mutex<std::collections::BTreeSet<String>>,
     /// Sandboxes with Rigger's labels that are not ours, already warned about.
     warned: Mutex<std::collections::HashSet<String>>,
+    /// The node's pod set on disk was unreadable: nothing is removed until the
+    /// controller has sent the set again.
+    hold_removals: std::sync::atomic::AtomicBool,
     metrics: Arc<crate::metrics::AgentMetrics>,
 }
 
@@ -129,48 +133,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The pod uids this agent created sandboxes for, under the pods directory.
-const CREATED_FILE: &str = "created.json";
-
-/// The recorded uids. Where there is no record yet (an agent from before it was kept)
-/// or it cannot be read (kept aside for a human), the pods this node runs are taken as
-/// the agent's: they are the ones it would have created.
-fn load_created(dir: &Path, desired: &[Pod]) -> std::collections::BTreeSet<String> {
-    let path = dir.join(CREATED_FILE);
-    let from_desired = || {
-        desired
-            .iter()
-            .filter_map(|p| p.metadata.uid.clone())
-            .filter(|uid| ownership::is_valid_uid(uid))
-            .collect::<std::collections::BTreeSet<String>>()
-    };
-    let created = match std::fs::read(&path) {
-        Ok(bytes) => match serde_json::from_slice(&bytes) {
-            Ok(created) => return created,
-            Err(error) => {
-                let aside = path.with_extension(format!(
-                    "json.unreadable-{}",
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_secs())
-                ));
-                tracing::error!(path = %path.display(), aside = %aside.display(), %error, "the record of this agent's sandboxes is unreadable; kept aside, the node's pods taken as the agent's");
-                let _ = std::fs::rename(&path, &aside);
-                from_desired()
-            }
-        },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => from_desired(),
-        Err(error) => {
-            tracing::error!(path = %path.display(), %error, "cannot read the record of this agent's sandboxes; the node's pods taken as the agent's");
-            from_desired()
-        }
-    };
-    if let Err(error) = rigger_daemon::durable::write_json_atomically(&path, &created) {
-        tracing::warn!(path = %path.display(), %error, "cannot persist the pods' sandboxes");
-    }
-    created
-}
-
 impl PodRunner {
     /// Load the pods this node had, and keep them running until `token` is cancelled.
     pub fn start(
@@ -186,11 +148,8 @@ impl PodRunner {
             path: dir.clone(),
             source,
         })?;
-        let desired: Vec<Pod> = std::fs::read(dir.join("desired.json"))
-            .ok()
-            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-            .unwrap_or_default();
-        let created = load_created(&dir, &desired);
+        let (desired, hold_removals) = state::load_desired(&dir);
+        let created = state::load_created(&dir, &desired);
         let runner = Self {
             inner: Arc::new(Inner {
                 node: node.to_owned(),
@@ -216,6 +175,7 @@ impl PodRunner {
                 removing: Mutex::default(),
                 created: Mutex::new(created),
                 warned: Mutex::default(),
+                hold_removals: std::sync::atomic::AtomicBool::new(hold_removals),
                 metrics,
             }),
         };
@@ -275,6 +235,15 @@ impl PodRunner {
         }
         tracing::info!(pods = pods.len(), "pods for this node updated");
         *lock(&self.inner.desired) = pods;
+        if self
+            .inner
+            .hold_removals
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            tracing::info!(
+                "the controller's pod set arrived; pods no longer placed here may be removed again"
+            );
+        }
         self.inner.wake.notify_one();
     }
 
@@ -447,8 +416,13 @@ impl PodRunner {
             });
         }
         // Sandboxes of pods no longer placed here: stop and remove them, each in its own
-        // task (cooperators may hold a deletion; other pods must not wait for it).
-        for (uid, sandbox) in &sandboxes {
+        // task (cooperators may hold a deletion; other pods must not wait for it). Not
+        // while the node's pod set is unknown: an unreadable file is no order to remove.
+        let hold = self
+            .inner
+            .hold_removals
+            .load(std::sync::atomic::Ordering::SeqCst);
+        for (uid, sandbox) in sandboxes.iter().filter(|_| !hold) {
             let uid = uid.clone();
             if desired
                 .iter()
@@ -501,7 +475,7 @@ impl PodRunner {
         }
         let mut next = created.clone();
         next.insert(uid.to_owned());
-        let path = self.inner.dir.join(CREATED_FILE);
+        let path = self.inner.dir.join(state::CREATED_FILE);
         rigger_daemon::durable::write_json_atomically(&path, &next).map_err(|e| {
             tonic::Status::internal(format!(
                 "cannot record the pod's sandbox in {}: {e}",
@@ -516,7 +490,7 @@ impl PodRunner {
     fn forget_created(&self, uid: &str) {
         let mut created = lock(&self.inner.created);
         if created.remove(uid) {
-            let path = self.inner.dir.join(CREATED_FILE);
+            let path = self.inner.dir.join(state::CREATED_FILE);
             if let Err(error) = rigger_daemon::durable::write_json_atomically(&path, &*created) {
                 tracing::warn!(path = %path.display(), %error, "cannot persist the pods' sandboxes");
             }

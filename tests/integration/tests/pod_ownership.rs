@@ -1,14 +1,17 @@
 //! The agent manages only sandboxes it can prove are its own. On a node that also runs
 //! kubelet, a tenant can put Rigger's labels on a pod (kubelet copies them onto the
 //! sandbox): such a sandbox must survive, whatever uid label it claims, and the agent's
-//! own pod must stay as it was.
+//! own pod must stay as it was. And state the agent cannot read is no order to remove
+//! anything.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use rigger_integration_tests::{Agent, Controller, CriPod, CriPodSpec, Lab, log_tail, wait_until};
+use rigger_integration_tests::{
+    Agent, Controller, CriPod, CriPodSpec, Lab, log_tail, running_containers, wait_until,
+};
 
 #[test]
 fn a_kubelet_pod_wearing_riggers_labels_is_left_alone() {
@@ -107,4 +110,79 @@ fn a_kubelet_pod_wearing_riggers_labels_is_left_alone() {
         state.join("pods").is_dir(),
         "the pods directory itself stays"
     );
+}
+
+#[test]
+fn a_torn_pod_set_at_start_removes_nothing_until_the_controller_sends_it() {
+    let lab = Lab::get();
+    let node = lab.first_node();
+    let dir = tempfile::tempdir().unwrap();
+    let mut controller = Controller::start(&dir.path().join("controller"));
+    let state = dir.path().join("agent");
+    std::fs::create_dir_all(&state).unwrap();
+    let agent_node = format!("torn-{}", std::process::id());
+    let mut agent = Agent::start(
+        &controller,
+        &agent_node,
+        &node.address,
+        &node.hosts_dir,
+        "itest-torn",
+        &state,
+    );
+    let image = lab.image("rigger-lab/busybox:1");
+    wait_until("the node to be ready", Duration::from_secs(30), || {
+        let n = controller.get_json(&["node", &agent_node])?;
+        (n["status"]["conditions"][0]["status"] == "True").then_some(())
+    });
+    let name = format!("kept-{}", std::process::id());
+    controller.apply_ok(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    image: {image}\n    command: [\"sleep\", \"3600\"]\n"
+    ));
+    let running = wait_until("the pod to run", Duration::from_secs(60), || {
+        let pod = controller.get_json(&["pod", &name])?;
+        (pod["status"]["containerStatuses"][0]["ready"] == true).then_some(pod)
+    });
+    let uid = running["metadata"]["uid"].as_str().unwrap().to_owned();
+    let container = running["status"]["containerStatuses"][0]["containerID"].clone();
+
+    // Power lost mid-write, and the controller away: the agent starts on a torn file.
+    agent.kill();
+    controller.kill();
+    let desired = state.join("pods/desired.json");
+    let whole = std::fs::read(&desired).unwrap();
+    std::fs::write(&desired, &whole[..whole.len() / 2]).unwrap();
+    agent.restart();
+    wait_until("the agent to say so", Duration::from_secs(30), || {
+        let log = std::fs::read_to_string(&agent.log).ok()?;
+        log.contains("the node's pods are unreadable").then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        running_containers(&uid, "main"),
+        1,
+        "{}",
+        log_tail(&agent.log, 30)
+    );
+    let kept: Vec<String> = std::fs::read_dir(state.join("pods"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("desired.json.unreadable-"))
+        .collect();
+    assert_eq!(kept.len(), 1, "the torn file is kept for a human");
+
+    // The controller's pod set arrives: the same pod, the same container.
+    controller.restart();
+    wait_until("the pod set to arrive", Duration::from_secs(60), || {
+        let log = std::fs::read_to_string(&agent.log).ok()?;
+        log.contains("the controller's pod set arrived")
+            .then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let pod = controller.get_json(&["pod", &name]).unwrap();
+    assert_eq!(
+        pod["status"]["containerStatuses"][0]["containerID"],
+        container
+    );
+    assert_eq!(running_containers(&uid, "main"), 1);
+    assert!(controller.ctl(&["delete", "pod", &name]).status.success());
 }
