@@ -388,15 +388,21 @@ impl Recreate<'_> {
         work: &RecreateWork,
     ) -> Result<Target, String> {
         if let Some(pod) = self.pods.pod(&work.pod_uid) {
-            let sandbox = ready_sandbox(cri, labels::POD_UID, &work.pod_uid)
-                .await?
-                .ok_or_else(|| format!("{} has no running sandbox yet", work.what()))?;
+            let sandbox = ready_sandbox(cri, labels::POD_UID, &work.pod_uid, &|s| {
+                self.pods.owner_of(s).as_deref() == Some(work.pod_uid.as_str())
+            })
+            .await?
+            .ok_or_else(|| format!("{} has no running sandbox yet", work.what()))?;
             return Ok(Target::Agent {
                 sandbox,
                 pod: Box::new(pod),
             });
         }
-        match ready_sandbox(cri, labels::KUBELET_POD_UID, &work.pod_uid).await? {
+        match ready_sandbox(cri, labels::KUBELET_POD_UID, &work.pod_uid, &|s| {
+            kubelets(s, &work.pod_uid)
+        })
+        .await?
+        {
             Some(sandbox) => Ok(Target::Kubelet { sandbox }),
             None => Err(format!(
                 "{} (uid {}) is not running on this node",
@@ -722,15 +728,29 @@ impl Recreate<'_> {
         if !placed {
             return Ok(false);
         }
-        Ok(ready_sandbox(cri, label, &work.pod_uid).await?.as_deref() == Some(target.sandbox()))
+        let owned = |s: &k8s_cri::v1::PodSandbox| match target {
+            Target::Agent { .. } => self.pods.owner_of(s).as_deref() == Some(work.pod_uid.as_str()),
+            Target::Kubelet { .. } => kubelets(s, &work.pod_uid),
+        };
+        Ok(ready_sandbox(cri, label, &work.pod_uid, &owned)
+            .await?
+            .as_deref()
+            == Some(target.sandbox()))
     }
 }
 
-/// The ready sandbox whose `label` is `uid`.
+/// A kubelet sandbox of pod `uid`: kubelet's uid label (the caller's filter) and the
+/// sandbox's own uid agree. (The agent's sandboxes never carry kubelet's labels.)
+fn kubelets(sandbox: &k8s_cri::v1::PodSandbox, uid: &str) -> bool {
+    sandbox.metadata.as_ref().is_some_and(|m| m.uid == uid)
+}
+
+/// The ready sandbox whose `label` is `uid` and that `owned` accepts.
 async fn ready_sandbox(
     cri: &mut RuntimeServiceClient<Channel>,
     label: &str,
     uid: &str,
+    owned: &(dyn Fn(&k8s_cri::v1::PodSandbox) -> bool + Sync),
 ) -> Result<Option<String>, String> {
     let sandboxes = cri
         .list_pod_sandbox(ListPodSandboxRequest {
@@ -745,7 +765,7 @@ async fn ready_sandbox(
         .items;
     Ok(sandboxes
         .into_iter()
-        .find(|s| s.state == PodSandboxState::SandboxReady as i32)
+        .find(|s| s.state == PodSandboxState::SandboxReady as i32 && owned(s))
         .map(|s| s.id))
 }
 

@@ -451,11 +451,9 @@ impl PodRunner {
         &self,
         sandboxes: Vec<k8s_cri::v1::PodSandbox>,
     ) -> Vec<(String, k8s_cri::v1::PodSandbox)> {
-        let created = lock(&self.inner.created).clone();
         let mut ours = Vec::new();
         for sandbox in sandboxes {
-            let metadata_uid = sandbox.metadata.as_ref().map_or("", |m| m.uid.as_str());
-            match ownership::ownership(&sandbox.labels, metadata_uid, &self.inner.node, &created) {
+            match self.ownership(&sandbox) {
                 ownership::Ownership::Ours(uid) => ours.push((uid, sandbox)),
                 ownership::Ownership::NotOurs(why) => {
                     if lock(&self.inner.warned).insert(sandbox.id.clone()) {
@@ -465,6 +463,22 @@ impl PodRunner {
             }
         }
         ours
+    }
+
+    /// Whether `sandbox` is this agent's own (see `ownership.rs`).
+    fn ownership(&self, sandbox: &k8s_cri::v1::PodSandbox) -> ownership::Ownership {
+        let metadata_uid = sandbox.metadata.as_ref().map_or("", |m| m.uid.as_str());
+        let created = lock(&self.inner.created);
+        ownership::ownership(&sandbox.labels, metadata_uid, &self.inner.node, &created)
+    }
+
+    /// The pod uid of `sandbox` when it is this agent's own, for other parts of the
+    /// agent (recreate) that must never act on a sandbox by its labels alone.
+    pub fn owner_of(&self, sandbox: &k8s_cri::v1::PodSandbox) -> Option<String> {
+        match self.ownership(sandbox) {
+            ownership::Ownership::Ours(uid) => Some(uid),
+            ownership::Ownership::NotOurs(_) => None,
+        }
     }
 
     /// Record (durably) that this agent creates a sandbox for `uid`.
