@@ -33,6 +33,9 @@ pub struct ControllerConfigFile {
     pub tokens_file: Option<PathBuf>,
     pub insecure_plaintext: Option<bool>,
     pub store: Option<String>,
+    pub etcd_ca_file: Option<PathBuf>,
+    pub etcd_cert_file: Option<PathBuf>,
+    pub etcd_key_file: Option<PathBuf>,
     pub leader_lease: Option<String>,
     pub api_requests_per_second: Option<u32>,
     pub api_burst: Option<u32>,
@@ -90,6 +93,17 @@ pub struct ControllerArgs {
     /// replicas with leader election [default: embedded].
     #[arg(long, env = "RIGGER_CONTROLLER_STORE", value_name = "STORE")]
     pub store: Option<String>,
+    /// With etcd: the CA (PEM) that signed etcd's server certificate; etcd is then
+    /// reached over TLS.
+    #[arg(long, env = "RIGGER_CONTROLLER_ETCD_CA_FILE", value_name = "FILE")]
+    pub etcd_ca_file: Option<PathBuf>,
+    /// With etcd over TLS: the controller's client certificate (PEM), for an etcd that
+    /// requires client certificates.
+    #[arg(long, env = "RIGGER_CONTROLLER_ETCD_CERT_FILE", value_name = "FILE")]
+    pub etcd_cert_file: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, env = "RIGGER_CONTROLLER_ETCD_KEY_FILE", value_name = "FILE")]
+    pub etcd_key_file: Option<PathBuf>,
     /// With etcd: how long a leader that stopped renewing stays leader [default: 15s].
     #[arg(long, env = "RIGGER_CONTROLLER_LEADER_LEASE", value_name = "DURATION")]
     pub leader_lease: Option<String>,
@@ -119,7 +133,18 @@ pub enum StoreConfig {
     /// `<data_dir>/rigger.redb`; one replica.
     Embedded,
     /// etcd endpoints (`host:port`); replicas elect a leader.
-    Etcd { endpoints: Vec<String> },
+    Etcd {
+        endpoints: Vec<String>,
+        tls: Option<EtcdTls>,
+    },
+}
+
+/// How the controller reaches etcd over TLS (paths; checked when the config is resolved).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdTls {
+    pub ca: PathBuf,
+    /// Client certificate and key, for an etcd with `--client-cert-auth`.
+    pub identity: Option<(PathBuf, PathBuf)>,
 }
 
 /// The controller's TLS material (paths; read and checked when the config is resolved).
@@ -205,6 +230,21 @@ const STORE: Setting = Setting {
     flag: "--store",
     env: "RIGGER_CONTROLLER_STORE",
 };
+const ETCD_CA_FILE: Setting = Setting {
+    key: "etcd_ca_file",
+    flag: "--etcd-ca-file",
+    env: "RIGGER_CONTROLLER_ETCD_CA_FILE",
+};
+const ETCD_CERT_FILE: Setting = Setting {
+    key: "etcd_cert_file",
+    flag: "--etcd-cert-file",
+    env: "RIGGER_CONTROLLER_ETCD_CERT_FILE",
+};
+const ETCD_KEY_FILE: Setting = Setting {
+    key: "etcd_key_file",
+    flag: "--etcd-key-file",
+    env: "RIGGER_CONTROLLER_ETCD_KEY_FILE",
+};
 const LEADER_LEASE: Setting = Setting {
     key: "leader_lease",
     flag: "--leader-lease",
@@ -263,7 +303,43 @@ fn parse_store(text: Option<String>) -> Result<StoreConfig, ConfigError> {
             return Err(STORE.invalid(format!("{endpoint:?} is not host:port")));
         }
     }
-    Ok(StoreConfig::Etcd { endpoints })
+    Ok(StoreConfig::Etcd {
+        endpoints,
+        tls: None,
+    })
+}
+
+/// etcd's TLS settings, which need an etcd store and go together.
+fn etcd_tls(
+    store: &StoreConfig,
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+) -> Result<Option<EtcdTls>, ConfigError> {
+    let Some(ca) = ca else {
+        if cert.is_some() {
+            return Err(ETCD_CA_FILE.invalid("is needed with etcd_cert_file"));
+        }
+        if key.is_some() {
+            return Err(ETCD_CA_FILE.invalid("is needed with etcd_key_file"));
+        }
+        return Ok(None);
+    };
+    if matches!(store, StoreConfig::Embedded) {
+        return Err(ETCD_CA_FILE.invalid("applies to an etcd store only (store = \"etcd://...\")"));
+    }
+    check_pem(ETCD_CA_FILE, &ca, "CERTIFICATE")?;
+    let identity = match (cert, key) {
+        (None, None) => None,
+        (Some(_), None) => return Err(ETCD_KEY_FILE.invalid("is needed with etcd_cert_file")),
+        (None, Some(_)) => return Err(ETCD_CERT_FILE.invalid("is needed with etcd_key_file")),
+        (Some(cert), Some(key)) => {
+            check_pem(ETCD_CERT_FILE, &cert, "CERTIFICATE")?;
+            check_pem(ETCD_KEY_FILE, &key, "PRIVATE KEY")?;
+            Some((cert, key))
+        }
+    };
+    Ok(Some(EtcdTls { ca, identity }))
 }
 
 const INSECURE_PLAINTEXT: Setting = Setting {
@@ -379,7 +455,16 @@ impl ControllerConfig {
             }
             None => {}
         }
-        let store = parse_store(args.store.or(file.store))?;
+        let mut store = parse_store(args.store.or(file.store))?;
+        let tls_for_etcd = etcd_tls(
+            &store,
+            args.etcd_ca_file.clone().or(file.etcd_ca_file),
+            args.etcd_cert_file.clone().or(file.etcd_cert_file),
+            args.etcd_key_file.clone().or(file.etcd_key_file),
+        )?;
+        if let StoreConfig::Etcd { tls, .. } = &mut store {
+            *tls = tls_for_etcd;
+        }
         let leader_lease = LEADER_LEASE.duration(
             args.leader_lease.or(file.leader_lease),
             Duration::from_secs(15),
@@ -518,12 +603,64 @@ mod tests {
             ) {
                 (Ok(c), Ok(n)) => {
                     assert!(
-                        matches!(c.store, StoreConfig::Etcd { ref endpoints } if endpoints.len() == n)
+                        matches!(c.store, StoreConfig::Etcd { ref endpoints, .. } if endpoints.len() == n)
                     );
                 }
                 (Err(e), Err(text)) => assert!(e.to_string().contains(text), "{e}"),
                 (other, _) => panic!("{store}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn etcd_tls_settings_go_together_and_with_an_etcd_store() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::certs::create(&crate::certs::CertsRequest {
+            out: dir.path().to_owned(),
+            hosts: Vec::new(),
+            nodes: vec!["n1".into()],
+        })
+        .unwrap();
+        let pem = |name: &str| Some(dir.path().join(name));
+        let args = |store: &str, ca: bool, cert: bool, key: bool| ControllerArgs {
+            store: Some(store.into()),
+            etcd_ca_file: if ca { pem("ca.pem") } else { None },
+            etcd_cert_file: if cert { pem("controller.pem") } else { None },
+            etcd_key_file: if key { pem("controller-key.pem") } else { None },
+            ..plaintext()
+        };
+        let resolve = |a| ControllerConfig::from_layers(ControllerConfigFile::default(), a);
+        let c = resolve(args("etcd://a:2379", true, true, true)).unwrap();
+        assert!(matches!(
+            c.store,
+            StoreConfig::Etcd {
+                tls: Some(EtcdTls {
+                    identity: Some(_),
+                    ..
+                }),
+                ..
+            }
+        ));
+        let c = resolve(args("etcd://a:2379", true, false, false)).unwrap();
+        assert!(matches!(
+            c.store,
+            StoreConfig::Etcd {
+                tls: Some(EtcdTls { identity: None, .. }),
+                ..
+            }
+        ));
+        for (a, expected) in [
+            (args("embedded", true, false, false), "`etcd_ca_file`"),
+            (args("etcd://a:2379", false, true, true), "`etcd_ca_file`"),
+            (args("etcd://a:2379", true, true, false), "`etcd_key_file`"),
+            (args("etcd://a:2379", true, false, true), "`etcd_cert_file`"),
+        ] {
+            let err = resolve(a).unwrap_err().to_string();
+            assert!(err.contains(expected), "{err}");
+        }
+        let mut swapped = args("etcd://a:2379", true, true, true);
+        swapped.etcd_ca_file = pem("controller-key.pem");
+        let err = resolve(swapped).unwrap_err().to_string();
+        assert!(err.contains("no PEM CERTIFICATE"), "{err}");
     }
 }

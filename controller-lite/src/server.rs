@@ -85,8 +85,8 @@ pub async fn run(
     // before it accepts anyone.
     let store = match &config.store {
         StoreConfig::Embedded => Store::Embedded(EmbeddedStore::open(&config.data_dir)?),
-        StoreConfig::Etcd { endpoints } => Store::Etcd(Box::new(
-            EtcdStore::connect(endpoints, crate::store::etcd::DEFAULT_PREFIX).await?,
+        StoreConfig::Etcd { endpoints, tls } => Store::Etcd(Box::new(
+            EtcdStore::connect(endpoints, crate::store::etcd::DEFAULT_PREFIX, tls.as_ref()).await?,
         )),
     };
     let tls = config.tls.as_ref().map(server_tls).transpose()?;

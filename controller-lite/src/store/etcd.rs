@@ -27,34 +27,59 @@ impl std::fmt::Debug for EtcdStore {
     }
 }
 
+/// tonic's TLS settings for etcd: its CA, and the controller's identity when given.
+fn tls_options(tls: &crate::config::EtcdTls) -> Result<etcd_client::TlsOptions, String> {
+    let read = |path: &std::path::Path| {
+        rigger_daemon::config::read_small_file(path).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    let mut options = etcd_client::TlsOptions::new()
+        .ca_certificate(etcd_client::Certificate::from_pem(read(&tls.ca)?));
+    if let Some((cert, key)) = &tls.identity {
+        options = options.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+    }
+    Ok(options)
+}
+
 fn revision_of(value: i64) -> u64 {
     u64::try_from(value).unwrap_or(0)
 }
 
 impl EtcdStore {
-    /// Connect to `endpoints` (`host:port`, several for an etcd cluster).
-    pub async fn connect(endpoints: &[String], prefix: &str) -> Result<Self, StoreError> {
+    /// Connect to `endpoints` (`host:port`, several for an etcd cluster), over TLS when
+    /// `tls` is given.
+    pub async fn connect(
+        endpoints: &[String],
+        prefix: &str,
+        tls: Option<&crate::config::EtcdTls>,
+    ) -> Result<Self, StoreError> {
         let joined = endpoints.join(",");
-        let options = ConnectOptions::new()
+        let scheme = if tls.is_some() { "etcds" } else { "etcd" };
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(std::time::Duration::from_secs(5))
             .with_timeout(std::time::Duration::from_secs(10))
             .with_keep_alive(
                 std::time::Duration::from_secs(10),
                 std::time::Duration::from_secs(5),
             );
+        if let Some(tls) = tls {
+            options = options.with_tls(tls_options(tls).map_err(|detail| StoreError::Backend {
+                location: format!("{scheme}://{joined}"),
+                detail,
+            })?);
+        }
         let mut client = Client::connect(endpoints, Some(options))
             .await
             .map_err(|e| StoreError::Backend {
-                location: format!("etcd://{joined}"),
-                detail: format!("cannot connect: {e}"),
+                location: format!("{scheme}://{joined}"),
+                detail: format!("cannot connect: {}", rigger_daemon::error_chain(&e)),
             })?;
         // A cheap read proves the cluster answers before the controller binds.
         client
             .get(format!("{prefix}probe"), None)
             .await
             .map_err(|e| StoreError::Backend {
-                location: format!("etcd://{joined}"),
-                detail: format!("does not answer: {e}"),
+                location: format!("{scheme}://{joined}"),
+                detail: format!("does not answer: {}", rigger_daemon::error_chain(&e)),
             })?;
         Ok(Self {
             client,

@@ -320,7 +320,6 @@ pub struct TlsRegistry {
 
 impl TlsRegistry {
     pub fn start(require_client_certificates: bool) -> Self {
-        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
         let lab = Lab::get();
         let dir = tempfile::tempdir().unwrap();
         let write = |name: &str, text: String| {
@@ -328,33 +327,9 @@ impl TlsRegistry {
             std::fs::write(&path, text).unwrap();
             path
         };
-        let ca_key = KeyPair::generate().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        ca_params
-            .distinguished_name
-            .push(DnType::CommonName, "rigger lab private CA");
-        let ca = ca_params.self_signed(&ca_key).unwrap();
-        write("ca.pem", ca.pem());
-        let leaf = |names: Vec<String>, common_name: &str| {
-            let key = KeyPair::generate().unwrap();
-            let mut params = CertificateParams::new(names).unwrap();
-            params
-                .distinguished_name
-                .push(DnType::CommonName, common_name);
-            let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
-            (cert.pem(), key.serialize_pem())
-        };
-        let (server_pem, server_key) = leaf(
-            vec!["127.0.0.1".to_owned(), "localhost".to_owned()],
-            "127.0.0.1",
-        );
-        let server_pem = write("server.pem", server_pem);
-        let server_key = write("server.key", server_key);
-        let (client_pem, client_key) = leaf(Vec::new(), "rigger-agent");
-        write("client.pem", client_pem);
-        write("client.key", client_key);
+        let ca = crate::pki::PrivateCa::new(dir.path());
+        let (server_pem, server_key) = ca.issue("server", "127.0.0.1", &["127.0.0.1", "localhost"]);
+        ca.issue("client", "rigger-agent", &[]);
 
         let port = free_port();
         let client_cas = if require_client_certificates {

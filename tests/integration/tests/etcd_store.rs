@@ -1,14 +1,16 @@
-//! The etcd store meets the same contract as the embedded one, against a real etcd.
+//! The etcd store meets the same contract as the embedded one, against a real etcd, in
+//! plain text and over TLS with client certificates.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
+use rigger_controller::config::EtcdTls;
 use rigger_controller::store::{EtcdStore, Store, conformance};
-use rigger_integration_tests::Etcd;
+use rigger_integration_tests::{Controller, Etcd};
 
 #[tokio::test]
 async fn etcd_store_meets_the_store_contract() {
     let etcd = Etcd::start();
-    let store = EtcdStore::connect(std::slice::from_ref(&etcd.endpoint), "/itest/")
+    let store = EtcdStore::connect(std::slice::from_ref(&etcd.endpoint), "/itest/", None)
         .await
         .unwrap();
     conformance(&Store::Etcd(Box::new(store))).await.unwrap();
@@ -17,7 +19,7 @@ async fn etcd_store_meets_the_store_contract() {
 #[tokio::test]
 async fn an_unreachable_etcd_is_one_clear_line() {
     let port = rigger_integration_tests::free_port();
-    let err = EtcdStore::connect(&[format!("127.0.0.1:{port}")], "/itest/")
+    let err = EtcdStore::connect(&[format!("127.0.0.1:{port}")], "/itest/", None)
         .await
         .unwrap_err()
         .to_string();
@@ -26,4 +28,70 @@ async fn an_unreachable_etcd_is_one_clear_line() {
         "{err}"
     );
     assert!(!err.contains('\n'), "{err}");
+}
+
+/// The TLS settings of `etcd`, with or without the client certificate.
+fn etcd_tls(etcd: &Etcd, with_identity: bool) -> EtcdTls {
+    let tls = etcd.tls.as_ref().unwrap();
+    EtcdTls {
+        ca: tls.ca.clone(),
+        identity: with_identity.then(|| (tls.cert.clone(), tls.key.clone())),
+    }
+}
+
+#[tokio::test]
+async fn an_etcd_requiring_tls_and_client_certificates_is_a_store() {
+    let etcd = Etcd::start_tls();
+    let endpoints = std::slice::from_ref(&etcd.endpoint);
+    let store = EtcdStore::connect(endpoints, "/itest-tls/", Some(&etcd_tls(&etcd, true)))
+        .await
+        .unwrap();
+    conformance(&Store::Etcd(Box::new(store))).await.unwrap();
+
+    // Without the client certificate, or without TLS at all: refused, one line.
+    for tls in [Some(etcd_tls(&etcd, false)), None] {
+        let err = EtcdStore::connect(endpoints, "/itest-tls/", tls.as_ref())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&etcd.endpoint), "{err}");
+        assert!(!err.contains('\n'), "{err}");
+    }
+}
+
+#[test]
+fn a_controller_runs_on_an_etcd_over_tls() {
+    let etcd = Etcd::start_tls();
+    let tls = etcd.tls.clone().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("etcd://{}", etcd.endpoint);
+    let (ca, cert, key) = (
+        tls.ca.display().to_string(),
+        tls.cert.display().to_string(),
+        tls.key.display().to_string(),
+    );
+    let controller = Controller::start_with(
+        dir.path(),
+        &[
+            "--store",
+            &store,
+            "--etcd-ca-file",
+            &ca,
+            "--etcd-cert-file",
+            &cert,
+            "--etcd-key-file",
+            &key,
+        ],
+    );
+    let out = controller.apply(
+        "apiVersion: apps.kruise.io/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: over-tls\nspec:\n  image: registry.example/app:1\n  selector:\n    names: [nowhere]\n",
+    );
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        rigger_integration_tests::log_tail(&controller.log, 20)
+    );
+    let job = controller.get_json(&["imagepulljob", "over-tls"]).unwrap();
+    assert!(job["metadata"]["uid"].is_string(), "{job:#}");
 }
