@@ -741,19 +741,24 @@ mod tests {
         .unwrap()
     }
 
+    /// A task runner on `state` with no containerd behind it.
+    fn runner_in(state: &Path, token: CancellationToken) -> TaskRunner {
+        TaskRunner::start(
+            state,
+            Path::new("/nonexistent.sock"),
+            &settings(),
+            pods(state),
+            Arc::default(),
+            token,
+        )
+        .unwrap()
+    }
+
     #[tokio::test]
     async fn accepted_tasks_survive_a_restart_without_their_secrets() {
         let state = tempfile::tempdir().unwrap();
         let token = CancellationToken::new();
-        let runner = TaskRunner::start(
-            state.path(),
-            Path::new("/nonexistent.sock"),
-            &settings(),
-            pods(state.path()),
-            Arc::default(),
-            token.clone(),
-        )
-        .unwrap();
+        let runner = runner_in(state.path(), token.clone());
         runner.accept(pull_task("job-1/n1/1", "registry.example/app:1"));
         // The pull fails (no containerd); wait until it is recorded.
         let mut watch = runner.subscribe();
@@ -777,15 +782,7 @@ mod tests {
 
         // A restarted agent knows the task and its outcome; the same id is not run again.
         token.cancel();
-        let again = TaskRunner::start(
-            state.path(),
-            Path::new("/nonexistent.sock"),
-            &settings(),
-            pods(state.path()),
-            Arc::default(),
-            CancellationToken::new(),
-        )
-        .unwrap();
+        let again = runner_in(state.path(), CancellationToken::new());
         let statuses = again.all_statuses();
         assert_eq!(statuses.len(), 1);
         assert_eq!(statuses[0].phase, TaskPhase::Failed as i32);
@@ -799,15 +796,7 @@ mod tests {
     #[tokio::test]
     async fn bad_tasks_are_reported_failed_with_the_reason() {
         let state = tempfile::tempdir().unwrap();
-        let runner = TaskRunner::start(
-            state.path(),
-            Path::new("/nonexistent.sock"),
-            &settings(),
-            pods(state.path()),
-            Arc::default(),
-            CancellationToken::new(),
-        )
-        .unwrap();
+        let runner = runner_in(state.path(), CancellationToken::new());
         runner.accept(pull_task("t1", "Not A Reference"));
         runner.accept(proto::Task {
             id: "t2".to_owned(),
@@ -831,15 +820,7 @@ mod tests {
         std::fs::create_dir_all(&tasks).unwrap();
         std::fs::write(tasks.join("0123.json"), b"{\"id\": \"half-writ").unwrap();
         std::fs::write(tasks.join(".0123.json.Xy12.tmp"), b"{}").unwrap();
-        let runner = TaskRunner::start(
-            state.path(),
-            Path::new("/nonexistent.sock"),
-            &settings(),
-            pods(state.path()),
-            Arc::default(),
-            CancellationToken::new(),
-        )
-        .unwrap();
+        let runner = runner_in(state.path(), CancellationToken::new());
         // The torn record is kept for a human; the temporary file of a write is gone.
         assert_eq!(
             std::fs::read(tasks.join("unreadable/0123.json")).unwrap(),

@@ -534,6 +534,18 @@ mod tests {
         }
     }
 
+    /// A lab certificate set (`rigger-controller certs`) in a temporary directory.
+    fn lab_certs() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        crate::certs::create(&crate::certs::CertsRequest {
+            out: dir.path().to_owned(),
+            hosts: Vec::new(),
+            nodes: vec!["n1".into()],
+        })
+        .unwrap();
+        dir
+    }
+
     #[test]
     fn tls_or_an_explicit_plaintext_flag() {
         let err = ControllerConfig::from_layers(
@@ -543,13 +555,7 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("no TLS configured"), "{err}");
 
-        let dir = tempfile::tempdir().unwrap();
-        crate::certs::create(&crate::certs::CertsRequest {
-            out: dir.path().to_owned(),
-            hosts: Vec::new(),
-            nodes: vec!["n1".into()],
-        })
-        .unwrap();
+        let dir = lab_certs();
         let tls = |tokens: bool| ControllerArgs {
             tls_cert_file: Some(dir.path().join("controller.pem")),
             tls_key_file: Some(dir.path().join("controller-key.pem")),
@@ -614,13 +620,7 @@ mod tests {
 
     #[test]
     fn etcd_tls_settings_go_together_and_with_an_etcd_store() {
-        let dir = tempfile::tempdir().unwrap();
-        crate::certs::create(&crate::certs::CertsRequest {
-            out: dir.path().to_owned(),
-            hosts: Vec::new(),
-            nodes: vec!["n1".into()],
-        })
-        .unwrap();
+        let dir = lab_certs();
         let pem = |name: &str| Some(dir.path().join(name));
         let args = |store: &str, ca: bool, cert: bool, key: bool| ControllerArgs {
             store: Some(store.into()),

@@ -13,41 +13,74 @@ use rigger_integration_tests::{
     Agent, Controller, CriPod, CriPodSpec, Lab, log_tail, running_containers, wait_until,
 };
 
+/// A controller and an agent (node `<prefix>-<pid>`) on the lab's first node, the node
+/// ready.
+struct Scene {
+    controller: Controller,
+    agent: Agent,
+    state: std::path::PathBuf,
+    node: String,
+    image: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Scene {
+    fn start(prefix: &str) -> Self {
+        let lab = Lab::get();
+        let dir = tempfile::tempdir().unwrap();
+        let controller = Controller::start(&dir.path().join("controller"));
+        let state = dir.path().join("agent");
+        std::fs::create_dir_all(&state).unwrap();
+        let node = format!("{prefix}-{}", std::process::id());
+        let lab_node = lab.first_node();
+        let agent = Agent::start(
+            &controller,
+            &node,
+            &lab_node.address,
+            &lab_node.hosts_dir,
+            &format!("itest-{prefix}"),
+            &state,
+        );
+        wait_until("the node to be ready", Duration::from_secs(30), || {
+            let n = controller.get_json(&["node", &node])?;
+            (n["status"]["conditions"][0]["status"] == "True").then_some(())
+        });
+        Self {
+            controller,
+            agent,
+            state,
+            node,
+            image: lab.image("rigger-lab/busybox:1"),
+            _dir: dir,
+        }
+    }
+
+    /// Apply a pod `name` that sleeps, and wait until it is ready.
+    fn run_pod(&self, name: &str) -> serde_json::Value {
+        self.controller.apply_ok(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  nodeName: {}\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    image: {}\n    command: [\"sleep\", \"3600\"]\n",
+            self.node, self.image
+        ));
+        wait_until("the pod to run", Duration::from_secs(60), || {
+            let pod = self.controller.get_json(&["pod", name])?;
+            (pod["status"]["containerStatuses"][0]["ready"] == true).then_some(pod)
+        })
+    }
+}
+
 #[test]
 fn a_kubelet_pod_wearing_riggers_labels_is_left_alone() {
-    let lab = Lab::get();
-    let node = lab.first_node();
-    let dir = tempfile::tempdir().unwrap();
-    let controller = Controller::start(&dir.path().join("controller"));
-    let state = dir.path().join("agent");
-    std::fs::create_dir_all(&state).unwrap();
-    let agent_node = format!("owner-{}", std::process::id());
-    let agent = Agent::start(
-        &controller,
-        &agent_node,
-        &node.address,
-        &node.hosts_dir,
-        "itest-owner",
-        &state,
+    let scene = Scene::start("owner");
+    let node = Lab::get().first_node();
+    let (controller, agent, state, agent_node, image) = (
+        &scene.controller,
+        &scene.agent,
+        &scene.state,
+        &scene.node,
+        &scene.image,
     );
-    let image = lab.image("rigger-lab/busybox:1");
-    wait_until("the node to be ready", Duration::from_secs(30), || {
-        let n = controller.get_json(&["node", &agent_node])?;
-        (n["status"]["conditions"][0]["status"] == "True").then_some(())
-    });
     let name = format!("own-{}", std::process::id());
-    let out = controller.apply(&format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  nodeName: {agent_node}\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    image: {image}\n    command: [\"sleep\", \"3600\"]\n"
-    ));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let running = wait_until("the agent's pod to run", Duration::from_secs(60), || {
-        let pod = controller.get_json(&["pod", &name])?;
-        (pod["status"]["containerStatuses"][0]["ready"] == true).then_some(pod)
-    });
+    let running = scene.run_pod(&name);
     let own_uid = running["metadata"]["uid"].as_str().unwrap().to_owned();
     let own_container = running["status"]["containerStatuses"][0]["containerID"].clone();
 
@@ -55,7 +88,7 @@ fn a_kubelet_pod_wearing_riggers_labels_is_left_alone() {
     // code joined "" into a path: the whole pods directory), one claiming the agent's
     // own pod's uid, one a uid that is a path.
     let wearing = |pod: &str, claimed: Option<&str>| {
-        let mut spec = CriPodSpec::on(node, pod, &image, &["sleep", "3600"]);
+        let mut spec = CriPodSpec::on(node, pod, image, &["sleep", "3600"]);
         let mut labels: HashMap<String, String> = [
             ("rigger.dev/managed", "true"),
             ("rigger.dev/node", agent_node.as_str()),
@@ -114,38 +147,14 @@ fn a_kubelet_pod_wearing_riggers_labels_is_left_alone() {
 
 #[test]
 fn a_torn_pod_set_at_start_removes_nothing_until_the_controller_sends_it() {
-    let lab = Lab::get();
-    let node = lab.first_node();
-    let dir = tempfile::tempdir().unwrap();
-    let mut controller = Controller::start(&dir.path().join("controller"));
-    let state = dir.path().join("agent");
-    std::fs::create_dir_all(&state).unwrap();
-    let agent_node = format!("torn-{}", std::process::id());
-    let mut agent = Agent::start(
-        &controller,
-        &agent_node,
-        &node.address,
-        &node.hosts_dir,
-        "itest-torn",
-        &state,
-    );
-    let image = lab.image("rigger-lab/busybox:1");
-    wait_until("the node to be ready", Duration::from_secs(30), || {
-        let n = controller.get_json(&["node", &agent_node])?;
-        (n["status"]["conditions"][0]["status"] == "True").then_some(())
-    });
+    let mut scene = Scene::start("torn");
     let name = format!("kept-{}", std::process::id());
-    controller.apply_ok(&format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    image: {image}\n    command: [\"sleep\", \"3600\"]\n"
-    ));
-    let running = wait_until("the pod to run", Duration::from_secs(60), || {
-        let pod = controller.get_json(&["pod", &name])?;
-        (pod["status"]["containerStatuses"][0]["ready"] == true).then_some(pod)
-    });
+    let running = scene.run_pod(&name);
     let uid = running["metadata"]["uid"].as_str().unwrap().to_owned();
     let container = running["status"]["containerStatuses"][0]["containerID"].clone();
 
     // Power lost mid-write, and the controller away: the agent starts on a torn file.
+    let (controller, agent, state) = (&mut scene.controller, &mut scene.agent, &scene.state);
     agent.kill();
     controller.kill();
     let desired = state.join("pods/desired.json");
