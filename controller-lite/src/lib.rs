@@ -31,6 +31,7 @@ pub mod predownload;
 pub mod rate_limit;
 pub mod recreates;
 pub mod relay;
+pub mod report_limits;
 pub mod server;
 pub mod sidecars;
 pub mod store;

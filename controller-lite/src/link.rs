@@ -190,6 +190,7 @@ impl AgentLinkService {
                     }
                 }
                 Some(agent_message::Message::TaskStatus(status)) => {
+                    let status = crate::report_limits::bound_task_status(status);
                     if is_recreate_task(&status.id) {
                         self.recreates.report(node, &status);
                     } else {
@@ -197,7 +198,12 @@ impl AgentLinkService {
                     }
                 }
                 Some(agent_message::Message::PodStatus(status)) => {
-                    self.pods.report(node, status).await;
+                    match crate::report_limits::check_pod_status(&status) {
+                        Ok(()) => self.pods.report(node, status).await,
+                        Err(reason) => {
+                            tracing::warn!(%node, pod = %status.uid.chars().take(64).collect::<String>(), %reason, "pod status refused");
+                        }
+                    }
                 }
                 Some(agent_message::Message::Response(response)) => {
                     self.pods.relay().complete(node, response);
