@@ -17,10 +17,12 @@ use reqwest::StatusCode;
 use reqwest::header::AUTHORIZATION;
 use tokio::sync::Mutex;
 
+use super::body::{CappedRead, read_capped};
+
 /// A token service that does not answer within this long has failed.
 const TOKEN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Token responses larger than this are refused (they are a few KiB).
-const MAX_TOKEN_RESPONSE: usize = 1 << 20;
+const MAX_TOKEN_RESPONSE: u64 = 1 << 20;
 
 /// Credentials for one host, as docker's `config.json` (or a pull secret) gives them.
 #[derive(Clone, Default)]
@@ -117,22 +119,19 @@ fn parse_params(text: &str) -> Vec<(String, String)> {
 /// Where the token service is, and whether a host's credentials may go there: over
 /// HTTPS, or to the host itself (by name) when the host is configured as plain HTTP.
 pub fn may_send_credentials(realm: &str, host_url: &str) -> bool {
-    let hostname = |url: &str| -> Option<String> {
-        let rest = url.split_once("://")?.1;
-        let authority = rest.split('/').next()?;
-        let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
-        let host = match authority.strip_prefix('[') {
-            Some(v6) => v6.split(']').next()?,
-            None => authority.split(':').next()?,
-        };
-        Some(host.to_ascii_lowercase())
+    let parse = |url: &str| reqwest::Url::parse(url).ok();
+    let Some(realm) = parse(realm) else {
+        return false;
     };
-    if realm.starts_with("https://") {
-        return true;
+    match realm.scheme() {
+        "https" => true,
+        "http" => parse(host_url).is_some_and(|host| {
+            host.scheme() == "http"
+                && host.host_str().is_some()
+                && host.host_str() == realm.host_str()
+        }),
+        _ => false,
     }
-    realm.starts_with("http://")
-        && host_url.starts_with("http://")
-        && hostname(realm).is_some_and(|r| hostname(host_url).is_some_and(|h| h == r))
 }
 
 /// Why authenticating with a host failed.
@@ -279,9 +278,14 @@ impl HostAuth {
         if !status.is_success() {
             return Err(fail(format!("HTTP {status}")));
         }
-        let body = read_limited(response, MAX_TOKEN_RESPONSE)
+        let body = read_capped(response, MAX_TOKEN_RESPONSE)
             .await
-            .map_err(fail)?;
+            .map_err(|e| match e {
+                CappedRead::TooBig => fail(format!(
+                    "the response is larger than {MAX_TOKEN_RESPONSE} bytes"
+                )),
+                CappedRead::Failed(detail) => fail(detail),
+            })?;
         token_from(&body).ok_or_else(|| fail("the response holds no token".to_owned()))
     }
 }
@@ -306,20 +310,6 @@ fn token_from(body: &[u8]) -> Option<String> {
         .token
         .filter(|t| !t.is_empty())
         .or(parsed.access_token.filter(|t| !t.is_empty()))
-}
-
-async fn read_limited(response: reqwest::Response, limit: usize) -> Result<Vec<u8>, String> {
-    use futures::StreamExt as _;
-    let mut body = Vec::new();
-    let mut stream = response.bytes_stream();
-    while let Some(piece) = stream.next().await {
-        let piece = piece.map_err(|e| rigger_daemon::error_chain(&e))?;
-        if body.len() + piece.len() > limit {
-            return Err(format!("the response is larger than {limit} bytes"));
-        }
-        body.extend_from_slice(&piece);
-    }
-    Ok(body)
 }
 
 #[cfg(test)]

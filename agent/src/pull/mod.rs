@@ -18,6 +18,7 @@
 //! - [`limit`]: the node-wide bandwidth cap.
 
 mod auth;
+mod body;
 mod credentials;
 pub mod endpoint_client;
 pub mod hosts;

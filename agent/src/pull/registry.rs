@@ -15,6 +15,7 @@ use reqwest::StatusCode;
 use reqwest::header::{ACCEPT, AUTHORIZATION, RANGE, RETRY_AFTER, WWW_AUTHENTICATE};
 
 use super::auth::{AuthError, Credential, HostAuth};
+use super::body::{CappedRead, read_capped};
 use super::endpoint_client;
 use super::hosts::Endpoint;
 use super::media;
@@ -297,7 +298,15 @@ impl Registry {
             })?;
         let status = response.status();
         match status {
-            StatusCode::OK => read_capped(response, self.max_document_size).await,
+            StatusCode::OK => read_capped(response, self.max_document_size)
+                .await
+                .map_err(|e| match e {
+                    CappedRead::TooBig => ManifestFailure::TooBig(format!(
+                        "the manifest is bigger than {} (max_document_size, the limit for manifests, indexes and configs); refused",
+                        bytesize::ByteSize(self.max_document_size).display().iec()
+                    )),
+                    CappedRead::Failed(detail) => ManifestFailure::Other(detail),
+                }),
             StatusCode::NOT_FOUND => Err(ManifestFailure::NotFound),
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Err(ManifestFailure::Denied(
                 format!("manifest {name}: HTTP {status}"),
@@ -412,29 +421,6 @@ enum ManifestFailure {
     Denied(String),
     TooBig(String),
     Other(String),
-}
-
-/// The body of `response`, refused (without reading further) past `cap` bytes.
-async fn read_capped(response: reqwest::Response, cap: u64) -> Result<Bytes, ManifestFailure> {
-    let too_big = || {
-        ManifestFailure::TooBig(format!(
-            "the manifest is bigger than {} (max_document_size, the limit for manifests, indexes and configs); refused",
-            bytesize::ByteSize(cap).display().iec()
-        ))
-    };
-    if response.content_length().is_some_and(|n| n > cap) {
-        return Err(too_big());
-    }
-    let mut body = Vec::new();
-    let mut stream = response.bytes_stream();
-    while let Some(piece) = stream.next().await {
-        let piece = piece.map_err(|e| ManifestFailure::Other(rigger_daemon::error_chain(&e)))?;
-        if (body.len() + piece.len()) as u64 > cap {
-            return Err(too_big());
-        }
-        body.extend_from_slice(&piece);
-    }
-    Ok(Bytes::from(body))
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
