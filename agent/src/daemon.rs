@@ -79,12 +79,8 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
         config.link.as_ref().map_or("", |l| l.node_name.as_str()),
         &config.state_dir,
         config.containerd_address(),
-        &crate::pull::PullOptions {
-            // Pods run through CRI, which finds their images in k8s.io whatever the
-            // namespace for pull tasks says.
-            namespace: crate::pull::PullOptions::default().namespace,
-            ..config.pull.pull_options(&config.state_dir)
-        },
+        // The pod runner pulls into CRI's namespace whatever the tasks' one is.
+        &config.pull.pull_options(&config.state_dir),
         metrics.clone(),
         token.child_token(),
     )?;
