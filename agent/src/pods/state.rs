@@ -9,26 +9,36 @@ use rigger_proto::pod::Pod;
 
 use super::ownership;
 
-/// The node's pod set as last received, and whether removals must wait for the
-/// controller: an absent file is no pods; an unreadable one (a torn write, another
-/// version's format) is kept aside for a human and says nothing about what to remove.
-pub(super) fn load_desired(dir: &Path) -> (Vec<Pod>, bool) {
-    let path = dir.join("desired.json");
-    let bytes = match std::fs::read(&path) {
+/// What reading a state file found.
+enum Found<T> {
+    Absent,
+    /// It could not be read or parsed (logged; a file that would not parse is kept aside).
+    Unreadable,
+    Read(T),
+}
+
+/// Read the JSON state file `path` (`what` it holds, and the `consequence` of losing it,
+/// for the error logged when it is unreadable).
+fn read_state<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    what: &str,
+    consequence: &str,
+) -> Found<T> {
+    let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (Vec::new(), false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Found::Absent,
         Err(error) => {
-            tracing::error!(path = %path.display(), %error, "cannot read the node's pods; nothing is removed until the controller sends them");
-            return (Vec::new(), true);
+            tracing::error!(path = %path.display(), %error, "cannot read {what}; {consequence}");
+            return Found::Unreadable;
         }
     };
     match serde_json::from_slice(&bytes) {
-        Ok(pods) => (pods, false),
+        Ok(value) => Found::Read(value),
         Err(error) => {
             let aside = path.with_extension(format!("json.unreadable-{}", unix_now()));
-            let moved = std::fs::rename(&path, &aside);
-            tracing::error!(path = %path.display(), aside = %aside.display(), moved = moved.is_ok(), %error, "the node's pods are unreadable; kept aside, nothing is removed until the controller sends them");
-            (Vec::new(), true)
+            let moved = std::fs::rename(path, &aside);
+            tracing::error!(path = %path.display(), aside = %aside.display(), moved = moved.is_ok(), %error, "{what} unreadable, kept aside; {consequence}");
+            Found::Unreadable
         }
     }
 }
@@ -39,6 +49,21 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// The node's pod set as last received, and whether removals must wait for the
+/// controller: an absent file is no pods; an unreadable one (a torn write, another
+/// version's format) is kept aside for a human and says nothing about what to remove.
+pub(super) fn load_desired(dir: &Path) -> (Vec<Pod>, bool) {
+    match read_state(
+        &dir.join("desired.json"),
+        "the node's pods are",
+        "nothing is removed until the controller sends them",
+    ) {
+        Found::Absent => (Vec::new(), false),
+        Found::Unreadable => (Vec::new(), true),
+        Found::Read(pods) => (pods, false),
+    }
+}
+
 /// The pod uids this agent created sandboxes for, under the pods directory.
 pub(super) const CREATED_FILE: &str = "created.json";
 
@@ -47,28 +72,17 @@ pub(super) const CREATED_FILE: &str = "created.json";
 /// the agent's: they are the ones it would have created.
 pub(super) fn load_created(dir: &Path, desired: &[Pod]) -> BTreeSet<String> {
     let path = dir.join(CREATED_FILE);
-    let from_desired = || {
-        desired
+    let created = match read_state(
+        &path,
+        "the record of this agent's sandboxes is",
+        "the node's pods taken as the agent's",
+    ) {
+        Found::Read(created) => return created,
+        Found::Absent | Found::Unreadable => desired
             .iter()
             .filter_map(|p| p.metadata.uid.clone())
             .filter(|uid| ownership::is_valid_uid(uid))
-            .collect::<BTreeSet<String>>()
-    };
-    let created = match std::fs::read(&path) {
-        Ok(bytes) => match serde_json::from_slice(&bytes) {
-            Ok(created) => return created,
-            Err(error) => {
-                let aside = path.with_extension(format!("json.unreadable-{}", unix_now()));
-                tracing::error!(path = %path.display(), aside = %aside.display(), %error, "the record of this agent's sandboxes is unreadable; kept aside, the node's pods taken as the agent's");
-                let _ = std::fs::rename(&path, &aside);
-                from_desired()
-            }
-        },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => from_desired(),
-        Err(error) => {
-            tracing::error!(path = %path.display(), %error, "cannot read the record of this agent's sandboxes; the node's pods taken as the agent's");
-            from_desired()
-        }
+            .collect::<BTreeSet<String>>(),
     };
     if let Err(error) = rigger_daemon::durable::write_json_atomically(&path, &created) {
         tracing::warn!(path = %path.display(), %error, "cannot persist the pods' sandboxes");
