@@ -17,7 +17,7 @@ pub use lab::{
     Containerd, Lab, LabNode, MountedSnapshot, TestNamespace, ctr_at, top_chain_id, tree_listing,
 };
 pub use pki::PrivateCa;
-pub use registries::{AuthRegistry, Proxy, TlsRegistry, plain_http_hosts_dir};
+pub use registries::{AuthRegistry, Proxy, TlsRegistry, mirror_hosts_dir, plain_http_hosts_dir};
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

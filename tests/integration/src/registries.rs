@@ -58,6 +58,17 @@ impl Proxy {
     }
 }
 
+/// `docker-registry serve CONFIG`, stopped on drop.
+fn registry_daemon(config: &Path) -> Daemon {
+    Daemon::spawn(
+        Command::new("docker-registry")
+            .arg("serve")
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+}
+
 /// A distribution registry on a free port, storing under `storage`, with the `auth:`
 /// section `auth` (YAML, indented by two); returns once it answers 401 on `/v2/`.
 fn serve_registry(dir: &Path, storage: &Path, auth: &str) -> (String, Daemon) {
@@ -71,13 +82,7 @@ fn serve_registry(dir: &Path, storage: &Path, auth: &str) -> (String, Daemon) {
         ),
     )
     .unwrap();
-    let daemon = Daemon::spawn(
-        Command::new("docker-registry")
-            .arg("serve")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-    );
+    let daemon = registry_daemon(&config);
     let address = format!("127.0.0.1:{port}");
     wait_until(
         "the registry that wants credentials",
@@ -288,6 +293,22 @@ impl AuthRegistry {
     }
 }
 
+/// A `certs.d` directory under `dir` whose `hosts.toml` for `registry` (`host:port`,
+/// served over plain HTTP) lists the mirror at `mirror_url` first, able to pull and
+/// resolve, with the extra `settings` lines of that host (e.g. `  skip_verify = true\n`).
+pub fn mirror_hosts_dir(dir: &Path, registry: &str, mirror_url: &str, settings: &str) -> PathBuf {
+    let hosts = dir.join("certs.d");
+    std::fs::create_dir_all(hosts.join(registry)).unwrap();
+    std::fs::write(
+        hosts.join(registry).join("hosts.toml"),
+        format!(
+            "server = \"http://{registry}\"\n[host.\"{mirror_url}\"]\n  capabilities = [\"pull\", \"resolve\"]\n{settings}"
+        ),
+    )
+    .unwrap();
+    hosts
+}
+
 /// A `certs.d` directory under `dir` saying that each of `registries` (`host:port`)
 /// speaks plain HTTP, for agents pulling through a test proxy.
 pub fn plain_http_hosts_dir(dir: &Path, registries: &[&str]) -> PathBuf {
@@ -346,13 +367,7 @@ impl TlsRegistry {
                 server_key.display()
             ),
         );
-        let daemon = Daemon::spawn(
-            Command::new("docker-registry")
-                .arg("serve")
-                .arg(&config)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null()),
-        );
+        let daemon = registry_daemon(&config);
         let address = format!("127.0.0.1:{port}");
         wait_until("the TLS registry", Duration::from_secs(20), || {
             std::net::TcpStream::connect(&address).ok()

@@ -8,7 +8,8 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use rigger_integration_tests::{
-    AuthRegistry, Lab, Proxy, TestNamespace, assert_ok, binary, image_records, unique_image,
+    AuthRegistry, Lab, Proxy, TestNamespace, assert_ok, binary, image_records, mirror_hosts_dir,
+    unique_image,
 };
 use serde_json::json;
 
@@ -181,20 +182,6 @@ fn identity_tokens_are_traded_at_the_token_service_not_sent_raw() {
     );
 }
 
-/// A `hosts.toml` directory for `registry` listing `mirror` (plain HTTP) before it.
-fn hosts_with_mirror(dir: &Path, registry: &str, mirror: &str) -> std::path::PathBuf {
-    let hosts = dir.join("certs.d");
-    std::fs::create_dir_all(hosts.join(registry)).unwrap();
-    std::fs::write(
-        hosts.join(registry).join("hosts.toml"),
-        format!(
-            "server = \"http://{registry}\"\n[host.\"http://{mirror}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
-        ),
-    )
-    .unwrap();
-    hosts
-}
-
 fn authorizations(proxy: &Proxy) -> Vec<String> {
     proxy
         .requests()
@@ -210,7 +197,8 @@ fn a_mirror_that_never_challenges_never_sees_the_registrys_credentials() {
     let registry = AuthRegistry::with_tokens(false);
     let mirror = Proxy::start(&json!([]), &[]);
     let dir = tempfile::tempdir().unwrap();
-    let hosts = hosts_with_mirror(dir.path(), &registry.address, &mirror.address);
+    let mirror_url = format!("http://{}", mirror.address);
+    let hosts = mirror_hosts_dir(dir.path(), &registry.address, &mirror_url, "");
     let config = registry.docker_config(dir.path());
     let with_config = ["--docker-config", config.to_str().unwrap()];
 
@@ -238,7 +226,8 @@ fn a_mirror_that_never_challenges_never_sees_the_registrys_credentials() {
         &json!([{"path_contains": "/blobs/", "action": {"status": 404}, "times": 1000}]),
         &[],
     );
-    let hosts = hosts_with_mirror(&dir.path().join("404"), &registry.address, &mirror.address);
+    let mirror_url = format!("http://{}", mirror.address);
+    let hosts = mirror_hosts_dir(&dir.path().join("404"), &registry.address, &mirror_url, "");
     let repo_tag = unique_image("mirror-404", 3, 1 << 20);
     let ns = TestNamespace::new("mirror-404");
     let image = format!("{}/{repo_tag}", registry.address);

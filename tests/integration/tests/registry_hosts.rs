@@ -6,26 +6,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 use rigger_integration_tests::{
     Lab, Proxy, TestNamespace, TlsRegistry, assert_ok, binary, free_port, image_records,
-    unique_image,
+    mirror_hosts_dir, unique_image,
 };
 use serde_json::json;
 
 /// A registry host nothing listens on.
 fn closed_host() -> String {
     format!("127.0.0.1:{}", free_port())
-}
-
-/// A `certs.d` directory under `dir` whose `hosts.toml` for `registry` is `text`.
-fn hosts_dir(dir: &Path, registry: &str, text: &str) -> PathBuf {
-    let hosts = dir.join("certs.d");
-    std::fs::create_dir_all(hosts.join(registry)).unwrap();
-    std::fs::write(hosts.join(registry).join("hosts.toml"), text).unwrap();
-    hosts
 }
 
 fn pull(hosts: &Path, ns: &str, image: &str) -> Output {
@@ -62,15 +54,9 @@ fn a_mirror_on_a_private_ca_with_a_client_certificate() {
     let registry = closed_host();
     let image = format!("{registry}/{repo_tag}");
     let dir = tempfile::tempdir().unwrap();
+    let mirror_url = format!("https://{}", mirror.address);
     let with = |settings: &str, name: &str| {
-        hosts_dir(
-            &dir.path().join(name),
-            &registry,
-            &format!(
-                "server = \"http://{registry}\"\n[host.\"https://{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n{settings}",
-                mirror.address
-            ),
-        )
+        mirror_hosts_dir(&dir.path().join(name), &registry, &mirror_url, settings)
     };
     let ca = format!("  ca = \"{certs}/ca.pem\"\n");
     let client = format!("  client = [[\"{certs}/client.pem\", \"{certs}/client.key\"]]\n");
@@ -114,13 +100,11 @@ fn skip_verify_holds_for_blobs_too() {
     let repo_tag = unique_image("skip-verify", 3, 1 << 20);
     let registry = closed_host();
     let dir = tempfile::tempdir().unwrap();
-    let hosts = hosts_dir(
+    let hosts = mirror_hosts_dir(
         dir.path(),
         &registry,
-        &format!(
-            "server = \"http://{registry}\"\n[host.\"https://{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n  skip_verify = true\n",
-            mirror.address
-        ),
+        &format!("https://{}", mirror.address),
+        "  skip_verify = true\n",
     );
     let ns = TestNamespace::new("skip-verify");
     assert_ok(&pull(&hosts, &ns.name, &format!("{registry}/{repo_tag}")));
@@ -134,16 +118,14 @@ fn a_mirror_that_needs_a_header() {
     let registry = closed_host();
     let image = format!("{registry}/{repo_tag}");
     let dir = tempfile::tempdir().unwrap();
-    let mirror_host = format!(
-        "server = \"http://{registry}\"\n[host.\"http://{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
-        mirror.address
-    );
+    let mirror_url = format!("http://{}", mirror.address);
 
     let ns = TestNamespace::new("header");
-    let hosts = hosts_dir(
+    let hosts = mirror_hosts_dir(
         &dir.path().join("with"),
         &registry,
-        &format!("{mirror_host}  header = {{ x-mirror-token = \"s3cret\" }}\n"),
+        &mirror_url,
+        "  header = { x-mirror-token = \"s3cret\" }\n",
     );
     assert_ok(&pull(&hosts, &ns.name, &image));
     assert_eq!(image_records(&ns.name).len(), 1);
@@ -156,7 +138,7 @@ fn a_mirror_that_needs_a_header() {
     assert!(served.iter().all(|r| r["status"] != 403), "{served:?}");
 
     let ns = TestNamespace::new("no-header");
-    let hosts = hosts_dir(&dir.path().join("without"), &registry, &mirror_host);
+    let hosts = mirror_hosts_dir(&dir.path().join("without"), &registry, &mirror_url, "");
     let last = refused(&pull(&hosts, &ns.name, &image), &ns.name);
     assert!(last.contains(&image), "{last}");
 }
@@ -167,13 +149,11 @@ fn override_path_puts_the_api_where_the_url_says() {
     let repo_tag = unique_image("override-path", 2, 1 << 20);
     let registry = closed_host();
     let dir = tempfile::tempdir().unwrap();
-    let hosts = hosts_dir(
+    let hosts = mirror_hosts_dir(
         dir.path(),
         &registry,
-        &format!(
-            "server = \"http://{registry}\"\n[host.\"http://{}/registry/api\"]\n  capabilities = [\"pull\", \"resolve\"]\n  override_path = true\n",
-            mirror.address
-        ),
+        &format!("http://{}/registry/api", mirror.address),
+        "  override_path = true\n",
     );
     let ns = TestNamespace::new("override-path");
     assert_ok(&pull(&hosts, &ns.name, &format!("{registry}/{repo_tag}")));
@@ -197,13 +177,11 @@ fn a_blob_a_mirror_lacks_comes_from_the_next_host() {
     let lab = Lab::get();
     let repo_tag = unique_image("mirror-lacks", 3, 1 << 20);
     let dir = tempfile::tempdir().unwrap();
-    let hosts = hosts_dir(
+    let hosts = mirror_hosts_dir(
         dir.path(),
         &lab.registry,
-        &format!(
-            "server = \"http://{}\"\n[host.\"http://{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
-            lab.registry, mirror.address
-        ),
+        &format!("http://{}", mirror.address),
+        "",
     );
     let ns = TestNamespace::new("mirror-lacks");
     assert_ok(&pull(
