@@ -5,8 +5,14 @@
 //! session over its own TLS connection, registering with a small inventory, sending
 //! heartbeats at the controller's interval and answering tasks at once — and measures:
 //! how long the fleet takes to register, the controller's RSS and CPU while the fleet
-//! only sends heartbeats, and the time for an ImagePullJob over every node with
-//! `parallelism: 1000` to complete, with peak RSS.
+//! only sends heartbeats, the time for an ImagePullJob over every node with
+//! `parallelism: 1000` to complete, with peak RSS, and a controller restart (SIGTERM, a
+//! new process on the same data directory) until every agent has registered again, the
+//! agents reconnecting with the real agent's jittered backoff.
+//!
+//! The controller runs under the limits its systemd unit gives it before its own raise:
+//! a soft open-files limit of 1024 (systemd's default), so the fleet holds only if the
+//! controller raises it to the hard limit itself.
 //!
 //! The agents use one wildcard client certificate (`*.bench.rigger`, signed by the lab
 //! CA), so the controller's check of the node name against the certificate is exercised
@@ -15,7 +21,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -70,10 +76,27 @@ struct Row {
     job_cpu: Duration,
     peak_rss: u64,
     tasks: u64,
+    /// The controller's soft open-files limit at start, and after its raise.
+    open_files: (u64, u64),
+    restart: Restart,
+}
+
+/// A controller restart under the whole fleet.
+#[derive(Debug)]
+struct Restart {
+    /// From SIGTERM to the old process's exit.
+    stop: Duration,
+    /// From the new process's start until every agent registered again.
+    reregister: Duration,
+    /// The new controller's CPU time and peak RSS over that time.
+    cpu: Duration,
+    peak_rss: u64,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // This process holds a connection per simulated agent.
+    rigger_daemon::limits::raise_open_files_limit()?;
     let controller = match &args.controller {
         Some(path) => path.clone(),
         None => std::env::current_exe()?
@@ -160,7 +183,20 @@ fn render(rows: &[Row], args: &Args) -> String {
             last.steady_cpu / first.steady_cpu.max(1e-9),
         ));
     }
-    out.push_str("\nEach agent is a real agent-link session (its own TLS connection, mTLS with the node name checked against the certificate) from one bench process on the same 2 cores as the controller; heartbeats every 10 s (the default), node timeout 30 s, embedded store. Targets: 10,000 agents held with controller RSS ≤ 512 MiB, the 10,000-node job complete in ≤ 10 s, growth no worse than linear.\n\n");
+    out.push_str("\nA controller restart under the fleet (SIGTERM; a new process on the same data directory and address; agents reconnect with the agent's backoff, 0.5 s doubling to 30 s, jittered):\n\n| agents | stop (SIGTERM to exit) | all registered again | controller CPU meanwhile | peak RSS meanwhile | open files, soft limit at start → after the raise |\n|---|---|---|---|---|---|\n");
+    for r in rows {
+        out.push_str(&format!(
+            "| {} | {:.1} s | **{:.1} s** | {:.1} s | {} | {} → {} |\n",
+            r.nodes,
+            r.restart.stop.as_secs_f64(),
+            r.restart.reregister.as_secs_f64(),
+            r.restart.cpu.as_secs_f64(),
+            mib(r.restart.peak_rss),
+            r.open_files.0,
+            r.open_files.1,
+        ));
+    }
+    out.push_str("\nEach agent is a real agent-link session (its own TLS connection, mTLS with the node name checked against the certificate) from one bench process on the same 2 cores as the controller; heartbeats every 10 s (the default), node timeout 30 s, embedded store; the controller is started with a soft open-files limit of 1024, as systemd starts services, and raises it itself. Targets: 10,000 agents held with controller RSS ≤ 512 MiB, the 10,000-node job complete in ≤ 10 s, growth no worse than linear.\n\n");
     out
 }
 
@@ -189,20 +225,6 @@ fn proc_stats(pid: u32) -> anyhow::Result<(u64, u64, Duration)> {
     let hz = 100; // USER_HZ on Linux
     let cpu = Duration::from_millis((ticks(11) + ticks(12)) * 1000 / hz);
     Ok((field("VmRSS:"), field("VmHWM:"), cpu))
-}
-
-struct Lab {
-    _dir: tempfile::TempDir,
-    child: Child,
-    address: String,
-    token: String,
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -236,17 +258,111 @@ fn pki(controller: &Path, dir: &Path) -> anyhow::Result<(Vec<u8>, Identity)> {
     ))
 }
 
-fn start_controller(
-    controller: &Path,
+/// The controller's soft open-files limit, from /proc.
+fn soft_open_files(pid: u32) -> anyhow::Result<u64> {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits"))?;
+    limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|v| v.parse().ok())
+        .context("no open-files limit in /proc/PID/limits")
+}
+
+/// A controller with its PKI and data directory, which can be restarted in place.
+struct Lab {
+    dir: tempfile::TempDir,
+    binary: PathBuf,
     plaintext: bool,
-) -> anyhow::Result<(Lab, Vec<u8>, Identity)> {
-    let dir = tempfile::tempdir()?;
-    let (ca, identity) = pki(controller, dir.path())?;
-    let port = free_port()?;
-    let address = format!("127.0.0.1:{port}");
-    let pki = dir.path().join("pki");
-    let log = std::fs::File::create(dir.path().join("controller.log"))?;
-    let mut command = Command::new(controller);
+    child: Child,
+    address: String,
+    health: String,
+    token: String,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Lab {
+    fn start(binary: &Path, plaintext: bool) -> anyhow::Result<(Self, Vec<u8>, Identity)> {
+        let dir = tempfile::tempdir()?;
+        let (ca, identity) = pki(binary, dir.path())?;
+        let address = format!("127.0.0.1:{}", free_port()?);
+        let health = format!("127.0.0.1:{}", free_port()?);
+        let token = std::fs::read_to_string(dir.path().join("pki/tokens.csv"))?
+            .lines()
+            .find(|l| l.ends_with(",admin"))
+            .and_then(|l| l.split(',').next())
+            .context("no admin token")?
+            .to_owned();
+        let child = spawn_controller(binary, dir.path(), &address, &health, plaintext)?;
+        let lab = Self {
+            dir,
+            binary: binary.to_owned(),
+            plaintext,
+            child,
+            address,
+            health,
+            token,
+        };
+        lab.wait_listening()?;
+        Ok((lab, ca, identity))
+    }
+
+    fn wait_listening(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(&self.address).is_err() {
+            if Instant::now() > deadline {
+                bail!("the controller did not listen on {}", self.address);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// SIGTERM, wait for the exit (how long it took), start a new process in its place.
+    fn restart(&mut self) -> anyhow::Result<Duration> {
+        let stopping = Instant::now();
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()?;
+        if !status.success() {
+            bail!("kill -TERM {} failed", self.child.id());
+        }
+        self.child.wait()?;
+        let stop = stopping.elapsed();
+        self.child = spawn_controller(
+            &self.binary,
+            self.dir.path(),
+            &self.address,
+            &self.health,
+            self.plaintext,
+        )?;
+        Ok(stop)
+    }
+}
+
+/// `rigger-controller` as its unit runs it, but with systemd's default soft open-files
+/// limit (1024) at exec: `prlimit` (util-linux) sets it and execs the controller, so the
+/// pid is the controller's.
+fn spawn_controller(
+    binary: &Path,
+    dir: &Path,
+    address: &str,
+    health: &str,
+    plaintext: bool,
+) -> anyhow::Result<Child> {
+    let pki = dir.join("pki");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("controller.log"))?;
+    let mut command = Command::new("prlimit");
+    command.arg("--nofile=1024:").arg("--").arg(binary);
     if plaintext {
         command.arg("--insecure-plaintext");
     } else {
@@ -258,47 +374,28 @@ fn start_controller(
             .arg("--client-ca-file")
             .arg(pki.join("ca.pem"));
     }
-    let child = command
-        .args(["--listen", &address])
-        .args(["--health-listen", &format!("127.0.0.1:{}", free_port()?)])
+    command
+        .args(["--listen", address])
+        .args(["--health-listen", health])
         .arg("--data-dir")
-        .arg(dir.path().join("data"))
+        .arg(dir.join("data"))
         .arg("--tokens-file")
         .arg(pki.join("tokens.csv"))
         .args(["--log-level", "warn"])
         .stdout(Stdio::null())
         .stderr(log)
-        .spawn()?;
-    let token = std::fs::read_to_string(pki.join("tokens.csv"))?
-        .lines()
-        .find(|l| l.ends_with(",admin"))
-        .and_then(|l| l.split(',').next())
-        .context("no admin token")?
-        .to_owned();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while std::net::TcpStream::connect(&address).is_err() {
-        if Instant::now() > deadline {
-            bail!("the controller did not listen on {address}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok((
-        Lab {
-            _dir: dir,
-            child,
-            address,
-            token,
-        },
-        ca,
-        identity,
-    ))
+        .spawn()
+        .context("prlimit (util-linux) runs the controller")
 }
 
 /// What every simulated agent shares.
 struct Shared {
+    /// Registrations acknowledged, reconnections included.
     registered: AtomicUsize,
     tasks: AtomicU64,
     failures: AtomicUsize,
+    /// The controller is being restarted: a lost session is reconnected, not a failure.
+    reconnect: AtomicBool,
 }
 
 fn inventory(node: usize, images: usize) -> NodeInventory {
@@ -324,13 +421,43 @@ fn inventory(node: usize, images: usize) -> NodeInventory {
     }
 }
 
-/// One agent: register, heartbeat, answer tasks at once; runs until the channel closes.
+/// One agent: sessions with the controller, reconnected as the real agent does once the
+/// bench restarts the controller.
 async fn agent(
     endpoint: Endpoint,
     node: usize,
     images: usize,
     shared: Arc<Shared>,
     handshake: tokio::sync::OwnedSemaphorePermit,
+) -> anyhow::Result<()> {
+    let mut handshake = Some(handshake);
+    let mut backoff =
+        rigger_daemon::backoff::Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    loop {
+        let result = session(
+            &endpoint,
+            node,
+            images,
+            &shared,
+            &mut handshake,
+            &mut backoff,
+        )
+        .await;
+        if !shared.reconnect.load(Ordering::Relaxed) {
+            return result;
+        }
+        tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+/// One session: register, heartbeat, answer tasks at once, until the stream ends.
+async fn session(
+    endpoint: &Endpoint,
+    node: usize,
+    images: usize,
+    shared: &Shared,
+    handshake: &mut Option<tokio::sync::OwnedSemaphorePermit>,
+    backoff: &mut rigger_daemon::backoff::Backoff,
 ) -> anyhow::Result<()> {
     let channel = endpoint.connect().await?;
     let (tx, rx) = mpsc::channel(8);
@@ -355,7 +482,8 @@ async fn agent(
         _ => bail!("no RegisterAck"),
     };
     shared.registered.fetch_add(1, Ordering::Relaxed);
-    drop(handshake);
+    backoff.reset();
+    drop(handshake.take());
     // Spread heartbeats over the interval, as real agents started at different times.
     let mut ticker = tokio::time::interval_at(
         tokio::time::Instant::now() + interval.mul_f64(fastrand::f64()),
@@ -392,9 +520,50 @@ async fn agent(
     }
 }
 
+/// Until `shared` counts `target` registrations; how long that took.
+async fn wait_registered(shared: &Shared, target: usize, nodes: usize) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    while shared.registered.load(Ordering::Relaxed) < target {
+        if shared.failures.load(Ordering::Relaxed) > 0 {
+            bail!("{} agents failed", shared.failures.load(Ordering::Relaxed));
+        }
+        if started.elapsed() > Duration::from_secs(600) {
+            let done = shared.registered.load(Ordering::Relaxed) + nodes - target;
+            bail!("only {done} of {nodes} registered");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(started.elapsed())
+}
+
+async fn control_client(
+    endpoint: &Endpoint,
+    token: &str,
+) -> anyhow::Result<
+    ControlClient<
+        tonic::service::interceptor::InterceptedService<
+            Channel,
+            impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + use<>,
+        >,
+    >,
+> {
+    let channel: Channel = endpoint.connect().await?;
+    let token: tonic::metadata::MetadataValue<_> = format!("Bearer {token}").parse()?;
+    Ok(
+        ControlClient::with_interceptor(channel, move |mut request: tonic::Request<()>| {
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
+            Ok(request)
+        })
+        .max_decoding_message_size(1 << 30),
+    )
+}
+
 async fn run(controller: &Path, nodes: usize, args: &Args) -> anyhow::Result<Row> {
-    let (lab, ca, identity) = start_controller(controller, args.plaintext)?;
+    let (mut lab, ca, identity) = Lab::start(controller, args.plaintext)?;
     let pid = lab.child.id();
+    let open_files_at_start = 1024;
     let scheme = if args.plaintext { "http" } else { "https" };
     let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", lab.address))?
         .connect_timeout(Duration::from_secs(30));
@@ -416,10 +585,10 @@ async fn run(controller: &Path, nodes: usize, args: &Args) -> anyhow::Result<Row
         registered: AtomicUsize::new(0),
         tasks: AtomicU64::new(0),
         failures: AtomicUsize::new(0),
+        reconnect: AtomicBool::new(false),
     });
 
     // Register the fleet, at most 256 handshakes in flight.
-    let started = Instant::now();
     let gate = Arc::new(Semaphore::new(256));
     let mut agents = tokio::task::JoinSet::new();
     for node in 0..nodes {
@@ -436,30 +605,10 @@ async fn run(controller: &Path, nodes: usize, args: &Args) -> anyhow::Result<Row
             }
         });
     }
-    while shared.registered.load(Ordering::Relaxed) < nodes {
-        if shared.failures.load(Ordering::Relaxed) > 0 {
-            bail!("{} agents failed", shared.failures.load(Ordering::Relaxed));
-        }
-        if started.elapsed() > Duration::from_secs(600) {
-            bail!(
-                "only {} of {nodes} registered",
-                shared.registered.load(Ordering::Relaxed)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let register = started.elapsed();
+    let register = wait_registered(&shared, nodes, nodes).await?;
+    let open_files = (open_files_at_start, soft_open_files(pid)?);
 
-    let channel: Channel = control_endpoint.connect().await?;
-    let token: tonic::metadata::MetadataValue<_> = format!("Bearer {}", lab.token).parse()?;
-    let mut control =
-        ControlClient::with_interceptor(channel, move |mut request: tonic::Request<()>| {
-            request
-                .metadata_mut()
-                .insert("authorization", token.clone());
-            Ok(request)
-        })
-        .max_decoding_message_size(1 << 30);
+    let mut control = control_client(&control_endpoint, &lab.token).await?;
     let known = control
         .list(ListRequest {
             kind: "Node".to_owned(),
@@ -517,6 +666,29 @@ async fn run(controller: &Path, nodes: usize, args: &Args) -> anyhow::Result<Row
     if status["succeeded"].as_u64() != Some(nodes as u64) {
         bail!("the job ended with {}", status["message"]);
     }
+
+    // A restart under the whole fleet.
+    shared.reconnect.store(true, Ordering::Relaxed);
+    let before = shared.registered.load(Ordering::Relaxed);
+    let stop = tokio::task::block_in_place(|| lab.restart())?;
+    let restarted = Instant::now();
+    let new_pid = lab.child.id();
+    let reregister = wait_registered(&shared, before + nodes, nodes).await?;
+    let reregister = reregister.max(restarted.elapsed());
+    let (_, restart_peak_rss, restart_cpu) = proc_stats(new_pid)?;
+    let mut control = control_client(&control_endpoint, &lab.token).await?;
+    let job = control
+        .get(GetRequest {
+            kind: "ImagePullJob".to_owned(),
+            namespace: String::new(),
+            name: "fleet".to_owned(),
+        })
+        .await?
+        .into_inner();
+    let job: serde_json::Value = serde_json::from_str(&job.json)?;
+    if job["status"]["succeeded"].as_u64() != Some(nodes as u64) {
+        bail!("after the restart the job shows {}", job["status"]);
+    }
     agents.abort_all();
     drop(lab);
     Ok(Row {
@@ -528,5 +700,12 @@ async fn run(controller: &Path, nodes: usize, args: &Args) -> anyhow::Result<Row
         job_cpu: cpu_after - cpu_before,
         peak_rss,
         tasks: shared.tasks.load(Ordering::Relaxed),
+        open_files,
+        restart: Restart {
+            stop,
+            reregister,
+            cpu: restart_cpu,
+            peak_rss: restart_peak_rss,
+        },
     })
 }

@@ -11,18 +11,18 @@ use std::time::{Duration, SystemTime};
 use rigger_proto::v1::control_server::Control;
 use rigger_proto::v1::{
     ApplyRequest, ApplyResponse, ContainerExec, ContainerLogs, DeleteRequest, DeleteResponse,
-    GetRequest, ListRequest, ListResponse, Object, PodExecRequest, PodLogsRequest, PodOutput,
-    agent_request,
+    GetRequest, LabelRequest, ListRequest, ListResponse, Object, PodExecRequest, PodLogsRequest,
+    PodOutput, agent_request,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tonic::{Request, Response, Status};
 
 use crate::auth::{Role, UserAuth};
-use crate::jobs::{JobEngine, status_key};
+use crate::jobs::JobEngine;
 use crate::leader::Leadership;
 use crate::nodes::NodeRegistry;
-use crate::objects::image_pull_job::{ImagePullJob, ImagePullJobStatus};
+use crate::objects::image_pull_job::ImagePullJob;
 use crate::objects::pod::Pod;
 use crate::objects::secret::Secret;
 use crate::objects::{DEFAULT_NAMESPACE, FieldError, Kind, ObjectMeta};
@@ -772,14 +772,15 @@ impl ControlService {
             Kind::ImagePullJob => {
                 let mut job: ImagePullJob = serde_json::from_slice(&stored.object)
                     .map_err(|e| Status::internal(format!("{}: unreadable: {e}", stored.key)))?;
-                job.status = Some(
-                    self.store
-                        .get(status_key(&stored.key))
+                let held = self.jobs.status_of(&stored.key, stored.revision);
+                job.status = Some(match held {
+                    Some(status) => status,
+                    None => crate::job_status::read(&self.store, &stored.key)
                         .await
                         .map_err(store_status)?
-                        .and_then(|s| serde_json::from_slice::<ImagePullJobStatus>(&s.object).ok())
+                        .map(|(status, _)| status)
                         .unwrap_or_default(),
-                );
+                });
                 to_json(&job)?
             }
             Kind::Secret => {
@@ -981,6 +982,39 @@ impl Control for ControlService {
             stderr: answer.stderr,
             exit_code: answer.exit_code,
         }))
+    }
+
+    async fn label(&self, request: Request<LabelRequest>) -> Result<Response<Object>, Status> {
+        self.leadership.require()?;
+        let user = self.admit(&request, Role::Admin)?;
+        let request = request.into_inner();
+        if kind_of(&request.kind)? != Kind::Node {
+            return Err(Status::invalid_argument(format!(
+                "{}: riggerctl label sets labels on nodes; other objects take theirs from apply",
+                request.kind
+            )));
+        }
+        if !self.nodes.knows(&request.name) {
+            return Err(Status::not_found(format!(
+                "node {:?} not found (no agent of that name registered)",
+                request.name
+            )));
+        }
+        let change = crate::node_labels::LabelChange {
+            set: request.set.into_iter().collect(),
+            remove: request.remove,
+            overwrite: request.overwrite,
+        };
+        let labels = crate::node_labels::save(&self.store, &request.name, &change)
+            .await
+            .map_err(store_status)?
+            .map_err(Status::invalid_argument)?;
+        tracing::info!(%user, node = %request.name, ?labels, "node labelled");
+        self.nodes.set_node_admin_labels(&request.name, labels);
+        self.jobs.wake();
+        Ok(Response::new(
+            self.get_object(Kind::Node, "", &request.name).await?,
+        ))
     }
 
     async fn exec(&self, request: Request<PodExecRequest>) -> Result<Response<PodOutput>, Status> {

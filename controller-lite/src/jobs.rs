@@ -22,6 +22,7 @@ use rigger_proto::v1::{
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::job_status;
 use crate::nodes::{NodeRegistry, NodeView};
 use crate::objects::Condition;
 use crate::objects::image_pull_job::{
@@ -31,16 +32,9 @@ use crate::objects::image_pull_job::{
 use crate::objects::secret::{self, Secret};
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
 
-/// The store kind under which job statuses live.
-pub const STATUS_KIND: &str = "ImagePullJob.status";
 const TICK: Duration = Duration::from_millis(500);
 /// Longest wait before a failed node's next attempt.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
-
-/// The status key of a job.
-pub fn status_key(job: &ObjectKey) -> ObjectKey {
-    ObjectKey::new(STATUS_KIND, &job.namespace, &job.name)
-}
 
 #[derive(Debug)]
 struct JobState {
@@ -57,10 +51,17 @@ struct JobState {
     /// Nodes whose task must be sent again (they reconnected).
     resend: Vec<String>,
     dirty: bool,
+    /// What of the status is in the store (which shards to write again).
+    written: job_status::Written,
 }
 
 impl JobState {
-    fn new(spec_revision: u64, job: ImagePullJob, status: ImagePullJobStatus) -> Self {
+    fn new(
+        spec_revision: u64,
+        job: ImagePullJob,
+        status: ImagePullJobStatus,
+        written: job_status::Written,
+    ) -> Self {
         let mut state = Self {
             spec_revision,
             job,
@@ -71,6 +72,7 @@ impl JobState {
             lost_at: HashMap::new(),
             resend: Vec::new(),
             dirty: false,
+            written,
         };
         state.reindex();
         state
@@ -109,6 +111,10 @@ impl JobState {
         match (&spec.selector, &spec.pod_selector) {
             (Some(selector), _) if !selector.names.is_empty() => {
                 selector.names.iter().any(|n| n == name)
+            }
+            // Credentials go only where an admin's labels point (crate::node_labels).
+            (Some(selector), _) if !spec.pull_secrets.is_empty() => {
+                selector.labels.matches(&node.admin_labels)
             }
             (Some(selector), _) => selector.labels.matches(&node.labels),
             (None, Some(pods)) => node.pod_labels.iter().any(|labels| pods.matches(labels)),
@@ -187,6 +193,16 @@ impl JobEngine {
         ]
     }
 
+    /// A job's status as the engine holds it (the leader's, ahead of the store), if the
+    /// engine has loaded the job at `spec_revision`. Reads come from here: the stored
+    /// status is a summary and shards written one after the other, which a reader could
+    /// see half-way.
+    pub fn status_of(&self, key: &ObjectKey, spec_revision: u64) -> Option<ImagePullJobStatus> {
+        let state = self.lock();
+        let job = state.jobs.get(key)?;
+        (job.spec_revision == spec_revision).then(|| job.status.clone())
+    }
+
     /// Reconcile soon (a job was applied or deleted, a node came or went).
     pub fn wake(&self) {
         self.inner.wake.notify_one();
@@ -236,12 +252,7 @@ impl JobEngine {
             };
             let status = match known.contains_key(&stored.key) {
                 true => None,
-                false => self
-                    .inner
-                    .store
-                    .get(status_key(&stored.key))
-                    .await?
-                    .and_then(|s| serde_json::from_slice(&s.object).ok()),
+                false => job_status::read(&self.inner.store, &stored.key).await?,
             };
             let mut state = self.lock();
             let state = &mut *state;
@@ -251,8 +262,8 @@ impl JobEngine {
                     existing.spec_revision = stored.revision;
                 }
                 None => {
-                    let status: ImagePullJobStatus = status.unwrap_or_default();
-                    let mut job_state = JobState::new(stored.revision, job, status);
+                    let (status, written) = status.unwrap_or_default();
+                    let mut job_state = JobState::new(stored.revision, job, status, written);
                     // Attempts in flight when the controller stopped: their timers
                     // restart now; agents report or get the task again on reconnect.
                     for entry in &job_state.status.nodes {
@@ -304,14 +315,8 @@ impl JobEngine {
         for (node, message) in cancels {
             self.inner.nodes.send(&node, message);
         }
-        match self
-            .inner
-            .store
-            .delete(status_key(key), Precondition::Any)
-            .await
-        {
-            Ok(()) | Err(StoreError::NotFound { .. }) => {}
-            Err(error) => tracing::warn!(job = %key, %error, "cannot delete the job's status"),
+        if let Err(error) = job_status::delete(&self.inner.store, key).await {
+            tracing::warn!(job = %key, %error, "cannot delete the job's status");
         }
         tracing::info!(job = %key, "job deleted");
     }
@@ -390,27 +395,28 @@ impl JobEngine {
 
     /// Write the statuses that changed.
     async fn flush(&self) {
-        let dirty: Vec<(ObjectKey, Vec<u8>)> = {
+        let dirty: Vec<(ObjectKey, ImagePullJobStatus, job_status::Written)> = {
             let mut state = self.lock();
             state
                 .jobs
                 .iter_mut()
                 .filter(|(_, j)| j.dirty)
-                .filter_map(|(key, j)| {
+                .map(|(key, j)| {
                     j.dirty = false;
-                    serde_json::to_vec(&j.status).ok().map(|b| (key.clone(), b))
+                    (key.clone(), j.status.clone(), j.written.clone())
                 })
                 .collect()
         };
-        for (key, bytes) in dirty {
-            if let Err(error) = self
-                .inner
-                .store
-                .put(status_key(&key), bytes, Precondition::Any)
-                .await
-            {
-                tracing::warn!(job = %key, %error, "cannot write the job's status");
-                if let Some(job) = self.lock().jobs.get_mut(&key) {
+        for (key, status, mut written) in dirty {
+            let result = job_status::write(&self.inner.store, &key, &status, &mut written).await;
+            let mut state = self.lock();
+            let Some(job) = state.jobs.get_mut(&key) else {
+                continue;
+            };
+            match result {
+                Ok(()) => job.written = written,
+                Err(error) => {
+                    tracing::warn!(job = %key, %error, "cannot write the job's status");
                     job.dirty = true;
                 }
             }
@@ -874,7 +880,12 @@ mod tests {
         }))
         .unwrap();
         job.validate().unwrap();
-        JobState::new(1, job, ImagePullJobStatus::default())
+        JobState::new(
+            1,
+            job,
+            ImagePullJobStatus::default(),
+            job_status::Written::default(),
+        )
     }
 
     fn nodes(names: &[&str]) -> HashMap<String, NodeView> {
@@ -885,6 +896,7 @@ mod tests {
                     (*n).to_owned(),
                     NodeView {
                         labels: [("zone".to_owned(), "a".to_owned())].into(),
+                        admin_labels: BTreeMap::new(),
                         not_ready: None,
                         pod_labels: Vec::new(),
                         images: None,
@@ -1039,6 +1051,37 @@ mod tests {
                 serde_json::json!({"image": "r.example/a:1", "podSelector": {"matchLabels": {"app": "web"}}})
             ),
             ["n3"]
+        );
+    }
+
+    #[test]
+    fn a_job_with_pull_secrets_believes_only_the_labels_an_admin_set() {
+        let mut views = nodes(&["claims", "chosen"]);
+        let team = || [("team".to_owned(), "payments".to_owned())].into();
+        // "claims" reports the label itself; "chosen" was labelled by an admin.
+        views.get_mut("claims").unwrap().labels = team();
+        let chosen = views.get_mut("chosen").unwrap();
+        chosen.labels = team();
+        chosen.admin_labels = team();
+        let selected = |spec| {
+            let mut j = job(&spec);
+            step(&mut j, &views);
+            j.status
+                .nodes
+                .iter()
+                .map(|n| n.name.clone())
+                .collect::<Vec<_>>()
+        };
+        let selector = serde_json::json!({"matchLabels": {"team": "payments"}});
+        assert_eq!(
+            selected(serde_json::json!({"image": "r.example/a:1", "selector": selector})),
+            ["chosen", "claims"]
+        );
+        assert_eq!(
+            selected(
+                serde_json::json!({"image": "r.example/a:1", "selector": selector, "pullSecrets": ["creds"]})
+            ),
+            ["chosen"]
         );
     }
 

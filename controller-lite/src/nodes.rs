@@ -19,7 +19,10 @@ pub type SessionId = u64;
 
 #[derive(Debug, Clone)]
 struct NodeRecord {
-    labels: BTreeMap<String, String>,
+    /// The labels the agent reports, reserved ones dropped (see [`crate::node_labels`]).
+    reported_labels: BTreeMap<String, String>,
+    /// Reserved keys the agent tried to report.
+    refused_labels: Vec<String>,
     agent_version: String,
     session: Option<SessionId>,
     sender: Option<AgentSender>,
@@ -140,7 +143,11 @@ impl Interner {
 /// What job selection and dispatch need to know about a node.
 #[derive(Debug, Clone)]
 pub struct NodeView {
+    /// The agent's labels overlaid by the admin's: for choosing nodes for work that
+    /// carries no credentials.
     pub labels: BTreeMap<String, String>,
+    /// The labels an admin set: the only ones that may choose a node for credentials.
+    pub admin_labels: BTreeMap<String, String>,
     /// Connected with heartbeats on time; otherwise why not.
     pub not_ready: Option<String>,
     /// Labels of the pods the agent reported (for podSelector).
@@ -152,6 +159,8 @@ pub struct NodeView {
 #[derive(Debug, Clone, Default)]
 pub struct NodeRegistry {
     nodes: Arc<RwLock<HashMap<String, NodeRecord>>>,
+    /// Labels admins set, by node (kept in the store; see [`crate::node_labels`]).
+    admin_labels: Arc<RwLock<HashMap<String, BTreeMap<String, String>>>>,
     strings: Arc<Mutex<Interner>>,
 }
 
@@ -164,8 +173,14 @@ impl NodeRegistry {
         sender: AgentSender,
         now: SystemTime,
     ) {
+        let (reported_labels, refused_labels) =
+            crate::node_labels::take_reported(register.labels.clone());
+        if !refused_labels.is_empty() {
+            tracing::warn!(node = %register.node_name, labels = ?refused_labels, "the agent reports labels under a reserved prefix; ignored (only an admin sets those: riggerctl label node)");
+        }
         let record = NodeRecord {
-            labels: register.labels.clone().into_iter().collect(),
+            reported_labels,
+            refused_labels,
             agent_version: register.agent_version.clone(),
             session: Some(session),
             sender: Some(sender),
@@ -175,6 +190,38 @@ impl NodeRegistry {
         if let Ok(mut nodes) = self.nodes.write() {
             nodes.insert(register.node_name.clone(), record);
         }
+    }
+
+    /// Every node's admin labels, as the store has them.
+    pub fn set_admin_labels(&self, all: HashMap<String, BTreeMap<String, String>>) {
+        if let Ok(mut admin) = self.admin_labels.write() {
+            *admin = all;
+        }
+    }
+
+    /// One node's admin labels changed.
+    pub fn set_node_admin_labels(&self, node: &str, labels: BTreeMap<String, String>) {
+        if let Ok(mut admin) = self.admin_labels.write() {
+            if labels.is_empty() {
+                admin.remove(node);
+            } else {
+                admin.insert(node.to_owned(), labels);
+            }
+        }
+    }
+
+    /// Whether an agent of this name ever registered.
+    pub fn knows(&self, node: &str) -> bool {
+        self.nodes
+            .read()
+            .is_ok_and(|nodes| nodes.contains_key(node))
+    }
+
+    fn admin_labels_of(&self) -> HashMap<String, BTreeMap<String, String>> {
+        self.admin_labels
+            .read()
+            .map(|admin| admin.clone())
+            .unwrap_or_default()
     }
 
     fn summarize(&self, inventory: &NodeInventory) -> InventorySummary {
@@ -247,6 +294,7 @@ impl NodeRegistry {
 
     /// Every node as jobs see it.
     pub fn views(&self, now: SystemTime, timeout: Duration) -> HashMap<String, NodeView> {
+        let admin = self.admin_labels_of();
         let Ok(nodes) = self.nodes.read() else {
             return HashMap::new();
         };
@@ -259,10 +307,12 @@ impl NodeRegistry {
                     .as_ref()
                     .map(|i| i.pod_labels.to_vec())
                     .unwrap_or_default();
+                let admin_labels = admin.get(name).cloned().unwrap_or_default();
                 (
                     name.clone(),
                     NodeView {
-                        labels: r.labels.clone(),
+                        labels: crate::node_labels::merged(&r.reported_labels, &admin_labels),
+                        admin_labels,
                         not_ready: (!reason.is_empty()).then_some(reason),
                         pod_labels,
                         images: r
@@ -278,14 +328,19 @@ impl NodeRegistry {
     /// All nodes as API objects (Kubernetes' Node shape), sorted by name; ready means
     /// connected with a heartbeat within `timeout`.
     pub fn objects(&self, now: SystemTime, timeout: Duration) -> Vec<serde_json::Value> {
+        let admin = self.admin_labels_of();
         let Ok(nodes) = self.nodes.read() else {
             return Vec::new();
         };
         let mut names: Vec<&String> = nodes.keys().collect();
         names.sort();
+        let none = BTreeMap::new();
         names
             .into_iter()
-            .filter_map(|name| Some(node_object(name, nodes.get(name)?, now, timeout)))
+            .filter_map(|name| {
+                let admin = admin.get(name).unwrap_or(&none);
+                Some(node_object(name, nodes.get(name)?, admin, now, timeout))
+            })
             .collect()
     }
 }
@@ -309,9 +364,12 @@ fn rfc3339(time: SystemTime) -> String {
 }
 
 /// A node in Kubernetes' shape: a Ready condition, node info, the images it holds.
+/// `metadata.labels` are the labels selectors see; `status.agentLabels` what the agent
+/// reported of them and `status.refusedAgentLabels` the reserved keys it tried.
 fn node_object(
     name: &str,
     r: &NodeRecord,
+    admin_labels: &BTreeMap<String, String>,
     now: SystemTime,
     timeout: Duration,
 ) -> serde_json::Value {
@@ -332,8 +390,13 @@ fn node_object(
     serde_json::json!({
         "apiVersion": crate::objects::API_VERSION,
         "kind": "Node",
-        "metadata": {"name": name, "labels": r.labels},
+        "metadata": {
+            "name": name,
+            "labels": crate::node_labels::merged(&r.reported_labels, admin_labels),
+        },
         "status": {
+            "agentLabels": r.reported_labels,
+            "refusedAgentLabels": r.refused_labels,
             "conditions": [{
                 "type": "Ready",
                 "status": if reason.is_empty() { "True" } else { "False" },

@@ -151,8 +151,8 @@ pub async fn run(
         token.clone(),
     );
     let control = ControlService::new(
-        store,
-        nodes,
+        store.clone(),
+        nodes.clone(),
         jobs.clone(),
         recreates.clone(),
         pods,
@@ -167,7 +167,14 @@ pub async fn run(
         let (mut leadership, token) = (leadership.clone(), token.clone());
         tokio::spawn(async move {
             if leadership.elected().await {
+                // Admin labels first: until they are read, a job would see only what
+                // agents say about themselves.
+                match crate::node_labels::load(&store).await {
+                    Ok(all) => nodes.set_admin_labels(all),
+                    Err(error) => tracing::warn!(%error, "cannot read node labels yet"),
+                }
                 tokio::join!(
+                    crate::node_labels::keep_loaded(store, nodes, token.clone()),
                     jobs.run(token.clone()),
                     recreates.run(token.clone()),
                     sidecars.run(token)

@@ -261,6 +261,14 @@ impl ImagePullJobSpec {
                 "must be at least 1",
             ));
         }
+        if self.pod_selector.is_some() && !self.pull_secrets.is_empty() {
+            // Pod labels are what nodes report about themselves; credentials go only
+            // to nodes an admin chose (crate::node_labels).
+            return Err(FieldError::new(
+                "spec.pullSecrets",
+                "a job that chooses nodes by podSelector cannot carry pull secrets: nodes report their pods' labels themselves; choose the nodes by selector.names or by labels an admin set (riggerctl label node)",
+            ));
+        }
         for (i, secret) in self.pull_secrets.iter().enumerate() {
             if super::check_dns_subdomain(secret).is_err() {
                 return Err(FieldError::new(

@@ -716,6 +716,13 @@ impl Agent {
         self.kill();
         self.spawn();
     }
+
+    /// Start again, reporting `labels` (`k=v,k2=v2`) about its node.
+    pub fn restart_with_node_labels(&mut self, labels: &str) {
+        let at = self.args.iter().position(|a| a == "--node-labels").unwrap();
+        self.args[at + 1] = labels.to_owned();
+        self.restart();
+    }
 }
 
 /// A TCP relay in front of a server, whose link can be cut like a network partition:

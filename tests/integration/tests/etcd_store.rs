@@ -17,6 +17,81 @@ async fn etcd_store_meets_the_store_contract() {
 }
 
 #[tokio::test]
+async fn a_ten_thousand_node_job_status_round_trips_through_etcd() {
+    use rigger_controller::job_status;
+    use rigger_controller::objects::image_pull_job::{
+        ImagePullJobStatus, NodePullPhase, NodePullStatus,
+    };
+    use rigger_controller::store::{ObjectKey, Precondition};
+
+    let etcd = Etcd::start();
+    let store = EtcdStore::connect(std::slice::from_ref(&etcd.endpoint), "/itest-big/", None)
+        .await
+        .unwrap();
+    let store = Store::Etcd(Box::new(store));
+    let job = ObjectKey::new("ImagePullJob", "default", "fleet");
+    let node = |i: usize| NodePullStatus {
+        name: format!("node-{i:05}.pool-a.example.internal"),
+        phase: if i.is_multiple_of(3) {
+            NodePullPhase::Succeeded
+        } else {
+            NodePullPhase::Pulling
+        },
+        attempts: 1,
+        task_id: format!(
+            "5f0c1a7e-1b2c-4d3e-8f90-0123456789ab/node-{i:05}.pool-a.example.internal/1"
+        ),
+        bytes_done: 96 << 20,
+        bytes_total: 128 << 20,
+        message: "pulled 3 of 4 layers".to_owned(),
+        image_digest: format!("sha256:{:064x}", i),
+        start_time: Some("2026-11-23T10:00:00Z".to_owned()),
+        completion_time: i
+            .is_multiple_of(3)
+            .then(|| "2026-11-23T10:00:09Z".to_owned()),
+        node_lost: false,
+    };
+    let mut status = ImagePullJobStatus {
+        start_time: Some("2026-11-23T10:00:00Z".to_owned()),
+        desired: 10_000,
+        active: 6_666,
+        succeeded: 3_334,
+        nodes: (0..10_000).map(node).collect(),
+        ..ImagePullJobStatus::default()
+    };
+
+    // As one object, etcd refuses it: over its 1.5 MiB request limit.
+    let whole = serde_json::to_vec(&status).unwrap();
+    assert!(whole.len() > 3 << 19, "{} bytes", whole.len());
+    let refused = store
+        .put(job_status::summary_key(&job), whole, Precondition::Any)
+        .await;
+    assert!(refused.is_err(), "etcd took a {}-byte request", 3 << 19);
+
+    let mut written = job_status::Written::default();
+    job_status::write(&store, &job, &status, &mut written)
+        .await
+        .unwrap();
+    let (read_back, mut written) = job_status::read(&store, &job).await.unwrap().unwrap();
+    assert_eq!(read_back, status);
+
+    // A change to one node rewrites that node's shard, and reads back too.
+    status.nodes[9_999].phase = NodePullPhase::Succeeded;
+    status.nodes[9_999].bytes_done = 128 << 20;
+    job_status::write(&store, &job, &status, &mut written)
+        .await
+        .unwrap();
+    assert_eq!(
+        job_status::read(&store, &job).await.unwrap().unwrap().0,
+        status
+    );
+
+    job_status::delete(&store, &job).await.unwrap();
+    assert!(job_status::read(&store, &job).await.unwrap().is_none());
+    assert!(store.list(job_status::NODES_KIND).await.unwrap().is_empty());
+}
+
+#[tokio::test]
 async fn an_unreachable_etcd_is_one_clear_line() {
     let port = rigger_integration_tests::free_port();
     let err = EtcdStore::connect(&[format!("127.0.0.1:{port}")], "/itest/", None)

@@ -679,6 +679,125 @@ fn pull_secrets_reach_the_nodes_and_never_show() {
 }
 
 #[test]
+fn a_node_cannot_pull_a_jobs_secret_by_advertising_a_label() {
+    let registry = AuthRegistry::start();
+    registry.push("rigger-lab/private");
+    let mut fleet = Fleet::start_with("job-claim", "64MiB", &[&registry.address]);
+    let (claimant, chosen) = (fleet.agents[0].node.clone(), fleet.agents[1].node.clone());
+    // The claimant's agent says it is the payments team's node, in the plain label and
+    // in the reserved prefix admins fence nodes with.
+    fleet.agents[0].restart_with_node_labels(
+        "rigger.test/agent=yes,team=payments,node-restriction.rigger.dev/team=payments",
+    );
+    fleet.wait_ready(&claimant);
+    let node = fleet.controller.get_json(&["node", &claimant]).unwrap();
+    assert_eq!(node["metadata"]["labels"]["team"], "payments", "{node:#}");
+    assert!(
+        node["metadata"]["labels"]
+            .get("node-restriction.rigger.dev/team")
+            .is_none(),
+        "a reserved label taken from an agent: {node:#}"
+    );
+    assert_eq!(
+        node["status"]["refusedAgentLabels"],
+        json!(["node-restriction.rigger.dev/team"])
+    );
+
+    // An admin labels the node that is the team's; a viewer cannot, and a value is not
+    // replaced without --overwrite.
+    let label = |role: &str, args: &[&str]| {
+        let mut all = vec!["label", "node", chosen.as_str()];
+        all.extend_from_slice(args);
+        fleet.controller.ctl_as(role, &all)
+    };
+    let out = label("viewer", &["team=payments"]);
+    assert!(!out.status.success());
+    let out = label(
+        "admin",
+        &["team=payments", "node-restriction.rigger.dev/team=payments"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("node/{chosen} labeled")
+    );
+    let out = label("admin", &["team=other"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("already has a value (payments)"),
+        "{stderr}"
+    );
+    let node = fleet.controller.get_json(&["node", &chosen]).unwrap();
+    assert_eq!(
+        node["metadata"]["labels"]["node-restriction.rigger.dev/team"],
+        "payments"
+    );
+
+    // A job with the team's credentials, choosing its nodes by the team label.
+    let config_dir = tempfile::tempdir().unwrap();
+    let docker_config = std::fs::read_to_string(registry.docker_config(config_dir.path())).unwrap();
+    let job = |name: &str, selector: &str| {
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: payments-login\ntype: kubernetes.io/dockerconfigjson\nstringData:\n  .dockerconfigjson: '{docker_config}'\n---\napiVersion: rigger.dev/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: {name}\nspec:\n  image: {}/rigger-lab/private:1\n  {selector}\n  pullSecrets: [payments-login]\n  pullPolicy:\n    backoffLimit: 0\n",
+            registry.address
+        )
+    };
+    let out = fleet.controller.apply(&job(
+        "payments",
+        "selector: {matchLabels: {team: payments}}",
+    ));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done = fleet.watch_until_complete("payments", |_| {});
+    assert_eq!(count(&done, "desired"), 1, "{done:#}");
+    assert_eq!(count(&done, "succeeded"), 1, "{done:#}");
+    assert_eq!(
+        done["status"]["nodes"][0]["name"],
+        chosen.as_str(),
+        "{done:#}"
+    );
+
+    // Nor by the labels of the pods it reports.
+    let pods = job("by-pods", "podSelector: {matchLabels: {app: payments}}");
+    let path = config_dir.path().join("by-pods.yaml");
+    std::fs::write(&path, pods).unwrap();
+    let out = fleet
+        .controller
+        .ctl(&["apply", "--dry-run", "-f", path.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("spec.pullSecrets"),
+        "{stderr}"
+    );
+
+    // Nothing of the secret reached the claimant: no task, no credential in its files.
+    let claimant_agent = &fleet.agents[0];
+    let tasks = std::fs::read_dir(claimant_agent.state_dir.join("tasks"))
+        .map(|dir| {
+            dir.filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "json")
+            })
+            .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(tasks, 0, "the claimant was given a task");
+    let log = std::fs::read_to_string(&claimant_agent.log).unwrap();
+    assert!(!log.contains("private:1"), "the claimant heard of the job");
+    assert!(!log.contains(&registry.password));
+}
+
+#[test]
 fn a_link_cut_longer_than_the_node_timeout_is_survived_without_lost_or_doubled_counts() {
     let fleet = Fleet::start_relayed("job-cut", "1MiB");
     let image = unique_image("job-cut", 2, 3 << 20);

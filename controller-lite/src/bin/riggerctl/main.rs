@@ -17,6 +17,8 @@ use rigger_proto::v1::{
 use serde_json::Value;
 use tonic::transport::Channel;
 
+mod label;
+
 #[derive(Debug, Parser)]
 #[command(name = "riggerctl", version, about = "Talk to a Rigger controller")]
 struct Cli {
@@ -69,6 +71,19 @@ enum Command {
     Describe { kind: String, name: String },
     /// Delete an object.
     Delete { kind: String, name: String },
+    /// Set (`KEY=VALUE`) or remove (`KEY-`) labels an admin keeps on a node: the labels
+    /// jobs with pull secrets choose nodes by, and the only way to set a reserved prefix
+    /// (`node-restriction.rigger.dev/`).
+    Label {
+        /// node (no).
+        kind: String,
+        name: String,
+        #[arg(required = true, value_name = "KEY=VALUE|KEY-")]
+        labels: Vec<String>,
+        /// Replace a value that is already there.
+        #[arg(long)]
+        overwrite: bool,
+    },
     /// Print a pod's container log (the current attempt's).
     Logs {
         pod: String,
@@ -382,6 +397,12 @@ async fn run_command(cli: Cli, client: &mut Client) -> anyhow::Result<()> {
             println!("{} \"{name}\" deleted", kind.to_ascii_lowercase());
             Ok(())
         }
+        Command::Label {
+            kind,
+            name,
+            labels,
+            overwrite,
+        } => label::run(client, &kind, &name, &labels, overwrite).await,
         Command::Wait {
             object,
             condition,
