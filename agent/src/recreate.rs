@@ -531,7 +531,17 @@ impl Recreate<'_> {
             work.containers[i].pre_stop_done = true;
             (self.save)(work);
         }
-        let left = grace_left().max(MIN_STOP_SECONDS);
+        // A stop begun before an agent restart is still under way: the container has had
+        // its SIGTERM. It is waited for, within the grace left, not signalled again; past
+        // the grace, StopContainer with no timeout kills it.
+        let already_signalled = resumed && work.containers[i].stop_issued;
+        let left = if already_signalled {
+            notes.push("the stop begun before the agent restarted was waited for".to_owned());
+            wait_for_exit(cri, &current.id, Duration::from_secs(grace_left())).await?;
+            0
+        } else {
+            grace_left().max(MIN_STOP_SECONDS)
+        };
         work.containers[i].stop_issued = true;
         (self.save)(work);
         cri.stop_container(StopContainerRequest {
@@ -829,6 +839,31 @@ fn unix_seconds() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+/// Until container `id` is no longer running, or `within` has passed.
+async fn wait_for_exit(
+    cri: &mut RuntimeServiceClient<Channel>,
+    id: &str,
+    within: Duration,
+) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let status = cri
+            .container_status(ContainerStatusRequest {
+                container_id: id.to_owned(),
+                verbose: false,
+            })
+            .await
+            .map_err(|s| format!("container {id}: {}", s.message()))?
+            .into_inner()
+            .status;
+        let running = status.is_some_and(|c| c.state == ContainerState::ContainerRunning as i32);
+        if !running || tokio::time::Instant::now() >= deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[cfg(test)]

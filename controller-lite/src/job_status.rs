@@ -99,14 +99,13 @@ pub async fn write(
     })?;
     let count = shards.len();
     let (changed, prints) = changed_shards(shards, &written.shards);
-    for (index, document) in changed {
-        store
-            .put(shard_key(job, index), document, Precondition::Any)
-            .await?;
-    }
-    store
-        .put(summary_key(job), summary, Precondition::Any)
-        .await?;
+    // Shards first, the summary last: in one transaction on the embedded store.
+    let mut batch: Vec<(ObjectKey, Vec<u8>)> = changed
+        .into_iter()
+        .map(|(index, document)| (shard_key(job, index), document))
+        .collect();
+    batch.push((summary_key(job), summary));
+    store.put_all(batch).await?;
     if !written.cleaned {
         delete_shards_from(store, job, count).await?;
         written.cleaned = true;

@@ -73,6 +73,34 @@ impl EmbeddedStore {
             .await
     }
 
+    /// Write every object, unconditionally, in one transaction (one fsync).
+    pub async fn put_all(&self, objects: Vec<(ObjectKey, Vec<u8>)>) -> Result<(), StoreError> {
+        self.blocking(move |s| s.put_all_now(&objects)).await
+    }
+
+    fn put_all_now(&self, objects: &[(ObjectKey, Vec<u8>)]) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(|e| self.backend(e))?;
+        {
+            let mut objects_table = txn.open_table(OBJECTS).map_err(|e| self.backend(e))?;
+            let mut meta = txn.open_table(META).map_err(|e| self.backend(e))?;
+            let mut revision = meta
+                .get("revision")
+                .map_err(|e| self.backend(e))?
+                .map_or(0, |v| v.value());
+            for (key, object) in objects {
+                revision += 1;
+                let mut value = revision.to_be_bytes().to_vec();
+                value.extend_from_slice(object);
+                objects_table
+                    .insert(key.encode().as_str(), value.as_slice())
+                    .map_err(|e| self.backend(e))?;
+            }
+            meta.insert("revision", revision)
+                .map_err(|e| self.backend(e))?;
+        }
+        txn.commit().map_err(|e| self.backend(e))
+    }
+
     fn put_now(
         &self,
         key: &ObjectKey,

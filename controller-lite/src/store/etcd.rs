@@ -155,6 +155,36 @@ impl EtcdStore {
             .map_or(0, |header| revision_of(header.revision())))
     }
 
+    /// Write every object, unconditionally, in as few transactions as etcd takes: each
+    /// within its default limits (128 operations, 1.5 MiB per request), in order.
+    pub async fn put_all(&self, objects: Vec<(ObjectKey, Vec<u8>)>) -> Result<(), StoreError> {
+        const MAX_OPS: usize = 64;
+        const MAX_BYTES: usize = 1 << 20;
+        let mut batch: Vec<TxnOp> = Vec::new();
+        let mut bytes = 0;
+        for (key, object) in objects {
+            if !batch.is_empty() && (batch.len() == MAX_OPS || bytes + object.len() > MAX_BYTES) {
+                self.commit_all(std::mem::take(&mut batch)).await?;
+                bytes = 0;
+            }
+            bytes += object.len();
+            batch.push(TxnOp::put(self.path(&key), object, None));
+        }
+        if !batch.is_empty() {
+            self.commit_all(batch).await?;
+        }
+        Ok(())
+    }
+
+    async fn commit_all(&self, ops: Vec<TxnOp>) -> Result<(), StoreError> {
+        self.client
+            .clone()
+            .txn(Txn::new().and_then(ops))
+            .await
+            .map_err(|e| self.backend(&e))?;
+        Ok(())
+    }
+
     pub async fn get(&self, key: ObjectKey) -> Result<Option<Stored>, StoreError> {
         let response = self
             .client

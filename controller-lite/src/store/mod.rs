@@ -128,6 +128,15 @@ impl Store {
         }
     }
 
+    /// Write every object whatever is there, in order, in as few requests as the
+    /// backend allows (one transaction for the embedded store).
+    pub async fn put_all(&self, objects: Vec<(ObjectKey, Vec<u8>)>) -> Result<(), StoreError> {
+        match self {
+            Self::Embedded(s) => s.put_all(objects).await,
+            Self::Etcd(s) => s.put_all(objects).await,
+        }
+    }
+
     pub async fn get(&self, key: ObjectKey) -> Result<Option<Stored>, StoreError> {
         match self {
             Self::Embedded(s) => s.get(key).await,
@@ -230,5 +239,24 @@ pub async fn conformance(store: &Store) -> Result<(), String> {
     ensure(
         matches!(missing, Err(StoreError::NotFound { .. })),
         "deleting what is not there is NotFound",
+    )?;
+    let batch: Vec<(ObjectKey, Vec<u8>)> = ["x", "y", "b"]
+        .iter()
+        .map(|name| (key(name), name.as_bytes().to_vec()))
+        .collect();
+    store.put_all(batch).await.map_err(e)?;
+    let listed = store.list("ImagePullJob").await.map_err(e)?;
+    let mut revisions = Vec::new();
+    for name in ["x", "y", "b"] {
+        let stored = listed.iter().find(|s| s.key.name == name);
+        ensure(
+            stored.is_some_and(|s| s.object == name.as_bytes()),
+            "put_all writes every object, over what was there",
+        )?;
+        revisions.extend(stored.map(|s| s.revision));
+    }
+    ensure(
+        revisions.iter().all(|r| *r > r2),
+        "put_all moves the revisions on",
     )
 }

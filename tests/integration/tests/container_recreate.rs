@@ -742,19 +742,32 @@ spec:
     assert!(controller.ctl(&["delete", "pod", &name]).status.success());
 }
 
-/// The agent is killed after StopContainer was asked for and stays away until the
-/// container has exited: on its return the pod runner starts the next attempt, and the
-/// recreate must count that one as its result, never stop it again.
 #[test]
-fn an_agent_killed_during_a_long_stop_restarts_the_container_exactly_once() {
+fn an_agent_killed_during_a_20s_stop_and_back_before_it_ends_restarts_the_container_once() {
+    killed_during_a_long_stop("back-mid-stop", Duration::from_secs(5));
+}
+
+#[test]
+fn an_agent_killed_during_a_20s_stop_and_back_after_it_ends_restarts_the_container_once() {
+    killed_during_a_long_stop("back-after-stop", Duration::from_secs(23));
+}
+
+/// The agent is killed after StopContainer was asked for and comes back after `away`:
+/// while the container is still stopping (the stop must be waited for, not signalled
+/// again) or once it has exited (the pod runner's next attempt is the recreate's result,
+/// never stopped again).
+fn killed_during_a_long_stop(test: &str, away: Duration) {
     let lab = Lab::get();
     let dir = tempfile::tempdir().unwrap();
-    let (controller, mut agent) =
-        controller_with_agent(dir.path(), "recreate-stop-node", "itest-recreate-stop");
+    let (controller, mut agent) = controller_with_agent(
+        dir.path(),
+        &format!("recreate-{test}"),
+        &format!("itest-recreate-{test}"),
+    );
     let image = lab.image("rigger-lab/busybox:1");
     let out_dir = dir.path().join("out");
-    let name = format!("killed-mid-stop-{}", std::process::id());
-    // SIGTERM is noted and the process takes 5 s to go (the grace period is 20 s).
+    let name = format!("{test}-{}", std::process::id());
+    // SIGTERM is noted and the process takes 20 s to go (the grace period is 40 s).
     let yaml = format!(
         r#"apiVersion: v1
 kind: Pod
@@ -762,14 +775,14 @@ metadata:
   name: {name}
 spec:
   hostNetwork: true
-  terminationGracePeriodSeconds: 20
+  terminationGracePeriodSeconds: 40
   volumes:
   - name: out
     hostPath: {{path: {out}, type: DirectoryOrCreate}}
   containers:
   - name: app
     image: {image}
-    command: ["sh", "-c", "trap 'echo term >> /out/term; sleep 5; exit 0' TERM; while true; do sleep 1; done"]
+    command: ["sh", "-c", "trap 'echo term >> /out/term; sleep 20; exit 0' TERM; while true; do sleep 1; done"]
     volumeMounts: [{{name: out, mountPath: /out}}]
 "#,
         out = out_dir.display()
@@ -787,8 +800,7 @@ spec:
         std::fs::read_to_string(out_dir.join("term")).ok()
     });
     agent.kill();
-    // Away until the container has gone (5 s after SIGTERM).
-    std::thread::sleep(Duration::from_secs(8));
+    std::thread::sleep(away);
     agent.restart();
 
     let done = completed(&controller, "long-stop", Duration::from_secs(120));
@@ -798,6 +810,13 @@ spec:
         "{done:#}\n{}",
         log_tail(&agent.log, 30)
     );
+    if away < Duration::from_secs(20) {
+        let message = state_of(&done, "app")["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains("the stop begun before the agent restarted was waited for"),
+            "{done:#}"
+        );
+    }
     // Give a second (wrong) stop time to show.
     std::thread::sleep(Duration::from_secs(3));
     let after = ready_pod(&controller, &name);
