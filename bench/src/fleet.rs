@@ -560,6 +560,15 @@ async fn control_client(
     )
 }
 
+/// Asks for the job the bench runs.
+fn the_fleet_job() -> GetRequest {
+    GetRequest {
+        kind: "ImagePullJob".to_owned(),
+        namespace: String::new(),
+        name: "fleet".to_owned(),
+    }
+}
+
 async fn run(controller: &Path, nodes: usize, args: &Args) -> anyhow::Result<Row> {
     let (mut lab, ca, identity) = Lab::start(controller, args.plaintext)?;
     let pid = lab.child.id();
@@ -644,14 +653,7 @@ async fn run(controller: &Path, nodes: usize, args: &Args) -> anyhow::Result<Row
         })
         .await?;
     let status = loop {
-        let object = control
-            .get(GetRequest {
-                kind: "ImagePullJob".to_owned(),
-                namespace: String::new(),
-                name: "fleet".to_owned(),
-            })
-            .await?
-            .into_inner();
+        let object = control.get(the_fleet_job()).await?.into_inner();
         let value: serde_json::Value = serde_json::from_str(&object.json)?;
         if value["status"]["completionTime"].is_string() {
             break value["status"].clone();
@@ -677,14 +679,7 @@ async fn run(controller: &Path, nodes: usize, args: &Args) -> anyhow::Result<Row
     let reregister = reregister.max(restarted.elapsed());
     let (_, restart_peak_rss, restart_cpu) = proc_stats(new_pid)?;
     let mut control = control_client(&control_endpoint, &lab.token).await?;
-    let job = control
-        .get(GetRequest {
-            kind: "ImagePullJob".to_owned(),
-            namespace: String::new(),
-            name: "fleet".to_owned(),
-        })
-        .await?
-        .into_inner();
+    let job = control.get(the_fleet_job()).await?.into_inner();
     let job: serde_json::Value = serde_json::from_str(&job.json)?;
     if job["status"]["succeeded"].as_u64() != Some(nodes as u64) {
         bail!("after the restart the job shows {}", job["status"]);

@@ -931,6 +931,13 @@ mod tests {
             .collect()
     }
 
+    /// The nodes a job of `spec` takes, after one reconcile over `views`.
+    fn selected(spec: &serde_json::Value, views: &HashMap<String, NodeView>) -> Vec<String> {
+        let mut j = job(spec);
+        step(&mut j, views);
+        j.status.nodes.iter().map(|n| n.name.clone()).collect()
+    }
+
     fn finish(job: &mut JobState, node: &str, phase: NodePullPhase) {
         let entry = job.entry(node).unwrap();
         entry.phase = phase;
@@ -1024,15 +1031,7 @@ mod tests {
             .unwrap()
             .pod_labels
             .push([("app".to_owned(), "web".to_owned())].into());
-        let by_label = |spec| {
-            let mut j = job(&spec);
-            step(&mut j, &views);
-            j.status
-                .nodes
-                .iter()
-                .map(|n| n.name.clone())
-                .collect::<Vec<_>>()
-        };
+        let by_label = |spec| selected(&spec, &views);
         assert_eq!(
             by_label(
                 serde_json::json!({"image": "r.example/a:1", "selector": {"matchLabels": {"disk": "ssd"}}})
@@ -1063,15 +1062,7 @@ mod tests {
         let chosen = views.get_mut("chosen").unwrap();
         chosen.labels = team();
         chosen.admin_labels = team();
-        let selected = |spec| {
-            let mut j = job(&spec);
-            step(&mut j, &views);
-            j.status
-                .nodes
-                .iter()
-                .map(|n| n.name.clone())
-                .collect::<Vec<_>>()
-        };
+        let selected = |spec| selected(&spec, &views);
         let selector = serde_json::json!({"matchLabels": {"team": "payments"}});
         assert_eq!(
             selected(serde_json::json!({"image": "r.example/a:1", "selector": selector})),
