@@ -18,7 +18,6 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::nodes::NodeRegistry;
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
 
 /// The store kind of the labels an admin set on a node.
@@ -174,11 +173,16 @@ pub async fn save(
     Ok(Ok(labels))
 }
 
-/// Keep `nodes`' admin labels as the store has them, until `token` is cancelled.
-pub async fn keep_loaded(store: Store, nodes: NodeRegistry, token: CancellationToken) {
+/// Hand every node's admin labels, as the store has them, to `take` now and then, until
+/// `token` is cancelled.
+pub async fn keep_loaded(
+    store: Store,
+    take: impl Fn(HashMap<String, BTreeMap<String, String>>),
+    token: CancellationToken,
+) {
     loop {
         match load(&store).await {
-            Ok(all) => nodes.set_admin_labels(all),
+            Ok(all) => take(all),
             Err(error) => {
                 tracing::warn!(%error, "cannot read node labels; keeping the last ones read")
             }

@@ -174,7 +174,11 @@ pub async fn run(
                     Err(error) => tracing::warn!(%error, "cannot read node labels yet"),
                 }
                 tokio::join!(
-                    crate::node_labels::keep_loaded(store, nodes, token.clone()),
+                    crate::node_labels::keep_loaded(
+                        store,
+                        move |all| nodes.set_admin_labels(all),
+                        token.clone()
+                    ),
                     jobs.run(token.clone()),
                     recreates.run(token.clone()),
                     sidecars.run(token)
