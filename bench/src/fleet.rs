@@ -346,6 +346,9 @@ impl Lab {
     }
 }
 
+/// The soft open-files limit systemd starts services with.
+const SYSTEMD_SOFT_OPEN_FILES: u64 = 1024;
+
 /// `rigger-controller` as its unit runs it, but with systemd's default soft open-files
 /// limit (1024) at exec: `prlimit` (util-linux) sets it and execs the controller, so the
 /// pid is the controller's.
@@ -362,7 +365,10 @@ fn spawn_controller(
         .append(true)
         .open(dir.join("controller.log"))?;
     let mut command = Command::new("prlimit");
-    command.arg("--nofile=1024:").arg("--").arg(binary);
+    command
+        .arg(format!("--nofile={SYSTEMD_SOFT_OPEN_FILES}:"))
+        .arg("--")
+        .arg(binary);
     if plaintext {
         command.arg("--insecure-plaintext");
     } else {
@@ -572,7 +578,6 @@ fn the_fleet_job() -> GetRequest {
 async fn run(controller: &Path, nodes: usize, args: &Args) -> anyhow::Result<Row> {
     let (mut lab, ca, identity) = Lab::start(controller, args.plaintext)?;
     let pid = lab.child.id();
-    let open_files_at_start = 1024;
     let scheme = if args.plaintext { "http" } else { "https" };
     let mut endpoint = Endpoint::from_shared(format!("{scheme}://{}", lab.address))?
         .connect_timeout(Duration::from_secs(30));
@@ -615,7 +620,7 @@ async fn run(controller: &Path, nodes: usize, args: &Args) -> anyhow::Result<Row
         });
     }
     let register = wait_registered(&shared, nodes, nodes).await?;
-    let open_files = (open_files_at_start, soft_open_files(pid)?);
+    let open_files = (SYSTEMD_SOFT_OPEN_FILES, soft_open_files(pid)?);
 
     let mut control = control_client(&control_endpoint, &lab.token).await?;
     let known = control

@@ -37,28 +37,27 @@ pub fn shard_key(job: &ObjectKey, index: usize) -> ObjectKey {
     )
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// One shard as stored.
+#[derive(Debug, Deserialize)]
 struct Shard {
     nodes: Vec<NodePullStatus>,
 }
 
-/// A status as the documents to store: the summary, then each shard.
-pub fn split(status: &ImagePullJobStatus) -> Result<(Vec<u8>, Vec<Vec<u8>>), serde_json::Error> {
-    let summary = ImagePullJobStatus {
-        nodes: Vec::new(),
-        ..status.clone()
-    };
-    let shards = status
-        .nodes
+/// One shard to store: the same document, borrowing its nodes.
+#[derive(Serialize)]
+struct ShardOf<'a> {
+    nodes: &'a [NodePullStatus],
+}
+
+/// A status as the documents to store: the summary, then each shard. Taken by value:
+/// the summary is the status without its nodes, and nothing is copied to get there.
+pub fn split(mut status: ImagePullJobStatus) -> Result<(Vec<u8>, Vec<Vec<u8>>), serde_json::Error> {
+    let nodes = std::mem::take(&mut status.nodes);
+    let shards = nodes
         .chunks(NODES_PER_SHARD)
-        .map(|nodes| {
-            serde_json::to_vec(&Shard {
-                nodes: nodes.to_vec(),
-            })
-        })
+        .map(|nodes| serde_json::to_vec(&ShardOf { nodes }))
         .collect::<Result<_, _>>()?;
-    Ok((serde_json::to_vec(&summary)?, shards))
+    Ok((serde_json::to_vec(&status)?, shards))
 }
 
 /// What shards a write must touch: `(index, document)` of each that differs from what
@@ -90,7 +89,7 @@ pub struct Written {
 pub async fn write(
     store: &Store,
     job: &ObjectKey,
-    status: &ImagePullJobStatus,
+    status: ImagePullJobStatus,
     written: &mut Written,
 ) -> Result<(), StoreError> {
     let (summary, shards) = split(status).map_err(|e| StoreError::Backend {
@@ -217,13 +216,13 @@ mod tests {
     #[test]
     fn only_the_shards_that_changed_are_written_again() {
         let mut status = status(3 * NODES_PER_SHARD - 10);
-        let (_, shards) = split(&status).unwrap();
+        let (_, shards) = split(status.clone()).unwrap();
         assert_eq!(shards.len(), 3);
         let (changed, prints) = changed_shards(shards, &[]);
         assert_eq!(changed.len(), 3);
 
         status.nodes[NODES_PER_SHARD + 2].bytes_done = 7;
-        let (_, shards) = split(&status).unwrap();
+        let (_, shards) = split(status.clone()).unwrap();
         let (changed, _) = changed_shards(shards, &prints);
         let indexes: Vec<usize> = changed.iter().map(|(i, _)| *i).collect();
         assert_eq!(indexes, [1]);
@@ -242,7 +241,7 @@ mod tests {
             node.start_time = Some("2026-11-23T00:00:00Z".to_owned());
             node.completion_time = node.start_time.clone();
         }
-        let (_, shards) = split(&status).unwrap();
+        let (_, shards) = split(status.clone()).unwrap();
         assert!(shards[0].len() < 1024 * 1024, "{}", shards[0].len());
     }
 
@@ -252,7 +251,9 @@ mod tests {
         let job = ObjectKey::new("ImagePullJob", "default", "warm");
         let status = status(1000);
         let mut written = Written::default();
-        write(&store, &job, &status, &mut written).await.unwrap();
+        write(&store, &job, status.clone(), &mut written)
+            .await
+            .unwrap();
         let (read_back, _) = read(&store, &job).await.unwrap().unwrap();
         assert_eq!(read_back, status);
 
@@ -276,7 +277,9 @@ mod tests {
             .unwrap();
         let (read_back, mut written) = read(&store, &job).await.unwrap().unwrap();
         assert_eq!(read_back, status);
-        write(&store, &job, &read_back, &mut written).await.unwrap();
+        write(&store, &job, read_back.clone(), &mut written)
+            .await
+            .unwrap();
         assert_eq!(store.list(NODES_KIND).await.unwrap().len(), 2);
         let summary = store.get(summary_key(&job)).await.unwrap().unwrap();
         assert!(
@@ -294,14 +297,14 @@ mod tests {
         write(
             &store,
             &job,
-            &status(6 * NODES_PER_SHARD),
+            status(6 * NODES_PER_SHARD),
             &mut Written::default(),
         )
         .await
         .unwrap();
         // The old job's status was not deleted (say, the store was down then).
         let small = status(10);
-        write(&store, &job, &small, &mut Written::default())
+        write(&store, &job, small.clone(), &mut Written::default())
             .await
             .unwrap();
         assert_eq!(read(&store, &job).await.unwrap().unwrap().0, small);

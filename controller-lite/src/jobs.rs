@@ -408,7 +408,7 @@ impl JobEngine {
                 .collect()
         };
         for (key, status, mut written) in dirty {
-            let result = job_status::write(&self.inner.store, &key, &status, &mut written).await;
+            let result = job_status::write(&self.inner.store, &key, status, &mut written).await;
             let mut state = self.lock();
             let Some(job) = state.jobs.get_mut(&key) else {
                 continue;

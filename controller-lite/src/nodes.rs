@@ -217,13 +217,6 @@ impl NodeRegistry {
             .is_ok_and(|nodes| nodes.contains_key(node))
     }
 
-    fn admin_labels_of(&self) -> HashMap<String, BTreeMap<String, String>> {
-        self.admin_labels
-            .read()
-            .map(|admin| admin.clone())
-            .unwrap_or_default()
-    }
-
     fn summarize(&self, inventory: &NodeInventory) -> InventorySummary {
         self.strings
             .lock()
@@ -294,8 +287,8 @@ impl NodeRegistry {
 
     /// Every node as jobs see it.
     pub fn views(&self, now: SystemTime, timeout: Duration) -> HashMap<String, NodeView> {
-        let admin = self.admin_labels_of();
-        let Ok(nodes) = self.nodes.read() else {
+        // Read, not copied: this runs on every engine tick. No writer holds both locks.
+        let (Ok(admin), Ok(nodes)) = (self.admin_labels.read(), self.nodes.read()) else {
             return HashMap::new();
         };
         nodes
@@ -328,8 +321,7 @@ impl NodeRegistry {
     /// All nodes as API objects (Kubernetes' Node shape), sorted by name; ready means
     /// connected with a heartbeat within `timeout`.
     pub fn objects(&self, now: SystemTime, timeout: Duration) -> Vec<serde_json::Value> {
-        let admin = self.admin_labels_of();
-        let Ok(nodes) = self.nodes.read() else {
+        let (Ok(admin), Ok(nodes)) = (self.admin_labels.read(), self.nodes.read()) else {
             return Vec::new();
         };
         let mut names: Vec<&String> = nodes.keys().collect();

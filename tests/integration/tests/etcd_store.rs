@@ -69,7 +69,7 @@ async fn a_ten_thousand_node_job_status_round_trips_through_etcd() {
     assert!(refused.is_err(), "etcd took a {}-byte request", 3 << 19);
 
     let mut written = job_status::Written::default();
-    job_status::write(&store, &job, &status, &mut written)
+    job_status::write(&store, &job, status.clone(), &mut written)
         .await
         .unwrap();
     let (read_back, mut written) = job_status::read(&store, &job).await.unwrap().unwrap();
@@ -78,7 +78,7 @@ async fn a_ten_thousand_node_job_status_round_trips_through_etcd() {
     // A change to one node rewrites that node's shard, and reads back too.
     status.nodes[9_999].phase = NodePullPhase::Succeeded;
     status.nodes[9_999].bytes_done = 128 << 20;
-    job_status::write(&store, &job, &status, &mut written)
+    job_status::write(&store, &job, status.clone(), &mut written)
         .await
         .unwrap();
     assert_eq!(

@@ -135,12 +135,7 @@ impl Fleet {
             "apiVersion: apps.kruise.io/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: {name}\nspec:\n  image: {}/{image}\n  parallelism: {parallelism}\n  selector:\n    names: {names}\n  completionPolicy:\n    type: Always\n  pullPolicy:\n    timeoutSeconds: 120\n",
             self.proxy.address
         );
-        let out = self.controller.apply(&yaml);
-        assert!(
-            out.status.success(),
-            "apply: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        self.controller.apply_ok(&yaml);
     }
 
     /// The job as riggerctl shows it; while no controller leads (a restart, a handover
@@ -587,12 +582,7 @@ fn pull_secrets_reach_the_nodes_and_never_show() {
     };
 
     // Without credentials the registry refuses, and the job says so.
-    let out = fleet.controller.apply(&job("anonymous", ""));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    fleet.controller.apply_ok(&job("anonymous", ""));
     let refused = fleet.watch_until_complete("anonymous", |_| {});
     assert_eq!(count(&refused, "failed"), 2, "{refused:#}");
     let reason = refused["status"]["nodes"][0]["message"]
@@ -606,12 +596,7 @@ fn pull_secrets_reach_the_nodes_and_never_show() {
         "apiVersion: v1\nkind: Secret\nmetadata:\n  name: registry-login\ntype: kubernetes.io/dockerconfigjson\nstringData:\n  .dockerconfigjson: '{docker_config}'\n---\n{}",
         job("with-secret", "  pullSecrets: [registry-login]\n")
     );
-    let out = fleet.controller.apply(&secret);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    fleet.controller.apply_ok(&secret);
     let pulled = fleet.watch_until_complete("with-secret", |_| {});
     assert_eq!(count(&pulled, "succeeded"), 2, "{pulled:#}");
 
@@ -746,15 +731,10 @@ fn a_node_cannot_pull_a_jobs_secret_by_advertising_a_label() {
             registry.address
         )
     };
-    let out = fleet.controller.apply(&job(
+    fleet.controller.apply_ok(&job(
         "payments",
         "selector: {matchLabels: {team: payments}}",
     ));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let done = fleet.watch_until_complete("payments", |_| {});
     assert_eq!(count(&done, "desired"), 1, "{done:#}");
     assert_eq!(count(&done, "succeeded"), 1, "{done:#}");
