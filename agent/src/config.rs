@@ -14,8 +14,8 @@ use rigger_daemon::config::{ConfigError, LOG_FORMAT, LOG_LEVEL, Setting, load_to
 use rigger_daemon::logging::LogFormat;
 
 pub use crate::link::LinkConfig;
-use crate::runtime::DEFAULT_CONTAINERD_ADDRESS;
-use crate::runtime_socket::AUTO;
+use rigger_runtime::DEFAULT_CONTAINERD_ADDRESS;
+use rigger_runtime::socket::AUTO;
 
 /// Default address of the health/inventory HTTP endpoint.
 pub const DEFAULT_HEALTH_LISTEN: &str = "127.0.0.1:9440";
@@ -142,15 +142,15 @@ pub struct PullSettings {
 
 impl PullSettings {
     /// How the agent's pulls (tasks and pods) run, their spool under `state_dir`.
-    pub fn pull_options(&self, state_dir: &Path) -> crate::pull::PullOptions {
-        crate::pull::PullOptions {
+    pub fn pull_options(&self, state_dir: &Path) -> rigger_pull::PullOptions {
+        rigger_pull::PullOptions {
             namespace: self.namespace.clone(),
             hosts_dir: self.registry_config.clone(),
             spool_dir: state_dir.join("spool"),
             max_connections: self.max_connections,
             limit_rate: self.limit_rate,
             max_document_size: self.max_document_size,
-            ..crate::pull::PullOptions::default()
+            ..rigger_pull::PullOptions::default()
         }
     }
 }
@@ -195,9 +195,9 @@ impl AgentConfig {
         }
         let containerd_address = if containerd_address == Path::new(AUTO) {
             let dir = runtime_socket_dir.unwrap_or_else(|| {
-                PathBuf::from(crate::runtime_socket::DEFAULT_RUNTIME_SOCKET_DIR)
+                PathBuf::from(rigger_runtime::socket::DEFAULT_RUNTIME_SOCKET_DIR)
             });
-            crate::runtime_socket::detect(&dir)
+            rigger_runtime::socket::detect(&dir)
                 .map_err(|e| CONTAINERD_ADDRESS.invalid(e.to_string()))?
         } else {
             containerd_address
@@ -285,7 +285,7 @@ impl AgentConfig {
         let namespace = args
             .namespace
             .or(file.namespace)
-            .unwrap_or_else(|| crate::runtime::CRI_NAMESPACE.to_owned());
+            .unwrap_or_else(|| rigger_runtime::CRI_NAMESPACE.to_owned());
         if namespace.is_empty()
             || !namespace
                 .bytes()
@@ -298,11 +298,11 @@ impl AgentConfig {
         let registry_config = args
             .registry_config
             .or(file.registry_config)
-            .unwrap_or_else(|| PathBuf::from(crate::pull::hosts::DEFAULT_HOSTS_DIR));
+            .unwrap_or_else(|| PathBuf::from(rigger_pull::registry::hosts::DEFAULT_HOSTS_DIR));
         let max_connections = args
             .max_connections
             .or(file.max_connections)
-            .unwrap_or(crate::pull::DEFAULT_MAX_CONNECTIONS);
+            .unwrap_or(rigger_pull::DEFAULT_MAX_CONNECTIONS);
         if max_connections == 0 {
             return Err(MAX_CONNECTIONS.invalid("must be at least 1"));
         }
@@ -320,13 +320,13 @@ impl AgentConfig {
             }
         };
         let max_document_size = match args.max_document_size.or(file.max_document_size) {
-            None => crate::pull::registry::DEFAULT_MAX_DOCUMENT_SIZE,
+            None => rigger_pull::registry::DEFAULT_MAX_DOCUMENT_SIZE,
             Some(text) => {
                 let size = text
                     .parse::<bytesize::ByteSize>()
                     .map_err(|e| MAX_DOCUMENT_SIZE.invalid(format!("{text:?}: {e}")))?
                     .as_u64();
-                if !crate::pull::registry::MAX_DOCUMENT_SIZE_RANGE.contains(&size) {
+                if !rigger_pull::registry::MAX_DOCUMENT_SIZE_RANGE.contains(&size) {
                     return Err(MAX_DOCUMENT_SIZE.invalid("must be between 64KiB and 1GiB"));
                 }
                 size

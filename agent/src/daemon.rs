@@ -25,8 +25,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::AgentConfig;
 use crate::inventory::{self, Inventory, InventoryOptions};
-use crate::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 use rigger_daemon::backoff::Backoff;
+use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {

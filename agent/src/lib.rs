@@ -1,7 +1,7 @@
 //! `rigger-agent`: Rigger's node agent.
 //!
-//! It talks to containerd's gRPC API and the CRI socket directly. Modules:
-//! - [`runtime`]: connecting to containerd/CRI, with clear errors for bad sockets;
+//! It talks to containerd's gRPC API and the CRI socket directly, through
+//! `rigger_runtime`, and pulls images with `rigger_pull`. Modules:
 //! - [`inventory`]: what the node has (images, pods with their owner, containers, host resources);
 //! - [`labels`]: kubelet's and Rigger's label keys on CRI objects;
 //! - [`render`]: the inventory as tables or JSON;
@@ -9,8 +9,7 @@
 //! - [`daemon`]: the long-running agent (health endpoints, readiness, shutdown);
 //! - [`link`]: the agent's stream to the controller (register, heartbeats, tasks);
 //! - [`tasks`]: the controller's work on this node, persisted, run once, reported;
-//! - [`pods`]: agent-managed pods, run through CRI, adopted after a restart;
-//! - [`pull`]: the image pull engine (registry → containerd content, snapshots, images).
+//! - [`pods`]: agent-managed pods, run through CRI, adopted after a restart.
 
 pub mod config;
 pub mod daemon;
@@ -21,11 +20,8 @@ pub mod link;
 pub mod metrics;
 pub mod pods;
 pub mod progress;
-pub mod pull;
 pub mod recreate;
 pub mod render;
-pub mod runtime;
-pub mod runtime_socket;
 pub mod tasks;
 
 /// The agent's version, as reported to users and to the controller.

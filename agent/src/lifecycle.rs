@@ -103,7 +103,7 @@ async fn call(
         };
     }
     if let Some(webhook) = &cooperator.webhook {
-        crate::pull::registry::install_crypto_provider();
+        rigger_daemon::tls::install_crypto_provider();
         let client = reqwest::Client::builder()
             .timeout(left)
             .build()

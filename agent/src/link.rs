@@ -5,7 +5,7 @@
 //! with jittered backoff.
 
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use rigger_proto::v1 as proto;
 use rigger_proto::v1::agent_link_client::AgentLinkClient;
@@ -245,11 +245,6 @@ async fn snapshot(inventory: &SharedInventory) -> (Option<String>, Option<proto:
     )
 }
 
-fn timestamp(rfc3339: Option<&str>) -> Option<prost_types::Timestamp> {
-    let time: SystemTime = humantime::parse_rfc3339(rfc3339?).ok()?;
-    Some(time.into())
-}
-
 /// The inventory in the protocol's shape.
 pub fn to_proto(inv: &Inventory) -> proto::NodeInventory {
     let fs = inv.host.filesystem.as_ref();
@@ -298,7 +293,7 @@ pub fn to_proto(inv: &Inventory) -> proto::NodeInventory {
                 name: p.name.clone(),
                 uid: p.uid.clone(),
                 state: p.state.clone(),
-                created_at: timestamp(p.created_at.as_deref()),
+                created_at: rigger_proto::time::timestamp_from_rfc3339(p.created_at.as_deref()),
                 attempt: p.attempt,
                 labels: p.labels.clone().into_iter().collect(),
                 owner: p.owner.as_str().to_owned(),
@@ -317,7 +312,7 @@ pub fn to_proto(inv: &Inventory) -> proto::NodeInventory {
                 state: c.state.clone(),
                 attempt: c.attempt,
                 restart_count: c.restart_count,
-                started_at: timestamp(c.started_at.as_deref()),
+                started_at: rigger_proto::time::timestamp_from_rfc3339(c.started_at.as_deref()),
             })
             .collect(),
         host: Some(proto::HostInfo {

@@ -8,13 +8,11 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use rigger_agent::config::{AgentConfig, RunArgs};
 use rigger_agent::inventory::{self, InventoryOptions};
-use rigger_agent::pull::hosts::DEFAULT_HOSTS_DIR;
-use rigger_agent::pull::media::Platform;
-use rigger_agent::pull::{DEFAULT_MAX_CONNECTIONS, Progress, PullOptions, Puller};
 use rigger_agent::render::{self, OutputFormat};
-use rigger_agent::runtime::{
-    CRI_NAMESPACE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONTAINERD_ADDRESS, Runtime,
-};
+use rigger_pull::media::Platform;
+use rigger_pull::registry::hosts::DEFAULT_HOSTS_DIR;
+use rigger_pull::{DEFAULT_MAX_CONNECTIONS, Progress, PullOptions, Puller};
+use rigger_runtime::{CRI_NAMESPACE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONTAINERD_ADDRESS, Runtime};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -189,8 +187,7 @@ fn pull(args: &PullArgs) -> anyhow::Result<()> {
         "--max-connections must be at least 1"
     );
     anyhow::ensure!(
-        rigger_agent::pull::registry::MAX_DOCUMENT_SIZE_RANGE
-            .contains(&args.max_document_size.as_u64()),
+        rigger_pull::registry::MAX_DOCUMENT_SIZE_RANGE.contains(&args.max_document_size.as_u64()),
         "--max-document-size must be between 64KiB and 1GiB"
     );
     let options = PullOptions {
@@ -205,7 +202,7 @@ fn pull(args: &PullArgs) -> anyhow::Result<()> {
         limit_rate,
         stall_timeout: args
             .stall_timeout
-            .unwrap_or(rigger_agent::pull::registry::DEFAULT_STALL_TIMEOUT),
+            .unwrap_or(rigger_pull::registry::DEFAULT_STALL_TIMEOUT),
         max_document_size: args.max_document_size.as_u64(),
         ..PullOptions::default()
     };

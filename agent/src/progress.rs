@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use bytesize::ByteSize;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
-use crate::pull::{LayerBytes, Progress, ProgressEvent};
+use rigger_pull::{LayerBytes, Progress, ProgressEvent};
 
 fn short(digest: &str) -> &str {
     let hex = digest.strip_prefix("sha256:").unwrap_or(digest);

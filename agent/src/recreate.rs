@@ -34,8 +34,8 @@ use crate::labels;
 use crate::lifecycle::call_all;
 use crate::pods::handlers::{self, Action};
 use crate::pods::{LifecycleState, PodRunner};
-use crate::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 use rigger_proto::lifecycle::Stage;
+use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 
 /// How often a waiting recreate looks at the containers.
 const POLL: Duration = Duration::from_millis(100);

@@ -26,9 +26,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::PullSettings;
 use crate::metrics::{AgentMetrics, Outcome};
 use crate::pods::PodRunner;
-use crate::pull::{LayerBytes, Progress, ProgressEvent, PullOptions, Puller};
 use crate::recreate::{Recreate, RecreateWork};
-use crate::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime, namespaced};
+use rigger_pull::{LayerBytes, Progress, ProgressEvent, PullOptions, Puller};
+use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime, namespaced};
 
 /// Finished tasks are kept (and reported on every reconnect) this long.
 const KEEP_FINISHED: Duration = Duration::from_secs(24 * 3600);
@@ -357,7 +357,7 @@ impl TaskRunner {
                 return;
             }
         };
-        if let Err(reason) = crate::pull::check_reference(&pull.image) {
+        if let Err(reason) = rigger_pull::check_reference(&pull.image) {
             self.refuse(&id, &reason);
             return;
         }
@@ -643,7 +643,7 @@ impl TaskRunner {
 
     /// The digest of `image` when containerd has a record of it.
     async fn present(&self, puller: &Puller, image: &str) -> Option<String> {
-        let name = crate::pull::normalized_name(image).ok()?;
+        let name = rigger_pull::normalized_name(image).ok()?;
         let request =
             namespaced(GetImageRequest { name }, &self.inner.pull_options.namespace).ok()?;
         let image = ImagesClient::new(puller.runtime().channel())
@@ -657,7 +657,7 @@ impl TaskRunner {
 
     fn path_of(&self, id: &str) -> PathBuf {
         let hash = sha2::Sha256::digest(id.as_bytes());
-        let name: String = hash[..16].iter().map(|b| format!("{b:02x}")).collect();
+        let name: String = hex::encode(&hash[..16]);
         self.inner.dir.join(format!("{name}.json"))
     }
 
@@ -711,7 +711,7 @@ mod tests {
             registry_config: PathBuf::from("/nonexistent"),
             max_connections: 1,
             limit_rate: None,
-            max_document_size: crate::pull::registry::DEFAULT_MAX_DOCUMENT_SIZE,
+            max_document_size: rigger_pull::registry::DEFAULT_MAX_DOCUMENT_SIZE,
         }
     }
 

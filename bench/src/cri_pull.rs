@@ -4,7 +4,7 @@
 use anyhow::Context as _;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::{ImageSpec, PullImageRequest};
-use rigger_agent::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
+use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {

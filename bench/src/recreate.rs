@@ -24,8 +24,8 @@ use k8s_cri::v1::{
     ContainerFilter, ContainerState, ContainerStateValue, ListContainersRequest,
     ListPodSandboxRequest, PodSandboxFilter,
 };
-use rigger_agent::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 use rigger_proto::v1::{ApplyRequest, DeleteRequest, GetRequest};
+use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 use tonic::transport::Channel;
 
 #[derive(Debug, Parser)]

@@ -70,7 +70,7 @@ fn random_token() -> Result<String, CertsError> {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes)
         .map_err(|e| CertsError::Invalid(format!("no randomness from the OS: {e}")))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex::encode(bytes))
 }
 
 struct Authority {

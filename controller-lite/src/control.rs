@@ -174,8 +174,7 @@ fn inherit_metadata(meta: &mut ObjectMeta, stored: Option<&ObjectMeta>, spec_cha
         }
         None => {
             meta.uid = Some(new_uid());
-            meta.creation_timestamp =
-                Some(humantime::format_rfc3339_seconds(SystemTime::now()).to_string());
+            meta.creation_timestamp = Some(rigger_proto::time::now_rfc3339());
             meta.generation = Some(1);
         }
     }

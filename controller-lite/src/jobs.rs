@@ -11,6 +11,7 @@
 //! again (after a reconnect) is recognized by the agent and never runs twice. Parallelism
 //! counts nodes in `Pulling` only — waiting, finished and lost nodes hold no slot.
 
+use rigger_proto::time::now_rfc3339;
 use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr as _;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -151,10 +152,6 @@ pub struct JobEngine {
 struct Effects {
     messages: Vec<(String, ControllerMessage)>,
     expired: Vec<ObjectKey>,
-}
-
-fn now_rfc3339() -> String {
-    humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
 }
 
 fn parse_time(text: Option<&str>) -> Option<SystemTime> {
@@ -869,6 +866,7 @@ fn pull_task(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use rigger_proto::time::rfc3339;
     use std::sync::Arc;
 
     fn job(spec: &serde_json::Value) -> JobState {
@@ -1006,7 +1004,7 @@ mod tests {
         let done = SystemTime::now() - Duration::from_secs(60);
         let entry = never.entry("n1").unwrap();
         entry.phase = NodePullPhase::Succeeded;
-        entry.completion_time = Some(humantime::format_rfc3339_seconds(done).to_string());
+        entry.completion_time = Some(rfc3339(done));
         let names = |list: &[&str]| Arc::new(list.iter().map(|n| Arc::<str>::from(*n)).collect());
         // An inventory from before the pull proves nothing; one after it with the image is fine.
         views.get_mut("n1").unwrap().images = Some((done - Duration::from_secs(5), names(&[])));
@@ -1104,7 +1102,7 @@ mod tests {
         let views = nodes(&["n1", "n2"]);
         assert_eq!(step(&mut j, &views), ["n1"]);
         let long_ago = SystemTime::now() - Duration::from_secs(61);
-        j.status.start_time = Some(humantime::format_rfc3339_seconds(long_ago).to_string());
+        j.status.start_time = Some(rfc3339(long_ago));
         let mut effects = Effects::default();
         reconcile_job(
             &key(),
@@ -1134,7 +1132,7 @@ mod tests {
 
         // Finished 31 s ago with a TTL of 30 s: the job goes.
         let done = SystemTime::now() - Duration::from_secs(31);
-        j.status.completion_time = Some(humantime::format_rfc3339_seconds(done).to_string());
+        j.status.completion_time = Some(rfc3339(done));
         let mut effects = Effects::default();
         reconcile_job(
             &key(),

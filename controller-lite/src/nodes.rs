@@ -1,6 +1,7 @@
 //! The nodes the controller knows, as their agents describe them, and the way to reach
 //! each one's agent (the sending half of its link session).
 
+use rigger_proto::time::rfc3339;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
@@ -349,10 +350,6 @@ fn not_ready_reason(r: &NodeRecord, now: SystemTime, timeout: Duration) -> Strin
     } else {
         String::new()
     }
-}
-
-fn rfc3339(time: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(time).to_string()
 }
 
 /// A node in Kubernetes' shape: a Ready condition, node info, the images it holds.

@@ -109,10 +109,7 @@ pub fn plan(
 /// no-op, and a DNS label like every object name.
 fn job_name(owner: &str, revision: &str, image: &str) -> String {
     use sha2::Digest as _;
-    let hash: String = sha2::Sha256::digest(image.as_bytes())[..4]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hash: String = hex::encode(&sha2::Sha256::digest(image.as_bytes())[..4]);
     let prefix: String = format!("{owner}-{revision}")
         .to_ascii_lowercase()
         .chars()

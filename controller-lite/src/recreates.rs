@@ -9,6 +9,7 @@
 //! (`activeDeadlineSeconds`, from creation) and the TTL are enforced here, so they hold
 //! even when the node is gone. Task ids are `crr/<request uid>`.
 
+use rigger_proto::time::now_rfc3339;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
@@ -122,10 +123,6 @@ struct Inner {
 #[derive(Debug, Clone)]
 pub struct RecreateEngine {
     inner: Arc<Inner>,
-}
-
-fn now_rfc3339() -> String {
-    humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
 }
 
 impl RecreateEngine {

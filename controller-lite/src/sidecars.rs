@@ -291,8 +291,7 @@ impl SidecarRollout {
             let key = ObjectKey::new(image_pull_job::KIND, "default", &job.metadata.name);
             let mut job = job;
             job.metadata.uid = Some(format!("{owner}-{hash}-{}", job.metadata.name));
-            job.metadata.creation_timestamp =
-                Some(humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string());
+            job.metadata.creation_timestamp = Some(rigger_proto::time::now_rfc3339());
             let Ok(bytes) = serde_json::to_vec(&job) else {
                 continue;
             };

@@ -4,7 +4,7 @@
 //! up logging ([`logging`]), binds, tells systemd it is ready ([`systemd`]), serves its
 //! health endpoints ([`health`]) and stops gracefully on SIGTERM/SIGINT ([`shutdown`]).
 //! Both raise their open-files limit at start ([`limits`]) and write state files only
-//! durably ([`durable`]).
+//! durably ([`durable`]). HTTPS clients and servers share one crypto provider ([`tls`]).
 
 pub mod backoff;
 pub mod cli;
@@ -16,6 +16,7 @@ pub mod logging;
 pub mod metrics;
 pub mod shutdown;
 pub mod systemd;
+pub mod tls;
 
 /// An error and its sources on one line: `outer: cause: root cause`.
 pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {

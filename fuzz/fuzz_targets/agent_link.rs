@@ -14,7 +14,7 @@ fuzz_target!(|bytes: &[u8]| {
                     let _ = rigger_agent::recreate::RecreateWork::from_proto(recreate);
                 }
                 if let Some(task::Work::PullImage(pull)) = &task.work {
-                    let _ = rigger_agent::pull::check_reference(&pull.image);
+                    let _ = rigger_pull::check_reference(&pull.image);
                 }
             }
             Some(controller_message::Message::Pods(set)) => {

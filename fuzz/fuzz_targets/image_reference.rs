@@ -2,9 +2,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rigger_agent::pull::media::Platform;
+use rigger_pull::media::Platform;
 
 fuzz_target!(|text: &str| {
-    let _ = rigger_agent::pull::check_reference(text);
+    let _ = rigger_pull::check_reference(text);
     let _ = Platform::parse(text);
 });

@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rigger_agent::pull::media::{self, Platform};
+use rigger_pull::media::{self, Platform};
 
 fuzz_target!(|bytes: &[u8]| {
     let _ = media::manifest_media_type(bytes);

@@ -74,7 +74,7 @@ impl<R: Read> DiffIdReader<R> {
     /// Read to the end (tar's trailing padding counts) and return `sha256:<hex>`.
     pub fn finish(mut self) -> std::io::Result<String> {
         std::io::copy(&mut self, &mut std::io::sink())?;
-        Ok(format!("sha256:{}", crate::hex(&self.hasher.finalize())))
+        Ok(format!("sha256:{}", hex::encode(self.hasher.finalize())))
     }
 }
 

@@ -17,14 +17,3 @@ pub use apply::{
     Applied, ApplyError, ApplyTarget, DiffIdReader, ImpliedParent, adopt_lowers, apply_layer,
 };
 pub use root::move_snapshot_dir;
-
-/// Lower-case hex of `bytes` (digests).
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
-}

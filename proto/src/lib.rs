@@ -8,6 +8,7 @@
 
 pub mod lifecycle;
 pub mod pod;
+pub mod time;
 
 /// `rigger.v1`: node inventory and the agent link.
 pub mod v1 {

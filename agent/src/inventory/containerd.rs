@@ -12,8 +12,10 @@ use futures::StreamExt;
 use oci_spec::image::{ImageIndex, ImageManifest};
 use tonic::Request;
 
-use super::{ContainerInfo, ImageInfo, rfc3339_from_timestamp};
-use crate::runtime::{CallError, Runtime, describe_status, namespaced};
+use rigger_proto::time::rfc3339_from_timestamp;
+
+use super::{ContainerInfo, ImageInfo};
+use rigger_runtime::{CallError, Runtime, describe_status, namespaced};
 
 /// Manifests and indexes bigger than this are not ours to parse for a size column.
 const MAX_MANIFEST_BYTES: i64 = 4 << 20;

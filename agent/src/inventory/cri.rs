@@ -13,8 +13,10 @@ use k8s_cri::v1::{
 use tonic::Request;
 use tonic::transport::Channel;
 
-use super::{ContainerInfo, CriVersion, PodInfo, rfc3339_from_nanos};
-use crate::runtime::{CRI_NAMESPACE, Runtime, describe_status};
+use rigger_proto::time::rfc3339_from_nanos;
+
+use super::{ContainerInfo, CriVersion, PodInfo};
+use rigger_runtime::{CRI_NAMESPACE, Runtime, describe_status};
 
 const LABEL_POD_NAME: &str = "io.kubernetes.pod.name";
 const LABEL_POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";

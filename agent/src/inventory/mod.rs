@@ -8,11 +8,9 @@ mod containerd;
 mod cri;
 mod host;
 
-use std::time::SystemTime;
-
 use serde::Serialize;
 
-use crate::runtime::{CallError, ContainerdVersion, Runtime};
+use rigger_runtime::{CallError, ContainerdVersion, Runtime};
 
 pub use host::{disk_usage, host_info};
 
@@ -245,7 +243,7 @@ pub async fn collect(
     let host = host.unwrap_or_default();
 
     Ok(Inventory {
-        collected_at: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+        collected_at: rigger_proto::time::now_rfc3339(),
         runtime: RuntimeInfo {
             address: runtime.address().display().to_string(),
             containerd: runtime.version().clone(),
@@ -259,35 +257,4 @@ pub async fn collect(
         containers,
         warnings,
     })
-}
-
-/// Nanoseconds since the epoch (CRI's timestamps) as RFC 3339; `None` for "never".
-fn rfc3339_from_nanos(nanos: i64) -> Option<String> {
-    let nanos = u64::try_from(nanos).ok().filter(|n| *n > 0)?;
-    let time = SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(nanos);
-    Some(humantime::format_rfc3339_seconds(time).to_string())
-}
-
-fn rfc3339_from_timestamp(ts: Option<&prost_types::Timestamp>) -> Option<String> {
-    let ts = ts?;
-    let nanos = ts
-        .seconds
-        .checked_mul(1_000_000_000)?
-        .checked_add(i64::from(ts.nanos))?;
-    rfc3339_from_nanos(nanos)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn zero_nanos_means_never() {
-        assert_eq!(rfc3339_from_nanos(0), None);
-        assert_eq!(rfc3339_from_nanos(-5), None);
-        assert_eq!(
-            rfc3339_from_nanos(1_700_000_000_000_000_000).as_deref(),
-            Some("2023-11-14T22:13:20Z")
-        );
-    }
 }

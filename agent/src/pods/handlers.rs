@@ -99,7 +99,7 @@ pub async fn run(
             let path = http.path.as_deref().unwrap_or("/");
             let url = format!("{scheme}://{host}:{port}{path}");
             // kubelet does not verify probe certificates; neither does the agent.
-            crate::pull::registry::install_crypto_provider();
+            rigger_daemon::tls::install_crypto_provider();
             let client = reqwest::Client::builder()
                 .timeout(timeout)
                 .tls_danger_accept_invalid_certs(true)

@@ -13,6 +13,7 @@
 //! Probes and lifecycle hooks run as kubelet runs them (`handlers.rs`), from the same
 //! loop. Not yet: logs and exec through riggerctl.
 
+use rigger_proto::time::{rfc3339, rfc3339_from_nanos};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -42,9 +43,9 @@ mod update;
 pub use update::LifecycleState;
 
 use crate::labels;
-use crate::pull::{NoProgress, PullOptions, Puller};
-use crate::runtime::{CRI_NAMESPACE, DEFAULT_CONNECT_TIMEOUT, Runtime};
 use handlers::Action;
+use rigger_pull::{NoProgress, PullOptions, Puller};
+use rigger_runtime::{CRI_NAMESPACE, DEFAULT_CONNECT_TIMEOUT, Runtime};
 
 /// Env a SidecarSet hot upgrade changes without restarting the container.
 const HOT_UPGRADE_ENV: [&str; 2] = ["SIDECARSET_VERSION", "SIDECARSET_VERSION_ALT"];
@@ -1239,10 +1240,7 @@ fn spec_hash(container: &Container) -> String {
 
 fn short_hash(bytes: &[u8]) -> String {
     use sha2::Digest as _;
-    sha2::Sha256::digest(bytes)[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(&sha2::Sha256::digest(bytes)[..8])
 }
 
 /// What the running container should be: its spec, and the values of env that refers
@@ -1296,12 +1294,9 @@ fn resolved_env(pod: &Pod, uid: &str, container: &Container) -> Vec<KeyValue> {
         .collect()
 }
 
-fn rfc3339(time: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(time).to_string()
-}
-
+/// CRI's nanoseconds as RFC 3339; "never" as the epoch.
 fn rfc3339_nanos(nanos: i64) -> String {
-    rfc3339(SystemTime::UNIX_EPOCH + Duration::from_nanos(u64::try_from(nanos).unwrap_or(0)))
+    rfc3339_from_nanos(nanos).unwrap_or_else(|| rfc3339(SystemTime::UNIX_EPOCH))
 }
 
 /// The address the node is reached at (pods use the host's network).

@@ -25,9 +25,9 @@ use tonic::transport::Channel;
 use super::{PodRunner, desired_hash, lock};
 use crate::labels;
 use crate::lifecycle::{PodRef, call_all};
-use crate::pull::Puller;
 use crate::recreate::{ContainerProgress, Phase, Recreate, RecreateWork};
-use crate::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
+use rigger_pull::Puller;
+use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 
 /// The pod annotation holding the wait between "not ready" and the first stop.
 pub const GRACE_ANNOTATION: &str = "rigger.dev/in-place-update-grace-seconds";

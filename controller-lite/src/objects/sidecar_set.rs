@@ -307,10 +307,7 @@ impl SidecarSet {
 
 fn short_hash(bytes: &[u8]) -> String {
     use sha2::Digest as _;
-    sha2::Sha256::digest(bytes)[..5]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(&sha2::Sha256::digest(bytes)[..5])
 }
 
 /// Inject the SidecarSets matching a new pod: their containers go before the pod's own

@@ -73,9 +73,9 @@ impl CriPod {
             .build()
             .unwrap();
         let mut client = runtime.block_on(async {
-            let rt = rigger_agent::runtime::Runtime::connect(
+            let rt = rigger_runtime::Runtime::connect(
                 &spec.containerd,
-                rigger_agent::runtime::DEFAULT_CONNECT_TIMEOUT,
+                rigger_runtime::DEFAULT_CONNECT_TIMEOUT,
             )
             .await
             .unwrap();

@@ -167,10 +167,7 @@ pub fn wait_until<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> O
 
 pub(crate) fn sha256_hex(data: &[u8]) -> String {
     use sha2::Digest as _;
-    sha2::Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(sha2::Sha256::digest(data))
 }
 
 /// Build and push an image no other test uses (its content is unique to `name`).

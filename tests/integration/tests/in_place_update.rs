@@ -109,7 +109,7 @@ spec:
 fn image_recorded_and_container_finished(name: &str, id: &str) -> (i128, i128) {
     use containerd_client::services::v1::GetImageRequest;
     use containerd_client::services::v1::images_client::ImagesClient;
-    use rigger_agent::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime, namespaced};
+    use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime, namespaced};
     let lab = Lab::get();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -9,7 +9,6 @@ use std::collections::HashMap;
 
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::{ImageSpec, ImageStatusRequest};
-use rigger_agent::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 use rigger_integration_tests::fidelity::{
     agent_pull, agent_pull_on, assert_pulled, assert_same_labels, compare_with_ctr,
 };
@@ -17,6 +16,7 @@ use rigger_integration_tests::{
     Lab, LabNode, MountedSnapshot, TestNamespace, agent, on_every_containerd, top_chain_id,
     tree_listing,
 };
+use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 
 on_every_containerd!(
     fixtures_rootfs_matches_containerds_pull,

@@ -226,7 +226,7 @@ fn falls_back_to_the_next_host_on_server_errors() {
 fn active_ingests(ns: &str) -> Vec<(String, u64)> {
     use containerd_client::services::v1::ListStatusesRequest;
     use containerd_client::services::v1::content_client::ContentClient;
-    use rigger_agent::runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime, namespaced};
+    use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime, namespaced};
     let lab = Lab::get();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -444,7 +444,7 @@ fn a_killed_parallel_pull_refetches_less_than_a_range_per_layer() {
     let fast = Proxy::start(&json!([]), &[]);
     assert_ok(&pull(&fast.address).output().unwrap());
     let after = delivered_per_layer(&fast, &layers);
-    let range = rigger_agent::pull::DEFAULT_CHUNK_SIZE;
+    let range = rigger_pull::DEFAULT_CHUNK_SIZE;
     for (((digest, size), before), after) in layers.iter().zip(&before).zip(&after) {
         let refetched = (before + after).saturating_sub(*size);
         assert!(

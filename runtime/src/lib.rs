@@ -1,4 +1,7 @@
-//! Connecting to containerd's gRPC socket, which also serves CRI.
+//! `rigger-runtime`: connecting to containerd's gRPC socket, which also serves CRI.
+//!
+//! Both the pull engine (`rigger-pull`) and the agent reach containerd through a
+//! [`Runtime`]; [`socket`] finds the socket when it is not given.
 //!
 //! The failure a user most often meets is the first one: no socket, wrong socket, no
 //! permission. Each gets its own one-line message naming the socket.
@@ -11,6 +14,8 @@ use std::time::Duration;
 use containerd_client::services::v1::version_client::VersionClient;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
+
+pub mod socket;
 
 /// Where containerd listens on a standard install.
 pub const DEFAULT_CONTAINERD_ADDRESS: &str = "/run/containerd/containerd.sock";

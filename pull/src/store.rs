@@ -18,7 +18,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status, Streaming};
 
-use crate::runtime::{CallError, Runtime, describe_status};
+use rigger_runtime::{CallError, Runtime, describe_status};
 
 /// Bytes per `Content.Write` message: big enough that containerd's per-message cost
 /// does not show, small enough to stay far below its 16 MiB message limit and to keep
@@ -103,7 +103,7 @@ impl Store {
 
     /// A request carrying our namespace (and lease, once taken).
     pub(crate) fn request<T>(&self, message: T) -> Result<Request<T>, Status> {
-        let mut request = crate::runtime::namespaced(message, &self.namespace)?;
+        let mut request = rigger_runtime::namespaced(message, &self.namespace)?;
         if let Some(lease) = &self.lease {
             let value = lease
                 .parse()
@@ -144,7 +144,7 @@ impl Store {
         use containerd_client::services::v1::{
             DeleteResourceRequest, ListRequest, ListResourcesRequest,
         };
-        let request = crate::runtime::namespaced(ListRequest { filters: vec![] }, &self.namespace)
+        let request = rigger_runtime::namespaced(ListRequest { filters: vec![] }, &self.namespace)
             .map_err(|s| CallError::new("list leases", s))?;
         let leases = LeasesClient::new(self.channel())
             .list(request)
@@ -165,7 +165,7 @@ impl Store {
             if alive {
                 continue;
             }
-            let request = crate::runtime::namespaced(
+            let request = rigger_runtime::namespaced(
                 ListResourcesRequest {
                     id: lease.id.clone(),
                 },
@@ -183,7 +183,7 @@ impl Store {
                 .filter(|r| r.r#type.starts_with("snapshots/"))
             {
                 tracing::info!(lease = %lease.id, snapshot = %resource.id, "releasing a snapshot of an interrupted pull");
-                let request = crate::runtime::namespaced(
+                let request = rigger_runtime::namespaced(
                     DeleteResourceRequest {
                         id: lease.id.clone(),
                         resource: Some(resource),
@@ -208,7 +208,7 @@ impl Store {
             return Ok(());
         };
         let request =
-            crate::runtime::namespaced(DeleteRequest { id, sync: false }, &self.namespace)
+            rigger_runtime::namespaced(DeleteRequest { id, sync: false }, &self.namespace)
                 .map_err(|s| CallError::new("delete lease", s))?;
         LeasesClient::new(self.channel())
             .delete(request)

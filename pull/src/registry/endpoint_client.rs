@@ -103,7 +103,7 @@ fn read(file: &Path) -> Result<Vec<u8>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pull::hosts::{ClientPair, Tls};
+    use crate::registry::hosts::{ClientPair, Tls};
     use std::path::PathBuf;
 
     fn endpoint(tls: Tls, headers: Vec<(String, String)>) -> Endpoint {
@@ -122,7 +122,7 @@ mod tests {
 
     #[test]
     fn unusable_settings_name_the_file_the_host_and_the_setting() {
-        crate::pull::registry::install_crypto_provider();
+        rigger_daemon::tls::install_crypto_provider();
         let dir = tempfile::tempdir().unwrap();
         let junk = dir.path().join("junk.pem");
         std::fs::write(&junk, "not a certificate").unwrap();

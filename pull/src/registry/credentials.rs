@@ -1,11 +1,11 @@
 //! Which credentials a registry gets: pull secrets first, then the node's docker config.
 //! They are only looked up here; `auth` decides when and where they are sent.
 
-use super::PullError;
 use super::auth::Credential;
+use crate::error::PullError;
 
 /// The first credentials for `registry` in the given docker config documents.
-pub(super) fn secret_credentials(
+pub(crate) fn secret_credentials(
     registry: &str,
     docker_configs: &[String],
 ) -> Result<Option<Credential>, PullError> {
@@ -44,7 +44,7 @@ fn docker_server(registry: &str) -> &str {
 }
 
 /// Registry credentials from a docker `config.json` (explicit path, or docker's default).
-pub(super) fn credentials(
+pub(crate) fn credentials(
     registry: &str,
     docker_config: Option<&std::path::Path>,
 ) -> Result<Credential, PullError> {

@@ -25,7 +25,7 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::media::Compression;
+use crate::media::Compression;
 use containerd_client::services::v1::diff_client::DiffClient;
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
 use containerd_client::services::v1::snapshots::{
@@ -36,8 +36,8 @@ use rigger_layer::{Applied, ApplyError, ApplyTarget, adopt_lowers, apply_layer};
 use sha2::{Digest as _, Sha256};
 use tonic::Code;
 
-use super::store::Store;
-use crate::runtime::{CallError, describe_status};
+use crate::store::Store;
+use rigger_runtime::{CallError, describe_status};
 
 /// Pieces handed to the applier are at most this big, and at most this many wait for
 /// it, so a slow applier holds little (and slows its download down instead).
@@ -75,15 +75,13 @@ pub fn chain_ids(diff_ids: &[String]) -> Vec<String> {
             None => diff_id.clone(),
             Some(parent) => {
                 let hash = Sha256::digest(format!("{parent} {diff_id}").as_bytes());
-                format!("sha256:{}", hex(&hash))
+                format!("sha256:{}", hex::encode(hash))
             }
         };
         chain.push(next);
     }
     chain
 }
-
-pub use rigger_layer::hex;
 
 /// The snapshot the layer goes to, from the mounts `Snapshots.Prepare` returned, when it
 /// is one Rigger applies to itself: overlayfs' bind mount (the base layer) or overlay
@@ -579,7 +577,7 @@ mod tests {
         assert_eq!(ids[0], a);
         let expected = format!(
             "sha256:{}",
-            hex(&Sha256::digest(b"sha256:aaaa sha256:bbbb"))
+            hex::encode(Sha256::digest(b"sha256:aaaa sha256:bbbb"))
         );
         assert_eq!(ids[1], expected);
     }

@@ -4,7 +4,13 @@
 //! Our own requests, because the transfer needs what a convenience API hides: byte
 //! ranges, the status and `Retry-After` of every response, fallback between hosts, a
 //! size limit while a manifest streams, and authentication that sends credentials only
-//! to the host they are for and only when it asks ([`super::auth`]).
+//! to the host they are for and only when it asks ([`auth`]).
+
+mod auth;
+mod body;
+pub(crate) mod credentials;
+pub mod endpoint_client;
+pub mod hosts;
 
 use std::time::Duration;
 
@@ -14,11 +20,10 @@ use oci_client::Reference;
 use reqwest::StatusCode;
 use reqwest::header::{ACCEPT, AUTHORIZATION, RANGE, RETRY_AFTER, WWW_AUTHENTICATE};
 
-use super::auth::{AuthError, Credential, HostAuth};
-use super::body::{CappedRead, read_capped};
-use super::endpoint_client;
-use super::hosts::Endpoint;
-use super::media;
+use self::auth::{AuthError, Credential, HostAuth};
+use self::body::{CappedRead, read_capped};
+use self::hosts::Endpoint;
+use crate::media;
 
 /// No byte for this long on an open response: the transfer is stalled.
 pub const DEFAULT_STALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -114,7 +119,7 @@ impl Registry {
         stall_timeout: Duration,
         max_document_size: u64,
     ) -> Result<Self, RegistryError> {
-        install_crypto_provider();
+        rigger_daemon::tls::install_crypto_provider();
         let http = endpoints
             .iter()
             .map(|e| endpoint_client::build(e, stall_timeout))
@@ -425,17 +430,7 @@ enum ManifestFailure {
 
 fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest as _;
-    super::unpack::hex(&sha2::Sha256::digest(bytes))
-}
-
-/// rustls needs a process-wide crypto provider; we build with ring (see Cargo.toml).
-/// Every HTTPS client of the agent (registries, probes) calls this first.
-pub fn install_crypto_provider() {
-    static INSTALL: std::sync::Once = std::sync::Once::new();
-    INSTALL.call_once(|| {
-        // Err only means another provider is already installed, which serves as well.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
+    hex::encode(sha2::Sha256::digest(bytes))
 }
 
 /// A response body being received.

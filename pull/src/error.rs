@@ -1,0 +1,57 @@
+//! What a pull reports when it fails: every error names the image.
+
+use crate::fetch::spool::SpoolError;
+use crate::registry::{RegistryError, hosts};
+use crate::stack::unpack::UnpackError;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PullError {
+    #[error("image reference {image:?} is invalid: {detail}")]
+    InvalidReference { image: String, detail: String },
+    #[error("registry hosts for {image}: {source}")]
+    Hosts {
+        image: String,
+        source: hosts::HostsError,
+    },
+    #[error("credentials for {registry}: {detail}")]
+    Credentials { registry: String, detail: String },
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error("{image}: {detail}")]
+    Image { image: String, detail: String },
+    #[error("{image}: {source}")]
+    Store { image: String, source: StoreError },
+    #[error("{image}: {source}")]
+    Unpack { image: String, source: UnpackError },
+    #[error("{image}: {source}")]
+    Spool { image: String, source: SpoolError },
+    #[error("{image}: {blob}: gave up after {attempts} attempts; last error: {last}")]
+    Exhausted {
+        image: String,
+        blob: String,
+        attempts: u32,
+        last: String,
+    },
+}
+
+impl PullError {
+    /// Every error names the image; a transfer error alone names only the blob.
+    pub(crate) fn naming(self, image: &str) -> Self {
+        match self {
+            Self::Registry(e @ RegistryError::Transfer { .. }) => Self::Image {
+                image: image.to_owned(),
+                detail: e.to_string(),
+            },
+            other => other,
+        }
+    }
+}
+
+/// ENOSPC, whether containerd (a gRPC message) or the agent (an io error) ran into it.
+pub(crate) fn is_disk_full(error: &PullError) -> bool {
+    error
+        .to_string()
+        .to_ascii_lowercase()
+        .contains("no space left on device")
+}

@@ -1,0 +1,598 @@
+//! Fetch: blobs from the registry into containerd's ingest, resuming what it holds.
+//!
+//! One connection first; when it proves slow, the rest comes as parallel byte ranges
+//! ([`ranges`]) that wait in an on-disk [`spool`] until the ingest reaches them. Bytes go
+//! to the content store and, for a layer, to its unpacker at once ([`Sink`]).
+
+pub mod limit;
+mod ranges;
+pub mod spool;
+mod stream;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{Mutex, Semaphore};
+
+use self::limit::RateLimit;
+use self::spool::SpoolError;
+use oci_client::Reference;
+
+use crate::Puller;
+use crate::error::PullError;
+use crate::progress::{Progress, ProgressEvent};
+use crate::reference::distribution_source;
+use crate::registry::Registry;
+use crate::stack::unpack::StreamingApply;
+use crate::stack::{Stack, StreamPlan};
+use crate::store::{BlobWriter, Store, StoreError};
+
+/// Layers smaller than this are not unpacked in a staging snapshot.
+const STAGING_MIN_SIZE: u64 = 1 << 20;
+/// Byte ranges fetched ahead of the write position, per blob (they wait in the spool,
+/// on disk, until containerd's ingest reaches them).
+const RANGE_WINDOW: usize = 16;
+/// Range data is appended to the spool in pieces of at least this much: few syscalls,
+/// and little lost if the agent is killed.
+const SPOOL_PIECE: usize = 64 << 10;
+/// A single connection slower than this (bytes/s) is supplemented by parallel ranges.
+const SLOW_STREAM_RATE: u64 = 48 << 20;
+/// How long a single connection is watched before judging its speed.
+const PROBE_TIME: Duration = Duration::from_millis(100);
+
+/// Everything one blob transfer needs, cheap to clone into a task.
+#[derive(Clone)]
+pub(crate) struct Transfer {
+    pub(crate) image: String,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) store: Store,
+    pub(crate) progress: Arc<dyn Progress>,
+    pub(crate) connections: Arc<Semaphore>,
+    pub(crate) rate: Option<Arc<RateLimit>>,
+    pub(crate) in_flight: Arc<Mutex<HashMap<String, Arc<Mutex<()>>>>>,
+    pub(crate) chunk_size: u64,
+    pub(crate) attempts: u32,
+    pub(crate) source_label: (String, String),
+    /// More than one connection allowed: ranges can help a slow single stream.
+    pub(crate) parallel: bool,
+    /// A stream from this registry proved slow: later blobs start with ranges.
+    pub(crate) slow_registry: Arc<AtomicBool>,
+    pub(crate) spool_dir: PathBuf,
+    /// How far this image's layers are unpacked.
+    pub(crate) stack: Arc<tokio::sync::watch::Sender<Stack>>,
+}
+
+impl Transfer {
+    /// The transfers of one pull of `image`, sharing `puller`'s node-wide limits.
+    pub(crate) fn new(
+        image: &str,
+        reference: &Reference,
+        registry: Arc<Registry>,
+        store: &Store,
+        progress: Arc<dyn Progress>,
+        puller: &Puller,
+    ) -> Self {
+        let options = &puller.options;
+        Self {
+            image: image.to_owned(),
+            registry,
+            store: store.clone(),
+            progress,
+            connections: puller.connections.clone(),
+            rate: puller.rate.clone(),
+            in_flight: puller.in_flight.clone(),
+            chunk_size: options.chunk_size.clamp(1 << 20, 64 << 20),
+            attempts: options.attempts.max(1),
+            source_label: distribution_source(reference),
+            parallel: options.max_connections > 1,
+            slow_registry: Arc::default(),
+            spool_dir: options.spool_dir.clone(),
+            stack: Arc::new(tokio::sync::watch::Sender::new(Stack::default())),
+        }
+    }
+
+    pub(crate) fn exhausted(&self, blob: &str, last: String) -> PullError {
+        PullError::Exhausted {
+            image: self.image.clone(),
+            blob: blob.to_owned(),
+            attempts: self.attempts,
+            last,
+        }
+    }
+
+    pub(crate) fn spool_err(&self, source: SpoolError) -> PullError {
+        PullError::Spool {
+            image: self.image.clone(),
+            source,
+        }
+    }
+
+    /// The blob is in containerd (or its bytes were wrong): its spool is not needed.
+    pub(crate) fn remove_spool(&self, digest: &str) {
+        if let Err(error) = spool::remove(&self.spool_dir, digest) {
+            tracing::warn!(%error, "could not remove a spool");
+        }
+    }
+
+    pub(crate) fn store_err(&self, source: StoreError) -> PullError {
+        PullError::Store {
+            image: self.image.clone(),
+            source,
+        }
+    }
+
+    pub(crate) fn labels_with_source(
+        &self,
+        mut labels: HashMap<String, String>,
+        existing: Option<&HashMap<String, String>>,
+    ) -> HashMap<String, String> {
+        let (key, repo) = &self.source_label;
+        let value = match existing.and_then(|l| l.get(key)) {
+            Some(have) if have.split(',').any(|r| r == repo) => have.clone(),
+            Some(have) => format!("{have},{repo}"),
+            None => repo.clone(),
+        };
+        labels.insert(key.clone(), value);
+        labels
+    }
+
+    /// A small blob (config) in memory, from the store if present, else the registry.
+    pub(crate) async fn fetch_small(&self, digest: &str) -> Result<Vec<u8>, PullError> {
+        let mut last = String::new();
+        for attempt in 0..self.attempts {
+            for i in self.registry.blob_endpoints() {
+                let _permit = self.connections.acquire().await;
+                match self.registry.fetch_blob(i, digest, None).await {
+                    Ok((_, mut body)) => {
+                        let mut data = Vec::new();
+                        loop {
+                            match body.next().await {
+                                Ok(Some(piece)) => {
+                                    data.extend_from_slice(&piece);
+                                    if data.len() as u64 > self.registry.max_document_size() {
+                                        return Err(PullError::Image {
+                                            image: self.image.clone(),
+                                            detail: format!(
+                                                "{digest} is bigger than a config may be"
+                                            ),
+                                        });
+                                    }
+                                }
+                                Ok(None) => return Ok(data),
+                                Err(e) => {
+                                    last = format!("{}: {e}", self.registry.endpoint_url(i));
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    Err(e) if !e.is_retryable() => return Err(e.into()),
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            backoff(attempt, None).await;
+        }
+        Err(self.exhausted(digest, last))
+    }
+
+    /// Store a small blob we already hold (config, manifest, index) with `labels`.
+    pub(crate) async fn put_small(
+        &self,
+        digest: &str,
+        data: &[u8],
+        labels: HashMap<String, String>,
+    ) -> Result<(), StoreError> {
+        if let Some(existing) = self.store.blob_labels(digest).await? {
+            let labels = self.labels_with_source(labels, Some(&existing));
+            return self.store.add_labels(digest, labels).await;
+        }
+        match self.open_writer_waiting(digest, data.len() as u64).await? {
+            Some(mut writer) => {
+                if writer.offset() != 0 {
+                    writer.truncate().await?;
+                }
+                writer.write(data).await?;
+                writer.commit(self.labels_with_source(labels, None)).await
+            }
+            // A concurrent pull of the same image stored it: label what it stored.
+            None => {
+                let existing = self.store.blob_labels(digest).await?;
+                let labels = self.labels_with_source(labels, existing.as_ref());
+                self.store.add_labels(digest, labels).await
+            }
+        }
+    }
+
+    /// The blob is in the store already: add this image's labels to it.
+    async fn mark_present(
+        &self,
+        digest: &str,
+        labels: HashMap<String, String>,
+        existing: Option<HashMap<String, String>>,
+    ) -> Result<u64, PullError> {
+        let existing = match existing {
+            Some(existing) => Some(existing),
+            None => self
+                .store
+                .blob_labels(digest)
+                .await
+                .map_err(|e| self.store_err(e))?,
+        };
+        let labels = self.labels_with_source(labels, existing.as_ref());
+        self.store
+            .add_labels(digest, labels)
+            .await
+            .map_err(|e| self.store_err(e))?;
+        self.progress.event(ProgressEvent::BlobDone {
+            digest: digest.to_owned(),
+            skipped: true,
+        });
+        Ok(0)
+    }
+
+    /// Download a blob into the store (resuming what containerd holds), unpacking it on
+    /// the way when `plan` allows. Returns the bytes fetched from the registry.
+    pub(crate) async fn fetch_blob(
+        &self,
+        digest: &str,
+        size: u64,
+        labels: HashMap<String, String>,
+        layer: Option<(StreamPlan, tokio::sync::OwnedSemaphorePermit)>,
+    ) -> Result<u64, PullError> {
+        let (plan, slot) = layer.unzip();
+        // One fetch per blob in this agent: a concurrent pull of the same layer waits here
+        // and then finds the blob present.
+        let gate = {
+            let mut map = self.in_flight.lock().await;
+            map.entry(digest.to_owned()).or_default().clone()
+        };
+        let _turn = gate.lock().await;
+
+        if let Some(existing) = self
+            .store
+            .blob_labels(digest)
+            .await
+            .map_err(|e| self.store_err(e))?
+        {
+            return self.mark_present(digest, labels, Some(existing)).await;
+        }
+        let Some(writer) = self
+            .open_writer_waiting(digest, size)
+            .await
+            .map_err(|e| self.store_err(e))?
+        else {
+            // Fetched meanwhile by a concurrent pull: only our labels are missing.
+            return self.mark_present(digest, labels, None).await;
+        };
+        let labels = self.labels_with_source(labels, None);
+        self.progress.event(ProgressEvent::BlobStarted {
+            digest: digest.to_owned(),
+            size,
+            resumed_from: writer.offset(),
+        });
+        let mut sink = Sink {
+            writer,
+            streaming: None,
+            fetched: 0,
+            fed: 0,
+        };
+        // Unpacking streams along from byte 0 (a resumed download is unpacked from the
+        // content store afterwards). Staging costs two more snapshot calls, which small
+        // layers do not win back: they wait for their parent and unpack from the store.
+        if let Some(plan) = &plan
+            && sink.writer.offset() == 0
+            && (size >= STAGING_MIN_SIZE || self.stack.borrow().unpacked >= plan.index)
+        {
+            sink.streaming = self.start_streaming(plan).await;
+        }
+        let result = self.download(digest, size, labels, &mut sink).await;
+        // The download slot goes to the next layer; applying and stacking this one may
+        // still take a while.
+        drop(slot);
+        match (result, sink.streaming.take(), &plan) {
+            (Ok(()), Some(streaming), Some(plan)) => {
+                let mut stack = self.stack.subscribe();
+                let below = plan.index;
+                let parent_unpacked = async move {
+                    stack
+                        .wait_for(|s| s.unpacked >= below || s.failed)
+                        .await
+                        .is_ok_and(|s| !s.failed)
+                };
+                streaming
+                    .finish(&self.store, digest, &plan.diff_id, parent_unpacked)
+                    .await
+                    .map_err(|source| PullError::Unpack {
+                        image: self.image.clone(),
+                        source,
+                    })?;
+                Ok(sink.fetched)
+            }
+            (Ok(()), _, _) => Ok(sink.fetched),
+            (Err(e), streaming, _) => {
+                if let Some(streaming) = streaming {
+                    streaming.abandon(&self.store).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Fetch until containerd holds the whole blob and accepts its digest.
+    async fn download(
+        &self,
+        digest: &str,
+        size: u64,
+        labels: HashMap<String, String>,
+        sink: &mut Sink,
+    ) -> Result<(), PullError> {
+        let mut last = String::new();
+        let mut ranges_supported = true;
+        for attempt in 0..self.attempts {
+            let start = sink.writer.offset();
+            let outcome = if start >= size {
+                Ok(())
+            } else {
+                // One connection first: on a fast registry it is all we need, and ranges only
+                // cost CPU. When it proves slow, the rest comes as parallel ranges; once
+                // one blob found the registry slow, the others start with ranges. So does
+                // a blob an interrupted pull left ranges of.
+                let ranged =
+                    ranges_supported && self.parallel && size - start > 2 * self.chunk_size;
+                let first = if ranged
+                    && (self.slow_registry.load(Ordering::Relaxed)
+                        || spool::exists(&self.spool_dir, digest))
+                {
+                    Ok(StreamEnd::Slow)
+                } else {
+                    self.fetch_stream(digest, size, sink, ranged).await
+                };
+                match first {
+                    Ok(StreamEnd::Complete) => Ok(()),
+                    Ok(StreamEnd::Slow) => {
+                        self.slow_registry.store(true, Ordering::Relaxed);
+                        match self.fetch_ranges(digest, size, sink).await {
+                            Err(RangeOutcome::Ignored) => {
+                                ranges_supported = false;
+                                self.remove_spool(digest);
+                                self.fetch_stream(digest, size, sink, false).await.map(drop)
+                            }
+                            Err(RangeOutcome::Failed(e)) => Err(e),
+                            Ok(()) => Ok(()),
+                        }
+                    }
+                    Err(e) => Err(e),
+                }
+            };
+            match outcome {
+                Ok(()) => {
+                    match sink.writer.commit(labels.clone()).await {
+                        Ok(()) => {
+                            self.remove_spool(digest);
+                            self.progress.event(ProgressEvent::BlobDone {
+                                digest: digest.to_owned(),
+                                skipped: false,
+                            });
+                            return Ok(());
+                        }
+                        Err(StoreError::DigestMismatch { .. }) => {
+                            // The bytes are wrong: start over (maybe from another host).
+                            last = format!("{digest}: content does not match its digest");
+                            tracing::warn!(%digest, "digest mismatch; downloading again");
+                            self.stalled(
+                                digest,
+                                "content did not match its digest; downloading it again",
+                            );
+                            self.remove_spool(digest);
+                            sink.drop_streaming(&self.store).await;
+                            sink.writer
+                                .reopen(&self.store)
+                                .await
+                                .map_err(|e| self.store_err(e))?;
+                            if sink.writer.offset() != 0 {
+                                sink.writer
+                                    .truncate()
+                                    .await
+                                    .map_err(|e| self.store_err(e))?;
+                            }
+                            self.resumed(digest, sink.writer.offset());
+                        }
+                        Err(e) if e.is_connection_lost() => {
+                            last = e.to_string();
+                            self.resume_after_containerd(digest, sink).await?;
+                        }
+                        Err(e) => return Err(self.store_err(e)),
+                    }
+                }
+                Err(PullError::Store { source, .. }) if source.is_connection_lost() => {
+                    last = source.to_string();
+                    self.resume_after_containerd(digest, sink).await?;
+                }
+                Err(e) => {
+                    if let PullError::Registry(re) = &e {
+                        if !re.is_retryable() {
+                            return Err(e);
+                        }
+                        last = re.to_string();
+                        // What arrived before the failure is good: store it all, then
+                        // reopen the writer to learn the offset containerd really holds.
+                        if let Err(error) = sink.writer.flush().await {
+                            tracing::debug!(%error, "could not store the bytes before a failure");
+                        }
+                        self.stalled(digest, &format!("retrying after: {re}"));
+                        backoff(attempt, re.retry_after()).await;
+                        sink.writer
+                            .reopen(&self.store)
+                            .await
+                            .map_err(|e| self.store_err(e))?;
+                        self.resumed(digest, sink.writer.offset());
+                        if sink.writer.offset() != sink.fed {
+                            sink.drop_streaming(&self.store).await;
+                        }
+                        continue;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Err(self.exhausted(digest, last))
+    }
+
+    fn stalled(&self, digest: &str, reason: &str) {
+        self.progress.event(ProgressEvent::BlobStalled {
+            digest: digest.to_owned(),
+            reason: reason.to_owned(),
+        });
+    }
+
+    fn resumed(&self, digest: &str, offset: u64) {
+        self.progress.event(ProgressEvent::BlobResumed {
+            digest: digest.to_owned(),
+            offset,
+        });
+    }
+
+    /// containerd went away mid-write (a restart, an upgrade): wait for it to answer
+    /// again (up to [`CONTAINERD_RETURN`]), reopen the ingest at the offset it kept and
+    /// go on from there.
+    async fn resume_after_containerd(
+        &self,
+        digest: &str,
+        sink: &mut Sink,
+    ) -> Result<(), PullError> {
+        tracing::warn!(%digest, "containerd went away mid-write; waiting for it to resume");
+        self.stalled(
+            digest,
+            &format!(
+                "containerd went away; waiting up to {} for it to come back",
+                humantime::format_duration(CONTAINERD_RETURN)
+            ),
+        );
+        let deadline = tokio::time::Instant::now() + CONTAINERD_RETURN;
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            match sink.writer.reopen(&self.store).await {
+                Ok(()) => break,
+                Err(e) if e.is_connection_lost() && tokio::time::Instant::now() < deadline => {}
+                Err(e) => return Err(self.store_err(e)),
+            }
+        }
+        tracing::info!(%digest, offset = sink.writer.offset(), "containerd is back; resuming the blob");
+        self.resumed(digest, sink.writer.offset());
+        if sink.writer.offset() != sink.fed {
+            sink.drop_streaming(&self.store).await;
+        }
+        Ok(())
+    }
+
+    /// Open the ingest; if another process (a concurrent `ctr pull`) holds its lock,
+    /// wait for it to finish or give up the lock.
+    /// `None` when the blob appeared in the store while we waited (another pull, ours or
+    /// containerd's, fetched it): then there is nothing to download.
+    async fn open_writer_waiting(
+        &self,
+        digest: &str,
+        size: u64,
+    ) -> Result<Option<BlobWriter>, StoreError> {
+        let reference = ingest_ref(digest);
+        let mut waited = 0;
+        loop {
+            match self.store.open_writer(&reference, digest, size).await {
+                Ok(writer) => return Ok(Some(writer)),
+                // Committed by a concurrent pull between our look and the open.
+                Err(StoreError::Call(call)) if call.status.code() == tonic::Code::AlreadyExists => {
+                    return Ok(None);
+                }
+                Err(e) if e.to_string().contains("AlreadyExists") => return Ok(None),
+                Err(e) => {
+                    let text = e.to_string();
+                    if (text.contains("locked") || text.contains("Unavailable")) && waited < 3000 {
+                        waited += 1;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        if self.store.blob_labels(digest).await?.is_some() {
+                            return Ok(None);
+                        }
+                        continue;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+/// Where downloaded bytes go: containerd's ingest, and the unpacker when streaming.
+struct Sink {
+    writer: BlobWriter,
+    streaming: Option<StreamingApply>,
+    /// Bytes fetched from registries in this run (not what an earlier run spooled).
+    fetched: u64,
+    /// Bytes handed to the unpacker (equals the ingest offset while streaming works).
+    fed: u64,
+}
+
+impl Sink {
+    /// Store and unpack at once: the unpacker works while containerd writes.
+    async fn write(&mut self, bytes: Bytes) -> Result<(), StoreError> {
+        let Self {
+            writer,
+            streaming,
+            fed,
+            ..
+        } = self;
+        let feed = async {
+            if let Some(streaming) = streaming {
+                *fed += streaming.feed(bytes.clone()).await;
+            }
+        };
+        let (written, ()) = tokio::join!(writer.write(&bytes), feed);
+        written
+    }
+
+    async fn drop_streaming(&mut self, store: &Store) {
+        if let Some(streaming) = self.streaming.take() {
+            streaming.abandon(store).await;
+        }
+    }
+}
+
+/// How a single stream ended.
+enum StreamEnd {
+    Complete,
+    /// Slower than [`SLOW_STREAM_RATE`]: fetch the rest as ranges.
+    Slow,
+}
+
+enum RangeOutcome {
+    /// The server answered a range request with the whole blob.
+    Ignored,
+    Failed(PullError),
+}
+
+impl From<PullError> for RangeOutcome {
+    fn from(e: PullError) -> Self {
+        Self::Failed(e)
+    }
+}
+
+/// How long a pull waits for a containerd that went away mid-write to come back.
+const CONTAINERD_RETURN: Duration = Duration::from_secs(60);
+
+/// containerd's ingest ref for a blob (remotes.MakeRefKey), so concurrent pulls by
+/// containerd and Rigger of the same blob share one ingest and its lock.
+fn ingest_ref(digest: &str) -> String {
+    format!("layer-{digest}")
+}
+
+async fn backoff(attempt: u32, retry_after: Option<Duration>) {
+    let exponential =
+        Duration::from_millis(200).saturating_mul(2u32.saturating_pow(attempt.min(8)));
+    let delay = retry_after
+        .unwrap_or(exponential)
+        .min(Duration::from_secs(60));
+    tokio::time::sleep(delay.mul_f64(0.75 + fastrand::f64() / 2.0)).await;
+}

@@ -1,0 +1,197 @@
+//! `rigger-pull`: the image pull engine — registry → containerd, without containerd's
+//! own pull, leaving exactly what containerd's pull leaves.
+//!
+//! A pull is a pipeline; each stage is a module, in the order it runs
+//! (`Puller::pull_with_lease` states it in code):
+//! 1. [`resolve`]: the reference, its registry's endpoints (`hosts.toml`) and
+//!    credentials, the platform's manifest and the image config, each checked against
+//!    its digest;
+//! 2. [`fetch`]: each blob from the registry into containerd's ingest — one stream, or
+//!    parallel byte ranges through an on-disk spool when the link is slow; resumable,
+//!    bandwidth-capped, one fetch per blob in the process;
+//! 3. [`store`]: containerd's content store — the pull's lease, ingests, labels, image
+//!    records;
+//! 4. [`stack`]: each layer decompressed and applied while it downloads, through
+//!    `rigger_layer` (the only way into a snapshot), then committed in order;
+//! 5. [`record`]: the metadata blobs with containerd's GC labels, and the image records
+//!    CRI expects.
+//!
+//! Around the stages: [`registry`] (the HTTP side: manifests, blobs, ranges, auth,
+//! mirrors), [`media`] (media types, platforms), [`progress`], [`options`], [`error`].
+
+pub mod error;
+pub mod fetch;
+pub mod media;
+pub mod options;
+pub mod progress;
+mod record;
+mod reference;
+pub mod registry;
+mod resolve;
+pub mod stack;
+pub mod store;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use oci_client::Reference;
+use rigger_runtime::Runtime;
+use tokio::sync::{Mutex, Semaphore};
+
+pub use self::error::PullError;
+use self::error::is_disk_full;
+use self::fetch::Transfer;
+use self::fetch::limit::RateLimit;
+pub use self::options::{DEFAULT_CHUNK_SIZE, DEFAULT_MAX_CONNECTIONS, PullOptions};
+pub use self::progress::{LayerBytes, NoProgress, Progress, ProgressEvent, PulledImage};
+use self::reference::parse_reference;
+pub use self::reference::{check_reference, normalized_name};
+use self::registry::Registry;
+use self::stack::unpack::chain_ids;
+use self::store::Store;
+
+/// The engine; one per agent, shared by all pulls so limits are node-wide.
+#[derive(Debug, Clone)]
+pub struct Puller {
+    runtime: Runtime,
+    options: PullOptions,
+    connections: Arc<Semaphore>,
+    rate: Option<Arc<RateLimit>>,
+    /// One fetch per blob at a time in this agent; concurrent pulls wait and reuse it.
+    in_flight: Arc<Mutex<HashMap<String, Arc<Mutex<()>>>>>,
+}
+
+impl Puller {
+    /// The containerd connection pulls go through.
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    pub fn new(runtime: Runtime, options: PullOptions) -> Self {
+        let connections = Arc::new(Semaphore::new(options.max_connections.max(1)));
+        let rate = options.limit_rate.map(|r| Arc::new(RateLimit::new(r)));
+        Self {
+            runtime,
+            options,
+            connections,
+            rate,
+            in_flight: Arc::default(),
+        }
+    }
+
+    /// Pull `image` into containerd.
+    pub async fn pull(
+        &self,
+        image: &str,
+        progress: Arc<dyn Progress>,
+    ) -> Result<PulledImage, PullError> {
+        self.pull_with_credentials(image, &[], progress).await
+    }
+
+    /// Pull `image`, looking for its registry's credentials first in `docker_configs`
+    /// (docker `config.json` documents, e.g. a job's pull secrets), then where
+    /// [`PullOptions::docker_config`] says.
+    #[tracing::instrument(level = "info", skip(self, docker_configs, progress), fields(namespace = %self.options.namespace))]
+    pub async fn pull_with_credentials(
+        &self,
+        image: &str,
+        docker_configs: &[String],
+        progress: Arc<dyn Progress>,
+    ) -> Result<PulledImage, PullError> {
+        let reference = parse_reference(image)?;
+        let name = reference.whole();
+        let registry = Arc::new(resolve::registry(
+            &reference,
+            docker_configs,
+            &self.options,
+        )?);
+
+        let mut store = Store::new(&self.runtime, &self.options.namespace);
+        if let Err(error) = store.reap_stale_leases().await {
+            tracing::warn!(%error, "could not look for leases of interrupted pulls");
+        }
+        match fetch::spool::reap_stale(&self.options.spool_dir) {
+            Ok(0) => {}
+            Ok(removed) => tracing::info!(removed, "removed spools of abandoned pulls"),
+            Err(error) => tracing::warn!(%error, "could not look for abandoned spools"),
+        }
+        store
+            .take_lease("pull")
+            .await
+            .map_err(|source| PullError::Store {
+                image: name.clone(),
+                source,
+            })?;
+        let result = self
+            .pull_with_lease(&name, &reference, registry, &store, progress)
+            .await
+            .map_err(|e| e.naming(&name));
+        // A full disk: partial downloads would keep it full, so they go (anything else
+        // keeps them, for resuming).
+        if let Err(error) = &result
+            && is_disk_full(error)
+        {
+            let aborted = store.abort_opened().await;
+            tracing::warn!(image = %name, aborted, "disk full: this pull's partial downloads removed");
+        }
+        // The lease goes in every case: on success the image record now holds everything;
+        // on failure what was written becomes garbage (ingests stay, for resuming).
+        if let Err(error) = store.release().await {
+            tracing::warn!(%error, "could not release the pull lease; it expires by itself");
+        }
+        result
+    }
+
+    /// The pipeline, under the pull's lease.
+    async fn pull_with_lease(
+        &self,
+        name: &str,
+        reference: &Reference,
+        registry: Arc<Registry>,
+        store: &Store,
+        progress: Arc<dyn Progress>,
+    ) -> Result<PulledImage, PullError> {
+        let manifests =
+            resolve::manifests(&registry, reference, &self.options.platform, name).await?;
+        let layers = manifests.manifest.layers().clone();
+        progress.event(ProgressEvent::Resolved {
+            image: name.to_owned(),
+            digest: manifests.top_digest().to_owned(),
+            layers: layers
+                .iter()
+                .map(|l| (l.digest().to_string(), l.size()))
+                .collect(),
+        });
+        let transfer = Transfer::new(name, reference, registry, store, progress.clone(), self);
+        let config = resolve::config(&transfer, &manifests, &self.options).await?;
+        let chains = chain_ids(&config.diff_ids);
+        let bytes_downloaded = stack::fetch_and_stack(
+            &transfer,
+            &self.options.snapshotter,
+            &layers,
+            &config.diff_ids,
+            &chains,
+        )
+        .await?;
+        let target = record::record(
+            &transfer,
+            reference,
+            &manifests,
+            &config,
+            &chains,
+            &self.options.snapshotter,
+            &self.options.namespace,
+        )
+        .await?;
+        progress.event(ProgressEvent::Done {
+            image: name.to_owned(),
+        });
+        Ok(PulledImage {
+            name: name.to_owned(),
+            digest: target.digest,
+            config_digest: config.descriptor.digest().to_string(),
+            layers: layers.len(),
+            bytes_downloaded,
+        })
+    }
+}
