@@ -10,6 +10,11 @@ pub mod lifecycle;
 pub mod pod;
 pub mod time;
 
+/// Metadata of a refusal by the controller's request-rate limit: milliseconds until the
+/// client's next request is admitted. riggerctl waits this long before retrying (gRPC
+/// has no Retry-After of its own).
+pub const RETRY_AFTER_MS: &str = "rigger-retry-after-ms";
+
 /// `rigger.v1`: node inventory and the agent link.
 pub mod v1 {
     tonic::include_proto!("rigger.v1");

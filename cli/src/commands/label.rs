@@ -8,7 +8,7 @@ use anyhow::bail;
 use rigger_proto::v1::LabelRequest;
 use serde_json::Value;
 
-use super::{Client, refused};
+use crate::client::{Client, refused};
 
 /// Parsed `KEY=VALUE` and `KEY-` arguments.
 fn changes(args: &[String]) -> anyhow::Result<(HashMap<String, String>, Vec<String>)> {
@@ -31,19 +31,34 @@ fn changes(args: &[String]) -> anyhow::Result<(HashMap<String, String>, Vec<Stri
     Ok((set, remove))
 }
 
-pub async fn run(
-    client: &mut Client,
-    kind: &str,
-    name: &str,
-    labels: &[String],
+/// Set (`KEY=VALUE`) or remove (`KEY-`) labels an admin keeps on a node: the labels
+/// jobs with pull secrets choose nodes by, and the only way to set a reserved prefix
+/// (`node-restriction.rigger.dev/`).
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// node (no).
+    kind: String,
+    name: String,
+    #[arg(required = true, value_name = "KEY=VALUE|KEY-")]
+    labels: Vec<String>,
+    /// Replace a value that is already there.
+    #[arg(long)]
     overwrite: bool,
-) -> anyhow::Result<()> {
-    let (set, remove) = changes(labels)?;
+}
+
+pub async fn run(args: Args, client: &mut Client) -> anyhow::Result<()> {
+    let Args {
+        kind,
+        name,
+        labels,
+        overwrite,
+    } = args;
+    let (set, remove) = changes(&labels)?;
     let object = client
         .label(LabelRequest {
-            kind: kind.to_owned(),
+            kind,
             namespace: String::new(),
-            name: name.to_owned(),
+            name: name.clone(),
             set,
             remove,
             overwrite,
@@ -52,7 +67,7 @@ pub async fn run(
         .map_err(|s| refused(&s))?
         .into_inner();
     let object: Value = serde_json::from_str(&object.json)?;
-    let name = object["metadata"]["name"].as_str().unwrap_or(name);
+    let name = object["metadata"]["name"].as_str().unwrap_or(&name);
     println!("node/{name} labeled");
     Ok(())
 }

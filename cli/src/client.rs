@@ -1,0 +1,218 @@
+//! Reaching the controller: the config file, TLS, the bearer token, the leader among
+//! replicas, and the calls every verb makes (get one object, list a kind).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use rigger_proto::v1::control_client::ControlClient;
+use rigger_proto::v1::{GetRequest, ListRequest};
+use serde_json::Value;
+use tonic::transport::Channel;
+
+use crate::rate_limit::WaitOutRateLimit;
+
+/// Where the controller is and who is asking; every verb takes these.
+#[derive(Debug, clap::Args)]
+pub struct ConnectArgs {
+    /// Controller URL [default: from the config file, else https://127.0.0.1:9450].
+    #[arg(long, global = true, env = "RIGGER_SERVER")]
+    server: Option<String>,
+    /// CA certificate (PEM) that signed the controller's certificate (https).
+    #[arg(long, global = true, env = "RIGGER_CA_FILE", value_name = "FILE")]
+    ca_file: Option<PathBuf>,
+    /// Bearer token [default: from the config file].
+    #[arg(long, global = true, env = "RIGGER_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Config file with `server`, `ca_file` and `token`
+    /// [default: ~/.config/rigger/riggerctl.toml when it exists].
+    #[arg(long, global = true, env = "RIGGERCTL_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+/// riggerctl's config file.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    server: Option<String>,
+    ca_file: Option<PathBuf>,
+    token: Option<String>,
+}
+
+/// Adds the user's bearer token to every call.
+#[derive(Debug, Clone)]
+pub struct BearerToken(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for BearerToken {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(token) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// Largest response accepted from the controller.
+const MAX_RESPONSE: usize = 1 << 30;
+
+pub type Client = ControlClient<
+    tonic::service::interceptor::InterceptedService<WaitOutRateLimit<Channel>, BearerToken>,
+>;
+
+/// How long riggerctl waits out the controller's request-rate limit before giving up
+/// with its refusal.
+const RATE_LIMIT_PATIENCE: Duration = Duration::from_secs(60);
+
+fn say_rate_limited(wait: Duration) {
+    eprintln!(
+        "riggerctl: the controller limits this client's requests per second; retrying in {:.1}s",
+        wait.as_secs_f64()
+    );
+}
+
+pub async fn connect(cli: &ConnectArgs) -> anyhow::Result<Client> {
+    let default_config = std::env::var_os("HOME")
+        .map(|home| PathBuf::from(home).join(".config/rigger/riggerctl.toml"))
+        .filter(|p| p.exists());
+    let file = match cli.config.as_ref().or(default_config.as_ref()) {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            toml::from_str::<ConfigFile>(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e.message()))?
+        }
+        None => ConfigFile::default(),
+    };
+    let servers = cli
+        .server
+        .clone()
+        .or(file.server)
+        .unwrap_or_else(|| "https://127.0.0.1:9450".to_owned());
+    let token = match cli.token.clone().or(file.token) {
+        Some(token) => Some(
+            format!("Bearer {}", token.trim())
+                .parse()
+                .map_err(|_| anyhow::anyhow!("the token has characters a header cannot carry"))?,
+        ),
+        None => None,
+    };
+    let ca_file = cli.ca_file.clone().or(file.ca_file);
+    // Several servers: replicas of an HA controller; the leader answers, followers say
+    // "not the leader" and the next one is tried.
+    let mut errors: Vec<String> = Vec::new();
+    for server in servers.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let mut client = match connect_one(server, ca_file.as_deref(), token.clone()).await {
+            Ok(client) => client,
+            Err(e) => {
+                errors.push(format!("{e:#}"));
+                continue;
+            }
+        };
+        match client
+            .list(ListRequest {
+                kind: "Node".to_owned(),
+                namespace: String::new(),
+            })
+            .await
+        {
+            Ok(_) => return Ok(client),
+            // A follower, or a replica on its way down: the next one may lead.
+            Err(status) if status.code() == tonic::Code::Unavailable => {
+                errors.push(format!("{server}: {}", status.message()));
+            }
+            Err(status) => return Err(refused(&status)),
+        }
+    }
+    match errors.as_slice() {
+        [] => Err(anyhow::anyhow!("--server names no controller")),
+        [one] => Err(anyhow::anyhow!("{one}")),
+        all => Err(anyhow::anyhow!(
+            "no controller answered: {}",
+            all.join("; ")
+        )),
+    }
+}
+
+async fn connect_one(
+    server: &str,
+    ca_file: Option<&std::path::Path>,
+    token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+) -> anyhow::Result<Client> {
+    let mut endpoint = tonic::transport::Endpoint::from_shared(server.to_owned())
+        .with_context(|| format!("--server {server:?} is not a URL"))?
+        .connect_timeout(Duration::from_secs(10));
+    if server.starts_with("https://") {
+        let ca_file = ca_file.ok_or_else(|| {
+            anyhow::anyhow!(
+                "{server}: https needs --ca-file (the CA that signed the controller's certificate)"
+            )
+        })?;
+        let ca =
+            std::fs::read(ca_file).with_context(|| format!("--ca-file {}", ca_file.display()))?;
+        endpoint = endpoint
+            .tls_config(
+                tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(ca)),
+            )
+            .with_context(|| format!("TLS settings for {server}"))?;
+    }
+    let channel = endpoint.connect().await.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot reach the controller at {server}: {}",
+            rigger_daemon::error_chain(&e)
+        )
+    })?;
+    // A list of thousands of nodes, or a job's status over them, is tens of MiB.
+    let channel = WaitOutRateLimit::new(channel, RATE_LIMIT_PATIENCE, say_rate_limited);
+    Ok(ControlClient::with_interceptor(channel, BearerToken(token))
+        .max_decoding_message_size(MAX_RESPONSE))
+}
+
+/// The controller's refusal as one line.
+pub fn refused(status: &tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{}", status.message())
+}
+
+/// One object, as the controller serves it.
+pub async fn fetch(
+    client: &mut Client,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<Value> {
+    let object = client
+        .get(GetRequest {
+            kind: kind.to_owned(),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        })
+        .await
+        .map_err(|s| refused(&s))?
+        .into_inner();
+    serde_json::from_str(&object.json).context("the controller sent an unreadable object")
+}
+
+/// Every object of a kind in a namespace (all namespaces for `""`).
+pub async fn fetch_all(
+    client: &mut Client,
+    kind: &str,
+    namespace: &str,
+) -> anyhow::Result<Vec<Value>> {
+    let list = client
+        .list(ListRequest {
+            kind: kind.to_owned(),
+            namespace: namespace.to_owned(),
+        })
+        .await
+        .map_err(|s| refused(&s))?
+        .into_inner();
+    list.items
+        .iter()
+        .map(|o| serde_json::from_str(&o.json).context("the controller sent an unreadable object"))
+        .collect()
+}

@@ -1,0 +1,90 @@
+//! `riggerctl get KIND [NAME]`: objects as a table, JSON or YAML; `-w` keeps watching.
+
+use std::time::Duration;
+
+use crate::client::{Client, fetch, fetch_all};
+use crate::output::{Output, print_table, render_table, table_rows};
+
+/// Show objects: one by name, or all of a kind.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// imagepulljob (ipj), containerrecreaterequest (crr), pod (po), node (no), secret.
+    kind: String,
+    name: Option<String>,
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+    output: Output,
+    /// Keep watching and print changes.
+    #[arg(long, short = 'w')]
+    watch: bool,
+    /// List across all namespaces.
+    #[arg(long, short = 'A')]
+    all_namespaces: bool,
+}
+
+pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Result<()> {
+    let Args {
+        kind,
+        name,
+        output,
+        watch,
+        all_namespaces,
+    } = args;
+    let (kind, name) = (kind.as_str(), name.as_deref());
+    let namespace = if all_namespaces { "" } else { namespace };
+    let mut printed_header = false;
+    let mut last: Vec<String> = Vec::new();
+    loop {
+        let objects = match name {
+            Some(name) => vec![fetch(client, kind, namespace, name).await?],
+            None => fetch_all(client, kind, namespace).await?,
+        };
+        match output {
+            Output::Json | Output::Yaml => {
+                let value = match (name, objects.as_slice()) {
+                    (Some(_), [one]) => one.clone(),
+                    _ => serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects}),
+                };
+                let text = if output == Output::Json {
+                    format!("{}\n", serde_json::to_string_pretty(&value)?)
+                } else {
+                    serde_yaml_ng::to_string(&value)?
+                };
+                if last.first() != Some(&text) {
+                    if watch && !last.is_empty() && output == Output::Yaml {
+                        println!("---");
+                    }
+                    print!("{text}");
+                    last = vec![text];
+                }
+            }
+            Output::Table | Output::Wide => {
+                let all_namespaces = namespace.is_empty();
+                let (header, rows) = table_rows(&objects, output == Output::Wide, all_namespaces);
+                if !watch {
+                    if rows.is_empty() {
+                        eprintln!("No resources found.");
+                    } else {
+                        print_table(&header, &rows, true);
+                    }
+                    return Ok(());
+                }
+                // Watching: the header once, then each row whenever it changes.
+                let lines: Vec<String> = render_table(&header, &rows);
+                if !printed_header {
+                    println!("{}", lines[0]);
+                    printed_header = true;
+                }
+                for line in &lines[1..] {
+                    if !last.contains(line) {
+                        println!("{line}");
+                    }
+                }
+                last = lines;
+            }
+        }
+        if !watch {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}

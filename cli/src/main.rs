@@ -1,0 +1,90 @@
+//! `riggerctl`: the command line for Rigger's controller, in kubectl's habits.
+//!
+//! [`client`] reaches the controller (leader, TLS, token, rate limit); each verb is a
+//! file of [`commands`]; [`output`] prints tables, names, ages and sizes.
+
+mod client;
+mod commands;
+mod output;
+mod rate_limit;
+
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+use self::client::ConnectArgs;
+use self::commands::{apply, delete, describe, exec, get, label, logs, recreate, set, wait};
+
+#[derive(Debug, Parser)]
+#[command(name = "riggerctl", version, about = "Talk to a Rigger controller")]
+struct Cli {
+    #[command(flatten)]
+    connection: ConnectArgs,
+    /// Namespace of namespaced objects.
+    #[arg(long, short = 'n', global = true, default_value = "default")]
+    namespace: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    Apply(apply::Args),
+    Get(get::Args),
+    Describe(describe::Args),
+    Delete(delete::Args),
+    Label(label::Args),
+    Logs(logs::Args),
+    Exec(exec::Args),
+    Set(set::Args),
+    Recreate(recreate::Args),
+    #[command(flatten)]
+    Docs(rigger_daemon::cli::DocsCommand),
+    Wait(wait::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = match rigger_daemon::cli::parse_args::<Cli>() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
+    // Completions and the man page need no controller.
+    if let Command::Docs(docs) = &cli.command {
+        return docs.print(<Cli as clap::CommandFactory>::command());
+    }
+    let result = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+        .and_then(|rt| rt.block_on(run(cli)));
+    match result {
+        Ok(0) => ExitCode::SUCCESS,
+        // `exec` passes on the command's exit status.
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("riggerctl: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The verb's exit status (0 unless `exec` passes on another).
+async fn run(cli: Cli) -> anyhow::Result<i32> {
+    let client = &mut client::connect(&cli.connection).await?;
+    let namespace = cli.namespace.as_str();
+    match cli.command {
+        Command::Apply(args) => apply::run(args, client).await,
+        Command::Get(args) => get::run(args, client, namespace).await,
+        Command::Describe(args) => describe::run(args, client, namespace).await,
+        Command::Delete(args) => delete::run(args, client, namespace).await,
+        Command::Label(args) => label::run(args, client).await,
+        Command::Logs(args) => logs::run(args, client, namespace).await,
+        Command::Exec(args) => return exec::run(args, client, namespace).await,
+        Command::Set(args) => set::run(args, client, namespace).await,
+        Command::Recreate(args) => recreate::run(args, client, namespace).await,
+        Command::Wait(args) => wait::run(args, client, namespace).await,
+        Command::Docs(_) => Ok(()),
+    }
+    .map(|()| 0)
+}
