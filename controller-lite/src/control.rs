@@ -22,14 +22,14 @@ use crate::auth::{Role, UserAuth};
 use crate::jobs::JobEngine;
 use crate::leader::Leadership;
 use crate::nodes::NodeRegistry;
-use crate::objects::image_pull_job::ImagePullJob;
-use crate::objects::pod::Pod;
-use crate::objects::secret::Secret;
-use crate::objects::{DEFAULT_NAMESPACE, FieldError, Kind, ObjectMeta};
 use crate::pods::PodSync;
 use crate::rate_limit::{ApiRate, ClientLimiter};
 use crate::recreates::RecreateEngine;
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
+use rigger_api::image_pull_job::ImagePullJob;
+use rigger_api::pod::Pod;
+use rigger_api::secret::Secret;
+use rigger_api::{DEFAULT_NAMESPACE, FieldError, Kind, ObjectMeta};
 
 /// The label `get pod` shows an agent-managed pod's lifecycle state in.
 pub const LIFECYCLE_STATE_LABEL: &str = "lifecycle.rigger.dev/state";
@@ -206,7 +206,7 @@ trait Managed: Serialize + serde::de::DeserializeOwned + PartialEq {
     fn spec_differs(&self, other: &Self) -> bool;
 }
 
-impl Managed for crate::objects::lifecycle_cooperator::LifecycleCooperator {
+impl Managed for rigger_api::lifecycle_cooperator::LifecycleCooperator {
     fn metadata(&self) -> &ObjectMeta {
         &self.metadata
     }
@@ -218,7 +218,7 @@ impl Managed for crate::objects::lifecycle_cooperator::LifecycleCooperator {
     }
 }
 
-impl Managed for crate::objects::sidecar_set::SidecarSet {
+impl Managed for rigger_api::sidecar_set::SidecarSet {
     fn metadata(&self) -> &ObjectMeta {
         &self.metadata
     }
@@ -330,10 +330,10 @@ impl ControlService {
         let mut job: ImagePullJob = decode(value).map_err(|e| refuse(&name, &e))?;
         job.status = None;
         let (namespace, what) =
-            default_namespace(crate::objects::image_pull_job::KIND, &mut job.metadata);
+            default_namespace(rigger_api::image_pull_job::KIND, &mut job.metadata);
         job.validate().map_err(|e| refuse(&what, &e))?;
         let key = ObjectKey::new(
-            crate::objects::image_pull_job::KIND,
+            rigger_api::image_pull_job::KIND,
             &namespace,
             &job.metadata.name,
         );
@@ -396,7 +396,7 @@ impl ControlService {
         value: serde_json::Value,
         dry_run: bool,
     ) -> Result<ApplyResponse, Status> {
-        use crate::objects::sidecar_set::{self as sidecar_set, SidecarSet};
+        use rigger_api::sidecar_set::{self as sidecar_set, SidecarSet};
         let name = object_name(&value);
         let mut object: SidecarSet = decode(value).map_err(|e| refuse(&name, &e))?;
         object.status = None;
@@ -415,24 +415,23 @@ impl ControlService {
     /// Kruise's SidecarSet counts, from the pods it was injected into.
     async fn sidecar_set_status(
         &self,
-        set: &crate::objects::sidecar_set::SidecarSet,
-    ) -> Result<crate::objects::sidecar_set::SidecarSetStatus, Status> {
+        set: &rigger_api::sidecar_set::SidecarSet,
+    ) -> Result<rigger_api::sidecar_set::SidecarSetStatus, Status> {
         let hash = set.hash();
-        let mut status = crate::objects::sidecar_set::SidecarSetStatus {
+        let mut status = rigger_api::sidecar_set::SidecarSetStatus {
             observed_generation: set.metadata.generation.unwrap_or(1),
             ..Default::default()
         };
         for stored in self
             .store
-            .list(crate::objects::pod::KIND)
+            .list(rigger_api::pod::KIND)
             .await
             .map_err(store_status)?
         {
             let Ok(pod) = serde_json::from_slice::<Pod>(&stored.object) else {
                 continue;
             };
-            let Some(version) =
-                crate::objects::sidecar_set::injected(&pod).remove(&set.metadata.name)
+            let Some(version) = rigger_api::sidecar_set::injected(&pod).remove(&set.metadata.name)
             else {
                 continue;
             };
@@ -458,7 +457,7 @@ impl ControlService {
         value: serde_json::Value,
         dry_run: bool,
     ) -> Result<ApplyResponse, Status> {
-        use crate::objects::lifecycle_cooperator::{self as cooperator, LifecycleCooperator};
+        use rigger_api::lifecycle_cooperator::{self as cooperator, LifecycleCooperator};
         let name = object_name(&value);
         let mut object: LifecycleCooperator = decode(value).map_err(|e| refuse(&name, &e))?;
         let (namespace, what) = default_namespace(cooperator::KIND, &mut object.metadata);
@@ -479,16 +478,11 @@ impl ControlService {
     ) -> Result<ApplyResponse, Status> {
         let name = object_name(&value);
         let mut secret: Secret = decode(value).map_err(|e| refuse(&name, &e))?;
-        let (namespace, what) =
-            default_namespace(crate::objects::secret::KIND, &mut secret.metadata);
+        let (namespace, what) = default_namespace(rigger_api::secret::KIND, &mut secret.metadata);
         secret
             .validate_and_normalize()
             .map_err(|e| refuse(&what, &e))?;
-        let key = ObjectKey::new(
-            crate::objects::secret::KIND,
-            &namespace,
-            &secret.metadata.name,
-        );
+        let key = ObjectKey::new(rigger_api::secret::KIND, &namespace, &secret.metadata.name);
         let (stored, old) = self.read_stored::<Secret>(&key).await?;
         let changed = old
             .as_ref()
@@ -526,24 +520,24 @@ impl ControlService {
         pod.status = None;
         // Shown on reads, owned by the agent: a re-applied copy must not store it.
         pod.metadata.labels.remove(LIFECYCLE_STATE_LABEL);
-        let (namespace, what) = default_namespace(crate::objects::pod::KIND, &mut pod.metadata);
-        crate::objects::pod::validate(&pod).map_err(|e| refuse(&what, &e))?;
-        let key = ObjectKey::new(crate::objects::pod::KIND, &namespace, &pod.metadata.name);
+        let (namespace, what) = default_namespace(rigger_api::pod::KIND, &mut pod.metadata);
+        rigger_api::pod::validate(&pod).map_err(|e| refuse(&what, &e))?;
+        let key = ObjectKey::new(rigger_api::pod::KIND, &namespace, &pod.metadata.name);
         let (stored, old) = self.read_stored::<Pod>(&key).await?;
         // Sidecars: injected into new pods; an existing pod keeps what it was given.
         match &old {
-            Some(old) => crate::objects::sidecar_set::keep_injected(&mut pod, old),
+            Some(old) => rigger_api::sidecar_set::keep_injected(&mut pod, old),
             None => {
-                let sets: Vec<crate::objects::sidecar_set::SidecarSet> = self
+                let sets: Vec<rigger_api::sidecar_set::SidecarSet> = self
                     .store
-                    .list(crate::objects::sidecar_set::KIND)
+                    .list(rigger_api::sidecar_set::KIND)
                     .await
                     .map_err(store_status)?
                     .iter()
                     .filter_map(|s| serde_json::from_slice(&s.object).ok())
                     .collect();
-                crate::objects::sidecar_set::inject(&mut pod, &sets)
-                    .and_then(|()| crate::objects::pod::validate(&pod))
+                rigger_api::sidecar_set::inject(&mut pod, &sets)
+                    .and_then(|()| rigger_api::pod::validate(&pod))
                     .map_err(|e| refuse(&what, &e))?;
             }
         }
@@ -553,7 +547,7 @@ impl ControlService {
                 pod.spec.node_name.clone_from(&old.spec.node_name);
             }
             // Images (and metadata) change in place; the agent updates those containers.
-            crate::objects::pod::check_in_place_change(&old.spec, &pod.spec)
+            rigger_api::pod::check_in_place_change(&old.spec, &pod.spec)
                 .map_err(|e| refuse(&what, &e))?;
         }
         if pod.spec.node_name.is_none() {
@@ -590,7 +584,7 @@ impl ControlService {
         value: serde_json::Value,
         dry_run: bool,
     ) -> Result<ApplyResponse, Status> {
-        use crate::objects::container_recreate_request::{self as crr, ContainerRecreateRequest};
+        use rigger_api::container_recreate_request::{self as crr, ContainerRecreateRequest};
         let name = object_name(&value);
         let mut request: ContainerRecreateRequest = decode(value).map_err(|e| refuse(&name, &e))?;
         request.status = None;
@@ -656,11 +650,11 @@ impl ControlService {
     async fn resolve_crr_pod(
         &self,
         namespace: &str,
-        request: &crate::objects::container_recreate_request::ContainerRecreateRequest,
+        request: &rigger_api::container_recreate_request::ContainerRecreateRequest,
     ) -> Result<std::collections::BTreeMap<String, String>, FieldError> {
         use crate::recreates::{NODE_NAME_LABEL, POD_OWNER_LABEL, POD_UID_LABEL};
         let pod_name = &request.spec.pod_name;
-        let pod_key = ObjectKey::new(crate::objects::pod::KIND, namespace, pod_name);
+        let pod_key = ObjectKey::new(rigger_api::pod::KIND, namespace, pod_name);
         let stored = self
             .store
             .get(pod_key)
@@ -710,11 +704,7 @@ impl ControlService {
 
     /// The node and uid of a stored pod.
     async fn placement(&self, namespace: &str, name: &str) -> Result<(String, String), Status> {
-        let key = ObjectKey::new(
-            crate::objects::pod::KIND,
-            namespace_or_default(namespace),
-            name,
-        );
+        let key = ObjectKey::new(rigger_api::pod::KIND, namespace_or_default(namespace), name);
         let pod: Pod = self
             .store
             .get(key.clone())
@@ -734,11 +724,10 @@ impl ControlService {
     async fn place(&self, pod: &Pod) -> Result<String, FieldError> {
         let mut pods_per_node: std::collections::HashMap<String, usize> =
             std::collections::HashMap::new();
-        let stored = self
-            .store
-            .list(crate::objects::pod::KIND)
-            .await
-            .map_err(|e| FieldError::new("spec.nodeName", format!("cannot place the pod: {e}")))?;
+        let stored =
+            self.store.list(rigger_api::pod::KIND).await.map_err(|e| {
+                FieldError::new("spec.nodeName", format!("cannot place the pod: {e}"))
+            })?;
         for other in stored {
             if let Ok(other) = serde_json::from_slice::<Pod>(&other.object)
                 && let Some(node) = other.spec.node_name
@@ -746,7 +735,7 @@ impl ControlService {
                 *pods_per_node.entry(node).or_default() += 1;
             }
         }
-        let selector = crate::objects::LabelSelector {
+        let selector = rigger_api::LabelSelector {
             match_labels: pod.spec.node_selector.clone(),
             match_expressions: Vec::new(),
         };
@@ -819,7 +808,7 @@ impl ControlService {
                 request.to_string()
             }
             Kind::SidecarSet => {
-                let mut set: crate::objects::sidecar_set::SidecarSet =
+                let mut set: rigger_api::sidecar_set::SidecarSet =
                     serde_json::from_slice(&stored.object).map_err(|e| {
                         Status::internal(format!("{}: unreadable: {e}", stored.key))
                     })?;

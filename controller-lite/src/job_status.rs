@@ -11,8 +11,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::objects::image_pull_job::{ImagePullJobStatus, NodePullStatus};
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
+use rigger_api::image_pull_job::{ImagePullJobStatus, NodePullStatus};
 
 /// The store kind of a job's status summary.
 pub const SUMMARY_KIND: &str = "ImagePullJob.status";
@@ -188,8 +188,8 @@ async fn delete_shards_from(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::objects::image_pull_job::NodePullPhase;
     use crate::store::EmbeddedStore;
+    use rigger_api::image_pull_job::NodePullPhase;
 
     fn status(nodes: usize) -> ImagePullJobStatus {
         ImagePullJobStatus {

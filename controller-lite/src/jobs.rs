@@ -25,13 +25,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::job_status;
 use crate::nodes::{NodeRegistry, NodeView};
-use crate::objects::Condition;
-use crate::objects::image_pull_job::{
+use crate::store::{ObjectKey, Precondition, Store, StoreError};
+use rigger_api::Condition;
+use rigger_api::image_pull_job::{
     self, CompletionPolicyType, ImagePullJob, ImagePullJobStatus, ImagePullPolicy, NodePullPhase,
     NodePullStatus,
 };
-use crate::objects::secret::{self, Secret};
-use crate::store::{ObjectKey, Precondition, Store, StoreError};
+use rigger_api::secret::{self, Secret};
 
 const TICK: Duration = Duration::from_millis(500);
 /// Longest wait before a failed node's next attempt.

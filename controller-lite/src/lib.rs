@@ -1,6 +1,7 @@
 //! `rigger-controller`: the slim controller. It never touches containers itself; it holds
 //! what the fleet should do, hands each node's share to that node's agent over the agent
-//! link, and folds the agents' reports into status.
+//! link, and folds the agents' reports into status. The kinds it serves are
+//! `rigger_api`'s.
 //!
 //! - [`config`]: configuration (file, env, flags), validated before binding;
 //! - [`auth`]: agents by client certificate (mTLS), users by bearer token and role;
@@ -13,7 +14,6 @@
 //! - [`pods`]: agent-managed pods: each node's set to its agent, statuses back;
 //! - [`relay`]: users' questions to agents (logs, exec) and their answers;
 //! - [`control`]: the user API (`rigger.v1.Control`) that riggerctl speaks;
-//! - [`objects`]: the kinds users apply (ImagePullJob, ...) and their validation;
 //! - [`store`]: the object store (embedded redb, or etcd), conditional writes by revision;
 //! - [`leader`]: leader election among replicas sharing an etcd;
 //! - [`server`]: wiring, health endpoints, graceful shutdown.
@@ -29,7 +29,6 @@ pub mod link;
 pub mod metrics;
 pub mod node_labels;
 pub mod nodes;
-pub mod objects;
 pub mod pods;
 pub mod predownload;
 pub mod rate_limit;

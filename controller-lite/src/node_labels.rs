@@ -83,8 +83,8 @@ pub fn edit(
 ) -> Result<BTreeMap<String, String>, String> {
     let mut labels = current.clone();
     for (key, value) in &change.set {
-        crate::objects::check_label_key(key).map_err(|reason| format!("node {node}: {reason}"))?;
-        if !crate::objects::check_label_value(value) {
+        rigger_api::check_label_key(key).map_err(|reason| format!("node {node}: {reason}"))?;
+        if !rigger_api::check_label_value(value) {
             return Err(format!(
                 "node {node}: label {key:?}: {value:?} is not a valid label value (at most 63 of letters, digits, '-', '_' and '.', alphanumeric at both ends)"
             ));

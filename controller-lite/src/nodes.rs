@@ -377,7 +377,7 @@ fn node_object(
         }
     }
     serde_json::json!({
-        "apiVersion": crate::objects::API_VERSION,
+        "apiVersion": rigger_api::API_VERSION,
         "kind": "Node",
         "metadata": {
             "name": name,

@@ -6,10 +6,10 @@
 use rigger_proto::v1::{AssignedPod, ControllerMessage, PodSet, PodStatus, controller_message};
 
 use crate::nodes::NodeRegistry;
-use crate::objects::lifecycle_cooperator::{self, LifecycleCooperator};
-use crate::objects::pod::{self, Pod};
 use crate::relay::Relay;
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
+use rigger_api::lifecycle_cooperator::{self, LifecycleCooperator};
+use rigger_api::pod::{self, Pod};
 
 /// Whether a reported PodStatus has condition Ready=True.
 pub fn is_ready(status: &serde_json::Value) -> bool {

@@ -10,10 +10,10 @@
 
 use std::collections::BTreeSet;
 
-use crate::objects::image_pull_job::{
+use rigger_api::image_pull_job::{
     self, CompletionPolicy, CompletionPolicyType, ImagePullJob, ImagePullJobSpec, NodeSelector,
 };
-use crate::objects::{API_VERSION, IntOrPercent, ObjectMeta};
+use rigger_api::{API_VERSION, IntOrPercent, ObjectMeta};
 
 /// Kruise's knobs, with its defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,12 +22,12 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::nodes::NodeRegistry;
-use crate::objects::container_recreate_request::{
+use crate::store::{ObjectKey, Precondition, Store};
+use rigger_api::container_recreate_request::{
     self as crr, ContainerRecreatePhase, ContainerRecreateRequest, ContainerRecreateState,
     CrrPhase, CrrStatus, FailurePolicy,
 };
-use crate::objects::pod::{self, Pod};
-use crate::store::{ObjectKey, Precondition, Store};
+use rigger_api::pod::{self, Pod};
 
 /// The store kind under which request statuses live.
 pub const STATUS_KIND: &str = "ContainerRecreateRequest.status";

@@ -29,12 +29,12 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::objects::image_pull_job;
-use crate::objects::pod::{self, Pod};
-use crate::objects::sidecar_set::{self, InjectedVersion, SidecarSet, UpgradeType};
 use crate::pods::{PodSync, is_ready};
 use crate::predownload::{self, PreDownload, RolloutPod};
 use crate::store::{ObjectKey, Precondition, Store, Stored};
+use rigger_api::image_pull_job;
+use rigger_api::pod::{self, Pod};
+use rigger_api::sidecar_set::{self, InjectedVersion, SidecarSet, UpgradeType};
 
 const TICK: Duration = Duration::from_secs(1);
 

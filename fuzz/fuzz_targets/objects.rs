@@ -3,12 +3,12 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rigger_controller::objects::container_recreate_request::ContainerRecreateRequest;
-use rigger_controller::objects::image_pull_job::ImagePullJob;
-use rigger_controller::objects::lifecycle_cooperator::LifecycleCooperator;
-use rigger_controller::objects::pod::{self, Pod};
-use rigger_controller::objects::secret::Secret;
-use rigger_controller::objects::sidecar_set::SidecarSet;
+use rigger_api::container_recreate_request::ContainerRecreateRequest;
+use rigger_api::image_pull_job::ImagePullJob;
+use rigger_api::lifecycle_cooperator::LifecycleCooperator;
+use rigger_api::pod::{self, Pod};
+use rigger_api::secret::Secret;
+use rigger_api::sidecar_set::SidecarSet;
 use serde_json::Value;
 
 fuzz_target!(|text: &str| {

@@ -18,10 +18,8 @@ async fn etcd_store_meets_the_store_contract() {
 
 #[tokio::test]
 async fn a_ten_thousand_node_job_status_round_trips_through_etcd() {
+    use rigger_api::image_pull_job::{ImagePullJobStatus, NodePullPhase, NodePullStatus};
     use rigger_controller::job_status;
-    use rigger_controller::objects::image_pull_job::{
-        ImagePullJobStatus, NodePullPhase, NodePullStatus,
-    };
     use rigger_controller::store::{ObjectKey, Precondition};
 
     let etcd = Etcd::start();

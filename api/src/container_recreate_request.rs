@@ -161,7 +161,7 @@ impl ContainerRecreateRequest {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::objects::KRUISE_API_VERSION;
+    use crate::KRUISE_API_VERSION;
 
     fn crr(spec: &serde_json::Value) -> Result<ContainerRecreateRequest, String> {
         let value = serde_json::json!({

@@ -263,7 +263,7 @@ impl ImagePullJobSpec {
         }
         if self.pod_selector.is_some() && !self.pull_secrets.is_empty() {
             // Pod labels are what nodes report about themselves; credentials go only
-            // to nodes an admin chose (crate::node_labels).
+            // to nodes an admin chose (rigger-controller's node_labels).
             return Err(FieldError::new(
                 "spec.pullSecrets",
                 "a job that chooses nodes by podSelector cannot carry pull secrets: nodes report their pods' labels themselves; choose the nodes by selector.names or by labels an admin set (riggerctl label node)",
@@ -293,7 +293,7 @@ impl ImagePullJobSpec {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::objects::KRUISE_API_VERSION;
+    use crate::KRUISE_API_VERSION;
 
     fn job(spec: &serde_json::Value) -> Result<ImagePullJob, String> {
         let value = serde_json::json!({

@@ -175,7 +175,7 @@ fn check_dns_subdomain(name: &str) -> Result<(), String> {
 }
 
 /// `[prefix/]name`, name up to 63 of `[A-Za-z0-9._-]`, alphanumeric at both ends.
-pub(crate) fn check_label_key(key: &str) -> Result<(), String> {
+pub fn check_label_key(key: &str) -> Result<(), String> {
     let name = key.rsplit_once('/').map_or(key, |(prefix, name)| {
         if check_dns_subdomain(prefix).is_err() {
             return "";
@@ -189,7 +189,7 @@ pub(crate) fn check_label_key(key: &str) -> Result<(), String> {
     }
 }
 
-pub(crate) fn check_label_value(value: &str) -> bool {
+pub fn check_label_value(value: &str) -> bool {
     value.is_empty()
         || (value.len() <= 63
             && value

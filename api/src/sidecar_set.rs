@@ -454,7 +454,7 @@ pub fn keep_injected(new: &mut Pod, stored: &Pod) {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::objects::KRUISE_API_VERSION;
+    use crate::KRUISE_API_VERSION;
 
     fn sidecar_set(spec: &serde_json::Value) -> Result<SidecarSet, String> {
         let value = serde_json::json!({
