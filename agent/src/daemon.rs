@@ -20,11 +20,11 @@ use axum::routing::get;
 use rigger_daemon::health::{self, Readiness};
 use rigger_daemon::shutdown::{Drain, drain};
 use rigger_daemon::systemd;
-use tokio::sync::{RwLock, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::AgentConfig;
-use crate::inventory::{self, Inventory, InventoryOptions};
+use crate::inventory::{self, InventoryOptions, SharedInventory};
 use rigger_daemon::backoff::Backoff;
 use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 
@@ -47,9 +47,6 @@ pub enum DaemonError {
     #[error(transparent)]
     Pods(#[from] crate::pods::PodError),
 }
-
-/// The latest inventory, shared by the refresher, the HTTP endpoint and the link.
-pub type SharedInventory = Arc<RwLock<Option<Inventory>>>;
 
 #[derive(Debug, Clone)]
 struct AppState {

@@ -9,10 +9,14 @@
 //! - [`daemon`]: the long-running agent (health endpoints, readiness, shutdown);
 //! - [`link`]: the agent's stream to the controller (register, heartbeats, tasks);
 //! - [`tasks`]: the controller's work on this node, persisted, run once, reported;
-//! - [`pods`]: agent-managed pods, run through CRI, adopted after a restart.
+//! - [`pods`]: agent-managed pods, run through CRI, adopted after a restart;
+//! - [`recreate`]: restarting containers of a pod in place (ContainerRecreateRequest);
+//! - [`handlers`]: probes and lifecycle hooks (exec, httpGet, tcpSocket), as kubelet runs them;
+//! - [`lifecycle`]: a pod's lifecycle state and the cooperators asked around operations.
 
 pub mod config;
 pub mod daemon;
+pub mod handlers;
 pub mod inventory;
 pub mod labels;
 pub mod lifecycle;

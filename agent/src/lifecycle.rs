@@ -9,6 +9,18 @@ use std::time::{Duration, Instant};
 
 use rigger_proto::lifecycle::{Cooperator, FailurePolicy, Operation, Stage};
 
+/// Where an agent-managed pod is in an operation (Kruise's `lifecycle.apps.kruise.io/state`),
+/// reported with the pod's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum LifecycleState {
+    Normal,
+    PreparingUpdate,
+    Updating,
+    Updated,
+    /// Containers are about to be stopped for good or recreated (ContainerRecreateRequest).
+    PreparingDelete,
+}
+
 /// How often an unacknowledged cooperator is asked again.
 const RETRY: Duration = Duration::from_secs(1);
 

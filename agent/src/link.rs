@@ -15,8 +15,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Endpoint;
 
-use crate::daemon::SharedInventory;
 use crate::inventory::Inventory;
+use crate::inventory::SharedInventory;
 use crate::pods::PodRunner;
 use crate::tasks::TaskRunner;
 use rigger_daemon::backoff::Backoff;

@@ -30,10 +30,9 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
+use crate::handlers::{self, Action};
 use crate::labels;
-use crate::lifecycle::call_all;
-use crate::pods::handlers::{self, Action};
-use crate::pods::{LifecycleState, PodRunner};
+use crate::lifecycle::{LifecycleState, call_all};
 use rigger_proto::lifecycle::Stage;
 use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 
@@ -215,9 +214,35 @@ impl Target {
     }
 }
 
+/// What a recreate needs from the runner of agent-managed pods (`pods::PodRunner`
+/// implements it): whose pods are whose, the pod's spec, labels and cooperators, and the
+/// signals that make the runner start the next attempt and report readiness.
+pub trait PodHost: Send + Sync {
+    /// This node's name.
+    fn node(&self) -> &str;
+    /// The spec of pod `uid`, when it is placed on this node.
+    fn pod(&self, uid: &str) -> Option<rigger_proto::pod::Pod>;
+    /// The uid of the agent-managed pod `sandbox` belongs to, when it is proven ours.
+    fn owner_of(&self, sandbox: &k8s_cri::v1::PodSandbox) -> Option<String>;
+    /// Pod `uid`'s labels as they are now.
+    fn labels_of(&self, uid: &str) -> std::collections::BTreeMap<String, String>;
+    /// The lifecycle cooperators of pod `uid`.
+    fn cooperators_of(&self, uid: &str) -> Vec<rigger_proto::lifecycle::Cooperator>;
+    /// Report pod `uid` in lifecycle `state`.
+    fn set_lifecycle(&self, uid: &str, state: LifecycleState, message: &str);
+    /// Report pod `uid` not ready, saying why.
+    fn mark_unready(&self, uid: &str, reason: &str);
+    /// Start the next attempt of the stopped container `container_id` now.
+    fn recreate_now(&self, container_id: &str);
+    /// Whether the container has started (startup probe and postStart passed).
+    fn container_started(&self, uid: &str, name: &str, container_id: &str) -> Option<bool>;
+    /// Whether the container is ready in the last status.
+    fn container_ready(&self, uid: &str, name: &str, container_id: &str) -> Option<bool>;
+}
+
 /// Runs one recreate to its end. `save` persists and reports progress.
 pub(crate) struct Recreate<'a> {
-    pub(crate) pods: &'a PodRunner,
+    pub(crate) pods: &'a dyn PodHost,
     pub(crate) containerd_address: &'a Path,
     pub(crate) save: &'a (dyn Fn(&RecreateWork) + Send + Sync),
     /// What the pod's lifecycle cooperators are asked about (agent-managed pods), if

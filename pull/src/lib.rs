@@ -12,7 +12,8 @@
 //! 3. [`store`]: containerd's content store — the pull's lease, ingests, labels, image
 //!    records;
 //! 4. [`stack`]: each layer decompressed and applied while it downloads, through
-//!    `rigger_layer` (the only way into a snapshot), then committed in order;
+//!    `rigger_layer` (the only way into a snapshot), then committed in order (`layers`
+//!    runs 2–4 for the layers of an image: bottom first, a few at a time);
 //! 5. [`record`]: the metadata blobs with containerd's GC labels, and the image records
 //!    CRI expects.
 //!
@@ -21,6 +22,7 @@
 
 pub mod error;
 pub mod fetch;
+mod layers;
 pub mod media;
 pub mod options;
 pub mod progress;
@@ -165,7 +167,7 @@ impl Puller {
         let transfer = Transfer::new(name, reference, registry, store, progress.clone(), self);
         let config = resolve::config(&transfer, &manifests, &self.options).await?;
         let chains = chain_ids(&config.diff_ids);
-        let bytes_downloaded = stack::fetch_and_stack(
+        let bytes_downloaded = layers::fetch_and_stack(
             &transfer,
             &self.options.snapshotter,
             &layers,

@@ -258,3 +258,6 @@ pub async fn collect(
         warnings,
     })
 }
+
+/// The latest inventory, shared by the refresher, the HTTP endpoint and the link.
+pub type SharedInventory = std::sync::Arc<tokio::sync::RwLock<Option<Inventory>>>;

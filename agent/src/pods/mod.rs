@@ -35,15 +35,15 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
-pub(crate) mod handlers;
+mod host;
 mod ownership;
 mod state;
 mod update;
 
-pub use update::LifecycleState;
+pub use crate::lifecycle::LifecycleState;
 
+use crate::handlers::{self, Action};
 use crate::labels;
-use handlers::Action;
 use rigger_pull::{NoProgress, PullOptions, Puller};
 use rigger_runtime::{CRI_NAMESPACE, DEFAULT_CONNECT_TIMEOUT, Runtime};
 
@@ -90,7 +90,7 @@ struct Inner {
     /// Each pod's lifecycle cooperators, as the controller sent them.
     cooperators: Mutex<HashMap<String, Vec<rigger_proto::lifecycle::Cooperator>>>,
     /// Pods not in state Normal (uid → state and why).
-    lifecycle: Mutex<HashMap<String, (update::LifecycleState, String)>>,
+    lifecycle: Mutex<HashMap<String, (LifecycleState, String)>>,
     /// In-place updates running, and when a failed one may be tried again.
     updating: Mutex<std::collections::HashSet<String>>,
     update_retry: Mutex<HashMap<String, std::time::Instant>>,
@@ -708,7 +708,7 @@ impl PodRunner {
         let (state, message) = lock(&self.inner.lifecycle)
             .get(uid)
             .cloned()
-            .unwrap_or((update::LifecycleState::Normal, String::new()));
+            .unwrap_or((LifecycleState::Normal, String::new()));
         Ok(serde_json::json!({
             "phase": phase,
             "lifecycle": {"state": state, "message": message},

@@ -18,13 +18,12 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{ContainerState, ContainerStatusRequest};
 use rigger_proto::lifecycle::{Operation, Stage};
 use rigger_proto::pod::Pod;
-use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 use super::{PodRunner, desired_hash, lock};
 use crate::labels;
-use crate::lifecycle::{PodRef, call_all};
+use crate::lifecycle::{LifecycleState, PodRef, call_all};
 use crate::recreate::{ContainerProgress, Phase, Recreate, RecreateWork};
 use rigger_pull::Puller;
 use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
@@ -33,16 +32,6 @@ use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 pub const GRACE_ANNOTATION: &str = "rigger.dev/in-place-update-grace-seconds";
 /// A failed update is tried again after this long.
 const RETRY_AFTER: Duration = Duration::from_secs(30);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum LifecycleState {
-    Normal,
-    PreparingUpdate,
-    Updating,
-    Updated,
-    /// Containers are about to be stopped for good or recreated (ContainerRecreateRequest).
-    PreparingDelete,
-}
 
 impl PodRunner {
     pub(crate) fn set_lifecycle(&self, uid: &str, state: LifecycleState, message: &str) {

@@ -27,7 +27,7 @@ use crate::error::PullError;
 use crate::progress::{Progress, ProgressEvent};
 use crate::reference::distribution_source;
 use crate::registry::Registry;
-use crate::stack::unpack::StreamingApply;
+use crate::stack::unpack::{self, StreamingApply};
 use crate::stack::{Stack, StreamPlan};
 use crate::store::{BlobWriter, Store, StoreError};
 
@@ -595,4 +595,47 @@ async fn backoff(attempt: u32, retry_after: Option<Duration>) {
         .unwrap_or(exponential)
         .min(Duration::from_secs(60));
     tokio::time::sleep(delay.mul_f64(0.75 + fastrand::f64() / 2.0)).await;
+}
+
+impl Transfer {
+    /// Layers `0..=index` are in the snapshotter.
+    pub(crate) fn mark_unpacked(&self, index: usize) {
+        self.stack.send_if_modified(|s| {
+            let changed = s.unpacked < index + 1;
+            s.unpacked = s.unpacked.max(index + 1);
+            changed
+        });
+    }
+
+    /// A layer failed: the ones above it will never be stacked.
+    pub(crate) fn mark_failed(&self) {
+        self.stack.send_modify(|s| s.failed = true);
+    }
+
+    /// Unpack while downloading: onto the parent when it is unpacked, else staged.
+    pub(crate) async fn start_streaming(&self, plan: &StreamPlan) -> Option<StreamingApply> {
+        let done = unpack::is_unpacked(&self.store, &plan.snapshotter, &plan.chain_id)
+            .await
+            .unwrap_or(true);
+        if done {
+            return None;
+        }
+        let parent_ready = self.stack.borrow().unpacked >= plan.index;
+        match StreamingApply::start(
+            &self.store,
+            &plan.snapshotter,
+            plan.parent.as_deref(),
+            parent_ready,
+            &plan.chain_id,
+            plan.compression,
+        )
+        .await
+        {
+            Ok(streaming) => streaming,
+            Err(error) => {
+                tracing::debug!(%error, "unpacking after the download instead");
+                None
+            }
+        }
+    }
 }

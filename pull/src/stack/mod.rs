@@ -1,25 +1,17 @@
-//! Stack: each layer unpacked into its snapshot while it downloads (staged until the
-//! layer below is in), then the layers committed in order, bottom first.
+//! Stack: layers into containerd's snapshotter — applied while they download (staged
+//! until the layer below is in, see [`unpack`]) or from the content store afterwards,
+//! committed in order, bottom first.
 
 pub mod unpack;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use containerd_client::types::Descriptor as ContainerdDescriptor;
 use oci_spec::image::Descriptor;
-use tokio::sync::Semaphore;
 
-use self::unpack::{StreamingApply, UnpackError};
-use crate::error::PullError;
-use crate::fetch::Transfer;
+use self::unpack::UnpackError;
 use crate::media;
-use crate::progress::ProgressEvent;
 use crate::store::Store;
-
-/// Layers downloading at once in one pull (bottom first). Each decompresses as it
-/// arrives, so this also bounds the appliers running (and their memory, about 2 MiB each).
-const LAYERS_AT_ONCE: usize = 8;
 
 /// How far the layers of one image are stacked in the snapshotter.
 #[derive(Debug, Clone, Copy, Default)]
@@ -42,183 +34,9 @@ pub(crate) struct StreamPlan {
     pub(crate) diff_id: String,
 }
 
-impl Transfer {
-    /// Layers `0..=index` are in the snapshotter.
-    pub(crate) fn mark_unpacked(&self, index: usize) {
-        self.stack.send_if_modified(|s| {
-            let changed = s.unpacked < index + 1;
-            s.unpacked = s.unpacked.max(index + 1);
-            changed
-        });
-    }
-
-    /// A layer failed: the ones above it will never be stacked.
-    pub(crate) fn mark_failed(&self) {
-        self.stack.send_modify(|s| s.failed = true);
-    }
-
-    /// Unpack while downloading: onto the parent when it is unpacked, else staged.
-    pub(crate) async fn start_streaming(&self, plan: &StreamPlan) -> Option<StreamingApply> {
-        let done = unpack::is_unpacked(&self.store, &plan.snapshotter, &plan.chain_id)
-            .await
-            .unwrap_or(true);
-        if done {
-            return None;
-        }
-        let parent_ready = self.stack.borrow().unpacked >= plan.index;
-        match StreamingApply::start(
-            &self.store,
-            &plan.snapshotter,
-            plan.parent.as_deref(),
-            parent_ready,
-            &plan.chain_id,
-            plan.compression,
-        )
-        .await
-        {
-            Ok(streaming) => streaming,
-            Err(error) => {
-                tracing::debug!(%error, "unpacking after the download instead");
-                None
-            }
-        }
-    }
-}
-
-/// Fetch every layer and stack it. Layers start bottom first, a few downloading at a
-/// time (the lower ones finish early); each is decompressed and applied while it
-/// downloads (in a staging snapshot while the layers below are not in yet) and then
-/// stacked in order. Returns the bytes fetched from registries.
-pub(crate) async fn fetch_and_stack(
-    transfer: &Transfer,
-    snapshotter: &str,
-    layers: &[Descriptor],
-    diff_ids: &[String],
-    chains: &[String],
-) -> Result<u64, PullError> {
-    let image_err = |detail: String| PullError::Image {
-        image: transfer.image.clone(),
-        detail,
-    };
-    // What each layer needs: its labels, and how to unpack it while it downloads.
-    let mut jobs = Vec::with_capacity(layers.len());
-    let mut compressions = Vec::with_capacity(layers.len());
-    for (i, (layer, diff_id)) in layers.iter().zip(diff_ids).enumerate() {
-        let labels = HashMap::from([("containerd.io/uncompressed".to_owned(), diff_id.clone())]);
-        let plan = StreamPlan {
-            index: i,
-            snapshotter: snapshotter.to_owned(),
-            parent: i.checked_sub(1).map(|p| chains[p].clone()),
-            chain_id: chains[i].clone(),
-            compression: media::layer_compression(layer.media_type().as_ref())
-                .map_err(image_err)?,
-            diff_id: diff_id.clone(),
-        };
-        compressions.push(plan.compression);
-        jobs.push((layer.clone(), labels, plan));
-    }
-    // Layers start bottom first, a few downloading at a time: the lower ones finish
-    // early. Each is decompressed and applied while it downloads (in a staging
-    // snapshot while the layers below are not in yet) and then stacked in order.
-    let (handles_tx, mut handles_rx) = tokio::sync::mpsc::unbounded_channel();
-    let slots = Arc::new(Semaphore::new(LAYERS_AT_ONCE));
-    let dispatcher_transfer = transfer.clone();
-    let dispatcher = tokio::spawn(async move {
-        for (layer, labels, plan) in jobs {
-            let Ok(slot) = slots.clone().acquire_owned().await else {
-                return;
-            };
-            let t = dispatcher_transfer.clone();
-            let handle = tokio::spawn(async move {
-                // Unpacked and stored already: nothing to do for this layer.
-                if unpack::is_unpacked(&t.store, &plan.snapshotter, &plan.chain_id)
-                    .await
-                    .unwrap_or(false)
-                    && t.store
-                        .blob_labels(layer.digest().as_ref())
-                        .await
-                        .ok()
-                        .flatten()
-                        .is_some()
-                {
-                    t.progress.event(ProgressEvent::BlobDone {
-                        digest: layer.digest().to_string(),
-                        skipped: true,
-                    });
-                    return Ok(0);
-                }
-                t.fetch_blob(
-                    layer.digest().as_ref(),
-                    layer.size(),
-                    labels,
-                    Some((plan, slot)),
-                )
-                .await
-            });
-            if handles_tx.send(handle).is_err() {
-                return;
-            }
-        }
-    });
-    let mut bytes_downloaded = 0u64;
-    let mut failure = None;
-    for (i, layer) in layers.iter().enumerate() {
-        // In order: layer i is stacked while later layers still download.
-        let Some(download) = handles_rx.recv().await else {
-            failure.get_or_insert(image_err("layer dispatch stopped".to_owned()));
-            break;
-        };
-        let outcome = match download.await {
-            Ok(outcome) => outcome,
-            Err(join) => Err(image_err(format!("layer task failed: {join}"))),
-        };
-        let stacked = match outcome {
-            Ok(n) if failure.is_none() => {
-                bytes_downloaded += n;
-                let parent = i.checked_sub(1).map(|p| chains[p].as_str());
-                stack_layer(
-                    &transfer.store,
-                    snapshotter,
-                    layer,
-                    compressions[i],
-                    &diff_ids[i],
-                    parent,
-                    &chains[i],
-                )
-                .await
-                .inspect(|()| {
-                    transfer.progress.event(ProgressEvent::LayerUnpacked {
-                        digest: layer.digest().to_string(),
-                    });
-                })
-                .map_err(|source| PullError::Unpack {
-                    image: transfer.image.clone(),
-                    source,
-                })
-            }
-            Ok(_) => continue,
-            Err(e) => Err(e),
-        };
-        match stacked {
-            Ok(()) => transfer.mark_unpacked(i),
-            Err(e) => {
-                // Layers staged above this one stop waiting for it.
-                transfer.mark_failed();
-                failure.get_or_insert(e);
-            }
-        }
-    }
-    let _ = dispatcher.await;
-    if let Some(e) = failure {
-        return Err(e);
-    }
-
-    Ok(bytes_downloaded)
-}
-
 /// Make sure a layer is in the snapshotter: unpacked while it downloaded (or by an
 /// earlier pull), else now, from the content store.
-async fn stack_layer(
+pub(crate) async fn stack_layer(
     store: &Store,
     snapshotter: &str,
     layer: &Descriptor,
