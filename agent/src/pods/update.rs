@@ -21,7 +21,8 @@ use rigger_proto::pod::Pod;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
-use super::{PodRunner, desired_hash, lock};
+use super::containers::desired_hash;
+use super::{PodRunner, lock};
 use crate::labels;
 use crate::lifecycle::{LifecycleState, PodRef, call_all};
 use crate::recreate::{ContainerProgress, Phase, Recreate, RecreateWork};
