@@ -1,0 +1,292 @@
+//! Stopping a container for a recreate: its preStop hook (the pod's, or the one kubelet
+//! recorded) bounded by the grace period, then StopContainer with what is left of it.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use k8s_cri::v1::{ContainerState, ContainerStatusRequest, StopContainerRequest};
+use rigger_proto::pod::{Container, ContainerPort, Handler};
+use tonic::transport::Channel;
+
+use crate::handlers::{self, Action};
+
+use super::wait::latest_container;
+use super::{
+    DEFAULT_GRACE_SECONDS, KUBELET_GRACE, KUBELET_PORTS, KUBELET_PRE_STOP, MIN_STOP_SECONDS, Phase,
+    Recreate, RecreateWork, Target,
+};
+
+impl Recreate<'_> {
+    /// preStop and stop of container `i` (nothing if it was stopped before).
+    pub(super) async fn stop(
+        &self,
+        cri: &mut RuntimeServiceClient<Channel>,
+        target: &Target,
+        work: &mut RecreateWork,
+        i: usize,
+    ) -> Result<(), String> {
+        let name = work.containers[i].name.clone();
+        if work.containers[i].is_killed {
+            return Ok(());
+        }
+        let current = latest_container(cri, target, &name).await?;
+        let Some(current) = current else {
+            let message = format!("{} has no container {name:?}", work.what());
+            let progress = &mut work.containers[i];
+            progress.phase = Phase::Failed;
+            progress.message = message;
+            (self.save)(work);
+            return Ok(());
+        };
+        if work.containers[i].replaced_by(&current.id) {
+            tracing::info!(pod = %work.what(), container = %name, successor = %current.id, "the chosen container was already replaced; its successor is not stopped");
+            let progress = &mut work.containers[i];
+            progress.is_killed = true;
+            progress.message = if progress.stop_issued {
+                "stopped before the agent restarted".to_owned()
+            } else {
+                "the container was replaced before it was stopped".to_owned()
+            };
+            (self.save)(work);
+            return Ok(());
+        }
+        let resumed = work.containers[i].old_container_id.as_deref() == Some(current.id.as_str());
+        let running = current.state == ContainerState::ContainerRunning as i32;
+        if !running {
+            // Already down (crashed or exiting): nothing to stop, its next attempt counts.
+            let progress = &mut work.containers[i];
+            progress.phase = Phase::Recreating;
+            progress.old_container_id = Some(current.id.clone());
+            progress.message =
+                "the container was not running; waiting for its next attempt".to_owned();
+            (self.save)(work);
+            if matches!(target, Target::Agent { .. }) {
+                self.pods.recreate_now(&current.id);
+            }
+            return Ok(());
+        }
+        if !resumed && !work.force_recreate && !self.started(target, work, &name, &current.id) {
+            // Still starting: recreating it now would only restart the wait.
+            let progress = &mut work.containers[i];
+            progress.phase = Phase::Recreating;
+            progress.message =
+                "the container is still starting; not stopped (forceRecreate is off)".to_owned();
+            progress.old_container_id = None;
+            progress.is_killed = false;
+            progress.stop_issued = false;
+            (self.save)(work);
+            return Ok(());
+        }
+        {
+            let progress = &mut work.containers[i];
+            progress.phase = Phase::Recreating;
+            progress.old_container_id = Some(current.id.clone());
+        }
+        (self.save)(work);
+        if let Target::Agent { .. } = target {
+            // Registered before preStop: a hook that ends the process also gets the next
+            // attempt at once.
+            self.pods.recreate_now(&current.id);
+        }
+        let grace = u64::from(self.grace(target, work, &current));
+        // The grace period runs from the first try, across agent restarts.
+        let since = match work.containers[i].stopping_since {
+            Some(since) if resumed => since,
+            _ => {
+                let now = unix_seconds();
+                work.containers[i].stopping_since = Some(now);
+                work.containers[i].pre_stop_done = false;
+                (self.save)(work);
+                now
+            }
+        };
+        let grace_left = || grace.saturating_sub(unix_seconds().saturating_sub(since));
+        let mut notes = Vec::new();
+        if work.containers[i].pre_stop_done {
+            notes.push("preStop ran before the agent restarted".to_owned());
+        } else if resumed && grace_left() == 0 {
+            notes.push(
+                "preStop cut short by an agent restart; no grace left to run it again".to_owned(),
+            );
+        } else {
+            if resumed {
+                notes.push("preStop run again: an agent restart cut it short".to_owned());
+            }
+            match self.pre_stop(target, &name, &current) {
+                Ok(None) => {}
+                Ok(Some((container, handler))) => {
+                    let bound = Duration::from_secs(grace_left());
+                    match Action::of_handler(&handler) {
+                        Some(action) => {
+                            match handlers::run(cri, &container, &current.id, action, bound).await {
+                                Ok(()) => {
+                                    tracing::info!(pod = %work.what(), container = %name, "preStop hook ran");
+                                }
+                                Err(reason) => {
+                                    tracing::warn!(pod = %work.what(), container = %name, %reason, "preStop hook failed; recreating anyway");
+                                    notes.push(format!("preStop failed: {reason}"));
+                                }
+                            }
+                        }
+                        None => notes.push("preStop has no action; skipped".to_owned()),
+                    }
+                }
+                Err(reason) => notes.push(reason),
+            }
+            work.containers[i].pre_stop_done = true;
+            (self.save)(work);
+        }
+        // A stop begun before an agent restart is still under way: the container has had
+        // its SIGTERM. It is waited for, within the grace left, not signalled again; past
+        // the grace, StopContainer with no timeout kills it.
+        let already_signalled = resumed && work.containers[i].stop_issued;
+        let left = if already_signalled {
+            notes.push("the stop begun before the agent restarted was waited for".to_owned());
+            wait_for_exit(cri, &current.id, Duration::from_secs(grace_left())).await?;
+            0
+        } else {
+            grace_left().max(MIN_STOP_SECONDS)
+        };
+        work.containers[i].stop_issued = true;
+        (self.save)(work);
+        cri.stop_container(StopContainerRequest {
+            container_id: current.id.clone(),
+            timeout: i64::try_from(left).unwrap_or(i64::MAX),
+        })
+        .await
+        .map_err(|s| format!("stopping container {name:?}: {}", s.message()))?;
+        tracing::info!(pod = %work.what(), container = %name, id = %current.id, "container stopped for recreate");
+        let progress = &mut work.containers[i];
+        progress.is_killed = true;
+        progress.message = notes.join("; ");
+        (self.save)(work);
+        if let Target::Agent { .. } = target {
+            self.pods.recreate_now(&current.id);
+        }
+        Ok(())
+    }
+
+    /// Whether a running container has started (agent pods: its startup probe and
+    /// postStart passed; kubelet pods: running is all CRI tells).
+    pub(super) fn started(
+        &self,
+        target: &Target,
+        work: &RecreateWork,
+        name: &str,
+        id: &str,
+    ) -> bool {
+        match target {
+            Target::Agent { pod, .. } => {
+                let has_startup_probe = pod
+                    .spec
+                    .containers
+                    .iter()
+                    .any(|c| c.name == name && c.startup_probe.is_some());
+                !has_startup_probe
+                    || self
+                        .pods
+                        .container_started(&work.pod_uid, name, id)
+                        .unwrap_or(false)
+            }
+            Target::Kubelet { .. } => true,
+        }
+    }
+
+    /// The grace period: the request's, else the pod's.
+    pub(super) fn grace(
+        &self,
+        target: &Target,
+        work: &RecreateWork,
+        current: &k8s_cri::v1::Container,
+    ) -> u32 {
+        if let Some(grace) = work.termination_grace_period_seconds {
+            return grace;
+        }
+        match target {
+            Target::Agent { pod, .. } => {
+                u32::try_from(pod.spec.termination_grace_period_seconds).unwrap_or(u32::MAX)
+            }
+            Target::Kubelet { .. } => current
+                .annotations
+                .get(KUBELET_GRACE)
+                .and_then(|g| g.parse().ok())
+                .unwrap_or(DEFAULT_GRACE_SECONDS),
+        }
+    }
+
+    /// The container's preStop hook and the spec its named ports resolve against.
+    pub(super) fn pre_stop(
+        &self,
+        target: &Target,
+        name: &str,
+        current: &k8s_cri::v1::Container,
+    ) -> Result<Option<(Container, Handler)>, String> {
+        match target {
+            Target::Agent { pod, .. } => Ok(pod
+                .spec
+                .containers
+                .iter()
+                .find(|c| c.name == name)
+                .and_then(|c| {
+                    let handler = c.lifecycle.as_ref()?.pre_stop.clone()?;
+                    Some((c.clone(), handler))
+                })),
+            Target::Kubelet { .. } => kubelet_pre_stop(name, &current.annotations),
+        }
+    }
+}
+
+/// The preStop hook kubelet recorded on a container, with its ports (for named ports).
+pub(super) fn kubelet_pre_stop(
+    name: &str,
+    annotations: &HashMap<String, String>,
+) -> Result<Option<(Container, Handler)>, String> {
+    let Some(text) = annotations.get(KUBELET_PRE_STOP) else {
+        return Ok(None);
+    };
+    let handler: Handler = serde_json::from_str(text)
+        .map_err(|e| format!("preStop skipped: kubelet's {KUBELET_PRE_STOP} is unreadable: {e}"))?;
+    let ports: Vec<ContainerPort> = annotations
+        .get(KUBELET_PORTS)
+        .and_then(|p| serde_json::from_str(p).ok())
+        .unwrap_or_default();
+    let container = Container {
+        name: name.to_owned(),
+        ports,
+        ..Container::default()
+    };
+    Ok(Some((container, handler)))
+}
+
+/// Now, in whole seconds since the Unix epoch (persisted progress outlives the process).
+pub(super) fn unix_seconds() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Until container `id` is no longer running, or `within` has passed.
+pub(super) async fn wait_for_exit(
+    cri: &mut RuntimeServiceClient<Channel>,
+    id: &str,
+    within: Duration,
+) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let status = cri
+            .container_status(ContainerStatusRequest {
+                container_id: id.to_owned(),
+                verbose: false,
+            })
+            .await
+            .map_err(|s| format!("container {id}: {}", s.message()))?
+            .into_inner()
+            .status;
+        let running = status.is_some_and(|c| c.state == ContainerState::ContainerRunning as i32);
+        if !running || tokio::time::Instant::now() >= deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
