@@ -7,9 +7,12 @@
 pub mod container_recreate_request;
 pub mod image_pull_job;
 pub mod lifecycle_cooperator;
+pub mod object;
 pub mod pod;
 pub mod secret;
 pub mod sidecar_set;
+
+pub use object::Object;
 
 use std::collections::BTreeMap;
 

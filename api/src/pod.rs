@@ -9,6 +9,10 @@ pub use rigger_proto::pod::*;
 
 use super::{FieldError, ValidateMeta as _, ValidatePort as _, check_dns_subdomain};
 
+/// The label `get pod` shows an agent-managed pod's lifecycle state in (the agent's;
+/// never stored from an apply).
+pub const LIFECYCLE_STATE_LABEL: &str = "lifecycle.rigger.dev/state";
+
 /// `fieldRef` paths the agent can resolve (Kubernetes' downward API, metadata part).
 const FIELD_PATHS: [&str; 4] = [
     "metadata.name",

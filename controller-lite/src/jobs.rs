@@ -207,24 +207,34 @@ impl JobEngine {
 
     /// Run until `token` is cancelled.
     pub async fn run(self, token: CancellationToken) {
-        loop {
-            if let Err(error) = self.sync_specs().await {
-                tracing::warn!(%error, "cannot read jobs from the store");
-            }
-            let secrets = self.load_secrets().await;
-            let effects = self.reconcile(&secrets);
-            self.apply(effects).await;
-            self.flush().await;
-            tokio::select! {
-                _ = token.cancelled() => break,
-                _ = self.inner.wake.notified() => {}
-                _ = tokio::time::sleep(TICK) => {}
-            }
+        crate::engine::run(&self, token).await;
+    }
+}
+
+impl crate::engine::Engine for JobEngine {
+    const TICK: Duration = TICK;
+
+    fn wake_signal(&self) -> &Notify {
+        &self.inner.wake
+    }
+
+    async fn pass(&self) {
+        if let Err(error) = self.sync_specs().await {
+            tracing::warn!(%error, "cannot read jobs from the store");
         }
-        // Last statuses reach the store before the controller exits.
+        let secrets = self.load_secrets().await;
+        let effects = self.reconcile(&secrets);
+        self.apply(effects).await;
         self.flush().await;
     }
 
+    /// Last statuses reach the store before the controller exits.
+    async fn finish(&self) {
+        self.flush().await;
+    }
+}
+
+impl JobEngine {
     /// Pick up created, changed and deleted job specs.
     async fn sync_specs(&self) -> Result<(), StoreError> {
         let specs = self.inner.store.list(image_pull_job::KIND).await?;

@@ -9,6 +9,7 @@
 //! - [`nodes`]: the registry of nodes, fed by agents' registrations and heartbeats;
 //! - [`node_labels`]: admin-set and agent-reported node labels, and whom selectors trust;
 //! - [`link`]: the agent link (`rigger.v1.AgentLink`), one stream per agent;
+//! - [`engine`]: the loop every engine runs (pass, wake or tick, cancel, flush);
 //! - [`jobs`]: the ImagePullJob engine (who pulls when, status from reports);
 //! - [`job_status`]: a job's status in the store, its nodes in shards;
 //! - [`pods`]: agent-managed pods: each node's set to its agent, statuses back;
@@ -22,6 +23,7 @@ pub mod auth;
 pub mod certs;
 pub mod config;
 pub mod control;
+pub mod engine;
 pub mod job_status;
 pub mod jobs;
 pub mod leader;

@@ -92,19 +92,27 @@ impl SidecarRollout {
         self.inner.wake.notify_one();
     }
 
+    /// Run until `token` is cancelled.
     pub async fn run(self, token: CancellationToken) {
-        loop {
-            if let Err(error) = self.reconcile().await {
-                tracing::warn!(%error, "sidecar rollout: cannot read the store");
-            }
-            tokio::select! {
-                _ = token.cancelled() => return,
-                _ = self.inner.wake.notified() => {}
-                _ = tokio::time::sleep(TICK) => {}
-            }
-        }
+        crate::engine::run(&self, token).await;
+    }
+}
+
+impl crate::engine::Engine for SidecarRollout {
+    const TICK: Duration = TICK;
+
+    fn wake_signal(&self) -> &Notify {
+        &self.inner.wake
     }
 
+    async fn pass(&self) {
+        if let Err(error) = self.reconcile().await {
+            tracing::warn!(%error, "sidecar rollout: cannot read the store");
+        }
+    }
+}
+
+impl SidecarRollout {
     async fn reconcile(&self) -> Result<(), crate::store::StoreError> {
         let store = &self.inner.store;
         let sets: Vec<SidecarSet> = store
@@ -135,107 +143,22 @@ impl SidecarRollout {
     }
 
     async fn roll(&self, set: &SidecarSet, pods: &[(Stored, Pod, serde_json::Value)]) {
-        let name = &set.metadata.name;
         let hash = set.hash();
-        let members: Vec<Member> = pods
-            .iter()
-            .filter_map(|(stored, pod, status)| {
-                let version = sidecar_set::injected(pod).remove(name)?;
-                Some(Member {
-                    stored: stored.clone(),
-                    pod: pod.clone(),
-                    ready: is_ready(status),
-                    running_spec: runs_spec(pod, status, &version.sidecar_list),
-                    hot_in_progress: version.hash != hash && hot_started(set, pod),
-                    status: status.clone(),
-                    version,
-                })
-            })
-            .collect();
+        let members = members(set, &hash, pods);
         if members.iter().all(|m| m.updated(&hash)) {
             return;
         }
         self.pre_download(set, &hash, &members).await;
-        let strategy = &set.spec.update_strategy;
-        if strategy.paused {
-            return;
-        }
-        let total = members.len();
-        let keep_old = strategy.partition.map_or(0, |p| p.of(total));
-        let updated = members.iter().filter(|m| m.updated(&hash)).count();
-        let budget = total.saturating_sub(keep_old).saturating_sub(updated);
-        let max_unavailable = strategy.max_unavailable.map_or(1, |m| m.of(total)).max(1);
-        // Hot upgrades under way go on (or switch) whatever the budget: they hold a slot.
-        for member in members.iter().filter(|m| m.hot_in_progress) {
-            self.upgrade(set, &hash, member).await;
-        }
-        let unavailable = members.iter().filter(|m| m.unavailable(&hash)).count();
-        let slots = max_unavailable.saturating_sub(unavailable).min(budget);
-        if slots == 0 {
-            return;
-        }
-        let without_image = set.hash_without_image();
-        let mut candidates: Vec<&Member> = members
-            .iter()
-            .filter(|m| !m.updated(&hash) && !m.hot_in_progress)
-            // More than images changed: only pods created from now on get it.
-            .filter(|m| m.version.hash_without_image == without_image)
-            .filter(|m| {
-                strategy
-                    .selector
-                    .as_ref()
-                    .is_none_or(|s| s.matches(&m.pod.metadata.labels))
-            })
-            .collect();
-        order(set, &mut candidates);
-        for member in candidates.into_iter().take(slots) {
-            self.upgrade(set, &hash, member).await;
+        for member in to_upgrade(set, &hash, &members) {
+            if let Some(pod) = upgraded(set, &hash, member) {
+                self.store_upgrade(set, &hash, member, pod).await;
+            }
         }
     }
 
-    /// Move one pod towards the SidecarSet's current version: new images for its
-    /// ColdUpgrade sidecars; for HotUpgrade ones, first the idle slot gets the new image,
-    /// and once it runs it and is ready the old slot gets the empty image and the idle
-    /// one becomes the working one. The version in the annotation moves when all is done.
-    /// Conditional on the revision read.
-    async fn upgrade(&self, set: &SidecarSet, hash: &str, member: &Member) {
-        let mut pod = member.pod.clone();
-        let mut all_switched = true;
-        for sidecar in &set.spec.containers {
-            let name = &sidecar.container.name;
-            match sidecar.upgrade_strategy.upgrade_type {
-                UpgradeType::ColdUpgrade => {
-                    if let Some(container) =
-                        pod.spec.containers.iter_mut().find(|c| &c.name == name)
-                    {
-                        container.image.clone_from(&sidecar.container.image);
-                    }
-                }
-                UpgradeType::HotUpgrade => {
-                    let switched = hot_step(
-                        &mut pod,
-                        &member.status,
-                        name,
-                        &sidecar.container.image,
-                        sidecar.empty_image(),
-                        hash,
-                    );
-                    all_switched &= switched;
-                }
-            }
-        }
-        if pod == member.pod {
-            return; // Waiting for the new slot to be ready.
-        }
-        let mut versions = sidecar_set::injected(&pod);
-        if all_switched && let Some(version) = versions.get_mut(&set.metadata.name) {
-            hash.clone_into(&mut version.hash);
-        }
-        pod.metadata.annotations.insert(
-            sidecar_set::HASH_ANNOTATION.to_owned(),
-            serde_json::to_string(&versions).unwrap_or_default(),
-        );
-        pod.metadata.generation = Some(pod.metadata.generation.unwrap_or(1) + 1);
+    /// Store a pod moved towards the set's version, conditional on the revision read,
+    /// and tell its node.
+    async fn store_upgrade(&self, set: &SidecarSet, hash: &str, member: &Member, pod: Pod) {
         let Ok(bytes) = serde_json::to_vec(&pod) else {
             return;
         };
@@ -307,6 +230,106 @@ impl SidecarRollout {
             }
         }
     }
+}
+
+/// The pods the set was injected into, with what the rollout needs to know of each.
+fn members(set: &SidecarSet, hash: &str, pods: &[(Stored, Pod, serde_json::Value)]) -> Vec<Member> {
+    let name = &set.metadata.name;
+    pods.iter()
+        .filter_map(|(stored, pod, status)| {
+            let version = sidecar_set::injected(pod).remove(name)?;
+            Some(Member {
+                stored: stored.clone(),
+                pod: pod.clone(),
+                ready: is_ready(status),
+                running_spec: runs_spec(pod, status, &version.sidecar_list),
+                hot_in_progress: version.hash != hash && hot_started(set, pod),
+                status: status.clone(),
+                version,
+            })
+        })
+        .collect()
+}
+
+/// Which pods move now: hot upgrades under way (whatever the budget: they hold a
+/// slot), then candidates by priority and scatter within maxUnavailable, partition and
+/// selector; nothing while paused. Pods whose sidecars changed more than their images
+/// are left alone (only pods created from now on get the new version).
+fn to_upgrade<'a>(set: &SidecarSet, hash: &str, members: &'a [Member]) -> Vec<&'a Member> {
+    let strategy = &set.spec.update_strategy;
+    if strategy.paused {
+        return Vec::new();
+    }
+    let total = members.len();
+    let keep_old = strategy.partition.map_or(0, |p| p.of(total));
+    let updated = members.iter().filter(|m| m.updated(hash)).count();
+    let budget = total.saturating_sub(keep_old).saturating_sub(updated);
+    let max_unavailable = strategy.max_unavailable.map_or(1, |m| m.of(total)).max(1);
+    let mut chosen: Vec<&Member> = members.iter().filter(|m| m.hot_in_progress).collect();
+    let unavailable = members.iter().filter(|m| m.unavailable(hash)).count();
+    let slots = max_unavailable.saturating_sub(unavailable).min(budget);
+    if slots == 0 {
+        return chosen;
+    }
+    let without_image = set.hash_without_image();
+    let mut candidates: Vec<&Member> = members
+        .iter()
+        .filter(|m| !m.updated(hash) && !m.hot_in_progress)
+        .filter(|m| m.version.hash_without_image == without_image)
+        .filter(|m| {
+            strategy
+                .selector
+                .as_ref()
+                .is_none_or(|s| s.matches(&m.pod.metadata.labels))
+        })
+        .collect();
+    order(set, &mut candidates);
+    chosen.extend(candidates.into_iter().take(slots));
+    chosen
+}
+
+/// The pod moved one step towards the set's version (`None`: nothing to do yet): new
+/// images for its ColdUpgrade sidecars; for HotUpgrade ones, first the idle slot gets
+/// the new image, and once it runs it and is ready the old slot gets the empty image
+/// and the idle one becomes the working one. The version in the annotation moves when
+/// all is done.
+fn upgraded(set: &SidecarSet, hash: &str, member: &Member) -> Option<Pod> {
+    let mut pod = member.pod.clone();
+    let mut all_switched = true;
+    for sidecar in &set.spec.containers {
+        let name = &sidecar.container.name;
+        match sidecar.upgrade_strategy.upgrade_type {
+            UpgradeType::ColdUpgrade => {
+                if let Some(container) = pod.spec.containers.iter_mut().find(|c| &c.name == name) {
+                    container.image.clone_from(&sidecar.container.image);
+                }
+            }
+            UpgradeType::HotUpgrade => {
+                let switched = hot_step(
+                    &mut pod,
+                    &member.status,
+                    name,
+                    &sidecar.container.image,
+                    sidecar.empty_image(),
+                    hash,
+                );
+                all_switched &= switched;
+            }
+        }
+    }
+    if pod == member.pod {
+        return None; // Waiting for the new slot to be ready.
+    }
+    let mut versions = sidecar_set::injected(&pod);
+    if all_switched && let Some(version) = versions.get_mut(&set.metadata.name) {
+        hash.clone_into(&mut version.hash);
+    }
+    pod.metadata.annotations.insert(
+        sidecar_set::HASH_ANNOTATION.to_owned(),
+        serde_json::to_string(&versions).unwrap_or_default(),
+    );
+    pod.metadata.generation = Some(pod.metadata.generation.unwrap_or(1) + 1);
+    Some(pod)
 }
 
 /// The working and idle slot of hot-upgrade sidecar `name`.
@@ -493,4 +516,101 @@ fn order(set: &SidecarSet, candidates: &mut Vec<&Member>) {
     }
     merged.extend(scattered);
     *candidates = merged;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn set(strategy: &serde_json::Value) -> SidecarSet {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps.kruise.io/v1alpha1",
+            "kind": "SidecarSet",
+            "metadata": {"name": "log"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "web"}},
+                "containers": [{"name": "log", "image": "r.example/log:2"}],
+                "updateStrategy": strategy,
+            }
+        }))
+        .unwrap()
+    }
+
+    /// Pod `name` on the set's previous version (same sidecars, other images).
+    fn member(set: &SidecarSet, name: &str, ready: bool) -> Member {
+        Member {
+            stored: Stored {
+                key: ObjectKey::new(pod::KIND, "default", name),
+                revision: 1,
+                object: Vec::new(),
+            },
+            pod: serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name},
+                "spec": {"containers": [{"name": "app", "image": "r.example/app:1"}]}
+            }))
+            .unwrap(),
+            version: InjectedVersion {
+                sidecar_set_name: "log".to_owned(),
+                hash: "old".to_owned(),
+                hash_without_image: set.hash_without_image(),
+                sidecar_list: vec!["log".to_owned()],
+            },
+            ready,
+            running_spec: true,
+            status: serde_json::Value::Null,
+            hot_in_progress: false,
+        }
+    }
+
+    #[test]
+    fn max_unavailable_bounds_the_pods_moved_and_paused_moves_none() {
+        let set = set(&serde_json::json!({}));
+        let hash = set.hash();
+        let members: Vec<Member> = ["a", "b", "c"]
+            .iter()
+            .map(|n| member(&set, n, true))
+            .collect();
+        assert_eq!(
+            to_upgrade(&set, &hash, &members).len(),
+            1,
+            "maxUnavailable 1"
+        );
+
+        let wide = set_with(&set, serde_json::json!({"maxUnavailable": 2}));
+        assert_eq!(to_upgrade(&wide, &wide.hash(), &members).len(), 2);
+
+        let mut one_down = members;
+        one_down[0].ready = false;
+        assert!(
+            to_upgrade(&set, &hash, &one_down).is_empty(),
+            "a pod not ready uses the only slot"
+        );
+
+        let paused = set_with(&set, serde_json::json!({"paused": true}));
+        let members: Vec<Member> = ["a", "b"]
+            .iter()
+            .map(|n| member(&paused, n, true))
+            .collect();
+        assert!(to_upgrade(&paused, &paused.hash(), &members).is_empty());
+    }
+
+    #[test]
+    fn a_pod_whose_sidecars_changed_more_than_images_is_left_alone() {
+        let set = set(&serde_json::json!({"maxUnavailable": 3}));
+        let mut other = member(&set, "a", true);
+        other.version.hash_without_image = "different".to_owned();
+        let members = vec![other, member(&set, "b", true)];
+        let chosen = to_upgrade(&set, &set.hash(), &members);
+        let names: Vec<&str> = chosen.iter().map(|m| m.stored.key.name.as_str()).collect();
+        assert_eq!(names, ["b"]);
+    }
+
+    fn set_with(base: &SidecarSet, strategy: serde_json::Value) -> SidecarSet {
+        let mut value = serde_json::to_value(base).unwrap();
+        value["spec"]["updateStrategy"] = strategy;
+        serde_json::from_value(value).unwrap()
+    }
 }

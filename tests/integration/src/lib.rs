@@ -696,7 +696,10 @@ impl Agent {
             Command::new(binary("rigger-agent"))
                 .args(&self.args)
                 .args(["--health-listen", &self.health])
-                .env("RIGGER_LOG_LEVEL", "info,rigger_agent=debug")
+                .env(
+                    "RIGGER_LOG_LEVEL",
+                    "info,rigger_agent=debug,rigger_pull=debug",
+                )
                 .stdout(Stdio::null())
                 .stderr(log),
         ));

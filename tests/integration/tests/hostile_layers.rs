@@ -179,7 +179,7 @@ fn a_symlink_over_implied_parents_never_changes_the_host(node: &LabNode) {
         .arg("--registry-config")
         .arg(&node.hosts_dir)
         .args(["--namespace", &staged.name, &Lab::get().image(&image)])
-        .env("RUST_LOG", "rigger_agent=debug")
+        .env("RUST_LOG", "rigger_agent=debug,rigger_pull=debug")
         .output()
         .unwrap();
     let log = String::from_utf8_lossy(&out.stderr);

@@ -1,0 +1,175 @@
+//! What every kind users apply has in common: its metadata, what an apply takes from the
+//! user, validation with field paths, and which changes move its generation or are
+//! refused. The controller's one apply path works on this trait alone.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::container_recreate_request::ContainerRecreateRequest;
+use crate::image_pull_job::ImagePullJob;
+use crate::lifecycle_cooperator::LifecycleCooperator;
+use crate::pod::{LIFECYCLE_STATE_LABEL, Pod};
+use crate::secret::Secret;
+use crate::sidecar_set::SidecarSet;
+use crate::{FieldError, Kind, ObjectMeta};
+
+/// A kind users apply.
+pub trait Object: Serialize + DeserializeOwned + PartialEq + Send + Sync + 'static {
+    const KIND: Kind;
+
+    fn metadata(&self) -> &ObjectMeta;
+    fn metadata_mut(&mut self) -> &mut ObjectMeta;
+
+    /// Drop what an apply never takes from the user: the status, fields others own.
+    fn strip_owned(&mut self) {}
+
+    /// The whole object checked (and put in canonical form where the kind has one);
+    /// the first fault, with its field path.
+    fn validate(&mut self) -> Result<(), FieldError>;
+
+    /// Whether the spec differs from `old`'s: the generation moves.
+    fn spec_differs(&self, old: &Self) -> bool;
+
+    /// Refuse a change the stored object may not take.
+    fn check_update(&self, _old: &Self) -> Result<(), FieldError> {
+        Ok(())
+    }
+}
+
+/// `metadata`/`metadata_mut` for a kind whose metadata is its `metadata` field.
+macro_rules! metadata_field {
+    () => {
+        fn metadata(&self) -> &ObjectMeta {
+            &self.metadata
+        }
+        fn metadata_mut(&mut self) -> &mut ObjectMeta {
+            &mut self.metadata
+        }
+    };
+}
+
+impl Object for ImagePullJob {
+    const KIND: Kind = Kind::ImagePullJob;
+    metadata_field!();
+
+    fn strip_owned(&mut self) {
+        self.status = None;
+    }
+
+    fn validate(&mut self) -> Result<(), FieldError> {
+        ImagePullJob::validate(self)
+    }
+
+    fn spec_differs(&self, old: &Self) -> bool {
+        self.spec != old.spec
+    }
+
+    fn check_update(&self, old: &Self) -> Result<(), FieldError> {
+        let immutable = [
+            ("spec.image", old.spec.image != self.spec.image),
+            ("spec.selector", old.spec.selector != self.spec.selector),
+            (
+                "spec.podSelector",
+                old.spec.pod_selector != self.spec.pod_selector,
+            ),
+        ];
+        match immutable.iter().find(|(_, changed)| *changed) {
+            Some((field, _)) => Err(FieldError::new(
+                *field,
+                "cannot change on an existing job; delete it and apply again",
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Object for ContainerRecreateRequest {
+    const KIND: Kind = Kind::ContainerRecreateRequest;
+    metadata_field!();
+
+    fn strip_owned(&mut self) {
+        self.status = None;
+    }
+
+    fn validate(&mut self) -> Result<(), FieldError> {
+        ContainerRecreateRequest::validate(self)
+    }
+
+    fn spec_differs(&self, old: &Self) -> bool {
+        self.spec != old.spec
+    }
+
+    /// Like Kruise's, a request cannot change once created.
+    fn check_update(&self, old: &Self) -> Result<(), FieldError> {
+        if self.spec == old.spec {
+            Ok(())
+        } else {
+            Err(FieldError::new(
+                "spec",
+                "cannot change once created; delete the request and apply a new one",
+            ))
+        }
+    }
+}
+
+impl Object for Secret {
+    const KIND: Kind = Kind::Secret;
+    metadata_field!();
+
+    fn validate(&mut self) -> Result<(), FieldError> {
+        self.validate_and_normalize()
+    }
+
+    fn spec_differs(&self, old: &Self) -> bool {
+        self.data != old.data || self.secret_type != old.secret_type
+    }
+}
+
+impl Object for Pod {
+    const KIND: Kind = Kind::Pod;
+    metadata_field!();
+
+    fn strip_owned(&mut self) {
+        self.status = None;
+        // Shown on reads, owned by the agent: a re-applied copy must not store it.
+        self.metadata.labels.remove(LIFECYCLE_STATE_LABEL);
+    }
+
+    fn validate(&mut self) -> Result<(), FieldError> {
+        crate::pod::validate(self)
+    }
+
+    fn spec_differs(&self, old: &Self) -> bool {
+        self.spec != old.spec
+    }
+}
+
+impl Object for LifecycleCooperator {
+    const KIND: Kind = Kind::LifecycleCooperator;
+    metadata_field!();
+
+    fn validate(&mut self) -> Result<(), FieldError> {
+        LifecycleCooperator::validate(self)
+    }
+
+    fn spec_differs(&self, old: &Self) -> bool {
+        self.spec != old.spec
+    }
+}
+
+impl Object for SidecarSet {
+    const KIND: Kind = Kind::SidecarSet;
+    metadata_field!();
+
+    fn strip_owned(&mut self) {
+        self.status = None;
+    }
+
+    fn validate(&mut self) -> Result<(), FieldError> {
+        SidecarSet::validate(self)
+    }
+
+    fn spec_differs(&self, old: &Self) -> bool {
+        self.spec != old.spec
+    }
+}

@@ -1,0 +1,391 @@
+//! Apply: one path for every kind ([`rigger_api::Object`]). A document is decoded
+//! (naming the field at fault), stripped of what the user may not set, validated whole,
+//! checked against the stored version's immutable fields ([`ControlService::draft`]);
+//! a kind then completes it with what only the controller knows (a pod's node and
+//! sidecars, a recreate request's pod); and [`ControlService::commit`] carries the
+//! controller-owned metadata over and writes it conditional on the revision read.
+//! Side effects (waking an engine, telling a node) follow only a real write.
+
+use rigger_api::container_recreate_request::ContainerRecreateRequest;
+use rigger_api::image_pull_job::ImagePullJob;
+use rigger_api::lifecycle_cooperator::LifecycleCooperator;
+use rigger_api::pod::Pod;
+use rigger_api::secret::Secret;
+use rigger_api::sidecar_set::SidecarSet;
+use rigger_api::{DEFAULT_NAMESPACE, FieldError, Kind, Object, ObjectMeta};
+use rigger_proto::v1::{self as proto, ApplyResponse};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tonic::Status;
+
+use super::{ControlService, store_status, to_json};
+use crate::store::{ObjectKey, Precondition, Stored};
+
+/// An object on its way to the store: validated, with the version it replaces.
+struct Draft<T> {
+    object: T,
+    /// The stored version, decoded.
+    old: Option<T>,
+    stored: Option<Stored>,
+    key: ObjectKey,
+    namespace: String,
+    /// `Kind namespace/name` (or `Kind name`), for refusals and logs.
+    what: String,
+}
+
+impl<T> Draft<T> {
+    fn refuse(&self, e: &FieldError) -> Status {
+        refuse(&self.what, e)
+    }
+}
+
+/// How an apply ended: kubectl's word for it and the object's revision.
+struct Committed {
+    outcome: String,
+    revision: u64,
+    /// The store was written (side effects such as telling a node follow only then).
+    written: bool,
+}
+
+impl ControlService {
+    /// Apply one document of `kind`.
+    pub(super) async fn apply_document(
+        &self,
+        kind: Kind,
+        value: serde_json::Value,
+        dry_run: bool,
+    ) -> Result<ApplyResponse, Status> {
+        match kind {
+            Kind::ImagePullJob => self.apply_image_pull_job(value, dry_run).await,
+            Kind::Secret => self.apply_secret(value, dry_run).await,
+            Kind::Pod => self.apply_pod(value, dry_run).await,
+            Kind::ContainerRecreateRequest => self.apply_recreate_request(value, dry_run).await,
+            Kind::LifecycleCooperator => self.apply_cooperator(value, dry_run).await,
+            Kind::SidecarSet => self.apply_sidecar_set(value, dry_run).await,
+            Kind::Node => Err(Status::invalid_argument(
+                "Node objects are not applied: a node exists while its agent is registered",
+            )),
+        }
+    }
+
+    /// Decode, strip, validate, read the stored version and check the update.
+    async fn draft<T: Object>(&self, value: serde_json::Value) -> Result<Draft<T>, Status> {
+        let name = object_name(&value);
+        let mut object: T = decode(value).map_err(|e| refuse(&name, &e))?;
+        object.strip_owned();
+        let kind = T::KIND.name();
+        let meta = object.metadata_mut();
+        let (namespace, what) = if T::KIND.namespaced() {
+            let namespace = meta
+                .namespace
+                .get_or_insert_with(|| DEFAULT_NAMESPACE.to_owned())
+                .clone();
+            let what = format!("{kind} {namespace}/{}", meta.name);
+            (namespace, what)
+        } else {
+            // Cluster-scoped, as in Kubernetes and Kruise.
+            meta.namespace = None;
+            (String::new(), format!("{kind} {}", meta.name))
+        };
+        object.validate().map_err(|e| refuse(&what, &e))?;
+        let key = ObjectKey::new(kind, &namespace, &object.metadata().name);
+        let stored = self.store.get(key.clone()).await.map_err(store_status)?;
+        // An unreadable stored version is never written over: what it held would be lost.
+        let old = match &stored {
+            Some(s) => Some(serde_json::from_slice::<T>(&s.object).map_err(|e| {
+                Status::internal(format!(
+                    "{key}: stored object unreadable ({e}); delete it to replace it"
+                ))
+            })?),
+            None => None,
+        };
+        if let Some(old) = &old {
+            object.check_update(old).map_err(|e| refuse(&what, &e))?;
+        }
+        Ok(Draft {
+            object,
+            old,
+            stored,
+            key,
+            namespace,
+            what,
+        })
+    }
+
+    /// Carry the controller-owned metadata over from the stored version; nothing to do
+    /// when nothing changed, nothing written on a dry run, else the object is stored
+    /// conditional on the revision that was read.
+    async fn commit<T: Object>(
+        &self,
+        draft: &mut Draft<T>,
+        dry_run: bool,
+    ) -> Result<Committed, Status> {
+        let old = draft.old.as_ref();
+        let spec_changed = old.is_some_and(|o| draft.object.spec_differs(o));
+        inherit_metadata(
+            draft.object.metadata_mut(),
+            old.map(Object::metadata),
+            spec_changed,
+        );
+        if old == Some(&draft.object) {
+            return Ok(Committed {
+                outcome: "unchanged".to_owned(),
+                revision: draft.stored.as_ref().map_or(0, |s| s.revision),
+                written: false,
+            });
+        }
+        let outcome = if old.is_some() {
+            "configured"
+        } else {
+            "created"
+        };
+        if dry_run {
+            return Ok(Committed {
+                outcome: format!("{outcome} (dry run)"),
+                revision: 0,
+                written: false,
+            });
+        }
+        let precondition = draft
+            .stored
+            .as_ref()
+            .map_or(Precondition::Absent, |s| Precondition::Revision(s.revision));
+        let revision = self
+            .store
+            .put(
+                draft.key.clone(),
+                to_json(&draft.object)?.into_bytes(),
+                precondition,
+            )
+            .await
+            .map_err(store_status)?;
+        Ok(Committed {
+            outcome: outcome.to_owned(),
+            revision,
+            written: true,
+        })
+    }
+
+    async fn apply_image_pull_job(
+        &self,
+        value: serde_json::Value,
+        dry_run: bool,
+    ) -> Result<ApplyResponse, Status> {
+        let mut draft = self.draft::<ImagePullJob>(value).await?;
+        let committed = self.commit(&mut draft, dry_run).await?;
+        if !committed.written && committed.outcome == "unchanged" {
+            // Unchanged: answered with the job's status, as `get` shows it.
+            let object = self
+                .get_object(
+                    Kind::ImagePullJob,
+                    &draft.namespace,
+                    &draft.object.metadata.name,
+                )
+                .await?;
+            return Ok(ApplyResponse {
+                object: Some(object),
+                outcome: committed.outcome,
+            });
+        }
+        if committed.written {
+            tracing::info!(job = %draft.what, image = %draft.object.spec.image, outcome = %committed.outcome, "job applied");
+            self.jobs.wake();
+        }
+        applied(&draft.object, committed)
+    }
+
+    /// A SidecarSet joins pods created from now on (and rolls its containers out to the
+    /// pods that have it).
+    async fn apply_sidecar_set(
+        &self,
+        value: serde_json::Value,
+        dry_run: bool,
+    ) -> Result<ApplyResponse, Status> {
+        let mut draft = self.draft::<SidecarSet>(value).await?;
+        let committed = self.commit(&mut draft, dry_run).await?;
+        if committed.written {
+            tracing::info!(sidecar_set = %draft.what, outcome = %committed.outcome, "sidecar set applied");
+        }
+        applied(&draft.object, committed)
+    }
+
+    /// The nodes' pods get the new set of cooperators.
+    async fn apply_cooperator(
+        &self,
+        value: serde_json::Value,
+        dry_run: bool,
+    ) -> Result<ApplyResponse, Status> {
+        let mut draft = self.draft::<LifecycleCooperator>(value).await?;
+        let committed = self.commit(&mut draft, dry_run).await?;
+        if committed.written {
+            tracing::info!(cooperator = %draft.what, outcome = %committed.outcome, "lifecycle cooperator applied");
+            self.pods.send_to_all().await;
+        }
+        applied(&draft.object, committed)
+    }
+
+    async fn apply_secret(
+        &self,
+        value: serde_json::Value,
+        dry_run: bool,
+    ) -> Result<ApplyResponse, Status> {
+        let mut draft = self.draft::<Secret>(value).await?;
+        let committed = self.commit(&mut draft, dry_run).await?;
+        if committed.written {
+            tracing::info!(secret = %draft.what, outcome = %committed.outcome, "secret applied");
+        }
+        applied(&draft.object.redacted(), committed)
+    }
+
+    /// A Pod is placed on a node first when it names none: a ready node matching
+    /// `nodeSelector` with the fewest pods. Running it is the node agent's.
+    async fn apply_pod(
+        &self,
+        value: serde_json::Value,
+        dry_run: bool,
+    ) -> Result<ApplyResponse, Status> {
+        let mut draft = self.draft::<Pod>(value).await?;
+        let pod = &mut draft.object;
+        // Sidecars: injected into new pods; an existing pod keeps what it was given.
+        match &draft.old {
+            Some(old) => rigger_api::sidecar_set::keep_injected(pod, old),
+            None => {
+                let sets: Vec<SidecarSet> = self
+                    .store
+                    .list(rigger_api::sidecar_set::KIND)
+                    .await
+                    .map_err(store_status)?
+                    .iter()
+                    .filter_map(|s| serde_json::from_slice(&s.object).ok())
+                    .collect();
+                rigger_api::sidecar_set::inject(pod, &sets)
+                    .and_then(|()| rigger_api::pod::validate(pod))
+                    .map_err(|e| refuse(&draft.what, &e))?;
+            }
+        }
+        if let Some(old) = &draft.old {
+            // Placement is the controller's: an apply without nodeName keeps the node.
+            if pod.spec.node_name.is_none() {
+                pod.spec.node_name.clone_from(&old.spec.node_name);
+            }
+            // Images (and metadata) change in place; the agent updates those containers.
+            rigger_api::pod::check_in_place_change(&old.spec, &pod.spec)
+                .map_err(|e| refuse(&draft.what, &e))?;
+        }
+        if pod.spec.node_name.is_none() {
+            let node = self.place(pod).await.map_err(|e| draft.refuse(&e))?;
+            draft.object.spec.node_name = Some(node);
+        }
+        let committed = self.commit(&mut draft, dry_run).await?;
+        if committed.written {
+            tracing::info!(pod = %draft.what, node = ?draft.object.spec.node_name, outcome = %committed.outcome, "pod applied");
+            if let Some(node) = &draft.object.spec.node_name {
+                self.pods.send_to(node).await;
+            }
+        }
+        applied(&draft.object, committed)
+    }
+
+    /// For a Rigger pod, the containers must be the pod's. The pod is resolved once, at
+    /// creation, and named in Kruise's labels.
+    async fn apply_recreate_request(
+        &self,
+        value: serde_json::Value,
+        dry_run: bool,
+    ) -> Result<ApplyResponse, Status> {
+        let mut draft = self.draft::<ContainerRecreateRequest>(value).await?;
+        let target = match &draft.old {
+            Some(old) => old.metadata.labels.clone(),
+            None => self
+                .resolve_recreate_pod(&draft.namespace, &draft.object)
+                .await
+                .map_err(|e| draft.refuse(&e))?,
+        };
+        for label in [
+            crate::recreates::POD_UID_LABEL,
+            crate::recreates::NODE_NAME_LABEL,
+            crate::recreates::POD_OWNER_LABEL,
+        ] {
+            if let Some(value) = target.get(label) {
+                draft
+                    .object
+                    .metadata
+                    .labels
+                    .insert(label.to_owned(), value.clone());
+            }
+        }
+        let committed = self.commit(&mut draft, dry_run).await?;
+        if committed.written {
+            tracing::info!(request = %draft.what, pod = %draft.object.spec.pod_name, outcome = %committed.outcome, "container recreate request applied");
+            self.recreates.wake();
+        }
+        applied(&draft.object, committed)
+    }
+}
+
+/// `Kind namespace/name` of a document, for refusals before it is decoded.
+pub(super) fn object_name(value: &serde_json::Value) -> String {
+    let kind = value["kind"].as_str().unwrap_or("object");
+    let name = value["metadata"]["name"].as_str().unwrap_or("(unnamed)");
+    let namespace = value["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or(DEFAULT_NAMESPACE);
+    format!("{kind} {namespace}/{name}")
+}
+
+/// Decode `value` as `T`, naming the field at fault.
+fn decode<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, FieldError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let path = if path == "." { String::new() } else { path };
+        FieldError::new(path, e.into_inner().to_string())
+    })
+}
+
+/// A refusal naming the object, then the field.
+fn refuse(what: &str, e: &FieldError) -> Status {
+    if e.path.is_empty() {
+        Status::invalid_argument(format!("{what}: {}", e.reason))
+    } else {
+        Status::invalid_argument(format!("{what}: {e}"))
+    }
+}
+
+/// A new uid for an object (random, 128 bits, UUID-formatted as Kubernetes does).
+fn new_uid() -> String {
+    let (a, b) = (fastrand::u64(..), fastrand::u64(..));
+    format!(
+        "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0xfff,
+        (b >> 48) & 0x3fff | 0x8000,
+        b & 0xffff_ffff_ffff
+    )
+}
+
+/// Carry the controller-owned metadata over from the stored version.
+fn inherit_metadata(meta: &mut ObjectMeta, stored: Option<&ObjectMeta>, spec_changed: bool) {
+    match stored {
+        Some(old) => {
+            meta.uid.clone_from(&old.uid);
+            meta.creation_timestamp.clone_from(&old.creation_timestamp);
+            meta.generation = Some(old.generation.unwrap_or(1) + u64::from(spec_changed));
+        }
+        None => {
+            meta.uid = Some(new_uid());
+            meta.creation_timestamp = Some(rigger_proto::time::now_rfc3339());
+            meta.generation = Some(1);
+        }
+    }
+}
+
+fn applied<T: Serialize>(object: &T, committed: Committed) -> Result<ApplyResponse, Status> {
+    Ok(ApplyResponse {
+        object: Some(proto::Object {
+            json: to_json(object)?,
+            revision: committed.revision,
+        }),
+        outcome: committed.outcome,
+    })
+}

@@ -1,0 +1,349 @@
+//! The user API riggerctl speaks: apply, get, list and delete objects as JSON.
+//!
+//! Applied objects are validated whole before anything is written; a refusal names the
+//! object and the field (`ImagePullJob default/warm: spec.parallelism: ...`). Writes are
+//! conditional on the revision that was read, so two concurrent applies cannot silently
+//! overwrite each other.
+
+mod apply;
+mod placement;
+mod show;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use rigger_proto::v1::control_server::Control;
+use rigger_proto::v1::{
+    ApplyRequest, ApplyResponse, ContainerExec, ContainerLogs, DeleteRequest, DeleteResponse,
+    GetRequest, LabelRequest, ListRequest, ListResponse, Object, PodExecRequest, PodLogsRequest,
+    PodOutput, agent_request,
+};
+use serde::Serialize;
+use tonic::{Request, Response, Status};
+
+use self::apply::object_name;
+use crate::auth::{Role, UserAuth};
+use crate::jobs::JobEngine;
+use crate::leader::Leadership;
+use crate::nodes::NodeRegistry;
+use crate::pods::PodSync;
+use crate::rate_limit::{ApiRate, ClientLimiter};
+use crate::recreates::RecreateEngine;
+use crate::store::{ObjectKey, Precondition, Store, StoreError};
+use rigger_api::pod::Pod;
+use rigger_api::{DEFAULT_NAMESPACE, Kind};
+
+/// Largest object accepted (a job or secret is a few kilobytes).
+pub const MAX_OBJECT_BYTES: usize = 1 << 20;
+
+#[derive(Debug, Clone)]
+pub struct ControlService {
+    store: Store,
+    nodes: NodeRegistry,
+    jobs: JobEngine,
+    recreates: RecreateEngine,
+    pods: PodSync,
+    users: UserAuth,
+    limiter: Arc<ClientLimiter>,
+    leadership: Leadership,
+    node_timeout: Duration,
+}
+
+impl ControlService {
+    #[allow(clippy::too_many_arguments)] // the API's collaborators, each kept once
+    pub fn new(
+        store: Store,
+        nodes: NodeRegistry,
+        jobs: JobEngine,
+        recreates: RecreateEngine,
+        pods: PodSync,
+        users: UserAuth,
+        leadership: Leadership,
+        node_timeout: Duration,
+        api_rate: ApiRate,
+    ) -> Self {
+        Self {
+            store,
+            nodes,
+            jobs,
+            recreates,
+            pods,
+            users,
+            limiter: Arc::new(ClientLimiter::new(api_rate)),
+            leadership,
+            node_timeout,
+        }
+    }
+
+    /// Who sent `request`, if they may act with `needed` and are within their request
+    /// rate (per user; per address when there are no tokens).
+    fn admit<T>(&self, request: &Request<T>, needed: Role) -> Result<String, Status> {
+        let user = self.users.authorize(request, needed)?;
+        let client = match (&self.users, request.remote_addr()) {
+            (UserAuth::Open, Some(address)) => address.ip().to_string(),
+            _ => user.clone(),
+        };
+        self.limiter.admit(&client)?;
+        Ok(user)
+    }
+
+    /// Forget idle clients now and then: the limiter keeps one entry per client seen.
+    pub fn spawn_limiter_cleanup(&self, stop: tokio_util::sync::CancellationToken) {
+        let limiter = self.limiter.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_secs(60));
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    _ = every.tick() => limiter.forget_idle(),
+                }
+            }
+        });
+    }
+}
+
+#[allow(clippy::needless_pass_by_value)] // shaped for `map_err`
+fn store_status(e: StoreError) -> Status {
+    match e {
+        StoreError::NotFound { .. } => Status::not_found(e.to_string()),
+        StoreError::Conflict { .. } => Status::aborted(e.to_string()),
+        StoreError::Backend { .. } => Status::unavailable(e.to_string()),
+    }
+}
+
+fn kind_of(text: &str) -> Result<Kind, Status> {
+    Kind::resolve(text).ok_or_else(|| {
+        let known: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+        Status::invalid_argument(format!(
+            "unknown kind {text:?} (known: {})",
+            known.join(", ")
+        ))
+    })
+}
+
+fn namespace_or_default(namespace: &str) -> &str {
+    if namespace.is_empty() {
+        DEFAULT_NAMESPACE
+    } else {
+        namespace
+    }
+}
+fn to_json<T: Serialize>(object: &T) -> Result<String, Status> {
+    serde_json::to_string(object).map_err(|e| Status::internal(format!("cannot encode: {e}")))
+}
+
+#[tonic::async_trait]
+impl Control for ControlService {
+    async fn apply(
+        &self,
+        request: Request<ApplyRequest>,
+    ) -> Result<Response<ApplyResponse>, Status> {
+        self.leadership.require()?;
+        let user = self.admit(&request, Role::Admin)?;
+        let request = request.into_inner();
+        if request.json.len() > MAX_OBJECT_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "object is {} bytes; at most {MAX_OBJECT_BYTES} are accepted",
+                request.json.len()
+            )));
+        }
+        let value: serde_json::Value = serde_json::from_str(&request.json)
+            .map_err(|e| Status::invalid_argument(format!("the object is not JSON: {e}")))?;
+        let kind_text = value["kind"].as_str().ok_or_else(|| {
+            Status::invalid_argument(format!("{}: kind: is required", object_name(&value)))
+        })?;
+        let kind = kind_of(kind_text)?;
+        if kind.name() != kind_text {
+            return Err(Status::invalid_argument(format!(
+                "{}: kind: {kind_text:?}: expected {}",
+                object_name(&value),
+                kind.name()
+            )));
+        }
+        tracing::debug!(%user, kind = %kind, dry_run = request.dry_run, "apply");
+        let response = self.apply_document(kind, value, request.dry_run).await?;
+        Ok(Response::new(response))
+    }
+
+    async fn get(&self, request: Request<GetRequest>) -> Result<Response<Object>, Status> {
+        self.leadership.require()?;
+        self.admit(&request, Role::Viewer)?;
+        let request = request.into_inner();
+        let kind = kind_of(&request.kind)?;
+        let namespace = if kind.namespaced() {
+            namespace_or_default(&request.namespace)
+        } else {
+            ""
+        };
+        Ok(Response::new(
+            self.get_object(kind, namespace, &request.name).await?,
+        ))
+    }
+
+    async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
+        self.leadership.require()?;
+        self.admit(&request, Role::Viewer)?;
+        let request = request.into_inner();
+        let kind = kind_of(&request.kind)?;
+        if kind == Kind::Node {
+            let items = self
+                .nodes
+                .objects(SystemTime::now(), self.node_timeout)
+                .into_iter()
+                .map(|n| Object {
+                    json: n.to_string(),
+                    revision: 0,
+                })
+                .collect();
+            return Ok(Response::new(ListResponse { items }));
+        }
+        let mut items = Vec::new();
+        for stored in self.store.list(kind.name()).await.map_err(store_status)? {
+            if request.namespace.is_empty()
+                || !kind.namespaced()
+                || stored.key.namespace == request.namespace
+            {
+                items.push(self.show(kind, stored).await?);
+            }
+        }
+        Ok(Response::new(ListResponse { items }))
+    }
+
+    async fn logs(&self, request: Request<PodLogsRequest>) -> Result<Response<PodOutput>, Status> {
+        self.leadership.require()?;
+        self.admit(&request, Role::Viewer)?;
+        let request = request.into_inner();
+        let (node, uid) = self.placement(&request.namespace, &request.name).await?;
+        let answer = self
+            .pods
+            .ask(
+                &node,
+                agent_request::Kind::Logs(ContainerLogs {
+                    pod_uid: uid,
+                    container: request.container,
+                    tail_lines: request.tail_lines,
+                }),
+                Duration::from_secs(30),
+            )
+            .await?;
+        Ok(Response::new(PodOutput {
+            stdout: answer.stdout,
+            stderr: answer.stderr,
+            exit_code: answer.exit_code,
+        }))
+    }
+
+    async fn label(&self, request: Request<LabelRequest>) -> Result<Response<Object>, Status> {
+        self.leadership.require()?;
+        let user = self.admit(&request, Role::Admin)?;
+        let request = request.into_inner();
+        if kind_of(&request.kind)? != Kind::Node {
+            return Err(Status::invalid_argument(format!(
+                "{}: riggerctl label sets labels on nodes; other objects take theirs from apply",
+                request.kind
+            )));
+        }
+        if !self.nodes.knows(&request.name) {
+            return Err(Status::not_found(format!(
+                "node {:?} not found (no agent of that name registered)",
+                request.name
+            )));
+        }
+        let change = crate::node_labels::LabelChange {
+            set: request.set.into_iter().collect(),
+            remove: request.remove,
+            overwrite: request.overwrite,
+        };
+        let labels = crate::node_labels::save(&self.store, &request.name, &change)
+            .await
+            .map_err(store_status)?
+            .map_err(Status::invalid_argument)?;
+        tracing::info!(%user, node = %request.name, ?labels, "node labelled");
+        self.nodes.set_node_admin_labels(&request.name, labels);
+        self.jobs.wake();
+        Ok(Response::new(
+            self.get_object(Kind::Node, "", &request.name).await?,
+        ))
+    }
+
+    async fn exec(&self, request: Request<PodExecRequest>) -> Result<Response<PodOutput>, Status> {
+        self.leadership.require()?;
+        let user = self.admit(&request, Role::Admin)?;
+        let request = request.into_inner();
+        if request.command.is_empty() {
+            return Err(Status::invalid_argument("command: is required"));
+        }
+        let (node, uid) = self.placement(&request.namespace, &request.name).await?;
+        tracing::info!(%user, pod = %request.name, %node, "exec");
+        let timeout = u64::from(request.timeout_seconds.clamp(1, 3600));
+        let answer = self
+            .pods
+            .ask(
+                &node,
+                agent_request::Kind::Exec(ContainerExec {
+                    pod_uid: uid,
+                    container: request.container,
+                    command: request.command,
+                    timeout_seconds: u32::try_from(timeout).unwrap_or(u32::MAX),
+                }),
+                Duration::from_secs(timeout + 10),
+            )
+            .await?;
+        Ok(Response::new(PodOutput {
+            stdout: answer.stdout,
+            stderr: answer.stderr,
+            exit_code: answer.exit_code,
+        }))
+    }
+
+    async fn delete(
+        &self,
+        request: Request<DeleteRequest>,
+    ) -> Result<Response<DeleteResponse>, Status> {
+        self.leadership.require()?;
+        let user = self.admit(&request, Role::Admin)?;
+        let request = request.into_inner();
+        let kind = kind_of(&request.kind)?;
+        if kind == Kind::Node {
+            return Err(Status::invalid_argument(
+                "Node objects are not deleted: a node leaves when its agent stops",
+            ));
+        }
+        let namespace = if kind.namespaced() {
+            namespace_or_default(&request.namespace)
+        } else {
+            ""
+        };
+        let key = ObjectKey::new(kind.name(), namespace, &request.name);
+        // A pod's node is told once it is gone, so its agent stops it.
+        let pod_node = match kind {
+            Kind::Pod => self
+                .store
+                .get(key.clone())
+                .await
+                .map_err(store_status)?
+                .and_then(|s| serde_json::from_slice::<Pod>(&s.object).ok())
+                .and_then(|p| p.spec.node_name),
+            _ => None,
+        };
+        self.store
+            .delete(key.clone(), Precondition::Any)
+            .await
+            .map_err(store_status)?;
+        tracing::info!(object = %key, %user, "deleted");
+        if let Some(node) = pod_node {
+            let _ = self
+                .store
+                .delete(crate::pods::status_key(&key), Precondition::Any)
+                .await;
+            self.pods.send_to(&node).await;
+        }
+        match kind {
+            Kind::ImagePullJob => self.jobs.wake(),
+            Kind::ContainerRecreateRequest => self.recreates.wake(),
+            Kind::LifecycleCooperator => self.pods.send_to_all().await,
+            _ => {}
+        }
+        Ok(Response::new(DeleteResponse {}))
+    }
+}

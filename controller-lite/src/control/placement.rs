@@ -1,0 +1,125 @@
+//! Where a pod runs, and which pod a ContainerRecreateRequest is about.
+
+use std::time::SystemTime;
+
+use rigger_api::pod::Pod;
+use rigger_api::FieldError;
+use tonic::Status;
+
+use super::{ControlService, namespace_or_default, store_status};
+use crate::store::ObjectKey;
+
+impl ControlService {
+    /// The request's pod: an agent-managed Pod object, else a kubelet pod some node's
+    /// inventory shows. Kruise's labels naming its uid and node (and who runs it).
+    pub(super) async fn resolve_recreate_pod(
+        &self,
+        namespace: &str,
+        request: &rigger_api::container_recreate_request::ContainerRecreateRequest,
+    ) -> Result<std::collections::BTreeMap<String, String>, FieldError> {
+        use crate::recreates::{NODE_NAME_LABEL, POD_OWNER_LABEL, POD_UID_LABEL};
+        let pod_name = &request.spec.pod_name;
+        let pod_key = ObjectKey::new(rigger_api::pod::KIND, namespace, pod_name);
+        let stored = self
+            .store
+            .get(pod_key)
+            .await
+            .map_err(|e| FieldError::new("spec.podName", format!("cannot read pods: {e}")))?
+            .and_then(|s| serde_json::from_slice::<Pod>(&s.object).ok());
+        let (owner, node, uid, containers) = match stored {
+            Some(pod) => {
+                let (Some(node), Some(uid)) =
+                    (pod.spec.node_name.clone(), pod.metadata.uid.clone())
+                else {
+                    return Err(FieldError::new(
+                        "spec.podName",
+                        format!("pod {namespace}/{pod_name} is not placed on a node yet"),
+                    ));
+                };
+                let names = pod.spec.containers.iter().map(|c| c.name.clone()).collect();
+                ("rigger", node, uid, names)
+            }
+            None => match self.nodes.kubelet_pod(namespace, pod_name) {
+                Some((node, pod)) => ("kubelet", node, pod.uid, pod.containers),
+                None => {
+                    return Err(FieldError::new(
+                        "spec.podName",
+                        format!(
+                            "pod {namespace}/{pod_name} not found (neither a Rigger pod nor a running kubelet pod on any node)"
+                        ),
+                    ));
+                }
+            },
+        };
+        for (i, container) in request.spec.containers.iter().enumerate() {
+            if !containers.contains(&container.name) {
+                return Err(FieldError::new(
+                    format!("spec.containers[{i}].name"),
+                    format!("pod {pod_name:?} has no container {:?}", container.name),
+                ));
+            }
+        }
+        Ok([
+            (POD_UID_LABEL.to_owned(), uid),
+            (NODE_NAME_LABEL.to_owned(), node),
+            (POD_OWNER_LABEL.to_owned(), owner.to_owned()),
+        ]
+        .into())
+    }
+
+    /// The node and uid of a stored pod.
+    pub(super) async fn placement(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(String, String), Status> {
+        let key = ObjectKey::new(rigger_api::pod::KIND, namespace_or_default(namespace), name);
+        let pod: Pod = self
+            .store
+            .get(key.clone())
+            .await
+            .map_err(store_status)?
+            .and_then(|s| serde_json::from_slice(&s.object).ok())
+            .ok_or_else(|| Status::not_found(format!("{key}: not found")))?;
+        match (pod.spec.node_name, pod.metadata.uid) {
+            (Some(node), Some(uid)) => Ok((node, uid)),
+            _ => Err(Status::failed_precondition(format!(
+                "{key}: not placed on a node"
+            ))),
+        }
+    }
+
+    /// The ready node matching the pod's nodeSelector that runs the fewest pods.
+    pub(super) async fn place(&self, pod: &Pod) -> Result<String, FieldError> {
+        let mut pods_per_node: std::collections::HashMap<String, usize> =
+            std::collections::HashMap::new();
+        let stored =
+            self.store.list(rigger_api::pod::KIND).await.map_err(|e| {
+                FieldError::new("spec.nodeName", format!("cannot place the pod: {e}"))
+            })?;
+        for other in stored {
+            if let Ok(other) = serde_json::from_slice::<Pod>(&other.object)
+                && let Some(node) = other.spec.node_name
+            {
+                *pods_per_node.entry(node).or_default() += 1;
+            }
+        }
+        let selector = rigger_api::LabelSelector {
+            match_labels: pod.spec.node_selector.clone(),
+            match_expressions: Vec::new(),
+        };
+        self.nodes
+            .views(SystemTime::now(), self.node_timeout)
+            .into_iter()
+            .filter(|(_, view)| view.not_ready.is_none() && selector.matches(&view.labels))
+            .map(|(name, _)| (pods_per_node.get(&name).copied().unwrap_or(0), name))
+            .min()
+            .map(|(_, name)| name)
+            .ok_or_else(|| {
+                FieldError::new(
+                    "spec.nodeSelector",
+                    "no ready node matches (set spec.nodeName, or start an agent with matching --node-labels)",
+                )
+            })
+    }
+}

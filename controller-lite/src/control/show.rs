@@ -1,0 +1,159 @@
+//! Objects as the API shows them: a job with its status, a secret redacted, a pod with
+//! the agent's status and lifecycle label, a SidecarSet with Kruise's counts.
+
+use std::time::SystemTime;
+
+use rigger_api::pod::Pod;
+use rigger_api::Kind;
+use rigger_proto::v1::Object;
+use tonic::Status;
+
+use super::{ControlService, store_status, to_json};
+use crate::store::ObjectKey;
+use rigger_api::image_pull_job::ImagePullJob;
+use rigger_api::pod::LIFECYCLE_STATE_LABEL;
+use rigger_api::secret::Secret;
+
+impl ControlService {
+    /// One stored object as the API shows it (job with status, secret redacted).
+    pub(super) async fn show(
+        &self,
+        kind: Kind,
+        stored: crate::store::Stored,
+    ) -> Result<Object, Status> {
+        let json = match kind {
+            Kind::ImagePullJob => {
+                let mut job: ImagePullJob = serde_json::from_slice(&stored.object)
+                    .map_err(|e| Status::internal(format!("{}: unreadable: {e}", stored.key)))?;
+                let held = self.jobs.status_of(&stored.key, stored.revision);
+                job.status = Some(match held {
+                    Some(status) => status,
+                    None => crate::job_status::read(&self.store, &stored.key)
+                        .await
+                        .map_err(store_status)?
+                        .map(|(status, _)| status)
+                        .unwrap_or_default(),
+                });
+                to_json(&job)?
+            }
+            Kind::Secret => {
+                let secret: Secret = serde_json::from_slice(&stored.object)
+                    .map_err(|e| Status::internal(format!("{}: unreadable: {e}", stored.key)))?;
+                to_json(&secret.redacted())?
+            }
+            Kind::Pod => {
+                let mut pod: serde_json::Value = serde_json::from_slice(&stored.object)
+                    .map_err(|e| Status::internal(format!("{}: unreadable: {e}", stored.key)))?;
+                if let Some(status) = self
+                    .store
+                    .get(crate::pods::status_key(&stored.key))
+                    .await
+                    .map_err(store_status)?
+                    .and_then(|s| serde_json::from_slice::<serde_json::Value>(&s.object).ok())
+                {
+                    // The agent's lifecycle state shows as a label, as Kruise shows its own.
+                    if let Some(state) = status.pointer("/lifecycle/state").and_then(|s| s.as_str())
+                    {
+                        pod["metadata"]["labels"][LIFECYCLE_STATE_LABEL] = state.into();
+                    }
+                    pod["status"] = status;
+                }
+                pod.to_string()
+            }
+            Kind::ContainerRecreateRequest => {
+                let mut request: serde_json::Value = serde_json::from_slice(&stored.object)
+                    .map_err(|e| Status::internal(format!("{}: unreadable: {e}", stored.key)))?;
+                request["status"] = self
+                    .store
+                    .get(crate::recreates::status_key(&stored.key))
+                    .await
+                    .map_err(store_status)?
+                    .and_then(|s| serde_json::from_slice::<serde_json::Value>(&s.object).ok())
+                    .unwrap_or_else(|| serde_json::json!({"phase": "Pending"}));
+                request.to_string()
+            }
+            Kind::SidecarSet => {
+                let mut set: rigger_api::sidecar_set::SidecarSet =
+                    serde_json::from_slice(&stored.object).map_err(|e| {
+                        Status::internal(format!("{}: unreadable: {e}", stored.key))
+                    })?;
+                set.status = Some(self.sidecar_set_status(&set).await?);
+                to_json(&set)?
+            }
+            Kind::Node | Kind::LifecycleCooperator => {
+                String::from_utf8_lossy(&stored.object).into_owned()
+            }
+        };
+        Ok(Object {
+            json,
+            revision: stored.revision,
+        })
+    }
+
+    pub(super) async fn get_object(
+        &self,
+        kind: Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Object, Status> {
+        if kind == Kind::Node {
+            return self
+                .nodes
+                .objects(SystemTime::now(), self.node_timeout)
+                .into_iter()
+                .find(|n| n["metadata"]["name"] == name)
+                .map(|n| Object {
+                    json: n.to_string(),
+                    revision: 0,
+                })
+                .ok_or_else(|| Status::not_found(format!("Node/{name}: not found")));
+        }
+        let key = ObjectKey::new(kind.name(), namespace, name);
+        let stored = self
+            .store
+            .get(key.clone())
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("{key}: not found")))?;
+        self.show(kind, stored).await
+    }
+
+    /// Kruise's SidecarSet counts, from the pods it was injected into.
+    async fn sidecar_set_status(
+        &self,
+        set: &rigger_api::sidecar_set::SidecarSet,
+    ) -> Result<rigger_api::sidecar_set::SidecarSetStatus, Status> {
+        let hash = set.hash();
+        let mut status = rigger_api::sidecar_set::SidecarSetStatus {
+            observed_generation: set.metadata.generation.unwrap_or(1),
+            ..Default::default()
+        };
+        for stored in self
+            .store
+            .list(rigger_api::pod::KIND)
+            .await
+            .map_err(store_status)?
+        {
+            let Ok(pod) = serde_json::from_slice::<Pod>(&stored.object) else {
+                continue;
+            };
+            let Some(version) = rigger_api::sidecar_set::injected(&pod).remove(&set.metadata.name)
+            else {
+                continue;
+            };
+            let ready = self
+                .store
+                .get(crate::pods::status_key(&stored.key))
+                .await
+                .map_err(store_status)?
+                .and_then(|s| serde_json::from_slice::<serde_json::Value>(&s.object).ok())
+                .is_some_and(|status| crate::pods::is_ready(&status));
+            let updated = version.hash == hash;
+            status.matched_pods += 1;
+            status.updated_pods += u32::from(updated);
+            status.ready_pods += u32::from(ready);
+            status.updated_ready_pods += u32::from(updated && ready);
+        }
+        Ok(status)
+    }
+}
