@@ -2,8 +2,8 @@
 
 use std::time::SystemTime;
 
-use rigger_api::pod::Pod;
 use rigger_api::FieldError;
+use rigger_api::pod::Pod;
 use tonic::Status;
 
 use super::{ControlService, namespace_or_default, store_status};

@@ -3,8 +3,8 @@
 
 use std::time::SystemTime;
 
-use rigger_api::pod::Pod;
 use rigger_api::Kind;
+use rigger_api::pod::Pod;
 use rigger_proto::v1::Object;
 use tonic::Status;
 

@@ -1,0 +1,583 @@
+//! The ImagePullJob engine: decides which node pulls when, sends the tasks, folds the
+//! agents' reports into status.
+//!
+//! Users own a job's spec (`ImagePullJob/<ns>/<name>` in the store); the engine owns its
+//! status (`ImagePullJob.status/<ns>/<name>`), so an apply never races a status write.
+//! The engine keeps every job in memory, reconciles on each report and twice a second,
+//! and writes statuses that changed at most that often: with thousands of nodes the
+//! store sees one write per job per tick, not one per report.
+//!
+//! Task ids are `<job uid>/<node>/<attempt>`: a retry is a new task; the same task sent
+//! again (after a reconnect) is recognized by the agent and never runs twice. Parallelism
+//! counts nodes in `Pulling` only — waiting, finished and lost nodes hold no slot.
+
+use rigger_proto::time::now_rfc3339;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use rigger_proto::v1::{ControllerMessage, TaskPhase, TaskStatus};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+mod reconcile;
+
+use self::reconcile::{cancel, reconcile_job};
+use crate::job_status;
+use crate::nodes::{NodeRegistry, NodeView};
+use crate::store::{ObjectKey, Precondition, Store, StoreError};
+use rigger_api::image_pull_job::{
+    self, ImagePullJob, ImagePullJobStatus, NodePullPhase, NodePullStatus,
+};
+use rigger_api::secret::{self, Secret};
+
+const TICK: Duration = Duration::from_millis(500);
+/// Longest wait before a failed node's next attempt.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
+
+#[derive(Debug)]
+struct JobState {
+    spec_revision: u64,
+    job: ImagePullJob,
+    status: ImagePullJobStatus,
+    /// Position of each node in `status.nodes`.
+    index: HashMap<String, usize>,
+    /// Per node: when the current attempt was sent / may be retried (not persisted).
+    sent_at: HashMap<String, Instant>,
+    retry_at: HashMap<String, Instant>,
+    /// Since when a node counted as lost; after `timeoutSeconds` its failure is final.
+    lost_at: HashMap<String, Instant>,
+    /// Nodes whose task must be sent again (they reconnected).
+    resend: Vec<String>,
+    dirty: bool,
+    /// What of the status is in the store (which shards to write again).
+    written: job_status::Written,
+}
+
+impl JobState {
+    fn new(
+        spec_revision: u64,
+        job: ImagePullJob,
+        status: ImagePullJobStatus,
+        written: job_status::Written,
+    ) -> Self {
+        let mut state = Self {
+            spec_revision,
+            job,
+            status,
+            index: HashMap::new(),
+            sent_at: HashMap::new(),
+            retry_at: HashMap::new(),
+            lost_at: HashMap::new(),
+            resend: Vec::new(),
+            dirty: false,
+            written,
+        };
+        state.reindex();
+        state
+    }
+
+    fn reindex(&mut self) {
+        self.index = self
+            .status
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.clone(), i))
+            .collect();
+    }
+
+    fn finished(&self) -> bool {
+        self.status.completion_time.is_some()
+    }
+
+    fn uid(&self) -> &str {
+        self.job
+            .metadata
+            .uid
+            .as_deref()
+            .unwrap_or(&self.job.metadata.name)
+    }
+
+    fn entry(&mut self, node: &str) -> Option<&mut NodePullStatus> {
+        let i = *self.index.get(node)?;
+        self.status.nodes.get_mut(i)
+    }
+
+    /// Whether the job wants `node`.
+    fn selects(&self, name: &str, node: &NodeView) -> bool {
+        let spec = &self.job.spec;
+        match (&spec.selector, &spec.pod_selector) {
+            (Some(selector), _) if !selector.names.is_empty() => {
+                selector.names.iter().any(|n| n == name)
+            }
+            // Credentials go only where an admin's labels point (crate::node_labels).
+            (Some(selector), _) if !spec.pull_secrets.is_empty() => {
+                selector.labels.matches(&node.admin_labels)
+            }
+            (Some(selector), _) => selector.labels.matches(&node.labels),
+            (None, Some(pods)) => node.pod_labels.iter().any(|labels| pods.matches(labels)),
+            (None, None) => true,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct EngineState {
+    jobs: BTreeMap<ObjectKey, JobState>,
+    /// Task id → (job, node).
+    tasks: HashMap<String, (ObjectKey, String)>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    store: Store,
+    nodes: NodeRegistry,
+    node_timeout: Duration,
+    started: Instant,
+    state: Mutex<EngineState>,
+    wake: Notify,
+}
+
+/// The engine; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct JobEngine {
+    inner: Arc<Inner>,
+}
+
+/// What a reconcile asks for outside the lock.
+#[derive(Debug, Default)]
+struct Effects {
+    messages: Vec<(String, ControllerMessage)>,
+    expired: Vec<ObjectKey>,
+}
+
+fn parse_time(text: Option<&str>) -> Option<SystemTime> {
+    humantime::parse_rfc3339(text?).ok()
+}
+
+impl JobEngine {
+    pub fn new(store: Store, nodes: NodeRegistry, node_timeout: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                nodes,
+                node_timeout,
+                started: Instant::now(),
+                state: Mutex::default(),
+                wake: Notify::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, EngineState> {
+        // Every change under the lock is a field write; a panic cannot leave it torn.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// How many jobs are running and completed (for metrics).
+    pub fn phase_counts(&self) -> [(&'static str, usize); 2] {
+        let state = self.lock();
+        let completed = state.jobs.values().filter(|j| j.finished()).count();
+        [
+            ("running", state.jobs.len() - completed),
+            ("completed", completed),
+        ]
+    }
+
+    /// A job's status as the engine holds it (the leader's, ahead of the store), if the
+    /// engine has loaded the job at `spec_revision`. Reads come from here: the stored
+    /// status is a summary and shards written one after the other, which a reader could
+    /// see half-way.
+    pub fn status_of(&self, key: &ObjectKey, spec_revision: u64) -> Option<ImagePullJobStatus> {
+        let state = self.lock();
+        let job = state.jobs.get(key)?;
+        (job.spec_revision == spec_revision).then(|| job.status.clone())
+    }
+
+    /// Reconcile soon (a job was applied or deleted, a node came or went).
+    pub fn wake(&self) {
+        self.inner.wake.notify_one();
+    }
+
+    /// Run until `token` is cancelled.
+    pub async fn run(self, token: CancellationToken) {
+        crate::engine::run(&self, token).await;
+    }
+}
+
+impl crate::engine::Engine for JobEngine {
+    const TICK: Duration = TICK;
+
+    fn wake_signal(&self) -> &Notify {
+        &self.inner.wake
+    }
+
+    async fn pass(&self) {
+        if let Err(error) = self.sync_specs().await {
+            tracing::warn!(%error, "cannot read jobs from the store");
+        }
+        let secrets = self.load_secrets().await;
+        let effects = self.reconcile(&secrets);
+        self.apply(effects).await;
+        self.flush().await;
+    }
+
+    /// Last statuses reach the store before the controller exits.
+    async fn finish(&self) {
+        self.flush().await;
+    }
+}
+
+impl JobEngine {
+    /// Pick up created, changed and deleted job specs.
+    async fn sync_specs(&self) -> Result<(), StoreError> {
+        let specs = self.inner.store.list(image_pull_job::KIND).await?;
+        let known: HashMap<ObjectKey, u64> = self
+            .lock()
+            .jobs
+            .iter()
+            .map(|(k, j)| (k.clone(), j.spec_revision))
+            .collect();
+        let mut seen = Vec::with_capacity(specs.len());
+        for stored in specs {
+            seen.push(stored.key.clone());
+            if known.get(&stored.key) == Some(&stored.revision) {
+                continue;
+            }
+            let job: ImagePullJob = match serde_json::from_slice(&stored.object) {
+                Ok(job) => job,
+                Err(error) => {
+                    tracing::warn!(job = %stored.key, %error, "stored job unreadable; skipped");
+                    continue;
+                }
+            };
+            let status = match known.contains_key(&stored.key) {
+                true => None,
+                false => job_status::read(&self.inner.store, &stored.key).await?,
+            };
+            let mut state = self.lock();
+            let state = &mut *state;
+            match state.jobs.get_mut(&stored.key) {
+                Some(existing) => {
+                    existing.job = job;
+                    existing.spec_revision = stored.revision;
+                }
+                None => {
+                    let (status, written) = status.unwrap_or_default();
+                    let mut job_state = JobState::new(stored.revision, job, status, written);
+                    // Attempts in flight when the controller stopped: their timers
+                    // restart now; agents report or get the task again on reconnect.
+                    for entry in &job_state.status.nodes {
+                        if entry.phase == NodePullPhase::Pulling {
+                            job_state.sent_at.insert(entry.name.clone(), Instant::now());
+                            job_state.resend.push(entry.name.clone());
+                        }
+                        if entry.node_lost {
+                            job_state.lost_at.insert(entry.name.clone(), Instant::now());
+                        }
+                        if !entry.task_id.is_empty() {
+                            state.tasks.insert(
+                                entry.task_id.clone(),
+                                (stored.key.clone(), entry.name.clone()),
+                            );
+                        }
+                    }
+                    tracing::info!(job = %stored.key, image = %job_state.job.spec.image, "job loaded");
+                    state.jobs.insert(stored.key.clone(), job_state);
+                }
+            }
+        }
+        let removed: Vec<ObjectKey> = known
+            .keys()
+            .filter(|k| !seen.contains(k))
+            .cloned()
+            .collect();
+        for key in removed {
+            self.forget(&key).await;
+        }
+        Ok(())
+    }
+
+    /// A job was deleted: stop its pulls and drop its status.
+    async fn forget(&self, key: &ObjectKey) {
+        let cancels = {
+            let mut state = self.lock();
+            let Some(job) = state.jobs.remove(key) else {
+                return;
+            };
+            state.tasks.retain(|_, (k, _)| k != key);
+            job.status
+                .nodes
+                .iter()
+                .filter(|n| n.phase == NodePullPhase::Pulling)
+                .map(|n| (n.name.clone(), cancel(&n.task_id, "the job was deleted")))
+                .collect::<Vec<_>>()
+        };
+        for (node, message) in cancels {
+            self.inner.nodes.send(&node, message);
+        }
+        if let Err(error) = job_status::delete(&self.inner.store, key).await {
+            tracing::warn!(job = %key, %error, "cannot delete the job's status");
+        }
+        tracing::info!(job = %key, "job deleted");
+    }
+
+    /// The docker config documents of every secret some unfinished job names.
+    async fn load_secrets(&self) -> HashMap<ObjectKey, Result<String, String>> {
+        let wanted: Vec<ObjectKey> = self
+            .lock()
+            .jobs
+            .iter()
+            .filter(|(_, j)| !j.finished())
+            .flat_map(|(key, j)| {
+                j.job
+                    .spec
+                    .pull_secrets
+                    .iter()
+                    .map(|name| ObjectKey::new(secret::KIND, &key.namespace, name))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let mut secrets = HashMap::new();
+        for key in wanted {
+            if secrets.contains_key(&key) {
+                continue;
+            }
+            let document = match self.inner.store.get(key.clone()).await {
+                Ok(Some(stored)) => serde_json::from_slice::<Secret>(&stored.object)
+                    .map_err(|e| format!("is unreadable: {e}"))
+                    .and_then(|s| {
+                        s.docker_config()
+                            .unwrap_or_else(|| Err("is empty".to_owned()))
+                    }),
+                Ok(None) => Err("does not exist".to_owned()),
+                Err(e) => Err(format!("cannot be read: {e}")),
+            };
+            secrets.insert(key, document);
+        }
+        secrets
+    }
+
+    fn reconcile(&self, secrets: &HashMap<ObjectKey, Result<String, String>>) -> Effects {
+        let views = self
+            .inner
+            .nodes
+            .views(SystemTime::now(), self.inner.node_timeout);
+        let starting = self.inner.started.elapsed() < self.inner.node_timeout;
+        let mut effects = Effects::default();
+        let mut state = self.lock();
+        let EngineState { jobs, tasks } = &mut *state;
+        for (key, job) in jobs.iter_mut() {
+            reconcile_job(key, job, &views, secrets, starting, tasks, &mut effects);
+        }
+        effects
+    }
+
+    async fn apply(&self, effects: Effects) {
+        for (node, message) in effects.messages {
+            if !self.inner.nodes.send(&node, message) {
+                tracing::debug!(%node, "message not queued; the node's agent is away or busy");
+            }
+        }
+        for key in effects.expired {
+            tracing::info!(job = %key, "ttlSecondsAfterFinished passed; deleting the job");
+            match self
+                .inner
+                .store
+                .delete(key.clone(), Precondition::Any)
+                .await
+            {
+                Ok(()) | Err(StoreError::NotFound { .. }) => {}
+                Err(error) => tracing::warn!(job = %key, %error, "cannot delete the expired job"),
+            }
+            self.forget(&key).await;
+        }
+    }
+
+    /// Write the statuses that changed.
+    async fn flush(&self) {
+        let dirty: Vec<(ObjectKey, ImagePullJobStatus, job_status::Written)> = {
+            let mut state = self.lock();
+            state
+                .jobs
+                .iter_mut()
+                .filter(|(_, j)| j.dirty)
+                .map(|(key, j)| {
+                    j.dirty = false;
+                    (key.clone(), j.status.clone(), j.written.clone())
+                })
+                .collect()
+        };
+        for (key, status, mut written) in dirty {
+            let result = job_status::write(&self.inner.store, &key, status, &mut written).await;
+            let mut state = self.lock();
+            let Some(job) = state.jobs.get_mut(&key) else {
+                continue;
+            };
+            match result {
+                Ok(()) => job.written = written,
+                Err(error) => {
+                    tracing::warn!(job = %key, %error, "cannot write the job's status");
+                    job.dirty = true;
+                }
+            }
+        }
+    }
+
+    /// An agent (re)registered: take the statuses it holds, and send again the tasks it
+    /// should be running.
+    pub fn node_connected(&self, node: &str, statuses: Vec<TaskStatus>) {
+        {
+            let mut state = self.lock();
+            let EngineState { jobs, .. } = &mut *state;
+            for job in jobs.values_mut() {
+                if job.index.contains_key(node) && !job.finished() {
+                    job.resend.push(node.to_owned());
+                }
+            }
+        }
+        for status in statuses {
+            self.report(node, status);
+        }
+        self.wake();
+    }
+
+    /// A task status from `node`'s agent.
+    pub fn report(&self, node: &str, status: TaskStatus) {
+        let mut state = self.lock();
+        let EngineState { jobs, tasks } = &mut *state;
+        let Some((key, owner)) = tasks.get(&status.id) else {
+            return; // A task of a deleted job.
+        };
+        if owner != node {
+            tracing::warn!(%node, task = %status.id, "report for a task of another node refused");
+            return;
+        }
+        let Some(job) = jobs.get_mut(key) else {
+            return;
+        };
+        if job.finished() {
+            return;
+        }
+        let backoff_limit = job.job.spec.pull_policy.backoff_limit;
+        let Some(entry) = job.entry(node) else {
+            return;
+        };
+        if entry.task_id != status.id {
+            return; // An earlier attempt.
+        }
+        let phase = TaskPhase::try_from(status.phase).unwrap_or(TaskPhase::Unspecified);
+        entry.bytes_done = status.bytes_done;
+        entry.bytes_total = status.bytes_total;
+        let mut resent = false;
+        match phase {
+            TaskPhase::Accepted | TaskPhase::Running => {
+                if entry.phase != NodePullPhase::Pulling {
+                    // The node kept pulling while it was away.
+                    entry.phase = NodePullPhase::Pulling;
+                    entry.node_lost = false;
+                    entry.message.clear();
+                }
+                resent = true;
+            }
+            TaskPhase::Succeeded => {
+                entry.phase = NodePullPhase::Succeeded;
+                entry.node_lost = false;
+                entry.message = status.message;
+                entry.image_digest = status.image_digest;
+                entry.completion_time = Some(now_rfc3339());
+            }
+            TaskPhase::Failed => {
+                entry.node_lost = false;
+                entry.completion_time = Some(now_rfc3339());
+                if entry.attempts <= backoff_limit {
+                    entry.phase = NodePullPhase::Waiting;
+                    entry.message =
+                        format!("attempt {} failed: {}", entry.attempts, status.message);
+                    let delay =
+                        Duration::from_secs(1 << entry.attempts.min(6)).min(MAX_RETRY_DELAY);
+                    job.retry_at.insert(node.to_owned(), Instant::now() + delay);
+                } else {
+                    entry.phase = NodePullPhase::Failed;
+                    entry.message = status.message;
+                }
+            }
+            TaskPhase::Unspecified => return,
+        }
+        if resent && status.phase == TaskPhase::Running as i32 {
+            // Running on the agent: nothing to send again.
+            job.resend.retain(|n| n != node);
+        }
+        job.dirty = true;
+        drop(state);
+        if phase != TaskPhase::Running && phase != TaskPhase::Accepted {
+            self.wake();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::reconcile::tests::{job, key};
+    use super::*;
+
+    #[tokio::test]
+    async fn failed_attempts_retry_up_to_the_backoff_limit_and_reports_need_the_right_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::Embedded(crate::store::EmbeddedStore::open(dir.path()).unwrap());
+        let registry = NodeRegistry::default();
+        let (tx, _rx) = tokio::sync::mpsc::channel(8);
+        let register = rigger_proto::v1::Register {
+            node_name: "n1".to_owned(),
+            ..rigger_proto::v1::Register::default()
+        };
+        registry.register(&register, 1, tx, SystemTime::now());
+        let engine = JobEngine::new(store, registry, Duration::from_secs(30));
+        let j =
+            job(&serde_json::json!({"image": "r.example/a:1", "pullPolicy": {"backoffLimit": 1}}));
+        engine.lock().jobs.insert(key(), j);
+        let failed = |id: &str| TaskStatus {
+            id: id.to_owned(),
+            phase: TaskPhase::Failed.into(),
+            message: "registry said no".to_owned(),
+            ..TaskStatus::default()
+        };
+        let entry = |engine: &JobEngine| engine.lock().jobs[&key()].status.nodes[0].clone();
+
+        engine.reconcile(&HashMap::new());
+        assert_eq!(entry(&engine).task_id, "u1/n1/1");
+        // Another node cannot report for n1.
+        engine.report("n2", failed("u1/n1/1"));
+        assert_eq!(entry(&engine).phase, NodePullPhase::Pulling);
+
+        engine.report("n1", failed("u1/n1/1"));
+        let first = entry(&engine);
+        assert_eq!(first.phase, NodePullPhase::Waiting);
+        assert_eq!(first.message, "attempt 1 failed: registry said no");
+        assert!(
+            engine.lock().jobs[&key()].retry_at.contains_key("n1"),
+            "retried after a delay"
+        );
+        engine.lock().jobs.get_mut(&key()).unwrap().retry_at.clear();
+
+        engine.reconcile(&HashMap::new());
+        assert_eq!(entry(&engine).task_id, "u1/n1/2", "a retry is a new task");
+        // A late report of the first attempt changes nothing.
+        engine.report("n1", failed("u1/n1/1"));
+        assert_eq!(entry(&engine).phase, NodePullPhase::Pulling);
+
+        engine.report("n1", failed("u1/n1/2"));
+        assert_eq!(
+            entry(&engine).phase,
+            NodePullPhase::Failed,
+            "backoffLimit 1: two attempts"
+        );
+        engine.reconcile(&HashMap::new());
+        assert!(engine.lock().jobs[&key()].status.completion_time.is_some());
+    }
+}
