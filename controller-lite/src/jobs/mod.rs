@@ -512,6 +512,9 @@ impl JobEngine {
             // Running on the agent: nothing to send again.
             job.resend.retain(|n| n != node);
         }
+        // The summary agrees with the nodes at every read, not only after the next pass.
+        reconcile::count_nodes(&mut job.status);
+        job.status.message = reconcile::progress_message(&job.status);
         job.dirty = true;
         drop(state);
         if phase != TaskPhase::Running && phase != TaskPhase::Accepted {

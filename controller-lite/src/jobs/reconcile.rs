@@ -14,9 +14,10 @@ use crate::nodes::NodeView;
 use crate::store::ObjectKey;
 use rigger_api::Condition;
 use rigger_api::image_pull_job::{
-    CompletionPolicyType, ImagePullJob, ImagePullPolicy, NodePullPhase, NodePullStatus,
+    CompletionPolicyType, ImagePullJob, ImagePullJobStatus, ImagePullPolicy, NodePullPhase,
+    NodePullStatus,
 };
-use rigger_api::secret::{self};
+use rigger_api::secret;
 
 use super::{Effects, JobState, parse_time};
 
@@ -254,24 +255,10 @@ pub(super) fn reconcile_job(
 
     // Counts, and completion for Always.
     let status = &mut job.status;
-    let count = |phase| status.nodes.iter().filter(|n| n.phase == phase).count();
-    let as_u32 = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-    let (succeeded, failed) = (
-        count(NodePullPhase::Succeeded),
-        count(NodePullPhase::Failed),
-    );
+    status.desired = u32::try_from(desired).unwrap_or(u32::MAX);
+    let (succeeded, failed) = count_nodes(status);
     // Lost nodes count as failed but may still come back: the job waits for them.
     let lost = status.nodes.iter().filter(|n| n.node_lost).count();
-    status.desired = as_u32(desired);
-    status.active = as_u32(active);
-    status.succeeded = as_u32(succeeded);
-    status.failed = as_u32(failed);
-    status.failed_nodes = status
-        .nodes
-        .iter()
-        .filter(|n| n.phase == NodePullPhase::Failed)
-        .map(|n| n.name.clone())
-        .collect();
     if policy.kind == CompletionPolicyType::Always && succeeded + failed == desired && lost == 0 {
         status.completion_time = Some(now_rfc3339());
         status.conditions = vec![Condition {
@@ -300,11 +287,38 @@ pub(super) fn reconcile_job(
         job.dirty = true;
         tracing::info!(job = %key, succeeded, failed, "job complete");
     } else {
-        let message = format!("{succeeded} of {desired} nodes pulled the image, {active} pulling");
-        if status.message != message {
-            status.message = message;
-        }
+        status.message = progress_message(status);
     }
+}
+
+/// The summary counts from the nodes' entries (`desired` is the engine's): active,
+/// succeeded, failed and the failed nodes. Returns (succeeded, failed).
+pub(super) fn count_nodes(status: &mut ImagePullJobStatus) -> (usize, usize) {
+    let count = |phase| status.nodes.iter().filter(|n| n.phase == phase).count();
+    let as_u32 = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    let (active, succeeded, failed) = (
+        count(NodePullPhase::Pulling),
+        count(NodePullPhase::Succeeded),
+        count(NodePullPhase::Failed),
+    );
+    status.active = as_u32(active);
+    status.succeeded = as_u32(succeeded);
+    status.failed = as_u32(failed);
+    status.failed_nodes = status
+        .nodes
+        .iter()
+        .filter(|n| n.phase == NodePullPhase::Failed)
+        .map(|n| n.name.clone())
+        .collect();
+    (succeeded, failed)
+}
+
+/// The message of a job under way.
+pub(super) fn progress_message(status: &ImagePullJobStatus) -> String {
+    format!(
+        "{} of {} nodes pulled the image, {} pulling",
+        status.succeeded, status.desired, status.active
+    )
 }
 
 /// Why a node cannot take work now (`None`: it can).
@@ -375,8 +389,6 @@ pub(super) mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use std::collections::BTreeMap;
-
-    use rigger_api::image_pull_job::ImagePullJobStatus;
 
     use crate::job_status;
     use rigger_proto::time::rfc3339;
