@@ -19,7 +19,6 @@ use rigger_proto::v1::{
     TaskPhase, TaskStatus, controller_message, task,
 };
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
 use crate::nodes::NodeRegistry;
 use crate::store::{ObjectKey, Precondition, Store};
@@ -166,11 +165,6 @@ impl RecreateEngine {
     pub fn wake(&self) {
         self.inner.wake.notify_one();
     }
-
-    /// Run until `token` is cancelled.
-    pub async fn run(self, token: CancellationToken) {
-        crate::engine::run(&self, token).await;
-    }
 }
 
 impl crate::engine::Engine for RecreateEngine {
@@ -185,28 +179,26 @@ impl crate::engine::Engine for RecreateEngine {
     }
 
     async fn pass(&self) {
-        {
-            self.sync().await;
-            let (messages, expired) = self.reconcile().await;
-            for (node, message) in messages {
-                self.inner.nodes.send(&node, message);
-            }
-            for key in expired {
-                tracing::info!(request = %key, "recreate request deleted (ttlSecondsAfterFinished)");
-                let _ = self
-                    .inner
-                    .store
-                    .delete(key.clone(), Precondition::Any)
-                    .await;
-                let _ = self
-                    .inner
-                    .store
-                    .delete(status_key(&key), Precondition::Any)
-                    .await;
-                self.lock().requests.remove(&key);
-            }
-            self.flush().await;
+        self.sync().await;
+        let (messages, expired) = self.reconcile().await;
+        for (node, message) in messages {
+            self.inner.nodes.send(&node, message);
         }
+        for key in expired {
+            tracing::info!(request = %key, "recreate request deleted (ttlSecondsAfterFinished)");
+            let _ = self
+                .inner
+                .store
+                .delete(key.clone(), Precondition::Any)
+                .await;
+            let _ = self
+                .inner
+                .store
+                .delete(status_key(&key), Precondition::Any)
+                .await;
+            self.lock().requests.remove(&key);
+        }
+        self.flush().await;
     }
 }
 

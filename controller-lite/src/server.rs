@@ -179,9 +179,9 @@ pub async fn run(
                         move |all| nodes.set_admin_labels(all),
                         token.clone()
                     ),
-                    jobs.run(token.clone()),
-                    recreates.run(token.clone()),
-                    sidecars.run(token)
+                    crate::engine::run(&jobs, token.clone()),
+                    crate::engine::run(&recreates, token.clone()),
+                    crate::engine::run(&sidecars, token)
                 );
             }
         })

@@ -27,7 +27,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
 use crate::pods::{PodSync, is_ready};
 use crate::predownload::{self, PreDownload, RolloutPod};
@@ -90,11 +89,6 @@ impl SidecarRollout {
 
     pub fn wake(&self) {
         self.inner.wake.notify_one();
-    }
-
-    /// Run until `token` is cancelled.
-    pub async fn run(self, token: CancellationToken) {
-        crate::engine::run(&self, token).await;
     }
 }
 

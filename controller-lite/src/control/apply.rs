@@ -173,7 +173,7 @@ impl ControlService {
     ) -> Result<ApplyResponse, Status> {
         let mut draft = self.draft::<ImagePullJob>(value).await?;
         let committed = self.commit(&mut draft, dry_run).await?;
-        if !committed.written && committed.outcome == "unchanged" {
+        if committed.outcome == "unchanged" {
             // Unchanged: answered with the job's status, as `get` shows it.
             let object = self
                 .get_object(

@@ -75,16 +75,18 @@ impl ControlService {
         }
     }
 
-    /// Who sent `request`, if they may act with `needed` and are within their request
-    /// rate (per user; per address when there are no tokens).
-    fn admit<T>(&self, request: &Request<T>, needed: Role) -> Result<String, Status> {
-        let user = self.users.authorize(request, needed)?;
+    /// Who sent `request`, and its message, if this replica leads, the sender may act
+    /// with `needed` and is within their request rate (per user; per address when there
+    /// are no tokens).
+    fn admit<T>(&self, request: Request<T>, needed: Role) -> Result<(String, T), Status> {
+        self.leadership.require()?;
+        let user = self.users.authorize(&request, needed)?;
         let client = match (&self.users, request.remote_addr()) {
             (UserAuth::Open, Some(address)) => address.ip().to_string(),
             _ => user.clone(),
         };
         self.limiter.admit(&client)?;
-        Ok(user)
+        Ok((user, request.into_inner()))
     }
 
     /// Forget idle clients now and then: the limiter keeps one entry per client seen.
@@ -128,6 +130,7 @@ fn namespace_or_default(namespace: &str) -> &str {
         namespace
     }
 }
+
 fn to_json<T: Serialize>(object: &T) -> Result<String, Status> {
     serde_json::to_string(object).map_err(|e| Status::internal(format!("cannot encode: {e}")))
 }
@@ -138,9 +141,7 @@ impl Control for ControlService {
         &self,
         request: Request<ApplyRequest>,
     ) -> Result<Response<ApplyResponse>, Status> {
-        self.leadership.require()?;
-        let user = self.admit(&request, Role::Admin)?;
-        let request = request.into_inner();
+        let (user, request) = self.admit(request, Role::Admin)?;
         if request.json.len() > MAX_OBJECT_BYTES {
             return Err(Status::invalid_argument(format!(
                 "object is {} bytes; at most {MAX_OBJECT_BYTES} are accepted",
@@ -166,9 +167,7 @@ impl Control for ControlService {
     }
 
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<Object>, Status> {
-        self.leadership.require()?;
-        self.admit(&request, Role::Viewer)?;
-        let request = request.into_inner();
+        let (_, request) = self.admit(request, Role::Viewer)?;
         let kind = kind_of(&request.kind)?;
         let namespace = if kind.namespaced() {
             namespace_or_default(&request.namespace)
@@ -181,9 +180,7 @@ impl Control for ControlService {
     }
 
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
-        self.leadership.require()?;
-        self.admit(&request, Role::Viewer)?;
-        let request = request.into_inner();
+        let (_, request) = self.admit(request, Role::Viewer)?;
         let kind = kind_of(&request.kind)?;
         if kind == Kind::Node {
             let items = self
@@ -210,9 +207,7 @@ impl Control for ControlService {
     }
 
     async fn logs(&self, request: Request<PodLogsRequest>) -> Result<Response<PodOutput>, Status> {
-        self.leadership.require()?;
-        self.admit(&request, Role::Viewer)?;
-        let request = request.into_inner();
+        let (_, request) = self.admit(request, Role::Viewer)?;
         let (node, uid) = self.placement(&request.namespace, &request.name).await?;
         let answer = self
             .pods
@@ -234,9 +229,7 @@ impl Control for ControlService {
     }
 
     async fn label(&self, request: Request<LabelRequest>) -> Result<Response<Object>, Status> {
-        self.leadership.require()?;
-        let user = self.admit(&request, Role::Admin)?;
-        let request = request.into_inner();
+        let (user, request) = self.admit(request, Role::Admin)?;
         if kind_of(&request.kind)? != Kind::Node {
             return Err(Status::invalid_argument(format!(
                 "{}: riggerctl label sets labels on nodes; other objects take theirs from apply",
@@ -267,9 +260,7 @@ impl Control for ControlService {
     }
 
     async fn exec(&self, request: Request<PodExecRequest>) -> Result<Response<PodOutput>, Status> {
-        self.leadership.require()?;
-        let user = self.admit(&request, Role::Admin)?;
-        let request = request.into_inner();
+        let (user, request) = self.admit(request, Role::Admin)?;
         if request.command.is_empty() {
             return Err(Status::invalid_argument("command: is required"));
         }
@@ -300,9 +291,7 @@ impl Control for ControlService {
         &self,
         request: Request<DeleteRequest>,
     ) -> Result<Response<DeleteResponse>, Status> {
-        self.leadership.require()?;
-        let user = self.admit(&request, Role::Admin)?;
-        let request = request.into_inner();
+        let (user, request) = self.admit(request, Role::Admin)?;
         let kind = kind_of(&request.kind)?;
         if kind == Kind::Node {
             return Err(Status::invalid_argument(

@@ -18,7 +18,6 @@ use std::time::{Duration, Instant, SystemTime};
 
 use rigger_proto::v1::{ControllerMessage, TaskPhase, TaskStatus};
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
 mod reconcile;
 
@@ -201,11 +200,6 @@ impl JobEngine {
     /// Reconcile soon (a job was applied or deleted, a node came or went).
     pub fn wake(&self) {
         self.inner.wake.notify_one();
-    }
-
-    /// Run until `token` is cancelled.
-    pub async fn run(self, token: CancellationToken) {
-        crate::engine::run(&self, token).await;
     }
 }
 
@@ -471,6 +465,7 @@ impl JobEngine {
             return; // An earlier attempt.
         }
         let phase = TaskPhase::try_from(status.phase).unwrap_or(TaskPhase::Unspecified);
+        let phase_before = entry.phase;
         entry.bytes_done = status.bytes_done;
         entry.bytes_total = status.bytes_total;
         let mut resent = false;
@@ -512,9 +507,12 @@ impl JobEngine {
             // Running on the agent: nothing to send again.
             job.resend.retain(|n| n != node);
         }
-        // The summary agrees with the nodes at every read, not only after the next pass.
-        reconcile::count_nodes(&mut job.status);
-        job.status.message = reconcile::progress_message(&job.status);
+        // The summary agrees with the nodes at every read, not only after the next pass
+        // (recounted only when the node changed phase: progress reports are the many).
+        if job.entry(node).is_some_and(|e| e.phase != phase_before) {
+            reconcile::count_nodes(&mut job.status);
+            job.status.message = reconcile::progress_message(&job.status);
+        }
         job.dirty = true;
         drop(state);
         if phase != TaskPhase::Running && phase != TaskPhase::Accepted {
