@@ -5,12 +5,11 @@
 
 use std::time::Duration;
 
-use k8s_cri::v1::ExecSyncRequest;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use rigger_proto::pod::{
     Container, ExecAction, Handler, HttpGetAction, IntOrName, Probe, TcpSocketAction,
 };
-use tonic::transport::Channel;
+
+use crate::cri::ContainerRuntime;
 
 /// One of a handler's three kinds.
 #[derive(Debug, Clone, Copy)]
@@ -63,7 +62,7 @@ fn port(container: &Container, port: &IntOrName) -> Result<u16, String> {
 
 /// Run `action` against `container_id` within `timeout`; `Err` says why it failed.
 pub async fn run(
-    cri: &mut RuntimeServiceClient<Channel>,
+    cri: &impl ContainerRuntime,
     container: &Container,
     container_id: &str,
     action: Action<'_>,
@@ -71,22 +70,16 @@ pub async fn run(
 ) -> Result<(), String> {
     match action {
         Action::Exec(exec) => {
-            let response = tokio::time::timeout(
+            let exit_code = tokio::time::timeout(
                 timeout + Duration::from_secs(1),
-                cri.exec_sync(ExecSyncRequest {
-                    container_id: container_id.to_owned(),
-                    cmd: exec.command.clone(),
-                    timeout: i64::try_from(timeout.as_secs().max(1)).unwrap_or(i64::MAX),
-                }),
+                cri.exec(container_id, &exec.command, timeout),
             )
             .await
-            .map_err(|_| format!("exec timed out after {}s", timeout.as_secs()))?
-            .map_err(|s| format!("exec failed: {}", s.message()))?
-            .into_inner();
-            if response.exit_code == 0 {
+            .map_err(|_| format!("exec timed out after {}s", timeout.as_secs()))??;
+            if exit_code == 0 {
                 Ok(())
             } else {
-                Err(format!("exec exited with {}", response.exit_code))
+                Err(format!("exec exited with {exit_code}"))
             }
         }
         Action::HttpGet(http) => {

@@ -15,6 +15,7 @@
 //! - [`lifecycle`]: a pod's lifecycle state and the cooperators asked around operations.
 
 pub mod config;
+pub mod cri;
 pub mod daemon;
 pub mod handlers;
 pub mod inventory;

@@ -570,13 +570,18 @@ impl TaskRunner {
                 entry.record.work = Work::Recreate(progress.clone())
             });
         };
-        let recreate = Recreate {
-            pods: &self.inner.pods,
-            containerd_address: &self.inner.containerd_address,
-            save: &save,
-            operation: Some(rigger_proto::lifecycle::Operation::Recreate),
+        let outcome = match crate::cri::connect(&self.inner.containerd_address).await {
+            Ok(runtime) => {
+                let recreate = Recreate {
+                    pods: &self.inner.pods,
+                    runtime: &runtime,
+                    save: &save,
+                    operation: Some(rigger_proto::lifecycle::Operation::Recreate),
+                };
+                recreate.run(&mut work, &cancel).await
+            }
+            Err(reason) => Err(reason),
         };
-        let outcome = recreate.run(&mut work, &cancel).await;
         self.inner.pods.mark_ready(&work.pod_uid);
         if self.inner.shutdown.is_cancelled() {
             // The agent is stopping: the recreate resumes from its saved progress.

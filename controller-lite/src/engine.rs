@@ -1,8 +1,9 @@
-//! The loop every controller engine runs, written once: a pass (read the kind from the
-//! store, reconcile, act, write), then wait for a wake-up (an apply, a report, a node
-//! coming or going), the next tick, or cancellation; after the last pass, a final
-//! flush. Each engine's decisions are its own pure reconcile functions (e.g.
-//! `jobs::reconcile_job`); this module only schedules them.
+//! The loop every controller engine runs, written once: a pass (one snapshot of what the
+//! engine reads from the store, then reconcile, act, write), then wait for a wake-up (an
+//! apply, a report, a node coming or going), the next tick, or cancellation; after the
+//! last pass, a final flush. Each engine's decisions are its own pure reconcile
+//! functions (`jobs::reconcile_job`, `recreates::decide`, `sidecars::to_upgrade`); this
+//! module only schedules them.
 
 use std::future::Future;
 use std::time::Duration;
@@ -10,17 +11,27 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::store::StoreError;
+
 /// One engine, as the runner drives it.
 pub trait Engine: Send + Sync {
+    /// For logs: which engine.
+    const NAME: &'static str;
     /// Passes run at least this often, woken or not (deadlines, retries, timeouts).
     const TICK: Duration;
+    /// What one pass decides on, read from the store once, at the pass's start.
+    type Snapshot: Send;
 
     /// Notified when something the engine reads changed.
     fn wake_signal(&self) -> &Notify;
 
-    /// One pass: read, decide, act. Errors are the engine's to log; the next pass
-    /// tries again.
-    fn pass(&self) -> impl Future<Output = ()> + Send;
+    /// Read this pass's snapshot. A store error skips the pass; the next one tries
+    /// again.
+    fn observe(&self) -> impl Future<Output = Result<Self::Snapshot, StoreError>> + Send;
+
+    /// One pass over a snapshot: decide, act, write. Write errors are the engine's to
+    /// log; the next pass tries again.
+    fn pass(&self, snapshot: Self::Snapshot) -> impl Future<Output = ()> + Send;
 
     /// After the last pass: what must reach the store before the controller exits.
     fn finish(&self) -> impl Future<Output = ()> + Send {
@@ -31,7 +42,12 @@ pub trait Engine: Send + Sync {
 /// Run `engine` until `token` is cancelled.
 pub async fn run<E: Engine>(engine: &E, token: CancellationToken) {
     loop {
-        engine.pass().await;
+        match engine.observe().await {
+            Ok(snapshot) => engine.pass(snapshot).await,
+            Err(error) => {
+                tracing::warn!(engine = E::NAME, %error, "cannot read the store; pass skipped");
+            }
+        }
         tokio::select! {
             () = token.cancelled() => break,
             () = engine.wake_signal().notified() => {}
@@ -50,18 +66,39 @@ mod tests {
     #[derive(Default)]
     struct Counting {
         wake: Notify,
+        observed: AtomicUsize,
         passes: AtomicUsize,
         finished: AtomicUsize,
+        /// The store fails every other read.
+        flaky_store: bool,
     }
 
     impl Engine for Counting {
+        const NAME: &'static str = "counting";
         const TICK: Duration = Duration::from_secs(3600);
+        type Snapshot = usize;
 
         fn wake_signal(&self) -> &Notify {
             &self.wake
         }
 
-        async fn pass(&self) {
+        async fn observe(&self) -> Result<usize, StoreError> {
+            let n = self.observed.fetch_add(1, Ordering::SeqCst);
+            match self.flaky_store && n % 2 == 1 {
+                true => Err(StoreError::Backend {
+                    location: "test".to_owned(),
+                    detail: "flaky".to_owned(),
+                }),
+                false => Ok(n),
+            }
+        }
+
+        async fn pass(&self, snapshot: usize) {
+            assert_eq!(
+                snapshot + 1,
+                self.observed.load(Ordering::SeqCst),
+                "each pass gets the snapshot read just before it"
+            );
             self.passes.fetch_add(1, Ordering::SeqCst);
         }
 
@@ -92,6 +129,42 @@ mod tests {
             engine.passes.load(Ordering::SeqCst),
             3,
             "a tick: another pass"
+        );
+        token.cancel();
+        task.await.unwrap();
+        assert_eq!(engine.finished.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            engine.observed.load(Ordering::SeqCst),
+            3,
+            "one read per pass"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_store_error_skips_the_pass_and_the_next_tick_tries_again() {
+        let engine = std::sync::Arc::new(Counting {
+            flaky_store: true,
+            ..Counting::default()
+        });
+        let token = CancellationToken::new();
+        let task = tokio::spawn({
+            let (engine, token) = (engine.clone(), token.clone());
+            async move { run(&*engine, token).await }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        engine.wake.notify_one();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(engine.observed.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            engine.passes.load(Ordering::SeqCst),
+            1,
+            "the failed read ran no pass"
+        );
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert_eq!(
+            engine.passes.load(Ordering::SeqCst),
+            2,
+            "the tick's read worked"
         );
         token.cancel();
         task.await.unwrap();

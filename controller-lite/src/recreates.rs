@@ -21,7 +21,7 @@ use rigger_proto::v1::{
 use tokio::sync::Notify;
 
 use crate::nodes::NodeRegistry;
-use crate::store::{ObjectKey, Precondition, Store};
+use crate::store::{ObjectKey, Precondition, Store, StoreError};
 use rigger_api::container_recreate_request::{
     self as crr, ContainerRecreatePhase, ContainerRecreateRequest, ContainerRecreateState,
     CrrPhase, CrrStatus, FailurePolicy,
@@ -167,8 +167,21 @@ impl RecreateEngine {
     }
 }
 
+/// What a recreate pass reads from the store.
+#[derive(Debug)]
+pub struct RecreateSnapshot {
+    /// Every request in the store.
+    present: HashSet<ObjectKey>,
+    /// Requests this engine did not know, with their stored status if any.
+    new: Vec<(ObjectKey, ContainerRecreateRequest, Option<CrrStatus>)>,
+    /// The uid of each agent-managed pod an unfinished request targets (`None`: gone).
+    pods: HashMap<ObjectKey, Option<String>>,
+}
+
 impl crate::engine::Engine for RecreateEngine {
+    const NAME: &'static str = "container recreate requests";
     const TICK: Duration = TICK;
+    type Snapshot = RecreateSnapshot;
 
     fn wake_signal(&self) -> &Notify {
         &self.inner.wake
@@ -178,9 +191,54 @@ impl crate::engine::Engine for RecreateEngine {
         self.flush().await;
     }
 
-    async fn pass(&self) {
-        self.sync().await;
-        let (messages, expired) = self.reconcile().await;
+    async fn observe(&self) -> Result<RecreateSnapshot, StoreError> {
+        let store = &self.inner.store;
+        let specs = store.list(crr::KIND).await?;
+        let (known, mut pod_keys): (HashSet<ObjectKey>, Vec<ObjectKey>) = {
+            let state = self.lock();
+            let pods = state
+                .requests
+                .iter()
+                .filter(|(_, t)| !t.finished())
+                .filter_map(|(k, t)| pod_key(k, &t.request));
+            (state.requests.keys().cloned().collect(), pods.collect())
+        };
+        let mut present = HashSet::with_capacity(specs.len());
+        let mut new = Vec::new();
+        for stored in specs {
+            present.insert(stored.key.clone());
+            if known.contains(&stored.key) {
+                continue;
+            }
+            let request: ContainerRecreateRequest = match serde_json::from_slice(&stored.object) {
+                Ok(request) => request,
+                Err(error) => {
+                    tracing::warn!(request = %stored.key, %error, "stored recreate request unreadable; skipped");
+                    continue;
+                }
+            };
+            let status = store
+                .get(status_key(&stored.key))
+                .await?
+                .and_then(|s| serde_json::from_slice(&s.object).ok());
+            pod_keys.extend(pod_key(&stored.key, &request));
+            new.push((stored.key, request, status));
+        }
+        let mut pods = HashMap::new();
+        for key in pod_keys {
+            let uid = store
+                .get(key.clone())
+                .await?
+                .and_then(|s| serde_json::from_slice::<Pod>(&s.object).ok())
+                .and_then(|p| p.metadata.uid);
+            pods.insert(key, uid);
+        }
+        Ok(RecreateSnapshot { present, new, pods })
+    }
+
+    async fn pass(&self, snapshot: RecreateSnapshot) {
+        self.sync(snapshot.present, snapshot.new).await;
+        let (messages, expired) = self.reconcile(&snapshot.pods);
         for (node, message) in messages {
             self.inner.nodes.send(&node, message);
         }
@@ -202,37 +260,26 @@ impl crate::engine::Engine for RecreateEngine {
     }
 }
 
+/// The store key of the agent-managed pod `request` targets (kubelet's pods are not in
+/// the store).
+fn pod_key(key: &ObjectKey, request: &ContainerRecreateRequest) -> Option<ObjectKey> {
+    let rigger = request
+        .metadata
+        .labels
+        .get(POD_OWNER_LABEL)
+        .map(String::as_str)
+        == Some("rigger");
+    rigger.then(|| ObjectKey::new(pod::KIND, &key.namespace, &request.spec.pod_name))
+}
+
 impl RecreateEngine {
-    /// Pick up created and deleted requests (specs never change once created).
-    async fn sync(&self) {
-        let specs = match self.inner.store.list(crr::KIND).await {
-            Ok(specs) => specs,
-            Err(error) => {
-                tracing::warn!(%error, "cannot read recreate requests from the store");
-                return;
-            }
-        };
-        let known: HashSet<ObjectKey> = self.lock().requests.keys().cloned().collect();
-        let mut seen = HashSet::new();
-        for stored in specs {
-            seen.insert(stored.key.clone());
-            if known.contains(&stored.key) {
-                continue;
-            }
-            let request: ContainerRecreateRequest = match serde_json::from_slice(&stored.object) {
-                Ok(request) => request,
-                Err(error) => {
-                    tracing::warn!(request = %stored.key, %error, "stored recreate request unreadable; skipped");
-                    continue;
-                }
-            };
-            let status = match self.inner.store.get(status_key(&stored.key)).await {
-                Ok(found) => found.and_then(|s| serde_json::from_slice(&s.object).ok()),
-                Err(error) => {
-                    tracing::warn!(request = %stored.key, %error, "cannot read the request's status");
-                    continue;
-                }
-            };
+    /// Take in created and deleted requests (specs never change once created).
+    async fn sync(
+        &self,
+        present: HashSet<ObjectKey>,
+        new: Vec<(ObjectKey, ContainerRecreateRequest, Option<CrrStatus>)>,
+    ) {
+        for (key, request, status) in new {
             let fresh = status.is_none();
             let status = status.unwrap_or_else(|| CrrStatus {
                 phase: CrrPhase::Pending,
@@ -248,7 +295,7 @@ impl RecreateEngine {
                 ..CrrStatus::default()
             });
             self.lock().requests.insert(
-                stored.key.clone(),
+                key,
                 Tracked {
                     request,
                     status,
@@ -263,7 +310,7 @@ impl RecreateEngine {
             let keys: Vec<ObjectKey> = state
                 .requests
                 .keys()
-                .filter(|k| !seen.contains(*k))
+                .filter(|k| !present.contains(*k))
                 .cloned()
                 .collect();
             keys.into_iter()
@@ -286,27 +333,10 @@ impl RecreateEngine {
     }
 
     /// Decide what each request needs now: messages to nodes, requests to delete.
-    async fn reconcile(&self) -> (Vec<(String, ControllerMessage)>, Vec<ObjectKey>) {
-        // Agent-managed pods as stored now (uid), to notice a deleted or replaced pod.
-        let pods: HashMap<ObjectKey, Option<String>> = {
-            let keys: Vec<ObjectKey> = self
-                .lock()
-                .requests
-                .iter()
-                .filter(|(_, t)| !t.finished() && t.label(POD_OWNER_LABEL) == "rigger")
-                .map(|(k, t)| ObjectKey::new(pod::KIND, &k.namespace, &t.request.spec.pod_name))
-                .collect();
-            let mut pods = HashMap::new();
-            for key in keys {
-                if let Ok(found) = self.inner.store.get(key.clone()).await {
-                    let uid = found
-                        .and_then(|s| serde_json::from_slice::<Pod>(&s.object).ok())
-                        .and_then(|p| p.metadata.uid);
-                    pods.insert(key, uid);
-                }
-            }
-            pods
-        };
+    fn reconcile(
+        &self,
+        pods: &HashMap<ObjectKey, Option<String>>,
+    ) -> (Vec<(String, ControllerMessage)>, Vec<ObjectKey>) {
         // Each node's readiness: `None` ready, else why not.
         let readiness: HashMap<String, Option<String>> = self
             .inner
@@ -316,7 +346,7 @@ impl RecreateEngine {
             .map(|(name, view)| (name, view.not_ready))
             .collect();
         let mut state = self.lock();
-        let decided = decide(&mut state.requests, &pods, &readiness, SystemTime::now());
+        let decided = decide(&mut state.requests, pods, &readiness, SystemTime::now());
         for (key, node, task) in decided.dispatch {
             if self.inner.nodes.send(&node, task)
                 && let Some(tracked) = state.requests.get_mut(&key)

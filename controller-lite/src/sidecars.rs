@@ -30,7 +30,7 @@ use tokio::sync::Notify;
 
 use crate::pods::{PodSync, is_ready};
 use crate::predownload::{self, PreDownload, RolloutPod};
-use crate::store::{ObjectKey, Precondition, Store, Stored};
+use crate::store::{ObjectKey, Precondition, Store, StoreError, Stored};
 use rigger_api::image_pull_job;
 use rigger_api::pod::{self, Pod};
 use rigger_api::sidecar_set::{self, InjectedVersion, SidecarSet, UpgradeType};
@@ -92,22 +92,24 @@ impl SidecarRollout {
     }
 }
 
+/// What a rollout pass reads from the store: the sets, and (when there is one) every
+/// pod with its status as the agents last reported it.
+#[derive(Debug)]
+pub struct RolloutSnapshot {
+    sets: Vec<SidecarSet>,
+    pods: Vec<(Stored, Pod, serde_json::Value)>,
+}
+
 impl crate::engine::Engine for SidecarRollout {
+    const NAME: &'static str = "sidecar rollout";
     const TICK: Duration = TICK;
+    type Snapshot = RolloutSnapshot;
 
     fn wake_signal(&self) -> &Notify {
         &self.inner.wake
     }
 
-    async fn pass(&self) {
-        if let Err(error) = self.reconcile().await {
-            tracing::warn!(%error, "sidecar rollout: cannot read the store");
-        }
-    }
-}
-
-impl SidecarRollout {
-    async fn reconcile(&self) -> Result<(), crate::store::StoreError> {
+    async fn observe(&self) -> Result<RolloutSnapshot, StoreError> {
         let store = &self.inner.store;
         let sets: Vec<SidecarSet> = store
             .list(sidecar_set::KIND)
@@ -115,10 +117,10 @@ impl SidecarRollout {
             .iter()
             .filter_map(|s| serde_json::from_slice(&s.object).ok())
             .collect();
-        if sets.is_empty() {
-            return Ok(());
-        }
         let mut pods = Vec::new();
+        if sets.is_empty() {
+            return Ok(RolloutSnapshot { sets, pods });
+        }
         for stored in store.list(pod::KIND).await? {
             let Ok(pod) = serde_json::from_slice::<Pod>(&stored.object) else {
                 continue;
@@ -130,12 +132,17 @@ impl SidecarRollout {
                 .unwrap_or_default();
             pods.push((stored, pod, status));
         }
-        for set in &sets {
-            self.roll(set, &pods).await;
-        }
-        Ok(())
+        Ok(RolloutSnapshot { sets, pods })
     }
 
+    async fn pass(&self, snapshot: RolloutSnapshot) {
+        for set in &snapshot.sets {
+            self.roll(set, &snapshot.pods).await;
+        }
+    }
+}
+
+impl SidecarRollout {
     async fn roll(&self, set: &SidecarSet, pods: &[(Stored, Pod, serde_json::Value)]) {
         let hash = set.hash();
         let members = members(set, &hash, pods);

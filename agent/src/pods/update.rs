@@ -14,15 +14,15 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use k8s_cri::v1::ContainerState;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use k8s_cri::v1::{ContainerState, ContainerStatusRequest};
 use rigger_proto::lifecycle::{Operation, Stage};
 use rigger_proto::pod::Pod;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 use super::containers::desired_hash;
 use super::{PodRunner, lock};
+use crate::cri::{self, ContainerRuntime};
 use crate::labels;
 use crate::lifecycle::{LifecycleState, PodRef, call_all};
 use crate::recreate::{ContainerProgress, Phase, Recreate, RecreateWork};
@@ -193,10 +193,10 @@ impl PodRunner {
         }
 
         self.set_lifecycle(uid, LifecycleState::Updating, "");
-        let mut cri = RuntimeServiceClient::new(runtime.channel());
+        let cri = RuntimeServiceClient::new(runtime.channel());
         let mut before = HashMap::new();
         for name in changed {
-            before.insert(name.clone(), image_of(&mut cri, uid, name).await?);
+            before.insert(name.clone(), image_of(&cri, uid, name).await?);
         }
         let mut work = RecreateWork {
             pod_uid: uid.to_owned(),
@@ -217,7 +217,7 @@ impl PodRunner {
         let save = |_: &RecreateWork| {};
         let recreate = Recreate {
             pods: self,
-            containerd_address: &self.inner.containerd_address,
+            runtime: &cri,
             save: &save,
             // The update is the operation cooperators were asked about.
             operation: None,
@@ -236,7 +236,7 @@ impl PodRunner {
                 .map(|c| c.image.as_str())
                 .unwrap_or_default();
             let old: &Running = &before[name];
-            let new = image_of(&mut cri, uid, name).await?;
+            let new = image_of(&cri, uid, name).await?;
             if new.id == old.id {
                 return Err(format!("container {name:?} was not replaced"));
             }
@@ -282,27 +282,17 @@ struct Running {
 }
 
 /// The newest container `name` of pod `uid`.
-async fn image_of(
-    cri: &mut RuntimeServiceClient<Channel>,
-    uid: &str,
-    name: &str,
-) -> Result<Running, String> {
+async fn image_of(cri: &impl ContainerRuntime, uid: &str, name: &str) -> Result<Running, String> {
     let labels = HashMap::from([
         (labels::POD_UID.to_owned(), uid.to_owned()),
         (labels::CONTAINER_NAME.to_owned(), name.to_owned()),
     ]);
-    let newest = crate::recreate::newest_container(cri, "", labels)
-        .await?
+    let newest = cri::newest(cri.containers("", labels).await?)
         .ok_or_else(|| format!("container {name:?} is gone"))?;
     let status = cri
-        .container_status(ContainerStatusRequest {
-            container_id: newest.id.clone(),
-            verbose: false,
-        })
+        .status_of(&newest.id)
         .await
-        .map_err(|s| format!("status of container {name:?}: {}", s.message()))?
-        .into_inner()
-        .status
+        .map_err(|e| format!("container {name:?}: {e}"))?
         .unwrap_or_default();
     Ok(Running {
         id: newest.id,

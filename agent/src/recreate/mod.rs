@@ -15,25 +15,23 @@
 //! Progress is saved after every step, so an agent restart resumes a request without
 //! stopping a container twice.
 
+#[cfg(test)]
+mod scenarios;
 mod stop;
 mod wait;
 mod work;
 
-pub(crate) use self::wait::newest_container;
 use self::wait::{kubelets, ready_sandbox};
 pub use self::work::{ContainerProgress, Phase, RecreateWork};
 
-use std::path::Path;
 use std::time::Duration;
 
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
+use crate::cri::ContainerRuntime;
 use crate::labels;
 use crate::lifecycle::{LifecycleState, call_all};
 use rigger_proto::lifecycle::Stage;
-use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 
 /// How often a waiting recreate looks at the containers.
 const POLL: Duration = Duration::from_millis(100);
@@ -101,16 +99,17 @@ pub trait PodHost: Send + Sync {
 }
 
 /// Runs one recreate to its end. `save` persists and reports progress.
-pub(crate) struct Recreate<'a> {
+pub(crate) struct Recreate<'a, R> {
     pub(crate) pods: &'a dyn PodHost,
-    pub(crate) containerd_address: &'a Path,
+    /// The CRI runtime service (a fake in unit tests).
+    pub(crate) runtime: &'a R,
     pub(crate) save: &'a (dyn Fn(&RecreateWork) + Send + Sync),
     /// What the pod's lifecycle cooperators are asked about (agent-managed pods), if
     /// anything: `None` when the caller asked them already.
     pub(crate) operation: Option<rigger_proto::lifecycle::Operation>,
 }
 
-impl Recreate<'_> {
+impl<R: ContainerRuntime> Recreate<'_, R> {
     /// `Ok` with a summary when every container was handled (some may have failed under
     /// failurePolicy Ignore); `Err` with the reason the request failed (the containers
     /// still open are left for the caller to fail, or to resume after a restart). A pod
@@ -147,11 +146,7 @@ impl Recreate<'_> {
         work: &mut RecreateWork,
         cancel: &CancellationToken,
     ) -> Result<(), String> {
-        let runtime = Runtime::connect(self.containerd_address, DEFAULT_CONNECT_TIMEOUT)
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut cri = RuntimeServiceClient::new(runtime.channel());
-        let target = self.locate(&mut cri, work).await?;
+        let target = self.locate(work).await?;
         let cooperated = match (&target, self.operation) {
             (Target::Agent { pod, .. }, Some(operation)) => Some((
                 operation,
@@ -182,9 +177,7 @@ impl Recreate<'_> {
                 return Err(reason);
             }
         }
-        let outcome = self
-            .recreate_containers(&mut cri, &target, work, cancel)
-            .await;
+        let outcome = self.recreate_containers(&target, work, cancel).await;
         if let Some((operation, what)) = &cooperated {
             let cooperators = self.pods.cooperators_of(&work.pod_uid);
             let labels = || self.pods.labels_of(&work.pod_uid);
@@ -200,7 +193,6 @@ impl Recreate<'_> {
 
     async fn recreate_containers(
         &self,
-        cri: &mut RuntimeServiceClient<Channel>,
         target: &Target,
         work: &mut RecreateWork,
         cancel: &CancellationToken,
@@ -234,8 +226,8 @@ impl Recreate<'_> {
                 if work.containers[i].phase.finished() {
                     continue;
                 }
-                self.stop(cri, target, work, i).await?;
-                self.wait(cri, target, work, &[i], cancel).await?;
+                self.stop(target, work, i).await?;
+                self.wait(target, work, &[i], cancel).await?;
                 self.check_failure_policy(work)?;
             }
         } else {
@@ -243,10 +235,10 @@ impl Recreate<'_> {
                 .filter(|&i| !work.containers[i].phase.finished())
                 .collect();
             for &i in &open {
-                self.stop(cri, target, work, i).await?;
+                self.stop(target, work, i).await?;
                 self.check_failure_policy(work)?;
             }
-            self.wait(cri, target, work, &open, cancel).await?;
+            self.wait(target, work, &open, cancel).await?;
             self.check_failure_policy(work)?;
         }
         Ok(())
@@ -267,13 +259,9 @@ impl Recreate<'_> {
     }
 
     /// The pod's running sandbox on this node, agent-managed or kubelet's.
-    async fn locate(
-        &self,
-        cri: &mut RuntimeServiceClient<Channel>,
-        work: &RecreateWork,
-    ) -> Result<Target, String> {
+    async fn locate(&self, work: &RecreateWork) -> Result<Target, String> {
         if let Some(pod) = self.pods.pod(&work.pod_uid) {
-            let sandbox = ready_sandbox(cri, labels::POD_UID, &work.pod_uid, &|s| {
+            let sandbox = ready_sandbox(self.runtime, labels::POD_UID, &work.pod_uid, &|s| {
                 self.pods.owner_of(s).as_deref() == Some(work.pod_uid.as_str())
             })
             .await?
@@ -283,7 +271,7 @@ impl Recreate<'_> {
                 pod: Box::new(pod),
             });
         }
-        match ready_sandbox(cri, labels::KUBELET_POD_UID, &work.pod_uid, &|s| {
+        match ready_sandbox(self.runtime, labels::KUBELET_POD_UID, &work.pod_uid, &|s| {
             kubelets(s, &work.pod_uid)
         })
         .await?

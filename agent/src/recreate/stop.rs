@@ -4,11 +4,10 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use k8s_cri::v1::{ContainerState, ContainerStatusRequest, StopContainerRequest};
+use k8s_cri::v1::ContainerState;
 use rigger_proto::pod::{Container, ContainerPort, Handler};
-use tonic::transport::Channel;
 
+use crate::cri::ContainerRuntime;
 use crate::handlers::{self, Action};
 
 use super::wait::latest_container;
@@ -17,11 +16,10 @@ use super::{
     Recreate, RecreateWork, Target,
 };
 
-impl Recreate<'_> {
+impl<R: ContainerRuntime> Recreate<'_, R> {
     /// preStop and stop of container `i` (nothing if it was stopped before).
     pub(super) async fn stop(
         &self,
-        cri: &mut RuntimeServiceClient<Channel>,
         target: &Target,
         work: &mut RecreateWork,
         i: usize,
@@ -30,7 +28,7 @@ impl Recreate<'_> {
         if work.containers[i].is_killed {
             return Ok(());
         }
-        let current = latest_container(cri, target, &name).await?;
+        let current = latest_container(self.runtime, target, &name).await?;
         let Some(current) = current else {
             let message = format!("{} has no container {name:?}", work.what());
             let progress = &mut work.containers[i];
@@ -119,7 +117,15 @@ impl Recreate<'_> {
                     let bound = Duration::from_secs(grace_left());
                     match Action::of_handler(&handler) {
                         Some(action) => {
-                            match handlers::run(cri, &container, &current.id, action, bound).await {
+                            match handlers::run(
+                                self.runtime,
+                                &container,
+                                &current.id,
+                                action,
+                                bound,
+                            )
+                            .await
+                            {
                                 Ok(()) => {
                                     tracing::info!(pod = %work.what(), container = %name, "preStop hook ran");
                                 }
@@ -143,19 +149,17 @@ impl Recreate<'_> {
         let already_signalled = resumed && work.containers[i].stop_issued;
         let left = if already_signalled {
             notes.push("the stop begun before the agent restarted was waited for".to_owned());
-            wait_for_exit(cri, &current.id, Duration::from_secs(grace_left())).await?;
+            wait_for_exit(self.runtime, &current.id, Duration::from_secs(grace_left())).await?;
             0
         } else {
             grace_left().max(MIN_STOP_SECONDS)
         };
         work.containers[i].stop_issued = true;
         (self.save)(work);
-        cri.stop_container(StopContainerRequest {
-            container_id: current.id.clone(),
-            timeout: i64::try_from(left).unwrap_or(i64::MAX),
-        })
-        .await
-        .map_err(|s| format!("stopping container {name:?}: {}", s.message()))?;
+        self.runtime
+            .stop(&current.id, left)
+            .await
+            .map_err(|e| format!("container {name:?}: {e}"))?;
         tracing::info!(pod = %work.what(), container = %name, id = %current.id, "container stopped for recreate");
         let progress = &mut work.containers[i];
         progress.is_killed = true;
@@ -268,21 +272,13 @@ pub(super) fn unix_seconds() -> u64 {
 
 /// Until container `id` is no longer running, or `within` has passed.
 pub(super) async fn wait_for_exit(
-    cri: &mut RuntimeServiceClient<Channel>,
+    cri: &impl ContainerRuntime,
     id: &str,
     within: Duration,
 ) -> Result<(), String> {
     let deadline = tokio::time::Instant::now() + within;
     loop {
-        let status = cri
-            .container_status(ContainerStatusRequest {
-                container_id: id.to_owned(),
-                verbose: false,
-            })
-            .await
-            .map_err(|s| format!("container {id}: {}", s.message()))?
-            .into_inner()
-            .status;
+        let status = cri.status_of(id).await?;
         let running = status.is_some_and(|c| c.state == ContainerState::ContainerRunning as i32);
         if !running || tokio::time::Instant::now() >= deadline {
             return Ok(());

@@ -4,24 +4,19 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use k8s_cri::v1::{
-    ContainerFilter, ContainerState, ContainerStatusRequest, ListContainersRequest,
-    ListPodSandboxRequest, PodSandboxFilter, PodSandboxState,
-};
+use k8s_cri::v1::{ContainerState, PodSandboxState};
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
+use crate::cri::{self, ContainerRuntime};
 use crate::labels;
 
 use super::{POLL, Phase, Recreate, RecreateWork, Target};
 
-impl Recreate<'_> {
+impl<R: ContainerRuntime> Recreate<'_, R> {
     /// Wait until each container in `which` has a new attempt that has run
     /// `minStartedSeconds` (and is ready, for agent pods), or failed.
     pub(super) async fn wait(
         &self,
-        cri: &mut RuntimeServiceClient<Channel>,
         target: &Target,
         work: &mut RecreateWork,
         which: &[usize],
@@ -29,7 +24,7 @@ impl Recreate<'_> {
     ) -> Result<(), String> {
         let min_started = Duration::from_secs(u64::from(work.min_started_seconds));
         loop {
-            if !self.pod_still_here(cri, target, work).await? {
+            if !self.pod_still_here(target, work).await? {
                 return Err(format!(
                     "{} was deleted or replaced during the request",
                     work.what()
@@ -42,7 +37,7 @@ impl Recreate<'_> {
                 }
                 let name = work.containers[i].name.clone();
                 let old = work.containers[i].old_container_id.clone();
-                let Some(current) = latest_container(cri, target, &name).await? else {
+                let Some(current) = latest_container(self.runtime, target, &name).await? else {
                     open = true;
                     continue;
                 };
@@ -56,15 +51,11 @@ impl Recreate<'_> {
                     open = true;
                     continue;
                 }
-                let status = cri
-                    .container_status(ContainerStatusRequest {
-                        container_id: current.id.clone(),
-                        verbose: false,
-                    })
+                let status = self
+                    .runtime
+                    .status_of(&current.id)
                     .await
-                    .map_err(|s| format!("status of container {name:?}: {}", s.message()))?
-                    .into_inner()
-                    .status
+                    .map_err(|e| format!("container {name:?}: {e}"))?
                     .unwrap_or_default();
                 let outcome = if status.state == ContainerState::ContainerExited as i32 {
                     Some((
@@ -125,7 +116,6 @@ impl Recreate<'_> {
 
     pub(super) async fn pod_still_here(
         &self,
-        cri: &mut RuntimeServiceClient<Channel>,
         target: &Target,
         work: &RecreateWork,
     ) -> Result<bool, String> {
@@ -140,7 +130,7 @@ impl Recreate<'_> {
             Target::Agent { .. } => self.pods.owner_of(s).as_deref() == Some(work.pod_uid.as_str()),
             Target::Kubelet { .. } => kubelets(s, &work.pod_uid),
         };
-        Ok(ready_sandbox(cri, label, &work.pod_uid, &owned)
+        Ok(ready_sandbox(self.runtime, label, &work.pod_uid, &owned)
             .await?
             .as_deref()
             == Some(target.sandbox()))
@@ -155,23 +145,14 @@ pub(super) fn kubelets(sandbox: &k8s_cri::v1::PodSandbox, uid: &str) -> bool {
 
 /// The ready sandbox whose `label` is `uid` and that `owned` accepts.
 pub(super) async fn ready_sandbox(
-    cri: &mut RuntimeServiceClient<Channel>,
+    cri: &impl ContainerRuntime,
     label: &str,
     uid: &str,
     owned: &(dyn Fn(&k8s_cri::v1::PodSandbox) -> bool + Sync),
 ) -> Result<Option<String>, String> {
-    let sandboxes = cri
-        .list_pod_sandbox(ListPodSandboxRequest {
-            filter: Some(PodSandboxFilter {
-                label_selector: HashMap::from([(label.to_owned(), uid.to_owned())]),
-                ..PodSandboxFilter::default()
-            }),
-        })
-        .await
-        .map_err(|s| format!("listing pod sandboxes: {}", s.message()))?
-        .into_inner()
-        .items;
-    Ok(sandboxes
+    Ok(cri
+        .sandboxes(label, uid)
+        .await?
         .into_iter()
         .find(|s| s.state == PodSandboxState::SandboxReady as i32 && owned(s))
         .map(|s| s.id))
@@ -179,33 +160,10 @@ pub(super) async fn ready_sandbox(
 
 /// The newest attempt of container `name` in the target's sandbox.
 pub(super) async fn latest_container(
-    cri: &mut RuntimeServiceClient<Channel>,
+    cri: &impl ContainerRuntime,
     target: &Target,
     name: &str,
 ) -> Result<Option<k8s_cri::v1::Container>, String> {
     let labels = HashMap::from([(target.name_label().to_owned(), name.to_owned())]);
-    newest_container(cri, target.sandbox(), labels).await
-}
-
-/// The newest attempt among the containers with `labels` (in `sandbox`; "" = any).
-pub(crate) async fn newest_container(
-    cri: &mut RuntimeServiceClient<Channel>,
-    sandbox: &str,
-    labels: HashMap<String, String>,
-) -> Result<Option<k8s_cri::v1::Container>, String> {
-    let containers = cri
-        .list_containers(ListContainersRequest {
-            filter: Some(ContainerFilter {
-                pod_sandbox_id: sandbox.to_owned(),
-                label_selector: labels,
-                ..ContainerFilter::default()
-            }),
-        })
-        .await
-        .map_err(|s| format!("listing containers: {}", s.message()))?
-        .into_inner()
-        .containers;
-    Ok(containers
-        .into_iter()
-        .max_by_key(|c| (c.metadata.as_ref().map_or(0, |m| m.attempt), c.created_at)))
+    Ok(cri::newest(cri.containers(target.sandbox(), labels).await?))
 }

@@ -39,12 +39,42 @@ impl<T> Draft<T> {
     }
 }
 
-/// How an apply ended: kubectl's word for it and the object's revision.
+/// How an apply ended, in kubectl's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Unchanged,
+    Created,
+    Configured,
+}
+
+impl Outcome {
+    fn word(self, dry_run: bool) -> String {
+        let word = match self {
+            Outcome::Unchanged => "unchanged",
+            Outcome::Created => "created",
+            Outcome::Configured => "configured",
+        };
+        match dry_run && self != Outcome::Unchanged {
+            true => format!("{word} (dry run)"),
+            false => word.to_owned(),
+        }
+    }
+}
+
+/// How an apply ended and the object's revision.
+#[derive(Clone, Copy)]
 struct Committed {
-    outcome: String,
+    outcome: Outcome,
+    dry_run: bool,
     revision: u64,
     /// The store was written (side effects such as telling a node follow only then).
     written: bool,
+}
+
+impl Committed {
+    fn word(&self) -> String {
+        self.outcome.word(self.dry_run)
+    }
 }
 
 impl ControlService {
@@ -129,19 +159,21 @@ impl ControlService {
         );
         if old == Some(&draft.object) {
             return Ok(Committed {
-                outcome: "unchanged".to_owned(),
+                outcome: Outcome::Unchanged,
+                dry_run,
                 revision: draft.stored.as_ref().map_or(0, |s| s.revision),
                 written: false,
             });
         }
         let outcome = if old.is_some() {
-            "configured"
+            Outcome::Configured
         } else {
-            "created"
+            Outcome::Created
         };
         if dry_run {
             return Ok(Committed {
-                outcome: format!("{outcome} (dry run)"),
+                outcome,
+                dry_run,
                 revision: 0,
                 written: false,
             });
@@ -160,7 +192,8 @@ impl ControlService {
             .await
             .map_err(store_status)?;
         Ok(Committed {
-            outcome: outcome.to_owned(),
+            outcome,
+            dry_run,
             revision,
             written: true,
         })
@@ -173,7 +206,7 @@ impl ControlService {
     ) -> Result<ApplyResponse, Status> {
         let mut draft = self.draft::<ImagePullJob>(value).await?;
         let committed = self.commit(&mut draft, dry_run).await?;
-        if committed.outcome == "unchanged" {
+        if committed.outcome == Outcome::Unchanged {
             // Unchanged: answered with the job's status, as `get` shows it.
             let object = self
                 .get_object(
@@ -184,11 +217,11 @@ impl ControlService {
                 .await?;
             return Ok(ApplyResponse {
                 object: Some(object),
-                outcome: committed.outcome,
+                outcome: committed.word(),
             });
         }
         if committed.written {
-            tracing::info!(job = %draft.what, image = %draft.object.spec.image, outcome = %committed.outcome, "job applied");
+            tracing::info!(job = %draft.what, image = %draft.object.spec.image, outcome = ?committed.outcome, "job applied");
             self.jobs.wake();
         }
         applied(&draft.object, committed)
@@ -204,7 +237,7 @@ impl ControlService {
         let mut draft = self.draft::<SidecarSet>(value).await?;
         let committed = self.commit(&mut draft, dry_run).await?;
         if committed.written {
-            tracing::info!(sidecar_set = %draft.what, outcome = %committed.outcome, "sidecar set applied");
+            tracing::info!(sidecar_set = %draft.what, outcome = ?committed.outcome, "sidecar set applied");
         }
         applied(&draft.object, committed)
     }
@@ -218,7 +251,7 @@ impl ControlService {
         let mut draft = self.draft::<LifecycleCooperator>(value).await?;
         let committed = self.commit(&mut draft, dry_run).await?;
         if committed.written {
-            tracing::info!(cooperator = %draft.what, outcome = %committed.outcome, "lifecycle cooperator applied");
+            tracing::info!(cooperator = %draft.what, outcome = ?committed.outcome, "lifecycle cooperator applied");
             self.pods.send_to_all().await;
         }
         applied(&draft.object, committed)
@@ -232,7 +265,7 @@ impl ControlService {
         let mut draft = self.draft::<Secret>(value).await?;
         let committed = self.commit(&mut draft, dry_run).await?;
         if committed.written {
-            tracing::info!(secret = %draft.what, outcome = %committed.outcome, "secret applied");
+            tracing::info!(secret = %draft.what, outcome = ?committed.outcome, "secret applied");
         }
         applied(&draft.object.redacted(), committed)
     }
@@ -278,7 +311,7 @@ impl ControlService {
         }
         let committed = self.commit(&mut draft, dry_run).await?;
         if committed.written {
-            tracing::info!(pod = %draft.what, node = ?draft.object.spec.node_name, outcome = %committed.outcome, "pod applied");
+            tracing::info!(pod = %draft.what, node = ?draft.object.spec.node_name, outcome = ?committed.outcome, "pod applied");
             if let Some(node) = &draft.object.spec.node_name {
                 self.pods.send_to(node).await;
             }
@@ -316,7 +349,7 @@ impl ControlService {
         }
         let committed = self.commit(&mut draft, dry_run).await?;
         if committed.written {
-            tracing::info!(request = %draft.what, pod = %draft.object.spec.pod_name, outcome = %committed.outcome, "container recreate request applied");
+            tracing::info!(request = %draft.what, pod = %draft.object.spec.pod_name, outcome = ?committed.outcome, "container recreate request applied");
             self.recreates.wake();
         }
         applied(&draft.object, committed)
@@ -386,6 +419,6 @@ fn applied<T: Serialize>(object: &T, committed: Committed) -> Result<ApplyRespon
             json: to_json(object)?,
             revision: committed.revision,
         }),
-        outcome: committed.outcome,
+        outcome: committed.word(),
     })
 }

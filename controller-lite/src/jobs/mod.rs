@@ -203,19 +203,79 @@ impl JobEngine {
     }
 }
 
+/// What a job pass reads from the store.
+#[derive(Debug)]
+pub struct JobSnapshot {
+    /// Every job in the store, with its spec revision.
+    present: HashMap<ObjectKey, u64>,
+    /// Jobs new or changed since the last pass; with the stored status of new ones.
+    changed: Vec<ChangedJob>,
+    /// The docker config documents of every secret some unfinished job names.
+    secrets: HashMap<ObjectKey, Result<String, String>>,
+}
+
+#[derive(Debug)]
+struct ChangedJob {
+    key: ObjectKey,
+    revision: u64,
+    job: ImagePullJob,
+    /// `Some` for a job this engine did not know: its status as stored, if any.
+    loaded: Option<Option<(ImagePullJobStatus, job_status::Written)>>,
+}
+
 impl crate::engine::Engine for JobEngine {
+    const NAME: &'static str = "image pull jobs";
     const TICK: Duration = TICK;
+    type Snapshot = JobSnapshot;
 
     fn wake_signal(&self) -> &Notify {
         &self.inner.wake
     }
 
-    async fn pass(&self) {
-        if let Err(error) = self.sync_specs().await {
-            tracing::warn!(%error, "cannot read jobs from the store");
+    async fn observe(&self) -> Result<JobSnapshot, StoreError> {
+        let specs = self.inner.store.list(image_pull_job::KIND).await?;
+        let known: HashMap<ObjectKey, u64> = self
+            .lock()
+            .jobs
+            .iter()
+            .map(|(k, j)| (k.clone(), j.spec_revision))
+            .collect();
+        let mut present = HashMap::with_capacity(specs.len());
+        let mut changed = Vec::new();
+        for stored in specs {
+            present.insert(stored.key.clone(), stored.revision);
+            if known.get(&stored.key) == Some(&stored.revision) {
+                continue;
+            }
+            let job: ImagePullJob = match serde_json::from_slice(&stored.object) {
+                Ok(job) => job,
+                Err(error) => {
+                    tracing::warn!(job = %stored.key, %error, "stored job unreadable; skipped");
+                    continue;
+                }
+            };
+            let loaded = match known.contains_key(&stored.key) {
+                true => None,
+                false => Some(job_status::read(&self.inner.store, &stored.key).await?),
+            };
+            changed.push(ChangedJob {
+                key: stored.key,
+                revision: stored.revision,
+                job,
+                loaded,
+            });
         }
-        let secrets = self.load_secrets().await;
-        let effects = self.reconcile(&secrets);
+        let secrets = self.read_secrets(&changed).await;
+        Ok(JobSnapshot {
+            present,
+            changed,
+            secrets,
+        })
+    }
+
+    async fn pass(&self, snapshot: JobSnapshot) {
+        self.sync_specs(snapshot.present, snapshot.changed).await;
+        let effects = self.reconcile(&snapshot.secrets);
         self.apply(effects).await;
         self.flush().await;
     }
@@ -227,42 +287,23 @@ impl crate::engine::Engine for JobEngine {
 }
 
 impl JobEngine {
-    /// Pick up created, changed and deleted job specs.
-    async fn sync_specs(&self) -> Result<(), StoreError> {
-        let specs = self.inner.store.list(image_pull_job::KIND).await?;
-        let known: HashMap<ObjectKey, u64> = self
-            .lock()
-            .jobs
-            .iter()
-            .map(|(k, j)| (k.clone(), j.spec_revision))
-            .collect();
-        let mut seen = Vec::with_capacity(specs.len());
-        for stored in specs {
-            seen.push(stored.key.clone());
-            if known.get(&stored.key) == Some(&stored.revision) {
-                continue;
-            }
-            let job: ImagePullJob = match serde_json::from_slice(&stored.object) {
-                Ok(job) => job,
-                Err(error) => {
-                    tracing::warn!(job = %stored.key, %error, "stored job unreadable; skipped");
-                    continue;
-                }
-            };
-            let status = match known.contains_key(&stored.key) {
-                true => None,
-                false => job_status::read(&self.inner.store, &stored.key).await?,
-            };
+    /// Take in created, changed and deleted job specs.
+    async fn sync_specs(&self, present: HashMap<ObjectKey, u64>, changed: Vec<ChangedJob>) {
+        for changed in changed {
             let mut state = self.lock();
             let state = &mut *state;
-            match state.jobs.get_mut(&stored.key) {
-                Some(existing) => {
-                    existing.job = job;
-                    existing.spec_revision = stored.revision;
+            match (state.jobs.get_mut(&changed.key), changed.loaded) {
+                (Some(existing), _) => {
+                    existing.job = changed.job;
+                    existing.spec_revision = changed.revision;
                 }
-                None => {
+                (None, None) => {
+                    // Forgotten meanwhile (a concurrent delete): the next pass loads it.
+                }
+                (None, Some(status)) => {
                     let (status, written) = status.unwrap_or_default();
-                    let mut job_state = JobState::new(stored.revision, job, status, written);
+                    let mut job_state =
+                        JobState::new(changed.revision, changed.job, status, written);
                     // Attempts in flight when the controller stopped: their timers
                     // restart now; agents report or get the task again on reconnect.
                     for entry in &job_state.status.nodes {
@@ -276,24 +317,25 @@ impl JobEngine {
                         if !entry.task_id.is_empty() {
                             state.tasks.insert(
                                 entry.task_id.clone(),
-                                (stored.key.clone(), entry.name.clone()),
+                                (changed.key.clone(), entry.name.clone()),
                             );
                         }
                     }
-                    tracing::info!(job = %stored.key, image = %job_state.job.spec.image, "job loaded");
-                    state.jobs.insert(stored.key.clone(), job_state);
+                    tracing::info!(job = %changed.key, image = %job_state.job.spec.image, "job loaded");
+                    state.jobs.insert(changed.key, job_state);
                 }
             }
         }
-        let removed: Vec<ObjectKey> = known
+        let removed: Vec<ObjectKey> = self
+            .lock()
+            .jobs
             .keys()
-            .filter(|k| !seen.contains(k))
+            .filter(|k| !present.contains_key(*k))
             .cloned()
             .collect();
         for key in removed {
             self.forget(&key).await;
         }
-        Ok(())
     }
 
     /// A job was deleted: stop its pulls and drop its status.
@@ -320,22 +362,27 @@ impl JobEngine {
         tracing::info!(job = %key, "job deleted");
     }
 
-    /// The docker config documents of every secret some unfinished job names.
-    async fn load_secrets(&self) -> HashMap<ObjectKey, Result<String, String>> {
-        let wanted: Vec<ObjectKey> = self
+    /// The docker config documents of every secret some unfinished job names (or a
+    /// job just created or changed).
+    async fn read_secrets(
+        &self,
+        changed: &[ChangedJob],
+    ) -> HashMap<ObjectKey, Result<String, String>> {
+        let names = |key: &ObjectKey, job: &ImagePullJob| {
+            job.spec
+                .pull_secrets
+                .iter()
+                .map(|name| ObjectKey::new(secret::KIND, &key.namespace, name))
+                .collect::<Vec<_>>()
+        };
+        let mut wanted: Vec<ObjectKey> = self
             .lock()
             .jobs
             .iter()
             .filter(|(_, j)| !j.finished())
-            .flat_map(|(key, j)| {
-                j.job
-                    .spec
-                    .pull_secrets
-                    .iter()
-                    .map(|name| ObjectKey::new(secret::KIND, &key.namespace, name))
-                    .collect::<Vec<_>>()
-            })
+            .flat_map(|(key, j)| names(key, &j.job))
             .collect();
+        wanted.extend(changed.iter().flat_map(|c| names(&c.key, &c.job)));
         let mut secrets = HashMap::new();
         for key in wanted {
             if secrets.contains_key(&key) {
