@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 use super::{FieldError, ObjectMeta, ValidateMeta as _};
 
 pub const KIND: &str = "ContainerRecreateRequest";
+/// Kruise's labels naming the request's pod and node (set when the request is applied).
+pub const POD_UID_LABEL: &str = "crr.apps.kruise.io/pod-uid";
+pub const NODE_NAME_LABEL: &str = "crr.apps.kruise.io/node-name";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

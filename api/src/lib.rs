@@ -7,10 +7,12 @@
 pub mod container_recreate_request;
 pub mod image_pull_job;
 pub mod lifecycle_cooperator;
+pub mod node;
 pub mod object;
 pub mod pod;
 pub mod secret;
 pub mod sidecar_set;
+pub mod table;
 
 pub use object::Object;
 
@@ -70,7 +72,7 @@ impl Kind {
             Self::Pod => pod::KIND,
             Self::LifecycleCooperator => lifecycle_cooperator::KIND,
             Self::SidecarSet => sidecar_set::KIND,
-            Self::Node => "Node",
+            Self::Node => node::KIND,
         }
     }
 
@@ -92,11 +94,23 @@ impl Kind {
         }
     }
 
+    /// [`Kind::resolve`], or an error listing the kinds there are.
+    pub fn parse(text: &str) -> Result<Self, UnknownKind> {
+        Self::resolve(text).ok_or_else(|| UnknownKind(text.to_owned()))
+    }
+
     /// Nodes and SidecarSets (as in Kubernetes and Kruise) belong to no namespace.
     pub fn namespaced(self) -> bool {
         !matches!(self, Self::Node | Self::SidecarSet)
     }
 }
+
+/// A kind name that is none of Rigger's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown kind {0:?} (known: ImagePullJob, ContainerRecreateRequest, Secret, Pod, LifecycleCooperator, SidecarSet, Node)"
+)]
+pub struct UnknownKind(pub String);
 
 impl std::fmt::Display for Kind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -359,6 +373,22 @@ impl<'de> Deserialize<'de> for IntOrPercent {
                     })?;
                 Ok(Self::Percent(percent))
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_kind_lists_every_kind_there_is() {
+        let message = Kind::parse("gadget").err().map(|e| e.to_string());
+        let message = message.unwrap_or_default();
+        assert!(message.starts_with("unknown kind \"gadget\""), "{message}");
+        for kind in Kind::ALL {
+            assert!(message.contains(kind.name()), "{kind} missing: {message}");
+            assert_eq!(Kind::parse(&kind.name().to_ascii_lowercase()), Ok(kind));
         }
     }
 }

@@ -1,6 +1,7 @@
 //! What every kind users apply has in common: its metadata, what an apply takes from the
 //! user, validation with field paths, and which changes move its generation or are
-//! refused. The controller's one apply path works on this trait alone.
+//! refused, and (through [`Columns`]) how `get` shows it. The controller's one apply path
+//! works on this trait alone.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -11,10 +12,13 @@ use crate::lifecycle_cooperator::LifecycleCooperator;
 use crate::pod::{LIFECYCLE_STATE_LABEL, Pod};
 use crate::secret::Secret;
 use crate::sidecar_set::SidecarSet;
+use crate::table::Columns;
 use crate::{FieldError, Kind, ObjectMeta};
 
 /// A kind users apply.
-pub trait Object: Serialize + DeserializeOwned + PartialEq + Send + Sync + 'static {
+pub trait Object:
+    Columns + Serialize + DeserializeOwned + PartialEq + Send + Sync + 'static
+{
     const KIND: Kind;
 
     fn metadata(&self) -> &ObjectMeta;

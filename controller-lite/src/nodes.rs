@@ -6,6 +6,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
+use rigger_api::ObjectMeta;
+use rigger_api::node::{self, Node, NodeCondition, NodeImage, NodeInfo, NodeStatus};
 use rigger_proto::v1::{ControllerMessage, NodeInventory, Register};
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -352,9 +354,7 @@ fn not_ready_reason(r: &NodeRecord, now: SystemTime, timeout: Duration) -> Strin
     }
 }
 
-/// A node in Kubernetes' shape: a Ready condition, node info, the images it holds.
-/// `metadata.labels` are the labels selectors see; `status.agentLabels` what the agent
-/// reported of them and `status.refusedAgentLabels` the reserved keys it tried.
+/// A node as `get` shows it (`rigger_api::node`).
 fn node_object(
     name: &str,
     r: &NodeRecord,
@@ -364,48 +364,53 @@ fn node_object(
 ) -> serde_json::Value {
     let reason = not_ready_reason(r, now, timeout);
     let inventory = r.inventory.as_ref();
-    let mut images: Vec<serde_json::Value> = Vec::new();
+    let mut images = Vec::new();
     let mut seen = HashSet::new();
     for image in inventory.map(|i| &*i.images).unwrap_or_default() {
         if seen.insert((&image.namespace, &image.name)) {
-            images.push(serde_json::json!({
-                "names": [&*image.name],
-                "namespace": &*image.namespace,
-                "digest": &*image.digest,
-                "sizeBytes": image.size,
-            }));
+            images.push(NodeImage {
+                names: vec![image.name.to_string()],
+                namespace: image.namespace.to_string(),
+                digest: image.digest.to_string(),
+                size_bytes: image.size,
+            });
         }
     }
-    serde_json::json!({
-        "apiVersion": rigger_api::API_VERSION,
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": crate::node_labels::merged(&r.reported_labels, admin_labels),
+    let ready = reason.is_empty();
+    let node = Node {
+        api_version: rigger_api::API_VERSION.to_owned(),
+        kind: node::KIND.to_owned(),
+        metadata: ObjectMeta {
+            name: name.to_owned(),
+            labels: crate::node_labels::merged(&r.reported_labels, admin_labels),
+            ..ObjectMeta::default()
         },
-        "status": {
-            "agentLabels": r.reported_labels,
-            "refusedAgentLabels": r.refused_labels,
-            "conditions": [{
-                "type": "Ready",
-                "status": if reason.is_empty() { "True" } else { "False" },
-                "reason": if reason.is_empty() { "AgentReady" } else { "AgentNotReady" },
-                "message": reason,
-                "lastHeartbeatTime": rfc3339(r.last_heartbeat),
+        status: NodeStatus {
+            agent_labels: r.reported_labels.clone(),
+            refused_agent_labels: r.refused_labels.clone(),
+            conditions: vec![NodeCondition {
+                condition_type: "Ready".to_owned(),
+                status: if ready { "True" } else { "False" }.to_owned(),
+                reason: if ready { "AgentReady" } else { "AgentNotReady" }.to_owned(),
+                message: reason,
+                last_heartbeat_time: rfc3339(r.last_heartbeat),
             }],
-            "nodeInfo": {
-                "agentVersion": r.agent_version,
-                "containerRuntimeVersion": inventory
+            node_info: NodeInfo {
+                agent_version: r.agent_version.clone(),
+                container_runtime_version: inventory
                     .filter(|i| !i.containerd_version.is_empty())
                     .map(|i| format!("containerd://{}", i.containerd_version))
                     .unwrap_or_default(),
-                "criRuntime": inventory.map(|i| &*i.cri_runtime).unwrap_or_default(),
+                cri_runtime: inventory
+                    .map(|i| i.cri_runtime.to_string())
+                    .unwrap_or_default(),
             },
-            "pods": inventory.map_or(0, |i| i.pods),
-            "containers": inventory.map_or(0, |i| i.containers),
-            "images": images,
+            pods: inventory.map_or(0, |i| i.pods),
+            containers: inventory.map_or(0, |i| i.containers),
+            images,
         },
-    })
+    };
+    serde_json::to_value(node).unwrap_or_default()
 }
 
 fn count(n: Option<usize>) -> u32 {

@@ -30,9 +30,7 @@ use rigger_api::pod::{self, Pod};
 
 /// The store kind under which request statuses live.
 pub const STATUS_KIND: &str = "ContainerRecreateRequest.status";
-/// Kruise's labels naming the request's pod and node.
-pub const POD_UID_LABEL: &str = "crr.apps.kruise.io/pod-uid";
-pub const NODE_NAME_LABEL: &str = "crr.apps.kruise.io/node-name";
+pub use rigger_api::container_recreate_request::{NODE_NAME_LABEL, POD_UID_LABEL};
 /// Who runs the pod: `rigger` (an agent-managed Pod object) or `kubelet`.
 pub const POD_OWNER_LABEL: &str = "rigger.dev/pod-owner";
 /// Task ids of recreates start with this.

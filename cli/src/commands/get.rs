@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use rigger_api::Kind;
+
 use crate::client::{Client, fetch, fetch_all};
 use crate::output::{Output, print_table, render_table, table_rows};
 
@@ -30,6 +32,7 @@ pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Re
         all_namespaces,
     } = args;
     let (kind, name) = (kind.as_str(), name.as_deref());
+    let resolved = Kind::parse(kind)?;
     let namespace = if all_namespaces { "" } else { namespace };
     let mut printed_header = false;
     let mut last: Vec<String> = Vec::new();
@@ -59,7 +62,8 @@ pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Re
             }
             Output::Table | Output::Wide => {
                 let all_namespaces = namespace.is_empty();
-                let (header, rows) = table_rows(&objects, output == Output::Wide, all_namespaces);
+                let (header, rows) =
+                    table_rows(resolved, &objects, output == Output::Wide, all_namespaces)?;
                 if !watch {
                     if rows.is_empty() {
                         eprintln!("No resources found.");

@@ -1,14 +1,13 @@
-//! How riggerctl prints: kubectl's table layout, its names for objects, ages and sizes.
-//! Per-kind columns are in [`columns`].
+//! How riggerctl prints: kubectl's table layout and its names for objects. The columns
+//! are the kinds' own ([`columns`]).
 
 mod columns;
-
-use std::time::SystemTime;
 
 use comfy_table::{Table, presets};
 use serde_json::Value;
 
 pub use self::columns::table_rows;
+pub use rigger_api::table::bytes;
 
 /// `-o`: what `get` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -42,28 +41,6 @@ pub fn str_of<'a>(value: &'a Value, pointer: &str) -> &'a str {
 /// The number at `pointer`, or 0.
 pub fn num_of(value: &Value, pointer: &str) -> u64 {
     value.pointer(pointer).and_then(Value::as_u64).unwrap_or(0)
-}
-
-/// kubectl-style age of an RFC 3339 time: `5s`, `3m`, `2h`, `4d`.
-pub fn age(rfc3339: &str) -> String {
-    let Ok(then) = humantime::parse_rfc3339(rfc3339) else {
-        return "-".to_owned();
-    };
-    let secs = SystemTime::now()
-        .duration_since(then)
-        .unwrap_or_default()
-        .as_secs();
-    match secs {
-        0..120 => format!("{secs}s"),
-        120..7200 => format!("{}m", secs / 60),
-        7200..172_800 => format!("{}h", secs / 3600),
-        _ => format!("{}d", secs / 86_400),
-    }
-}
-
-/// A size as kubectl-like short IEC units.
-pub fn bytes(n: u64) -> String {
-    bytesize::ByteSize::b(n).display().iec_short().to_string()
 }
 
 /// A table as lines, columns two spaces apart, trailing blanks trimmed.

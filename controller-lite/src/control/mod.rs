@@ -114,13 +114,7 @@ fn store_status(e: StoreError) -> Status {
 }
 
 fn kind_of(text: &str) -> Result<Kind, Status> {
-    Kind::resolve(text).ok_or_else(|| {
-        let known: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
-        Status::invalid_argument(format!(
-            "unknown kind {text:?} (known: {})",
-            known.join(", ")
-        ))
-    })
+    Kind::parse(text).map_err(|e| Status::invalid_argument(e.to_string()))
 }
 
 fn namespace_or_default(namespace: &str) -> &str {

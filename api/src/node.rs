@@ -1,0 +1,78 @@
+//! `kind: Node` — a node as the controller shows it, in Kubernetes' shape: a Ready
+//! condition, node info, the images it holds. Nodes are never applied: one exists while
+//! its agent is registered. `metadata.labels` are the labels selectors see;
+//! `status.agentLabels` what the agent reported of them and `status.refusedAgentLabels`
+//! the reserved keys it tried.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ObjectMeta;
+
+pub const KIND: &str = "Node";
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Node {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub status: NodeStatus,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    #[serde(default)]
+    pub agent_labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub refused_agent_labels: Vec<String>,
+    /// One: `Ready`.
+    #[serde(default)]
+    pub conditions: Vec<NodeCondition>,
+    #[serde(default)]
+    pub node_info: NodeInfo,
+    #[serde(default)]
+    pub pods: u32,
+    #[serde(default)]
+    pub containers: u32,
+    #[serde(default)]
+    pub images: Vec<NodeImage>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCondition {
+    #[serde(rename = "type")]
+    pub condition_type: String,
+    /// `True` or `False`.
+    pub status: String,
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub last_heartbeat_time: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeInfo {
+    #[serde(default)]
+    pub agent_version: String,
+    /// `containerd://<version>`, as kubelet reports it.
+    #[serde(default)]
+    pub container_runtime_version: String,
+    #[serde(default)]
+    pub cri_runtime: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeImage {
+    pub names: Vec<String>,
+    /// The containerd namespace that holds it.
+    pub namespace: String,
+    pub digest: String,
+    pub size_bytes: u64,
+}
