@@ -106,11 +106,18 @@ impl Kind {
 }
 
 /// A kind name that is none of Rigger's.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "unknown kind {0:?} (known: ImagePullJob, ContainerRecreateRequest, Secret, Pod, LifecycleCooperator, SidecarSet, Node)"
-)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnknownKind(pub String);
+
+impl std::error::Error for UnknownKind {}
+
+// The list is `Kind::ALL`'s, so a new kind cannot be missing from it.
+impl std::fmt::Display for UnknownKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let known: Vec<&str> = Kind::ALL.iter().map(|k| k.name()).collect();
+        write!(f, "unknown kind {:?} (known: {})", self.0, known.join(", "))
+    }
+}
 
 impl std::fmt::Display for Kind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -5,13 +5,13 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
-use crate::container_recreate_request::{ContainerRecreateRequest, CrrPhase};
-use crate::image_pull_job::ImagePullJob;
+use crate::container_recreate_request::{ContainerRecreateRequest, CrrPhase, CrrStatus};
+use crate::image_pull_job::{ImagePullJob, ImagePullJobStatus};
 use crate::lifecycle_cooperator::LifecycleCooperator;
 use crate::node::Node;
 use crate::pod::{LIFECYCLE_STATE_LABEL, Pod};
 use crate::secret::Secret;
-use crate::sidecar_set::SidecarSet;
+use crate::sidecar_set::{SidecarSet, SidecarSetStatus};
 
 /// Kruise's annotation naming, per hot-upgrade sidecar, the slot that serves.
 const WORKING_HOT_UPGRADE: &str = "kruise.io/sidecarset-working-hotupgrade-container";
@@ -71,7 +71,9 @@ impl Columns for ImagePullJob {
     }
 
     fn row(&self, wide: bool, now: SystemTime) -> Vec<String> {
-        let status = self.status.clone().unwrap_or_default();
+        // Borrowed, not cloned: a job's status holds an entry per node.
+        let none = ImagePullJobStatus::default();
+        let status = self.status.as_ref().unwrap_or(&none);
         let (done, total) = status
             .nodes
             .iter()
@@ -88,7 +90,7 @@ impl Columns for ImagePullJob {
             status.failed.to_string(),
             progress,
             age(self.metadata.creation_timestamp.as_deref(), now),
-            status.message,
+            status.message.clone(),
         ];
         if wide {
             row.push(self.spec.image.clone());
@@ -157,7 +159,8 @@ impl Columns for SidecarSet {
     }
 
     fn row(&self, _wide: bool, now: SystemTime) -> Vec<String> {
-        let status = self.status.clone().unwrap_or_default();
+        let none = SidecarSetStatus::default();
+        let status = self.status.as_ref().unwrap_or(&none);
         vec![
             self.metadata.name.clone(),
             status.matched_pods.to_string(),
@@ -178,7 +181,8 @@ impl Columns for ContainerRecreateRequest {
     }
 
     fn row(&self, wide: bool, now: SystemTime) -> Vec<String> {
-        let status = self.status.clone().unwrap_or_default();
+        let none = CrrStatus::default();
+        let status = self.status.as_ref().unwrap_or(&none);
         let phase = match status.phase {
             CrrPhase::Pending => "Pending",
             CrrPhase::Recreating => "Recreating",
@@ -202,7 +206,7 @@ impl Columns for ContainerRecreateRequest {
                 .labels
                 .get(crate::container_recreate_request::NODE_NAME_LABEL);
             row.push(node.cloned().unwrap_or_default());
-            row.push(status.message);
+            row.push(status.message.clone());
         }
         row
     }
@@ -219,11 +223,10 @@ impl Columns for Pod {
 
     fn row(&self, wide: bool, now: SystemTime) -> Vec<String> {
         // The status is the agent's report, kept as it came: read leniently.
-        let status = self.status.clone().unwrap_or_default();
+        let status = self.status.as_ref().unwrap_or(&serde_json::Value::Null);
         let statuses = status["containerStatuses"]
             .as_array()
-            .cloned()
-            .unwrap_or_default();
+            .map_or(&[][..], Vec::as_slice);
         let ready = statuses.iter().filter(|c| c["ready"] == true).count();
         let restarts: u64 = statuses
             .iter()

@@ -1,11 +1,9 @@
 //! Users' questions about a pod, relayed from the controller: its logs and exec.
 
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{ContainerFilter, ContainerState, ListContainersRequest};
 
 use super::{PodRunner, lock};
 use crate::labels;
-use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 
 impl PodRunner {
     /// Answer a user's question about one of this node's pods (logs, exec).
@@ -101,10 +99,7 @@ impl PodRunner {
         timeout: u32,
     ) -> Result<(Vec<u8>, Vec<u8>, i32), String> {
         let name = self.container_name(uid, container)?;
-        let runtime = Runtime::connect(&self.inner.containerd_address, DEFAULT_CONNECT_TIMEOUT)
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut cri = RuntimeServiceClient::new(runtime.channel());
+        let mut cri = crate::cri::connect(&self.inner.containerd_address).await?;
         let running = cri
             .list_containers(ListContainersRequest {
                 filter: Some(ContainerFilter {
