@@ -205,6 +205,9 @@ fn omit() -> Timespec {
     }
 }
 
+/// File contents are copied from the layer through a buffer this big.
+const COPY_BUFFER: usize = 128 << 10;
+
 /// Directory times are set last: creating entries in a directory changes its mtime.
 struct DirTimes {
     parent: PathBuf,
@@ -225,6 +228,7 @@ fn apply_entries<R: Read>(
     // whenever an entry could change where a path resolves (a removal, a whiteout, a
     // symlink); adding new names cannot.
     let mut cached: Option<(PathBuf, Dir)> = None;
+    let mut copy_buffer = vec![0u8; COPY_BUFFER];
     let entries = archive.entries().map_err(ApplyError::Read)?;
     for entry in entries {
         let mut entry = entry.map_err(|e| ApplyError::Invalid(e.to_string()))?;
@@ -312,7 +316,7 @@ fn apply_entries<R: Read>(
             }
             k if k.is_file() || k == tar::EntryType::Continuous => {
                 let mut new = parent.create_file(&base)?;
-                new.write_from(&mut entry)?;
+                new.write_from(&mut entry, &mut copy_buffer)?;
                 file = Some(new);
             }
             k if k.is_hard_link() => {

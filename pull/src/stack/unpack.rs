@@ -25,6 +25,7 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use super::decompress::decompress;
 use crate::media::Compression;
 use containerd_client::services::v1::diff_client::DiffClient;
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
@@ -308,23 +309,12 @@ fn spawn_applier(
     rx: mpsc::Receiver<Bytes>,
 ) -> JoinHandle<Result<Applied, ApplyError>> {
     tokio::task::spawn_blocking(move || {
-        let reader = std::io::BufReader::with_capacity(
-            64 << 10,
-            ChannelReader {
-                rx,
-                current: Bytes::new(),
-            },
-        );
-        match compression {
-            Compression::None => apply_layer(reader, &target),
-            // Multi-member gzip, as Go's reader (and so containerd) accepts.
-            Compression::Gzip => apply_layer(flate2::read::MultiGzDecoder::new(reader), &target),
-            Compression::Zstd => {
-                let decoder =
-                    zstd::stream::read::Decoder::with_buffer(reader).map_err(ApplyError::Read)?;
-                apply_layer(decoder, &target)
-            }
-        }
+        let reader = ChannelReader {
+            rx,
+            current: Bytes::new(),
+        };
+        let decompressed = decompress(compression, reader).map_err(ApplyError::Read)?;
+        apply_layer(decompressed, &target)
     })
 }
 
