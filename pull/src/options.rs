@@ -10,7 +10,8 @@ use crate::registry::{self, hosts};
 
 /// Where ranges wait for containerd's ingest by default (the agent's state directory).
 pub const DEFAULT_SPOOL_DIR: &str = "/var/lib/rigger/spool";
-/// Blobs bigger than this are fetched as parallel byte ranges of this size.
+/// Blobs bigger than twice this are fetched as parallel byte ranges of this size (one
+/// request covers several later in a blob: `fetch::ranges`).
 pub const DEFAULT_CHUNK_SIZE: u64 = 2 << 20;
 /// Connections open at once across all pulls of this agent.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16;

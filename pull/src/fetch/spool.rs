@@ -120,6 +120,11 @@ impl Spool {
         Ok(())
     }
 
+    /// The blob's size.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
     pub fn range_size(&self) -> u64 {
         self.range_size
     }
@@ -140,7 +145,7 @@ impl Spool {
     pub fn received(&self, k: u64) -> u64 {
         self.received
             .get(k as usize)
-            .map_or(0, |r| r.load(Ordering::Relaxed))
+            .map_or(0, |r| r.load(Ordering::Acquire))
     }
 
     /// Count range `k` as present up to `upto` bytes without storing them (containerd
@@ -177,8 +182,10 @@ impl Spool {
         self.file
             .write_all_at(&value.to_le_bytes(), 24 + 8 * k)
             .map_err(|e| self.error("write", e))?;
+        // Release: whoever sees the count sees the bytes (the writer reads them back
+        // while the range is still arriving).
         if let Some(r) = self.received.get(k as usize) {
-            r.store(value, Ordering::Relaxed);
+            r.store(value, Ordering::Release);
         }
         Ok(())
     }
