@@ -23,7 +23,7 @@ use rigger_runtime::{CallError, Runtime, describe_status};
 /// Bytes per `Content.Write` message: big enough that containerd's per-message cost
 /// does not show, small enough to stay far below its 16 MiB message limit and to keep
 /// little memory in flight.
-pub const WRITE_CHUNK: usize = 1 << 20;
+pub const WRITE_CHUNK: usize = 256 << 10;
 /// Messages sent ahead of containerd's acknowledgements, per blob.
 pub const WRITES_IN_FLIGHT: usize = 2;
 
