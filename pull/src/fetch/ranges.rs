@@ -267,11 +267,12 @@ impl Transfer {
                 // Where the next request starts has moved: work it out again.
                 break;
             }
-            // A request that brought bytes is not a failed attempt: the next one goes on
-            // from where it stopped.
-            if !progressed {
-                backoff(attempt, None).await;
-                attempt += 1;
+            // Every request counts against `attempts` (a registry dripping a few bytes
+            // per request must not keep a range going for ever); one that brought bytes
+            // is retried at once, from where it stopped.
+            attempt += 1;
+            if !progressed && attempt < self.attempts {
+                backoff(attempt - 1, None).await;
             }
         }
     }
