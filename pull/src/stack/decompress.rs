@@ -8,8 +8,9 @@
 //! - its input is always as full as the layer allows ([`FullReads`]): the reader counts a
 //!   step that produced no output as a sign of corrupt input, and a short read (the end
 //!   of a network piece) could otherwise starve a step and fail a good layer;
-//! - it is boxed before its first read and never moved: it points into its own input
-//!   buffer between reads.
+//! - it goes into the returned `Box` before its first read, and nothing can take it out
+//!   again (the box is a trait object): it points into its own input buffer between
+//!   reads, so it must never move.
 
 use std::io::{self, Read};
 
@@ -25,15 +26,13 @@ pub fn decompress<R: Read + 'static>(
 ) -> io::Result<Decompressed> {
     Ok(match compression {
         Compression::None => Box::new(reader),
-        Compression::Gzip => Box::new(Gzip(Box::new(isal::read::GzipDecoder::new(FullReads(
-            reader,
-        ))))),
+        Compression::Gzip => Box::new(Gzip(isal::read::GzipDecoder::new(FullReads(reader)))),
         Compression::Zstd => Box::new(zstd::stream::read::Decoder::new(reader)?),
     })
 }
 
 /// ISA-L's gzip reader with its errors made `io::Error`s that say what was wrong.
-struct Gzip<R: Read>(Box<isal::read::GzipDecoder<FullReads<R>>>);
+struct Gzip<R: Read>(isal::read::GzipDecoder<FullReads<R>>);
 
 impl<R: Read> Read for Gzip<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
