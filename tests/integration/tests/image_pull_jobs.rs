@@ -341,8 +341,9 @@ fn parallelism_one_pulls_on_two_nodes_one_after_the_other() {
     );
     for node in job["status"]["nodes"].as_array().unwrap() {
         assert_eq!(node["phase"], "Succeeded", "{node:#}");
-        // Two 3 MiB layers, gzipped (a little smaller).
-        assert!(node["bytesTotal"].as_u64().unwrap() > 5 << 20, "{node:#}");
+        // Two 3 MiB layers, gzipped: how much smaller depends on how many of their
+        // 64 KiB blocks the seed (which holds the test's PID) made text, ~10 % of 96.
+        assert!(node["bytesTotal"].as_u64().unwrap() > 4 << 20, "{node:#}");
         assert_eq!(node["bytesDone"], node["bytesTotal"], "{node:#}");
         assert!(node["imageDigest"].as_str().unwrap().starts_with("sha256:"));
     }
