@@ -217,7 +217,7 @@ impl Transfer {
                     spool,
                     range: k,
                     end_range: run_end,
-                    pending: Vec::with_capacity(SPOOL_PIECE * 2),
+                    pending: Vec::with_capacity(SPOOL_PIECE),
                     arrived,
                 };
                 let mut failed = None;
@@ -315,11 +315,21 @@ impl SpanFill<'_> {
                 }
                 continue;
             }
-            let take = usize::try_from(room).unwrap_or(usize::MAX).min(piece.len());
+            let room = usize::try_from(room).unwrap_or(usize::MAX);
+            if self.pending.is_empty() && piece.len().min(room) >= SPOOL_PIECE {
+                // A big piece goes to the spool as it came: no copy, nothing to grow.
+                let (now, rest) = piece.split_at(piece.len().min(room));
+                self.append(now).map_err(SpanError::Spool)?;
+                piece = rest;
+                continue;
+            }
+            // Small pieces are gathered, never past SPOOL_PIECE: the body's pieces can be
+            // as big as the connection's read buffer, and sixteen requests hold one each.
+            let take = room.min(piece.len()).min(SPOOL_PIECE - self.pending.len());
             let (now, rest) = piece.split_at(take);
             self.pending.extend_from_slice(now);
             piece = rest;
-            if take as u64 == room || self.pending.len() >= SPOOL_PIECE {
+            if take == room || self.pending.len() >= SPOOL_PIECE {
                 self.flush().map_err(SpanError::Spool)?;
             }
         }
@@ -328,11 +338,22 @@ impl SpanFill<'_> {
 
     /// Append what is pending to the range being filled; on to the next when full.
     fn flush(&mut self) -> Result<(), SpoolError> {
-        if self.pending.is_empty() || self.range >= self.end_range {
+        if self.pending.is_empty() {
             return Ok(());
         }
-        self.spool.append(self.range, &self.pending)?;
+        let pending = std::mem::take(&mut self.pending);
+        let appended = self.append(&pending);
+        self.pending = pending;
         self.pending.clear();
+        appended
+    }
+
+    /// Append `data` (which fits) to the range being filled; on to the next when full.
+    fn append(&mut self, data: &[u8]) -> Result<(), SpoolError> {
+        if self.range >= self.end_range {
+            return Ok(());
+        }
+        self.spool.append(self.range, data)?;
         if self.spool.received(self.range) == self.spool.range_len(self.range) {
             self.range += 1;
         }
@@ -437,5 +458,41 @@ mod tests {
         assert_eq!(fill.range, 3);
         assert_eq!((spool.received(1), spool.received(2)), (4096, 1808));
         assert_eq!(spool.read(4096, 101).unwrap()[99..], [7, 2]);
+    }
+
+    #[test]
+    fn big_pieces_go_to_the_spool_as_they_came_and_small_ones_gather_up_to_a_piece() {
+        let dir = tempfile::tempdir().unwrap();
+        let range = 4 * SPOOL_PIECE as u64;
+        let size = 3 * range + 999;
+        let spool = Spool::open(dir.path(), "sha256:abc", size, range).unwrap();
+        let arrived = Notify::new();
+        let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        let mut fill = SpanFill {
+            spool: &spool,
+            range: 0,
+            end_range: 4,
+            pending: Vec::with_capacity(SPOOL_PIECE),
+            arrived: &arrived,
+        };
+        // Small pieces, one piece longer than a whole range (as a connection's read
+        // buffer can deliver), then small ones again to the end.
+        let mut cuts = vec![100, 1000, 5 * SPOOL_PIECE + 7];
+        cuts.extend(std::iter::repeat_n(3000, data.len() / 3000 + 1));
+        let mut at = 0;
+        for cut in cuts {
+            let end = (at + cut).min(data.len());
+            fill.add(&data[at..end]).unwrap();
+            at = end;
+            assert!(fill.pending.len() < SPOOL_PIECE);
+            assert_eq!(
+                fill.pending.capacity(),
+                SPOOL_PIECE,
+                "the gathering buffer grew"
+            );
+        }
+        fill.flush().unwrap();
+        assert_eq!(fill.range, 4);
+        assert_eq!(spool.read(0, data.len()).unwrap(), data);
     }
 }
