@@ -338,21 +338,19 @@ impl SpanFill<'_> {
 
     /// Append what is pending to the range being filled; on to the next when full.
     fn flush(&mut self) -> Result<(), SpoolError> {
-        if self.pending.is_empty() {
+        if self.pending.is_empty() || self.range >= self.end_range {
             return Ok(());
         }
-        let pending = std::mem::take(&mut self.pending);
+        let mut pending = std::mem::take(&mut self.pending);
         let appended = self.append(&pending);
+        pending.clear();
         self.pending = pending;
-        self.pending.clear();
         appended
     }
 
-    /// Append `data` (which fits) to the range being filled; on to the next when full.
+    /// Append `data` to the range being filled (which has room for it; `add` checked);
+    /// on to the next when full.
     fn append(&mut self, data: &[u8]) -> Result<(), SpoolError> {
-        if self.range >= self.end_range {
-            return Ok(());
-        }
         self.spool.append(self.range, data)?;
         if self.spool.received(self.range) == self.spool.range_len(self.range) {
             self.range += 1;
