@@ -464,6 +464,26 @@ fn a_killed_parallel_pull_refetches_less_than_a_range_per_layer() {
     );
 }
 
+/// A slow registry that answers range requests with the whole blob (no range support):
+/// the pull notices at the first answers, starts no more range requests than its window
+/// (16), and finishes on one stream from where containerd's ingest is.
+#[test]
+fn a_registry_ignoring_ranges_costs_at_most_one_window_of_requests() {
+    let image = unique_image("no-ranges", 1, 12 << 20);
+    let layer = layer_digest(&image);
+    let ns = TestNamespace::new("no-ranges");
+    let proxy = Proxy::start(&json!([]), &["--connection-rate", "4MiB", "--ignore-range"]);
+    assert_ok(&pull_through(&proxy.address, &ns.name, &image, &[]));
+    let ranged = blob_requests(&proxy)
+        .into_iter()
+        .filter(|r| r["path"].as_str().unwrap().contains(&layer) && r["range"].is_string())
+        .count();
+    assert!(ranged >= 1, "the slow stream was supplemented by ranges");
+    assert!(ranged <= 16 + 1, "{ranged} range requests");
+    assert_eq!(image_records(&ns.name).len(), 1);
+    assert!(active_ingests(&ns.name).is_empty(), "no ingest left behind");
+}
+
 /// A registry answering a manifest request with a body that never ends (a manifest
 /// bomb; anyone on the path of a plain-HTTP mirror can send one): the pull fails with one
 /// clear line once the 8 MiB limit is passed, and the agent's memory stays bounded (it

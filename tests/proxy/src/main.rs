@@ -72,6 +72,10 @@ struct Args {
     /// Serve the registry's `/v2` under this path instead, e.g. `/registry/api`.
     #[arg(long)]
     api_root: Option<String>,
+    /// Drop `Range` headers: answer every request with the whole body, as servers
+    /// without range support do.
+    #[arg(long)]
+    ignore_range: bool,
 }
 
 fn parse_header(text: &str) -> Result<(String, String), String> {
@@ -133,6 +137,7 @@ struct State {
     latency: Option<Duration>,
     rate: Option<u64>,
     require_header: Option<(String, String)>,
+    ignore_range: bool,
     api_root: Option<String>,
 }
 
@@ -171,6 +176,7 @@ async fn main() -> anyhow::Result<()> {
         latency: args.connection_latency,
         rate: args.connection_rate.map(|r| r.as_u64()),
         require_header: args.require_header,
+        ignore_range: args.ignore_range,
         api_root: args.api_root.map(|r| r.trim_end_matches('/').to_owned()),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -346,7 +352,7 @@ async fn handle(
         format!("{}{upstream_path}", state.upstream),
     );
     for (name, value) in request.headers() {
-        if name != hyper::header::HOST {
+        if name != hyper::header::HOST && !(state.ignore_range && name == hyper::header::RANGE) {
             upstream = upstream.header(name, value);
         }
     }
