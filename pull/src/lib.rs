@@ -61,6 +61,9 @@ pub struct Puller {
     rate: Option<Arc<RateLimit>>,
     /// One fetch per blob at a time in this agent; concurrent pulls wait and reuse it.
     in_flight: Arc<Mutex<HashMap<String, Arc<Mutex<()>>>>>,
+    /// Blobs being fetched as parallel ranges now, in all pulls: they share the
+    /// connections, which decides how long their requests should be.
+    ranging: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Puller {
@@ -78,6 +81,7 @@ impl Puller {
             connections,
             rate,
             in_flight: Arc::default(),
+            ranging: Arc::default(),
         }
     }
 

@@ -12,7 +12,7 @@ mod stream;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -58,6 +58,9 @@ pub(crate) struct Transfer {
     pub(crate) connections: Arc<Semaphore>,
     pub(crate) rate: Option<Arc<RateLimit>>,
     pub(crate) in_flight: Arc<Mutex<HashMap<String, Arc<Mutex<()>>>>>,
+    /// Blobs fetched as ranges now, node-wide, and the connections they share.
+    pub(crate) ranging: Arc<AtomicUsize>,
+    pub(crate) max_connections: usize,
     pub(crate) chunk_size: u64,
     pub(crate) attempts: u32,
     pub(crate) source_label: (String, String),
@@ -89,6 +92,8 @@ impl Transfer {
             connections: puller.connections.clone(),
             rate: puller.rate.clone(),
             in_flight: puller.in_flight.clone(),
+            ranging: puller.ranging.clone(),
+            max_connections: options.max_connections.max(1),
             chunk_size: options.chunk_size.clamp(1 << 20, 64 << 20),
             attempts: options.attempts.max(1),
             source_label: distribution_source(reference),

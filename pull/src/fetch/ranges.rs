@@ -8,6 +8,7 @@
 //! CPU, 8 MiB ones 0.15 s).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,9 +22,9 @@ use crate::progress::ProgressEvent;
 /// Ranges one request covers at most.
 const MAX_SPAN: u64 = 8;
 /// How far past the write position requests may start, in ranges: the spool never
-/// holds more than this ahead of containerd (as much as a full window of the longest
-/// requests).
-const AHEAD: u64 = RANGE_WINDOW as u64 * MAX_SPAN;
+/// holds more than this ahead of containerd (128 MiB of 2 MiB ranges; more lets
+/// the download run ahead of an applier that cannot catch up anyway).
+const AHEAD: u64 = 64;
 
 /// What a request brings: its span and the bytes it fetched now.
 type SpanResult = Result<(Span, u64), RangeOutcome>;
@@ -36,23 +37,39 @@ struct Span {
     count: u64,
 }
 
-/// The requests for ranges `first..ranges`: [`RANGE_WINDOW`] of one range, then as many
-/// of two, then of four, up to [`MAX_SPAN`]; but never longer than an even share of what
-/// is left among the window's requests, so the last ones end together instead of a few
-/// long ones running on alone (four 8 MiB requests took the last 0.65 s of a 128 MiB
-/// blob at 16 MiB/s per connection while twelve connections idled).
-fn spans(first: u64, ranges: u64) -> Vec<Span> {
-    let window = RANGE_WINDOW as u64;
-    let mut spans = Vec::new();
-    let mut k = first;
-    while k < ranges {
-        let wave = spans.len() as u64 / window;
-        let share = (ranges - k).div_ceil(window);
-        let count = (1u64 << wave.min(8)).min(MAX_SPAN).min(share);
-        spans.push(Span { first: k, count });
-        k += count;
+/// The request starting at range `k` of `ranges`, the `issued`-th of its blob, when
+/// `sharing` requests of the blob run at once: one range each for the first `sharing`
+/// (the first bytes come soon and in order: containerd's ingest and the unpack start at
+/// once), then two each, then four, up to [`MAX_SPAN`] (each request costs the registry
+/// a lookup: 2 MiB requests of a 128 MiB layer cost the lab's registry 0.38 s of CPU,
+/// 8 MiB ones 0.15 s); but never longer than an even share of what is left, so the last
+/// requests end together instead of a few long ones running on alone (four 8 MiB
+/// requests took the last 0.65 s of a 128 MiB blob at 16 MiB/s per connection while
+/// twelve connections idled).
+fn next_span(k: u64, ranges: u64, issued: u64, sharing: u64) -> Span {
+    let sharing = sharing.max(1);
+    let wave = issued / sharing;
+    let share = ranges.saturating_sub(k).div_ceil(sharing).max(1);
+    Span {
+        first: k,
+        count: (1u64 << wave.min(8)).min(MAX_SPAN).min(share),
     }
-    spans
+}
+
+/// A blob being fetched as ranges, counted node-wide while it lasts.
+struct Ranging(Arc<AtomicUsize>);
+
+impl Ranging {
+    fn enter(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count.clone())
+    }
+}
+
+impl Drop for Ranging {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Transfer {
@@ -84,13 +101,9 @@ impl Transfer {
             .map_err(|e| RangeOutcome::Failed(self.spool_err(e)))?;
         let arrived = Arc::new(Notify::new());
         let (head_tx, head_rx) = watch::channel(first);
-        let (mut started, _dispatcher) = self.dispatch_spans(
-            digest,
-            &spool,
-            spans(first, spool.ranges()),
-            head_rx,
-            &arrived,
-        );
+        let _ranging = Ranging::enter(&self.ranging);
+        let (mut started, _dispatcher) =
+            self.dispatch_spans(digest, &spool, first, head_rx, &arrived);
         // Written ranges leave the spool once containerd confirmed holding them.
         let mut written = std::collections::VecDeque::new();
         // Requests finish in any order; their ranges go to containerd in order.
@@ -140,17 +153,18 @@ impl Transfer {
         Ok(())
     }
 
-    /// Start the requests of `plan` in order, each in its own task, as soon as one of
-    /// [`RANGE_WINDOW`] slots is free, independent of how fast containerd takes the bytes
-    /// (waiting for the writer left most connections idle). A request starts only within
-    /// [`AHEAD`] ranges of the write position (`head`), which bounds the spool on disk.
-    /// The started requests come out in plan order; dropping the receiver and the
-    /// dispatcher cancels them all.
+    /// Start requests for ranges `first..` in order, each in its own task, as soon as
+    /// one of [`RANGE_WINDOW`] slots is free, independent of how fast containerd takes
+    /// the bytes (waiting for the writer left most connections idle). Each is sized by
+    /// [`next_span`] for the connections this blob gets now (the node's, shared by the
+    /// blobs fetched as ranges). A request starts only within [`AHEAD`] ranges of the
+    /// write position (`head`), which bounds the spool on disk. The started requests come
+    /// out in order; dropping the receiver and the dispatcher cancels them all.
     fn dispatch_spans(
         &self,
         digest: &str,
         spool: &Arc<Spool>,
-        plan: Vec<Span>,
+        first: u64,
         mut head: watch::Receiver<u64>,
         arrived: &Arc<Notify>,
     ) -> (
@@ -164,15 +178,18 @@ impl Transfer {
         let spool = spool.clone();
         let arrived = arrived.clone();
         let dispatcher = tokio::spawn(async move {
-            for span in plan {
-                let near = head
-                    .wait_for(|&at| span.first + span.count <= at + AHEAD)
-                    .await
-                    .is_ok();
-                let slot = window.clone().acquire_owned().await;
-                let (true, Ok(slot)) = (near, slot) else {
+            let ranges = spool.ranges();
+            let (mut k, mut issued) = (first, 0);
+            while k < ranges {
+                let Ok(slot) = window.clone().acquire_owned().await else {
                     return;
                 };
+                let span = next_span(k, ranges, issued, transfer.sharing());
+                let near = head.wait_for(|&at| span.first + span.count <= at + AHEAD);
+                if near.await.is_err() {
+                    return;
+                }
+                (k, issued) = (k + span.count, issued + 1);
                 let (transfer, digest, spool, arrived) = (
                     transfer.clone(),
                     digest.clone(),
@@ -193,6 +210,13 @@ impl Transfer {
             }
         });
         (started, AbortOnDrop(dispatcher))
+    }
+
+    /// How many requests of one blob run at once: its window, or its share of the
+    /// node's connections when other blobs are fetched as ranges too.
+    fn sharing(&self) -> u64 {
+        let blobs = self.ranging.load(Ordering::Relaxed).max(1);
+        (self.max_connections / blobs).clamp(1, RANGE_WINDOW) as u64
     }
 
     /// Write range `k`'s spooled bytes from the write position on, as far as they go
@@ -450,11 +474,23 @@ impl<T> std::future::Future for AbortOnDrop<T> {
 mod tests {
     use super::*;
 
+    /// The requests for ranges `first..ranges` when `sharing` run at once throughout.
+    fn spans(first: u64, ranges: u64, sharing: u64) -> Vec<Span> {
+        let mut plan: Vec<Span> = Vec::new();
+        let mut k = first;
+        while k < ranges {
+            let span = next_span(k, ranges, plan.len() as u64, sharing);
+            k += span.count;
+            plan.push(span);
+        }
+        plan
+    }
+
     #[test]
     fn requests_start_with_one_range_grow_to_the_longest_span_and_end_short() {
         let window = RANGE_WINDOW as u64;
         let counts = |plan: &[Span]| plan.iter().map(|s| s.count).collect::<Vec<_>>();
-        let plan = spans(0, 100);
+        let plan = spans(0, 100, window);
         assert!(plan.iter().take(RANGE_WINDOW).all(|s| s.count == 1));
         assert!(
             plan.iter()
@@ -462,37 +498,50 @@ mod tests {
                 .take(RANGE_WINDOW)
                 .all(|s| s.count == 2)
         );
-        assert_eq!(spans(0, 1000).iter().map(|s| s.count).max(), Some(MAX_SPAN));
-        // Every range exactly once, in order.
-        for (first, ranges) in [(0, 100), (0, 1000), (1, 64), (37, 40), (0, 1)] {
-            let mut next = first;
-            for span in spans(first, ranges) {
-                assert_eq!(span.first, next);
-                assert!(span.count >= 1);
-                next += span.count;
+        assert_eq!(
+            spans(0, 1000, window).iter().map(|s| s.count).max(),
+            Some(MAX_SPAN)
+        );
+        for sharing in [1, 2, 4, window] {
+            // Every range exactly once, in order.
+            for (first, ranges) in [(0, 100), (0, 1000), (1, 64), (37, 40), (0, 1)] {
+                let mut next = first;
+                for span in spans(first, ranges, sharing) {
+                    assert_eq!(span.first, next);
+                    assert!(span.count >= 1);
+                    next += span.count;
+                }
+                assert_eq!(next, ranges);
             }
-            assert_eq!(next, ranges);
-        }
-        // No request is longer than an even share of what is left among the window's
-        // requests, so those running at the end are short.
-        for (first, ranges) in [(0, 100), (0, 1000), (1, 64)] {
-            let plan = spans(first, ranges);
-            for span in &plan {
-                assert!(span.count <= (ranges - span.first).div_ceil(window));
+            // No request is longer than an even share of what is left among the
+            // requests running at once, so those running at the end are short.
+            for (first, ranges) in [(0, 100), (0, 1000), (1, 64)] {
+                let plan = spans(first, ranges, sharing);
+                for span in &plan {
+                    assert!(span.count <= (ranges - span.first).div_ceil(sharing));
+                }
+                if sharing > 1 {
+                    let tail = &plan[plan.len() - sharing as usize / 2..];
+                    assert!(tail.iter().all(|s| s.count == 1), "{:?}", counts(tail));
+                }
             }
-            let tail = &plan[plan.len() - RANGE_WINDOW / 2..];
-            assert!(tail.iter().all(|s| s.count == 1), "{:?}", counts(tail));
         }
         // 100 ranges: 16 of one, 16 of two, then shorter and shorter ones: 62 requests
         // instead of 100.
-        let plan = spans(0, 100);
+        let plan = spans(0, 100, window);
         assert_eq!(plan.len(), 62, "{:?}", counts(&plan));
+        // With four blobs sharing 16 connections, the requests grow after four: a 128
+        // range blob takes 31 requests instead of 69.
+        let plan = spans(1, 128, 4);
+        assert_eq!(counts(&plan[..12]), [1, 1, 1, 1, 2, 2, 2, 2, 4, 4, 4, 4]);
+        assert_eq!(plan.len(), 31, "{:?}", counts(&plan));
+        assert_eq!(spans(1, 128, window).len(), 69);
         // 1000 ranges: mostly of MAX_SPAN.
-        assert!(spans(0, 1000).len() < 1000 / MAX_SPAN as usize + 4 * RANGE_WINDOW);
-        assert!(spans(0, window).iter().all(|s| s.count == 1));
+        assert!(spans(0, 1000, window).len() < 1000 / MAX_SPAN as usize + 4 * RANGE_WINDOW);
+        assert!(spans(0, window, window).iter().all(|s| s.count == 1));
         // A resumed blob starts where containerd's ingest is.
         assert_eq!(
-            spans(98, 100),
+            spans(98, 100, window),
             vec![
                 Span {
                     first: 98,
@@ -504,7 +553,9 @@ mod tests {
                 }
             ]
         );
-        assert!(spans(5, 5).is_empty());
+        assert!(spans(5, 5, window).is_empty());
+        // Nothing left or nothing shared still makes a request of one range.
+        assert_eq!(next_span(7, 7, 100, 0).count, 1);
     }
 
     #[test]
