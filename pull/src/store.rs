@@ -3,6 +3,7 @@
 //! (resumable under a stable ingest ref), content labels, and image records.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use containerd_client::services::v1::content_client::ContentClient;
@@ -20,10 +21,15 @@ use tonic::{Code, Request, Status, Streaming};
 
 use rigger_runtime::{CallError, Runtime, describe_status};
 
-/// Bytes per `Content.Write` message: big enough that containerd's per-message cost
-/// does not show, small enough to stay far below its 16 MiB message limit and to keep
-/// little memory in flight.
-pub const WRITE_CHUNK: usize = 256 << 10;
+/// Bytes per `Content.Write` message, at most: containerd's cost per message shows
+/// (2.1 spent 0.47-0.52 s of CPU on a 128 MiB layer in 1 MiB messages, 0.50-0.62 s in
+/// 256 KiB ones); far below its 16 MiB message limit.
+pub const WRITE_CHUNK_MAX: usize = 1 << 20;
+/// Bytes per message, at least, however many blobs are written at once.
+pub const WRITE_CHUNK_MIN: usize = 256 << 10;
+/// Memory the gathered messages of one pull's open writers share: many layers written
+/// at once each get smaller messages (eight layers at 1 MiB each held 24 MiB more).
+const WRITE_BUDGET: usize = 2 << 20;
 /// Messages sent ahead of containerd's acknowledgements, per blob.
 pub const WRITES_IN_FLIGHT: usize = 2;
 
@@ -54,6 +60,8 @@ pub struct Store {
     lease: Option<String>,
     /// Ingest refs this pull opened: what `abort_opened` frees when the disk is full.
     opened: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+    /// Blob writers of this pull open now: they share [`WRITE_BUDGET`].
+    writers: std::sync::Arc<AtomicUsize>,
 }
 
 impl Store {
@@ -63,6 +71,7 @@ impl Store {
             namespace: namespace.to_owned(),
             lease: None,
             opened: std::sync::Arc::default(),
+            writers: std::sync::Arc::default(),
         }
     }
 
@@ -307,9 +316,10 @@ impl Store {
             size,
             offset,
             acked: offset,
-            pending: Vec::with_capacity(WRITE_CHUNK),
+            pending: Vec::new(),
             in_flight: 0,
             what,
+            open: OpenWriter::new(&self.writers),
         })
     }
 
@@ -395,7 +405,7 @@ async fn next_response(
 
 /// An open ingest: bytes go in order from `offset()`, then `commit`.
 ///
-/// Writes are gathered into messages of [`WRITE_CHUNK`] and sent without waiting for
+/// Writes are gathered into messages of up to [`WRITE_CHUNK_MAX`] and sent without waiting for
 /// containerd's acknowledgement of each (at most [`WRITES_IN_FLIGHT`] unacknowledged):
 /// a round trip per network read would leave containerd idle between them. `acked()`
 /// tells what containerd confirmed holding; `flush()` waits for all of it.
@@ -415,6 +425,34 @@ pub struct BlobWriter {
     /// Messages sent and not acknowledged yet.
     in_flight: usize,
     what: String,
+    open: OpenWriter,
+}
+
+/// One open writer of a pull, counted while it lives.
+#[derive(Debug)]
+struct OpenWriter(std::sync::Arc<AtomicUsize>);
+
+impl OpenWriter {
+    fn new(count: &std::sync::Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count.clone())
+    }
+
+    /// This writer's message size: its share of the pull's budget.
+    fn message_size(&self) -> usize {
+        message_size(self.0.load(Ordering::Relaxed))
+    }
+}
+
+impl Drop for OpenWriter {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Bytes per message when `open` writers share [`WRITE_BUDGET`].
+fn message_size(open: usize) -> usize {
+    (WRITE_BUDGET / open.max(1)).clamp(WRITE_CHUNK_MIN, WRITE_CHUNK_MAX)
 }
 
 impl BlobWriter {
@@ -461,8 +499,9 @@ impl BlobWriter {
     pub async fn write(&mut self, data: &[u8]) -> Result<(), StoreError> {
         self.pending.extend_from_slice(data);
         self.offset += data.len() as u64;
-        while self.pending.len() >= WRITE_CHUNK {
-            let rest = self.pending.split_off(WRITE_CHUNK);
+        let message = self.open.message_size();
+        while self.pending.len() >= message {
+            let rest = self.pending.split_off(message);
             let message = std::mem::replace(&mut self.pending, rest);
             self.send_data(message).await?;
         }
@@ -550,5 +589,25 @@ impl BlobWriter {
             what: self.what.clone(),
         })?;
         next_response(&mut self.responses, &self.what).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writers_share_the_message_budget_within_bounds() {
+        assert_eq!(message_size(0), WRITE_CHUNK_MAX);
+        assert_eq!(message_size(1), WRITE_CHUNK_MAX);
+        assert_eq!(message_size(2), WRITE_CHUNK_MAX);
+        assert_eq!(message_size(4), 512 << 10);
+        assert_eq!(message_size(8), WRITE_CHUNK_MIN);
+        assert_eq!(message_size(1000), WRITE_CHUNK_MIN);
+        let open = std::sync::Arc::new(AtomicUsize::new(0));
+        let writers: Vec<_> = (0..4).map(|_| OpenWriter::new(&open)).collect();
+        assert_eq!(writers[0].message_size(), 512 << 10);
+        drop(writers);
+        assert_eq!(open.load(Ordering::Relaxed), 0);
     }
 }
