@@ -1,6 +1,7 @@
 //! `kind: ImagePullJob` — OpenKruise's object and field names: pre-download one image on a
 //! set of nodes, at most `parallelism` nodes at a time.
 
+use std::collections::BTreeMap;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
@@ -42,6 +43,21 @@ pub struct ImagePullJobSpec {
     pub pull_secrets: Vec<String>,
     #[serde(default)]
     pub image_pull_policy: ImagePullPolicy,
+    /// Kruise passes these to CRI's `PullImage` as the pull's sandbox metadata. Rigger
+    /// pulls through containerd's API, where a pull has no sandbox: they are kept on the
+    /// job (and shown by `get -o yaml`), not sent anywhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_config: Option<SandboxConfig>,
+}
+
+/// Kruise's `sandboxConfig`: metadata of the pull's sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SandboxConfig {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
 }
 
 /// Kruise's `selector`: node names, or node labels — not both.
@@ -180,7 +196,14 @@ pub enum NodePullPhase {
 impl ImagePullJob {
     /// Refuse what cannot run, naming the field; Kruise's API group is accepted too.
     pub fn validate(&self) -> Result<(), FieldError> {
-        super::check_kruise_api_version(&self.api_version)?;
+        super::check_api_version(
+            &self.api_version,
+            &[
+                super::API_VERSION,
+                super::KRUISE_API_VERSION,
+                super::KRUISE_API_VERSION_V1BETA1,
+            ],
+        )?;
         if self.kind != KIND {
             return Err(FieldError::new(
                 "kind",
@@ -230,14 +253,23 @@ impl ImagePullJobSpec {
             (None, Some(pods)) => pods.validate("spec.podSelector")?,
             (None, None) => {}
         }
-        match self.parallelism {
-            Some(IntOrPercent::Int(0)) | Some(IntOrPercent::Percent(0)) => {
-                return Err(FieldError::new(
-                    "spec.parallelism",
-                    "must be at least 1 (or 1%)",
-                ));
+        if let Some(sandbox) = &self.sandbox_config {
+            for (key, value) in &sandbox.labels {
+                super::check_label_key(key).map_err(|why| {
+                    FieldError::new(format!("spec.sandboxConfig.labels[{key:?}]"), why)
+                })?;
+                if !super::check_label_value(value) {
+                    return Err(FieldError::new(
+                        format!("spec.sandboxConfig.labels[{key:?}]"),
+                        format!("{value:?} is not a valid label value"),
+                    ));
+                }
             }
-            _ => {}
+            for key in sandbox.annotations.keys() {
+                super::check_label_key(key).map_err(|why| {
+                    FieldError::new(format!("spec.sandboxConfig.annotations[{key:?}]"), why)
+                })?;
+            }
         }
         let policy = &self.completion_policy;
         if policy.kind == CompletionPolicyType::Never
@@ -280,12 +312,22 @@ impl ImagePullJobSpec {
         Ok(())
     }
 
-    /// Nodes pulling at once for a job over `nodes` nodes: never 0 while there are nodes.
+    /// Nodes pulling at once for a job over `nodes` nodes [default: 1]. 0 (or 0%)
+    /// pauses the job, as in Kruise, until it is raised; any other value lets at least
+    /// one node pull.
     pub fn parallelism_for(&self, nodes: usize) -> usize {
-        self.parallelism
-            .unwrap_or(IntOrPercent::Int(1))
-            .of(nodes)
-            .clamp(1, nodes.max(1))
+        match self.parallelism.unwrap_or(IntOrPercent::Int(1)) {
+            IntOrPercent::Int(0) | IntOrPercent::Percent(0) => 0,
+            parallelism => parallelism.of(nodes).clamp(1, nodes.max(1)),
+        }
+    }
+
+    /// `parallelism: 0`: nothing starts until it is raised.
+    pub fn paused(&self) -> bool {
+        matches!(
+            self.parallelism,
+            Some(IntOrPercent::Int(0) | IntOrPercent::Percent(0))
+        )
     }
 }
 
@@ -326,6 +368,44 @@ mod tests {
     }
 
     #[test]
+    fn kruise_v1beta1_applies_and_keeps_its_version() {
+        let value = serde_json::json!({
+            "apiVersion": crate::KRUISE_API_VERSION_V1BETA1,
+            "kind": "ImagePullJob",
+            "metadata": {"name": "warm", "namespace": "default"},
+            "spec": {
+                "image": "nginx:1.27",
+                "parallelism": 0,
+                "sandboxConfig": {
+                    "labels": {"app.kubernetes.io/name": "warm"},
+                    "annotations": {"example.com/why": "pre-download before the rollout"},
+                },
+                "completionPolicy": {"type": "Always"},
+            },
+        });
+        let job: ImagePullJob = serde_json::from_value(value).unwrap();
+        job.validate().unwrap();
+        // parallelism 0 pauses, as in Kruise.
+        assert!(job.spec.paused());
+        assert_eq!(job.spec.parallelism_for(10), 0);
+        let round = serde_json::to_value(&job).unwrap();
+        assert_eq!(round["apiVersion"], crate::KRUISE_API_VERSION_V1BETA1);
+        assert_eq!(
+            round["spec"]["sandboxConfig"]["labels"]["app.kubernetes.io/name"],
+            "warm"
+        );
+        let mut other = job;
+        other.api_version = "apps.kruise.io/v2".to_owned();
+        assert!(
+            other
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("apiVersion")
+        );
+    }
+
+    #[test]
     fn refusals_name_the_field() {
         let cases = [
             (serde_json::json!({"image": ""}), "spec.image"),
@@ -343,8 +423,16 @@ mod tests {
                 "spec.selector.matchExpressions[0].values",
             ),
             (
-                serde_json::json!({"image": "a:1", "parallelism": 0}),
-                "spec.parallelism",
+                serde_json::json!({"image": "a:1", "sandboxConfig": {"labels": {"bad key!": "v"}}}),
+                "spec.sandboxConfig.labels",
+            ),
+            (
+                serde_json::json!({"image": "a:1", "sandboxConfig": {"annotations": {"a/b/c": "v"}}}),
+                "spec.sandboxConfig.annotations",
+            ),
+            (
+                serde_json::json!({"image": "a:1", "sandboxConfig": {"podLabels": {}}}),
+                "podLabels",
             ),
             (
                 serde_json::json!({"image": "a:1", "parallelism": "150%"}),

@@ -24,15 +24,23 @@ use serde::{Deserialize, Serialize};
 pub const API_VERSION: &str = "rigger.dev/v1alpha1";
 /// OpenKruise's, accepted as-is for the kinds Kruise has, so its YAML applies unchanged.
 pub const KRUISE_API_VERSION: &str = "apps.kruise.io/v1alpha1";
+/// OpenKruise's stored version since Kruise 1.9, for the kinds whose v1beta1 Rigger reads.
+pub const KRUISE_API_VERSION_V1BETA1: &str = "apps.kruise.io/v1beta1";
 
 /// Kinds OpenKruise also has accept its API group as well as Rigger's.
 pub fn check_kruise_api_version(api_version: &str) -> Result<(), FieldError> {
-    if api_version == API_VERSION || api_version == KRUISE_API_VERSION {
+    check_api_version(api_version, &[API_VERSION, KRUISE_API_VERSION])
+}
+
+/// `api_version` is one of `accepted`; the object keeps the one it was applied with, so
+/// `get -o yaml` answers in it.
+pub fn check_api_version(api_version: &str, accepted: &[&str]) -> Result<(), FieldError> {
+    if accepted.contains(&api_version) {
         Ok(())
     } else {
         Err(FieldError::new(
             "apiVersion",
-            format!("{api_version:?}: expected {API_VERSION} (or {KRUISE_API_VERSION})"),
+            format!("{api_version:?}: expected one of {}", accepted.join(", ")),
         ))
     }
 }

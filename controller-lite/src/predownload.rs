@@ -98,6 +98,7 @@ pub fn plan(
                 },
                 pull_policy: image_pull_job::PullPolicy::default(),
                 pull_secrets: Vec::new(),
+                sandbox_config: None,
                 image_pull_policy: image_pull_job::ImagePullPolicy::IfNotPresent,
             },
             status: None,

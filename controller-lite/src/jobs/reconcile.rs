@@ -254,6 +254,7 @@ pub(super) fn reconcile_job(
     }
 
     // Counts, and completion for Always.
+    let paused = job.job.spec.paused();
     let status = &mut job.status;
     status.desired = u32::try_from(desired).unwrap_or(u32::MAX);
     let (succeeded, failed) = count_nodes(status);
@@ -286,6 +287,11 @@ pub(super) fn reconcile_job(
         };
         job.dirty = true;
         tracing::info!(job = %key, succeeded, failed, "job complete");
+    } else if paused {
+        status.message = format!(
+            "paused until spec.parallelism is raised from 0: {}",
+            progress_message(status)
+        );
     } else {
         status.message = progress_message(status);
     }
@@ -488,6 +494,24 @@ pub(super) mod tests {
         assert_eq!((j.status.succeeded, j.status.failed), (1, 1));
         assert_eq!(j.status.failed_nodes, ["n2"]);
         assert!(j.status.completion_time.is_none());
+    }
+
+    #[test]
+    fn parallelism_zero_pauses_until_raised() {
+        let views = nodes(&["n1", "n2"]);
+        let mut j = job(&serde_json::json!({"image": "r.example/a:1", "parallelism": 0}));
+        assert_eq!(step(&mut j, &views), Vec::<String>::new());
+        assert_eq!(step(&mut j, &views), Vec::<String>::new());
+        assert_eq!(j.status.desired, 2, "the nodes are chosen, none started");
+        assert!(
+            j.status.message.starts_with("paused"),
+            "{}",
+            j.status.message
+        );
+        assert!(j.status.completion_time.is_none());
+        j.job.spec.parallelism = Some(rigger_api::IntOrPercent::Int(1));
+        assert_eq!(step(&mut j, &views), ["n1"]);
+        assert!(!j.status.message.starts_with("paused"));
     }
 
     #[test]

@@ -830,3 +830,51 @@ fn a_link_cut_longer_than_the_node_timeout_is_survived_without_lost_or_doubled_c
         assert_eq!(fleet.images_on(containerd), vec![reference.clone()]);
     }
 }
+
+/// Kruise's v1beta1 ImagePullJob as its manual writes it: `parallelism: 0` holds the job
+/// (the nodes are chosen, none pulls), `sandboxConfig` is kept, `get -o yaml` answers in
+/// v1beta1; raising parallelism starts it, and it completes.
+#[test]
+fn a_v1beta1_job_with_parallelism_zero_waits_until_it_is_raised() {
+    let fleet = Fleet::start("job-paused", "64MiB");
+    let image = unique_image("job-paused", 1, 1 << 20);
+    let names = serde_json::to_string(&fleet.node_names()).unwrap();
+    let yaml = |parallelism: u32| {
+        format!(
+            "apiVersion: apps.kruise.io/v1beta1\nkind: ImagePullJob\nmetadata:\n  name: held\nspec:\n  image: {}/{image}\n  parallelism: {parallelism}\n  selector:\n    names: {names}\n  sandboxConfig:\n    labels:\n      app.kubernetes.io/name: held\n    annotations:\n      example.com/why: before the rollout\n  completionPolicy:\n    type: Always\n",
+            fleet.proxy.address
+        )
+    };
+    fleet.controller.apply_ok(&yaml(0));
+    let held = wait_until("the job's nodes", Duration::from_secs(20), || {
+        let job = fleet.job("held");
+        (count(&job, "desired") == 2).then_some(job)
+    });
+    // A few reconcile rounds: still nobody pulls.
+    std::thread::sleep(Duration::from_secs(2));
+    let job = fleet.job("held");
+    assert!(
+        phases(&job).values().all(|p| p == "Waiting"),
+        "{job:#}\n{held:#}"
+    );
+    assert!(
+        job["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("paused"),
+        "{job:#}"
+    );
+    let yaml_out = fleet
+        .controller
+        .ctl(&["get", "imagepulljob", "held", "-o", "yaml"]);
+    let shown = String::from_utf8_lossy(&yaml_out.stdout);
+    assert!(
+        shown.contains("apiVersion: apps.kruise.io/v1beta1"),
+        "{shown}"
+    );
+    assert!(shown.contains("app.kubernetes.io/name: held"), "{shown}");
+
+    fleet.controller.apply_ok(&yaml(2));
+    let job = fleet.watch_until_complete("held", |_| {});
+    assert_eq!(count(&job, "succeeded"), 2, "{job:#}");
+}
