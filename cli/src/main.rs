@@ -5,6 +5,7 @@
 
 mod client;
 mod commands;
+mod manifests;
 mod output;
 mod rate_limit;
 

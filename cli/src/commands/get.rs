@@ -5,7 +5,7 @@ use std::time::Duration;
 use rigger_api::Kind;
 
 use crate::client::{Client, fetch, fetch_all};
-use crate::output::{Output, print_table, render_table, table_rows};
+use crate::output::{Output, display_name, print_table, render_table, table_rows};
 
 /// Show objects: one by name, or all of a kind.
 #[derive(Debug, clap::Args)]
@@ -59,6 +59,16 @@ pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Re
                     print!("{text}");
                     last = vec![text];
                 }
+            }
+            Output::Name => {
+                // Watching: an object's name again whenever it changes.
+                let current: Vec<String> = objects.iter().map(|o| o.to_string()).collect();
+                for (object, text) in objects.iter().zip(&current) {
+                    if !last.contains(text) {
+                        println!("{}", display_name(object));
+                    }
+                }
+                last = current;
             }
             Output::Table | Output::Wide => {
                 let all_namespaces = namespace.is_empty();

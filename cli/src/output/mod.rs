@@ -16,6 +16,8 @@ pub enum Output {
     Wide,
     Json,
     Yaml,
+    /// `kind.group/name` per object, as kubectl's `-o name`.
+    Name,
 }
 
 /// `imagepulljob.rigger.dev/warm`, as kubectl names objects.

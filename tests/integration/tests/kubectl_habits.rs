@@ -1,0 +1,128 @@
+//! riggerctl where kubectl users expect kubectl's behaviour: `apply -f DIR [-R]`,
+//! `delete -f FILE|DIR`, `-o name`. Against a real controller.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::collections::BTreeSet;
+use std::process::Output;
+
+use rigger_integration_tests::Controller;
+
+fn job(api_version: &str, name: &str) -> String {
+    format!(
+        "apiVersion: {api_version}\nkind: ImagePullJob\nmetadata:\n  name: {name}\nspec:\n  image: registry.example/app:1\n  selector:\n    names: [no-such-node]\n"
+    )
+}
+
+fn stdout_lines(out: &Output) -> BTreeSet<String> {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
+
+#[test]
+fn apply_and_delete_read_files_and_directories_as_kubectl_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let controller = Controller::start(&dir.path().join("controller"));
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir_all(manifests.join("more")).unwrap();
+    std::fs::write(
+        manifests.join("a.yaml"),
+        format!(
+            "{}---\n{}",
+            job("apps.kruise.io/v1alpha1", "one"),
+            job("apps.kruise.io/v1beta1", "two")
+        ),
+    )
+    .unwrap();
+    std::fs::write(manifests.join("README.md"), "not a manifest").unwrap();
+    std::fs::write(
+        manifests.join("more/b.yml"),
+        job("rigger.dev/v1alpha1", "three"),
+    )
+    .unwrap();
+    let dir_arg = manifests.to_str().unwrap();
+    let names = || stdout_lines(&controller.ctl(&["get", "imagepulljobs", "-o", "name"]));
+
+    // A directory: its files, not its subdirectories.
+    let applied = stdout_lines(&controller.ctl(&["apply", "-f", dir_arg]));
+    assert_eq!(
+        applied,
+        set(&[
+            "imagepulljob.apps.kruise.io/one created",
+            "imagepulljob.apps.kruise.io/two created"
+        ])
+    );
+    assert_eq!(
+        names(),
+        set(&[
+            "imagepulljob.apps.kruise.io/one",
+            "imagepulljob.apps.kruise.io/two"
+        ])
+    );
+    // -R: the subdirectory too; what is there already is unchanged.
+    let applied = stdout_lines(&controller.ctl(&["apply", "-R", "-f", dir_arg]));
+    assert!(
+        applied.contains("imagepulljob.rigger.dev/three created"),
+        "{applied:?}"
+    );
+    assert!(
+        applied.contains("imagepulljob.apps.kruise.io/one unchanged"),
+        "{applied:?}"
+    );
+    assert_eq!(names().len(), 3);
+
+    // A broken file anywhere in the tree: one line naming it, nothing applied.
+    std::fs::write(manifests.join("more/c.yaml"), "kind: [").unwrap();
+    std::fs::write(
+        manifests.join("d.yaml"),
+        job("apps.kruise.io/v1beta1", "four"),
+    )
+    .unwrap();
+    let out = controller.ctl(&["apply", "-R", "-f", dir_arg]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("c.yaml: document 1"), "{stderr}");
+    assert_eq!(names().len(), 3, "nothing applied");
+    std::fs::remove_file(manifests.join("more/c.yaml")).unwrap();
+    std::fs::remove_file(manifests.join("d.yaml")).unwrap();
+
+    // delete -f FILE: each object of the file, by its kind, namespace and name.
+    let a = manifests.join("a.yaml");
+    let deleted = stdout_lines(&controller.ctl(&["delete", "-f", a.to_str().unwrap()]));
+    assert_eq!(
+        deleted,
+        set(&[
+            "imagepulljob.apps.kruise.io/one deleted",
+            "imagepulljob.apps.kruise.io/two deleted"
+        ])
+    );
+    assert_eq!(names(), set(&["imagepulljob.rigger.dev/three"]));
+    // Again: they are gone, which is an error naming them, unless --ignore-not-found.
+    let out = controller.ctl(&["delete", "-f", a.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("imagepulljob.apps.kruise.io/one"),
+        "{stderr}"
+    );
+    let out = controller.ctl(&["delete", "--ignore-not-found", "-f", a.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A directory, recursively.
+    stdout_lines(&controller.ctl(&["delete", "-R", "--ignore-not-found", "-f", dir_arg]));
+    assert!(names().is_empty());
+}
