@@ -33,6 +33,9 @@ struct NodeRecord {
     inventory: Option<InventorySummary>,
 }
 
+/// One pod's namespace and labels, as its node reported them.
+pub type PodLabels = (Arc<str>, BTreeMap<String, String>);
+
 /// What the controller keeps of a node's inventory: what Node objects show and what
 /// selectors need. Strings that repeat across a fleet (image names, digests, versions)
 /// are shared, so ten thousand nodes holding the same images cost one copy of each name.
@@ -41,8 +44,8 @@ struct InventorySummary {
     containerd_version: Arc<str>,
     cri_runtime: Arc<str>,
     images: Box<[ImageSummary]>,
-    /// Labels of each pod (for podSelector).
-    pod_labels: Box<[BTreeMap<String, String>]>,
+    /// Namespace and labels of each pod (for podSelector).
+    pod_labels: Box<[PodLabels]>,
     pods: u32,
     containers: u32,
     /// The image names alone, for "does the node still have it" (completionPolicy Never).
@@ -109,7 +112,12 @@ impl Interner {
             pod_labels: inventory
                 .pods
                 .iter()
-                .map(|p| p.labels.clone().into_iter().collect())
+                .map(|p| {
+                    (
+                        self.intern(&p.namespace),
+                        p.labels.clone().into_iter().collect(),
+                    )
+                })
                 .collect(),
             pods: count(Some(inventory.pods.len())),
             containers: count(Some(inventory.containers.len())),
@@ -153,8 +161,8 @@ pub struct NodeView {
     pub admin_labels: BTreeMap<String, String>,
     /// Connected with heartbeats on time; otherwise why not.
     pub not_ready: Option<String>,
-    /// Labels of the pods the agent reported (for podSelector).
-    pub pod_labels: Vec<BTreeMap<String, String>>,
+    /// Namespace and labels of each pod the agent reported (for podSelector).
+    pub pod_labels: Vec<PodLabels>,
     /// Image names the node holds (any namespace), and when the agent reported them.
     pub images: Option<(SystemTime, Arc<HashSet<Arc<str>>>)>,
 }

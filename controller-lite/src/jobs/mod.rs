@@ -115,7 +115,14 @@ impl JobState {
                 selector.labels.matches(&node.admin_labels)
             }
             (Some(selector), _) => selector.labels.matches(&node.labels),
-            (None, Some(pods)) => node.pod_labels.iter().any(|labels| pods.matches(labels)),
+            // As in Kruise, only pods in the job's namespace count.
+            (None, Some(pods)) => {
+                let job_namespace = (self.job.metadata.namespace.as_deref())
+                    .unwrap_or(rigger_api::DEFAULT_NAMESPACE);
+                node.pod_labels.iter().any(|(namespace, labels)| {
+                    **namespace == *job_namespace && pods.matches(labels)
+                })
+            }
             (None, None) => true,
         }
     }

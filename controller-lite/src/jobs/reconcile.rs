@@ -573,11 +573,19 @@ pub(super) mod tests {
             .unwrap()
             .labels
             .insert("disk".to_owned(), "ssd".to_owned());
+        let web = || [("app".to_owned(), "web".to_owned())].into();
         views
             .get_mut("n3")
             .unwrap()
             .pod_labels
-            .push([("app".to_owned(), "web".to_owned())].into());
+            .push(("default".into(), web()));
+        // The same labels in another namespace choose nothing (Kruise's podSelector
+        // looks in the job's namespace only).
+        views
+            .get_mut("n1")
+            .unwrap()
+            .pod_labels
+            .push(("other".into(), web()));
         let by_label = |spec| selected(&spec, &views);
         assert_eq!(
             by_label(
