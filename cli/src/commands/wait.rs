@@ -1,18 +1,21 @@
-//! `riggerctl wait KIND/NAME --for=condition=NAME`.
+//! `riggerctl wait KIND/NAME --for=condition=NAME|delete`.
 
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::client::{Client, fetch};
+use rigger_proto::v1::GetRequest;
+
+use crate::client::{Client, fetch, refused};
 use crate::output::str_of;
 
-/// Wait until an object has a condition, e.g. `--for=condition=Complete`.
+/// Wait until an object has a condition (`--for=condition=Complete`) or is gone
+/// (`--for=delete`; an object that does not exist is gone).
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// KIND/NAME, e.g. imagepulljob/warm-nginx.
     object: String,
-    #[arg(long = "for", value_name = "condition=NAME")]
+    #[arg(long = "for", value_name = "condition=NAME|delete")]
     condition: String,
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     timeout: Duration,
@@ -40,11 +43,14 @@ pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Re
         .split_once('/')
         .filter(|(k, n)| !k.is_empty() && !n.is_empty())
         .ok_or_else(|| anyhow::anyhow!("{object:?}: expected KIND/NAME, e.g. imagepulljob/warm"))?;
+    let deadline = Instant::now() + timeout;
+    if condition == "delete" {
+        return wait_deleted(client, kind, namespace, name, deadline, timeout).await;
+    }
     let wanted = condition
         .strip_prefix("condition=")
         .filter(|c| !c.is_empty())
-        .ok_or_else(|| anyhow::anyhow!("--for {condition:?}: expected condition=NAME"))?;
-    let deadline = Instant::now() + timeout;
+        .ok_or_else(|| anyhow::anyhow!("--for {condition:?}: expected condition=NAME or delete"))?;
     loop {
         let current = fetch(client, kind, namespace, name).await?;
         if has_condition(&current, wanted) {
@@ -59,5 +65,37 @@ pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Re
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Until `kind/name` is not found.
+async fn wait_deleted(
+    client: &mut Client,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    deadline: Instant,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    loop {
+        match client
+            .get(GetRequest {
+                kind: kind.to_owned(),
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+            })
+            .await
+        {
+            Err(status) if status.code() == tonic::Code::NotFound => {
+                println!("{}/{name} condition met", kind.to_ascii_lowercase());
+                return Ok(());
+            }
+            Err(status) => return Err(refused(&status)),
+            Ok(_) if Instant::now() >= deadline => anyhow::bail!(
+                "timed out after {} waiting for {kind}/{name} to be deleted",
+                humantime::format_duration(timeout)
+            ),
+            Ok(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
     }
 }

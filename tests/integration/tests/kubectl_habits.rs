@@ -1,5 +1,5 @@
 //! riggerctl where kubectl users expect kubectl's behaviour: `apply -f DIR [-R]`,
-//! `delete -f FILE|DIR`, `-o name`. Against a real controller.
+//! `delete -f FILE|DIR`, `-o name`, `wait --for=delete`. Against a real controller.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
@@ -122,7 +122,30 @@ fn apply_and_delete_read_files_and_directories_as_kubectl_does() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // A directory, recursively.
-    stdout_lines(&controller.ctl(&["delete", "-R", "--ignore-not-found", "-f", dir_arg]));
+    // wait --for=delete: a timeout while it is there; met once it is deleted meanwhile.
+    let out = controller.ctl(&["wait", "imagepulljob/three", "--for=delete", "--timeout=1s"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("to be deleted"), "{stderr}");
+    std::thread::scope(|scope| {
+        let waiting = scope.spawn(|| {
+            controller.ctl(&[
+                "wait",
+                "imagepulljob/three",
+                "--for=delete",
+                "--timeout=30s",
+            ])
+        });
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        // A directory, recursively.
+        stdout_lines(&controller.ctl(&["delete", "-R", "--ignore-not-found", "-f", dir_arg]));
+        let out = waiting.join().unwrap();
+        assert_eq!(
+            stdout_lines(&out),
+            set(&["imagepulljob/three condition met"])
+        );
+    });
     assert!(names().is_empty());
+    // Gone already: met at once.
+    stdout_lines(&controller.ctl(&["wait", "imagepulljob/three", "--for=delete"]));
 }
