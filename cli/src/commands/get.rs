@@ -13,7 +13,8 @@ pub struct Args {
     /// imagepulljob (ipj), containerrecreaterequest (crr), pod (po), node (no), secret.
     kind: String,
     name: Option<String>,
-    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+    /// table, wide, json, yaml, name, or jsonpath=TEMPLATE (kubectl's syntax).
+    #[arg(long, short = 'o', default_value = "table", value_parser = Output::parse)]
     output: Output,
     /// Keep watching and print changes.
     #[arg(long, short = 'w')]
@@ -41,16 +42,16 @@ pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Re
             Some(name) => vec![fetch(client, kind, namespace, name).await?],
             None => fetch_all(client, kind, namespace).await?,
         };
-        match output {
-            Output::Json | Output::Yaml => {
+        match &output {
+            Output::Json | Output::Yaml | Output::JsonPath(_) => {
                 let value = match (name, objects.as_slice()) {
                     (Some(_), [one]) => one.clone(),
                     _ => serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects}),
                 };
-                let text = if output == Output::Json {
-                    format!("{}\n", serde_json::to_string_pretty(&value)?)
-                } else {
-                    serde_yaml_ng::to_string(&value)?
+                let text = match &output {
+                    Output::Json => format!("{}\n", serde_json::to_string_pretty(&value)?),
+                    Output::JsonPath(template) => template.render(&value),
+                    _ => serde_yaml_ng::to_string(&value)?,
                 };
                 if last.first() != Some(&text) {
                     if watch && !last.is_empty() && output == Output::Yaml {

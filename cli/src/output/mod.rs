@@ -2,15 +2,17 @@
 //! are the kinds' own ([`columns`]).
 
 mod columns;
+mod jsonpath;
 
 use comfy_table::{Table, presets};
 use serde_json::Value;
 
 pub use self::columns::table_rows;
+pub use self::jsonpath::Template;
 pub use rigger_api::table::bytes;
 
 /// `-o`: what `get` prints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Output {
     Table,
     Wide,
@@ -18,6 +20,32 @@ pub enum Output {
     Yaml,
     /// `kind.group/name` per object, as kubectl's `-o name`.
     Name,
+    /// `jsonpath=TEMPLATE`: kubectl's JSONPath template, applied to the object (or to
+    /// the `List` of them).
+    JsonPath(Template),
+}
+
+impl Output {
+    /// `-o`'s value, as kubectl spells it; a template is parsed whole here.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        Ok(match text {
+            "table" => Self::Table,
+            "wide" => Self::Wide,
+            "json" => Self::Json,
+            "yaml" => Self::Yaml,
+            "name" => Self::Name,
+            _ => match text.strip_prefix("jsonpath=") {
+                Some(template) => {
+                    Self::JsonPath(Template::parse(template).map_err(|e| e.to_string())?)
+                }
+                None => {
+                    return Err(format!(
+                        "{text:?}: expected table, wide, json, yaml, name or jsonpath=TEMPLATE"
+                    ));
+                }
+            },
+        })
+    }
 }
 
 /// `imagepulljob.rigger.dev/warm`, as kubectl names objects.

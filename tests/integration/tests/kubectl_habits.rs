@@ -1,5 +1,5 @@
 //! riggerctl where kubectl users expect kubectl's behaviour: `apply -f DIR [-R]`,
-//! `delete -f FILE|DIR`, `-o name`, `wait --for=delete`. Against a real controller.
+//! `delete -f FILE|DIR`, `-o name`, `-o jsonpath=`, `wait --for=delete`. Against a real controller.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
@@ -81,6 +81,30 @@ fn apply_and_delete_read_files_and_directories_as_kubectl_does() {
         "{applied:?}"
     );
     assert_eq!(names().len(), 3);
+    // -o jsonpath: kubectl's templates, over the List or over one object.
+    let out = controller.ctl(&[
+        "get",
+        "imagepulljobs",
+        "-o",
+        r#"jsonpath={range .items[*]}{.metadata.name}={.apiVersion}{"\n"}{end}"#,
+    ]);
+    assert_eq!(
+        stdout_lines(&out),
+        set(&[
+            "one=apps.kruise.io/v1alpha1",
+            "two=apps.kruise.io/v1beta1",
+            "three=rigger.dev/v1alpha1"
+        ])
+    );
+    let out = controller.ctl(&["get", "imagepulljob", "two", "-o", "jsonpath={.spec.image}"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "registry.example/app:1"
+    );
+    let out = controller.ctl(&["get", "imagepulljobs", "-o", "jsonpath={range .items[*]}"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("without {end}"), "{stderr}");
 
     // A broken file anywhere in the tree: one line naming it, nothing applied.
     std::fs::write(manifests.join("more/c.yaml"), "kind: [").unwrap();
