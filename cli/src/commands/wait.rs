@@ -1,4 +1,4 @@
-//! `riggerctl wait KIND/NAME --for=condition=NAME|delete`.
+//! `riggerctl wait KIND/NAME --for=condition=NAME|delete|jsonpath=TEMPLATE[=VALUE]`.
 
 use std::time::{Duration, Instant};
 
@@ -7,18 +7,41 @@ use serde_json::Value;
 use rigger_proto::v1::GetRequest;
 
 use crate::client::{Client, fetch, refused};
-use crate::output::str_of;
+use crate::output::{Template, str_of};
 
-/// Wait until an object has a condition (`--for=condition=Complete`) or is gone
-/// (`--for=delete`; an object that does not exist is gone).
+/// Wait until an object has a condition (`--for=condition=Complete`), is gone
+/// (`--for=delete`; an object that does not exist is gone), or a JSONPath template
+/// gives a value (`--for=jsonpath={.status.phase}=Completed`; without `=VALUE`, any
+/// non-empty result).
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// KIND/NAME, e.g. imagepulljob/warm-nginx.
     object: String,
-    #[arg(long = "for", value_name = "condition=NAME|delete")]
+    #[arg(long = "for", value_name = "condition=NAME|delete|jsonpath=T[=VALUE]")]
     condition: String,
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     timeout: Duration,
+}
+
+/// What `--for` waits for, besides deletion.
+enum Wanted {
+    Condition(String),
+    JsonPath(Template, Option<String>),
+}
+
+/// `TEMPLATE[=VALUE]`: the value follows the template's last `}=` (or, for a bare
+/// path, its last `=`).
+fn json_path_test(expression: &str) -> anyhow::Result<(Template, Option<String>)> {
+    let (template, value) = match expression.rfind("}=") {
+        Some(at) => (&expression[..=at], Some(&expression[at + 2..])),
+        None if !expression.contains('{') => match expression.rsplit_once('=') {
+            Some((path, value)) => (path, Some(value)),
+            None => (expression, None),
+        },
+        None => (expression, None),
+    };
+    let template = Template::parse(template).map_err(|e| anyhow::anyhow!("--for: {e}"))?;
+    Ok((template, value.map(str::to_owned)))
 }
 
 /// Whether `object` has condition `name` with status True.
@@ -47,19 +70,42 @@ pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Re
     if condition == "delete" {
         return wait_deleted(client, kind, namespace, name, deadline, timeout).await;
     }
-    let wanted = condition
-        .strip_prefix("condition=")
-        .filter(|c| !c.is_empty())
-        .ok_or_else(|| anyhow::anyhow!("--for {condition:?}: expected condition=NAME or delete"))?;
+    let wanted = match condition.strip_prefix("jsonpath=") {
+        Some(expression) => {
+            let (template, value) = json_path_test(expression)?;
+            Wanted::JsonPath(template, value)
+        }
+        None => Wanted::Condition(
+            condition
+                .strip_prefix("condition=")
+                .filter(|c| !c.is_empty())
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--for {condition:?}: expected condition=NAME, delete or jsonpath=TEMPLATE[=VALUE]"
+                    )
+                })?
+                .to_owned(),
+        ),
+    };
     loop {
         let current = fetch(client, kind, namespace, name).await?;
-        if has_condition(&current, wanted) {
+        let met = match &wanted {
+            Wanted::Condition(name) => has_condition(&current, name),
+            Wanted::JsonPath(template, value) => {
+                let got = template.render(&current);
+                match value {
+                    Some(value) => got == *value,
+                    None => !got.is_empty(),
+                }
+            }
+        };
+        if met {
             println!("{}/{name} condition met", kind.to_ascii_lowercase());
             return Ok(());
         }
         if Instant::now() >= deadline {
             anyhow::bail!(
-                "timed out after {} waiting for {wanted} on {kind}/{name} ({})",
+                "timed out after {} waiting for {condition} on {kind}/{name} ({})",
                 humantime::format_duration(timeout),
                 str_of(&current, "/status/message")
             );
@@ -97,5 +143,32 @@ async fn wait_deleted(
             ),
             Ok(_) => tokio::time::sleep(Duration::from_millis(500)).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_json_path_test_splits_where_kubectl_does() {
+        let object = serde_json::json!({"status": {"phase": "Completed", "n": 3}});
+        let check = |expression: &str| {
+            let (template, value) = json_path_test(expression).unwrap();
+            (template.render(&object), value)
+        };
+        assert_eq!(
+            check("{.status.phase}=Completed"),
+            ("Completed".to_owned(), Some("Completed".to_owned()))
+        );
+        assert_eq!(check("{.status.n}"), ("3".to_owned(), None));
+        assert_eq!(
+            check(".status.phase=Completed"),
+            ("Completed".to_owned(), Some("Completed".to_owned()))
+        );
+        // A value with = in it: only the last }= splits.
+        assert_eq!(check("{.status.phase}=a=b").1, Some("a=b".to_owned()));
+        assert!(json_path_test("{.status[}=x").is_err());
     }
 }

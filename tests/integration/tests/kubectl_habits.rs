@@ -1,5 +1,5 @@
 //! riggerctl where kubectl users expect kubectl's behaviour: `apply -f DIR [-R]`,
-//! `delete -f FILE|DIR`, `-o name`, `-o jsonpath=`, `wait --for=delete`. Against a real controller.
+//! `delete -f FILE|DIR`, `-o name`, `-o jsonpath=`, `wait --for=delete|jsonpath=`. Against a real controller.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
@@ -101,6 +101,21 @@ fn apply_and_delete_read_files_and_directories_as_kubectl_does() {
         String::from_utf8_lossy(&out.stdout),
         "registry.example/app:1"
     );
+    // wait --for=jsonpath: a value, or any value.
+    let out = controller.ctl(&[
+        "wait",
+        "imagepulljob/two",
+        "--for=jsonpath={.apiVersion}=apps.kruise.io/v1beta1",
+        "--timeout=5s",
+    ]);
+    assert_eq!(stdout_lines(&out), set(&["imagepulljob/two condition met"]));
+    let out = controller.ctl(&[
+        "wait",
+        "imagepulljob/two",
+        "--for=jsonpath={.spec.image}=other:2",
+        "--timeout=1s",
+    ]);
+    assert!(!out.status.success());
     let out = controller.ctl(&["get", "imagepulljobs", "-o", "jsonpath={range .items[*]}"]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
