@@ -11,6 +11,7 @@ pub mod node;
 pub mod object;
 pub mod pod;
 pub mod secret;
+pub mod selectors;
 pub mod sidecar_set;
 pub mod table;
 

@@ -626,7 +626,7 @@ async fn run(controller: &Path, nodes: usize, args: &Args) -> anyhow::Result<Row
     let known = control
         .list(ListRequest {
             kind: "Node".to_owned(),
-            namespace: String::new(),
+            ..ListRequest::default()
         })
         .await?
         .into_inner()

@@ -116,7 +116,7 @@ pub async fn connect(cli: &ConnectArgs) -> anyhow::Result<Client> {
         match client
             .list(ListRequest {
                 kind: "Node".to_owned(),
-                namespace: String::new(),
+                ..ListRequest::default()
             })
             .await
         {
@@ -197,16 +197,30 @@ pub async fn fetch(
     serde_json::from_str(&object.json).context("the controller sent an unreadable object")
 }
 
+/// `-l` and `--field-selector`, applied by the controller.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Selectors {
+    /// Label selector, e.g. app=web,tier!=db,zone in (a,b),ready,!drain.
+    #[arg(long = "selector", short = 'l', default_value = "")]
+    pub labels: String,
+    /// Field selector on metadata.name and metadata.namespace, e.g. metadata.name=warm.
+    #[arg(long = "field-selector", default_value = "")]
+    pub fields: String,
+}
+
 /// Every object of a kind in a namespace (all namespaces for `""`).
 pub async fn fetch_all(
     client: &mut Client,
     kind: &str,
     namespace: &str,
+    selectors: &Selectors,
 ) -> anyhow::Result<Vec<Value>> {
     let list = client
         .list(ListRequest {
             kind: kind.to_owned(),
             namespace: namespace.to_owned(),
+            label_selector: selectors.labels.clone(),
+            field_selector: selectors.fields.clone(),
         })
         .await
         .map_err(|s| refused(&s))?

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use rigger_api::Kind;
 
-use crate::client::{Client, fetch, fetch_all};
+use crate::client::{Client, Selectors, fetch, fetch_all};
 use crate::output::{Output, display_name, print_table, render_table, table_rows};
 
 /// Show objects: one by name, or all of a kind.
@@ -22,6 +22,8 @@ pub struct Args {
     /// List across all namespaces.
     #[arg(long, short = 'A')]
     all_namespaces: bool,
+    #[command(flatten)]
+    selectors: Selectors,
 }
 
 pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Result<()> {
@@ -31,16 +33,20 @@ pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Re
         output,
         watch,
         all_namespaces,
+        selectors,
     } = args;
     let (kind, name) = (kind.as_str(), name.as_deref());
     let resolved = Kind::parse(kind)?;
+    if name.is_some() && !(selectors.labels.is_empty() && selectors.fields.is_empty()) {
+        anyhow::bail!("a name cannot be given with a selector (-l, --field-selector)");
+    }
     let namespace = if all_namespaces { "" } else { namespace };
     let mut printed_header = false;
     let mut last: Vec<String> = Vec::new();
     loop {
         let objects = match name {
             Some(name) => vec![fetch(client, kind, namespace, name).await?],
-            None => fetch_all(client, kind, namespace).await?,
+            None => fetch_all(client, kind, namespace, &selectors).await?,
         };
         match &output {
             Output::Json | Output::Yaml | Output::JsonPath(_) => {

@@ -176,6 +176,24 @@ impl Control for ControlService {
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
         let (_, request) = self.admit(request, Role::Viewer)?;
         let kind = kind_of(&request.kind)?;
+        let labels = rigger_api::selectors::parse_label_selector_or_all(&request.label_selector)
+            .map_err(|e| Status::invalid_argument(format!("label selector: {e}")))?;
+        let fields = rigger_api::selectors::FieldSelector::parse(&request.field_selector)
+            .map_err(|e| Status::invalid_argument(format!("field selector: {e}")))?;
+        // Selected on the object as shown: what `get -o yaml` says is what selects.
+        let selected = |object: &Object| {
+            let Ok(value) = serde_json::from_str::<serde_json::Value>(&object.json) else {
+                return false;
+            };
+            let meta = &value["metadata"];
+            let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+            let object_labels = meta["labels"]
+                .as_object()
+                .map(|m| m.iter().map(|(k, v)| (k.clone(), text(v))).collect())
+                .unwrap_or_default();
+            labels.matches(&object_labels)
+                && fields.matches(&text(&meta["name"]), &text(&meta["namespace"]))
+        };
         if kind == Kind::Node {
             let items = self
                 .nodes
@@ -185,6 +203,7 @@ impl Control for ControlService {
                     json: n.to_string(),
                     revision: 0,
                 })
+                .filter(selected)
                 .collect();
             return Ok(Response::new(ListResponse { items }));
         }
@@ -194,7 +213,10 @@ impl Control for ControlService {
                 || !kind.namespaced()
                 || stored.key.namespace == request.namespace
             {
-                items.push(self.show(kind, stored).await?);
+                let object = self.show(kind, stored).await?;
+                if selected(&object) {
+                    items.push(object);
+                }
             }
         }
         Ok(Response::new(ListResponse { items }))

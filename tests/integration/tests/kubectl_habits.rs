@@ -1,5 +1,6 @@
 //! riggerctl where kubectl users expect kubectl's behaviour: `apply -f DIR [-R]`,
-//! `delete -f FILE|DIR`, `-o name`, `-o jsonpath=`, `wait --for=delete|jsonpath=`. Against a real controller.
+//! `delete -f FILE|DIR`, `-o name`, `-o jsonpath=`, `-l`, `--field-selector`,
+//! `wait --for=delete|jsonpath=`. Against a real controller.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
@@ -101,6 +102,33 @@ fn apply_and_delete_read_files_and_directories_as_kubectl_does() {
         String::from_utf8_lossy(&out.stdout),
         "registry.example/app:1"
     );
+    // -l and --field-selector, applied by the controller.
+    controller.apply_ok(
+        "apiVersion: apps.kruise.io/v1beta1\nkind: ImagePullJob\nmetadata:\n  name: labelled\n  labels: {team: web, tier: front}\nspec:\n  image: registry.example/app:1\n  selector:\n    names: [no-such-node]\n",
+    );
+    let get = |args: &[&str]| {
+        let mut all = vec!["get", "imagepulljobs", "-o", "name"];
+        all.extend_from_slice(args);
+        stdout_lines(&controller.ctl(&all))
+    };
+    let labelled = set(&["imagepulljob.apps.kruise.io/labelled"]);
+    assert_eq!(get(&["-l", "team=web"]), labelled);
+    assert_eq!(get(&["-l", "team in (web,db),tier!=back,!drain"]), labelled);
+    assert_eq!(get(&["-l", "team"]), labelled);
+    assert_eq!(get(&["-l", "!team"]).len(), 3);
+    assert_eq!(
+        get(&["--field-selector", "metadata.name=two"]),
+        set(&["imagepulljob.apps.kruise.io/two"])
+    );
+    assert_eq!(get(&["--field-selector", "metadata.name!=two"]).len(), 3);
+    let out = controller.ctl(&["get", "imagepulljobs", "-l", "team in web"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("label selector"), "{stderr}");
+    let out = controller.ctl(&["get", "imagepulljobs", "--field-selector", "spec.image=x"]);
+    assert!(!out.status.success());
+    controller.ctl(&["delete", "imagepulljob", "labelled"]);
+
     // wait --for=jsonpath: a value, or any value.
     let out = controller.ctl(&[
         "wait",
