@@ -1,9 +1,10 @@
-//! `riggerctl apply -f FILE`: every document checked by a dry run first; if one is
+//! `riggerctl apply -f FILE|DIR`: every document checked by a dry run first; if one is
 //! refused, none is applied.
 
 use std::path::PathBuf;
 
 use rigger_proto::v1::ApplyRequest;
+use serde_json::Value;
 
 use crate::client::{Client, refused};
 use crate::output::display_name;
@@ -18,9 +19,35 @@ pub struct Args {
     /// Read directories' subdirectories too.
     #[arg(long, short = 'R')]
     recursive: bool,
-    /// Check only; change nothing.
-    #[arg(long)]
-    dry_run: bool,
+    /// Change nothing. server (also a bare --dry-run): the controller checks every
+    /// document and answers with the object as it would store it (defaults filled in);
+    /// client: the documents are only read, the controller is not asked.
+    #[arg(
+        long,
+        value_enum,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "server",
+        value_name = "none|client|server"
+    )]
+    dry_run: Option<DryRun>,
+    /// Print the objects (as stored, or as they would be) instead of what happened.
+    #[arg(long, short = 'o', value_enum)]
+    output: Option<ApplyOutput>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum DryRun {
+    None,
+    Client,
+    Server,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ApplyOutput {
+    Json,
+    Yaml,
+    Name,
 }
 
 pub async fn run(args: Args, client: &mut Client) -> anyhow::Result<()> {
@@ -28,24 +55,33 @@ pub async fn run(args: Args, client: &mut Client) -> anyhow::Result<()> {
         filename,
         recursive,
         dry_run,
+        output,
     } = args;
     let objects = crate::manifests::read(&filename, recursive)?;
+    if dry_run == Some(DryRun::Client) {
+        let outcomes = vec!["created (dry run, client)".to_owned(); objects.len()];
+        return print(&objects, &outcomes, output);
+    }
     // All or nothing: every document passes a dry run before any is applied.
+    let mut checked = Vec::with_capacity(objects.len());
+    let mut outcomes = Vec::with_capacity(objects.len());
     for object in &objects {
-        client
+        let response = client
             .apply(ApplyRequest {
                 json: object.to_string(),
                 dry_run: true,
             })
             .await
-            .map_err(|s| refused(&s))?;
+            .map_err(|s| refused(&s))?
+            .into_inner();
+        checked.push(answered(response.object.as_ref(), object));
+        outcomes.push(response.outcome);
     }
-    if dry_run {
-        for object in &objects {
-            println!("{} (dry run)", display_name(object));
-        }
-        return Ok(());
+    if dry_run == Some(DryRun::Server) {
+        return print(&checked, &outcomes, output);
     }
+    let mut stored = Vec::with_capacity(objects.len());
+    outcomes.clear();
     for object in &objects {
         let response = client
             .apply(ApplyRequest {
@@ -55,7 +91,48 @@ pub async fn run(args: Args, client: &mut Client) -> anyhow::Result<()> {
             .await
             .map_err(|s| refused(&s))?
             .into_inner();
-        println!("{} {}", display_name(object), response.outcome);
+        if output.is_none() {
+            println!("{} {}", display_name(object), response.outcome);
+        }
+        stored.push(answered(response.object.as_ref(), object));
+        outcomes.push(response.outcome);
+    }
+    match output {
+        Some(_) => print(&stored, &outcomes, output),
+        None => Ok(()),
+    }
+}
+
+/// The object the controller answered with, or the document when it sent none.
+fn answered(object: Option<&rigger_proto::v1::Object>, document: &Value) -> Value {
+    object
+        .and_then(|o| serde_json::from_str(&o.json).ok())
+        .unwrap_or_else(|| document.clone())
+}
+
+/// Objects as `-o` asks (several as a `List`, as kubectl does), else one line each.
+fn print(
+    objects: &[Value],
+    outcomes: &[String],
+    output: Option<ApplyOutput>,
+) -> anyhow::Result<()> {
+    let whole = || match objects {
+        [one] => one.clone(),
+        _ => serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects}),
+    };
+    match output {
+        None => {
+            for (object, outcome) in objects.iter().zip(outcomes) {
+                println!("{} {outcome}", display_name(object));
+            }
+        }
+        Some(ApplyOutput::Name) => {
+            for object in objects {
+                println!("{}", display_name(object));
+            }
+        }
+        Some(ApplyOutput::Json) => println!("{}", serde_json::to_string_pretty(&whole())?),
+        Some(ApplyOutput::Yaml) => print!("{}", serde_yaml_ng::to_string(&whole())?),
     }
     Ok(())
 }

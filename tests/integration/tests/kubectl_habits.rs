@@ -216,3 +216,58 @@ fn apply_and_delete_read_files_and_directories_as_kubectl_does() {
     // Gone already: met at once.
     stdout_lines(&controller.ctl(&["wait", "imagepulljob/three", "--for=delete"]));
 }
+
+/// `apply --dry-run=server -o yaml` shows the object as the controller would store it
+/// (defaults filled in) and stores nothing; `--dry-run=client` does not ask the
+/// controller; `-o name` after a real apply names what was applied.
+#[test]
+fn dry_runs_show_the_object_as_it_would_be_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let controller = Controller::start(&dir.path().join("controller"));
+    let file = dir.path().join("job.yaml");
+    std::fs::write(&file, job("apps.kruise.io/v1beta1", "planned")).unwrap();
+    let file = file.to_str().unwrap();
+
+    let out = controller.ctl(&["apply", "--dry-run=server", "-o", "json", "-f", file]);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the object");
+    assert_eq!(shown["apiVersion"], "apps.kruise.io/v1beta1", "{shown}");
+    assert_eq!(shown["metadata"]["namespace"], "default", "{shown}");
+    assert_eq!(
+        shown["spec"]["pullPolicy"]["timeoutSeconds"], 600,
+        "{shown}"
+    );
+    assert_eq!(shown["spec"]["imagePullPolicy"], "IfNotPresent", "{shown}");
+    let out = controller.ctl(&["apply", "--dry-run=server", "-o", "yaml", "-f", file]);
+    let yaml = String::from_utf8_lossy(&out.stdout);
+    assert!(yaml.contains("timeoutSeconds: 600"), "{yaml}");
+    let listed = controller.get_json(&["imagepulljobs"]).unwrap();
+    assert_eq!(
+        listed["items"].as_array().unwrap().len(),
+        0,
+        "nothing stored"
+    );
+
+    // A bare --dry-run is the server's check too; a refusal names the field.
+    std::fs::write(
+        dir.path().join("bad.yaml"),
+        "apiVersion: apps.kruise.io/v1beta1\nkind: ImagePullJob\nmetadata:\n  name: bad\nspec:\n  image: a:1\n  parallelism: \"150%\"\n",
+    )
+    .unwrap();
+    let bad = dir.path().join("bad.yaml");
+    let out = controller.ctl(&["apply", "--dry-run", "-f", bad.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("spec.parallelism"));
+    // Client: the files alone.
+    let out = controller.ctl(&["apply", "--dry-run=client", "-o", "name", "-f", file]);
+    assert_eq!(
+        stdout_lines(&out),
+        set(&["imagepulljob.apps.kruise.io/planned"])
+    );
+
+    let out = controller.ctl(&["apply", "-o", "name", "-f", file]);
+    assert_eq!(
+        stdout_lines(&out),
+        set(&["imagepulljob.apps.kruise.io/planned"])
+    );
+    assert!(controller.get_json(&["imagepulljob", "planned"]).is_some());
+}
