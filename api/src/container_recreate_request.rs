@@ -121,7 +121,15 @@ pub enum ContainerRecreatePhase {
 impl ContainerRecreateRequest {
     /// Refuse what cannot run, naming the field; Kruise's API group is accepted too.
     pub fn validate(&self) -> Result<(), FieldError> {
-        super::check_kruise_api_version(&self.api_version)?;
+        // v1beta1's spec is v1alpha1's (its status adds conditions and a snapshot).
+        super::check_api_version(
+            &self.api_version,
+            &[
+                super::API_VERSION,
+                super::KRUISE_API_VERSION,
+                super::KRUISE_API_VERSION_V1BETA1,
+            ],
+        )?;
         self.metadata.validate()?;
         let spec = &self.spec;
         if spec.pod_name.is_empty() {
@@ -165,6 +173,24 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::KRUISE_API_VERSION;
+
+    #[test]
+    fn kruise_v1beta1_applies_and_keeps_its_version() {
+        let value = serde_json::json!({
+            "apiVersion": crate::KRUISE_API_VERSION_V1BETA1,
+            "kind": KIND,
+            "metadata": {"name": "restart-app", "namespace": "default"},
+            "spec": {
+                "podName": "web-0",
+                "containers": [{"name": "app"}],
+                "strategy": {"failurePolicy": "Fail", "orderedRecreate": true},
+            },
+        });
+        let crr: ContainerRecreateRequest = serde_json::from_value(value).unwrap();
+        crr.validate().unwrap();
+        let round = serde_json::to_value(&crr).unwrap();
+        assert_eq!(round["apiVersion"], crate::KRUISE_API_VERSION_V1BETA1);
+    }
 
     fn crr(spec: &serde_json::Value) -> Result<ContainerRecreateRequest, String> {
         let value = serde_json::json!({
