@@ -122,14 +122,7 @@ impl ContainerRecreateRequest {
     /// Refuse what cannot run, naming the field; Kruise's API group is accepted too.
     pub fn validate(&self) -> Result<(), FieldError> {
         // v1beta1's spec is v1alpha1's (its status adds conditions and a snapshot).
-        super::check_api_version(
-            &self.api_version,
-            &[
-                super::API_VERSION,
-                super::KRUISE_API_VERSION,
-                super::KRUISE_API_VERSION_V1BETA1,
-            ],
-        )?;
+        super::check_kruise_v1beta1_api_version(&self.api_version)?;
         self.metadata.validate()?;
         let spec = &self.spec;
         if spec.pod_name.is_empty() {

@@ -196,14 +196,7 @@ pub enum NodePullPhase {
 impl ImagePullJob {
     /// Refuse what cannot run, naming the field; Kruise's API group is accepted too.
     pub fn validate(&self) -> Result<(), FieldError> {
-        super::check_api_version(
-            &self.api_version,
-            &[
-                super::API_VERSION,
-                super::KRUISE_API_VERSION,
-                super::KRUISE_API_VERSION_V1BETA1,
-            ],
-        )?;
+        super::check_kruise_v1beta1_api_version(&self.api_version)?;
         if self.kind != KIND {
             return Err(FieldError::new(
                 "kind",

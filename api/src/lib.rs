@@ -33,6 +33,14 @@ pub fn check_kruise_api_version(api_version: &str) -> Result<(), FieldError> {
     check_api_version(api_version, &[API_VERSION, KRUISE_API_VERSION])
 }
 
+/// [`check_kruise_api_version`] for the kinds whose Kruise v1beta1 Rigger reads too.
+pub fn check_kruise_v1beta1_api_version(api_version: &str) -> Result<(), FieldError> {
+    check_api_version(
+        api_version,
+        &[API_VERSION, KRUISE_API_VERSION, KRUISE_API_VERSION_V1BETA1],
+    )
+}
+
 /// `api_version` is one of `accepted`; the object keeps the one it was applied with, so
 /// `get -o yaml` answers in it.
 pub fn check_api_version(api_version: &str, accepted: &[&str]) -> Result<(), FieldError> {
