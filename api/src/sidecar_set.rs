@@ -130,8 +130,20 @@ pub struct WeightTerm {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OrderTerm {
-    /// Pods with a higher integer value of this label go first.
-    pub order_key: String,
+    /// Pods with a higher integer value of this label go first (Kruise's `orderedKey`;
+    /// `orderKey`, Rigger's earlier spelling, is still read from stored objects).
+    #[serde(alias = "orderKey")]
+    pub ordered_key: String,
+}
+
+impl OrderTerm {
+    /// A pod's order under this term, as Kruise reads it: the integer the label's value
+    /// ends with (`sts-10` → 10); 0 without one, or without the label.
+    pub fn order_of(&self, labels: &std::collections::BTreeMap<String, String>) -> i64 {
+        let value = labels.get(&self.ordered_key).map_or("", String::as_str);
+        let digits = value.len() - value.bytes().rev().take_while(u8::is_ascii_digit).count();
+        value[digits..].parse().unwrap_or(0)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -455,6 +467,33 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::KRUISE_API_VERSION;
+
+    #[test]
+    fn ordered_keys_are_read_as_kruise_reads_them() {
+        let term: OrderTerm =
+            serde_json::from_value(serde_json::json!({"orderedKey": "rank"})).unwrap();
+        // What Rigger stored before it spelled the field as Kruise does.
+        let stored: OrderTerm =
+            serde_json::from_value(serde_json::json!({"orderKey": "rank"})).unwrap();
+        assert_eq!(term, stored);
+        assert_eq!(
+            serde_json::to_value(&term).unwrap(),
+            serde_json::json!({"orderedKey": "rank"})
+        );
+        let order = |value: Option<&str>| {
+            let labels = value
+                .map(|v| [("rank".to_owned(), v.to_owned())].into())
+                .unwrap_or_default();
+            term.order_of(&labels)
+        };
+        assert_eq!(order(Some("5")), 5);
+        assert_eq!(order(Some("sts-10")), 10);
+        assert_eq!(order(Some("v2-canary")), 0);
+        assert_eq!(order(Some("")), 0);
+        assert_eq!(order(None), 0);
+        // Digits past i64: 0, as Kruise's ParseInt error.
+        assert_eq!(order(Some("99999999999999999999")), 0);
+    }
 
     fn sidecar_set(spec: &serde_json::Value) -> Result<SidecarSet, String> {
         let value = serde_json::json!({

@@ -472,14 +472,7 @@ fn order(set: &SidecarSet, candidates: &mut Vec<&Member>) {
         strategy.priority_strategy.as_ref().map_or(Vec::new(), |p| {
             p.order_priority
                 .iter()
-                .map(|o| {
-                    m.pod
-                        .metadata
-                        .labels
-                        .get(&o.order_key)
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(i64::MIN)
-                })
+                .map(|o| o.order_of(&m.pod.metadata.labels))
                 .collect()
         })
     };
