@@ -92,6 +92,14 @@ pub enum UpgradeType {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UpdateStrategy {
+    /// RollingUpdate [default] moves the pods that have the sidecars to the new version;
+    /// NotUpdate leaves them, and only pods created from now on get it (Kruise's).
+    #[serde(
+        rename = "type",
+        default,
+        skip_serializing_if = "UpdateStrategyType::is_default"
+    )]
+    pub kind: UpdateStrategyType,
     /// Pods being upgraded (or not ready) at once [default: 1].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_unavailable: Option<IntOrPercent>,
@@ -108,6 +116,20 @@ pub struct UpdateStrategy {
     /// Spread the upgrades over the values of these labels.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scatter_strategy: Vec<ScatterTerm>,
+}
+
+/// Kruise's `updateStrategy.type`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UpdateStrategyType {
+    #[default]
+    RollingUpdate,
+    NotUpdate,
+}
+
+impl UpdateStrategyType {
+    fn is_default(&self) -> bool {
+        *self == Self::RollingUpdate
+    }
 }
 
 /// Kruise's priority: weights by selector (higher first) or order by a label's value.

@@ -33,7 +33,7 @@ use crate::predownload::{self, PreDownload, RolloutPod};
 use crate::store::{ObjectKey, Precondition, Store, StoreError, Stored};
 use rigger_api::image_pull_job;
 use rigger_api::pod::{self, Pod};
-use rigger_api::sidecar_set::{self, InjectedVersion, SidecarSet, UpgradeType};
+use rigger_api::sidecar_set::{self, InjectedVersion, SidecarSet, UpdateStrategyType, UpgradeType};
 
 const TICK: Duration = Duration::from_secs(1);
 
@@ -254,11 +254,12 @@ fn members(set: &SidecarSet, hash: &str, pods: &[(Stored, Pod, serde_json::Value
 
 /// Which pods move now: hot upgrades under way (whatever the budget: they hold a
 /// slot), then candidates by priority and scatter within maxUnavailable, partition and
-/// selector; nothing while paused. Pods whose sidecars changed more than their images
-/// are left alone (only pods created from now on get the new version).
+/// selector; nothing while paused or with updateStrategy.type NotUpdate. Pods whose
+/// sidecars changed more than their images are left alone (only pods created from now
+/// on get the new version).
 fn to_upgrade<'a>(set: &SidecarSet, hash: &str, members: &'a [Member]) -> Vec<&'a Member> {
     let strategy = &set.spec.update_strategy;
-    if strategy.paused {
+    if strategy.paused || strategy.kind == UpdateStrategyType::NotUpdate {
         return Vec::new();
     }
     let total = members.len();
@@ -589,6 +590,15 @@ mod tests {
             .map(|n| member(&paused, n, true))
             .collect();
         assert!(to_upgrade(&paused, &paused.hash(), &members).is_empty());
+        // NotUpdate: the pods that have the sidecars keep their version.
+        let not_update = set_with(&set, serde_json::json!({"type": "NotUpdate"}));
+        let members: Vec<Member> = ["p1", "p2", "p3"]
+            .iter()
+            .map(|n| member(&not_update, n, true))
+            .collect();
+        assert!(to_upgrade(&not_update, &not_update.hash(), &members).is_empty());
+        let rolling = set_with(&set, serde_json::json!({"type": "RollingUpdate"}));
+        assert_eq!(to_upgrade(&rolling, &rolling.hash(), &members).len(), 1);
     }
 
     #[test]
