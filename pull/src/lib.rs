@@ -25,6 +25,7 @@ pub mod fetch;
 mod layers;
 pub mod media;
 pub mod options;
+mod presence;
 pub mod progress;
 mod record;
 mod reference;
@@ -63,7 +64,7 @@ pub struct Puller {
     in_flight: Arc<Mutex<HashMap<String, Arc<Mutex<()>>>>>,
     /// Blobs being fetched as parallel ranges now, in all pulls: they share the
     /// connections, which decides how long their requests should be.
-    ranging: Arc<std::sync::atomic::AtomicUsize>,
+    ranging: presence::Presence,
 }
 
 impl Puller {
@@ -81,7 +82,7 @@ impl Puller {
             connections,
             rate,
             in_flight: Arc::default(),
-            ranging: Arc::default(),
+            ranging: presence::Presence::default(),
         }
     }
 

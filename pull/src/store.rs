@@ -3,7 +3,6 @@
 //! (resumable under a stable ingest ref), content labels, and image records.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use containerd_client::services::v1::content_client::ContentClient;
@@ -20,6 +19,8 @@ use tonic::transport::Channel;
 use tonic::{Code, Request, Status, Streaming};
 
 use rigger_runtime::{CallError, Runtime, describe_status};
+
+use crate::presence::{Presence, Present};
 
 /// Bytes per `Content.Write` message, at most: containerd's cost per message shows
 /// (2.1 spent 0.47-0.52 s of CPU on a 128 MiB layer in 1 MiB messages, 0.50-0.62 s in
@@ -61,7 +62,7 @@ pub struct Store {
     /// Ingest refs this pull opened: what `abort_opened` frees when the disk is full.
     opened: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
     /// Blob writers of this pull open now: they share [`WRITE_BUDGET`].
-    writers: std::sync::Arc<AtomicUsize>,
+    writers: Presence,
 }
 
 impl Store {
@@ -71,7 +72,7 @@ impl Store {
             namespace: namespace.to_owned(),
             lease: None,
             opened: std::sync::Arc::default(),
-            writers: std::sync::Arc::default(),
+            writers: Presence::default(),
         }
     }
 
@@ -319,7 +320,7 @@ impl Store {
             pending: Vec::new(),
             in_flight: 0,
             what,
-            open: OpenWriter::new(&self.writers),
+            open: self.writers.enter(),
         })
     }
 
@@ -405,10 +406,11 @@ async fn next_response(
 
 /// An open ingest: bytes go in order from `offset()`, then `commit`.
 ///
-/// Writes are gathered into messages of up to [`WRITE_CHUNK_MAX`] and sent without waiting for
-/// containerd's acknowledgement of each (at most [`WRITES_IN_FLIGHT`] unacknowledged):
-/// a round trip per network read would leave containerd idle between them. `acked()`
-/// tells what containerd confirmed holding; `flush()` waits for all of it.
+/// Writes are gathered into messages of up to [`WRITE_CHUNK_MAX`] and sent without
+/// waiting for containerd's acknowledgement of each (at most [`WRITES_IN_FLIGHT`]
+/// unacknowledged): a round trip per network read would leave containerd idle between
+/// them. `acked()` tells what containerd confirmed holding; `flush()` waits for all of
+/// it.
 #[derive(Debug)]
 pub struct BlobWriter {
     tx: mpsc::Sender<WriteContentRequest>,
@@ -425,29 +427,8 @@ pub struct BlobWriter {
     /// Messages sent and not acknowledged yet.
     in_flight: usize,
     what: String,
-    open: OpenWriter,
-}
-
-/// One open writer of a pull, counted while it lives.
-#[derive(Debug)]
-struct OpenWriter(std::sync::Arc<AtomicUsize>);
-
-impl OpenWriter {
-    fn new(count: &std::sync::Arc<AtomicUsize>) -> Self {
-        count.fetch_add(1, Ordering::Relaxed);
-        Self(count.clone())
-    }
-
-    /// This writer's message size: its share of the pull's budget.
-    fn message_size(&self) -> usize {
-        message_size(self.0.load(Ordering::Relaxed))
-    }
-}
-
-impl Drop for OpenWriter {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
+    /// Counted among the pull's open writers, which share [`WRITE_BUDGET`].
+    open: Present,
 }
 
 /// Bytes per message when `open` writers share [`WRITE_BUDGET`].
@@ -499,9 +480,9 @@ impl BlobWriter {
     pub async fn write(&mut self, data: &[u8]) -> Result<(), StoreError> {
         self.pending.extend_from_slice(data);
         self.offset += data.len() as u64;
-        let message = self.open.message_size();
-        while self.pending.len() >= message {
-            let rest = self.pending.split_off(message);
+        let size = message_size(self.open.now());
+        while self.pending.len() >= size {
+            let rest = self.pending.split_off(size);
             let message = std::mem::replace(&mut self.pending, rest);
             self.send_data(message).await?;
         }
@@ -604,10 +585,8 @@ mod tests {
         assert_eq!(message_size(4), 512 << 10);
         assert_eq!(message_size(8), WRITE_CHUNK_MIN);
         assert_eq!(message_size(1000), WRITE_CHUNK_MIN);
-        let open = std::sync::Arc::new(AtomicUsize::new(0));
-        let writers: Vec<_> = (0..4).map(|_| OpenWriter::new(&open)).collect();
-        assert_eq!(writers[0].message_size(), 512 << 10);
-        drop(writers);
-        assert_eq!(open.load(Ordering::Relaxed), 0);
+        let open = Presence::default();
+        let writers: Vec<_> = (0..4).map(|_| open.enter()).collect();
+        assert_eq!(message_size(writers[0].now()), 512 << 10);
     }
 }

@@ -12,7 +12,7 @@ mod stream;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -59,7 +59,7 @@ pub(crate) struct Transfer {
     pub(crate) rate: Option<Arc<RateLimit>>,
     pub(crate) in_flight: Arc<Mutex<HashMap<String, Arc<Mutex<()>>>>>,
     /// Blobs fetched as ranges now, node-wide, and the connections they share.
-    pub(crate) ranging: Arc<AtomicUsize>,
+    pub(crate) ranging: crate::presence::Presence,
     pub(crate) max_connections: usize,
     pub(crate) chunk_size: u64,
     pub(crate) attempts: u32,

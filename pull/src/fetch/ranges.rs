@@ -8,7 +8,6 @@
 //! CPU, 8 MiB ones 0.15 s).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -56,28 +55,13 @@ fn next_span(k: u64, ranges: u64, issued: u64, sharing: u64) -> Span {
     }
 }
 
-/// A blob being fetched as ranges, counted node-wide while it lasts.
-struct Ranging(Arc<AtomicUsize>);
-
-impl Ranging {
-    fn enter(count: &Arc<AtomicUsize>) -> Self {
-        count.fetch_add(1, Ordering::Relaxed);
-        Self(count.clone())
-    }
-}
-
-impl Drop for Ranging {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 impl Transfer {
     /// Parallel byte ranges from the writer's offset to the end, written to containerd
     /// in order. They wait in the blob's spool, so a killed agent continues each where
     /// its bytes end. [`RANGE_WINDOW`] requests run at once, whatever order they finish
-    /// in, none starting more than [`AHEAD`] ranges past the write position. The range at the write position goes to containerd as its bytes arrive, not when
-    /// it is complete.
+    /// in, none starting more than [`AHEAD`] ranges past the write position. The range
+    /// at the write position goes to containerd as its bytes arrive, not when it is
+    /// complete.
     pub(super) async fn fetch_ranges(
         &self,
         digest: &str,
@@ -101,7 +85,7 @@ impl Transfer {
             .map_err(|e| RangeOutcome::Failed(self.spool_err(e)))?;
         let arrived = Arc::new(Notify::new());
         let (head_tx, head_rx) = watch::channel(first);
-        let _ranging = Ranging::enter(&self.ranging);
+        let _ranging = self.ranging.enter();
         let (mut started, _dispatcher) =
             self.dispatch_spans(digest, &spool, first, head_rx, &arrived);
         // Written ranges leave the spool once containerd confirmed holding them.
@@ -215,7 +199,7 @@ impl Transfer {
     /// How many requests of one blob run at once: its window, or its share of the
     /// node's connections when other blobs are fetched as ranges too.
     fn sharing(&self) -> u64 {
-        let blobs = self.ranging.load(Ordering::Relaxed).max(1);
+        let blobs = self.ranging.now().max(1);
         (self.max_connections / blobs).clamp(1, RANGE_WINDOW) as u64
     }
 
