@@ -248,15 +248,9 @@ impl ImagePullJobSpec {
         }
         if let Some(sandbox) = &self.sandbox_config {
             for (key, value) in &sandbox.labels {
-                super::check_label_key(key).map_err(|why| {
+                super::check_label(key, value).map_err(|why| {
                     FieldError::new(format!("spec.sandboxConfig.labels[{key:?}]"), why)
                 })?;
-                if !super::check_label_value(value) {
-                    return Err(FieldError::new(
-                        format!("spec.sandboxConfig.labels[{key:?}]"),
-                        format!("{value:?} is not a valid label value"),
-                    ));
-                }
             }
             for key in sandbox.annotations.keys() {
                 super::check_label_key(key).map_err(|why| {

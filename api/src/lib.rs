@@ -230,6 +230,16 @@ pub fn check_label_key(key: &str) -> Result<(), String> {
     }
 }
 
+/// A label's key ([`check_label_key`]) and value ([`check_label_value`]).
+pub fn check_label(key: &str, value: &str) -> Result<(), String> {
+    check_label_key(key)?;
+    if check_label_value(value) {
+        Ok(())
+    } else {
+        Err(format!("{value:?} is not a valid label value"))
+    }
+}
+
 pub fn check_label_value(value: &str) -> bool {
     value.is_empty()
         || (value.len() <= 63
@@ -274,14 +284,8 @@ impl LabelSelector {
 
     pub fn validate(&self, path: &str) -> Result<(), FieldError> {
         for (key, value) in &self.match_labels {
-            check_label_key(key)
+            check_label(key, value)
                 .map_err(|r| FieldError::new(format!("{path}.matchLabels[{key:?}]"), r))?;
-            if !check_label_value(value) {
-                return Err(FieldError::new(
-                    format!("{path}.matchLabels[{key:?}]"),
-                    format!("{value:?} is not a valid label value"),
-                ));
-            }
         }
         for (i, requirement) in self.match_expressions.iter().enumerate() {
             let at = format!("{path}.matchExpressions[{i}]");
