@@ -135,6 +135,11 @@ impl FieldSelector {
         Ok(Self(terms))
     }
 
+    /// No terms: every object matches.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     pub fn matches(&self, name: &str, namespace: &str) -> bool {
         self.0.iter().all(|(field, equal, value)| {
             let actual = match field {
@@ -209,6 +214,8 @@ mod tests {
         assert!(!s.matches("warm", "kube-system"));
         assert!(!s.matches("cold", "default"));
         assert!(FieldSelector::parse("").unwrap().matches("any", "thing"));
+        assert!(FieldSelector::parse(" , ").unwrap().is_empty());
+        assert!(!s.is_empty());
         assert!(FieldSelector::parse("status.phase=Running").is_err());
         assert!(FieldSelector::parse("metadata.name").is_err());
     }

@@ -180,8 +180,13 @@ impl Control for ControlService {
             .map_err(|e| Status::invalid_argument(format!("label selector: {e}")))?;
         let fields = rigger_api::selectors::FieldSelector::parse(&request.field_selector)
             .map_err(|e| Status::invalid_argument(format!("field selector: {e}")))?;
-        // Selected on the object as shown: what `get -o yaml` says is what selects.
+        // Selected on the object as shown: what `get -o yaml` says is what selects. Without
+        // a selector nothing is read again.
+        let selecting = !(labels.is_empty() && fields.is_empty());
         let selected = |object: &Object| {
+            if !selecting {
+                return true;
+            }
             let Ok(value) = serde_json::from_str::<serde_json::Value>(&object.json) else {
                 return false;
             };
