@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use rigger_proto::v1::control_client::ControlClient;
-use rigger_proto::v1::{GetRequest, ListRequest};
+use rigger_proto::v1::{GetRequest, ListRequest, Object};
 use serde_json::Value;
 use tonic::transport::Channel;
 
@@ -185,15 +185,43 @@ pub async fn fetch(
     namespace: &str,
     name: &str,
 ) -> anyhow::Result<Value> {
-    let object = client
+    let object = get(client, kind, namespace, name)
+        .await
+        .map_err(|s| refused(&s))?;
+    decode(&object)
+}
+
+/// [`fetch`], with `None` for an object that does not exist.
+pub async fn fetch_if_exists(
+    client: &mut Client,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<Option<Value>> {
+    match get(client, kind, namespace, name).await {
+        Ok(object) => decode(&object).map(Some),
+        Err(status) if status.code() == tonic::Code::NotFound => Ok(None),
+        Err(status) => Err(refused(&status)),
+    }
+}
+
+async fn get(
+    client: &mut Client,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+) -> Result<Object, tonic::Status> {
+    let response = client
         .get(GetRequest {
             kind: kind.to_owned(),
             namespace: namespace.to_owned(),
             name: name.to_owned(),
         })
-        .await
-        .map_err(|s| refused(&s))?
-        .into_inner();
+        .await?;
+    Ok(response.into_inner())
+}
+
+fn decode(object: &Object) -> anyhow::Result<Value> {
     serde_json::from_str(&object.json).context("the controller sent an unreadable object")
 }
 

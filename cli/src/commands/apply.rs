@@ -27,10 +27,11 @@ pub struct Args {
         value_enum,
         num_args = 0..=1,
         require_equals = true,
+        default_value = "none",
         default_missing_value = "server",
         value_name = "none|client|server"
     )]
-    dry_run: Option<DryRun>,
+    dry_run: DryRun,
     /// Print the objects (as stored, or as they would be) instead of what happened.
     #[arg(long, short = 'o', value_enum)]
     output: Option<ApplyOutput>,
@@ -58,13 +59,14 @@ pub async fn run(args: Args, client: &mut Client) -> anyhow::Result<()> {
         output,
     } = args;
     let objects = crate::manifests::read(&filename, recursive)?;
-    if dry_run == Some(DryRun::Client) {
-        let outcomes = vec!["created (dry run, client)".to_owned(); objects.len()];
-        return print(&objects, &outcomes, output);
+    if dry_run == DryRun::Client {
+        let read = objects
+            .into_iter()
+            .map(|o| (o, "created (dry run, client)".to_owned()));
+        return print(&read.collect::<Vec<_>>(), output);
     }
     // All or nothing: every document passes a dry run before any is applied.
     let mut checked = Vec::with_capacity(objects.len());
-    let mut outcomes = Vec::with_capacity(objects.len());
     for object in &objects {
         let response = client
             .apply(ApplyRequest {
@@ -74,14 +76,12 @@ pub async fn run(args: Args, client: &mut Client) -> anyhow::Result<()> {
             .await
             .map_err(|s| refused(&s))?
             .into_inner();
-        checked.push(answered(response.object.as_ref(), object));
-        outcomes.push(response.outcome);
+        checked.push((answered(response.object.as_ref(), object), response.outcome));
     }
-    if dry_run == Some(DryRun::Server) {
-        return print(&checked, &outcomes, output);
+    if dry_run == DryRun::Server {
+        return print(&checked, output);
     }
     let mut stored = Vec::with_capacity(objects.len());
-    outcomes.clear();
     for object in &objects {
         let response = client
             .apply(ApplyRequest {
@@ -91,14 +91,14 @@ pub async fn run(args: Args, client: &mut Client) -> anyhow::Result<()> {
             .await
             .map_err(|s| refused(&s))?
             .into_inner();
+        // Each line as soon as its object is applied: a later refusal leaves them said.
         if output.is_none() {
             println!("{} {}", display_name(object), response.outcome);
         }
-        stored.push(answered(response.object.as_ref(), object));
-        outcomes.push(response.outcome);
+        stored.push((answered(response.object.as_ref(), object), response.outcome));
     }
     match output {
-        Some(_) => print(&stored, &outcomes, output),
+        Some(_) => print(&stored, output),
         None => Ok(()),
     }
 }
@@ -110,24 +110,24 @@ fn answered(object: Option<&rigger_proto::v1::Object>, document: &Value) -> Valu
         .unwrap_or_else(|| document.clone())
 }
 
-/// Objects as `-o` asks (several as a `List`, as kubectl does), else one line each.
-fn print(
-    objects: &[Value],
-    outcomes: &[String],
-    output: Option<ApplyOutput>,
-) -> anyhow::Result<()> {
+/// Objects and what became of them: one line each, or the objects as `-o` asks
+/// (several as a `List`, as kubectl does).
+fn print(objects: &[(Value, String)], output: Option<ApplyOutput>) -> anyhow::Result<()> {
     let whole = || match objects {
-        [one] => one.clone(),
-        _ => serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects}),
+        [(one, _)] => one.clone(),
+        _ => {
+            let items: Vec<&Value> = objects.iter().map(|(o, _)| o).collect();
+            serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items})
+        }
     };
     match output {
         None => {
-            for (object, outcome) in objects.iter().zip(outcomes) {
+            for (object, outcome) in objects {
                 println!("{} {outcome}", display_name(object));
             }
         }
         Some(ApplyOutput::Name) => {
-            for object in objects {
+            for (object, _) in objects {
                 println!("{}", display_name(object));
             }
         }

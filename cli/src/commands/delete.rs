@@ -61,18 +61,18 @@ pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Re
         targets.push((object, kind, name, namespace));
     }
     // Like kubectl: every object is tried; the failures are reported at the end.
-    let mut failures = Vec::new();
+    let mut failed = 0;
     for (object, kind, name, namespace) in targets {
         match delete(client, kind, namespace, name, ignore_not_found).await {
             Ok(true) => println!("{} deleted", display_name(object)),
             Ok(false) => {}
             Err(e) => {
                 eprintln!("riggerctl: {}: {e:#}", display_name(object));
-                failures.push(display_name(object));
+                failed += 1;
             }
         }
     }
-    match failures.len() {
+    match failed {
         0 => Ok(()),
         n => anyhow::bail!("{n} of {} objects not deleted", objects.len()),
     }

@@ -4,9 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use rigger_proto::v1::GetRequest;
-
-use crate::client::{Client, fetch, refused};
+use crate::client::{Client, fetch, fetch_if_exists};
 use crate::output::{Template, str_of};
 
 /// Wait until an object has a condition (`--for=condition=Complete`), is gone
@@ -124,24 +122,16 @@ async fn wait_deleted(
     timeout: Duration,
 ) -> anyhow::Result<()> {
     loop {
-        match client
-            .get(GetRequest {
-                kind: kind.to_owned(),
-                namespace: namespace.to_owned(),
-                name: name.to_owned(),
-            })
-            .await
-        {
-            Err(status) if status.code() == tonic::Code::NotFound => {
+        match fetch_if_exists(client, kind, namespace, name).await? {
+            None => {
                 println!("{}/{name} condition met", kind.to_ascii_lowercase());
                 return Ok(());
             }
-            Err(status) => return Err(refused(&status)),
-            Ok(_) if Instant::now() >= deadline => anyhow::bail!(
+            Some(_) if Instant::now() >= deadline => anyhow::bail!(
                 "timed out after {} waiting for {kind}/{name} to be deleted",
                 humantime::format_duration(timeout)
             ),
-            Ok(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            Some(_) => tokio::time::sleep(Duration::from_millis(500)).await,
         }
     }
 }
