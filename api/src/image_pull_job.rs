@@ -62,12 +62,46 @@ pub struct SandboxConfig {
 
 /// Kruise's `selector`: node names, or node labels — not both.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(from = "NodeSelectorFields", into = "NodeSelectorFields")]
 pub struct NodeSelector {
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub names: Vec<String>,
-    #[serde(flatten)]
     pub labels: LabelSelector,
+}
+
+/// [`NodeSelector`] as written: Kruise embeds the label selector's fields beside
+/// `names`; spelled out here so that an unknown field is refused (serde's `flatten`
+/// would let it by).
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct NodeSelectorFields {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    names: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    match_labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    match_expressions: Vec<crate::LabelSelectorRequirement>,
+}
+
+impl From<NodeSelectorFields> for NodeSelector {
+    fn from(fields: NodeSelectorFields) -> Self {
+        Self {
+            names: fields.names,
+            labels: LabelSelector {
+                match_labels: fields.match_labels,
+                match_expressions: fields.match_expressions,
+            },
+        }
+    }
+}
+
+impl From<NodeSelector> for NodeSelectorFields {
+    fn from(selector: NodeSelector) -> Self {
+        Self {
+            names: selector.names,
+            match_labels: selector.labels.match_labels,
+            match_expressions: selector.labels.match_expressions,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -352,6 +386,20 @@ mod tests {
         assert_eq!(job.spec.parallelism_for(0), 1);
         let round = serde_json::to_value(&job).unwrap();
         assert_eq!(round["spec"]["parallelism"], "25%");
+        assert_eq!(
+            round["spec"]["selector"],
+            serde_json::json!({"matchLabels": {"pool": "web"}})
+        );
+    }
+
+    #[test]
+    fn an_unknown_selector_field_is_refused() {
+        let err = job(&serde_json::json!({
+            "image": "nginx:1.27",
+            "selector": {"matchLabel": {"pool": "web"}},
+        }))
+        .unwrap_err();
+        assert!(err.contains("unknown field `matchLabel`"), "{err}");
     }
 
     #[test]

@@ -552,6 +552,7 @@ mod tests {
                 hash: "old".to_owned(),
                 hash_without_image: set.hash_without_image(),
                 sidecar_list: vec!["log".to_owned()],
+                controller_revision: String::new(),
             },
             ready,
             running_spec: true,

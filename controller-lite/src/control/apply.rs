@@ -11,7 +11,7 @@ use rigger_api::image_pull_job::ImagePullJob;
 use rigger_api::lifecycle_cooperator::LifecycleCooperator;
 use rigger_api::pod::Pod;
 use rigger_api::secret::Secret;
-use rigger_api::sidecar_set::SidecarSet;
+use rigger_api::sidecar_set::{History, SidecarSet, Versioned, injected_revision};
 use rigger_api::{DEFAULT_NAMESPACE, FieldError, Kind, Object, ObjectMeta};
 use rigger_proto::v1::{self as proto, ApplyResponse};
 use serde::Serialize;
@@ -238,8 +238,68 @@ impl ControlService {
         let committed = self.commit(&mut draft, dry_run).await?;
         if committed.written {
             tracing::info!(sidecar_set = %draft.what, outcome = ?committed.outcome, "sidecar set applied");
+            self.record_revision(&draft.object).await?;
         }
         applied(&draft.object, committed)
+    }
+
+    /// The SidecarSets a new pod may be injected with, each at the version it gets
+    /// (`injectionStrategy.revision`); a revision asked for that is not recorded is a
+    /// failed precondition, as Kruise's webhook refuses the pod.
+    async fn sidecar_sets_for(&self, pod: &Pod) -> Result<Vec<Versioned>, Status> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let mut out = Vec::new();
+        for stored in self
+            .store
+            .list(rigger_api::sidecar_set::KIND)
+            .await
+            .map_err(store_status)?
+        {
+            let Ok(set) = serde_json::from_slice::<SidecarSet>(&stored.object) else {
+                continue;
+            };
+            if !set.matches(namespace, &pod.metadata.labels) {
+                continue;
+            }
+            let history = self.revision_history(&set.metadata.name).await?;
+            let (set, revision) =
+                injected_revision(&set, &history, &pod.metadata.labels, fastrand::f64())
+                    .map_err(|e| Status::failed_precondition(e.to_string()))?;
+            out.push(Versioned { set, revision });
+        }
+        Ok(out)
+    }
+
+    /// The SidecarSet's current version joins its history (Kruise's ControllerRevision).
+    async fn record_revision(&self, set: &SidecarSet) -> Result<(), Status> {
+        let key = history_key(&set.metadata.name);
+        let stored = self.store.get(key.clone()).await.map_err(store_status)?;
+        // An unreadable history starts again: it only serves revision lookups.
+        let mut history: History = stored
+            .as_ref()
+            .and_then(|s| serde_json::from_slice(&s.object).ok())
+            .unwrap_or_default();
+        if !history.record(set) {
+            return Ok(());
+        }
+        let precondition = stored
+            .as_ref()
+            .map_or(Precondition::Absent, |s| Precondition::Revision(s.revision));
+        self.store
+            .put(key, to_json(&history)?.into_bytes(), precondition)
+            .await
+            .map_err(store_status)?;
+        Ok(())
+    }
+
+    pub(super) async fn revision_history(&self, set: &str) -> Result<History, Status> {
+        Ok(self
+            .store
+            .get(history_key(set))
+            .await
+            .map_err(store_status)?
+            .and_then(|s| serde_json::from_slice(&s.object).ok())
+            .unwrap_or_default())
     }
 
     /// The nodes' pods get the new set of cooperators.
@@ -283,14 +343,13 @@ impl ControlService {
         match &draft.old {
             Some(old) => rigger_api::sidecar_set::keep_injected(pod, old),
             None => {
-                let sets: Vec<SidecarSet> = self
-                    .store
-                    .list(rigger_api::sidecar_set::KIND)
-                    .await
-                    .map_err(store_status)?
-                    .iter()
-                    .filter_map(|s| serde_json::from_slice(&s.object).ok())
-                    .collect();
+                let sets = self.sidecar_sets_for(pod).await.map_err(|e| {
+                    if e.code() == tonic::Code::FailedPrecondition {
+                        Status::failed_precondition(format!("{}: {}", draft.what, e.message()))
+                    } else {
+                        e
+                    }
+                })?;
                 rigger_api::sidecar_set::inject(pod, &sets)
                     .and_then(|()| rigger_api::pod::validate(pod))
                     .map_err(|e| refuse(&draft.what, &e))?;
@@ -364,6 +423,11 @@ pub(super) fn object_name(value: &serde_json::Value) -> String {
         .as_str()
         .unwrap_or(DEFAULT_NAMESPACE);
     format!("{kind} {namespace}/{name}")
+}
+
+/// Where a SidecarSet's revision history is kept.
+pub(super) fn history_key(set: &str) -> ObjectKey {
+    ObjectKey::new(rigger_api::sidecar_set::HISTORY_KIND, "", set)
 }
 
 /// Decode `value` as `T`, naming the field at fault.

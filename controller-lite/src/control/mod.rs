@@ -348,6 +348,12 @@ impl Control for ControlService {
                 .await;
             self.pods.send_to(&node).await;
         }
+        if kind == Kind::SidecarSet {
+            let _ = self
+                .store
+                .delete(apply::history_key(&request.name), Precondition::Any)
+                .await;
+        }
         match kind {
             Kind::ImagePullJob => self.jobs.wake(),
             Kind::ContainerRecreateRequest => self.recreates.wake(),

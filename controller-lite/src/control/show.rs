@@ -124,8 +124,11 @@ impl ControlService {
         set: &rigger_api::sidecar_set::SidecarSet,
     ) -> Result<rigger_api::sidecar_set::SidecarSetStatus, Status> {
         let hash = set.hash();
+        let history = self.revision_history(&set.metadata.name).await?;
         let mut status = rigger_api::sidecar_set::SidecarSetStatus {
             observed_generation: set.metadata.generation.unwrap_or(1),
+            latest_revision: history.current_name(set),
+            collision_count: Some(history.collision_count),
             ..Default::default()
         };
         for stored in self

@@ -1,0 +1,307 @@
+#![allow(clippy::unwrap_used)]
+
+use serde_json::json;
+
+use super::*;
+use crate::KRUISE_API_VERSION_V1BETA1;
+
+fn set(name: &str, spec: serde_json::Value) -> Versioned {
+    let mut full = json!({"selector": {"matchLabels": {"app": "web"}}});
+    if let serde_json::Value::Object(fields) = spec {
+        for (k, v) in fields {
+            full[k] = v;
+        }
+    }
+    let set: SidecarSet = serde_json::from_value(json!({
+        "apiVersion": KRUISE_API_VERSION_V1BETA1, "kind": "SidecarSet",
+        "metadata": {"name": name}, "spec": full,
+    }))
+    .unwrap();
+    set.validate().unwrap();
+    Versioned {
+        set,
+        revision: format!("{name}-abc"),
+    }
+}
+
+fn pod(spec: serde_json::Value) -> Pod {
+    let mut full = json!({"hostNetwork": true,
+        "containers": [{"name": "app", "image": "r.example/app:1",
+            "env": [{"name": "TZ", "value": "UTC"}, {"name": "LANG", "value": "C"}],
+            "volumeMounts": [{"name": "data", "mountPath": "/data"}, {"name": "logs", "mountPath": "/var/log"}]}],
+        "volumes": [{"name": "data", "emptyDir": {}}, {"name": "logs", "emptyDir": {}}]});
+    if let serde_json::Value::Object(fields) = spec {
+        for (k, v) in fields {
+            full[k] = v;
+        }
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-0", "namespace": "shop", "labels": {"app": "web", "slot": "app"},
+            "annotations": {"oom/config": "{\"a\":1,\"b\":{\"c\":2}}"}},
+        "spec": full,
+    }))
+    .unwrap()
+}
+
+fn names(containers: &[Container]) -> Vec<&str> {
+    containers.iter().map(|c| c.name.as_str()).collect()
+}
+
+fn env<'a>(pod: &'a Pod, container: &str) -> Vec<(&'a str, Option<&'a str>)> {
+    pod.spec
+        .init_containers
+        .iter()
+        .chain(&pod.spec.containers)
+        .find(|c| c.name == container)
+        .unwrap()
+        .env
+        .iter()
+        .map(|e| (e.name.as_str(), e.value.as_deref()))
+        .collect()
+}
+
+#[test]
+fn containers_and_init_containers_go_where_their_policy_says() {
+    let mut pod = pod(json!({"initContainers": [{"name": "migrate", "image": "r.example/m:1"}]}));
+    let sets = [
+        set(
+            "mesh",
+            json!({
+                "initContainers": [
+                    {"name": "zz-init", "image": "r.example/i:1"},
+                    {"name": "aa-init", "image": "r.example/i:1"},
+                    {"name": "first", "image": "r.example/i:1", "podInjectPolicy": "BeforeAppContainer"},
+                ],
+                "containers": [
+                    {"name": "proxy", "image": "r.example/p:1"},
+                    {"name": "logger", "image": "r.example/l:1", "podInjectPolicy": "AfterAppContainer"},
+                ],
+            }),
+        ),
+        set(
+            "hot",
+            json!({"containers": [{"name": "agent", "image": "r.example/a:1",
+                "upgradeStrategy": {"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "r.example/e:1"}}]}),
+        ),
+    ];
+    inject(&mut pod, &sets).unwrap();
+    assert_eq!(
+        names(&pod.spec.init_containers),
+        ["first", "migrate", "aa-init", "zz-init"]
+    );
+    // Sets in name order as stored; each set's containers in its order.
+    assert_eq!(
+        names(&pod.spec.containers),
+        ["proxy", "agent-1", "agent-2", "app", "logger"]
+    );
+    for injected in ["first", "aa-init", "proxy", "agent-1", "logger"] {
+        assert!(
+            env(&pod, injected).contains(&(INJECTED_ENV, Some("true"))),
+            "{injected}"
+        );
+    }
+    assert!(!env(&pod, "app").iter().any(|(n, _)| *n == INJECTED_ENV));
+    let versions = injected(&pod);
+    assert_eq!(versions["mesh"].sidecar_list, ["proxy", "logger"]);
+    assert_eq!(versions["mesh"].controller_revision, "mesh-abc");
+    assert_eq!(versions["hot"].sidecar_list, ["agent-1", "agent-2"]);
+    assert_eq!(
+        pod.metadata.annotations[INJECTED_LIST_ANNOTATION],
+        "hot,mesh"
+    );
+    crate::pod::validate(&pod).unwrap();
+}
+
+#[test]
+fn shared_volumes_and_transferred_env_come_from_the_pods_own_containers() {
+    let mut pod = pod(json!({}));
+    let sets = [set(
+        "mesh",
+        json!({
+            "containers": [{
+                "name": "proxy", "image": "r.example/p:1",
+                "env": [{"name": "LANG", "value": "en"}],
+                "volumeMounts": [{"name": "certs", "mountPath": "/certs"}, {"name": "mine", "mountPath": "/var/log"}],
+                "shareVolumePolicy": {"type": "enabled"},
+                "transferEnv": [
+                    {"sourceContainerName": "app", "envNames": ["TZ", "LANG", "MISSING"]},
+                    {"sourceContainerName": "nobody", "envName": "TZ"},
+                ],
+            }, {
+                "name": "by-label", "image": "r.example/p:1",
+                "transferEnv": [{"sourceContainerNameFrom": {"fieldRef": {"fieldPath": "metadata.labels['slot']"}}, "envName": "TZ"}],
+            }],
+            "volumes": [{"name": "certs", "emptyDir": {}}, {"name": "mine", "emptyDir": {}}, {"name": "unused", "emptyDir": {}}],
+        }),
+    )];
+    inject(&mut pod, &sets).unwrap();
+    let proxy = &pod.spec.containers[0];
+    let mounts: Vec<(&str, &str)> = proxy
+        .volume_mounts
+        .iter()
+        .map(|m| (m.name.as_str(), m.mount_path.as_str()))
+        .collect();
+    // The app's /data is shared; its /var/log is not: the sidecar mounts its own there.
+    assert_eq!(
+        mounts,
+        [("certs", "/certs"), ("mine", "/var/log"), ("data", "/data")]
+    );
+    assert_eq!(
+        env(&pod, "proxy"),
+        [
+            ("LANG", Some("en")),
+            (INJECTED_ENV, Some("true")),
+            ("TZ", Some("UTC"))
+        ]
+    );
+    assert_eq!(
+        env(&pod, "by-label"),
+        [(INJECTED_ENV, Some("true")), ("TZ", Some("UTC"))]
+    );
+    let volumes: Vec<&str> = pod.spec.volumes.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(
+        volumes,
+        ["data", "logs", "certs", "mine"],
+        "only what is mounted"
+    );
+    crate::pod::validate(&pod).unwrap();
+}
+
+#[test]
+fn pod_metadata_is_patched_by_policy() {
+    let mut pod = pod(json!({}));
+    pod.metadata
+        .annotations
+        .insert("team".to_owned(), "shop".to_owned());
+    let sets = [set(
+        "mesh",
+        json!({
+            "containers": [{"name": "proxy", "image": "r.example/p:1"}],
+            "patchPodMetadata": [
+                {"annotations": {"team": "mesh", "mesh/enabled": "true"}},
+                {"annotations": {"mesh/port": "15001"}, "patchPolicy": "Overwrite"},
+                {"annotations": {"oom/config": "{\"b\":{\"c\":null,\"d\":3}}", "new/json": "{\"x\":1}"}, "patchPolicy": "MergePatchJson"},
+            ],
+        }),
+    )];
+    inject(&mut pod, &sets).unwrap();
+    let annotations = &pod.metadata.annotations;
+    assert_eq!(annotations["team"], "shop", "Retain keeps the pod's value");
+    assert_eq!(annotations["mesh/enabled"], "true");
+    assert_eq!(annotations["mesh/port"], "15001");
+    assert_eq!(annotations["oom/config"], r#"{"a":1,"b":{"d":3}}"#);
+    assert_eq!(annotations["new/json"], r#"{"x":1}"#);
+
+    // A pod value that is not JSON cannot be merged into: the pod is refused, naming why.
+    let mut broken = self::pod(json!({}));
+    broken
+        .metadata
+        .annotations
+        .insert("oom/config".to_owned(), "not json".to_owned());
+    let err = inject(&mut broken, &sets).unwrap_err().to_string();
+    assert!(
+        err.starts_with("metadata.annotations: SidecarSet mesh: patchPodMetadata: the pod's annotation oom/config is not JSON"),
+        "{err}"
+    );
+}
+
+#[test]
+fn paused_injection_non_matching_pods_and_name_clashes() {
+    let paused = set(
+        "mesh",
+        json!({"containers": [{"name": "proxy", "image": "r.example/p:1"}],
+            "injectionStrategy": {"paused": true}}),
+    );
+    let mut untouched = pod(json!({}));
+    let before = untouched.clone();
+    inject(&mut untouched, &[paused]).unwrap();
+    assert_eq!(untouched, before);
+
+    let other = set(
+        "other",
+        json!({"selector": {"matchLabels": {"app": "db"}}, "containers": [{"name": "proxy", "image": "r.example/p:1"}]}),
+    );
+    inject(&mut untouched, &[other]).unwrap();
+    assert_eq!(untouched, before);
+
+    // A sidecar named like the pod's own container (or an init container) is refused:
+    // the pod's container is never replaced.
+    for (name, spec) in [
+        (
+            "app",
+            json!({"containers": [{"name": "app", "image": "r.example/p:1"}]}),
+        ),
+        (
+            "migrate",
+            json!({"initContainers": [{"name": "migrate", "image": "r.example/p:1"}]}),
+        ),
+    ] {
+        let mut pod =
+            pod(json!({"initContainers": [{"name": "migrate", "image": "r.example/m:1"}]}));
+        let err = inject(&mut pod, &[set("mesh", spec)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!(
+                "container \"{name}\" is also injected by SidecarSet mesh"
+            )),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn a_reapplied_pod_keeps_its_sidecars_where_they_stood() {
+    let sets = [set(
+        "mesh",
+        json!({
+            "initContainers": [{"name": "setup", "image": "r.example/i:1", "volumeMounts": [{"name": "certs", "mountPath": "/certs"}]}],
+            "containers": [
+                {"name": "proxy", "image": "r.example/p:1"},
+                {"name": "logger", "image": "r.example/l:1", "podInjectPolicy": "AfterAppContainer"},
+            ],
+            "volumes": [{"name": "certs", "emptyDir": {}}],
+        }),
+    )];
+    let mut stored = pod(json!({}));
+    inject(&mut stored, &sets).unwrap();
+    // The owner applies its own manifest again, image changed.
+    let mut again = pod(json!({}));
+    again.spec.containers[0].image = "r.example/app:2".to_owned();
+    keep_injected(&mut again, &stored);
+    assert_eq!(names(&again.spec.containers), ["proxy", "app", "logger"]);
+    assert_eq!(names(&again.spec.init_containers), ["setup"]);
+    assert_eq!(again.spec.containers[1].image, "r.example/app:2");
+    assert!(again.spec.volumes.iter().any(|v| v.name == "certs"));
+    assert_eq!(injected(&again), injected(&stored));
+    crate::pod::check_in_place_change(&stored.spec, &again.spec).unwrap();
+}
+
+#[test]
+fn merge_patches_follow_rfc_7386() {
+    let cases = [
+        (json!({"a": "b"}), json!({"a": "c"}), json!({"a": "c"})),
+        (
+            json!({"a": "b"}),
+            json!({"b": "c"}),
+            json!({"a": "b", "b": "c"}),
+        ),
+        (json!({"a": "b"}), json!({"a": null}), json!({})),
+        (
+            json!({"a": [1]}),
+            json!({"a": {"b": 1}}),
+            json!({"a": {"b": 1}}),
+        ),
+        (json!([1]), json!({"a": 1}), json!({"a": 1})),
+        (
+            json!({"a": {"b": 1}}),
+            json!({"a": {"c": null}}),
+            json!({"a": {"b": 1}}),
+        ),
+    ];
+    for (mut target, patch, expected) in cases {
+        merge_patch(&mut target, &patch);
+        assert_eq!(target, expected);
+    }
+}

@@ -1,0 +1,638 @@
+//! `kind: SidecarSet` — OpenKruise's object and field names: sidecar containers owned by a
+//! platform team, injected into the matching pods created after it, and upgraded across
+//! them without touching the application containers (issue 8). Both of Kruise's versions
+//! are read and kept as applied: v1alpha1 names one namespace in `spec.namespace` and a
+//! custom version in a label, v1beta1 uses `namespaceSelector` and `spec.customVersion`.
+
+mod container;
+mod inject;
+mod revision;
+mod update_strategy;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use rigger_proto::pod::{Container, EnvVar, EnvVarSource, FieldRef, Pod, PodSpec, Volume};
+
+use super::{FieldError, LabelSelector, ObjectMeta, ValidateMeta as _};
+
+pub use container::{
+    INJECTED_ENV, PodInjectPolicy, ShareVolumePolicy, ShareVolumePolicyType, SidecarContainer,
+    SourceContainerNameSource, TransferEnvVar, UpgradeStrategy, UpgradeType,
+};
+pub use inject::{Versioned, inject, injected, is_injected, keep_injected};
+pub use revision::{HISTORY_KIND, History, Revision, RevisionNotFound, injected_revision};
+pub use update_strategy::{
+    OrderTerm, PriorityStrategy, ScatterTerm, UpdateStrategy, UpdateStrategyType, WeightTerm,
+};
+
+pub const KIND: &str = "SidecarSet";
+/// Kruise's annotation on pods: which SidecarSets were injected, at which version.
+pub const HASH_ANNOTATION: &str = "kruise.io/sidecarset-hash";
+/// Kruise's annotation on pods: the names of the SidecarSets injected, comma-separated.
+pub const INJECTED_LIST_ANNOTATION: &str = "kruise.io/sidecarset-injected-list";
+/// Kruise's hot-upgrade annotations on pods: each slot's version and alternate version
+/// (prefix + slot container name), and which slot of each sidecar is working.
+pub const VERSION_ANNOTATION: &str = "version.sidecarset.kruise.io/";
+pub const VERSION_ALT_ANNOTATION: &str = "versionalt.sidecarset.kruise.io/";
+pub const WORKING_ANNOTATION: &str = "kruise.io/sidecarset-working-hotupgrade-container";
+/// The namespace label Kubernetes puts on every namespace (namespaceSelector matches it).
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+/// v1alpha1's place for a SidecarSet's custom version (v1beta1's is `spec.customVersion`).
+pub const CUSTOM_VERSION_LABEL: &str = "apps.kruise.io/sidecarset-custom-version";
+/// Kruise's default `revisionHistoryLimit`.
+pub const DEFAULT_REVISION_HISTORY_LIMIT: u32 = 10;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SidecarSet {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: SidecarSetSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<SidecarSetStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SidecarSetSpec {
+    /// Pods whose labels match (required, as in Kruise).
+    pub selector: LabelSelector,
+    /// v1alpha1 only: only pods of this namespace [default: every namespace].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Namespaces by label; Rigger's namespaces carry only Kubernetes' automatic
+    /// `kubernetes.io/metadata.name` label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+    /// Run before the pod's containers start: after the pod's own init containers
+    /// (sorted by name), or before them with `podInjectPolicy: BeforeAppContainer`.
+    /// Given to new pods only, never upgraded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub init_containers: Vec<SidecarContainer>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub containers: Vec<SidecarContainer>,
+    /// Volumes the sidecars mount: those a sidecar mounts are added to pods that lack a
+    /// volume of that name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Volume>,
+    #[serde(default)]
+    pub update_strategy: UpdateStrategy,
+    #[serde(default, skip_serializing_if = "InjectionStrategy::is_default")]
+    pub injection_strategy: InjectionStrategy,
+    /// Kept only to be refused with its path (see `validate`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// Versions kept for `injectionStrategy.revision` [default: 10].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision_history_limit: Option<u32>,
+    /// Annotations set on the pods it is injected into.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub patch_pod_metadata: Vec<PatchPodMetadata>,
+    /// v1beta1 only: a name for this version, recorded in its revision so that
+    /// `injectionStrategy.revision.customVersion` can pick it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom_version: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalObjectReference {
+    pub name: String,
+}
+
+/// Kruise's `injectionStrategy`: whether new pods get the sidecars, and which version.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InjectionStrategy {
+    /// New pods get nothing from this SidecarSet while true.
+    #[serde(default)]
+    pub paused: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<InjectRevision>,
+}
+
+impl InjectionStrategy {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// Inject a recorded version instead of the current one: by revision name (as
+/// `status.latestRevision` showed it) or by custom version (the newest with it).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InjectRevision {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision_name: Option<String>,
+    /// Always [default]: every new pod gets that version. Partial: pods outside
+    /// `updateStrategy.selector` get it; the others get it with the probability of
+    /// `updateStrategy.partition`'s percentage, else the current version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<InjectRevisionPolicy>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum InjectRevisionPolicy {
+    Always,
+    Partial,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PatchPodMetadata {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Retain [default]: set where the pod has no such annotation. Overwrite: always
+    /// set. MergePatchJson: the value is a JSON merge patch of the pod's value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patch_policy: Option<PatchPolicy>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PatchPolicy {
+    Retain,
+    Overwrite,
+    MergePatchJson,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SidecarSetStatus {
+    pub observed_generation: u64,
+    pub matched_pods: u32,
+    pub updated_pods: u32,
+    pub ready_pods: u32,
+    pub updated_ready_pods: u32,
+    /// The name of the current version's revision (what `injectionStrategy.revision.
+    /// revisionName` takes).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub latest_revision: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collision_count: Option<u32>,
+}
+
+/// What an injection recorded on a pod, per SidecarSet (Kruise's annotation value).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InjectedVersion {
+    pub sidecar_set_name: String,
+    pub hash: String,
+    /// The hash with images left out: pods whose sidecars differ in more than images
+    /// cannot be upgraded in place (Kruise's sidecarset-hash-without-image).
+    #[serde(default)]
+    pub hash_without_image: String,
+    pub sidecar_list: Vec<String>,
+    /// The revision injected (Kruise's).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub controller_revision: String,
+}
+
+/// Annotation keys a SidecarSet's `patchPodMetadata` may not set: those the injection
+/// and the rollout themselves keep, and Rigger's own.
+fn reserved_annotation(key: &str) -> bool {
+    key.starts_with("kruise.io/sidecarset")
+        || key.starts_with(VERSION_ANNOTATION)
+        || key.starts_with(VERSION_ALT_ANNOTATION)
+        || key
+            .split_once('/')
+            .is_some_and(|(prefix, _)| prefix == "rigger.dev" || prefix.ends_with(".rigger.dev"))
+}
+
+impl SidecarSet {
+    /// Refuse what cannot run, naming the field; Kruise's API group (both versions) is
+    /// accepted too.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        super::check_kruise_v1beta1_api_version(&self.api_version)?;
+        self.metadata.validate()?;
+        let spec = &self.spec;
+        let v1beta1 = self.api_version == super::KRUISE_API_VERSION_V1BETA1;
+        if spec.selector.is_empty() {
+            return Err(FieldError::new(
+                "spec.selector",
+                "is required (a SidecarSet without one would join every pod)",
+            ));
+        }
+        spec.selector.validate("spec.selector")?;
+        if v1beta1 && spec.namespace.is_some() {
+            return Err(FieldError::new(
+                "spec.namespace",
+                format!(
+                    "is v1alpha1's; in v1beta1 write namespaceSelector: {{matchLabels: {{{NAMESPACE_NAME_LABEL}: NAME}}}}"
+                ),
+            ));
+        }
+        if !v1beta1 && spec.custom_version.is_some() {
+            return Err(FieldError::new(
+                "spec.customVersion",
+                format!("is v1beta1's; in v1alpha1 set the label {CUSTOM_VERSION_LABEL}"),
+            ));
+        }
+        if let Some(selector) = &spec.namespace_selector {
+            selector.validate("spec.namespaceSelector")?;
+            if spec.namespace.is_some() {
+                return Err(FieldError::new(
+                    "spec.namespaceSelector",
+                    "set namespace or namespaceSelector, not both",
+                ));
+            }
+        }
+        if spec.containers.is_empty() && spec.init_containers.is_empty() {
+            return Err(FieldError::new(
+                "spec.containers",
+                "at least one container (or init container) is required",
+            ));
+        }
+        for (i, sidecar) in spec.init_containers.iter().enumerate() {
+            sidecar.validate(&format!("spec.initContainers[{i}]"), true)?;
+        }
+        for (i, sidecar) in spec.containers.iter().enumerate() {
+            sidecar.validate(&format!("spec.containers[{i}]"), false)?;
+        }
+        if !spec.image_pull_secrets.is_empty() {
+            return Err(FieldError::new(
+                "spec.imagePullSecrets",
+                "not supported: Rigger's pods pull with their node's registry credentials (the agent's registry auth), not per-pod secrets",
+            ));
+        }
+        if let Some(revision) = &spec.injection_strategy.revision {
+            let at = "spec.injectionStrategy.revision";
+            match (&revision.revision_name, &revision.custom_version) {
+                (None, None) => {
+                    return Err(FieldError::new(at, "set revisionName or customVersion"));
+                }
+                (Some(name), _) if !name.starts_with(&format!("{}-", self.metadata.name)) => {
+                    return Err(FieldError::new(
+                        format!("{at}.revisionName"),
+                        format!(
+                            "{name:?} is not one of this SidecarSet's revisions (they are named {}-HASH)",
+                            self.metadata.name
+                        ),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        for (i, patch) in spec.patch_pod_metadata.iter().enumerate() {
+            for (key, value) in &patch.annotations {
+                let at = format!("spec.patchPodMetadata[{i}].annotations[{key}]");
+                if reserved_annotation(key) {
+                    return Err(FieldError::new(
+                        at,
+                        "is kept by the sidecar injection and rollout themselves; a SidecarSet may not set it",
+                    ));
+                }
+                super::check_label_key(key)
+                    .map_err(|reason| FieldError::new(at.clone(), reason))?;
+                if patch.patch_policy == Some(PatchPolicy::MergePatchJson)
+                    && !serde_json::from_str::<serde_json::Value>(value)
+                        .is_ok_and(|v| v.is_object())
+                {
+                    return Err(FieldError::new(
+                        at,
+                        "MergePatchJson takes a JSON object (a merge patch of the pod's value)",
+                    ));
+                }
+            }
+        }
+        // The sidecars must be valid containers of a pod: checked as one, with the same
+        // field paths (a SidecarSet's containers and volumes sit where a pod's do).
+        let probe = Pod {
+            api_version: rigger_proto::pod::API_VERSION.to_owned(),
+            kind: rigger_proto::pod::KIND.to_owned(),
+            metadata: ObjectMeta {
+                name: self.metadata.name.clone(),
+                ..ObjectMeta::default()
+            },
+            spec: PodSpec {
+                host_network: true,
+                init_containers: containers_of(&spec.init_containers),
+                containers: containers_of(&spec.containers),
+                volumes: spec.volumes.clone(),
+                ..PodSpec::default()
+            },
+            status: None,
+        };
+        // A pod needs a container; a set of init containers only is checked with a
+        // stand-in so that the rule does not refuse it.
+        let mut probe = probe;
+        if probe.spec.containers.is_empty() {
+            probe.spec.containers.push(Container {
+                name: "rigger-probe".to_owned(),
+                image: "rigger.invalid/probe".to_owned(),
+                ..Container::default()
+            });
+        }
+        super::pod::validate(&probe)
+    }
+
+    /// The version's custom name: v1beta1's `spec.customVersion`, v1alpha1's label.
+    pub fn custom_version(&self) -> Option<&str> {
+        self.spec.custom_version.as_deref().or_else(|| {
+            self.metadata
+                .labels
+                .get(CUSTOM_VERSION_LABEL)
+                .map(String::as_str)
+        })
+    }
+
+    pub fn revision_history_limit(&self) -> usize {
+        self.spec
+            .revision_history_limit
+            .unwrap_or(DEFAULT_REVISION_HISTORY_LIMIT) as usize
+    }
+
+    /// Whether pod `pod` (its namespace and labels) is one of this SidecarSet's.
+    pub fn matches(&self, namespace: &str, labels: &BTreeMap<String, String>) -> bool {
+        let spec = &self.spec;
+        let namespace_ok = match (&spec.namespace, &spec.namespace_selector) {
+            (Some(wanted), _) => wanted == namespace,
+            (None, Some(selector)) => selector.matches(&BTreeMap::from([(
+                NAMESPACE_NAME_LABEL.to_owned(),
+                namespace.to_owned(),
+            )])),
+            (None, None) => true,
+        };
+        namespace_ok && spec.selector.matches(labels)
+    }
+
+    /// A short hash of what the sidecars are (Kruise's sidecarset hash): it changes when
+    /// a container changes, so pods with another hash are on an older version.
+    pub fn hash(&self) -> String {
+        short_hash(&serde_json::to_vec(&self.spec.containers).unwrap_or_default())
+    }
+
+    /// The same, images left out.
+    pub fn hash_without_image(&self) -> String {
+        let mut containers = self.spec.containers.clone();
+        for sidecar in &mut containers {
+            sidecar.container.image.clear();
+        }
+        short_hash(&serde_json::to_vec(&containers).unwrap_or_default())
+    }
+}
+
+/// The containers a sidecar becomes in a pod, from `container` (the sidecar as prepared
+/// for this pod): itself for ColdUpgrade; for HotUpgrade two slots, `<name>-1` with the
+/// image and `<name>-2` with the empty image, each told its version through env from
+/// pod annotations.
+pub fn slots_of(sidecar: &SidecarContainer, container: Container) -> Vec<Container> {
+    if sidecar.upgrade_strategy.upgrade_type == UpgradeType::ColdUpgrade {
+        return vec![container];
+    }
+    let empty = sidecar.empty_image().to_owned();
+    let image = container.image.clone();
+    [(1, image), (2, empty)]
+        .into_iter()
+        .map(|(slot, image)| {
+            let mut slot_container = container.clone();
+            slot_container.name = format!("{}-{slot}", container.name);
+            slot_container.image = image;
+            for (env, annotation) in [
+                ("SIDECARSET_VERSION", VERSION_ANNOTATION),
+                ("SIDECARSET_VERSION_ALT", VERSION_ALT_ANNOTATION),
+            ] {
+                slot_container.env.push(EnvVar {
+                    name: env.to_owned(),
+                    value: None,
+                    value_from: Some(EnvVarSource {
+                        field_ref: FieldRef {
+                            field_path: format!(
+                                "metadata.annotations['{annotation}{}']",
+                                slot_container.name
+                            ),
+                            api_version: None,
+                        },
+                    }),
+                });
+            }
+            slot_container
+        })
+        .collect()
+}
+
+fn containers_of(sidecars: &[SidecarContainer]) -> Vec<Container> {
+    sidecars.iter().map(|s| s.container.clone()).collect()
+}
+
+fn short_hash(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(&sha2::Sha256::digest(bytes)[..5])
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::KRUISE_API_VERSION;
+
+    #[test]
+    fn ordered_keys_are_read_as_kruise_reads_them() {
+        let term: OrderTerm =
+            serde_json::from_value(serde_json::json!({"orderedKey": "rank"})).unwrap();
+        // What Rigger stored before it spelled the field as Kruise does.
+        let stored: OrderTerm =
+            serde_json::from_value(serde_json::json!({"orderKey": "rank"})).unwrap();
+        assert_eq!(term, stored);
+        assert_eq!(
+            serde_json::to_value(&term).unwrap(),
+            serde_json::json!({"orderedKey": "rank"})
+        );
+        let order = |value: Option<&str>| {
+            let labels = value
+                .map(|v| [("rank".to_owned(), v.to_owned())].into())
+                .unwrap_or_default();
+            term.order_of(&labels)
+        };
+        assert_eq!(order(Some("5")), 5);
+        assert_eq!(order(Some("sts-10")), 10);
+        assert_eq!(order(Some("v2-canary")), 0);
+        assert_eq!(order(Some("")), 0);
+        assert_eq!(order(None), 0);
+        // Digits past i64: 0, as Kruise's ParseInt error.
+        assert_eq!(order(Some("99999999999999999999")), 0);
+    }
+
+    fn sidecar_set(spec: &serde_json::Value) -> Result<SidecarSet, String> {
+        let value = serde_json::json!({
+            "apiVersion": KRUISE_API_VERSION, "kind": KIND,
+            "metadata": {"name": "mesh"}, "spec": spec,
+        });
+        let set: SidecarSet = serde_json::from_value(value).map_err(|e| e.to_string())?;
+        set.validate().map_err(|e| e.to_string())?;
+        Ok(set)
+    }
+
+    #[test]
+    fn kruise_shapes_apply_and_refusals_name_the_field() {
+        let set = sidecar_set(&serde_json::json!({
+            "selector": {"matchLabels": {"app": "web"}},
+            "namespace": "shop",
+            "containers": [{
+                "name": "proxy", "image": "r.example/proxy:1",
+                "upgradeStrategy": {"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "r.example/empty:1"}
+            }],
+            "updateStrategy": {"maxUnavailable": "50%", "partition": 1,
+                "priorityStrategy": {"weightPriority": [{"weight": 10, "matchSelector": {"matchLabels": {"tier": "edge"}}}]}}
+        }))
+        .unwrap();
+        let sidecar = &set.spec.containers[0];
+        let names: Vec<String> = slots_of(sidecar, sidecar.container.clone())
+            .into_iter()
+            .map(|c| c.name)
+            .collect();
+        assert_eq!(names, ["proxy-1", "proxy-2"]);
+        assert!(set.matches(
+            "shop",
+            &BTreeMap::from([("app".to_owned(), "web".to_owned())])
+        ));
+        assert!(!set.matches(
+            "other",
+            &BTreeMap::from([("app".to_owned(), "web".to_owned())])
+        ));
+
+        let cases = [
+            (
+                serde_json::json!({"selector": {}, "containers": [{"name": "p", "image": "r.example/p:1"}]}),
+                "spec.selector: is required",
+            ),
+            (
+                serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "containers": []}),
+                "spec.containers: at least one",
+            ),
+            (
+                serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "containers": [{"name": "p", "image": "r.example/p:1", "upgradeStrategy": {"upgradeType": "HotUpgrade"}}]}),
+                "spec.containers[0].upgradeStrategy.hotUpgradeEmptyImage: is required",
+            ),
+            (
+                serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "containers": [{"name": "p", "image": ""}]}),
+                "spec.containers[0].image: is required",
+            ),
+            (
+                serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "customVersion": "v2", "containers": [{"name": "p", "image": "r.example/p:1"}]}),
+                "spec.customVersion: is v1beta1's",
+            ),
+            (
+                serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "initContainers": [{"name": "i", "image": "r.example/i:1", "upgradeStrategy": {"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "r.example/e:1"}}]}),
+                "spec.initContainers[0].upgradeStrategy.upgradeType: HotUpgrade is for containers",
+            ),
+            (
+                serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "initContainers": [{"name": "i", "image": ""}]}),
+                "spec.initContainers[0].image: is required",
+            ),
+            (
+                serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "imagePullSecrets": [{"name": "regcred"}], "containers": [{"name": "p", "image": "r.example/p:1"}]}),
+                "spec.imagePullSecrets: not supported",
+            ),
+            (
+                serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "containers": [{"name": "p", "image": "r.example/p:1", "resourcesPolicy": {"targetContainersMode": "sum"}}]}),
+                "spec.containers[0].resourcesPolicy: not supported",
+            ),
+            (
+                serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "injectionStrategy": {"revision": {"policy": "Always"}}, "containers": [{"name": "p", "image": "r.example/p:1"}]}),
+                "spec.injectionStrategy.revision: set revisionName or customVersion",
+            ),
+            (
+                serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "injectionStrategy": {"revision": {"revisionName": "other-abc"}}, "containers": [{"name": "p", "image": "r.example/p:1"}]}),
+                "spec.injectionStrategy.revision.revisionName: \"other-abc\" is not one of this SidecarSet's",
+            ),
+            (
+                serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "patchPodMetadata": [{"annotations": {"kruise.io/sidecarset-hash": "{}"}}], "containers": [{"name": "p", "image": "r.example/p:1"}]}),
+                "spec.patchPodMetadata[0].annotations[kruise.io/sidecarset-hash]: is kept by the sidecar injection",
+            ),
+            (
+                serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "patchPodMetadata": [{"annotations": {"lifecycle.rigger.dev/state": "x"}, "patchPolicy": "Overwrite"}], "containers": [{"name": "p", "image": "r.example/p:1"}]}),
+                "spec.patchPodMetadata[0].annotations[lifecycle.rigger.dev/state]: is kept",
+            ),
+            (
+                serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "patchPodMetadata": [{"annotations": {"oom/config": "[1]"}, "patchPolicy": "MergePatchJson"}], "containers": [{"name": "p", "image": "r.example/p:1"}]}),
+                "spec.patchPodMetadata[0].annotations[oom/config]: MergePatchJson takes a JSON object",
+            ),
+        ];
+        for (spec, expected) in cases {
+            let err = sidecar_set(&spec).unwrap_err();
+            assert!(err.starts_with(expected), "{err}\n  expected: {expected}");
+        }
+    }
+
+    #[test]
+    fn each_version_keeps_its_own_fields() {
+        let spec = |extra: serde_json::Value| {
+            let mut spec = serde_json::json!({"selector": {"matchLabels": {"a": "b"}},
+                "containers": [{"name": "p", "image": "r.example/p:1"}]});
+            for (k, v) in extra.as_object().unwrap() {
+                spec[k] = v.clone();
+            }
+            spec
+        };
+        let decode = |version: &str, spec: serde_json::Value, labels: serde_json::Value| {
+            let set: SidecarSet = serde_json::from_value(serde_json::json!({
+                "apiVersion": version, "kind": KIND,
+                "metadata": {"name": "mesh", "labels": labels}, "spec": spec,
+            }))
+            .unwrap();
+            set.validate().map(|()| set).map_err(|e| e.to_string())
+        };
+        let beta = crate::KRUISE_API_VERSION_V1BETA1;
+        let set = decode(
+            beta,
+            spec(serde_json::json!({"customVersion": "v2"})),
+            serde_json::json!({}),
+        )
+        .unwrap();
+        assert_eq!(set.custom_version(), Some("v2"));
+        let alpha = decode(
+            KRUISE_API_VERSION,
+            spec(serde_json::json!({"namespace": "shop"})),
+            serde_json::json!({CUSTOM_VERSION_LABEL: "v2"}),
+        )
+        .unwrap();
+        assert_eq!(alpha.custom_version(), Some("v2"));
+        let err = decode(
+            beta,
+            spec(serde_json::json!({"namespace": "shop"})),
+            serde_json::json!({}),
+        )
+        .unwrap_err();
+        assert!(
+            err.starts_with("spec.namespace: is v1alpha1's; in v1beta1 write namespaceSelector"),
+            "{err}"
+        );
+        // What v1alpha1's namespace means, v1beta1 says with a selector.
+        let selected = decode(
+            beta,
+            spec(serde_json::json!({"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: "shop"}}})),
+            serde_json::json!({}),
+        )
+        .unwrap();
+        let labels = BTreeMap::from([("a".to_owned(), "b".to_owned())]);
+        for namespace in ["shop", "other"] {
+            assert_eq!(
+                alpha.matches(namespace, &labels),
+                selected.matches(namespace, &labels)
+            );
+        }
+        // Stored as applied: each answers in its own version.
+        assert_eq!(serde_json::to_value(&set).unwrap()["apiVersion"], beta);
+        assert_eq!(
+            serde_json::to_value(&alpha).unwrap()["spec"]["namespace"],
+            "shop"
+        );
+    }
+
+    #[test]
+    fn the_hash_follows_the_containers_only() {
+        let spec = serde_json::json!({"selector": {"matchLabels": {"a": "b"}},
+            "containers": [{"name": "p", "image": "r.example/p:1"}]});
+        let a = sidecar_set(&spec).unwrap();
+        let mut b = a.clone();
+        b.spec.update_strategy.paused = true;
+        assert_eq!(a.hash(), b.hash());
+        b.spec.containers[0].container.image = "r.example/p:2".to_owned();
+        assert_ne!(a.hash(), b.hash());
+    }
+}
