@@ -262,10 +262,18 @@ impl<'de> Visitor<'de> for SidecarContainerVisitor {
         }
         let container: Container =
             serde_path_to_error::deserialize(serde_json::Value::Object(rest)).map_err(|e| {
-                let path = e.path().to_string();
+                let mut path = e.path().to_string();
                 let mut message = e.into_inner().to_string();
-                if path == "." && message.starts_with("unknown field") {
-                    message.push_str(&format!(" (or Kruise's {})", SIDECAR_FIELDS.join(", ")));
+                if message.starts_with("unknown field") {
+                    // The path ends with the unknown field itself, which the message names.
+                    path = match path.rfind(['.', '[']) {
+                        Some(i) if path[i..].starts_with('[') => path,
+                        Some(i) => path[..i].to_owned(),
+                        None => ".".to_owned(),
+                    };
+                    if path == "." {
+                        message.push_str(&format!(" (or Kruise's {})", SIDECAR_FIELDS.join(", ")));
+                    }
                 }
                 if path == "." {
                     de::Error::custom(message)
@@ -319,11 +327,11 @@ mod tests {
         let cases = [
             (
                 serde_json::json!({"name": "p", "image": "i", "podInjectPolcy": "AfterAppContainer"}),
-                "unknown field `podInjectPolcy`",
+                ".: unknown field `podInjectPolcy`, expected one of `name`",
             ),
             (
                 serde_json::json!({"name": "p", "image": "i", "ports": [{"containerPort": 80, "hostIP": "1.2.3.4"}]}),
-                ".: ports[0].hostIP: unknown field `hostIP`, expected one of `containerPort`",
+                ".: ports[0]: unknown field `hostIP`, expected one of `containerPort`",
             ),
             (
                 serde_json::json!({"name": "p", "image": "i", "shareVolumePolicy": {"type": "on"}}),
