@@ -6,6 +6,8 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
+use rigger_proto::pod::{ContainerPort, Handler, IntOrName};
+
 use super::{FieldError, ObjectMeta, ValidateMeta as _};
 
 pub const KIND: &str = "ContainerRecreateRequest";
@@ -44,6 +46,50 @@ pub struct CrrSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CrrContainer {
     pub name: String,
+    /// The hook run before the stop, instead of the container's own preStop (Kruise
+    /// copies the pod's here; a CRR read back from Kruise carries it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_stop: Option<Handler>,
+    /// The ports a named `preStop.httpGet.port` resolves against [default: the
+    /// container's].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<ContainerPort>,
+    /// The container instance to recreate: if the pod's container is another one by the
+    /// time the request runs (it restarted, or was recreated), it counts as recreated
+    /// and is not stopped again. Filled in from the pod's status when absent and known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_context: Option<StatusContext>,
+}
+
+/// Kruise's `statusContext`: a container instance as the pod's status named it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StatusContext {
+    /// `containerd://<id>`.
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    #[serde(default)]
+    pub restart_count: u32,
+}
+
+/// The runtime prefix of Kubernetes' container IDs on containerd nodes.
+pub const CONTAINERD_ID_PREFIX: &str = "containerd://";
+
+impl StatusContext {
+    /// The bare CRI container ID.
+    pub fn id(&self) -> &str {
+        self.container_id
+            .strip_prefix(CONTAINERD_ID_PREFIX)
+            .unwrap_or(&self.container_id)
+    }
+
+    /// `containerd://` and 64 hex digits, as kubelet and the agent report IDs.
+    pub fn is_containerd(&self) -> bool {
+        let id = self.id();
+        self.container_id.starts_with(CONTAINERD_ID_PREFIX)
+            && id.len() == 64
+            && id.bytes().all(|b| b.is_ascii_hexdigit())
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -150,11 +196,72 @@ impl ContainerRecreateRequest {
                     format!("{:?} is listed twice", container.name),
                 ));
             }
+            container.validate(&format!("spec.containers[{i}]"))?;
         }
         if spec.active_deadline_seconds.is_some_and(|d| d < 3) {
             return Err(FieldError::new(
                 "spec.activeDeadlineSeconds",
                 "must be at least 3",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl CrrContainer {
+    fn validate(&self, at: &str) -> Result<(), FieldError> {
+        for (i, port) in self.ports.iter().enumerate() {
+            if port.container_port == 0 {
+                return Err(FieldError::new(
+                    format!("{at}.ports[{i}].containerPort"),
+                    "must be 1 to 65535",
+                ));
+            }
+        }
+        if let Some(hook) = &self.pre_stop {
+            let actions = [
+                hook.exec.is_some(),
+                hook.http_get.is_some(),
+                hook.tcp_socket.is_some(),
+            ];
+            if actions.iter().filter(|a| **a).count() != 1 {
+                return Err(FieldError::new(
+                    format!("{at}.preStop"),
+                    "exactly one of exec, httpGet and tcpSocket",
+                ));
+            }
+            if let Some(exec) = &hook.exec
+                && exec.command.is_empty()
+            {
+                return Err(FieldError::new(
+                    format!("{at}.preStop.exec.command"),
+                    "is required",
+                ));
+            }
+            let named = hook
+                .http_get
+                .as_ref()
+                .map(|h| &h.port)
+                .or(hook.tcp_socket.as_ref().map(|t| &t.port));
+            if let Some(IntOrName::Name(name)) = named
+                && !self.ports.is_empty()
+                && !self.ports.iter().any(|p| p.name.as_deref() == Some(name))
+            {
+                return Err(FieldError::new(
+                    format!("{at}.preStop"),
+                    format!("port {name:?} is not among {at}.ports"),
+                ));
+            }
+        }
+        if let Some(context) = &self.status_context
+            && !context.is_containerd()
+        {
+            return Err(FieldError::new(
+                format!("{at}.statusContext.containerID"),
+                format!(
+                    "{:?} is not a containerd container ID ({CONTAINERD_ID_PREFIX}<64 hex digits>; Rigger's nodes run containerd)",
+                    context.container_id
+                ),
             ));
         }
         Ok(())
@@ -213,6 +320,32 @@ mod tests {
     }
 
     #[test]
+    fn a_request_read_back_from_kruise_applies() {
+        let c = crr(&serde_json::json!({
+            "podName": "web-0",
+            "containers": [{
+                "name": "app",
+                "preStop": {"httpGet": {"path": "/drain", "port": "admin"}},
+                "ports": [{"name": "admin", "containerPort": 9901, "protocol": "TCP"}],
+                "statusContext": {"containerID": format!("containerd://{}", "ab".repeat(32)), "restartCount": 2},
+            }, {
+                "name": "sidecar",
+                "preStop": {"exec": {"command": ["/bin/sh", "-c", "sleep 1"]}},
+            }],
+        }))
+        .unwrap();
+        let context = c.spec.containers[0].status_context.as_ref().unwrap();
+        assert_eq!(context.id(), "ab".repeat(32));
+        assert_eq!(context.restart_count, 2);
+        let round = serde_json::to_value(&c).unwrap();
+        assert_eq!(
+            round["spec"]["containers"][0]["statusContext"]["containerID"],
+            context.container_id
+        );
+        assert_eq!(round["spec"]["containers"][0]["ports"][0]["name"], "admin");
+    }
+
+    #[test]
     fn refusals_name_the_field() {
         let cases = [
             (
@@ -230,6 +363,20 @@ mod tests {
             (
                 serde_json::json!({"podName": "Web_0", "containers": [{"name": "a"}]}),
                 "spec.podName:",
+            ),
+            (
+                serde_json::json!({"podName": "web-0", "containers": [{"name": "a", "preStop": {}}]}),
+                "spec.containers[0].preStop: exactly one of exec, httpGet and tcpSocket",
+            ),
+            (
+                serde_json::json!({"podName": "web-0", "containers": [{"name": "a",
+                    "preStop": {"httpGet": {"port": "admin"}}, "ports": [{"name": "http", "containerPort": 80}]}]}),
+                "spec.containers[0].preStop: port \"admin\" is not among spec.containers[0].ports",
+            ),
+            (
+                serde_json::json!({"podName": "web-0", "containers": [{"name": "a",
+                    "statusContext": {"containerID": "docker://abc", "restartCount": 0}}]}),
+                "spec.containers[0].statusContext.containerID: \"docker://abc\" is not a containerd container ID",
             ),
         ];
         for (spec, expected) in cases {

@@ -34,6 +34,10 @@ pub trait Object:
     /// Whether the spec differs from `old`'s: the generation moves.
     fn spec_differs(&self, old: &Self) -> bool;
 
+    /// Take from the stored `old` what the controller filled in at creation and an
+    /// apply of the same document leaves out (so applying it again changes nothing).
+    fn keep_filled(&mut self, _old: &Self) {}
+
     /// Refuse a change the stored object may not take.
     fn check_update(&self, _old: &Self) -> Result<(), FieldError> {
         Ok(())
@@ -101,6 +105,21 @@ impl Object for ContainerRecreateRequest {
 
     fn spec_differs(&self, old: &Self) -> bool {
         self.spec != old.spec
+    }
+
+    /// The statusContext filled in from the pod's status at creation.
+    fn keep_filled(&mut self, old: &Self) {
+        for container in &mut self.spec.containers {
+            if container.status_context.is_none()
+                && let Some(stored) = old
+                    .spec
+                    .containers
+                    .iter()
+                    .find(|c| c.name == container.name)
+            {
+                container.status_context.clone_from(&stored.status_context);
+            }
+        }
     }
 
     /// Like Kruise's, a request cannot change once created.

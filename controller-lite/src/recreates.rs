@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use rigger_proto::v1::{
-    CancelTask, ContainerRecreatePhase as WirePhase, ControllerMessage, RecreateContainers, Task,
-    TaskPhase, TaskStatus, controller_message, task,
+    CancelTask, ContainerRecreatePhase as WirePhase, ControllerMessage, RecreateContainerDetail,
+    RecreateContainers, Task, TaskPhase, TaskStatus, controller_message, task,
 };
 use tokio::sync::Notify;
 
@@ -497,8 +497,33 @@ fn recreate_task(tracked: &Tracked, uid: &str, node: &str) -> ControllerMessage 
                     .map_or(0, seconds),
                 min_started_seconds: seconds(strategy.min_started_seconds),
                 force_recreate: strategy.force_recreate,
+                details: spec.containers.iter().map(detail).collect(),
             })),
         })),
+    }
+}
+
+/// What the request says of one container beyond its name, for the agent.
+fn detail(container: &crr::CrrContainer) -> RecreateContainerDetail {
+    let json = |value: Option<String>| value.unwrap_or_default();
+    RecreateContainerDetail {
+        name: container.name.clone(),
+        pre_stop_json: json(
+            container
+                .pre_stop
+                .as_ref()
+                .and_then(|h| serde_json::to_string(h).ok()),
+        ),
+        ports_json: json(
+            (!container.ports.is_empty())
+                .then(|| serde_json::to_string(&container.ports).ok())
+                .flatten(),
+        ),
+        container_id: container
+            .status_context
+            .as_ref()
+            .map(|c| c.id().to_owned())
+            .unwrap_or_default(),
     }
 }
 

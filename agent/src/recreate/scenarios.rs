@@ -453,3 +453,104 @@ async fn a_missing_container_fails_the_request_and_stops_nothing() {
         "failurePolicy Fail: nothing else is touched"
     );
 }
+
+fn work_with(uid: &str, detail: proto::RecreateContainerDetail) -> RecreateWork {
+    let mut work = RecreateWork::from_proto(&proto::RecreateContainers {
+        pod_uid: uid.to_owned(),
+        pod_namespace: "default".to_owned(),
+        pod_name: "web".to_owned(),
+        containers: vec![detail.name.clone()],
+        details: vec![detail],
+        ..proto::RecreateContainers::default()
+    });
+    work.force_recreate = true;
+    work
+}
+
+#[tokio::test]
+async fn the_instance_statuscontext_names_is_recreated_and_a_successor_is_left_alone() {
+    // The instance the request names still runs: it is the one stopped.
+    let runtime = FakeRuntime::default();
+    let old = kubelet_pod(&runtime, "u1");
+    let host = host(&runtime, None, &[]);
+    let named = |id: &str| proto::RecreateContainerDetail {
+        name: "app".to_owned(),
+        container_id: id.to_owned(),
+        ..proto::RecreateContainerDetail::default()
+    };
+    let mut work = work_with("u1", named(&old));
+    assert_eq!(
+        run(&host, &runtime, &mut work, None).await,
+        Ok(String::new())
+    );
+    assert_eq!(runtime.world().stops.len(), 1);
+
+    // It was replaced since the request was made: nothing is stopped, and the request
+    // succeeds once the running one has started.
+    let runtime = FakeRuntime::default();
+    let old = kubelet_pod(&runtime, "u1");
+    {
+        let mut world = runtime.world();
+        world.exit(&old);
+        world.restart(&old);
+    }
+    let host = self::host(&runtime, None, &[]);
+    let mut work = work_with("u1", named(&old));
+    assert_eq!(
+        run(&host, &runtime, &mut work, None).await,
+        Ok(String::new())
+    );
+    assert!(
+        runtime.world().stops.is_empty(),
+        "the successor is never stopped"
+    );
+    assert!(runtime.world().execs.is_empty(), "nor its preStop run");
+    assert_eq!(work.containers[0].phase, Phase::Succeeded);
+    assert!(
+        work.containers[0].message.starts_with("already recreated"),
+        "{}",
+        work.containers[0].message
+    );
+}
+
+#[tokio::test]
+async fn the_requests_pre_stop_runs_instead_of_the_containers_and_a_garbled_one_stops_nothing() {
+    let runtime = FakeRuntime::default();
+    let old = kubelet_pod(&runtime, "u1");
+    let host = host(&runtime, None, &[]);
+    let mut work = work_with(
+        "u1",
+        proto::RecreateContainerDetail {
+            name: "app".to_owned(),
+            pre_stop_json: r#"{"exec":{"command":["/flush","--fast"]}}"#.to_owned(),
+            ..proto::RecreateContainerDetail::default()
+        },
+    );
+    assert_eq!(
+        run(&host, &runtime, &mut work, None).await,
+        Ok(String::new())
+    );
+    assert_eq!(
+        runtime.world().execs,
+        vec![(old, vec!["/flush".to_owned(), "--fast".to_owned()])],
+        "the request's hook, not kubelet's /drain"
+    );
+
+    let runtime = FakeRuntime::default();
+    kubelet_pod(&runtime, "u1");
+    let host = self::host(&runtime, None, &[]);
+    let mut work = work_with(
+        "u1",
+        proto::RecreateContainerDetail {
+            name: "app".to_owned(),
+            pre_stop_json: "{not json".to_owned(),
+            ..proto::RecreateContainerDetail::default()
+        },
+    );
+    let reason = run(&host, &runtime, &mut work, None).await.unwrap_err();
+    assert!(
+        reason.contains("the request's preStop is unreadable"),
+        "{reason}"
+    );
+    assert!(runtime.world().stops.is_empty());
+}

@@ -11,6 +11,7 @@ use crate::cri::ContainerRuntime;
 use crate::handlers::{self, Action};
 
 use super::wait::latest_container;
+use super::work::ContainerProgress;
 use super::{
     DEFAULT_GRACE_SECONDS, KUBELET_GRACE, KUBELET_PORTS, KUBELET_PRE_STOP, MIN_STOP_SECONDS, Phase,
     Recreate, RecreateWork, Target,
@@ -37,6 +38,22 @@ impl<R: ContainerRuntime> Recreate<'_, R> {
             (self.save)(work);
             return Ok(());
         };
+        if let Some(named) = work.containers[i].named_instance.clone()
+            && work.containers[i].old_container_id.is_none()
+            && named != current.id
+        {
+            // Kruise's statusContext: the instance the request names is gone, so the
+            // container was recreated (or restarted) since; the one running is not it.
+            tracing::info!(pod = %work.what(), container = %name, named = %named, running = %current.id, "the instance the request names was already replaced; not stopped");
+            let progress = &mut work.containers[i];
+            progress.phase = Phase::Recreating;
+            progress.old_container_id = Some(named);
+            progress.is_killed = true;
+            progress.message =
+                "already recreated: the instance statusContext names is no longer running; the one running is not stopped".to_owned();
+            (self.save)(work);
+            return Ok(());
+        }
         if work.containers[i].replaced_by(&current.id) {
             tracing::info!(pod = %work.what(), container = %name, successor = %current.id, "the chosen container was already replaced; its successor is not stopped");
             let progress = &mut work.containers[i];
@@ -111,7 +128,7 @@ impl<R: ContainerRuntime> Recreate<'_, R> {
             if resumed {
                 notes.push("preStop run again: an agent restart cut it short".to_owned());
             }
-            match self.pre_stop(target, &name, &current) {
+            match self.pre_stop(target, &work.containers[i], &current) {
                 Ok(None) => {}
                 Ok(Some((container, handler))) => {
                     let bound = Duration::from_secs(grace_left());
@@ -219,25 +236,49 @@ impl<R: ContainerRuntime> Recreate<'_, R> {
         }
     }
 
-    /// The container's preStop hook and the spec its named ports resolve against.
+    /// The preStop hook to run (the request's, else the container's own) and the spec
+    /// its named ports resolve against (the request's ports, else the container's).
     pub(super) fn pre_stop(
         &self,
         target: &Target,
-        name: &str,
+        progress: &ContainerProgress,
         current: &k8s_cri::v1::Container,
     ) -> Result<Option<(Container, Handler)>, String> {
-        match target {
+        let name = progress.name.as_str();
+        let own = match target {
             Target::Agent { pod, .. } => Ok(pod
                 .spec
                 .containers
                 .iter()
                 .find(|c| c.name == name)
-                .and_then(|c| {
-                    let handler = c.lifecycle.as_ref()?.pre_stop.clone()?;
-                    Some((c.clone(), handler))
+                .map(|c| {
+                    (
+                        c.clone(),
+                        c.lifecycle.as_ref().and_then(|l| l.pre_stop.clone()),
+                    )
                 })),
-            Target::Kubelet { .. } => kubelet_pre_stop(name, &current.annotations),
+            Target::Kubelet { .. } => kubelet_pre_stop(name, &current.annotations)
+                .map(|found| found.map(|(c, handler)| (c, Some(handler)))),
+        };
+        let (mut container, handler) = match (own, &progress.pre_stop) {
+            (Ok(Some((container, own_handler))), requested) => {
+                (container, requested.clone().or(own_handler))
+            }
+            // The container's own hook cannot be read, but the request brings one.
+            (Err(_) | Ok(None), Some(requested)) => (
+                Container {
+                    name: name.to_owned(),
+                    ..Container::default()
+                },
+                Some(requested.clone()),
+            ),
+            (Err(reason), None) => return Err(reason),
+            (Ok(None), None) => return Ok(None),
+        };
+        if !progress.ports.is_empty() {
+            container.ports.clone_from(&progress.ports);
         }
+        Ok(handler.map(|handler| (container, handler)))
     }
 }
 

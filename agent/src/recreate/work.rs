@@ -1,5 +1,6 @@
 //! A recreate as persisted with its task: the request, and how far each container got.
 
+use rigger_proto::pod::{ContainerPort, Handler};
 use rigger_proto::v1::{self as proto, ContainerRecreatePhase};
 use serde::{Deserialize, Serialize};
 
@@ -47,6 +48,16 @@ pub struct ContainerProgress {
     /// stop knows, on resume, that the container it finds next may be the successor.
     #[serde(default)]
     pub stop_issued: bool,
+    /// The request's own preStop for this container (instead of the container's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_stop: Option<Handler>,
+    /// The ports that handler's named port resolves against (instead of the container's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<ContainerPort>,
+    /// The instance the request names (Kruise's statusContext): another one running
+    /// means it was recreated already.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub named_instance: Option<String>,
 }
 
 impl ContainerProgress {
@@ -61,7 +72,44 @@ impl ContainerProgress {
             stopping_since: None,
             pre_stop_done: false,
             stop_issued: false,
+            pre_stop: None,
+            ports: Vec::new(),
+            named_instance: None,
         }
+    }
+
+    /// A container with what the request says of it; a detail that cannot be read
+    /// fails the container, naming it (nothing is stopped on a guess).
+    fn with_detail(name: &str, detail: Option<&proto::RecreateContainerDetail>) -> Self {
+        let mut progress = Self::pending(name);
+        let Some(detail) = detail else {
+            return progress;
+        };
+        let read = || -> Result<(Option<Handler>, Vec<ContainerPort>), String> {
+            let pre_stop = (!detail.pre_stop_json.is_empty())
+                .then(|| serde_json::from_str(&detail.pre_stop_json))
+                .transpose()
+                .map_err(|e| format!("the request's preStop is unreadable: {e}"))?;
+            let ports = (!detail.ports_json.is_empty())
+                .then(|| serde_json::from_str(&detail.ports_json))
+                .transpose()
+                .map_err(|e| format!("the request's ports are unreadable: {e}"))?
+                .unwrap_or_default();
+            Ok((pre_stop, ports))
+        };
+        match read() {
+            Ok((pre_stop, ports)) => {
+                progress.pre_stop = pre_stop;
+                progress.ports = ports;
+                progress.named_instance =
+                    (!detail.container_id.is_empty()).then(|| detail.container_id.clone());
+            }
+            Err(reason) => {
+                progress.phase = Phase::Failed;
+                progress.message = reason;
+            }
+        }
+        progress
     }
 
     /// The container this recreate chose is no longer the newest: a successor runs in
@@ -104,7 +152,10 @@ impl RecreateWork {
             containers: task
                 .containers
                 .iter()
-                .map(|name| ContainerProgress::pending(name))
+                .map(|name| {
+                    let detail = task.details.iter().find(|d| &d.name == name);
+                    ContainerProgress::with_detail(name, detail)
+                })
                 .collect(),
         }
     }

@@ -6,7 +6,7 @@
 //! controller-owned metadata over and writes it conditional on the revision read.
 //! Side effects (waking an engine, telling a node) follow only a real write.
 
-use rigger_api::container_recreate_request::ContainerRecreateRequest;
+use rigger_api::container_recreate_request::{ContainerRecreateRequest, StatusContext};
 use rigger_api::image_pull_job::ImagePullJob;
 use rigger_api::lifecycle_cooperator::LifecycleCooperator;
 use rigger_api::pod::Pod;
@@ -130,6 +130,7 @@ impl ControlService {
             None => None,
         };
         if let Some(old) = &old {
+            object.keep_filled(old);
             object.check_update(old).map_err(|e| refuse(&what, &e))?;
         }
         Ok(Draft {
@@ -393,6 +394,10 @@ impl ControlService {
                 .await
                 .map_err(|e| draft.refuse(&e))?,
         };
+        if draft.old.is_none() {
+            self.fill_status_contexts(&draft.namespace, &mut draft.object)
+                .await?;
+        }
         for label in [
             crate::recreates::POD_UID_LABEL,
             crate::recreates::NODE_NAME_LABEL,
@@ -412,6 +417,63 @@ impl ControlService {
             self.recreates.wake();
         }
         applied(&draft.object, committed)
+    }
+}
+
+impl ControlService {
+    /// Kruise's webhook fills each container's `statusContext` from the pod's status
+    /// when the request is created: the instance running then is the one to recreate.
+    /// Done here for Rigger's pods whose status names the container.
+    async fn fill_status_contexts(
+        &self,
+        namespace: &str,
+        request: &mut ContainerRecreateRequest,
+    ) -> Result<(), Status> {
+        if request
+            .spec
+            .containers
+            .iter()
+            .all(|c| c.status_context.is_some())
+        {
+            return Ok(());
+        }
+        let pod_key = ObjectKey::new(rigger_api::pod::KIND, namespace, &request.spec.pod_name);
+        let Some(status) = self
+            .store
+            .get(crate::pods::status_key(&pod_key))
+            .await
+            .map_err(store_status)?
+            .and_then(|s| serde_json::from_slice::<serde_json::Value>(&s.object).ok())
+        else {
+            return Ok(());
+        };
+        let statuses = status["containerStatuses"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for container in &mut request.spec.containers {
+            if container.status_context.is_some() {
+                continue;
+            }
+            let Some(found) = statuses
+                .iter()
+                .find(|c| c["name"] == container.name.as_str())
+            else {
+                continue;
+            };
+            let context = StatusContext {
+                container_id: found["containerID"].as_str().unwrap_or_default().to_owned(),
+                restart_count: found["restartCount"]
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .unwrap_or(0),
+            };
+            // Only a containerd ID as the agent reports them; anything else is left out.
+            if context.is_containerd() {
+                container.status_context = Some(context);
+            }
+        }
+        Ok(())
     }
 }
 

@@ -325,3 +325,128 @@ spec:
         "nothing stored"
     );
 }
+
+/// ContainerRecreateRequest in both versions: v1beta1 with Kruise's full containers[]
+/// (a preStop of the request's own runs instead of the container's; a statusContext
+/// naming an instance that is gone leaves the running one alone), v1alpha1 with names
+/// only (statusContext filled in from the pod's status, the container's own preStop).
+#[test]
+fn kruise_recreate_requests_honour_pre_stop_and_status_context() {
+    let lab = Lab::get();
+    let dir = tempfile::tempdir().unwrap();
+    let (controller, agent) = controller_with_agent(dir.path(), "crr-corpus", "itest-crr-corpus");
+    let image = lab.image("rigger-lab/busybox:1");
+    let id = format!("r{}", std::process::id());
+    let out = dir.path().join("out");
+    let pod_name = format!("crr-{id}");
+    let hook = |name: &str| {
+        format!(
+            "  - name: {name}\n    image: {image}\n    command: [\"sh\", \"-c\", \"{IDLE}\"]\n    volumeMounts: [{{name: out, mountPath: /out}}]\n    lifecycle: {{preStop: {{exec: {{command: [\"sh\", \"-c\", \"echo own > /out/{name}-prestop\"]}}}}}}\n"
+        )
+    };
+    controller.apply_ok(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {pod_name}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 5\n  volumes:\n  - name: out\n    hostPath: {{path: {}, type: DirectoryOrCreate}}\n  containers:\n{}{}",
+        out.display(),
+        hook("app"),
+        hook("web"),
+    ));
+    let container_id = |name: &str| {
+        let pod = controller.get_json(&["pod", &pod_name]).unwrap();
+        container_status(&pod, name)["containerID"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    wait_until("the pod to be ready", Duration::from_secs(120), || {
+        let pod = controller.get_json(&["pod", &pod_name])?;
+        pod_ready(&pod).then_some(())
+    });
+    let (app_before, web_before) = (container_id("app"), container_id("web"));
+    let completed = |name: &str| {
+        wait_until(
+            &format!("{name} to complete"),
+            Duration::from_secs(90),
+            || {
+                let crr = controller.get_json(&["crr", name])?;
+                (crr["status"]["phase"] == "Completed").then_some(crr)
+            },
+        )
+    };
+    let state = |crr: &Value, container: &str| {
+        crr["status"]["containerRecreateStates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == container)
+            .cloned()
+            .unwrap()
+    };
+
+    let document = corpus("containerrecreaterequest-v1beta1.yaml", &image, &id)
+        .replace("${POD}", &pod_name)
+        .replace("${GONE}", &"0".repeat(64));
+    controller.apply_ok(&document);
+    let crr = completed(&format!("restart-{id}"));
+    assert_eq!(crr["apiVersion"], "apps.kruise.io/v1beta1");
+    assert_eq!(state(&crr, "app")["phase"], "Succeeded", "{crr}");
+    assert_eq!(state(&crr, "web")["phase"], "Succeeded", "{crr}");
+    assert!(
+        state(&crr, "web")["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("already recreated"),
+        "{crr}"
+    );
+    assert_eq!(
+        crr["spec"]["containers"][0]["statusContext"]["containerID"], app_before,
+        "filled in from the pod's status: {crr}"
+    );
+    wait_until("app's next instance", Duration::from_secs(60), || {
+        let now = container_id("app");
+        (!now.is_empty() && now != app_before).then_some(())
+    });
+    assert_eq!(container_id("web"), web_before, "web was not stopped");
+    assert_eq!(
+        std::fs::read_to_string(out.join("override-prestop"))
+            .unwrap()
+            .trim(),
+        "override",
+        "{}",
+        log_tail(&agent.log, 20)
+    );
+    assert!(
+        !out.join("app-prestop").exists(),
+        "the request's hook ran instead"
+    );
+    assert!(!out.join("web-prestop").exists(), "web was left alone");
+
+    wait_until("the pod to be ready again", Duration::from_secs(60), || {
+        let pod = controller.get_json(&["pod", &pod_name])?;
+        pod_ready(&pod).then_some(())
+    });
+    let app_now = container_id("app");
+    controller.apply_ok(
+        &corpus("containerrecreaterequest-v1alpha1.yaml", &image, &id).replace("${POD}", &pod_name),
+    );
+    let crr = completed(&format!("restart-alpha-{id}"));
+    assert_eq!(crr["apiVersion"], "apps.kruise.io/v1alpha1");
+    assert_eq!(
+        crr["spec"]["containers"][0]["statusContext"]["containerID"],
+        app_now
+    );
+    assert_eq!(state(&crr, "app")["phase"], "Succeeded", "{crr}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("app-prestop"))
+            .unwrap()
+            .trim(),
+        "own",
+        "the container's own hook"
+    );
+    for (kind, name) in [
+        ("crr", format!("restart-{id}")),
+        ("crr", format!("restart-alpha-{id}")),
+        ("pod", pod_name.clone()),
+    ] {
+        assert!(controller.ctl(&["delete", kind, &name]).status.success());
+    }
+}
