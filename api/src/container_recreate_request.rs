@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use rigger_proto::pod::{ContainerPort, Handler, IntOrName};
 
-use super::{FieldError, ObjectMeta, ValidateMeta as _};
+use super::{Condition, FieldError, ObjectMeta, ValidateMeta as _};
 
 pub const KIND: &str = "ContainerRecreateRequest";
 /// Kruise's labels naming the request's pod and node (set when the request is applied).
@@ -133,7 +133,15 @@ pub struct CrrStatus {
     pub message: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub container_recreate_states: Vec<ContainerRecreateState>,
+    /// v1beta1's: `PreRecreateGrace` once the pod is held not ready for
+    /// `unreadyGracePeriodSeconds` (shown for v1beta1 and Rigger's version, not v1alpha1,
+    /// whose status has no conditions).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
 }
+
+/// Kruise's condition type for the unready grace before the containers stop.
+pub const PRE_RECREATE_GRACE: &str = "PreRecreateGrace";
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CrrPhase {

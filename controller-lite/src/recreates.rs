@@ -22,6 +22,7 @@ use tokio::sync::Notify;
 
 use crate::nodes::NodeRegistry;
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
+use rigger_api::Condition;
 use rigger_api::container_recreate_request::{
     self as crr, ContainerRecreatePhase, ContainerRecreateRequest, ContainerRecreateState,
     CrrPhase, CrrStatus, FailurePolicy,
@@ -449,6 +450,20 @@ impl RecreateEngine {
                 tracked.status.phase = CrrPhase::Recreating;
                 tracked.status.message.clear();
                 tracked.dirty = true;
+                // The agent's first step holds the pod not ready (Kruise's condition).
+                let grace = tracked.request.spec.strategy.unready_grace_period_seconds;
+                let conditions = &mut tracked.status.conditions;
+                if grace.is_some_and(|g| g > 0)
+                    && !conditions.iter().any(|c| c.kind == crr::PRE_RECREATE_GRACE)
+                {
+                    conditions.push(Condition {
+                        kind: crr::PRE_RECREATE_GRACE.to_owned(),
+                        status: "True".to_owned(),
+                        reason: crr::PRE_RECREATE_GRACE.to_owned(),
+                        message: "the pod is held not ready for unreadyGracePeriodSeconds before its containers stop".to_owned(),
+                        last_transition_time: Some(now_rfc3339()),
+                    });
+                }
             }
             TaskPhase::Succeeded | TaskPhase::Failed => {
                 tracked.complete(&report.message);

@@ -70,6 +70,12 @@ impl ControlService {
                     .map_err(store_status)?
                     .and_then(|s| serde_json::from_slice::<serde_json::Value>(&s.object).ok())
                     .unwrap_or_else(|| serde_json::json!({"phase": "Pending"}));
+                // Kruise's v1alpha1 status has no conditions (v1beta1's has).
+                if request["apiVersion"] == rigger_api::KRUISE_API_VERSION
+                    && let Some(status) = request["status"].as_object_mut()
+                {
+                    status.remove("conditions");
+                }
                 request.to_string()
             }
             Kind::SidecarSet => {

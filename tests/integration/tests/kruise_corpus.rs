@@ -388,6 +388,21 @@ fn kruise_recreate_requests_honour_pre_stop_and_status_context() {
     controller.apply_ok(&document);
     let crr = completed(&format!("restart-{id}"));
     assert_eq!(crr["apiVersion"], "apps.kruise.io/v1beta1");
+    assert_eq!(
+        crr["status"]["conditions"][0]["type"], "PreRecreateGrace",
+        "{crr}"
+    );
+    let waited = controller.ctl(&[
+        "wait",
+        &format!("crr/restart-{id}"),
+        "--for=condition=PreRecreateGrace",
+        "--timeout=10s",
+    ]);
+    assert!(
+        waited.status.success(),
+        "{}",
+        String::from_utf8_lossy(&waited.stderr)
+    );
     assert_eq!(state(&crr, "app")["phase"], "Succeeded", "{crr}");
     assert_eq!(state(&crr, "web")["phase"], "Succeeded", "{crr}");
     assert!(
@@ -430,6 +445,10 @@ fn kruise_recreate_requests_honour_pre_stop_and_status_context() {
     );
     let crr = completed(&format!("restart-alpha-{id}"));
     assert_eq!(crr["apiVersion"], "apps.kruise.io/v1alpha1");
+    assert!(
+        crr["status"].get("conditions").is_none(),
+        "v1alpha1 has none: {crr}"
+    );
     assert_eq!(
         crr["spec"]["containers"][0]["statusContext"]["containerID"],
         app_now
