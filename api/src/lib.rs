@@ -5,6 +5,7 @@
 //! path (`spec.parallelism`) and why, as `kubectl` users expect.
 
 pub mod container_recreate_request;
+pub mod image_list_pull_job;
 pub mod image_pull_job;
 pub mod lifecycle_cooperator;
 pub mod node;
@@ -66,18 +67,20 @@ pub enum Kind {
     Pod,
     LifecycleCooperator,
     SidecarSet,
+    ImageListPullJob,
     /// Nodes are not applied: they exist while their agents register.
     Node,
 }
 
 impl Kind {
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::ImagePullJob,
         Self::ContainerRecreateRequest,
         Self::Secret,
         Self::Pod,
         Self::LifecycleCooperator,
         Self::SidecarSet,
+        Self::ImageListPullJob,
         Self::Node,
     ];
 
@@ -89,6 +92,7 @@ impl Kind {
             Self::Pod => pod::KIND,
             Self::LifecycleCooperator => lifecycle_cooperator::KIND,
             Self::SidecarSet => sidecar_set::KIND,
+            Self::ImageListPullJob => image_list_pull_job::KIND,
             Self::Node => node::KIND,
         }
     }
@@ -106,6 +110,7 @@ impl Kind {
                 Some(Self::LifecycleCooperator)
             }
             "sidecarset" | "sidecarsets" => Some(Self::SidecarSet),
+            "imagelistpulljob" | "imagelistpulljobs" => Some(Self::ImageListPullJob),
             "node" | "nodes" | "no" => Some(Self::Node),
             _ => None,
         }

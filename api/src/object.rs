@@ -7,6 +7,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::container_recreate_request::ContainerRecreateRequest;
+use crate::image_list_pull_job::{self, ImageListPullJob};
 use crate::image_pull_job::ImagePullJob;
 use crate::lifecycle_cooperator::LifecycleCooperator;
 use crate::pod::{LIFECYCLE_STATE_LABEL, Pod};
@@ -60,8 +61,22 @@ impl Object for ImagePullJob {
     const KIND: Kind = Kind::ImagePullJob;
     metadata_field!();
 
+    /// The owner label of an ImageListPullJob's jobs is the controller's to set: a job
+    /// applied with it does not become a list's (to be replaced or deleted with it).
     fn strip_owned(&mut self) {
         self.status = None;
+        self.metadata
+            .labels
+            .remove(image_list_pull_job::OWNER_LABEL);
+    }
+
+    /// A list's job applied again stays the list's.
+    fn keep_filled(&mut self, old: &Self) {
+        if let Some(owner) = old.metadata.labels.get(image_list_pull_job::OWNER_LABEL) {
+            self.metadata
+                .labels
+                .insert(image_list_pull_job::OWNER_LABEL.to_owned(), owner.clone());
+        }
     }
 
     fn validate(&mut self) -> Result<(), FieldError> {
@@ -190,6 +205,23 @@ impl Object for SidecarSet {
 
     fn validate(&mut self) -> Result<(), FieldError> {
         SidecarSet::validate(self)
+    }
+
+    fn spec_differs(&self, old: &Self) -> bool {
+        self.spec != old.spec
+    }
+}
+
+impl Object for ImageListPullJob {
+    const KIND: Kind = Kind::ImageListPullJob;
+    metadata_field!();
+
+    fn strip_owned(&mut self) {
+        self.status = None;
+    }
+
+    fn validate(&mut self) -> Result<(), FieldError> {
+        ImageListPullJob::validate(self)
     }
 
     fn spec_differs(&self, old: &Self) -> bool {

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use crate::container_recreate_request::{ContainerRecreateRequest, CrrPhase, CrrStatus};
+use crate::image_list_pull_job::{ImageListPullJob, ImageListPullJobStatus};
 use crate::image_pull_job::{ImagePullJob, ImagePullJobStatus};
 use crate::lifecycle_cooperator::LifecycleCooperator;
 use crate::node::Node;
@@ -168,6 +169,34 @@ impl Columns for SidecarSet {
             status.ready_pods.to_string(),
             age(self.metadata.creation_timestamp.as_deref(), now),
         ]
+    }
+}
+
+/// Kruise's columns: TOTAL, ACTIVE, SUCCEEDED, COMPLETED.
+impl Columns for ImageListPullJob {
+    fn header(wide: bool) -> Vec<&'static str> {
+        let mut header = vec!["NAME", "TOTAL", "ACTIVE", "SUCCEEDED", "COMPLETED", "AGE"];
+        if wide {
+            header.push("IMAGES");
+        }
+        header
+    }
+
+    fn row(&self, wide: bool, now: SystemTime) -> Vec<String> {
+        let none = ImageListPullJobStatus::default();
+        let status = self.status.as_ref().unwrap_or(&none);
+        let mut row = vec![
+            self.metadata.name.clone(),
+            status.desired.to_string(),
+            status.active.to_string(),
+            status.succeeded.to_string(),
+            status.completed.to_string(),
+            age(self.metadata.creation_timestamp.as_deref(), now),
+        ];
+        if wide {
+            row.push(self.spec.images.join(","));
+        }
+        row
     }
 }
 

@@ -6,6 +6,7 @@ use std::time::SystemTime;
 use anyhow::Context as _;
 use rigger_api::Kind;
 use rigger_api::container_recreate_request::ContainerRecreateRequest;
+use rigger_api::image_list_pull_job::ImageListPullJob;
 use rigger_api::image_pull_job::ImagePullJob;
 use rigger_api::lifecycle_cooperator::LifecycleCooperator;
 use rigger_api::node::Node;
@@ -35,6 +36,7 @@ pub fn table_rows(
         Kind::Pod => rows_of::<Pod>(objects, wide, namespace),
         Kind::LifecycleCooperator => rows_of::<LifecycleCooperator>(objects, wide, namespace),
         Kind::SidecarSet => rows_of::<SidecarSet>(objects, wide, namespace),
+        Kind::ImageListPullJob => rows_of::<ImageListPullJob>(objects, wide, namespace),
         Kind::Node => rows_of::<Node>(objects, wide, namespace),
     }
 }

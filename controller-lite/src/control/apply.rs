@@ -22,26 +22,26 @@ use super::{ControlService, store_status, to_json};
 use crate::store::{ObjectKey, Precondition, Stored};
 
 /// An object on its way to the store: validated, with the version it replaces.
-struct Draft<T> {
-    object: T,
+pub(super) struct Draft<T> {
+    pub(super) object: T,
     /// The stored version, decoded.
-    old: Option<T>,
+    pub(super) old: Option<T>,
     stored: Option<Stored>,
     key: ObjectKey,
-    namespace: String,
+    pub(super) namespace: String,
     /// `Kind namespace/name` (or `Kind name`), for refusals and logs.
-    what: String,
+    pub(super) what: String,
 }
 
 impl<T> Draft<T> {
-    fn refuse(&self, e: &FieldError) -> Status {
+    pub(super) fn refuse(&self, e: &FieldError) -> Status {
         refuse(&self.what, e)
     }
 }
 
 /// How an apply ended, in kubectl's words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Outcome {
+pub(super) enum Outcome {
     Unchanged,
     Created,
     Configured,
@@ -63,12 +63,12 @@ impl Outcome {
 
 /// How an apply ended and the object's revision.
 #[derive(Clone, Copy)]
-struct Committed {
-    outcome: Outcome,
+pub(super) struct Committed {
+    pub(super) outcome: Outcome,
     dry_run: bool,
     revision: u64,
     /// The store was written (side effects such as telling a node follow only then).
-    written: bool,
+    pub(super) written: bool,
 }
 
 impl Committed {
@@ -92,6 +92,7 @@ impl ControlService {
             Kind::ContainerRecreateRequest => self.apply_recreate_request(value, dry_run).await,
             Kind::LifecycleCooperator => self.apply_cooperator(value, dry_run).await,
             Kind::SidecarSet => self.apply_sidecar_set(value, dry_run).await,
+            Kind::ImageListPullJob => self.apply_image_list_pull_job(value, dry_run).await,
             Kind::Node => Err(Status::invalid_argument(
                 "Node objects are not applied: a node exists while its agent is registered",
             )),
@@ -99,7 +100,10 @@ impl ControlService {
     }
 
     /// Decode, strip, validate, read the stored version and check the update.
-    async fn draft<T: Object>(&self, value: serde_json::Value) -> Result<Draft<T>, Status> {
+    pub(super) async fn draft<T: Object>(
+        &self,
+        value: serde_json::Value,
+    ) -> Result<Draft<T>, Status> {
         let name = object_name(&value);
         let mut object: T = decode(value).map_err(|e| refuse(&name, &e))?;
         object.strip_owned();
@@ -146,7 +150,7 @@ impl ControlService {
     /// Carry the controller-owned metadata over from the stored version; nothing to do
     /// when nothing changed, nothing written on a dry run, else the object is stored
     /// conditional on the revision that was read.
-    async fn commit<T: Object>(
+    pub(super) async fn commit<T: Object>(
         &self,
         draft: &mut Draft<T>,
         dry_run: bool,
@@ -539,7 +543,10 @@ fn inherit_metadata(meta: &mut ObjectMeta, stored: Option<&ObjectMeta>, spec_cha
     }
 }
 
-fn applied<T: Serialize>(object: &T, committed: Committed) -> Result<ApplyResponse, Status> {
+pub(super) fn applied<T: Serialize>(
+    object: &T,
+    committed: Committed,
+) -> Result<ApplyResponse, Status> {
     Ok(ApplyResponse {
         object: Some(proto::Object {
             json: to_json(object)?,

@@ -6,6 +6,7 @@
 //! overwrite each other.
 
 mod apply;
+mod lists;
 mod placement;
 mod show;
 
@@ -347,6 +348,9 @@ impl Control for ControlService {
                 .delete(crate::pods::status_key(&key), Precondition::Any)
                 .await;
             self.pods.send_to(&node).await;
+        }
+        if kind == Kind::ImageListPullJob {
+            self.delete_list_jobs(namespace, &request.name).await?;
         }
         if kind == Kind::SidecarSet {
             let _ = self

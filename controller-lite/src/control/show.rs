@@ -78,6 +78,14 @@ impl ControlService {
                 }
                 request.to_string()
             }
+            Kind::ImageListPullJob => {
+                let mut list: rigger_api::image_list_pull_job::ImageListPullJob =
+                    serde_json::from_slice(&stored.object).map_err(|e| {
+                        Status::internal(format!("{}: unreadable: {e}", stored.key))
+                    })?;
+                list.status = Some(Box::pin(self.image_list_status(&list)).await?);
+                to_json(&list)?
+            }
             Kind::SidecarSet => {
                 let mut set: rigger_api::sidecar_set::SidecarSet =
                     serde_json::from_slice(&stored.object).map_err(|e| {

@@ -469,3 +469,131 @@ fn kruise_recreate_requests_honour_pre_stop_and_status_context() {
         assert!(controller.ctl(&["delete", kind, &name]).status.success());
     }
 }
+
+/// ImageListPullJob in both versions: one ImagePullJob per image, labelled as the
+/// list's; Kruise's counts; an image dropped from the list takes its job with it, and so
+/// does deleting the list; a job applied with the owner label does not become a list's.
+#[test]
+fn kruise_image_list_pull_jobs_pull_every_image_through_one_job_each() {
+    let lab = Lab::get();
+    let dir = tempfile::tempdir().unwrap();
+    let node = "list-node";
+    let (controller, agent) = controller_with_agent(dir.path(), node, "itest-list");
+    let id = format!("l{}", std::process::id());
+    let images = [
+        lab.image(&rigger_integration_tests::unique_image("list-a", 1, 4096)),
+        lab.image(&rigger_integration_tests::unique_image("list-b", 1, 4096)),
+    ];
+    let fill = |name: &str| {
+        corpus(name, "", &id)
+            .replace("${IMAGE1}", &images[0])
+            .replace("${IMAGE2}", &images[1])
+            .replace("${NODE}", node)
+    };
+    let list_name = format!("warm-{id}");
+    controller.apply_ok(&fill("imagelistpulljob-v1beta1.yaml"));
+    let list = wait_until("both images pulled", Duration::from_secs(120), || {
+        let list = controller.get_json(&["imagelistpulljob", &list_name])?;
+        (list["status"]["succeeded"] == 2).then_some(list)
+    });
+    assert_eq!(list["apiVersion"], "apps.kruise.io/v1beta1");
+    assert_eq!(list["status"]["desired"], 2, "{list}");
+    assert_eq!(list["status"]["completed"], 2, "{list}");
+    assert!(list["status"]["completionTime"].is_string(), "{list}");
+    let jobs = controller
+        .get_json(&[
+            "imagepulljobs",
+            "-l",
+            &format!("imagelistpulljob.rigger.dev/name={list_name}"),
+        ])
+        .unwrap();
+    let jobs = jobs["items"].as_array().unwrap();
+    assert_eq!(jobs.len(), 2, "{jobs:?}");
+    for job in jobs {
+        assert_eq!(job["spec"]["pullPolicy"]["backoffLimit"], 3);
+        assert_eq!(job["spec"]["pullSecrets"][0], format!("regcred-{id}"));
+        assert_eq!(
+            job["status"]["succeeded"],
+            1,
+            "{job}\n{}",
+            log_tail(&agent.log, 20)
+        );
+    }
+    let table = controller.ctl(&["get", "imagelistpulljobs"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.starts_with("NAME"), "{table}");
+    assert!(
+        table.lines().any(|l| l.starts_with(&list_name)
+            && l.split_whitespace()
+                .skip(1)
+                .take(4)
+                .eq(["2", "0", "2", "2"])),
+        "{table}"
+    );
+
+    // A forged owner label is not kept: the job stays nobody's.
+    controller.apply_ok(&format!(
+        "apiVersion: apps.kruise.io/v1beta1\nkind: ImagePullJob\nmetadata:\n  name: forged-{id}\n  labels: {{imagelistpulljob.rigger.dev/name: {list_name}}}\nspec:\n  image: {}\n  selector: {{names: [no-such-node]}}\n",
+        images[0]
+    ));
+    let forged = controller
+        .get_json(&["imagepulljob", &format!("forged-{id}")])
+        .unwrap();
+    assert!(
+        forged["metadata"]["labels"]
+            .get("imagelistpulljob.rigger.dev/name")
+            .is_none(),
+        "{forged}"
+    );
+
+    // An image dropped from the list: its job goes.
+    let one = fill("imagelistpulljob-v1beta1.yaml").replace(&format!("  - {}\n", images[1]), "");
+    controller.apply_ok(&one);
+    let list = controller
+        .get_json(&["imagelistpulljob", &list_name])
+        .unwrap();
+    assert_eq!(list["status"]["desired"], 1, "{list}");
+    let jobs = controller
+        .get_json(&[
+            "imagepulljobs",
+            "-l",
+            &format!("imagelistpulljob.rigger.dev/name={list_name}"),
+        ])
+        .unwrap();
+    assert_eq!(jobs["items"].as_array().unwrap().len(), 1, "{jobs}");
+
+    // v1alpha1, completion policy Never: pulls, never completes.
+    controller.apply_ok(&fill("imagelistpulljob-v1alpha1.yaml"));
+    let keep = wait_until(
+        "the v1alpha1 list's image",
+        Duration::from_secs(120),
+        || {
+            let list = controller.get_json(&["imagelistpulljob", &format!("keep-{id}")])?;
+            (list["status"]["succeeded"] == 1).then_some(list)
+        },
+    );
+    assert_eq!(keep["apiVersion"], "apps.kruise.io/v1alpha1");
+    assert!(keep["status"].get("completionTime").is_none(), "{keep}");
+
+    // Deleting a list deletes its jobs; the forged job is not among them.
+    for list in [list_name, format!("keep-{id}")] {
+        assert!(
+            controller
+                .ctl(&["delete", "imagelistpulljob", &list])
+                .status
+                .success()
+        );
+    }
+    let left = controller.get_json(&["imagepulljobs"]).unwrap();
+    let left: Vec<&str> = left["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        left,
+        [format!("forged-{id}")],
+        "only the forged job is left"
+    );
+}

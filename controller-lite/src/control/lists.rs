@@ -1,0 +1,176 @@
+//! ImageListPullJob: carried out, as in Kruise, by one ImagePullJob per image, which the
+//! list creates, replaces (when its template changed) and deletes (with the image, or
+//! with the list). Only jobs carrying the list's owner label are ever touched: a job of
+//! that name made by someone else is reported, not taken over.
+
+use rigger_api::image_list_pull_job::{
+    FailedImageStatus, ImageListPullJob, ImageListPullJobStatus, OWNER_LABEL, TEMPLATE_HASH_LABEL,
+};
+use rigger_api::image_pull_job::{self, ImagePullJob};
+use rigger_api::{Kind, Object as _};
+use rigger_proto::v1::ApplyResponse;
+use tonic::Status;
+
+use super::apply::applied;
+use super::{ControlService, store_status};
+use crate::store::{ObjectKey, Precondition, Stored};
+
+impl ControlService {
+    pub(super) async fn apply_image_list_pull_job(
+        &self,
+        value: serde_json::Value,
+        dry_run: bool,
+    ) -> Result<ApplyResponse, Status> {
+        let mut draft = self.draft::<ImageListPullJob>(value).await?;
+        let committed = self.commit(&mut draft, dry_run).await?;
+        if committed.written {
+            tracing::info!(list = %draft.what, images = draft.object.spec.images.len(), outcome = ?committed.outcome, "image list pull job applied");
+        }
+        if !dry_run {
+            self.sync_list_jobs(&draft.object).await?;
+        }
+        applied(&draft.object, committed)
+    }
+
+    /// The list's jobs as its images and template say: missing ones created, ones of
+    /// another template replaced, ones of images no longer listed deleted.
+    async fn sync_list_jobs(&self, list: &ImageListPullJob) -> Result<(), Status> {
+        let namespace = list.metadata.namespace.clone().unwrap_or_default();
+        let owned = self.list_jobs(&namespace, &list.metadata.name).await?;
+        let hash = list.template_hash();
+        for image in &list.spec.images {
+            let job = list.job_for(image);
+            let current = owned
+                .iter()
+                .find(|(_, j)| j.metadata.name == job.metadata.name);
+            if let Some((stored, current)) = current {
+                if current.metadata.labels.get(TEMPLATE_HASH_LABEL) == Some(&hash) {
+                    continue;
+                }
+                // Another template: replaced, as Kruise recreates the job.
+                self.delete_job(&stored.key).await?;
+            }
+            self.create_job(job).await?;
+        }
+        for (stored, job) in &owned {
+            if !list.spec.images.contains(&job.spec.image) {
+                self.delete_job(&stored.key).await?;
+            }
+        }
+        self.jobs.wake();
+        Ok(())
+    }
+
+    /// The jobs in `namespace` labelled as the list's.
+    async fn list_jobs(
+        &self,
+        namespace: &str,
+        list: &str,
+    ) -> Result<Vec<(Stored, ImagePullJob)>, Status> {
+        Ok(self
+            .store
+            .list(image_pull_job::KIND)
+            .await
+            .map_err(store_status)?
+            .into_iter()
+            .filter(|s| s.key.namespace == namespace)
+            .filter_map(|s| {
+                let job: ImagePullJob = serde_json::from_slice(&s.object).ok()?;
+                (job.metadata.labels.get(OWNER_LABEL).map(String::as_str) == Some(list))
+                    .then_some((s, job))
+            })
+            .collect())
+    }
+
+    /// A job of the list, through the apply path (validation, metadata), keeping the
+    /// owner label an apply strips. A name taken by a job that is not the list's is
+    /// left alone: the list's status reports it.
+    async fn create_job(&self, job: ImagePullJob) -> Result<(), Status> {
+        let labels = job.metadata.labels.clone();
+        let value = serde_json::to_value(&job).map_err(|e| Status::internal(e.to_string()))?;
+        let mut draft = self.draft::<ImagePullJob>(value).await?;
+        if draft.old.is_some() {
+            tracing::warn!(job = %draft.what, "an image list's job name is taken by a job that is not the list's; left alone");
+            return Ok(());
+        }
+        draft.object.metadata_mut().labels.extend(labels);
+        self.commit(&mut draft, false).await?;
+        Ok(())
+    }
+
+    async fn delete_job(&self, key: &ObjectKey) -> Result<(), Status> {
+        match self.store.delete(key.clone(), Precondition::Any).await {
+            Ok(()) | Err(crate::store::StoreError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(store_status(e)),
+        }
+    }
+
+    /// Deleting a list deletes its jobs.
+    pub(super) async fn delete_list_jobs(&self, namespace: &str, list: &str) -> Result<(), Status> {
+        for (stored, _) in self.list_jobs(namespace, list).await? {
+            self.delete_job(&stored.key).await?;
+        }
+        self.jobs.wake();
+        Ok(())
+    }
+
+    /// Kruise's counts over the list's jobs, as `get` shows them.
+    pub(super) async fn image_list_status(
+        &self,
+        list: &ImageListPullJob,
+    ) -> Result<ImageListPullJobStatus, Status> {
+        let namespace = list.metadata.namespace.clone().unwrap_or_default();
+        let owned = self.list_jobs(&namespace, &list.metadata.name).await?;
+        let mut status = ImageListPullJobStatus {
+            desired: u32::try_from(list.spec.images.len()).unwrap_or(u32::MAX),
+            start_time: list.metadata.creation_timestamp.clone(),
+            ..ImageListPullJobStatus::default()
+        };
+        let mut last_completion: Option<String> = None;
+        for image in &list.spec.images {
+            let name = list.job_name(image);
+            let Some((stored, _)) = owned.iter().find(|(_, j)| j.metadata.name == name) else {
+                status.failed_image_statuses.push(FailedImageStatus {
+                    image_pull_job: name.clone(),
+                    name: image.clone(),
+                    message: format!(
+                        "no ImagePullJob {name} of this list (its name is taken by another job, or it was deleted); apply the list again"
+                    ),
+                });
+                continue;
+            };
+            let shown = self.show(Kind::ImagePullJob, stored.clone()).await?;
+            let job: ImagePullJob = serde_json::from_str(&shown.json)
+                .map_err(|e| Status::internal(format!("{}: {e}", stored.key)))?;
+            let job_status = job.status.unwrap_or_default();
+            if job_status.active > 0 {
+                status.active += 1;
+            }
+            if job_status.failed > 0 {
+                status.failed_image_statuses.push(FailedImageStatus {
+                    image_pull_job: name.clone(),
+                    name: image.clone(),
+                    message: format!(
+                        "see which nodes failed with `riggerctl get imagepulljob {name} -o yaml`"
+                    ),
+                });
+            }
+            let finished = job_status.desired == job_status.failed + job_status.succeeded;
+            if finished {
+                status.completed += 1;
+            }
+            if job_status.desired == job_status.succeeded {
+                status.succeeded += 1;
+            }
+            if let Some(done) = job_status.completion_time {
+                last_completion = last_completion.max(Some(done));
+            }
+        }
+        let never = list.spec.template.completion_policy.kind
+            == image_pull_job::CompletionPolicyType::Never;
+        if !never && status.completed == status.desired {
+            status.completion_time = last_completion;
+        }
+        Ok(status)
+    }
+}
