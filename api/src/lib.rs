@@ -9,6 +9,7 @@ pub mod image_list_pull_job;
 pub mod image_pull_job;
 pub mod lifecycle_cooperator;
 pub mod node;
+pub mod node_image;
 pub mod object;
 pub mod pod;
 pub mod secret;
@@ -68,12 +69,14 @@ pub enum Kind {
     LifecycleCooperator,
     SidecarSet,
     ImageListPullJob,
+    /// Read-only: each node's, built from its inventory and its jobs.
+    NodeImage,
     /// Nodes are not applied: they exist while their agents register.
     Node,
 }
 
 impl Kind {
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::ImagePullJob,
         Self::ContainerRecreateRequest,
         Self::Secret,
@@ -81,6 +84,7 @@ impl Kind {
         Self::LifecycleCooperator,
         Self::SidecarSet,
         Self::ImageListPullJob,
+        Self::NodeImage,
         Self::Node,
     ];
 
@@ -93,6 +97,7 @@ impl Kind {
             Self::LifecycleCooperator => lifecycle_cooperator::KIND,
             Self::SidecarSet => sidecar_set::KIND,
             Self::ImageListPullJob => image_list_pull_job::KIND,
+            Self::NodeImage => node_image::KIND,
             Self::Node => node::KIND,
         }
     }
@@ -111,6 +116,7 @@ impl Kind {
             }
             "sidecarset" | "sidecarsets" => Some(Self::SidecarSet),
             "imagelistpulljob" | "imagelistpulljobs" => Some(Self::ImageListPullJob),
+            "nodeimage" | "nodeimages" => Some(Self::NodeImage),
             "node" | "nodes" | "no" => Some(Self::Node),
             _ => None,
         }
@@ -121,9 +127,10 @@ impl Kind {
         Self::resolve(text).ok_or_else(|| UnknownKind(text.to_owned()))
     }
 
-    /// Nodes and SidecarSets (as in Kubernetes and Kruise) belong to no namespace.
+    /// Nodes, NodeImages and SidecarSets (as in Kubernetes and Kruise) belong to no
+    /// namespace.
     pub fn namespaced(self) -> bool {
-        !matches!(self, Self::Node | Self::SidecarSet)
+        !matches!(self, Self::Node | Self::NodeImage | Self::SidecarSet)
     }
 }
 

@@ -38,7 +38,7 @@ pub struct NodeStatus {
     #[serde(default)]
     pub containers: u32,
     #[serde(default)]
-    pub images: Vec<NodeImage>,
+    pub images: Vec<ContainerImage>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,7 +69,7 @@ pub struct NodeInfo {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct NodeImage {
+pub struct ContainerImage {
     pub names: Vec<String>,
     /// The containerd namespace that holds it.
     pub namespace: String,

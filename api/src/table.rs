@@ -10,6 +10,7 @@ use crate::image_list_pull_job::{ImageListPullJob, ImageListPullJobStatus};
 use crate::image_pull_job::{ImagePullJob, ImagePullJobStatus};
 use crate::lifecycle_cooperator::LifecycleCooperator;
 use crate::node::Node;
+use crate::node_image::NodeImage;
 use crate::pod::{LIFECYCLE_STATE_LABEL, Pod};
 use crate::secret::Secret;
 use crate::sidecar_set::{SidecarSet, SidecarSetStatus};
@@ -168,6 +169,26 @@ impl Columns for SidecarSet {
             status.updated_pods.to_string(),
             status.ready_pods.to_string(),
             age(self.metadata.creation_timestamp.as_deref(), now),
+        ]
+    }
+}
+
+/// Kruise's columns: DESIRED, PULLING, SUCCEED, FAILED.
+impl Columns for NodeImage {
+    fn header(_wide: bool) -> Vec<&'static str> {
+        vec!["NAME", "DESIRED", "PULLING", "SUCCEED", "FAILED", "HELD"]
+    }
+
+    fn row(&self, _wide: bool, _now: SystemTime) -> Vec<String> {
+        let status = &self.status;
+        let held: usize = status.image_statuses.values().map(|i| i.tags.len()).sum();
+        vec![
+            self.metadata.name.clone(),
+            status.desired.to_string(),
+            status.pulling.to_string(),
+            status.succeeded.to_string(),
+            status.failed.to_string(),
+            held.to_string(),
         ]
     }
 }

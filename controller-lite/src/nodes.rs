@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use rigger_api::ObjectMeta;
-use rigger_api::node::{self, Node, NodeCondition, NodeImage, NodeInfo, NodeStatus};
+use rigger_api::node::{self, ContainerImage, Node, NodeCondition, NodeInfo, NodeStatus};
 use rigger_proto::v1::{ControllerMessage, NodeInventory, Register};
 use tokio::sync::mpsc;
 use tonic::Status;
@@ -376,7 +376,7 @@ fn node_object(
     let mut seen = HashSet::new();
     for image in inventory.map(|i| &*i.images).unwrap_or_default() {
         if seen.insert((&image.namespace, &image.name)) {
-            images.push(NodeImage {
+            images.push(ContainerImage {
                 names: vec![image.name.to_string()],
                 namespace: image.namespace.to_string(),
                 digest: image.digest.to_string(),

@@ -10,6 +10,7 @@ use rigger_api::image_list_pull_job::ImageListPullJob;
 use rigger_api::image_pull_job::ImagePullJob;
 use rigger_api::lifecycle_cooperator::LifecycleCooperator;
 use rigger_api::node::Node;
+use rigger_api::node_image::NodeImage;
 use rigger_api::pod::Pod;
 use rigger_api::secret::Secret;
 use rigger_api::sidecar_set::SidecarSet;
@@ -37,6 +38,7 @@ pub fn table_rows(
         Kind::LifecycleCooperator => rows_of::<LifecycleCooperator>(objects, wide, namespace),
         Kind::SidecarSet => rows_of::<SidecarSet>(objects, wide, namespace),
         Kind::ImageListPullJob => rows_of::<ImageListPullJob>(objects, wide, namespace),
+        Kind::NodeImage => rows_of::<NodeImage>(objects, wide, namespace),
         Kind::Node => rows_of::<Node>(objects, wide, namespace),
     }
 }

@@ -96,6 +96,9 @@ impl ControlService {
             Kind::Node => Err(Status::invalid_argument(
                 "Node objects are not applied: a node exists while its agent is registered",
             )),
+            Kind::NodeImage => Err(Status::invalid_argument(
+                "NodeImage objects are not applied: each node's is read from its inventory and the ImagePullJobs that include it; pre-download with an ImagePullJob",
+            )),
         }
     }
 

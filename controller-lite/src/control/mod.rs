@@ -7,6 +7,7 @@
 
 mod apply;
 mod lists;
+mod node_images;
 mod placement;
 mod show;
 
@@ -200,6 +201,15 @@ impl Control for ControlService {
             labels.matches(&object_labels)
                 && fields.matches(&text(&meta["name"]), &text(&meta["namespace"]))
         };
+        if kind == Kind::NodeImage {
+            let items = self
+                .node_images(None)
+                .await?
+                .into_iter()
+                .filter(selected)
+                .collect();
+            return Ok(Response::new(ListResponse { items }));
+        }
         if kind == Kind::Node {
             let items = self
                 .nodes
@@ -318,6 +328,11 @@ impl Control for ControlService {
         if kind == Kind::Node {
             return Err(Status::invalid_argument(
                 "Node objects are not deleted: a node leaves when its agent stops",
+            ));
+        }
+        if kind == Kind::NodeImage {
+            return Err(Status::invalid_argument(
+                "NodeImage objects are not deleted: each node's is read from its inventory and jobs",
             ));
         }
         let namespace = if kind.namespaced() {

@@ -94,7 +94,7 @@ impl ControlService {
                 set.status = Some(self.sidecar_set_status(&set).await?);
                 to_json(&set)?
             }
-            Kind::Node | Kind::LifecycleCooperator => {
+            Kind::Node | Kind::NodeImage | Kind::LifecycleCooperator => {
                 String::from_utf8_lossy(&stored.object).into_owned()
             }
         };
@@ -110,6 +110,13 @@ impl ControlService {
         namespace: &str,
         name: &str,
     ) -> Result<Object, Status> {
+        if kind == Kind::NodeImage {
+            return self
+                .node_images(Some(name))
+                .await?
+                .pop()
+                .ok_or_else(|| Status::not_found(format!("NodeImage/{name}: not found")));
+        }
         if kind == Kind::Node {
             return self
                 .nodes

@@ -531,6 +531,43 @@ fn kruise_image_list_pull_jobs_pull_every_image_through_one_job_each() {
         "{table}"
     );
 
+    // The node's NodeImage: the two pulls, with their jobs as owners; read-only.
+    let node_image = controller.get_json(&["nodeimage", node]).unwrap();
+    assert_eq!(node_image["apiVersion"], "apps.kruise.io/v1beta1");
+    assert_eq!(node_image["status"]["desired"], 2, "{node_image}");
+    assert_eq!(node_image["status"]["succeeded"], 2, "{node_image}");
+    for image in &images {
+        let (name, tag) = image.rsplit_once(':').unwrap();
+        let owners = &node_image["spec"]["images"][name]["tags"][0];
+        assert_eq!(owners["tag"], tag, "{node_image}");
+        assert_eq!(
+            owners["ownerReferences"][0]["kind"], "ImagePullJob",
+            "{node_image}"
+        );
+        let status = &node_image["status"]["imageStatuses"][name]["tags"][0];
+        assert_eq!(status["phase"], "Succeeded", "{node_image}");
+        assert!(
+            status["imageID"].as_str().unwrap().contains("@sha256:"),
+            "{node_image}"
+        );
+    }
+    let table = controller.ctl(&["get", "nodeimages"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.split_whitespace().take(5).eq([node, "2", "0", "2", "0"])),
+        "{table}"
+    );
+    let document = corpus("nodeimage-v1beta1.yaml", "", &id).replace("${NODE}", node);
+    let refused = controller.apply(&document);
+    let expected = document
+        .lines()
+        .find_map(|l| l.strip_prefix("# refused: "))
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains(expected));
+
     // A forged owner label is not kept: the job stays nobody's.
     controller.apply_ok(&format!(
         "apiVersion: apps.kruise.io/v1beta1\nkind: ImagePullJob\nmetadata:\n  name: forged-{id}\n  labels: {{imagelistpulljob.rigger.dev/name: {list_name}}}\nspec:\n  image: {}\n  selector: {{names: [no-such-node]}}\n",

@@ -1,0 +1,366 @@
+//! `kind: NodeImage` — OpenKruise's per-node view of image pulls, read-only here: never
+//! applied, built when read from what the controller knows. `spec.images` are the pulls
+//! ImagePullJobs ask of the node (with the jobs as owners), `status.imageStatuses` their
+//! state on the node, plus every image the node's inventory holds (Succeeded, with its
+//! digest), so one object answers "what does this node have, and what is it pulling".
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::ObjectMeta;
+use super::image_pull_job::{ImagePullJob, NodePullPhase, NodePullStatus};
+use super::node::Node;
+
+pub const KIND: &str = "NodeImage";
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeImage {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: ObjectMeta,
+    pub spec: NodeImageSpec,
+    pub status: NodeImageStatus,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeImageSpec {
+    /// By image name (the reference without its tag or digest).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub images: BTreeMap<String, ImageSpec>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageSpec {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pull_secrets: Vec<ReferenceObject>,
+    pub tags: Vec<ImageTagSpec>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReferenceObject {
+    pub namespace: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageTagSpec {
+    /// The tag, or the digest of a reference by digest.
+    pub tag: String,
+    pub pull_policy: TagPullPolicy,
+    pub owner_references: Vec<ObjectReference>,
+    pub image_pull_policy: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TagPullPolicy {
+    pub timeout_seconds: u64,
+    pub backoff_limit: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds_after_finished: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_deadline_seconds: Option<u64>,
+}
+
+/// Kubernetes' ObjectReference, as Kruise's owners of a tag.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectReference {
+    pub api_version: String,
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub uid: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeImageStatus {
+    /// Tags in the spec, and how many of them are in each phase.
+    pub desired: u32,
+    pub succeeded: u32,
+    pub failed: u32,
+    pub pulling: u32,
+    pub waiting: u32,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub image_statuses: BTreeMap<String, ImageStatus>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageStatus {
+    pub tags: Vec<ImageTagStatus>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageTagStatus {
+    pub tag: String,
+    /// Waiting, Pulling, Succeeded or Failed.
+    pub phase: String,
+    /// Percent of the bytes fetched, while pulling.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub progress: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<String>,
+    /// `name@digest` once the node has it.
+    #[serde(rename = "imageID", default, skip_serializing_if = "String::is_empty")]
+    pub image_id: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// An image reference split as Kruise keys it: the name, and the tag (`latest` when
+/// none) or the digest.
+pub fn split_reference(reference: &str) -> (&str, &str) {
+    if let Some((name, digest)) = reference.split_once('@') {
+        return (name, digest);
+    }
+    let slash = reference.rfind('/').map_or(0, |i| i + 1);
+    match reference[slash..].rfind(':') {
+        Some(i) => (&reference[..slash + i], &reference[slash + i + 1..]),
+        None => (reference, "latest"),
+    }
+}
+
+fn phase_name(phase: NodePullPhase) -> &'static str {
+    match phase {
+        NodePullPhase::Waiting => "Waiting",
+        NodePullPhase::Pulling => "Pulling",
+        NodePullPhase::Succeeded => "Succeeded",
+        NodePullPhase::Failed => "Failed",
+    }
+}
+
+/// `node`'s NodeImage: `pulls` are the jobs (with their status) that include the node,
+/// each with the node's entry.
+pub fn node_image(node: &Node, pulls: &[(&ImagePullJob, &NodePullStatus)]) -> NodeImage {
+    let mut out = NodeImage {
+        api_version: super::KRUISE_API_VERSION_V1BETA1.to_owned(),
+        kind: KIND.to_owned(),
+        metadata: ObjectMeta {
+            name: node.metadata.name.clone(),
+            labels: node.metadata.labels.clone(),
+            ..ObjectMeta::default()
+        },
+        ..NodeImage::default()
+    };
+    let mut pulled_digests = Vec::new();
+    for (job, entry) in pulls {
+        let (name, tag) = split_reference(&job.spec.image);
+        let namespace = job.metadata.namespace.clone().unwrap_or_default();
+        let image = out.spec.images.entry(name.to_owned()).or_default();
+        for secret in &job.spec.pull_secrets {
+            let reference = ReferenceObject {
+                namespace: namespace.clone(),
+                name: secret.clone(),
+            };
+            if !image.pull_secrets.contains(&reference) {
+                image.pull_secrets.push(reference);
+            }
+        }
+        let owner = ObjectReference {
+            api_version: job.api_version.clone(),
+            kind: job.kind.clone(),
+            namespace: namespace.clone(),
+            name: job.metadata.name.clone(),
+            uid: job.metadata.uid.clone().unwrap_or_default(),
+        };
+        match image.tags.iter_mut().find(|t| t.tag == tag) {
+            Some(existing) => existing.owner_references.push(owner),
+            None => image.tags.push(ImageTagSpec {
+                tag: tag.to_owned(),
+                pull_policy: TagPullPolicy {
+                    timeout_seconds: job.spec.pull_policy.timeout_seconds,
+                    backoff_limit: job.spec.pull_policy.backoff_limit,
+                    ttl_seconds_after_finished: job
+                        .spec
+                        .completion_policy
+                        .ttl_seconds_after_finished,
+                    active_deadline_seconds: job.spec.completion_policy.active_deadline_seconds,
+                },
+                owner_references: vec![owner],
+                image_pull_policy: format!("{:?}", job.spec.image_pull_policy),
+            }),
+        }
+        let progress = match entry.phase {
+            NodePullPhase::Pulling if entry.bytes_total > 0 => {
+                u32::try_from(entry.bytes_done.min(entry.bytes_total) * 100 / entry.bytes_total)
+                    .unwrap_or(0)
+            }
+            _ => 0,
+        };
+        let status = ImageTagStatus {
+            tag: tag.to_owned(),
+            phase: phase_name(entry.phase).to_owned(),
+            progress,
+            start_time: entry.start_time.clone(),
+            completion_time: entry.completion_time.clone(),
+            image_id: if entry.image_digest.is_empty() {
+                String::new()
+            } else {
+                pulled_digests.push(entry.image_digest.clone());
+                format!("{name}@{}", entry.image_digest)
+            },
+            message: entry.message.clone(),
+        };
+        let tags = &mut out
+            .status
+            .image_statuses
+            .entry(name.to_owned())
+            .or_default()
+            .tags;
+        match tags.iter_mut().find(|t| t.tag == tag) {
+            // Two jobs of one tag: the one further along is the node's state.
+            Some(existing) if rank(&status.phase) > rank(&existing.phase) => *existing = status,
+            Some(_) => {}
+            None => tags.push(status),
+        }
+    }
+    for tags in out.status.image_statuses.values() {
+        for tag in &tags.tags {
+            out.status.desired += 1;
+            match tag.phase.as_str() {
+                "Succeeded" => out.status.succeeded += 1,
+                "Failed" => out.status.failed += 1,
+                "Pulling" => out.status.pulling += 1,
+                _ => out.status.waiting += 1,
+            }
+        }
+    }
+    // What the node holds that no job asked for (or under another name).
+    for held in &node.status.images {
+        if pulled_digests.contains(&held.digest) {
+            continue;
+        }
+        for reference in &held.names {
+            let (name, tag) = split_reference(reference);
+            let tags = &mut out
+                .status
+                .image_statuses
+                .entry(name.to_owned())
+                .or_default()
+                .tags;
+            if !tags.iter().any(|t| t.tag == tag) {
+                tags.push(ImageTagStatus {
+                    tag: tag.to_owned(),
+                    phase: "Succeeded".to_owned(),
+                    image_id: format!("{name}@{}", held.digest),
+                    ..ImageTagStatus::default()
+                });
+            }
+        }
+    }
+    out
+}
+
+fn rank(phase: &str) -> u8 {
+    match phase {
+        "Succeeded" => 3,
+        "Pulling" => 2,
+        "Failed" => 1,
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn references_split_as_kruise_keys_them() {
+        assert_eq!(split_reference("nginx:1.27"), ("nginx", "1.27"));
+        assert_eq!(split_reference("nginx"), ("nginx", "latest"));
+        assert_eq!(
+            split_reference("localhost:5000/app:v2"),
+            ("localhost:5000/app", "v2")
+        );
+        assert_eq!(
+            split_reference("localhost:5000/app"),
+            ("localhost:5000/app", "latest")
+        );
+        assert_eq!(
+            split_reference("r.example/app@sha256:abc"),
+            ("r.example/app", "sha256:abc")
+        );
+    }
+
+    #[test]
+    fn a_node_shows_its_jobs_pulls_and_what_it_holds() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "apiVersion": "rigger.dev/v1alpha1", "kind": "Node",
+            "metadata": {"name": "n1", "labels": {"pool": "web"}},
+            "status": {"conditions": [], "nodeInfo": {}, "images": [
+                {"names": ["r.example/app:1"], "namespace": "k8s.io", "digest": "sha256:aaa", "sizeBytes": 1},
+                {"names": ["r.example/other:2"], "namespace": "k8s.io", "digest": "sha256:bbb", "sizeBytes": 1},
+            ]},
+        }))
+        .unwrap();
+        let job = |name: &str, image: &str| -> ImagePullJob {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "apps.kruise.io/v1alpha1", "kind": "ImagePullJob",
+                "metadata": {"name": name, "namespace": "default", "uid": "u-1"},
+                "spec": {"image": image, "pullSecrets": ["regcred"]},
+            }))
+            .unwrap()
+        };
+        let entry = |phase: NodePullPhase, done: u64, digest: &str| NodePullStatus {
+            name: "n1".to_owned(),
+            phase,
+            bytes_done: done,
+            bytes_total: 200,
+            image_digest: digest.to_owned(),
+            ..NodePullStatus::default()
+        };
+        let (a, b) = (
+            job("warm-a", "r.example/app:1"),
+            job("warm-b", "r.example/new:3"),
+        );
+        let (done, pulling) = (
+            entry(NodePullPhase::Succeeded, 200, "sha256:aaa"),
+            entry(NodePullPhase::Pulling, 50, ""),
+        );
+        let image = node_image(&node, &[(&a, &done), (&b, &pulling)]);
+        assert_eq!(image.metadata.name, "n1");
+        let spec = &image.spec.images["r.example/app"];
+        assert_eq!(spec.tags[0].tag, "1");
+        assert_eq!(spec.tags[0].owner_references[0].name, "warm-a");
+        assert_eq!(spec.pull_secrets[0].name, "regcred");
+        let status = &image.status;
+        assert_eq!(
+            (status.desired, status.succeeded, status.pulling),
+            (2, 1, 1)
+        );
+        let new = &status.image_statuses["r.example/new"].tags[0];
+        assert_eq!((new.phase.as_str(), new.progress), ("Pulling", 25));
+        assert_eq!(
+            status.image_statuses["r.example/app"].tags[0].image_id,
+            "r.example/app@sha256:aaa"
+        );
+        // Held without a job: shown as the node has it, not counted as desired.
+        let other = &status.image_statuses["r.example/other"].tags[0];
+        assert_eq!(
+            (other.tag.as_str(), other.phase.as_str()),
+            ("2", "Succeeded")
+        );
+        assert_eq!(
+            status.image_statuses["r.example/app"].tags.len(),
+            1,
+            "not twice"
+        );
+    }
+}
