@@ -102,31 +102,34 @@ pub async fn connect(cli: &ConnectArgs) -> anyhow::Result<Client> {
         None => None,
     };
     let ca_file = cli.ca_file.clone().or(file.ca_file);
-    // Several servers: replicas of an HA controller; the leader answers, followers say
-    // "not the leader" and the next one is tried.
+    // Several servers: replicas of an HA controller; the one whose gRPC health service
+    // says the API is SERVING leads, followers say NOT_SERVING and the next is tried.
     let mut errors: Vec<String> = Vec::new();
     for server in servers.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let mut client = match connect_one(server, ca_file.as_deref(), token.clone()).await {
-            Ok(client) => client,
+        let channel = match connect_one(server, ca_file.as_deref()).await {
+            Ok(channel) => channel,
             Err(e) => {
                 errors.push(format!("{e:#}"));
                 continue;
             }
         };
-        match client
-            .list(ListRequest {
-                kind: "Node".to_owned(),
-                ..ListRequest::default()
-            })
-            .await
-        {
-            Ok(_) => return Ok(client),
-            // A follower, or a replica on its way down: the next one may lead.
-            Err(status) if status.code() == tonic::Code::Unavailable => {
-                errors.push(format!("{server}: {}", status.message()));
+        match leads(channel.clone()).await {
+            Ok(true) => {}
+            Ok(false) => {
+                errors.push(format!(
+                    "{server}: not the leader: this controller replica is a follower"
+                ));
+                continue;
             }
-            Err(status) => return Err(refused(&status)),
+            Err(status) => {
+                errors.push(format!("{server}: {}", status.message()));
+                continue;
+            }
         }
+        // A list of thousands of nodes, or a job's status over them, is tens of MiB.
+        let channel = WaitOutRateLimit::new(channel, RATE_LIMIT_PATIENCE, say_rate_limited);
+        return Ok(ControlClient::with_interceptor(channel, BearerToken(token))
+            .max_decoding_message_size(MAX_RESPONSE));
     }
     match errors.as_slice() {
         [] => Err(anyhow::anyhow!("--server names no controller")),
@@ -138,11 +141,23 @@ pub async fn connect(cli: &ConnectArgs) -> anyhow::Result<Client> {
     }
 }
 
-async fn connect_one(
-    server: &str,
-    ca_file: Option<&std::path::Path>,
-    token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
-) -> anyhow::Result<Client> {
+/// Whether the controller behind `channel` leads: grpc.health.v1 for the API service
+/// (no token needed). One without the health service (older than it) is taken at its
+/// word, as before: its answers say whether it leads.
+async fn leads(channel: Channel) -> Result<bool, tonic::Status> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let request = HealthCheckRequest {
+        service: rigger_proto::v1::control_server::SERVICE_NAME.to_owned(),
+    };
+    match HealthClient::new(channel).check(request).await {
+        Ok(answer) => Ok(answer.into_inner().status == ServingStatus::Serving as i32),
+        Err(status) if status.code() == tonic::Code::Unimplemented => Ok(true),
+        Err(status) => Err(status),
+    }
+}
+
+async fn connect_one(server: &str, ca_file: Option<&std::path::Path>) -> anyhow::Result<Channel> {
     let mut endpoint = tonic::transport::Endpoint::from_shared(server.to_owned())
         .with_context(|| format!("--server {server:?} is not a URL"))?
         .connect_timeout(Duration::from_secs(10));
@@ -161,16 +176,12 @@ async fn connect_one(
             )
             .with_context(|| format!("TLS settings for {server}"))?;
     }
-    let channel = endpoint.connect().await.map_err(|e| {
+    endpoint.connect().await.map_err(|e| {
         anyhow::anyhow!(
             "cannot reach the controller at {server}: {}",
             rigger_daemon::error_chain(&e)
         )
-    })?;
-    // A list of thousands of nodes, or a job's status over them, is tens of MiB.
-    let channel = WaitOutRateLimit::new(channel, RATE_LIMIT_PATIENCE, say_rate_limited);
-    Ok(ControlClient::with_interceptor(channel, BearerToken(token))
-        .max_decoding_message_size(MAX_RESPONSE))
+    })
 }
 
 /// The controller's refusal as one line.

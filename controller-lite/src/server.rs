@@ -9,7 +9,7 @@ use rigger_daemon::health::{self, Readiness};
 use rigger_daemon::shutdown::{Drain, drain};
 use rigger_daemon::systemd;
 use rigger_proto::v1::agent_link_server::AgentLinkServer;
-use rigger_proto::v1::control_server::ControlServer;
+use rigger_proto::v1::control_server::{ControlServer, SERVICE_NAME as CONTROL_SERVICE};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
@@ -186,6 +186,27 @@ pub async fn run(
             }
         })
     };
+    // grpc.health.v1: SERVING on the leader only, for the whole server ("") and for the
+    // API, so that riggerctl finds the leader and Kubernetes' gRPC probes ask the
+    // standard question (on the health listener too, which has no TLS, as they need).
+    let (health_reporter, grpc_health) = tonic_health::server::health_reporter();
+    for service in ["", CONTROL_SERVICE] {
+        health_reporter
+            .set_service_status(service, tonic_health::ServingStatus::NotServing)
+            .await;
+    }
+    {
+        let (mut leadership, reporter) = (leadership.clone(), health_reporter.clone());
+        tokio::spawn(async move {
+            if leadership.elected().await {
+                for service in ["", CONTROL_SERVICE] {
+                    reporter
+                        .set_service_status(service, tonic_health::ServingStatus::Serving)
+                        .await;
+                }
+            }
+        });
+    }
     let mut builder = tonic::transport::Server::builder();
     match &tls {
         Some(tls) => {
@@ -207,6 +228,7 @@ pub async fn run(
             // outgrows gRPC's default 4 MiB per message.
             .add_service(AgentLinkServer::new(link).max_decoding_message_size(MAX_AGENT_MESSAGE))
             .add_service(ControlServer::new(control).max_decoding_message_size(MAX_OBJECT_MESSAGE))
+            .add_service(grpc_health.clone())
             .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async move {
                 grpc_token.cancelled().await;
             }),
@@ -216,7 +238,8 @@ pub async fn run(
     let readiness = Readiness::new("starting");
     let health_token = token.clone();
     let app = health::router(readiness.clone())
-        .merge(rigger_daemon::metrics::router(Arc::new(metrics.registry())));
+        .merge(rigger_daemon::metrics::router(Arc::new(metrics.registry())))
+        .merge(tonic::service::Routes::new(grpc_health).into_axum_router());
     let health_server = tokio::spawn(
         axum::serve(health_listener, app)
             .with_graceful_shutdown(async move { health_token.cancelled().await })

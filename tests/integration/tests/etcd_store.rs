@@ -168,3 +168,75 @@ fn a_controller_runs_on_an_etcd_over_tls() {
     let job = controller.get_json(&["imagepulljob", "over-tls"]).unwrap();
     assert!(job["metadata"]["uid"].is_string(), "{job:#}");
 }
+
+/// The standard gRPC health service answers which replica leads: SERVING on the leader,
+/// NOT_SERVING on followers — on the API port (TLS) and on the health port (plaintext,
+/// what Kubernetes' gRPC probes need); riggerctl finds the leader through it whatever
+/// order the servers are listed in.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_grpc_health_service_names_the_leader() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let replicas = Controller::replicas(dir.path(), &etcd, 3);
+    let leader = rigger_integration_tests::wait_until(
+        "one replica to lead",
+        std::time::Duration::from_secs(30),
+        || replicas.iter().position(Controller::is_leader),
+    );
+    for (i, replica) in replicas.iter().enumerate() {
+        let wanted = if i == leader {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", replica.health))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut health = HealthClient::new(channel);
+        for service in ["", "rigger.v1.Control"] {
+            // The leader reports SERVING a moment after it wins.
+            let mut status = ServingStatus::Unknown as i32;
+            for _ in 0..50 {
+                status = health
+                    .check(HealthCheckRequest {
+                        service: service.to_owned(),
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .status;
+                if status == wanted as i32 {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            assert_eq!(status, wanted as i32, "replica {i}, service {service:?}");
+        }
+    }
+    // Listed with the leader last: riggerctl skips the followers.
+    let mut order: Vec<&str> = replicas.iter().map(|r| r.server.as_str()).collect();
+    let leader_server = order.remove(leader);
+    order.push(leader_server);
+    let any = &replicas[0];
+    let out = std::process::Command::new(rigger_integration_tests::binary("riggerctl"))
+        .args(["--server", &order.join(",")])
+        .arg("--ca-file")
+        .arg(any.pki.join("ca.pem"))
+        .args([
+            "--token",
+            &rigger_integration_tests::token(&any.pki, "admin"),
+        ])
+        .args(["get", "nodes"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
