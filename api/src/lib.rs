@@ -60,7 +60,7 @@ pub fn check_api_version(api_version: &str, accepted: &[&str]) -> Result<(), Fie
 pub const DEFAULT_NAMESPACE: &str = "default";
 
 /// The kinds the API serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     ImagePullJob,
     ContainerRecreateRequest,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use rigger_proto::v1::control_client::ControlClient;
-use rigger_proto::v1::{GetRequest, ListRequest, Object};
+use rigger_proto::v1::{GetRequest, ListRequest, WatchEvent, WatchRequest};
 use serde_json::Value;
 use tonic::transport::Channel;
 
@@ -196,43 +196,15 @@ pub async fn fetch(
     namespace: &str,
     name: &str,
 ) -> anyhow::Result<Value> {
-    let object = get(client, kind, namespace, name)
-        .await
-        .map_err(|s| refused(&s))?;
-    decode(&object)
-}
-
-/// [`fetch`], with `None` for an object that does not exist.
-pub async fn fetch_if_exists(
-    client: &mut Client,
-    kind: &str,
-    namespace: &str,
-    name: &str,
-) -> anyhow::Result<Option<Value>> {
-    match get(client, kind, namespace, name).await {
-        Ok(object) => decode(&object).map(Some),
-        Err(status) if status.code() == tonic::Code::NotFound => Ok(None),
-        Err(status) => Err(refused(&status)),
-    }
-}
-
-async fn get(
-    client: &mut Client,
-    kind: &str,
-    namespace: &str,
-    name: &str,
-) -> Result<Object, tonic::Status> {
-    let response = client
+    let object = client
         .get(GetRequest {
             kind: kind.to_owned(),
             namespace: namespace.to_owned(),
             name: name.to_owned(),
         })
-        .await?;
-    Ok(response.into_inner())
-}
-
-fn decode(object: &Object) -> anyhow::Result<Value> {
+        .await
+        .map_err(|s| refused(&s))?
+        .into_inner();
     serde_json::from_str(&object.json).context("the controller sent an unreadable object")
 }
 
@@ -268,4 +240,84 @@ pub async fn fetch_all(
         .iter()
         .map(|o| serde_json::from_str(&o.json).context("the controller sent an unreadable object"))
         .collect()
+}
+
+/// One change a watch reports.
+#[derive(Debug)]
+pub enum Change {
+    /// Added, modified or deleted (`deleted`): the object as it is (or was last).
+    Object { object: Value, deleted: bool },
+    /// Every object there was at the start has been sent.
+    Synced,
+}
+
+/// The controller's changes to objects of a kind (in a namespace, `""` for all, and by
+/// the selectors), from the objects there are now; resumed from the last version seen
+/// when the stream breaks (from the start again when the controller no longer holds it).
+pub struct Watch<'a> {
+    client: &'a mut Client,
+    request: WatchRequest,
+    stream: Option<tonic::Streaming<WatchEvent>>,
+}
+
+impl<'a> Watch<'a> {
+    pub fn new(client: &'a mut Client, kind: &str, namespace: &str, selectors: &Selectors) -> Self {
+        Self {
+            client,
+            request: WatchRequest {
+                kind: kind.to_owned(),
+                namespace: namespace.to_owned(),
+                label_selector: selectors.labels.clone(),
+                field_selector: selectors.fields.clone(),
+                resource_version: 0,
+            },
+            stream: None,
+        }
+    }
+
+    /// The next change; an error once the controller refuses or cannot be reached.
+    pub async fn next(&mut self) -> anyhow::Result<Change> {
+        loop {
+            let stream = match &mut self.stream {
+                Some(stream) => stream,
+                None => {
+                    let stream = self
+                        .client
+                        .watch(self.request.clone())
+                        .await
+                        .map_err(|s| match s.code() {
+                            tonic::Code::Unimplemented => anyhow::anyhow!(
+                                "the controller does not serve Watch (it is older than this riggerctl); upgrade it, or leave out -w"
+                            ),
+                            _ => refused(&s),
+                        })?
+                        .into_inner();
+                    self.stream.insert(stream)
+                }
+            };
+            match stream.message().await {
+                Ok(Some(event)) => {
+                    if event.resource_version > 0 {
+                        self.request.resource_version = event.resource_version;
+                    }
+                    let Some(object) = event.object else {
+                        return Ok(Change::Synced);
+                    };
+                    let object: Value = serde_json::from_str(&object.json)
+                        .context("the controller sent an unreadable object")?;
+                    return Ok(Change::Object {
+                        object,
+                        deleted: event.r#type == "DELETED",
+                    });
+                }
+                // Fell behind, or too old to resume: start again from what there is.
+                Err(status) if status.code() == tonic::Code::OutOfRange => {
+                    self.request.resource_version = 0;
+                    self.stream = None;
+                }
+                Ok(None) => anyhow::bail!("the controller ended the watch"),
+                Err(status) => return Err(refused(&status)),
+            }
+        }
+    }
 }

@@ -1,10 +1,10 @@
 //! `riggerctl get KIND [NAME]`: objects as a table, JSON or YAML; `-w` keeps watching.
 
-use std::time::Duration;
+use std::collections::BTreeMap;
 
 use rigger_api::Kind;
 
-use crate::client::{Client, Selectors, fetch, fetch_all};
+use crate::client::{Change, Client, Selectors, Watch, fetch, fetch_all};
 use crate::output::{Output, display_name, print_table, render_table, table_rows};
 
 /// Show objects: one by name, or all of a kind.
@@ -41,71 +41,123 @@ pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Re
         anyhow::bail!("a name cannot be given with a selector (-l, --field-selector)");
     }
     let namespace = if all_namespaces { "" } else { namespace };
+    if watch {
+        return watch_and_print(client, resolved, name, namespace, selectors, &output).await;
+    }
+    let objects = match name {
+        Some(name) => vec![fetch(client, kind, namespace, name).await?],
+        None => fetch_all(client, kind, namespace, &selectors).await?,
+    };
+    match &output {
+        Output::Json | Output::Yaml | Output::JsonPath(_) => {
+            let value = match (name, objects.as_slice()) {
+                (Some(_), [one]) => one.clone(),
+                _ => serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects}),
+            };
+            print!("{}", render(&output, &value)?);
+        }
+        Output::Name => {
+            for object in &objects {
+                println!("{}", display_name(object));
+            }
+        }
+        Output::Table | Output::Wide => {
+            let (header, rows) = table_rows(
+                resolved,
+                &objects,
+                output == Output::Wide,
+                namespace.is_empty(),
+            )?;
+            if rows.is_empty() {
+                eprintln!("No resources found.");
+            } else {
+                print_table(&header, &rows, true);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn render(output: &Output, value: &serde_json::Value) -> anyhow::Result<String> {
+    Ok(match output {
+        Output::Json => format!("{}\n", serde_json::to_string_pretty(value)?),
+        Output::JsonPath(template) => template.render(value),
+        _ => serde_yaml_ng::to_string(value)?,
+    })
+}
+
+/// `-w`: the objects there are, then each as it changes, from the controller's Watch
+/// (it sends what changed, not the list again). Tables print their header once, then a
+/// row whenever it changes; YAML separates documents with `---`.
+async fn watch_and_print(
+    client: &mut Client,
+    kind: Kind,
+    name: Option<&str>,
+    namespace: &str,
+    mut selectors: Selectors,
+    output: &Output,
+) -> anyhow::Result<()> {
+    if let Some(name) = name {
+        selectors.fields = format!("metadata.name={name}");
+    }
+    let mut watch = Watch::new(client, kind.name(), namespace, &selectors);
+    // The objects as now known (tables are rendered whole, so columns stay aligned),
+    // and what was last printed of each.
+    let mut objects: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+    let mut printed: BTreeMap<String, String> = BTreeMap::new();
     let mut printed_header = false;
-    let mut last: Vec<String> = Vec::new();
+    let mut documents = 0usize;
     loop {
-        let objects = match name {
-            Some(name) => vec![fetch(client, kind, namespace, name).await?],
-            None => fetch_all(client, kind, namespace, &selectors).await?,
+        let (object, deleted) = match watch.next().await? {
+            Change::Synced => continue,
+            Change::Object { object, deleted } => (object, deleted),
         };
-        match &output {
+        let id = display_name(&object);
+        match output {
             Output::Json | Output::Yaml | Output::JsonPath(_) => {
-                let value = match (name, objects.as_slice()) {
-                    (Some(_), [one]) => one.clone(),
-                    _ => serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects}),
-                };
-                let text = match &output {
-                    Output::Json => format!("{}\n", serde_json::to_string_pretty(&value)?),
-                    Output::JsonPath(template) => template.render(&value),
-                    _ => serde_yaml_ng::to_string(&value)?,
-                };
-                if last.first() != Some(&text) {
-                    if watch && !last.is_empty() && output == Output::Yaml {
+                let text = render(output, &object)?;
+                if printed.get(&id) != Some(&text) {
+                    if *output == Output::Yaml && documents > 0 {
                         println!("---");
                     }
                     print!("{text}");
-                    last = vec![text];
+                    documents += 1;
+                    printed.insert(id.clone(), text);
                 }
             }
             Output::Name => {
-                // Watching: an object's name again whenever it changes.
-                let current: Vec<String> = objects.iter().map(|o| o.to_string()).collect();
-                for (object, text) in objects.iter().zip(&current) {
-                    if !last.contains(text) {
-                        println!("{}", display_name(object));
-                    }
+                let text = object.to_string();
+                if printed.get(&id) != Some(&text) {
+                    println!("{id}");
+                    printed.insert(id.clone(), text);
                 }
-                last = current;
             }
             Output::Table | Output::Wide => {
-                let all_namespaces = namespace.is_empty();
+                objects.insert(id.clone(), object);
+                let all: Vec<serde_json::Value> = objects.values().cloned().collect();
                 let (header, rows) =
-                    table_rows(resolved, &objects, output == Output::Wide, all_namespaces)?;
-                if !watch {
-                    if rows.is_empty() {
-                        eprintln!("No resources found.");
-                    } else {
-                        print_table(&header, &rows, true);
-                    }
-                    return Ok(());
-                }
-                // Watching: the header once, then each row whenever it changes.
-                let lines: Vec<String> = render_table(&header, &rows);
+                    table_rows(kind, &all, *output == Output::Wide, namespace.is_empty())?;
+                let lines = render_table(&header, &rows);
                 if !printed_header {
                     println!("{}", lines[0]);
                     printed_header = true;
                 }
-                for line in &lines[1..] {
-                    if !last.contains(line) {
-                        println!("{line}");
-                    }
+                // The changed object's row (rows follow the objects' order).
+                let index = objects.keys().position(|k| *k == id).unwrap_or(0);
+                if let Some(line) = lines.get(index + 1)
+                    && printed.get(&id) != Some(line)
+                {
+                    println!("{line}");
+                    printed.insert(id.clone(), line.clone());
                 }
-                last = lines;
+                if deleted {
+                    objects.remove(&id);
+                    printed.remove(&id);
+                }
             }
         }
-        if !watch {
-            return Ok(());
+        if deleted && !matches!(output, Output::Table | Output::Wide) {
+            printed.remove(&id);
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }

@@ -1,10 +1,10 @@
 //! `riggerctl wait KIND/NAME --for=condition=NAME|delete|jsonpath=TEMPLATE[=VALUE]`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::client::{Client, fetch, fetch_if_exists};
+use crate::client::{Change, Client, Selectors, Watch};
 use crate::output::{Template, str_of};
 
 /// Wait until an object has a condition (`--for=condition=Complete`), is gone
@@ -21,8 +21,9 @@ pub struct Args {
     timeout: Duration,
 }
 
-/// What `--for` waits for, besides deletion.
+/// What `--for` waits for.
 enum Wanted {
+    Deleted,
     Condition(String),
     JsonPath(Template, Option<String>),
 }
@@ -64,74 +65,90 @@ pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Re
         .split_once('/')
         .filter(|(k, n)| !k.is_empty() && !n.is_empty())
         .ok_or_else(|| anyhow::anyhow!("{object:?}: expected KIND/NAME, e.g. imagepulljob/warm"))?;
-    let deadline = Instant::now() + timeout;
-    if condition == "delete" {
-        return wait_deleted(client, kind, namespace, name, deadline, timeout).await;
-    }
-    let wanted = match condition.strip_prefix("jsonpath=") {
-        Some(expression) => {
-            let (template, value) = json_path_test(expression)?;
-            Wanted::JsonPath(template, value)
+    let wanted = if condition == "delete" {
+        Wanted::Deleted
+    } else {
+        match condition.strip_prefix("jsonpath=") {
+            Some(expression) => {
+                let (template, value) = json_path_test(expression)?;
+                Wanted::JsonPath(template, value)
+            }
+            None => Wanted::Condition(
+                condition
+                    .strip_prefix("condition=")
+                    .filter(|c| !c.is_empty())
+                    .ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "--for {condition:?}: expected condition=NAME, delete or jsonpath=TEMPLATE[=VALUE]"
+                        )
+                    })?
+                    .to_owned(),
+            ),
         }
-        None => Wanted::Condition(
-            condition
-                .strip_prefix("condition=")
-                .filter(|c| !c.is_empty())
-                .ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "--for {condition:?}: expected condition=NAME, delete or jsonpath=TEMPLATE[=VALUE]"
-                    )
-                })?
-                .to_owned(),
-        ),
     };
+    let met = || println!("{}/{name} condition met", kind.to_ascii_lowercase());
+    // The controller's Watch of this one object: each change is judged as it comes.
+    let selectors = Selectors {
+        labels: String::new(),
+        fields: format!("metadata.name={name}"),
+    };
+    let mut watch = Watch::new(client, kind, namespace, &selectors);
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last: Option<Value> = None;
     loop {
-        let current = fetch(client, kind, namespace, name).await?;
-        let met = match &wanted {
-            Wanted::Condition(name) => has_condition(&current, name),
-            Wanted::JsonPath(template, value) => {
-                let got = template.render(&current);
-                match value {
-                    Some(value) => got == *value,
-                    None => !got.is_empty(),
+        let change = match tokio::time::timeout_at(deadline, watch.next()).await {
+            Ok(change) => change?,
+            Err(_) => {
+                let after = humantime::format_duration(timeout);
+                if matches!(wanted, Wanted::Deleted) {
+                    anyhow::bail!(
+                        "timed out after {after} waiting for {kind}/{name} to be deleted"
+                    );
                 }
+                let message = last
+                    .as_ref()
+                    .map(|o| str_of(o, "/status/message"))
+                    .unwrap_or_default();
+                anyhow::bail!(
+                    "timed out after {after} waiting for {condition} on {kind}/{name} ({message})"
+                );
             }
         };
-        if met {
-            println!("{}/{name} condition met", kind.to_ascii_lowercase());
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            anyhow::bail!(
-                "timed out after {} waiting for {condition} on {kind}/{name} ({})",
-                humantime::format_duration(timeout),
-                str_of(&current, "/status/message")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-/// Until `kind/name` is not found.
-async fn wait_deleted(
-    client: &mut Client,
-    kind: &str,
-    namespace: &str,
-    name: &str,
-    deadline: Instant,
-    timeout: Duration,
-) -> anyhow::Result<()> {
-    loop {
-        match fetch_if_exists(client, kind, namespace, name).await? {
-            None => {
-                println!("{}/{name} condition met", kind.to_ascii_lowercase());
+        match (change, &wanted) {
+            // Nothing by that name: gone already, or nothing to wait on.
+            (Change::Synced, Wanted::Deleted) if last.is_none() => {
+                met();
                 return Ok(());
             }
-            Some(_) if Instant::now() >= deadline => anyhow::bail!(
-                "timed out after {} waiting for {kind}/{name} to be deleted",
-                humantime::format_duration(timeout)
-            ),
-            Some(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            (Change::Synced, _) if last.is_none() => {
+                anyhow::bail!("{kind}/{name}: not found")
+            }
+            (Change::Synced, _) => {}
+            (Change::Object { deleted: true, .. }, Wanted::Deleted) => {
+                met();
+                return Ok(());
+            }
+            (Change::Object { deleted: true, .. }, _) => {
+                anyhow::bail!("{kind}/{name} was deleted while waiting for {condition}")
+            }
+            (Change::Object { object, .. }, wanted) => {
+                let done = match wanted {
+                    Wanted::Deleted => false,
+                    Wanted::Condition(name) => has_condition(&object, name),
+                    Wanted::JsonPath(template, value) => {
+                        let got = template.render(&object);
+                        match value {
+                            Some(value) => got == *value,
+                            None => !got.is_empty(),
+                        }
+                    }
+                };
+                if done {
+                    met();
+                    return Ok(());
+                }
+                last = Some(object);
+            }
         }
     }
 }

@@ -10,6 +10,7 @@ mod lists;
 mod node_images;
 mod placement;
 mod show;
+mod watch;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -18,7 +19,7 @@ use rigger_proto::v1::control_server::Control;
 use rigger_proto::v1::{
     ApplyRequest, ApplyResponse, ContainerExec, ContainerLogs, DeleteRequest, DeleteResponse,
     GetRequest, LabelRequest, ListRequest, ListResponse, Object, PodExecRequest, PodLogsRequest,
-    PodOutput, agent_request,
+    PodOutput, WatchRequest, agent_request,
 };
 use serde::Serialize;
 use tonic::{Request, Response, Status};
@@ -49,6 +50,7 @@ pub struct ControlService {
     limiter: Arc<ClientLimiter>,
     leadership: Leadership,
     node_timeout: Duration,
+    watches: Arc<watch::WatchHub>,
 }
 
 impl ControlService {
@@ -74,6 +76,7 @@ impl ControlService {
             limiter: Arc::new(ClientLimiter::new(api_rate)),
             leadership,
             node_timeout,
+            watches: Arc::new(watch::WatchHub::default()),
         }
     }
 
@@ -103,6 +106,94 @@ impl ControlService {
                 }
             }
         });
+    }
+}
+
+impl ControlService {
+    /// Every object of `kind` as `get` shows it (in `namespace` only, when one is given).
+    pub(crate) async fn list_shown(
+        &self,
+        kind: Kind,
+        namespace: &str,
+    ) -> Result<Vec<Object>, Status> {
+        if kind == Kind::NodeImage {
+            return self.node_images(None).await;
+        }
+        if kind == Kind::Node {
+            return Ok(self
+                .nodes
+                .objects(SystemTime::now(), self.node_timeout)
+                .into_iter()
+                .map(|n| Object {
+                    json: n.to_string(),
+                    revision: 0,
+                })
+                .collect());
+        }
+        let mut items = Vec::new();
+        for stored in self.store.list(kind.name()).await.map_err(store_status)? {
+            if namespace.is_empty() || !kind.namespaced() || stored.key.namespace == namespace {
+                items.push(self.show(kind, stored).await?);
+            }
+        }
+        Ok(items)
+    }
+}
+
+/// Which objects a List or Watch wants: a namespace (empty: all) and kubectl's label and
+/// field selectors, matched on the object as shown (what `get -o yaml` says is what
+/// selects).
+#[derive(Debug, Clone)]
+pub(crate) struct Selection {
+    namespace: String,
+    labels: rigger_api::LabelSelector,
+    fields: rigger_api::selectors::FieldSelector,
+}
+
+impl Selection {
+    fn parse(kind: Kind, namespace: &str, labels: &str, fields: &str) -> Result<Self, Status> {
+        Ok(Self {
+            namespace: if kind.namespaced() {
+                namespace.to_owned()
+            } else {
+                String::new()
+            },
+            labels: rigger_api::selectors::parse_label_selector_or_all(labels)
+                .map_err(|e| Status::invalid_argument(format!("label selector: {e}")))?,
+            fields: rigger_api::selectors::FieldSelector::parse(fields)
+                .map_err(|e| Status::invalid_argument(format!("field selector: {e}")))?,
+        })
+    }
+
+    /// The namespace wanted (empty: all).
+    fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Whether an object of `namespace` is in the selection's namespace.
+    pub(crate) fn in_namespace(&self, namespace: &str) -> bool {
+        self.namespace.is_empty() || self.namespace == namespace
+    }
+
+    /// The label and field selectors (the namespace is the caller's to check); without
+    /// a selector nothing is read again.
+    pub(crate) fn selects(&self, object: &Object) -> bool {
+        if self.labels.is_empty() && self.fields.is_empty() {
+            return true;
+        }
+        let Ok(value) = serde_json::from_str::<serde_json::Value>(&object.json) else {
+            return false;
+        };
+        let meta = &value["metadata"];
+        let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+        let object_labels = meta["labels"]
+            .as_object()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), text(v))).collect())
+            .unwrap_or_default();
+        self.labels.matches(&object_labels)
+            && self
+                .fields
+                .matches(&text(&meta["name"]), &text(&meta["namespace"]))
     }
 }
 
@@ -178,64 +269,40 @@ impl Control for ControlService {
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
         let (_, request) = self.admit(request, Role::Viewer)?;
         let kind = kind_of(&request.kind)?;
-        let labels = rigger_api::selectors::parse_label_selector_or_all(&request.label_selector)
-            .map_err(|e| Status::invalid_argument(format!("label selector: {e}")))?;
-        let fields = rigger_api::selectors::FieldSelector::parse(&request.field_selector)
-            .map_err(|e| Status::invalid_argument(format!("field selector: {e}")))?;
-        // Selected on the object as shown: what `get -o yaml` says is what selects. Without
-        // a selector nothing is read again.
-        let selecting = !(labels.is_empty() && fields.is_empty());
-        let selected = |object: &Object| {
-            if !selecting {
-                return true;
-            }
-            let Ok(value) = serde_json::from_str::<serde_json::Value>(&object.json) else {
-                return false;
-            };
-            let meta = &value["metadata"];
-            let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
-            let object_labels = meta["labels"]
-                .as_object()
-                .map(|m| m.iter().map(|(k, v)| (k.clone(), text(v))).collect())
-                .unwrap_or_default();
-            labels.matches(&object_labels)
-                && fields.matches(&text(&meta["name"]), &text(&meta["namespace"]))
-        };
-        if kind == Kind::NodeImage {
-            let items = self
-                .node_images(None)
-                .await?
-                .into_iter()
-                .filter(selected)
-                .collect();
-            return Ok(Response::new(ListResponse { items }));
-        }
-        if kind == Kind::Node {
-            let items = self
-                .nodes
-                .objects(SystemTime::now(), self.node_timeout)
-                .into_iter()
-                .map(|n| Object {
-                    json: n.to_string(),
-                    revision: 0,
-                })
-                .filter(selected)
-                .collect();
-            return Ok(Response::new(ListResponse { items }));
-        }
-        let mut items = Vec::new();
-        for stored in self.store.list(kind.name()).await.map_err(store_status)? {
-            if request.namespace.is_empty()
-                || !kind.namespaced()
-                || stored.key.namespace == request.namespace
-            {
-                let object = self.show(kind, stored).await?;
-                if selected(&object) {
-                    items.push(object);
-                }
-            }
-        }
+        let selection = Selection::parse(
+            kind,
+            &request.namespace,
+            &request.label_selector,
+            &request.field_selector,
+        )?;
+        let items = self
+            .list_shown(kind, selection.namespace())
+            .await?
+            .into_iter()
+            .filter(|o| selection.selects(o))
+            .collect();
         Ok(Response::new(ListResponse { items }))
+    }
+
+    type WatchStream = watch::EventStream;
+
+    async fn watch(
+        &self,
+        request: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let (_, request) = self.admit(request, Role::Viewer)?;
+        let kind = kind_of(&request.kind)?;
+        let selection = Selection::parse(
+            kind,
+            &request.namespace,
+            &request.label_selector,
+            &request.field_selector,
+        )?;
+        let stream = self
+            .watches
+            .watch(self, kind, selection, request.resource_version)
+            .await?;
+        Ok(Response::new(stream))
     }
 
     async fn logs(&self, request: Request<PodLogsRequest>) -> Result<Response<PodOutput>, Status> {

@@ -271,3 +271,62 @@ fn dry_runs_show_the_object_as_it_would_be_stored() {
     );
     assert!(controller.get_json(&["imagepulljob", "planned"]).is_some());
 }
+
+/// `get -w` follows the controller's Watch: the objects there are, then each change as
+/// it happens (a re-applied spec, a deletion), without listing everything again.
+#[test]
+fn get_watch_prints_each_change_as_it_happens() {
+    use std::io::{BufRead as _, BufReader};
+    use std::process::{Command, Stdio};
+
+    let dir = tempfile::tempdir().unwrap();
+    let controller = Controller::start(&dir.path().join("controller"));
+    controller.apply_ok(&job("apps.kruise.io/v1beta1", "before"));
+    let mut watcher = Command::new(rigger_integration_tests::binary("riggerctl"))
+        .args(["--server", &controller.endpoints])
+        .arg("--ca-file")
+        .arg(controller.pki.join("ca.pem"))
+        .args([
+            "--token",
+            &rigger_integration_tests::token(&controller.pki, "viewer"),
+        ])
+        .args(["get", "imagepulljobs", "-w", "-o", "name"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = watcher.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let next = || {
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("a line from get -w")
+    };
+    assert_eq!(
+        next(),
+        "imagepulljob.apps.kruise.io/before",
+        "what there is first"
+    );
+    controller.apply_ok(&job("apps.kruise.io/v1beta1", "after"));
+    assert_eq!(next(), "imagepulljob.apps.kruise.io/after", "a new object");
+    controller.apply_ok(
+        &job("apps.kruise.io/v1beta1", "after").replace("spec:\n", "spec:\n  parallelism: 3\n"),
+    );
+    assert_eq!(
+        next(),
+        "imagepulljob.apps.kruise.io/after",
+        "a change to it"
+    );
+    // Its status follows (the controller takes in the new spec); once settled, nothing
+    // is printed again: the watch sends changes, not the list every second.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    while rx.try_recv().is_ok() {}
+    let extra = rx.recv_timeout(std::time::Duration::from_secs(3));
+    assert!(extra.is_err(), "{extra:?}");
+    watcher.kill().unwrap();
+    let _ = watcher.wait();
+}
