@@ -634,3 +634,70 @@ fn kruise_image_list_pull_jobs_pull_every_image_through_one_job_each() {
         "only the forged job is left"
     );
 }
+
+/// ImagePullJob in both versions, every optional field: by node names with a pull
+/// secret, sandbox config and deadlines (v1beta1); by the pods a node runs and by label
+/// expressions (v1alpha1); each answers in its version and pulls on the node.
+#[test]
+fn kruise_image_pull_jobs_apply_in_both_versions() {
+    let lab = Lab::get();
+    let dir = tempfile::tempdir().unwrap();
+    let node = "job-corpus";
+    let (controller, agent) = controller_with_agent(dir.path(), node, "itest-job-corpus");
+    let id = format!("j{}", std::process::id());
+    let image = lab.image(&rigger_integration_tests::unique_image(
+        "job-corpus",
+        1,
+        4096,
+    ));
+    let busybox = lab.image("rigger-lab/busybox:1");
+    let fill = |name: &str| corpus(name, &image, &id).replace("${NODE}", node);
+    // The pod the v1alpha1 job's podSelector finds.
+    controller.apply_ok(&app_pod(
+        &format!("corpus-{id}"),
+        &format!("corpus-{id}"),
+        &busybox,
+    ));
+    wait_until("the pod to run", Duration::from_secs(120), || {
+        let pod = controller.get_json(&["pod", &format!("corpus-{id}")])?;
+        pod_ready(&pod).then_some(())
+    });
+    controller.apply_ok(&fill("imagepulljob-v1beta1.yaml"));
+    controller.apply_ok(&fill("imagepulljob-v1alpha1.yaml"));
+    for (name, version) in [
+        (format!("job-{id}"), "apps.kruise.io/v1beta1"),
+        (format!("by-pods-{id}"), "apps.kruise.io/v1alpha1"),
+        (format!("by-labels-{id}"), "apps.kruise.io/v1alpha1"),
+    ] {
+        let job = wait_until(&format!("{name} to pull"), Duration::from_secs(120), || {
+            let job = controller.get_json(&["imagepulljob", &name])?;
+            (job["status"]["succeeded"] == 1).then_some(job)
+        });
+        assert_eq!(job["apiVersion"], version, "{job}");
+        assert_eq!(
+            job["status"]["desired"],
+            1,
+            "{job}\n{}",
+            log_tail(&agent.log, 20)
+        );
+    }
+    let job = controller
+        .get_json(&["imagepulljob", &format!("job-{id}")])
+        .unwrap();
+    assert_eq!(
+        job["spec"]["sandboxConfig"]["annotations"]["example.com/why"],
+        "corpus"
+    );
+    assert_eq!(job["spec"]["pullPolicy"]["backoffLimit"], 2);
+    let waited = controller.ctl(&[
+        "wait",
+        &format!("imagepulljob/job-{id}"),
+        "--for=condition=Complete",
+        "--timeout=30s",
+    ]);
+    assert!(
+        waited.status.success(),
+        "{}",
+        String::from_utf8_lossy(&waited.stderr)
+    );
+}
