@@ -14,9 +14,21 @@ impl PodRunner {
         use rigger_proto::v1::{AgentResponse, agent_request};
         let id = request.id;
         let result = match request.kind {
-            Some(agent_request::Kind::Logs(logs)) => self
-                .logs(&logs.pod_uid, &logs.container, logs.tail_lines)
-                .map(|text| (text.into_bytes(), Vec::new(), 0)),
+            Some(agent_request::Kind::Logs(logs)) => {
+                let from = logs.follow.then_some((logs.attempt, logs.offset));
+                match self.logs(&logs.pod_uid, &logs.container, logs.tail_lines, from) {
+                    Ok(read) => {
+                        return AgentResponse {
+                            id,
+                            stdout: read.text.into_bytes(),
+                            log_attempt: read.attempt,
+                            log_offset: read.offset,
+                            ..AgentResponse::default()
+                        };
+                    }
+                    Err(error) => Err(error),
+                }
+            }
             Some(agent_request::Kind::Exec(exec)) => {
                 Box::pin(self.exec(
                     &exec.pod_uid,
@@ -34,7 +46,7 @@ impl PodRunner {
                 stdout,
                 stderr,
                 exit_code,
-                error: String::new(),
+                ..AgentResponse::default()
             },
             Err(error) => AgentResponse {
                 id,
@@ -72,11 +84,20 @@ impl PodRunner {
         }
     }
 
-    /// The latest attempt's log, messages only (CRI's timestamp/stream/tag prefix dropped).
-    pub(super) fn logs(&self, uid: &str, container: &str, tail: u32) -> Result<String, String> {
+    /// The latest attempt's log, messages only (CRI's timestamp/stream/tag prefix
+    /// dropped): the last `tail` lines, or, following from `(attempt, offset)`, the
+    /// whole lines written since (all of a newer attempt's).
+    pub(super) fn logs(
+        &self,
+        uid: &str,
+        container: &str,
+        tail: u32,
+        from: Option<(u32, u64)>,
+    ) -> Result<LogRead, String> {
+        use std::io::{Read as _, Seek as _};
         let name = self.container_name(uid, container)?;
         let dir = self.inner.dir.join(uid).join("logs").join(&name);
-        let latest = std::fs::read_dir(&dir)
+        let (attempt, latest) = std::fs::read_dir(&dir)
             .map_err(|e| format!("no log for container {name:?} yet ({e})"))?
             .filter_map(|entry| {
                 let path = entry.ok()?.path();
@@ -84,11 +105,36 @@ impl PodRunner {
                 Some((attempt, path))
             })
             .max_by_key(|(attempt, _)| *attempt)
-            .map(|(_, path)| path)
             .ok_or_else(|| format!("no log for container {name:?} yet"))?;
-        let text =
-            std::fs::read_to_string(&latest).map_err(|e| format!("{}: {e}", latest.display()))?;
-        Ok(log_messages(&text, tail))
+        let start = match from {
+            Some((seen, offset)) if seen == attempt => offset,
+            _ => 0,
+        };
+        let mut file =
+            std::fs::File::open(&latest).map_err(|e| format!("{}: {e}", latest.display()))?;
+        let length = file.metadata().map_or(0, |m| m.len());
+        // A log shorter than the offset was rotated or replaced: from its start.
+        let start = if start > length { 0 } else { start };
+        file.seek(std::io::SeekFrom::Start(start))
+            .map_err(|e| format!("{}: {e}", latest.display()))?;
+        let mut bytes = Vec::new();
+        // A follower is answered in pieces; a plain read is the whole log, as before.
+        let limit = if from.is_some() {
+            MAX_LOG_READ
+        } else {
+            u64::MAX
+        };
+        file.take(limit)
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("{}: {e}", latest.display()))?;
+        // Whole lines only: a line being written is sent once it is complete.
+        let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        let text = String::from_utf8_lossy(&bytes[..whole]);
+        Ok(LogRead {
+            text: log_messages(&text, if from.is_some() { 0 } else { tail }),
+            attempt,
+            offset: start + whole as u64,
+        })
     }
 
     pub(super) async fn exec(
@@ -132,6 +178,16 @@ impl PodRunner {
             .into_inner();
         Ok((response.stdout, response.stderr, response.exit_code))
     }
+}
+
+/// The most of a log one answer carries (a follower asks again for the rest).
+const MAX_LOG_READ: u64 = 16 << 20;
+
+/// What a log read found: the messages, and where a follower goes on from.
+pub(super) struct LogRead {
+    text: String,
+    attempt: u32,
+    offset: u64,
 }
 
 /// The messages of a CRI log file (each line is `TIME STREAM TAG MESSAGE`), the last

@@ -1,8 +1,6 @@
 //! `riggerctl logs POD [-c CONTAINER] [--tail N] [-f]`: a container's log, through the
 //! node's agent.
 
-use std::time::Duration;
-
 use rigger_proto::v1::PodLogsRequest;
 
 use crate::client::{Client, refused};
@@ -16,7 +14,7 @@ pub struct Args {
     /// Only the last N lines.
     #[arg(long, default_value_t = 0)]
     tail: u32,
-    /// Keep printing new lines (asks the agent again every second).
+    /// Keep printing new lines as the container writes them.
     #[arg(long, short = 'f')]
     follow: bool,
 }
@@ -29,44 +27,41 @@ pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Re
         follow,
     } = args;
     use std::io::Write as _;
-    let request = |tail_lines| PodLogsRequest {
+    let request = PodLogsRequest {
         namespace: namespace.to_owned(),
-        name: pod.clone(),
-        container: container.clone().unwrap_or_default(),
-        tail_lines,
+        name: pod,
+        container: container.unwrap_or_default(),
+        tail_lines: tail,
     };
-    let output = client
-        .logs(request(tail))
-        .await
-        .map_err(|s| refused(&s))?
-        .into_inner();
-    std::io::stdout().write_all(&output.stdout)?;
     if !follow {
-        return Ok(());
-    }
-    // Following: the whole log is asked for again each second and only lines
-    // beyond what was seen are printed (a restarted container starts over).
-    let mut seen = client
-        .logs(request(0))
-        .await
-        .map_err(|s| refused(&s))?
-        .into_inner()
-        .stdout;
-    loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let now = client
-            .logs(request(0))
+        let output = client
+            .logs(request)
             .await
             .map_err(|s| refused(&s))?
-            .into_inner()
-            .stdout;
-        let new = if now.starts_with(&seen) {
-            &now[seen.len()..]
-        } else {
-            &now[..]
-        };
-        std::io::stdout().write_all(new)?;
-        std::io::stdout().flush()?;
-        seen = now;
+            .into_inner();
+        std::io::stdout().write_all(&output.stdout)?;
+        return Ok(());
+    }
+    // Following: the controller streams the log, then each new line (a restarted
+    // container's from its start).
+    let mut stream = client
+        .follow_logs(request)
+        .await
+        .map_err(|s| match s.code() {
+            tonic::Code::Unimplemented => anyhow::anyhow!(
+                "the controller cannot follow logs (it is older than this riggerctl); upgrade it, or leave out -f"
+            ),
+            _ => refused(&s),
+        })?
+        .into_inner();
+    loop {
+        match stream.message().await {
+            Ok(Some(output)) => {
+                std::io::stdout().write_all(&output.stdout)?;
+                std::io::stdout().flush()?;
+            }
+            Ok(None) => return Ok(()),
+            Err(status) => return Err(refused(&status)),
+        }
     }
 }

@@ -7,6 +7,7 @@
 
 mod apply;
 mod lists;
+mod logs;
 mod node_images;
 mod placement;
 mod show;
@@ -316,6 +317,7 @@ impl Control for ControlService {
                     pod_uid: uid,
                     container: request.container,
                     tail_lines: request.tail_lines,
+                    ..ContainerLogs::default()
                 }),
                 Duration::from_secs(30),
             )
@@ -325,6 +327,17 @@ impl Control for ControlService {
             stderr: answer.stderr,
             exit_code: answer.exit_code,
         }))
+    }
+
+    type FollowLogsStream = logs::OutputStream;
+
+    async fn follow_logs(
+        &self,
+        request: Request<PodLogsRequest>,
+    ) -> Result<Response<Self::FollowLogsStream>, Status> {
+        let (_, request) = self.admit(request, Role::Viewer)?;
+        let (node, uid) = self.placement(&request.namespace, &request.name).await?;
+        Ok(Response::new(self.follow(node, uid, request)))
     }
 
     async fn label(&self, request: Request<LabelRequest>) -> Result<Response<Object>, Status> {

@@ -374,3 +374,53 @@ spec:
         sandboxes(node, &name).is_empty().then_some(())
     });
 }
+
+/// `logs -f` follows the log as the container writes it: each line once, in order,
+/// through the controller's stream (the agent is asked only for what is new).
+#[test]
+fn logs_follow_prints_each_new_line_once() {
+    use std::io::BufRead as _;
+    let lab = Lab::get();
+    let dir = tempfile::tempdir().unwrap();
+    let (controller, _agent) =
+        rigger_integration_tests::controller_with_agent(dir.path(), "follow-node", "itest-follow");
+    let image = lab.image("rigger-lab/busybox:1");
+    let name = format!("ticker-{}", std::process::id());
+    controller.apply_ok(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: ticker\n    image: {image}\n    command: [\"sh\", \"-c\", \"trap 'exit 0' TERM; i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.3; done\"]\n"
+    ));
+    wait_until("the ticker's first line", Duration::from_secs(90), || {
+        let out = controller.ctl(&["logs", &name]);
+        String::from_utf8_lossy(&out.stdout)
+            .contains("tick 1")
+            .then_some(())
+    });
+    let mut follow = Command::new(binary("riggerctl"))
+        .args(["--server", &controller.endpoints, "--ca-file"])
+        .arg(controller.pki.join("ca.pem"))
+        .args([
+            "--token",
+            &rigger_integration_tests::token(&controller.pki, "viewer"),
+        ])
+        .args(["logs", "-f", &name])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut reader = std::io::BufReader::new(follow.stdout.take().unwrap());
+    let mut ticks = Vec::new();
+    while ticks.len() < 15 {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        let n: u32 = line
+            .trim()
+            .strip_prefix("tick ")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{line:?}"));
+        ticks.push(n);
+    }
+    follow.kill().unwrap();
+    follow.wait().unwrap();
+    let expected: Vec<u32> = (1..=15).collect();
+    assert_eq!(ticks, expected, "each line once, in order");
+    assert!(controller.ctl(&["delete", "pod", &name]).status.success());
+}

@@ -1,0 +1,72 @@
+//! `riggerctl logs -f`: the log, then what the container writes next, as a stream. The
+//! agent is asked for what lies past its last answer (attempt and byte offset), so a
+//! follower costs a small question every half second, not the whole log again.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use rigger_proto::v1::{ContainerLogs, PodLogsRequest, PodOutput, agent_request};
+use tokio_stream::Stream;
+use tonic::Status;
+
+use super::ControlService;
+
+pub type OutputStream = Pin<Box<dyn Stream<Item = Result<PodOutput, Status>> + Send>>;
+
+/// How often the agent is asked for new lines.
+const POLL: Duration = Duration::from_millis(500);
+
+impl ControlService {
+    /// The log of pod `uid`'s container on `node`, followed until the caller goes away
+    /// or the pod does.
+    pub(super) fn follow(
+        &self,
+        node: String,
+        uid: String,
+        request: PodLogsRequest,
+    ) -> OutputStream {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let pods = self.pods.clone();
+        tokio::spawn(async move {
+            let mut ask = ContainerLogs {
+                pod_uid: uid,
+                container: request.container,
+                tail_lines: request.tail_lines,
+                ..ContainerLogs::default()
+            };
+            loop {
+                let answer = pods
+                    .ask(
+                        &node,
+                        agent_request::Kind::Logs(ask.clone()),
+                        Duration::from_secs(30),
+                    )
+                    .await;
+                let answer = match answer {
+                    Ok(answer) => answer,
+                    Err(status) => {
+                        let _ = tx.send(Err(status)).await;
+                        return;
+                    }
+                };
+                ask.follow = true;
+                ask.attempt = answer.log_attempt;
+                ask.offset = answer.log_offset;
+                if !answer.stdout.is_empty() {
+                    let output = PodOutput {
+                        stdout: answer.stdout,
+                        ..PodOutput::default()
+                    };
+                    if tx.send(Ok(output)).await.is_err() {
+                        return; // The follower went away.
+                    }
+                }
+                tokio::select! {
+                    () = tx.closed() => return,
+                    () = tokio::time::sleep(POLL) => {}
+                }
+            }
+        });
+        Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+    }
+}
