@@ -15,7 +15,7 @@ pub const KIND: &str = "ContainerRecreateRequest";
 pub const POD_UID_LABEL: &str = "crr.apps.kruise.io/pod-uid";
 pub const NODE_NAME_LABEL: &str = "crr.apps.kruise.io/node-name";
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ContainerRecreateRequest {
     pub api_version: String,
@@ -26,7 +26,7 @@ pub struct ContainerRecreateRequest {
     pub status: Option<CrrStatus>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CrrSpec {
     /// The pod, in the request's namespace.
@@ -42,7 +42,7 @@ pub struct CrrSpec {
     pub ttl_seconds_after_finished: Option<u64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CrrContainer {
     pub name: String,
@@ -62,7 +62,7 @@ pub struct CrrContainer {
 }
 
 /// Kruise's `statusContext`: a container instance as the pod's status named it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StatusContext {
     /// `containerd://<id>`.
@@ -92,7 +92,7 @@ impl StatusContext {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CrrStrategy {
     #[serde(default)]
@@ -114,7 +114,9 @@ pub struct CrrStrategy {
     pub force_recreate: bool,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum FailurePolicy {
     /// The request fails at the first container that fails.
     #[default]
@@ -123,7 +125,7 @@ pub enum FailurePolicy {
     Ignore,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CrrStatus {
     pub phase: CrrPhase,
@@ -143,7 +145,9 @@ pub struct CrrStatus {
 /// Kruise's condition type for the unready grace before the containers stop.
 pub const PRE_RECREATE_GRACE: &str = "PreRecreateGrace";
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum CrrPhase {
     #[default]
     Pending,
@@ -151,7 +155,7 @@ pub enum CrrPhase {
     Completed,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerRecreateState {
     pub name: String,
@@ -163,7 +167,9 @@ pub struct ContainerRecreateState {
     pub is_killed: bool,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum ContainerRecreatePhase {
     #[default]
     Pending,

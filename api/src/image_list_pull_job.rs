@@ -19,7 +19,7 @@ pub const OWNER_LABEL: &str = "imagelistpulljob.rigger.dev/name";
 /// Kubernetes' label for the version of the template a job was made from (Kruise's).
 pub const TEMPLATE_HASH_LABEL: &str = "controller-revision-hash";
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ImageListPullJob {
     pub api_version: String,
@@ -39,7 +39,7 @@ pub struct ImageListPullJobSpec {
     pub template: ImagePullJobSpec,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageListPullJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -58,7 +58,7 @@ pub struct ImageListPullJobStatus {
     pub failed_image_statuses: Vec<FailedImageStatus>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FailedImageStatus {
     pub image_pull_job: String,
@@ -133,6 +133,31 @@ impl ImageListPullJob {
 fn short_hash(bytes: &[u8]) -> String {
     use sha2::Digest as _;
     hex::encode(&sha2::Sha256::digest(bytes)[..5])
+}
+
+/// The schema as written: an ImagePullJob spec's with `images` for `image`.
+impl schemars::JsonSchema for ImageListPullJobSpec {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ImageListPullJobSpec".into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let mut schema = ImagePullJobSpec::json_schema(generator);
+        let images = schemars::json_schema!({
+            "description": "The images to pull, each by its own ImagePullJob.",
+            "type": "array",
+            "items": {"type": "string"}
+        });
+        if let Some(properties) = schema
+            .get_mut("properties")
+            .and_then(serde_json::Value::as_object_mut)
+        {
+            properties.remove("image");
+            properties.insert("images".to_owned(), images.to_value());
+        }
+        schema.insert("required".to_owned(), serde_json::json!(["images"]));
+        schema
+    }
 }
 
 impl Serialize for ImageListPullJobSpec {

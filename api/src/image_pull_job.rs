@@ -10,7 +10,7 @@ use super::{FieldError, IntOrPercent, LabelSelector, ObjectMeta, ValidateMeta as
 
 pub const KIND: &str = "ImagePullJob";
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ImagePullJob {
     pub api_version: String,
@@ -21,7 +21,7 @@ pub struct ImagePullJob {
     pub status: Option<ImagePullJobStatus>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ImagePullJobSpec {
     pub image: String,
@@ -51,7 +51,7 @@ pub struct ImagePullJobSpec {
 }
 
 /// Kruise's `sandboxConfig`: metadata of the pull's sandbox.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SandboxConfig {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -61,7 +61,7 @@ pub struct SandboxConfig {
 }
 
 /// Kruise's `selector`: node names, or node labels — not both.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(from = "NodeSelectorFields", into = "NodeSelectorFields")]
 pub struct NodeSelector {
     pub names: Vec<String>,
@@ -71,7 +71,7 @@ pub struct NodeSelector {
 /// [`NodeSelector`] as written: Kruise embeds the label selector's fields beside
 /// `names`; spelled out here so that an unknown field is refused (serde's `flatten`
 /// would let it by).
-#[derive(Serialize, Deserialize)]
+#[derive(Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct NodeSelectorFields {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -104,7 +104,7 @@ impl From<NodeSelector> for NodeSelectorFields {
     }
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CompletionPolicy {
     #[serde(rename = "type", default)]
@@ -117,7 +117,9 @@ pub struct CompletionPolicy {
     pub ttl_seconds_after_finished: Option<u64>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum CompletionPolicyType {
     /// Finish once every selected node pulled (or failed).
     #[default]
@@ -126,7 +128,7 @@ pub enum CompletionPolicyType {
     Never,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PullPolicy {
     /// One node's pull fails after this long [default: 600].
@@ -154,7 +156,9 @@ fn default_backoff_limit() -> u32 {
     3
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum ImagePullPolicy {
     /// Pull even when the node has the image (a tag may have moved).
     Always,
@@ -163,7 +167,7 @@ pub enum ImagePullPolicy {
     IfNotPresent,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ImagePullJobStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -187,7 +191,7 @@ pub struct ImagePullJobStatus {
 }
 
 /// One node's part of a job.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodePullStatus {
     pub name: String,
@@ -217,7 +221,9 @@ pub struct NodePullStatus {
     pub node_lost: bool,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum NodePullPhase {
     /// Waiting for a parallelism slot (or for a retry).
     #[default]

@@ -12,6 +12,7 @@ pub mod node;
 pub mod node_image;
 pub mod object;
 pub mod pod;
+pub mod reference;
 pub mod secret;
 pub mod selectors;
 pub mod sidecar_set;
@@ -155,7 +156,7 @@ impl std::fmt::Display for Kind {
 }
 
 /// Kubernetes' condition shape (`status.conditions[]`), what `riggerctl wait` reads.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
     #[serde(rename = "type")]
@@ -263,7 +264,7 @@ pub fn check_label_value(value: &str) -> bool {
 }
 
 /// Kubernetes' label selector: every `matchLabels` pair and every expression must hold.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LabelSelector {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -272,7 +273,7 @@ pub struct LabelSelector {
     pub match_expressions: Vec<LabelSelectorRequirement>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LabelSelectorRequirement {
     pub key: String,
@@ -281,7 +282,7 @@ pub struct LabelSelectorRequirement {
     pub values: Vec<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum SelectorOperator {
     In,
     NotIn,
@@ -379,6 +380,22 @@ impl IntOrPercent {
             Self::Int(n) => n as usize,
             Self::Percent(p) => (total * p as usize).div_ceil(100),
         }
+    }
+}
+
+impl schemars::JsonSchema for IntOrPercent {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "IntOrPercent".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A count, or a percentage such as \"25%\".",
+            "anyOf": [
+                {"type": "integer", "minimum": 0},
+                {"type": "string", "pattern": "^[0-9]+%$"}
+            ]
+        })
     }
 }
 

@@ -14,7 +14,7 @@ use super::node::Node;
 
 pub const KIND: &str = "NodeImage";
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeImage {
     pub api_version: String,
@@ -24,7 +24,7 @@ pub struct NodeImage {
     pub status: NodeImageStatus,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeImageSpec {
     /// By image name (the reference without its tag or digest).
@@ -32,7 +32,7 @@ pub struct NodeImageSpec {
     pub images: BTreeMap<String, ImageSpec>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -40,14 +40,14 @@ pub struct ImageSpec {
     pub tags: Vec<ImageTagSpec>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReferenceObject {
     pub namespace: String,
     pub name: String,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageTagSpec {
     /// The tag, or the digest of a reference by digest.
@@ -57,7 +57,7 @@ pub struct ImageTagSpec {
     pub image_pull_policy: String,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TagPullPolicy {
     pub timeout_seconds: u64,
@@ -69,7 +69,7 @@ pub struct TagPullPolicy {
 }
 
 /// Kubernetes' ObjectReference, as Kruise's owners of a tag.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ObjectReference {
     pub api_version: String,
@@ -80,7 +80,7 @@ pub struct ObjectReference {
     pub uid: String,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeImageStatus {
     /// Tags in the spec, and how many of them are in each phase.
@@ -93,13 +93,13 @@ pub struct NodeImageStatus {
     pub image_statuses: BTreeMap<String, ImageStatus>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageStatus {
     pub tags: Vec<ImageTagStatus>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ImageTagStatus {
     pub tag: String,

@@ -15,7 +15,9 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 use self::client::ConnectArgs;
-use self::commands::{apply, delete, describe, exec, get, label, logs, recreate, set, wait};
+use self::commands::{
+    apply, delete, describe, exec, explain, get, label, logs, recreate, set, wait,
+};
 
 #[derive(Debug, Parser)]
 #[command(name = "riggerctl", version, about = "Talk to a Rigger controller")]
@@ -34,6 +36,7 @@ enum Command {
     Apply(apply::Args),
     Get(get::Args),
     Describe(describe::Args),
+    Explain(explain::Args),
     Delete(delete::Args),
     Label(label::Args),
     Logs(logs::Args),
@@ -50,9 +53,18 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return code,
     };
-    // Completions and the man page need no controller.
+    // Completions, the man page and explain need no controller.
     if let Command::Docs(docs) = &cli.command {
         return docs.print(<Cli as clap::CommandFactory>::command());
+    }
+    if let Command::Explain(args) = &cli.command {
+        return match explain::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("riggerctl: error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
     }
     let result = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -85,7 +97,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Set(args) => set::run(args, client, namespace).await,
         Command::Recreate(args) => recreate::run(args, client, namespace).await,
         Command::Wait(args) => wait::run(args, client, namespace).await,
-        Command::Docs(_) => Ok(()),
+        Command::Docs(_) | Command::Explain(_) => Ok(()),
     }
     .map(|()| 0)
 }

@@ -15,7 +15,7 @@ use crate::FieldError;
 /// told from the pod's own).
 pub const INJECTED_ENV: &str = "IS_INJECTED";
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SidecarContainer {
     #[serde(flatten)]
@@ -41,13 +41,13 @@ pub struct SidecarContainer {
     pub resources_policy: Option<serde_json::Value>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum PodInjectPolicy {
     BeforeAppContainer,
     AfterAppContainer,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UpgradeStrategy {
     #[serde(default)]
@@ -57,21 +57,23 @@ pub struct UpgradeStrategy {
     pub hot_upgrade_empty_image: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum UpgradeType {
     #[default]
     ColdUpgrade,
     HotUpgrade,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ShareVolumePolicy {
     #[serde(rename = "type")]
     pub kind: ShareVolumePolicyType,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ShareVolumePolicyType {
     Enabled,
@@ -80,7 +82,7 @@ pub enum ShareVolumePolicyType {
 
 /// Kruise's `transferEnv[]`: env vars `envName`/`envNames` of the pod's container
 /// `sourceContainerName` (or the one a pod label or annotation names).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TransferEnvVar {
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -93,7 +95,7 @@ pub struct TransferEnvVar {
     pub env_names: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SourceContainerNameSource {
     pub field_ref: FieldRef,

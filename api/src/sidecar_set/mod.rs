@@ -44,7 +44,7 @@ pub const CUSTOM_VERSION_LABEL: &str = "apps.kruise.io/sidecarset-custom-version
 /// Kruise's default `revisionHistoryLimit`.
 pub const DEFAULT_REVISION_HISTORY_LIMIT: u32 = 10;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SidecarSet {
     pub api_version: String,
@@ -55,7 +55,7 @@ pub struct SidecarSet {
     pub status: Option<SidecarSetStatus>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SidecarSetSpec {
     /// Pods whose labels match (required, as in Kruise).
@@ -97,14 +97,14 @@ pub struct SidecarSetSpec {
     pub custom_version: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LocalObjectReference {
     pub name: String,
 }
 
 /// Kruise's `injectionStrategy`: whether new pods get the sidecars, and which version.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InjectionStrategy {
     /// New pods get nothing from this SidecarSet while true.
@@ -122,7 +122,7 @@ impl InjectionStrategy {
 
 /// Inject a recorded version instead of the current one: by revision name (as
 /// `status.latestRevision` showed it) or by custom version (the newest with it).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InjectRevision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -136,13 +136,13 @@ pub struct InjectRevision {
     pub policy: Option<InjectRevisionPolicy>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum InjectRevisionPolicy {
     Always,
     Partial,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PatchPodMetadata {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -153,14 +153,14 @@ pub struct PatchPodMetadata {
     pub patch_policy: Option<PatchPolicy>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum PatchPolicy {
     Retain,
     Overwrite,
     MergePatchJson,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SidecarSetStatus {
     pub observed_generation: u64,
@@ -177,7 +177,7 @@ pub struct SidecarSetStatus {
 }
 
 /// What an injection recorded on a pod, per SidecarSet (Kruise's annotation value).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InjectedVersion {
     pub sidecar_set_name: String,

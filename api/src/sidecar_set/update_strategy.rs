@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{IntOrPercent, LabelSelector};
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UpdateStrategy {
     /// RollingUpdate [default] moves the pods that have the sidecars to the new version;
@@ -36,7 +36,9 @@ pub struct UpdateStrategy {
 }
 
 /// Kruise's `updateStrategy.type`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum UpdateStrategyType {
     #[default]
     RollingUpdate,
@@ -50,7 +52,7 @@ impl UpdateStrategyType {
 }
 
 /// Kruise's priority: weights by selector (higher first) or order by a label's value.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PriorityStrategy {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -59,14 +61,14 @@ pub struct PriorityStrategy {
     pub order_priority: Vec<OrderTerm>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WeightTerm {
     pub weight: i32,
     pub match_selector: LabelSelector,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct OrderTerm {
     /// Pods with a higher integer value of this label go first (Kruise's `orderedKey`;
@@ -85,7 +87,7 @@ impl OrderTerm {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ScatterTerm {
     pub key: String,

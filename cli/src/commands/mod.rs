@@ -5,6 +5,7 @@ pub mod apply;
 pub mod delete;
 pub mod describe;
 pub mod exec;
+pub mod explain;
 pub mod get;
 pub mod label;
 pub mod logs;

@@ -1,0 +1,295 @@
+//! The reference page of a kind (`riggerctl explain KIND`, `docs/reference/<kind>.md`),
+//! generated from its types' JSON Schema (schemars reads the types and their doc
+//! comments), so it cannot go stale: every field with its type, what it means and its
+//! default, under a short note of what differs from OpenKruise.
+
+use serde_json::Value;
+
+use super::Kind;
+
+/// The kinds with a reference page: the ones Kruise has.
+pub const DOCUMENTED: [Kind; 5] = [
+    Kind::ImagePullJob,
+    Kind::ImageListPullJob,
+    Kind::ContainerRecreateRequest,
+    Kind::SidecarSet,
+    Kind::NodeImage,
+];
+
+/// What a kind's page says before its fields: versions, and what differs from Kruise.
+fn notes(kind: Kind) -> &'static str {
+    match kind {
+        Kind::ImagePullJob => {
+            "Pre-download one image on a set of nodes, at most `parallelism` at a time. \
+             Accepted as `apps.kruise.io/v1alpha1`, `apps.kruise.io/v1beta1` and \
+             `rigger.dev/v1alpha1`, kept in the version applied.\n\n\
+             Differs from Kruise: `sandboxConfig` is kept on the job but sent nowhere (Rigger \
+             pulls through containerd's API, where a pull has no sandbox); a job choosing \
+             nodes by `podSelector` cannot carry `pullSecrets` (nodes report their pods' \
+             labels themselves); `status.nodes` adds each node's phase and bytes."
+        }
+        Kind::ImageListPullJob => {
+            "Several images with one job template, carried out as in Kruise by one \
+             ImagePullJob per image (`<list>-<hash>`, labelled \
+             `imagelistpulljob.rigger.dev/name`). Both Kruise versions.\n\n\
+             Differs from Kruise: the jobs are made when the list is applied (a job deleted \
+             by hand comes back on the next apply, and the status says it is missing); a \
+             job of that name that is not the list's is left alone and reported."
+        }
+        Kind::ContainerRecreateRequest => {
+            "Restart some containers of one pod in place. Both Kruise versions; \
+             v1beta1's status has the `PreRecreateGrace` condition.\n\n\
+             Differs from Kruise: `containers[].preStop` and `ports` may be given (Kruise \
+             makes them read-only); `statusContext` is filled in from the pod's status for \
+             Rigger's pods; preStop may also be `tcpSocket`; kubelet's pods are found in the \
+             nodes' inventories."
+        }
+        Kind::SidecarSet => {
+            "Sidecar containers injected into matching pods created after it, and upgraded \
+             in place. Both Kruise versions: `spec.namespace` is v1alpha1's, \
+             `spec.customVersion` v1beta1's.\n\n\
+             Differs from Kruise (refused, naming the field): `imagePullSecrets` (pods pull \
+             with their node's credentials), `resourcesPolicy`, `patchPodMetadata` keys the \
+             injection keeps itself, HotUpgrade on init containers, and a sidecar named like \
+             a container of the pod (Kruise would replace the pod's container). \
+             `shareVolumeDevicePolicy` shares nothing (Rigger's pods have no block devices)."
+        }
+        Kind::NodeImage => {
+            "Read-only, one per node: the pulls the ImagePullJobs that include the node ask \
+             of it, their state, and the images the node holds. Never applied or deleted \
+             (Kruise's daemon writes these; here each is built when read)."
+        }
+        _ => "",
+    }
+}
+
+/// The schema of `kind`'s type.
+fn schema(kind: Kind) -> Option<Value> {
+    let schema = match kind {
+        Kind::ImagePullJob => schemars::schema_for!(crate::image_pull_job::ImagePullJob),
+        Kind::ImageListPullJob => {
+            schemars::schema_for!(crate::image_list_pull_job::ImageListPullJob)
+        }
+        Kind::ContainerRecreateRequest => {
+            schemars::schema_for!(crate::container_recreate_request::ContainerRecreateRequest)
+        }
+        Kind::SidecarSet => schemars::schema_for!(crate::sidecar_set::SidecarSet),
+        Kind::NodeImage => schemars::schema_for!(crate::node_image::NodeImage),
+        _ => return None,
+    };
+    Some(schema.to_value())
+}
+
+/// `kind`'s reference page as Markdown; `None` for kinds without one.
+pub fn page(kind: Kind) -> Option<String> {
+    let root = schema(kind)?;
+    let mut rows = Vec::new();
+    walk(&root, &root, "", &mut Vec::new(), &mut rows);
+    let mut out = format!(
+        "# {kind}\n\n<!-- Generated from the types by `riggerctl explain {}` (`make docs`); a test fails when it is stale. -->\n\n{}\n\n| field | type | default | description |\n|---|---|---|---|\n",
+        kind.name().to_ascii_lowercase(),
+        notes(kind)
+    );
+    for row in rows {
+        out.push_str(&format!(
+            "| `{}` | {} | {} | {} |\n",
+            row.path, row.kind, row.default, row.description
+        ));
+    }
+    Some(out)
+}
+
+struct Row {
+    path: String,
+    kind: String,
+    default: String,
+    description: String,
+}
+
+/// The schema `reference` points at (`#/$defs/Name`), or `schema` itself.
+fn resolve<'a>(root: &'a Value, schema: &'a Value) -> (&'a Value, Option<&'a str>) {
+    match schema["$ref"].as_str() {
+        Some(reference) => {
+            let name = reference.rsplit('/').next().unwrap_or_default();
+            (&root["$defs"][name], Some(name))
+        }
+        None => (schema, None),
+    }
+}
+
+/// The non-null alternative of an optional (`anyOf: [X, null]`), or `schema`.
+fn unwrap_optional(schema: &Value) -> &Value {
+    let alternatives = schema["anyOf"]
+        .as_array()
+        .or_else(|| schema["oneOf"].as_array());
+    match alternatives.map(|a| a.iter().filter(|s| s["type"] != "null").collect::<Vec<_>>()) {
+        Some(left) if left.len() == 1 => left[0],
+        _ => schema,
+    }
+}
+
+fn type_name(root: &Value, schema: &Value) -> String {
+    let (schema, name) = resolve(root, unwrap_optional(schema));
+    if let Some(values) = schema["enum"].as_array() {
+        let values: Vec<String> = values
+            .iter()
+            .filter_map(|v| v.as_str().map(|s| format!("`{s}`")))
+            .collect();
+        return values.join(" \\| ");
+    }
+    if let Some(alternatives) = schema["oneOf"].as_array().or(schema["anyOf"].as_array()) {
+        let constants: Vec<String> = alternatives
+            .iter()
+            .filter_map(|a| a["const"].as_str().map(|s| format!("`{s}`")))
+            .collect();
+        if constants.len() == alternatives.len() && !constants.is_empty() {
+            return constants.join(" \\| ");
+        }
+        if name == Some("IntOrPercent") {
+            return "int or percent".to_owned();
+        }
+        let kinds: Vec<String> = alternatives
+            .iter()
+            .filter(|a| a["type"] != "null")
+            .map(|a| type_name(root, a))
+            .collect();
+        return kinds.join(" or ");
+    }
+    let kind = match &schema["type"] {
+        Value::String(t) => t.clone(),
+        Value::Array(types) => types
+            .iter()
+            .filter_map(Value::as_str)
+            .filter(|t| *t != "null")
+            .collect::<Vec<_>>()
+            .join(" or "),
+        _ if schema["properties"].is_object() => "object".to_owned(),
+        _ => "any".to_owned(),
+    };
+    match kind.as_str() {
+        "array" => format!("[]{}", type_name(root, &schema["items"])),
+        "object" if schema["additionalProperties"].is_object() => {
+            format!(
+                "map of {}",
+                type_name(root, &schema["additionalProperties"])
+            )
+        }
+        _ => kind,
+    }
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .replace('|', "\\|")
+}
+
+/// Rows for `schema`'s fields under `prefix`, depth first; `on_path` stops recursion.
+fn walk<'a>(
+    root: &'a Value,
+    schema: &'a Value,
+    prefix: &str,
+    on_path: &mut Vec<&'a str>,
+    rows: &mut Vec<Row>,
+) {
+    let (schema, name) = resolve(root, unwrap_optional(schema));
+    if let Some(name) = name {
+        if on_path.contains(&name) {
+            return;
+        }
+        on_path.push(name);
+    }
+    // What the fields live in: an object's properties, an array's items, a map's values.
+    let (fields, suffix) = if schema["type"] == "array" {
+        (resolve(root, unwrap_optional(&schema["items"])).0, "[]")
+    } else if schema["additionalProperties"].is_object() {
+        (
+            resolve(root, unwrap_optional(&schema["additionalProperties"])).0,
+            "{}",
+        )
+    } else {
+        (schema, "")
+    };
+    if let Some(properties) = fields["properties"].as_object() {
+        let required: Vec<&str> = fields["required"]
+            .as_array()
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        for (field, field_schema) in properties {
+            let path = if prefix.is_empty() {
+                field.clone()
+            } else {
+                format!("{prefix}{suffix}.{field}")
+            };
+            let resolved = resolve(root, unwrap_optional(field_schema)).0;
+            let description = field_schema["description"]
+                .as_str()
+                .or(resolved["description"].as_str())
+                .unwrap_or_default();
+            let mut description = one_line(description);
+            if required.contains(&field.as_str()) && !description.contains("required") {
+                description = if description.is_empty() {
+                    "Required.".to_owned()
+                } else {
+                    format!("Required. {description}")
+                };
+            }
+            let default = match &field_schema["default"] {
+                Value::Null => String::new(),
+                value => format!("`{value}`"),
+            };
+            rows.push(Row {
+                path: path.clone(),
+                kind: type_name(root, field_schema),
+                default,
+                description,
+            });
+            walk(root, field_schema, &path, on_path, rows);
+        }
+    }
+    if name.is_some() {
+        on_path.pop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn pages_list_every_field_with_its_meaning() {
+        let page = page(Kind::SidecarSet).unwrap();
+        for expected in [
+            "| `spec.initContainers[].podInjectPolicy` | `BeforeAppContainer` \\| `AfterAppContainer`",
+            "| `spec.containers[].transferEnv[].sourceContainerNameFrom.fieldRef.fieldPath` | string",
+            "| `spec.updateStrategy.partition` | int or percent",
+            "| `spec.injectionStrategy.revision.customVersion` | string",
+            "| `status.latestRevision` | string",
+            "| `spec.containers[].image` | string |  | Required.",
+        ] {
+            assert!(page.contains(expected), "{expected}\n{page}");
+        }
+        let list = super::page(Kind::ImageListPullJob).unwrap();
+        assert!(list.contains("| `spec.images` | []string"), "{list}");
+        assert!(!list.contains("| `spec.image` |"), "{list}");
+        assert!(super::page(Kind::Secret).is_none());
+    }
+
+    /// docs/reference/ holds each page as generated: a changed type or doc comment
+    /// comes with `make docs`.
+    #[test]
+    fn the_committed_pages_are_current() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/reference");
+        for kind in DOCUMENTED {
+            let path = dir.join(format!("{}.md", kind.name().to_ascii_lowercase()));
+            let committed = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                committed == page(kind).unwrap(),
+                "{} is stale: run `make docs`",
+                path.display()
+            );
+        }
+    }
+}
