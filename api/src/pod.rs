@@ -48,6 +48,17 @@ pub fn validate(pod: &Pod) -> Result<(), FieldError> {
             "at least one container is required",
         ));
     }
+    let mut secrets = HashSet::new();
+    for (i, secret) in spec.image_pull_secrets.iter().enumerate() {
+        let at = format!("spec.imagePullSecrets[{i}].name");
+        check_dns_subdomain(&secret.name).map_err(|r| FieldError::new(at.clone(), r))?;
+        if !secrets.insert(secret.name.as_str()) {
+            return Err(FieldError::new(
+                at,
+                format!("{:?} is named twice", secret.name),
+            ));
+        }
+    }
     let mut volumes = HashSet::new();
     for (i, volume) in spec.volumes.iter().enumerate() {
         let at = format!("spec.volumes[{i}]");

@@ -48,9 +48,8 @@ fn notes(kind: Kind) -> &'static str {
             "Sidecar containers injected into matching pods created after it, and upgraded \
              in place. Both Kruise versions: `spec.namespace` is v1alpha1's, \
              `spec.customVersion` v1beta1's.\n\n\
-             Differs from Kruise (refused, naming the field): `imagePullSecrets` (pods pull \
-             with their node's credentials), `resourcesPolicy`, `patchPodMetadata` keys the \
-             injection keeps itself, HotUpgrade on init containers, and a sidecar named like \
+             Differs from Kruise (refused, naming the field): `resourcesPolicy`, \
+             `patchPodMetadata` keys the injection keeps itself, HotUpgrade on init containers, and a sidecar named like \
              a container of the pod (Kruise would replace the pod's container). \
              `shareVolumeDevicePolicy` shares nothing (Rigger's pods have no block devices)."
         }

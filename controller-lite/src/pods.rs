@@ -10,6 +10,7 @@ use crate::relay::Relay;
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
 use rigger_api::lifecycle_cooperator::{self, LifecycleCooperator};
 use rigger_api::pod::{self, Pod};
+use rigger_api::secret;
 
 /// Whether a reported PodStatus has condition Ready=True.
 pub fn is_ready(status: &serde_json::Value) -> bool {
@@ -81,14 +82,41 @@ impl PodSync {
                     })
                     .map(LifecycleCooperator::cooperator)
                     .collect();
+                let docker_configs = self.pull_secrets_of(&pod).await?;
                 assigned.push(AssignedPod {
                     uid: pod.metadata.uid.clone().unwrap_or_default(),
                     json: String::from_utf8_lossy(&stored.object).into_owned(),
                     cooperators: serde_json::to_string(&matching).unwrap_or_default(),
+                    docker_configs,
                 });
             }
         }
         Ok(assigned)
+    }
+
+    /// The docker configs of `pod`'s imagePullSecrets that exist and hold one (as
+    /// kubelet, a missing or unreadable one is passed over: the node's credentials and
+    /// anonymous pulls remain, and a failing pull says what the registry answered).
+    async fn pull_secrets_of(&self, pod: &Pod) -> Result<Vec<String>, StoreError> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let mut configs = Vec::new();
+        for reference in &pod.spec.image_pull_secrets {
+            let key = ObjectKey::new(secret::KIND, namespace, &reference.name);
+            let Some(stored) = self.store.get(key).await? else {
+                tracing::warn!(pod = %pod.metadata.name, secret = %reference.name, "an imagePullSecret of the pod does not exist");
+                continue;
+            };
+            let config = serde_json::from_slice::<secret::Secret>(&stored.object)
+                .ok()
+                .and_then(|s| s.docker_config());
+            match config {
+                Some(Ok(document)) => configs.push(document),
+                _ => {
+                    tracing::warn!(pod = %pod.metadata.name, secret = %reference.name, "an imagePullSecret of the pod holds no docker config")
+                }
+            }
+        }
+        Ok(configs)
     }
 
     /// Send every node with pods its set again (a cooperator changed).

@@ -72,11 +72,22 @@ pub struct PodSpec {
     pub containers: Vec<Container>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<Volume>,
+    /// Secrets (`kubernetes.io/dockerconfigjson`, in the pod's namespace) its images are
+    /// pulled with, before the node's own credentials; sent to its node only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
     #[serde(default)]
     pub restart_policy: RestartPolicy,
     /// Seconds between SIGTERM and SIGKILL [default: 30].
     #[serde(default = "default_grace", skip_serializing_if = "is_default_grace")]
     pub termination_grace_period_seconds: u64,
+}
+
+/// Kubernetes' reference to an object of the same namespace, by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LocalObjectReference {
+    pub name: String,
 }
 
 fn default_grace() -> u64 {

@@ -80,7 +80,7 @@ impl PodRunner {
             Some(_) => None,
         };
         if let Some(next) = start_next {
-            if let Err(reason) = self.ensure_image(puller, container).await {
+            if let Err(reason) = self.ensure_image(puller, uid, container).await {
                 let status = serde_json::json!({
                     "name": container.name, "image": container.image, "ready": false,
                     "restartCount": attempt,
@@ -200,6 +200,7 @@ impl PodRunner {
     pub(super) async fn ensure_image(
         &self,
         puller: &Puller,
+        uid: &str,
         container: &Container,
     ) -> Result<(), String> {
         let image = container.image.as_str();
@@ -232,8 +233,13 @@ impl PodRunner {
             }
         };
         if pull {
+            // The pod's imagePullSecrets first, then the node's own credentials.
+            let secrets = lock(&self.inner.pull_secrets)
+                .get(uid)
+                .cloned()
+                .unwrap_or_default();
             // Boxed: a pull is a large future, and most reconciles never start one.
-            Box::pin(puller.pull(image, Arc::new(NoProgress)))
+            Box::pin(puller.pull_with_credentials(image, &secrets.0, Arc::new(NoProgress)))
                 .await
                 .map_err(|e| e.to_string())?;
         }

@@ -65,6 +65,16 @@ pub enum PodError {
     },
 }
 
+/// A pod's registry credentials (docker config documents); `{:?}` shows only how many.
+#[derive(Clone, Default)]
+struct PullSecrets(Vec<String>);
+
+impl std::fmt::Debug for PullSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PullSecrets({} redacted)", self.0.len())
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
     node: String,
@@ -87,6 +97,9 @@ struct Inner {
     recreate_now: Mutex<std::collections::HashSet<String>>,
     /// Each pod's lifecycle cooperators, as the controller sent them.
     cooperators: Mutex<HashMap<String, Vec<rigger_proto::lifecycle::Cooperator>>>,
+    /// Each pod's imagePullSecrets, as the controller sent them: memory only, never
+    /// persisted or printed.
+    pull_secrets: Mutex<HashMap<String, PullSecrets>>,
     /// Pods not in state Normal (uid → state and why).
     lifecycle: Mutex<HashMap<String, (LifecycleState, String)>>,
     /// In-place updates running, and when a failed one may be tried again.
@@ -168,6 +181,7 @@ impl PodRunner {
                 unready: Mutex::default(),
                 recreate_now: Mutex::default(),
                 cooperators: Mutex::default(),
+                pull_secrets: Mutex::default(),
                 lifecycle: Mutex::default(),
                 updating: Mutex::default(),
                 update_retry: Mutex::default(),
@@ -198,6 +212,11 @@ impl PodRunner {
     /// The controller's full set of pods for this node.
     pub fn set_desired(&self, pods: Vec<AssignedPod>) {
         let mut cooperators = HashMap::new();
+        *lock(&self.inner.pull_secrets) = pods
+            .iter()
+            .filter(|p| !p.docker_configs.is_empty())
+            .map(|p| (p.uid.clone(), PullSecrets(p.docker_configs.clone())))
+            .collect();
         let pods: Vec<Pod> = pods
             .into_iter()
             .filter_map(|assigned| match serde_json::from_str::<Pod>(&assigned.json) {

@@ -178,7 +178,7 @@ impl PodRunner {
         let puller = Puller::new(runtime.clone(), self.inner.pull_options.clone());
         for name in changed {
             if let Some(container) = pod.spec.containers.iter().find(|c| &c.name == name) {
-                Box::pin(self.ensure_image(&puller, container))
+                Box::pin(self.ensure_image(&puller, uid, container))
                     .await
                     .map_err(|e| format!("pre-download of {}: {e}", container.image))?;
             }

@@ -175,6 +175,12 @@ pub fn inject(pod: &mut Pod, sets: &[Versioned]) -> Result<(), FieldError> {
             spec.volumes.push(volume);
         }
     }
+    // The sets' pull secrets after the pod's own, each once (Kruise's merge).
+    for secret in matched.iter().flat_map(|v| &v.set.spec.image_pull_secrets) {
+        if !spec.image_pull_secrets.contains(secret) {
+            spec.image_pull_secrets.push(secret.clone());
+        }
+    }
     let annotations = &mut pod.metadata.annotations;
     annotations.insert(
         HASH_ANNOTATION.to_owned(),
@@ -366,6 +372,12 @@ pub fn keep_injected(new: &mut Pod, stored: &Pod) {
         std::mem::take(&mut spec.init_containers),
         is_injected,
     );
+    // The pull secrets injection added (an apply cannot change a pod's anyway).
+    for secret in &stored.spec.image_pull_secrets {
+        if !spec.image_pull_secrets.contains(secret) {
+            spec.image_pull_secrets.push(secret.clone());
+        }
+    }
     // The volumes the sidecars mount (the owner's own volumes are the owner's to keep).
     let sidecar_volumes: BTreeSet<&str> = stored
         .spec

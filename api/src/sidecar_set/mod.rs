@@ -13,7 +13,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use rigger_proto::pod::{Container, EnvVar, EnvVarSource, FieldRef, Pod, PodSpec, Volume};
+use rigger_proto::pod::{
+    Container, EnvVar, EnvVarSource, FieldRef, LocalObjectReference, Pod, PodSpec, Volume,
+};
 
 use super::{FieldError, LabelSelector, ObjectMeta, ValidateMeta as _};
 
@@ -82,7 +84,8 @@ pub struct SidecarSetSpec {
     pub update_strategy: UpdateStrategy,
     #[serde(default, skip_serializing_if = "InjectionStrategy::is_default")]
     pub injection_strategy: InjectionStrategy,
-    /// Kept only to be refused with its path (see `validate`).
+    /// Pull secrets added to the pods it is injected into (Kruise's, for the sidecars'
+    /// images).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub image_pull_secrets: Vec<LocalObjectReference>,
     /// Versions kept for `injectionStrategy.revision` [default: 10].
@@ -95,12 +98,6 @@ pub struct SidecarSetSpec {
     /// `injectionStrategy.revision.customVersion` can pick it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub custom_version: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct LocalObjectReference {
-    pub name: String,
 }
 
 /// Kruise's `injectionStrategy`: whether new pods get the sidecars, and which version.
@@ -253,12 +250,6 @@ impl SidecarSet {
         for (i, sidecar) in spec.containers.iter().enumerate() {
             sidecar.validate(&format!("spec.containers[{i}]"), false)?;
         }
-        if !spec.image_pull_secrets.is_empty() {
-            return Err(FieldError::new(
-                "spec.imagePullSecrets",
-                "not supported: Rigger's pods pull with their node's registry credentials (the agent's registry auth), not per-pod secrets",
-            ));
-        }
         if let Some(revision) = &spec.injection_strategy.revision {
             let at = "spec.injectionStrategy.revision";
             match (&revision.revision_name, &revision.custom_version) {
@@ -313,6 +304,7 @@ impl SidecarSet {
                 init_containers: containers_of(&spec.init_containers),
                 containers: containers_of(&spec.containers),
                 volumes: spec.volumes.clone(),
+                image_pull_secrets: spec.image_pull_secrets.clone(),
                 ..PodSpec::default()
             },
             status: None,
@@ -525,8 +517,8 @@ mod tests {
                 "spec.initContainers[0].image: is required",
             ),
             (
-                serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "imagePullSecrets": [{"name": "regcred"}], "containers": [{"name": "p", "image": "r.example/p:1"}]}),
-                "spec.imagePullSecrets: not supported",
+                serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "imagePullSecrets": [{"name": "Reg_Cred"}], "containers": [{"name": "p", "image": "r.example/p:1"}]}),
+                "spec.imagePullSecrets[0].name:",
             ),
             (
                 serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "containers": [{"name": "p", "image": "r.example/p:1", "resourcesPolicy": {"targetContainersMode": "sum"}}]}),

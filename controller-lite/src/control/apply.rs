@@ -334,6 +334,8 @@ impl ControlService {
         let committed = self.commit(&mut draft, dry_run).await?;
         if committed.written {
             tracing::info!(secret = %draft.what, outcome = ?committed.outcome, "secret applied");
+            // Pods naming it in imagePullSecrets get it with their node's next set.
+            self.pods.send_to_all().await;
         }
         applied(&draft.object.redacted(), committed)
     }

@@ -250,6 +250,12 @@ impl AuthRegistry {
 
     /// Push a small image (`repo:1`) with the registry's credentials.
     pub fn push(&self, repo: &str) {
+        self.push_with(repo, &[]);
+    }
+
+    /// [`push`](Self::push) with more `lab-images layers` flags (`--base busybox` for an
+    /// image a container can run).
+    pub fn push_with(&self, repo: &str, flags: &[&str]) {
         let out = Command::new("python3")
             .arg(repo_root().join("scripts/lab-images"))
             .arg("--work")
@@ -257,6 +263,7 @@ impl AuthRegistry {
             .args(["--registry", &self.address])
             .args(["--user", &format!("{}:{}", self.user, self.password)])
             .args(["layers", "--name", repo, "--count", "1", "--size", "65536"])
+            .args(flags)
             .output()
             .unwrap();
         assert!(

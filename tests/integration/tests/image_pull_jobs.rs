@@ -878,3 +878,100 @@ fn a_v1beta1_job_with_parallelism_zero_waits_until_it_is_raised() {
     let job = fleet.watch_until_complete("held", |_| {});
     assert_eq!(count(&job, "succeeded"), 2, "{job:#}");
 }
+
+/// A pod's `imagePullSecrets` (given by its owner or by a SidecarSet) reach its node and
+/// pull its images from a registry that wants credentials; without them the pull is
+/// refused, saying what the registry answered.
+#[test]
+fn a_pods_image_pull_secrets_pull_its_images_from_a_private_registry() {
+    let registry = AuthRegistry::start();
+    registry.push_with("rigger-lab/private-app", &["--base", "busybox"]);
+    let fleet = Fleet::start_with("pod-creds", "64MiB", &[&registry.address]);
+    let node = fleet.node_names()[0].clone();
+    let config_dir = tempfile::tempdir().unwrap();
+    let docker_config = std::fs::read_to_string(registry.docker_config(config_dir.path())).unwrap();
+    let image = format!("{}/rigger-lab/private-app:1", registry.address);
+    let pod = |name: &str, secrets: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{mesh: private}}\nspec:\n  nodeName: {node}\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n{secrets}  containers:\n  - name: app\n    image: {image}\n    command: [\"sh\", \"-c\", \"trap 'exit 0' TERM; while true; do sleep 0.2; done\"]\n"
+        )
+    };
+    let waiting_reason = |name: &str| {
+        let pod = fleet.controller.get_json(&["pod", name])?;
+        let state = &pod["status"]["containerStatuses"][0]["state"];
+        state["waiting"]["reason"].as_str().map(|r| {
+            (
+                r.to_owned(),
+                state["waiting"]["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_owned(),
+            )
+        })
+    };
+    fleet.controller.apply_ok(&pod("anonymous", ""));
+    let (reason, message) = wait_until(
+        "the anonymous pull to fail",
+        Duration::from_secs(60),
+        || waiting_reason("anonymous").filter(|(r, _)| r == "ErrImagePull"),
+    );
+    assert!(message.contains("access denied"), "{reason}: {message}");
+
+    // The pod's own secret.
+    fleet.controller.apply_ok(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: private-login\ntype: kubernetes.io/dockerconfigjson\nstringData:\n  .dockerconfigjson: '{docker_config}'\n"
+    ));
+    fleet.controller.apply_ok(&pod(
+        "owned",
+        "  imagePullSecrets: [{name: private-login}]\n",
+    ));
+    wait_until(
+        "the pod with a pull secret to run",
+        Duration::from_secs(90),
+        || {
+            let pod = fleet.controller.get_json(&["pod", "owned"])?;
+            rigger_integration_tests::pod_ready(&pod).then_some(())
+        },
+    );
+
+    // A SidecarSet's, joined to the pods it is injected into.
+    fleet.controller.apply_ok(&format!(
+        "apiVersion: apps.kruise.io/v1beta1\nkind: SidecarSet\nmetadata:\n  name: private-mesh\nspec:\n  selector: {{matchLabels: {{mesh: private}}}}\n  imagePullSecrets: [{{name: private-login}}]\n  containers:\n  - name: proxy\n    image: {image}\n    command: [\"sh\", \"-c\", \"trap 'exit 0' TERM; while true; do sleep 0.2; done\"]\n"
+    ));
+    fleet.controller.apply_ok(&pod("meshed", ""));
+    let meshed = wait_until("the meshed pod to run", Duration::from_secs(90), || {
+        let pod = fleet.controller.get_json(&["pod", "meshed"])?;
+        rigger_integration_tests::pod_ready(&pod).then_some(pod)
+    });
+    assert_eq!(
+        meshed["spec"]["imagePullSecrets"][0]["name"],
+        "private-login"
+    );
+
+    // The password is in no agent's log.
+    let encoded = docker_config
+        .split("\"auth\":\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .to_owned();
+    for agent in &fleet.agents {
+        let log = std::fs::read_to_string(&agent.log).unwrap();
+        assert!(
+            !log.contains(&encoded),
+            "{} logged the credentials",
+            agent.node
+        );
+    }
+    for name in ["anonymous", "owned", "meshed"] {
+        assert!(
+            fleet
+                .controller
+                .ctl(&["delete", "pod", name])
+                .status
+                .success()
+        );
+    }
+}

@@ -169,6 +169,28 @@ fn shared_volumes_and_transferred_env_come_from_the_pods_own_containers() {
 }
 
 #[test]
+fn pull_secrets_join_the_pods_own_once_and_stay_on_reapply() {
+    let mut pod = pod(json!({"imagePullSecrets": [{"name": "app-cred"}, {"name": "shared"}]}));
+    let sets = [set(
+        "mesh",
+        json!({"containers": [{"name": "proxy", "image": "r.example/p:1"}],
+            "imagePullSecrets": [{"name": "shared"}, {"name": "mesh-cred"}]}),
+    )];
+    inject(&mut pod, &sets).unwrap();
+    let names: Vec<&str> = pod
+        .spec
+        .image_pull_secrets
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(names, ["app-cred", "shared", "mesh-cred"]);
+    let mut again =
+        self::pod(json!({"imagePullSecrets": [{"name": "app-cred"}, {"name": "shared"}]}));
+    keep_injected(&mut again, &pod);
+    assert_eq!(again.spec.image_pull_secrets, pod.spec.image_pull_secrets);
+}
+
+#[test]
 fn pod_metadata_is_patched_by_policy() {
     let mut pod = pod(json!({}));
     pod.metadata
