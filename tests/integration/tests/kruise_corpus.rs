@@ -107,6 +107,7 @@ fn kruise_sidecar_sets_apply_in_both_versions_and_shape_pods_as_kruise_does() {
     // after the pod's own (none here).
     assert_eq!(names(&pod, "containers"), ["proxy", "app", "logger"]);
     assert_eq!(names(&pod, "initContainers"), ["mesh-init"]);
+    assert_eq!(pod["spec"]["imagePullSecrets"][0]["name"], "mesh-registry");
     let proxy = container(&pod, "proxy");
     let env = env_of(proxy);
     for wanted in [("IS_INJECTED", "true"), ("TZ", "UTC"), ("LANG", "C.UTF-8")] {
