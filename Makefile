@@ -53,7 +53,8 @@ demo: build
 docs: build
 	target/debug/rigger-agent config-reference > docs/reference/agent-config.md
 	target/debug/rigger-controller config-reference > docs/reference/controller-config.md
-	for kind in imagepulljob imagelistpulljob containerrecreaterequest sidecarset nodeimage; do \
+	for kind in imagepulljob imagelistpulljob containerrecreaterequest sidecarset nodeimage \
+		pod secret lifecyclecooperator; do \
 		target/debug/riggerctl explain $$kind > docs/reference/$$kind.md; done
 
 # Debian packages (release build) into target/debian/.

@@ -14,7 +14,7 @@ pub const KIND: &str = "LifecycleCooperator";
 pub use super::API_VERSION;
 const DEFAULT_TIMEOUT_SECONDS: u32 = 30;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LifecycleCooperator {
     pub api_version: String,
@@ -23,7 +23,7 @@ pub struct LifecycleCooperator {
     pub spec: CooperatorSpec,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CooperatorSpec {
     /// Pods of the object's namespace it cooperates on (empty: all).

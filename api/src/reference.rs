@@ -7,13 +7,17 @@ use serde_json::Value;
 
 use super::Kind;
 
-/// The kinds with a reference page: the ones Kruise has.
-pub const DOCUMENTED: [Kind; 5] = [
+/// The kinds with a reference page: every kind users apply or read but Node (whose
+/// shape is Kubernetes' and which is never applied).
+pub const DOCUMENTED: [Kind; 8] = [
     Kind::ImagePullJob,
     Kind::ImageListPullJob,
     Kind::ContainerRecreateRequest,
     Kind::SidecarSet,
     Kind::NodeImage,
+    Kind::Pod,
+    Kind::Secret,
+    Kind::LifecycleCooperator,
 ];
 
 /// What a kind's page says before its fields: versions, and what differs from Kruise.
@@ -53,12 +57,28 @@ fn notes(kind: Kind) -> &'static str {
              a container of the pod (Kruise would replace the pod's container). \
              `shareVolumeDevicePolicy` shares nothing (Rigger's pods have no block devices)."
         }
+        Kind::Pod => {
+            "Kubernetes' Pod, the subset the agent runs on hosts without kubelet \
+             (`apiVersion: v1`). What is not listed here is refused, naming the field: host \
+             networking is required, volumes are `hostPath` and `emptyDir`. Not a Kruise \
+             kind; SidecarSets inject into these."
+        }
+        Kind::Secret => {
+            "Kubernetes' Secret of type `kubernetes.io/dockerconfigjson` (`apiVersion: v1`), \
+             for ImagePullJobs' `pullSecrets` and pods' `imagePullSecrets`. Values are never \
+             shown by reads and go only to the nodes that pull with them."
+        }
+        Kind::LifecycleCooperator => {
+            "Rigger's own (`rigger.dev/v1alpha1`), in the spirit of Kuperator's \
+             PodOpsLifecycle: outside systems asked at the Preparing and Completing steps of \
+             in-place updates, recreates and deletions of the pods it selects."
+        }
         Kind::NodeImage => {
             "Read-only, one per node: the pulls the ImagePullJobs that include the node ask \
              of it, their state, and the images the node holds. Never applied or deleted \
              (Kruise's daemon writes these; here each is built when read)."
         }
-        _ => "",
+        Kind::Node => "",
     }
 }
 
@@ -74,7 +94,12 @@ fn schema(kind: Kind) -> Option<Value> {
         }
         Kind::SidecarSet => schemars::schema_for!(crate::sidecar_set::SidecarSet),
         Kind::NodeImage => schemars::schema_for!(crate::node_image::NodeImage),
-        _ => return None,
+        Kind::Pod => schemars::schema_for!(crate::pod::Pod),
+        Kind::Secret => schemars::schema_for!(crate::secret::Secret),
+        Kind::LifecycleCooperator => {
+            schemars::schema_for!(crate::lifecycle_cooperator::LifecycleCooperator)
+        }
+        Kind::Node => return None,
     };
     Some(schema.to_value())
 }
@@ -273,7 +298,7 @@ mod tests {
         let list = super::page(Kind::ImageListPullJob).unwrap();
         assert!(list.contains("| `spec.images` | []string"), "{list}");
         assert!(!list.contains("| `spec.image` |"), "{list}");
-        assert!(super::page(Kind::Secret).is_none());
+        assert!(super::page(Kind::Node).is_none());
     }
 
     /// docs/reference/ holds each page as generated: a changed type or doc comment

@@ -17,7 +17,7 @@ pub const DOCKER_CONFIG_JSON_KEY: &str = ".dockerconfigjson";
 /// Shown instead of a value in API reads.
 pub const REDACTED: &str = "<redacted>";
 
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Secret {
     pub api_version: String,

@@ -8,7 +8,8 @@ use rigger_api::image_pull_job::ImagePullJob;
 use rigger_api::lifecycle_cooperator::LifecycleCooperator;
 use rigger_api::pod::{self, Pod};
 use rigger_api::secret::Secret;
-use rigger_api::sidecar_set::SidecarSet;
+use rigger_api::image_list_pull_job::ImageListPullJob;
+use rigger_api::sidecar_set::{self, SidecarSet};
 use serde_json::Value;
 
 fuzz_target!(|text: &str| {
@@ -30,8 +31,38 @@ fn check(value: Value) {
     if let Ok(cooperator) = serde_json::from_value::<LifecycleCooperator>(value.clone()) {
         let _ = cooperator.validate();
     }
-    if let Ok(set) = serde_json::from_value::<SidecarSet>(value.clone()) {
-        let _ = set.validate();
+    if let Ok(set) = serde_json::from_value::<SidecarSet>(value.clone())
+        && set.validate().is_ok()
+    {
+        // What a valid set does: its revision, the version a new pod gets, injection.
+        let mut history = sidecar_set::History::default();
+        history.record(&set);
+        let mut pod = serde_json::from_value::<Pod>(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "default", "labels": set.spec.selector.match_labels},
+            "spec": {"hostNetwork": true, "containers": [{"name": "app", "image": "r.example/app:1",
+                "env": [{"name": "TZ", "value": "UTC"}], "volumeMounts": [{"name": "d", "mountPath": "/d"}]}],
+                "volumes": [{"name": "d", "emptyDir": {}}]},
+        }))
+        .ok();
+        if let (Ok((chosen, revision)), Some(pod)) = (
+            sidecar_set::injected_revision(&set, &history, &Default::default(), 0.5),
+            pod.as_mut(),
+        ) {
+            let stored = pod.clone();
+            if sidecar_set::inject(pod, &[sidecar_set::Versioned { set: chosen, revision }]).is_ok() {
+                let _ = pod::validate(pod);
+                let mut again = stored;
+                sidecar_set::keep_injected(&mut again, pod);
+            }
+        }
+    }
+    if let Ok(list) = serde_json::from_value::<ImageListPullJob>(value.clone())
+        && list.validate().is_ok()
+    {
+        for image in &list.spec.images {
+            let _ = list.job_for(image).validate();
+        }
     }
     if let Ok(mut secret) = serde_json::from_value::<Secret>(value.clone()) {
         let _ = secret.validate_and_normalize();

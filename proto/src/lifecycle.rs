@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// The operations a cooperator can take part in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum Operation {
     /// Container images (or fieldRef'd metadata) changed: containers restart in place.
     InPlaceUpdate,
@@ -25,13 +25,15 @@ impl Operation {
 }
 
 /// When a cooperator is called.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum Stage {
     Preparing,
     Completing,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum FailurePolicy {
     /// No acknowledgement in time: the operation does not go on (it is tried again later).
     #[default]
@@ -41,7 +43,7 @@ pub enum FailurePolicy {
 }
 
 /// One cooperator as the agent runs it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Cooperator {
     /// `namespace/name` of the LifecycleCooperator object, for messages.
@@ -65,7 +67,7 @@ pub struct Cooperator {
 
 /// POSTs a JSON description of the pod and the stage; any 2xx answer acknowledges, any
 /// other answer (or none) is asked again each second until the timeout.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Webhook {
     pub url: String,
@@ -73,7 +75,7 @@ pub struct Webhook {
 
 /// Runs a command on the node (environment: RIGGER_STAGE, RIGGER_OPERATION,
 /// RIGGER_POD_NAMESPACE, RIGGER_POD_NAME, RIGGER_POD_UID); exit 0 acknowledges.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeExec {
     pub command: Vec<String>,

@@ -7,7 +7,8 @@ use rigger_api::Kind;
 /// Show a kind's reference: every field, its type, default and meaning.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// imagepulljob, imagelistpulljob, containerrecreaterequest (crr), sidecarset, nodeimage.
+    /// imagepulljob, imagelistpulljob, containerrecreaterequest (crr), sidecarset,
+    /// nodeimage, pod, secret, lifecyclecooperator.
     kind: String,
 }
 

@@ -61,3 +61,34 @@ fn configuration_references_are_current() {
         );
     }
 }
+
+/// `riggerctl explain KIND` (kubectl's habit) prints a kind's reference without a
+/// controller, by any of the kind's spellings; a kind without a page says which have one.
+#[test]
+fn explain_prints_a_kinds_reference_without_a_controller() {
+    let out = Command::new(binary("riggerctl"))
+        .args(["--server", "https://127.0.0.1:1", "explain", "crr"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = String::from_utf8(out.stdout).unwrap();
+    assert!(page.starts_with("# ContainerRecreateRequest"), "{page}");
+    assert!(
+        page.contains("| `spec.containers[].statusContext.containerID` | string |"),
+        "{page}"
+    );
+    let out = Command::new(binary("riggerctl"))
+        .args(["explain", "node"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Node has no reference page yet (explained: imagepulljob"),
+        "{stderr}"
+    );
+}

@@ -664,7 +664,11 @@ fn kruise_image_pull_jobs_apply_in_both_versions() {
         pod_ready(&pod).then_some(())
     });
     let labelled = controller.ctl(&["label", "node", node, &format!("pool=corpus-{id}")]);
-    assert!(labelled.status.success(), "{}", String::from_utf8_lossy(&labelled.stderr));
+    assert!(
+        labelled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&labelled.stderr)
+    );
     controller.apply_ok(&fill("imagepulljob-v1beta1.yaml"));
     controller.apply_ok(&fill("imagepulljob-v1alpha1.yaml"));
     for (name, version) in [
