@@ -192,14 +192,27 @@ struct Prepared {
     mounts: Vec<containerd_client::types::Mount>,
 }
 
+/// Prepare the snapshot `chain_id` is unpacked into; `None` when it exists already:
+/// another pull (or containerd) committed it since this one looked. The snapshot ref
+/// label makes containerd answer that with AlreadyExists, as its own unpacker expects.
 async fn prepare(
     store: &Store,
     snapshotter: &str,
     parent: Option<&str>,
     chain_id: &str,
-) -> Result<Prepared, UnpackError> {
+) -> Result<Option<Prepared>, UnpackError> {
     let labels = HashMap::from([(SNAPSHOT_REF_LABEL.to_owned(), chain_id.to_owned())]);
-    prepare_key(store, snapshotter, parent, extract_key(chain_id), labels).await
+    match prepare_key(store, snapshotter, parent, extract_key(chain_id), labels).await {
+        Ok(prepared) => Ok(Some(prepared)),
+        Err(UnpackError::Call(e))
+            if e.status.code() == Code::AlreadyExists
+                && is_unpacked(store, snapshotter, chain_id).await? =>
+        {
+            tracing::debug!(chain_id, "unpacked meanwhile by another pull");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// containerd's own key format for unpacking: "extract-<unique> <chain id>".
@@ -348,7 +361,12 @@ impl StreamingApply {
         let prepared = if staged {
             prepare_staging(store, snapshotter, chain_id).await?
         } else {
-            prepare(store, snapshotter, parent, chain_id).await?
+            // Unpacked meanwhile: nothing to stream into (the layer is then checked,
+            // and found, afterwards).
+            let Some(prepared) = prepare(store, snapshotter, parent, chain_id).await? else {
+                return Ok(None);
+            };
+            prepared
         };
         let target = apply_target(snapshotter, &prepared.mounts);
         let Some(target) = target.filter(|t| !staged || t.lowers.is_empty()) else {
@@ -456,13 +474,17 @@ impl StreamingApply {
             digest: layer_digest.to_owned(),
             detail,
         };
-        let prepared = prepare(
+        let Some(prepared) = prepare(
             store,
             &self.snapshotter,
             self.parent.as_deref(),
             &self.chain_id,
         )
-        .await?;
+        .await?
+        else {
+            // Another pull committed this layer first: the staged copy is not needed.
+            return Ok(());
+        };
         let moved = async {
             let target = apply_target(&self.snapshotter, &prepared.mounts)
                 .ok_or_else(|| promote_err("the snapshot is not an overlay".to_owned()))?;
@@ -504,7 +526,9 @@ pub async fn apply_from_store(
     parent: Option<&str>,
     chain_id: &str,
 ) -> Result<(), UnpackError> {
-    let prepared = prepare(store, snapshotter, parent, chain_id).await?;
+    let Some(prepared) = prepare(store, snapshotter, parent, chain_id).await? else {
+        return Ok(()); // Another pull unpacked it first.
+    };
     let Some(target) = apply_target(snapshotter, &prepared.mounts) else {
         return apply_with_diff_service(store, snapshotter, prepared, layer, diff_id, chain_id)
             .await;
