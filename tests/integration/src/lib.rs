@@ -552,14 +552,22 @@ impl Controller {
 
     /// `riggerctl ARGS` with the token of `role`.
     pub fn ctl_as(&self, role: &str, args: &[&str]) -> Output {
-        Command::new(binary("riggerctl"))
-            .args(["--server", &self.endpoints])
+        self.ctl_command(role, &self.endpoints, args)
+            .output()
+            .unwrap()
+    }
+
+    /// The `riggerctl ARGS` command with the token of `role`, for `servers` (to spawn:
+    /// `get -w`, `logs -f`; or to list the replicas in another order).
+    pub fn ctl_command(&self, role: &str, servers: &str, args: &[&str]) -> Command {
+        let mut command = Command::new(binary("riggerctl"));
+        command
+            .args(["--server", servers])
             .arg("--ca-file")
             .arg(self.pki.join("ca.pem"))
             .args(["--token", &token(&self.pki, role)])
-            .args(args)
-            .output()
-            .unwrap()
+            .args(args);
+        command
     }
 
     /// `riggerctl ... -o json` parsed; `None` when riggerctl fails.

@@ -140,14 +140,8 @@ fn a_pod_runs_survives_an_agent_restart_restarts_crashes_and_goes_when_deleted(n
     // `logs -f` prints what is there and keeps following.
     {
         use std::io::BufRead as _;
-        let mut follow = Command::new(binary("riggerctl"))
-            .args(["--server", &controller.endpoints, "--ca-file"])
-            .arg(controller.pki.join("ca.pem"))
-            .args([
-                "--token",
-                &rigger_integration_tests::token(&controller.pki, "viewer"),
-            ])
-            .args(["logs", "-f", &name])
+        let mut follow = controller
+            .ctl_command("viewer", &controller.endpoints, &["logs", "-f", &name])
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
@@ -395,14 +389,8 @@ fn logs_follow_prints_each_new_line_once() {
             .contains("tick 1")
             .then_some(())
     });
-    let mut follow = Command::new(binary("riggerctl"))
-        .args(["--server", &controller.endpoints, "--ca-file"])
-        .arg(controller.pki.join("ca.pem"))
-        .args([
-            "--token",
-            &rigger_integration_tests::token(&controller.pki, "viewer"),
-        ])
-        .args(["logs", "-f", &name])
+    let mut follow = controller
+        .ctl_command("viewer", &controller.endpoints, &["logs", "-f", &name])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();

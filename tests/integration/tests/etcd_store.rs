@@ -222,16 +222,8 @@ async fn the_grpc_health_service_names_the_leader() {
     let mut order: Vec<&str> = replicas.iter().map(|r| r.server.as_str()).collect();
     let leader_server = order.remove(leader);
     order.push(leader_server);
-    let any = &replicas[0];
-    let out = std::process::Command::new(rigger_integration_tests::binary("riggerctl"))
-        .args(["--server", &order.join(",")])
-        .arg("--ca-file")
-        .arg(any.pki.join("ca.pem"))
-        .args([
-            "--token",
-            &rigger_integration_tests::token(&any.pki, "admin"),
-        ])
-        .args(["get", "nodes"])
+    let out = replicas[0]
+        .ctl_command("admin", &order.join(","), &["get", "nodes"])
         .output()
         .unwrap();
     assert!(

@@ -277,20 +277,14 @@ fn dry_runs_show_the_object_as_it_would_be_stored() {
 #[test]
 fn get_watch_prints_each_change_as_it_happens() {
     use std::io::{BufRead as _, BufReader};
-    use std::process::{Command, Stdio};
+    use std::process::Stdio;
 
     let dir = tempfile::tempdir().unwrap();
     let controller = Controller::start(&dir.path().join("controller"));
     controller.apply_ok(&job("apps.kruise.io/v1beta1", "before"));
-    let mut watcher = Command::new(rigger_integration_tests::binary("riggerctl"))
-        .args(["--server", &controller.endpoints])
-        .arg("--ca-file")
-        .arg(controller.pki.join("ca.pem"))
-        .args([
-            "--token",
-            &rigger_integration_tests::token(&controller.pki, "viewer"),
-        ])
-        .args(["get", "imagepulljobs", "-w", "-o", "name"])
+    let args = ["get", "imagepulljobs", "-w", "-o", "name"];
+    let mut watcher = controller
+        .ctl_command("viewer", &controller.endpoints, &args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
