@@ -560,14 +560,19 @@ fn kruise_image_list_pull_jobs_pull_every_image_through_one_job_each() {
             .any(|l| l.split_whitespace().take(5).eq([node, "2", "0", "2", "0"])),
         "{table}"
     );
-    let document = corpus("nodeimage-v1beta1.yaml", "", &id).replace("${NODE}", node);
-    let refused = controller.apply(&document);
-    let expected = document
-        .lines()
-        .find_map(|l| l.strip_prefix("# refused: "))
-        .unwrap();
-    assert!(!refused.status.success());
-    assert!(String::from_utf8_lossy(&refused.stderr).contains(expected));
+    for file in ["nodeimage-v1beta1.yaml", "nodeimage-v1alpha1.yaml"] {
+        let document = corpus(file, "", &id).replace("${NODE}", node);
+        let refused = controller.apply(&document);
+        let expected = document
+            .lines()
+            .find_map(|l| l.strip_prefix("# refused: "))
+            .unwrap();
+        assert!(!refused.status.success(), "{file} was applied");
+        assert!(
+            String::from_utf8_lossy(&refused.stderr).contains(expected),
+            "{file}"
+        );
+    }
 
     // A forged owner label is not kept: the job stays nobody's.
     controller.apply_ok(&format!(
