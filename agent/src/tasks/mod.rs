@@ -15,8 +15,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use containerd_client::services::v1::GetImageRequest;
-use containerd_client::services::v1::images_client::ImagesClient;
 use rigger_proto::v1::{self as proto, TaskPhase, task};
 use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
@@ -24,11 +22,12 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::PullSettings;
-use crate::metrics::{AgentMetrics, Outcome};
+use crate::metrics::AgentMetrics;
 use crate::pods::PodRunner;
-use crate::recreate::{Recreate, RecreateWork};
-use rigger_pull::{LayerBytes, Progress, ProgressEvent, PullOptions, Puller};
-use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime, namespaced};
+use crate::recreate::RecreateWork;
+
+mod run;
+use rigger_pull::{PullOptions, Puller};
 
 /// Finished tasks are kept (and reported on every reconnect) this long.
 const KEEP_FINISHED: Duration = Duration::from_secs(24 * 3600);
@@ -455,162 +454,6 @@ impl TaskRunner {
         }
     }
 
-    fn spawn(&self, id: &str, docker_configs: Vec<String>) {
-        let runner = self.clone();
-        let id = id.to_owned();
-        tokio::spawn(async move { runner.run(&id, docker_configs).await });
-    }
-
-    #[tracing::instrument(level = "info", skip(self, docker_configs))]
-    async fn run(&self, id: &str, docker_configs: Vec<String>) {
-        let Some((work, cancel)) = self.update(id, |entry| {
-            entry.record.phase = Phase::Running;
-            (entry.record.work.clone(), entry.cancel.clone())
-        }) else {
-            return;
-        };
-        let metrics = self.inner.metrics.clone();
-        metrics.tasks_active.inc();
-        let started = std::time::Instant::now();
-        let work = match work {
-            Work::Pull(pull) => pull,
-            Work::Recreate(recreate) => {
-                let succeeded = self.run_recreate(id, recreate, cancel).await;
-                metrics.tasks_active.dec();
-                if let Some(succeeded) = succeeded {
-                    let result = if succeeded { "succeeded" } else { "failed" };
-                    metrics.recreates.get_or_create(&Outcome::of(result)).inc();
-                    AgentMetrics::observe(&metrics.recreate_seconds, started.elapsed());
-                }
-                return;
-            }
-        };
-        let pulled = async {
-            let puller = self.puller().await?;
-            if !work.always
-                && let Some(digest) = self.present(&puller, &work.image).await
-            {
-                return Ok((digest, "already present".to_owned()));
-            }
-            let progress: Arc<dyn Progress> = Arc::new(TaskProgress {
-                runner: self.clone(),
-                id: id.to_owned(),
-                bytes: Mutex::default(),
-            });
-            let pulled = puller
-                .pull_with_credentials(&work.image, &docker_configs, progress)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>((pulled.digest, String::new()))
-        };
-        let limit = match work.timeout_seconds {
-            0 => Duration::MAX,
-            n => Duration::from_secs(u64::from(n)),
-        };
-        let outcome = tokio::select! {
-            _ = cancel.cancelled() => {
-                if self.inner.shutdown.is_cancelled() {
-                    // The agent is stopping: the task stays Running on disk and
-                    // resumes when the agent starts again.
-                    metrics.tasks_active.dec();
-                    return;
-                }
-                Err(None)
-            }
-            outcome = tokio::time::timeout(limit, pulled) => match outcome {
-                Ok(result) => result.map_err(Some),
-                Err(_) => Err(Some(format!(
-                    "timed out after {}s (pullPolicy.timeoutSeconds)",
-                    work.timeout_seconds
-                ))),
-            },
-        };
-        metrics.tasks_active.dec();
-        let result = match &outcome {
-            Ok((_, message)) if message == "already present" => "present",
-            Ok(_) => "succeeded",
-            Err(_) => "failed",
-        };
-        metrics.pulls.get_or_create(&Outcome::of(result)).inc();
-        AgentMetrics::observe(&metrics.pull_seconds, started.elapsed());
-        self.update(id, |entry| {
-            if result == "succeeded" {
-                metrics.pull_bytes.inc_by(entry.bytes_total);
-            }
-            match outcome {
-                Ok((digest, message)) => {
-                    entry.record.phase = Phase::Succeeded;
-                    entry.record.image_digest = digest;
-                    entry.record.message = message;
-                    entry.bytes_done = entry.bytes_total;
-                    tracing::info!(image = %work.image, "pull succeeded");
-                }
-                Err(reason) => {
-                    entry.record.phase = Phase::Failed;
-                    // A cancel wrote its reason already.
-                    if let Some(reason) = reason {
-                        entry.record.message = reason;
-                    }
-                    tracing::warn!(image = %work.image, reason = %entry.record.message, "pull failed");
-                }
-            }
-            entry.record.finished_at = Some(SystemTime::now());
-        });
-    }
-
-    /// `Some(succeeded)` once it ended; `None` when the agent stops first (it resumes).
-    async fn run_recreate(
-        &self,
-        id: &str,
-        mut work: RecreateWork,
-        cancel: CancellationToken,
-    ) -> Option<bool> {
-        let save = |progress: &RecreateWork| {
-            self.update(id, |entry| {
-                entry.record.work = Work::Recreate(progress.clone())
-            });
-        };
-        let outcome = match crate::cri::connect(&self.inner.containerd_address).await {
-            Ok(runtime) => {
-                let recreate = Recreate {
-                    pods: &self.inner.pods,
-                    runtime: &runtime,
-                    save: &save,
-                    operation: Some(rigger_proto::lifecycle::Operation::Recreate),
-                };
-                recreate.run(&mut work, &cancel).await
-            }
-            Err(reason) => Err(reason),
-        };
-        self.inner.pods.mark_ready(&work.pod_uid);
-        if self.inner.shutdown.is_cancelled() {
-            // The agent is stopping: the recreate resumes from its saved progress.
-            return None;
-        }
-        let succeeded = outcome.is_ok();
-        self.update(id, |entry| {
-            let cancelled = entry.record.message.starts_with("cancelled: ");
-            match outcome {
-                Ok(summary) => {
-                    entry.record.phase = Phase::Succeeded;
-                    entry.record.message = summary;
-                }
-                Err(reason) => {
-                    entry.record.phase = Phase::Failed;
-                    // A cancel wrote its reason already.
-                    if !cancelled {
-                        entry.record.message = reason;
-                    }
-                    work.fail_open(&entry.record.message);
-                }
-            }
-            tracing::info!(phase = ?entry.record.phase, message = %entry.record.message, "recreate finished");
-            entry.record.work = Work::Recreate(work);
-            entry.record.finished_at = Some(SystemTime::now());
-        });
-        Some(succeeded)
-    }
-
     /// Change an entry, persist it and tell the link; `None` if the task is unknown.
     fn update<T>(&self, id: &str, change: impl FnOnce(&mut Entry) -> T) -> Option<T> {
         let (result, record) = {
@@ -622,42 +465,6 @@ impl TaskRunner {
         };
         self.persist(&record);
         Some(result)
-    }
-
-    fn progress(&self, id: &str, done: u64, total: u64) {
-        let mut tasks = self.lock();
-        if let Some(entry) = tasks.get_mut(id) {
-            entry.bytes_done = done;
-            entry.bytes_total = total;
-            entry.version = self.bump();
-        }
-    }
-
-    async fn puller(&self) -> Result<Puller, String> {
-        let mut slot = self.inner.puller.lock().await;
-        if let Some(puller) = slot.as_ref() {
-            return Ok(puller.clone());
-        }
-        let runtime = Runtime::connect(&self.inner.containerd_address, DEFAULT_CONNECT_TIMEOUT)
-            .await
-            .map_err(|e| e.to_string())?;
-        let puller = Puller::new(runtime, self.inner.pull_options.clone());
-        *slot = Some(puller.clone());
-        Ok(puller)
-    }
-
-    /// The digest of `image` when containerd has a record of it.
-    async fn present(&self, puller: &Puller, image: &str) -> Option<String> {
-        let name = rigger_pull::normalized_name(image).ok()?;
-        let request =
-            namespaced(GetImageRequest { name }, &self.inner.pull_options.namespace).ok()?;
-        let image = ImagesClient::new(puller.runtime().channel())
-            .get(request)
-            .await
-            .ok()?
-            .into_inner()
-            .image?;
-        image.target.map(|t| t.digest)
     }
 
     fn path_of(&self, id: &str) -> PathBuf {
@@ -673,36 +480,6 @@ impl TaskRunner {
         if let Err(error) = rigger_daemon::durable::write_json_atomically(&path, record) {
             tracing::warn!(task = %record.id, path = %path.display(), %error, "cannot persist the task");
         }
-    }
-}
-
-/// Turns pull events into the task's byte counts.
-struct TaskProgress {
-    runner: TaskRunner,
-    id: String,
-    bytes: Mutex<LayerBytes>,
-}
-
-impl Progress for TaskProgress {
-    fn event(&self, event: ProgressEvent) {
-        let mut bytes = self
-            .bytes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !bytes.count(&event) {
-            return;
-        }
-        let (done, total) = (bytes.done(), bytes.total());
-        drop(bytes);
-        self.runner.progress(&self.id, done, total);
-    }
-}
-
-impl std::fmt::Debug for TaskProgress {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TaskProgress")
-            .field("id", &self.id)
-            .finish()
     }
 }
 
