@@ -28,11 +28,15 @@ impl ControlService {
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let pods = self.pods.clone();
         tokio::spawn(async move {
+            // Without --tail the whole log is wanted: read as a follower from its start,
+            // a bounded piece per answer, rather than in one answer of any size.
             let mut ask = ContainerLogs {
                 pod_uid: uid,
                 container: request.container,
                 tail_lines: request.tail_lines,
-                ..ContainerLogs::default()
+                follow: request.tail_lines == 0,
+                attempt: u32::MAX,
+                offset: 0,
             };
             loop {
                 let answer = pods
@@ -60,6 +64,8 @@ impl ControlService {
                     if tx.send(Ok(output)).await.is_err() {
                         return; // The follower went away.
                     }
+                    // There may be more right away (a long log comes in pieces).
+                    continue;
                 }
                 tokio::select! {
                     () = tx.closed() => return,
