@@ -7,17 +7,23 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test support
 
 mod cri_pod;
+mod etcd;
 pub mod fidelity;
 mod lab;
 mod pki;
+mod private_containerd;
 mod registries;
+mod relay;
 
 pub use cri_pod::{CriPod, CriPodSpec};
+pub use etcd::{Etcd, EtcdClientTls};
 pub use lab::{
     Containerd, Lab, LabNode, MountedSnapshot, TestNamespace, ctr_at, top_chain_id, tree_listing,
 };
 pub use pki::PrivateCa;
+pub use private_containerd::PrivateContainerd;
 pub use registries::{AuthRegistry, Proxy, TlsRegistry, mirror_hosts_dir, plain_http_hosts_dir};
+pub use relay::TcpRelay;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -246,109 +252,6 @@ pub struct Controller {
     listen: String,
     extra: Vec<String>,
     daemon: Option<Daemon>,
-}
-
-/// A single-member etcd (Debian's etcd-server) on loopback ports, data in a temporary
-/// directory; stopped when dropped.
-#[derive(Debug)]
-pub struct Etcd {
-    /// `127.0.0.1:PORT` for clients.
-    pub endpoint: String,
-    /// With TLS: the CA, and a client certificate and key it signed.
-    pub tls: Option<EtcdClientTls>,
-    _daemon: Daemon,
-    _dir: tempfile::TempDir,
-}
-
-/// What a client of a TLS etcd needs (files from a private CA).
-#[derive(Debug, Clone)]
-pub struct EtcdClientTls {
-    pub ca: PathBuf,
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
-
-impl Etcd {
-    pub fn start() -> Self {
-        Self::start_with(false)
-    }
-
-    /// An etcd serving clients over TLS only, with a certificate from a private CA, and
-    /// requiring client certificates from that CA (as production etcds do).
-    pub fn start_tls() -> Self {
-        Self::start_with(true)
-    }
-
-    fn start_with(tls: bool) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let (client, peer) = (free_port(), free_port());
-        let endpoint = format!("127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let scheme = if tls { "https" } else { "http" };
-        let mut command = Command::new("etcd");
-        command
-            .args(["--name", "itest", "--data-dir"])
-            .arg(dir.path().join("data"))
-            .args(["--listen-client-urls", &format!("{scheme}://{endpoint}")])
-            .args(["--advertise-client-urls", &format!("{scheme}://{endpoint}")])
-            .args(["--listen-peer-urls", &peer_url])
-            .args(["--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("itest={peer_url}")]);
-        let client_tls = tls.then(|| {
-            let ca = PrivateCa::new(dir.path());
-            let (server_cert, server_key) = ca.issue("etcd", "127.0.0.1", &["127.0.0.1"]);
-            let (cert, key) = ca.issue("controller", "rigger-controller", &[]);
-            command
-                .arg("--cert-file")
-                .arg(&server_cert)
-                .arg("--key-file")
-                .arg(&server_key)
-                .arg("--trusted-ca-file")
-                .arg(ca.ca_file())
-                .arg("--client-cert-auth");
-            EtcdClientTls {
-                ca: ca.ca_file(),
-                cert,
-                key,
-            }
-        });
-        let daemon = Daemon::spawn(
-            command
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(dir.path().join("etcd.log")).unwrap()),
-        );
-        wait_until("etcd to serve", Duration::from_secs(30), || {
-            let mut etcdctl = Command::new("etcdctl");
-            etcdctl.env("ETCDCTL_API", "3");
-            if let Some(tls) = &client_tls {
-                etcdctl
-                    .arg("--cacert")
-                    .arg(&tls.ca)
-                    .arg("--cert")
-                    .arg(&tls.cert)
-                    .arg("--key")
-                    .arg(&tls.key);
-            }
-            etcdctl
-                .args([
-                    "--endpoints",
-                    &format!("{scheme}://{endpoint}"),
-                    "endpoint",
-                    "health",
-                ])
-                .output()
-                .ok()?
-                .status
-                .success()
-                .then_some(())
-        });
-        Self {
-            endpoint,
-            tls: client_tls,
-            _daemon: daemon,
-            _dir: dir,
-        }
-    }
 }
 
 /// `rigger-controller certs ARGS`; panics on failure.
@@ -730,198 +633,6 @@ impl Agent {
         let at = self.args.iter().position(|a| a == "--node-labels").unwrap();
         self.args[at + 1] = labels.to_owned();
         self.restart();
-    }
-}
-
-/// A TCP relay in front of a server, whose link can be cut like a network partition:
-/// while cut, nothing is forwarded either way and connections stay open (no reset, no
-/// close: packets that go nowhere); restored, the bytes held back flow again.
-#[derive(Debug)]
-pub struct TcpRelay {
-    /// `127.0.0.1:PORT`
-    pub address: String,
-    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl TcpRelay {
-    /// Relay to `upstream` (`host:port`).
-    pub fn start(upstream: &str) -> Self {
-        use std::sync::Arc;
-        use std::sync::atomic::AtomicBool;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let address = listener.local_addr().unwrap().to_string();
-        let cut = Arc::new(AtomicBool::new(false));
-        let (upstream, flag) = (upstream.to_owned(), cut.clone());
-        std::thread::spawn(move || {
-            for client in listener.incoming().flatten() {
-                let Ok(server) = TcpStream::connect(&upstream) else {
-                    continue;
-                };
-                for (from, to) in [
-                    (client.try_clone(), server.try_clone()),
-                    (server.try_clone(), client.try_clone()),
-                ] {
-                    if let (Ok(from), Ok(to)) = (from, to) {
-                        let flag = flag.clone();
-                        std::thread::spawn(move || relay_bytes(from, to, &flag));
-                    }
-                }
-            }
-        });
-        Self { address, cut }
-    }
-
-    /// Stop forwarding (connections stay open).
-    pub fn cut(&self) {
-        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Forward again.
-    pub fn restore(&self) {
-        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-fn relay_bytes(mut from: TcpStream, mut to: TcpStream, cut: &std::sync::atomic::AtomicBool) {
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        while cut.load(std::sync::atomic::Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let n = match from.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        // Read just before a cut: hold it back until the link is restored.
-        while cut.load(std::sync::atomic::Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if to.write_all(&buf[..n]).is_err() {
-            break;
-        }
-    }
-    let _ = to.shutdown(std::net::Shutdown::Write);
-}
-
-/// A containerd of one test's own (the lab's configuration with its own root, state and
-/// socket), for faults that must not touch the shared lab nodes: restarts, a full disk.
-/// Its root may sit on a tmpfs of a given size. Stopped (and unmounted) when dropped.
-#[derive(Debug)]
-pub struct PrivateContainerd {
-    pub address: PathBuf,
-    pub root: PathBuf,
-    config: PathBuf,
-    log: PathBuf,
-    tmpfs: bool,
-    daemon: Option<Daemon>,
-    _dir: tempfile::TempDir,
-}
-
-impl PrivateContainerd {
-    /// `root_size`: put the root (content store and snapshots) on a tmpfs this big
-    /// (`16m`), to fill it.
-    pub fn start(root_size: Option<&str>) -> Self {
-        let lab = Lab::get();
-        let dir = tempfile::tempdir().unwrap();
-        let (root, state, opt) = (
-            dir.path().join("root"),
-            dir.path().join("state"),
-            dir.path().join("opt"),
-        );
-        for path in [&root, &state, &opt] {
-            std::fs::create_dir_all(path).unwrap();
-        }
-        if let Some(size) = root_size {
-            let mounted = Command::new("mount")
-                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-                .arg(&root)
-                .status()
-                .unwrap();
-            assert!(mounted.success(), "mount a tmpfs at {}", root.display());
-        }
-        let default = Command::new("containerd")
-            .args(["config", "default"])
-            .output()
-            .unwrap();
-        let mut edit = Command::new("python3")
-            .arg(repo_root().join("scripts/lab-containerd-config"))
-            .arg("--root")
-            .arg(&root)
-            .arg("--state")
-            .arg(&state)
-            .arg("--opt")
-            .arg(&opt)
-            .arg("--certs-dir")
-            .arg(&lab.hosts_dir)
-            .arg("--sandbox-image")
-            .arg(format!("{}/rigger-lab/pause:1", lab.registry))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        edit.stdin
-            .take()
-            .unwrap()
-            .write_all(&default.stdout)
-            .unwrap();
-        let out = edit.wait_with_output().unwrap();
-        assert!(out.status.success(), "lab-containerd-config");
-        let config = dir.path().join("config.toml");
-        std::fs::write(&config, out.stdout).unwrap();
-        let mut containerd = Self {
-            address: state.join("containerd.sock"),
-            root,
-            config,
-            log: dir.path().join("containerd.log"),
-            tmpfs: root_size.is_some(),
-            daemon: None,
-            _dir: dir,
-        };
-        containerd.spawn();
-        containerd
-    }
-
-    fn spawn(&mut self) {
-        let log = append_log(&self.log);
-        self.daemon = Some(Daemon::spawn(
-            Command::new("containerd")
-                .arg("--config")
-                .arg(&self.config)
-                .stdout(Stdio::null())
-                .stderr(log),
-        ));
-        let address = self.address.clone();
-        wait_until("the private containerd", Duration::from_secs(30), || {
-            Command::new("ctr")
-                .arg("--address")
-                .arg(&address)
-                .arg("version")
-                .output()
-                .ok()?
-                .status
-                .success()
-                .then_some(())
-        });
-    }
-
-    /// Kill it (SIGKILL, as a crash) and start it again on the same root.
-    pub fn restart(&mut self) {
-        drop(self.daemon.take());
-        self.spawn();
-    }
-
-    /// `ctr` against this containerd in namespace `ns`; panics on failure.
-    pub fn ctr(&self, ns: &str, args: &[&str]) -> String {
-        ctr_at(&self.address, ns, args)
-    }
-}
-
-impl Drop for PrivateContainerd {
-    fn drop(&mut self) {
-        drop(self.daemon.take());
-        if self.tmpfs {
-            let _ = Command::new("umount").arg("-l").arg(&self.root).status();
-        }
     }
 }
 
