@@ -106,30 +106,36 @@ impl PodRunner {
             })
             .max_by_key(|(attempt, _)| *attempt)
             .ok_or_else(|| format!("no log for container {name:?} yet"))?;
-        let start = match from {
-            Some((seen, offset)) if seen == attempt => offset,
-            _ => 0,
-        };
         let mut file =
             std::fs::File::open(&latest).map_err(|e| format!("{}: {e}", latest.display()))?;
         let length = file.metadata().map_or(0, |m| m.len());
-        // A log shorter than the offset was rotated or replaced: from its start.
-        let start = if start > length { 0 } else { start };
+        // A follower reads on from its offset (from the start of a newer attempt, or of a
+        // log shorter than the offset: rotated or replaced); a plain read takes the end.
+        let start = match from {
+            Some((seen, offset)) if seen == attempt && offset <= length => offset,
+            Some(_) => 0,
+            None => length.saturating_sub(MAX_LOG_READ),
+        };
         file.seek(std::io::SeekFrom::Start(start))
             .map_err(|e| format!("{}: {e}", latest.display()))?;
         let mut bytes = Vec::new();
-        // A follower is answered in pieces; a plain read is the whole log, as before.
-        let limit = if from.is_some() {
-            MAX_LOG_READ
-        } else {
-            u64::MAX
-        };
-        file.take(limit)
+        // Every answer is bounded: a follower is answered in pieces, a plain read (for
+        // --tail) is the log's last MAX_LOG_READ bytes.
+        file.take(MAX_LOG_READ)
             .read_to_end(&mut bytes)
             .map_err(|e| format!("{}: {e}", latest.display()))?;
+        // A plain read that started mid-log drops its first, partial line.
+        let first = if from.is_none() && start > 0 {
+            bytes
+                .iter()
+                .position(|b| *b == b'\n')
+                .map_or(bytes.len(), |i| i + 1)
+        } else {
+            0
+        };
         // Whole lines only: a line being written is sent once it is complete.
         let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
-        let text = String::from_utf8_lossy(&bytes[..whole]);
+        let text = String::from_utf8_lossy(&bytes[first.min(whole)..whole]);
         Ok(LogRead {
             text: log_messages(&text, if from.is_some() { 0 } else { tail }),
             attempt,

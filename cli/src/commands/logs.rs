@@ -32,8 +32,11 @@ pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Re
         name: pod,
         container: container.unwrap_or_default(),
         tail_lines: tail,
+        // A whole log (no --tail) comes as a stream of bounded pieces that ends once
+        // what was written so far is sent; -f keeps following.
+        until_now: !follow && tail == 0,
     };
-    if !follow {
+    if !follow && tail > 0 {
         let output = client
             .logs(request)
             .await
@@ -42,8 +45,8 @@ pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Re
         std::io::stdout().write_all(&output.stdout)?;
         return Ok(());
     }
-    // Following: the controller streams the log, then each new line (a restarted
-    // container's from its start).
+    // Streamed: the log, then (following) each new line, a restarted container's from
+    // its start.
     let mut stream = client
         .follow_logs(request)
         .await

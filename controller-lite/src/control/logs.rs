@@ -67,6 +67,9 @@ impl ControlService {
                     // There may be more right away (a long log comes in pieces).
                     continue;
                 }
+                if request.until_now {
+                    return; // Caught up: the stream ends.
+                }
                 tokio::select! {
                     () = tx.closed() => return,
                     () = tokio::time::sleep(POLL) => {}

@@ -410,5 +410,58 @@ fn logs_follow_prints_each_new_line_once() {
     follow.wait().unwrap();
     let expected: Vec<u32> = (1..=15).collect();
     assert_eq!(ticks, expected, "each line once, in order");
+    // Without -f: the whole log so far (streamed in bounded pieces), and it ends.
+    let whole = controller.ctl(&["logs", &name]);
+    assert!(
+        whole.status.success(),
+        "{}",
+        String::from_utf8_lossy(&whole.stderr)
+    );
+    let whole = String::from_utf8_lossy(&whole.stdout);
+    assert!(whole.starts_with("tick 1\ntick 2\n"), "{whole}");
+    assert!(whole.contains("tick 15\n"), "{whole}");
+    let last = controller.ctl(&["logs", &name, "--tail", "1"]);
+    let last = String::from_utf8_lossy(&last.stdout);
+    assert_eq!(last.lines().count(), 1, "{last}");
+    assert!(controller.ctl(&["delete", "pod", &name]).status.success());
+}
+
+/// A log bigger than one answer (16 MiB): `--tail` reads only its end, a plain `logs`
+/// streams all of it in pieces, every line once.
+#[test]
+fn a_log_bigger_than_one_answer_is_read_whole_and_tailed_from_its_end() {
+    let lab = Lab::get();
+    let dir = tempfile::tempdir().unwrap();
+    let (controller, _agent) =
+        rigger_integration_tests::controller_with_agent(dir.path(), "biglog-node", "itest-biglog");
+    let image = lab.image("rigger-lab/busybox:1");
+    let name = format!("biglog-{}", std::process::id());
+    controller.apply_ok(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: writer\n    image: {image}\n    command: [\"sh\", \"-c\", \"seq 1 500000; echo done; trap 'exit 0' TERM; while true; do sleep 0.2; done\"]\n"
+    ));
+    wait_until(
+        "the whole log to be written",
+        Duration::from_secs(120),
+        || {
+            let out = controller.ctl(&["logs", &name, "--tail", "1"]);
+            (String::from_utf8_lossy(&out.stdout) == "done\n").then_some(())
+        },
+    );
+    let out = controller.ctl(&["logs", &name]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 500_001, "every line once");
+    assert_eq!(lines[0], "1");
+    assert_eq!(lines[499_999], "500000");
+    let tail = controller.ctl(&["logs", &name, "--tail", "3"]);
+    assert_eq!(
+        String::from_utf8_lossy(&tail.stdout),
+        "499999\n500000\ndone\n"
+    );
     assert!(controller.ctl(&["delete", "pod", &name]).status.success());
 }
