@@ -608,14 +608,7 @@ fn pull_secrets_reach_the_nodes_and_never_show() {
         .ctl(&["get", "secret", "registry-login", "-o", "yaml"]);
     let shown = String::from_utf8_lossy(&shown.stdout);
     assert!(shown.contains("<redacted>"), "{shown}");
-    let encoded_marker = docker_config
-        .split("\"auth\":\"")
-        .nth(1)
-        .unwrap()
-        .split('"')
-        .next()
-        .unwrap()
-        .to_owned();
+    let encoded_marker = encoded_auth(&docker_config);
     let mut places = vec![(String::from("riggerctl get secret"), shown.into_owned())];
     places.push((
         "controller log".into(),
@@ -949,14 +942,7 @@ fn a_pods_image_pull_secrets_pull_its_images_from_a_private_registry() {
     );
 
     // The password is in no agent's log.
-    let encoded = docker_config
-        .split("\"auth\":\"")
-        .nth(1)
-        .unwrap()
-        .split('"')
-        .next()
-        .unwrap()
-        .to_owned();
+    let encoded = encoded_auth(&docker_config);
     for agent in &fleet.agents {
         let log = std::fs::read_to_string(&agent.log).unwrap();
         assert!(
@@ -974,4 +960,16 @@ fn a_pods_image_pull_secrets_pull_its_images_from_a_private_registry() {
                 .success()
         );
     }
+}
+
+/// The base64 `auth` of a docker config: what must never show in logs or reads.
+fn encoded_auth(docker_config: &str) -> String {
+    docker_config
+        .split("\"auth\":\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .to_owned()
 }

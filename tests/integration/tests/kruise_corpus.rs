@@ -50,6 +50,25 @@ spec:
     )
 }
 
+/// `riggerctl wait OBJECT --for=condition=CONDITION` succeeds.
+fn wait_for_condition(
+    controller: &rigger_integration_tests::Controller,
+    object: &str,
+    condition: &str,
+) {
+    let waited = controller.ctl(&[
+        "wait",
+        object,
+        &format!("--for=condition={condition}"),
+        "--timeout=30s",
+    ]);
+    assert!(
+        waited.status.success(),
+        "{}",
+        String::from_utf8_lossy(&waited.stderr)
+    );
+}
+
 fn names(pod: &Value, field: &str) -> Vec<String> {
     pod["spec"][field]
         .as_array()
@@ -393,16 +412,10 @@ fn kruise_recreate_requests_honour_pre_stop_and_status_context() {
         crr["status"]["conditions"][0]["type"], "PreRecreateGrace",
         "{crr}"
     );
-    let waited = controller.ctl(&[
-        "wait",
+    wait_for_condition(
+        &controller,
         &format!("crr/restart-{id}"),
-        "--for=condition=PreRecreateGrace",
-        "--timeout=10s",
-    ]);
-    assert!(
-        waited.status.success(),
-        "{}",
-        String::from_utf8_lossy(&waited.stderr)
+        "PreRecreateGrace",
     );
     assert_eq!(state(&crr, "app")["phase"], "Succeeded", "{crr}");
     assert_eq!(state(&crr, "web")["phase"], "Succeeded", "{crr}");
@@ -701,15 +714,5 @@ fn kruise_image_pull_jobs_apply_in_both_versions() {
         "corpus"
     );
     assert_eq!(job["spec"]["pullPolicy"]["backoffLimit"], 2);
-    let waited = controller.ctl(&[
-        "wait",
-        &format!("imagepulljob/job-{id}"),
-        "--for=condition=Complete",
-        "--timeout=30s",
-    ]);
-    assert!(
-        waited.status.success(),
-        "{}",
-        String::from_utf8_lossy(&waited.stderr)
-    );
+    wait_for_condition(&controller, &format!("imagepulljob/job-{id}"), "Complete");
 }
