@@ -10,7 +10,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::image_pull_job::{ImagePullJob, ImagePullJobSpec};
-use super::{FieldError, ObjectMeta, ValidateMeta as _};
+use super::{FieldError, ObjectMeta, ValidateMeta as _, short_hash};
 
 pub const KIND: &str = "ImageListPullJob";
 /// The label an ImageListPullJob's ImagePullJobs carry: the list's name. Set only by the
@@ -128,11 +128,6 @@ impl ImageListPullJob {
             status: None,
         }
     }
-}
-
-fn short_hash(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    hex::encode(&sha2::Sha256::digest(bytes)[..5])
 }
 
 /// The schema as written: an ImagePullJob spec's with `images` for `image`.

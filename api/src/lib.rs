@@ -365,6 +365,13 @@ impl ValidatePort for IntOrName {
     }
 }
 
+/// A short hash (10 hex digits of SHA-256) naming a version of some content: a
+/// SidecarSet's containers, a revision, an image list's job or template.
+pub(crate) fn short_hash(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(&sha2::Sha256::digest(bytes)[..5])
+}
+
 /// An int or a percentage string (`"25%"`), as Kubernetes' `IntOrString` for counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IntOrPercent {

@@ -17,7 +17,7 @@ use rigger_proto::pod::{
     Container, EnvVar, EnvVarSource, FieldRef, LocalObjectReference, Pod, PodSpec, Volume,
 };
 
-use super::{FieldError, LabelSelector, ObjectMeta, ValidateMeta as _};
+use super::{FieldError, LabelSelector, ObjectMeta, ValidateMeta as _, short_hash};
 
 pub use container::{
     INJECTED_ENV, PodInjectPolicy, ShareVolumePolicy, ShareVolumePolicyType, SidecarContainer,
@@ -409,11 +409,6 @@ pub fn slots_of(sidecar: &SidecarContainer, container: Container) -> Vec<Contain
 
 fn containers_of(sidecars: &[SidecarContainer]) -> Vec<Container> {
     sidecars.iter().map(|s| s.container.clone()).collect()
-}
-
-fn short_hash(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    hex::encode(&sha2::Sha256::digest(bytes)[..5])
 }
 
 #[cfg(test)]
