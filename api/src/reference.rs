@@ -162,12 +162,22 @@ fn type_name(root: &Value, schema: &Value) -> String {
         return values.join(" \\| ");
     }
     if let Some(alternatives) = schema["oneOf"].as_array().or(schema["anyOf"].as_array()) {
-        let constants: Vec<String> = alternatives
+        // An enum whose variants carry doc comments comes as alternatives of a `const`
+        // each (or an `enum` of those without): all of them are its values.
+        let values: Option<Vec<String>> = alternatives
             .iter()
-            .filter_map(|a| a["const"].as_str().map(|s| format!("`{s}`")))
-            .collect();
-        if constants.len() == alternatives.len() && !constants.is_empty() {
-            return constants.join(" \\| ");
+            .map(|a| match (a["const"].as_str(), a["enum"].as_array()) {
+                (Some(value), _) => Some(vec![format!("`{value}`")]),
+                (None, Some(values)) => values
+                    .iter()
+                    .map(|v| v.as_str().map(|v| format!("`{v}`")))
+                    .collect(),
+                (None, None) => None,
+            })
+            .collect::<Option<Vec<_>>>()
+            .map(|each| each.concat());
+        if let Some(values) = values.filter(|v| !v.is_empty()) {
+            return values.join(" \\| ");
         }
         if name == Some("IntOrPercent") {
             return "int or percent".to_owned();
@@ -298,6 +308,14 @@ mod tests {
         let list = super::page(Kind::ImageListPullJob).unwrap();
         assert!(list.contains("| `spec.images` | []string"), "{list}");
         assert!(!list.contains("| `spec.image` |"), "{list}");
+        // An enum with documented variants: every value, as an enum without.
+        let job = super::page(Kind::ImagePullJob).unwrap();
+        assert!(
+            job.contains(
+                "| `status.nodes[].phase` | `Pulling` \\| `Succeeded` \\| `Failed` \\| `Waiting` |"
+            ),
+            "{job}"
+        );
         assert!(super::page(Kind::Node).is_none());
     }
 
