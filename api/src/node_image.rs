@@ -103,8 +103,7 @@ pub struct ImageStatus {
 #[serde(rename_all = "camelCase")]
 pub struct ImageTagStatus {
     pub tag: String,
-    /// Waiting, Pulling, Succeeded or Failed.
-    pub phase: String,
+    pub phase: NodePullPhase,
     /// Percent of the bytes fetched, while pulling.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub progress: u32,
@@ -133,15 +132,6 @@ pub fn split_reference(reference: &str) -> (&str, &str) {
     match reference[slash..].rfind(':') {
         Some(i) => (&reference[..slash + i], &reference[slash + i + 1..]),
         None => (reference, "latest"),
-    }
-}
-
-fn phase_name(phase: NodePullPhase) -> &'static str {
-    match phase {
-        NodePullPhase::Waiting => "Waiting",
-        NodePullPhase::Pulling => "Pulling",
-        NodePullPhase::Succeeded => "Succeeded",
-        NodePullPhase::Failed => "Failed",
     }
 }
 
@@ -205,7 +195,7 @@ pub fn node_image(node: &Node, pulls: &[(&ImagePullJob, &NodePullStatus)]) -> No
         };
         let status = ImageTagStatus {
             tag: tag.to_owned(),
-            phase: phase_name(entry.phase).to_owned(),
+            phase: entry.phase,
             progress,
             start_time: entry.start_time.clone(),
             completion_time: entry.completion_time.clone(),
@@ -225,7 +215,7 @@ pub fn node_image(node: &Node, pulls: &[(&ImagePullJob, &NodePullStatus)]) -> No
             .tags;
         match tags.iter_mut().find(|t| t.tag == tag) {
             // Two jobs of one tag: the one further along is the node's state.
-            Some(existing) if rank(&status.phase) > rank(&existing.phase) => *existing = status,
+            Some(existing) if rank(status.phase) > rank(existing.phase) => *existing = status,
             Some(_) => {}
             None => tags.push(status),
         }
@@ -233,11 +223,11 @@ pub fn node_image(node: &Node, pulls: &[(&ImagePullJob, &NodePullStatus)]) -> No
     for tags in out.status.image_statuses.values() {
         for tag in &tags.tags {
             out.status.desired += 1;
-            match tag.phase.as_str() {
-                "Succeeded" => out.status.succeeded += 1,
-                "Failed" => out.status.failed += 1,
-                "Pulling" => out.status.pulling += 1,
-                _ => out.status.waiting += 1,
+            match tag.phase {
+                NodePullPhase::Succeeded => out.status.succeeded += 1,
+                NodePullPhase::Failed => out.status.failed += 1,
+                NodePullPhase::Pulling => out.status.pulling += 1,
+                NodePullPhase::Waiting => out.status.waiting += 1,
             }
         }
     }
@@ -257,7 +247,7 @@ pub fn node_image(node: &Node, pulls: &[(&ImagePullJob, &NodePullStatus)]) -> No
             if !tags.iter().any(|t| t.tag == tag) {
                 tags.push(ImageTagStatus {
                     tag: tag.to_owned(),
-                    phase: "Succeeded".to_owned(),
+                    phase: NodePullPhase::Succeeded,
                     image_id: format!("{name}@{}", held.digest),
                     ..ImageTagStatus::default()
                 });
@@ -267,12 +257,13 @@ pub fn node_image(node: &Node, pulls: &[(&ImagePullJob, &NodePullStatus)]) -> No
     out
 }
 
-fn rank(phase: &str) -> u8 {
+/// How far along a pull is, for two jobs of one tag.
+fn rank(phase: NodePullPhase) -> u8 {
     match phase {
-        "Succeeded" => 3,
-        "Pulling" => 2,
-        "Failed" => 1,
-        _ => 0,
+        NodePullPhase::Succeeded => 3,
+        NodePullPhase::Pulling => 2,
+        NodePullPhase::Failed => 1,
+        NodePullPhase::Waiting => 0,
     }
 }
 
@@ -346,7 +337,7 @@ mod tests {
             (2, 1, 1)
         );
         let new = &status.image_statuses["r.example/new"].tags[0];
-        assert_eq!((new.phase.as_str(), new.progress), ("Pulling", 25));
+        assert_eq!((new.phase, new.progress), (NodePullPhase::Pulling, 25));
         assert_eq!(
             status.image_statuses["r.example/app"].tags[0].image_id,
             "r.example/app@sha256:aaa"
@@ -354,8 +345,8 @@ mod tests {
         // Held without a job: shown as the node has it, not counted as desired.
         let other = &status.image_statuses["r.example/other"].tags[0];
         assert_eq!(
-            (other.tag.as_str(), other.phase.as_str()),
-            ("2", "Succeeded")
+            (other.tag.as_str(), other.phase),
+            ("2", NodePullPhase::Succeeded)
         );
         assert_eq!(
             status.image_statuses["r.example/app"].tags.len(),
