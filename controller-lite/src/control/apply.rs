@@ -251,10 +251,10 @@ impl ControlService {
         applied(&draft.object, committed)
     }
 
-    /// The SidecarSets a new pod may be injected with, each at the version it gets
+    /// The SidecarSets new pod `what` may be injected with, each at the version it gets
     /// (`injectionStrategy.revision`); a revision asked for that is not recorded is a
     /// failed precondition, as Kruise's webhook refuses the pod.
-    async fn sidecar_sets_for(&self, pod: &Pod) -> Result<Vec<Versioned>, Status> {
+    async fn sidecar_sets_for(&self, what: &str, pod: &Pod) -> Result<Vec<Versioned>, Status> {
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
         let mut out = Vec::new();
         for stored in self
@@ -272,7 +272,7 @@ impl ControlService {
             let history = self.revision_history(&set.metadata.name).await?;
             let (set, revision) =
                 injected_revision(&set, &history, &pod.metadata.labels, fastrand::f64())
-                    .map_err(|e| Status::failed_precondition(e.to_string()))?;
+                    .map_err(|e| Status::failed_precondition(format!("{what}: {e}")))?;
             out.push(Versioned { set, revision });
         }
         Ok(out)
@@ -280,34 +280,40 @@ impl ControlService {
 
     /// The SidecarSet's current version joins its history (Kruise's ControllerRevision).
     async fn record_revision(&self, set: &SidecarSet) -> Result<(), Status> {
-        let key = history_key(&set.metadata.name);
-        let stored = self.store.get(key.clone()).await.map_err(store_status)?;
-        // An unreadable history starts again: it only serves revision lookups.
-        let mut history: History = stored
-            .as_ref()
-            .and_then(|s| serde_json::from_slice(&s.object).ok())
-            .unwrap_or_default();
-        if !history.record(set) {
-            return Ok(());
+        let (mut history, precondition) = self.read_history(&set.metadata.name).await?;
+        if history.record(set) {
+            self.store
+                .put(
+                    history_key(&set.metadata.name),
+                    to_json(&history)?.into_bytes(),
+                    precondition,
+                )
+                .await
+                .map_err(store_status)?;
         }
-        let precondition = stored
-            .as_ref()
-            .map_or(Precondition::Absent, |s| Precondition::Revision(s.revision));
-        self.store
-            .put(key, to_json(&history)?.into_bytes(), precondition)
-            .await
-            .map_err(store_status)?;
         Ok(())
     }
 
     pub(super) async fn revision_history(&self, set: &str) -> Result<History, Status> {
-        Ok(self
+        Ok(self.read_history(set).await?.0)
+    }
+
+    /// SidecarSet `set`'s history and the precondition a write of it goes under. An
+    /// unreadable history starts again: it only serves revision lookups.
+    async fn read_history(&self, set: &str) -> Result<(History, Precondition), Status> {
+        let stored = self
             .store
             .get(history_key(set))
             .await
-            .map_err(store_status)?
+            .map_err(store_status)?;
+        let history = stored
+            .as_ref()
             .and_then(|s| serde_json::from_slice(&s.object).ok())
-            .unwrap_or_default())
+            .unwrap_or_default();
+        let precondition = stored
+            .as_ref()
+            .map_or(Precondition::Absent, |s| Precondition::Revision(s.revision));
+        Ok((history, precondition))
     }
 
     /// The nodes' pods get the new set of cooperators.
@@ -353,13 +359,7 @@ impl ControlService {
         match &draft.old {
             Some(old) => rigger_api::sidecar_set::keep_injected(pod, old),
             None => {
-                let sets = self.sidecar_sets_for(pod).await.map_err(|e| {
-                    if e.code() == tonic::Code::FailedPrecondition {
-                        Status::failed_precondition(format!("{}: {}", draft.what, e.message()))
-                    } else {
-                        e
-                    }
-                })?;
+                let sets = self.sidecar_sets_for(&draft.what, pod).await?;
                 rigger_api::sidecar_set::inject(pod, &sets)
                     .and_then(|()| rigger_api::pod::validate(pod))
                     .map_err(|e| refuse(&draft.what, &e))?;
