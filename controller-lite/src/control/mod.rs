@@ -111,12 +111,14 @@ impl ControlService {
 }
 
 impl ControlService {
-    /// Every object of `kind` as `get` shows it (in `namespace` only, when one is given).
+    /// Every object of `kind` as `get` shows it (in `namespace` only, when one is given),
+    /// each with the namespace and name it is kept under (so a caller that keys them
+    /// need not read each object's JSON again).
     pub(crate) async fn list_shown(
         &self,
         kind: Kind,
         namespace: &str,
-    ) -> Result<Vec<Object>, Status> {
+    ) -> Result<Vec<(ObjectName, Object)>, Status> {
         if kind == Kind::NodeImage {
             return self.node_images(None).await;
         }
@@ -125,21 +127,32 @@ impl ControlService {
                 .nodes
                 .objects(SystemTime::now(), self.node_timeout)
                 .into_iter()
-                .map(|n| Object {
-                    json: n.to_string(),
-                    revision: 0,
+                .map(|n| {
+                    let name = n["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
+                    let object = Object {
+                        json: n.to_string(),
+                        revision: 0,
+                    };
+                    ((String::new(), name), object)
                 })
                 .collect());
         }
         let mut items = Vec::new();
         for stored in self.store.list(kind.name()).await.map_err(store_status)? {
             if namespace.is_empty() || !kind.namespaced() || stored.key.namespace == namespace {
-                items.push(self.show(kind, stored).await?);
+                let name = (stored.key.namespace.clone(), stored.key.name.clone());
+                items.push((name, self.show(kind, stored).await?));
             }
         }
         Ok(items)
     }
 }
+
+/// An object's namespace (empty for cluster-wide kinds) and name.
+pub(crate) type ObjectName = (String, String);
 
 /// Which objects a List or Watch wants: a namespace (empty: all) and kubectl's label and
 /// field selectors, matched on the object as shown (what `get -o yaml` says is what
@@ -280,6 +293,7 @@ impl Control for ControlService {
             .list_shown(kind, selection.namespace())
             .await?
             .into_iter()
+            .map(|(_, object)| object)
             .filter(|o| selection.selects(o))
             .collect();
         Ok(Response::new(ListResponse { items }))

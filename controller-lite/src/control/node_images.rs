@@ -11,11 +11,14 @@ use rigger_api::node_image::node_image;
 use rigger_proto::v1::Object;
 use tonic::Status;
 
-use super::{ControlService, store_status};
+use super::{ControlService, ObjectName, store_status};
 
 impl ControlService {
-    /// Every node's NodeImage (or only `only`'s), sorted by node name.
-    pub(super) async fn node_images(&self, only: Option<&str>) -> Result<Vec<Object>, Status> {
+    /// Every node's NodeImage (or only `only`'s), sorted by node name, with its name.
+    pub(super) async fn node_images(
+        &self,
+        only: Option<&str>,
+    ) -> Result<Vec<(ObjectName, Object)>, Status> {
         let nodes: Vec<Node> = self
             .nodes
             .objects(SystemTime::now(), self.node_timeout)
@@ -54,11 +57,12 @@ impl ControlService {
             .map(|node| {
                 let pulls = by_node.get(node.metadata.name.as_str()).unwrap_or(&none);
                 let image = node_image(node, pulls);
-                Ok(Object {
+                let object = Object {
                     json: serde_json::to_string(&image)
                         .map_err(|e| Status::internal(e.to_string()))?,
                     revision: 0,
-                })
+                };
+                Ok(((String::new(), node.metadata.name.clone()), object))
             })
             .collect()
     }

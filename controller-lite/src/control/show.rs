@@ -115,6 +115,7 @@ impl ControlService {
                 .node_images(Some(name))
                 .await?
                 .pop()
+                .map(|(_, object)| object)
                 .ok_or_else(|| Status::not_found(format!("NodeImage/{name}: not found")));
         }
         if kind == Kind::Node {

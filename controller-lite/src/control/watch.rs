@@ -15,7 +15,7 @@ use tokio::sync::broadcast;
 use tokio_stream::Stream;
 use tonic::Status;
 
-use super::{ControlService, Selection};
+use super::{ControlService, ObjectName, Selection};
 
 /// How often a watched kind is listed.
 const INTERVAL: Duration = Duration::from_secs(1);
@@ -56,15 +56,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn key_of(object: &Object) -> (String, String) {
-    let value: serde_json::Value = serde_json::from_str(&object.json).unwrap_or_default();
-    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
-    (
-        text(&value["metadata"]["namespace"]),
-        text(&value["metadata"]["name"]),
-    )
-}
-
 fn event(kind: &str, object: Object, version: u64) -> WatchEvent {
     WatchEvent {
         r#type: kind.to_owned(),
@@ -73,7 +64,7 @@ fn event(kind: &str, object: Object, version: u64) -> WatchEvent {
     }
 }
 
-type Key = (String, String);
+type Key = ObjectName;
 
 /// What changed from `before` to `now`, as events (pure).
 fn changes<'a>(
@@ -98,8 +89,8 @@ fn changes<'a>(
 
 impl Feed {
     /// Take in a new listing: the changes become events.
-    fn update(&self, listing: Vec<Object>) {
-        let now: BTreeMap<_, _> = listing.into_iter().map(|o| (key_of(&o), o)).collect();
+    fn update(&self, listing: Vec<(Key, Object)>) {
+        let now: BTreeMap<_, _> = listing.into_iter().collect();
         let mut state = lock(&self.state);
         let found: Vec<(&'static str, String, Object)> = changes(&state.objects, &now)
             .into_iter()
@@ -200,7 +191,7 @@ impl WatchHub {
             tx: broadcast::channel(HISTORY).0,
             state: Mutex::new(FeedState::default()),
         });
-        lock(&feed.state).objects = listing.into_iter().map(|o| (key_of(&o), o)).collect();
+        lock(&feed.state).objects = listing.into_iter().collect();
         feeds.insert(kind, feed.clone());
         drop(feeds);
         tokio::spawn(poll(service.clone(), kind, feed.clone()));
@@ -241,13 +232,15 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    fn object(name: &str, value: u32) -> Object {
-        Object {
+    /// Object `name` (in `default`) at version `value`, keyed as a listing keys it.
+    fn object(name: &str, value: u32) -> (Key, Object) {
+        let object = Object {
             json:
                 serde_json::json!({"metadata": {"name": name, "namespace": "default"}, "v": value})
                     .to_string(),
             revision: 0,
-        }
+        };
+        (("default".to_owned(), name.to_owned()), object)
     }
 
     #[test]
@@ -266,7 +259,11 @@ mod tests {
             let event = &change.event;
             seen.push((
                 event.r#type.clone(),
-                key_of(event.object.as_ref().unwrap()).1,
+                serde_json::from_str::<serde_json::Value>(&event.object.as_ref().unwrap().json)
+                    .unwrap()["metadata"]["name"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
                 event.resource_version,
             ));
         }
