@@ -473,6 +473,14 @@ impl Controller {
         command
     }
 
+    /// Pod `name` once it is ready (condition Ready=True), waited for up to `within`.
+    pub fn ready_pod(&self, name: &str, within: Duration) -> serde_json::Value {
+        wait_until(&format!("pod {name} to be ready"), within, || {
+            let pod = self.get_json(&["pod", name])?;
+            pod_ready(&pod).then_some(pod)
+        })
+    }
+
     /// `riggerctl ... -o json` parsed; `None` when riggerctl fails.
     pub fn get_json(&self, args: &[&str]) -> Option<serde_json::Value> {
         let mut all = vec!["get"];

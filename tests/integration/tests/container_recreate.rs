@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use rigger_integration_tests::{
     Controller, CriPod, CriPodSpec, Lab, LabNode, container_status, controller_with_agent,
-    controller_with_agent_on, log_tail, on_every_containerd, pod_ready, running_containers,
-    wait_until,
+    controller_with_agent_on, log_tail, on_every_containerd, running_containers, wait_until,
 };
 use serde_json::Value;
 
@@ -46,14 +45,7 @@ fn state_of<'a>(crr: &'a Value, container: &str) -> &'a Value {
 }
 
 fn ready_pod(controller: &Controller, name: &str) -> Value {
-    wait_until(
-        &format!("pod {name} to be ready"),
-        Duration::from_secs(90),
-        || {
-            let pod = controller.get_json(&["pod", name])?;
-            pod_ready(&pod).then_some(pod)
-        },
-    )
+    controller.ready_pod(name, Duration::from_secs(90))
 }
 
 /// Connections a TCP listener of the test accepted.

@@ -918,24 +918,16 @@ fn a_pods_image_pull_secrets_pull_its_images_from_a_private_registry() {
         "owned",
         "  imagePullSecrets: [{name: private-login}]\n",
     ));
-    wait_until(
-        "the pod with a pull secret to run",
-        Duration::from_secs(90),
-        || {
-            let pod = fleet.controller.get_json(&["pod", "owned"])?;
-            rigger_integration_tests::pod_ready(&pod).then_some(())
-        },
-    );
+    fleet.controller.ready_pod("owned", Duration::from_secs(90));
 
     // A SidecarSet's, joined to the pods it is injected into.
     fleet.controller.apply_ok(&format!(
         "apiVersion: apps.kruise.io/v1beta1\nkind: SidecarSet\nmetadata:\n  name: private-mesh\nspec:\n  selector: {{matchLabels: {{mesh: private}}}}\n  imagePullSecrets: [{{name: private-login}}]\n  containers:\n  - name: proxy\n    image: {image}\n    command: [\"sh\", \"-c\", \"trap 'exit 0' TERM; while true; do sleep 0.2; done\"]\n"
     ));
     fleet.controller.apply_ok(&pod("meshed", ""));
-    let meshed = wait_until("the meshed pod to run", Duration::from_secs(90), || {
-        let pod = fleet.controller.get_json(&["pod", "meshed"])?;
-        rigger_integration_tests::pod_ready(&pod).then_some(pod)
-    });
+    let meshed = fleet
+        .controller
+        .ready_pod("meshed", Duration::from_secs(90));
     assert_eq!(
         meshed["spec"]["imagePullSecrets"][0]["name"],
         "private-login"

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use rigger_integration_tests::{
-    Lab, container_status, controller_with_agent, log_tail, pod_ready, repo_root, wait_until,
+    Lab, container_status, controller_with_agent, log_tail, repo_root, wait_until,
 };
 use serde_json::Value;
 
@@ -161,10 +161,7 @@ fn kruise_sidecar_sets_apply_in_both_versions_and_shape_pods_as_kruise_does() {
     );
 
     // It runs: the init container ran to completion, then the three containers.
-    let running = wait_until("the pod to be ready", Duration::from_secs(120), || {
-        let pod = controller.get_json(&["pod", &pod_name])?;
-        pod_ready(&pod).then_some(pod)
-    });
+    let running = controller.ready_pod(&pod_name, Duration::from_secs(120));
     for name in ["proxy", "app", "logger"] {
         assert_eq!(
             container_status(&running, name)["ready"],
@@ -377,10 +374,7 @@ fn kruise_recreate_requests_honour_pre_stop_and_status_context() {
             .unwrap_or_default()
             .to_owned()
     };
-    wait_until("the pod to be ready", Duration::from_secs(120), || {
-        let pod = controller.get_json(&["pod", &pod_name])?;
-        pod_ready(&pod).then_some(())
-    });
+    controller.ready_pod(&pod_name, Duration::from_secs(120));
     let (app_before, web_before) = (container_id("app"), container_id("web"));
     let completed = |name: &str| {
         wait_until(
@@ -449,10 +443,7 @@ fn kruise_recreate_requests_honour_pre_stop_and_status_context() {
     );
     assert!(!out.join("web-prestop").exists(), "web was left alone");
 
-    wait_until("the pod to be ready again", Duration::from_secs(60), || {
-        let pod = controller.get_json(&["pod", &pod_name])?;
-        pod_ready(&pod).then_some(())
-    });
+    controller.ready_pod(&pod_name, Duration::from_secs(60));
     let app_now = container_id("app");
     controller.apply_ok(
         &corpus("containerrecreaterequest-v1alpha1.yaml", &image, &id).replace("${POD}", &pod_name),
@@ -677,10 +668,7 @@ fn kruise_image_pull_jobs_apply_in_both_versions() {
         &format!("corpus-{id}"),
         &busybox,
     ));
-    wait_until("the pod to run", Duration::from_secs(120), || {
-        let pod = controller.get_json(&["pod", &format!("corpus-{id}")])?;
-        pod_ready(&pod).then_some(())
-    });
+    controller.ready_pod(&format!("corpus-{id}"), Duration::from_secs(120));
     let labelled = controller.ctl(&["label", "node", node, &format!("pool=corpus-{id}")]);
     assert!(
         labelled.status.success(),
