@@ -12,7 +12,8 @@
 //! - [`pods`]: agent-managed pods, run through CRI, adopted after a restart;
 //! - [`recreate`]: restarting containers of a pod in place (ContainerRecreateRequest);
 //! - [`handlers`]: probes and lifecycle hooks (exec, httpGet, tcpSocket), as kubelet runs them;
-//! - [`lifecycle`]: a pod's lifecycle state and the cooperators asked around operations.
+//! - [`lifecycle`]: a pod's lifecycle state and the cooperators asked around operations;
+//! - [`peers`]: serving blobs to the other nodes of a job (fleet distribution).
 
 pub mod config;
 pub mod cri;
@@ -23,6 +24,7 @@ pub mod labels;
 pub mod lifecycle;
 pub mod link;
 pub mod metrics;
+pub mod peers;
 pub mod pods;
 pub mod progress;
 pub mod recreate;

@@ -4,8 +4,9 @@
 //! certificate per agent whose DNS name is the node name, the CA that signed them).
 //!
 //! The directory gets `ca.pem`/`ca-key.pem`, `controller.pem`/`controller-key.pem`,
-//! `agent-<node>.pem`/`agent-<node>-key.pem`, and on first use `tokens.csv` (an admin and
-//! a viewer token) and `riggerctl.toml`. Run again with more `--node`s to add agents
+//! `agent-<node>.pem`/`agent-<node>-key.pem` (for the link to the controller and for
+//! serving blobs to peers), and on first use `tokens.csv` (an admin and a viewer token),
+//! `riggerctl.toml` and `peer-grant-key.pem` (what the controller signs peer grants with). Run again with more `--node`s to add agents
 //! under the same CA. Keys and tokens are written with mode 0600.
 
 use std::io::Write as _;
@@ -109,7 +110,7 @@ fn issue(
     stem: &str,
     common_name: &str,
     names: &[String],
-    usage: ExtendedKeyUsagePurpose,
+    usages: &[ExtendedKeyUsagePurpose],
 ) -> Result<PathBuf, CertsError> {
     let cert_path = out.join(format!("{stem}.pem"));
     if cert_path.exists() {
@@ -123,7 +124,7 @@ fn issue(
     params
         .distinguished_name
         .push(DnType::CommonName, common_name);
-    params.extended_key_usages = vec![usage];
+    params.extended_key_usages = usages.to_vec();
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     let certificate = params
         .signed_by(&key, &ca.certificate, &ca.key)
@@ -136,6 +137,18 @@ fn issue(
     write_new(&cert_path, &certificate.pem(), false)?;
     Ok(cert_path)
 }
+
+/// The key the controller signs peer grants with (Ed25519, PKCS#8 PEM, 0600): agents
+/// check a grant with its public half, which the controller sends them.
+fn peer_grant_key(out: &Path) -> Result<PathBuf, CertsError> {
+    let path = out.join(PEER_GRANT_KEY_FILE);
+    let key = KeyPair::generate_for(&rcgen::PKCS_ED25519).map_err(generate("peer grant key"))?;
+    write_new(&path, &key.serialize_pem(), true)?;
+    Ok(path)
+}
+
+/// Where `certs` writes the peer grant key, beside the CA.
+pub const PEER_GRANT_KEY_FILE: &str = "peer-grant-key.pem";
 
 /// Issue what `request` asks for; returns the files written.
 pub fn create(request: &CertsRequest) -> Result<Vec<PathBuf>, CertsError> {
@@ -159,8 +172,9 @@ pub fn create(request: &CertsRequest) -> Result<Vec<PathBuf>, CertsError> {
             "controller",
             "rigger-controller",
             &hosts,
-            ExtendedKeyUsagePurpose::ServerAuth,
+            &[ExtendedKeyUsagePurpose::ServerAuth],
         )?);
+        written.push(peer_grant_key(out)?);
         let tokens = out.join("tokens.csv");
         let admin = random_token()?;
         write_new(
@@ -193,7 +207,12 @@ pub fn create(request: &CertsRequest) -> Result<Vec<PathBuf>, CertsError> {
             &format!("agent-{node}"),
             node,
             std::slice::from_ref(node),
-            ExtendedKeyUsagePurpose::ClientAuth,
+            // A client of the controller, and a server of blobs to the other nodes (the
+            // peers dial it by its node name).
+            &[
+                ExtendedKeyUsagePurpose::ClientAuth,
+                ExtendedKeyUsagePurpose::ServerAuth,
+            ],
         )?);
     }
     Ok(written)
@@ -221,5 +240,37 @@ mod tests {
                 name.ends_with("-key.pem") || name == "tokens.csv" || name == "riggerctl.toml";
             assert_eq!(mode, if secret { 0o600 } else { 0o644 }, "{name}");
         }
+    }
+
+    #[test]
+    fn the_peer_grant_key_signs_grants_its_public_half_verifies() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("pki");
+        create(&CertsRequest {
+            out: out.clone(),
+            hosts: Vec::new(),
+            nodes: Vec::new(),
+        })
+        .unwrap();
+        let private = std::fs::read(out.join(PEER_GRANT_KEY_FILE)).unwrap();
+        let public = KeyPair::from_pem(std::str::from_utf8(&private).unwrap())
+            .unwrap()
+            .public_key_pem();
+        let signer = rigger_proto::peer_grant::GrantSigner::from_pem(&private).unwrap();
+        let verifier =
+            rigger_proto::peer_grant::GrantVerifier::from_pem(public.as_bytes()).unwrap();
+        let now = std::time::SystemTime::now();
+        let grant = signer
+            .sign(
+                "node-1",
+                "sha256:00",
+                now,
+                std::time::Duration::from_secs(60),
+            )
+            .unwrap();
+        assert_eq!(
+            verifier.verify(&grant, "node-1", now).unwrap().image,
+            "sha256:00"
+        );
     }
 }

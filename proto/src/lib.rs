@@ -7,6 +7,7 @@
 #![allow(clippy::derive_partial_eq_without_eq)]
 
 pub mod lifecycle;
+pub mod peer_grant;
 pub mod pod;
 pub mod time;
 
