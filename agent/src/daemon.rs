@@ -46,6 +46,8 @@ pub enum DaemonError {
     Tasks(#[from] crate::tasks::TaskError),
     #[error(transparent)]
     Pods(#[from] crate::pods::PodError),
+    #[error(transparent)]
+    Peers(#[from] crate::peers::serve::ServeError),
 }
 
 #[derive(Debug, Clone)]
@@ -99,6 +101,23 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
     let local = listener.local_addr().map_err(DaemonError::Serve)?;
     tracing::info!(address = %local, "serving /healthz, /readyz and /inventory");
 
+    // The controller's grant key comes with each registration; until then peers get
+    // nothing.
+    let (grants, grants_seen) = watch::channel(None);
+    let peers = match &config.peer {
+        Some(peer) => Some(
+            crate::peers::start(
+                peer,
+                config.containerd_address(),
+                &config.pull.namespace,
+                grants_seen,
+                token.clone(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
+
     let readiness = Readiness::new("containerd not contacted yet");
     let shared: SharedInventory = Arc::default();
 
@@ -134,11 +153,16 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
                 "insecure_plaintext: the controller link is unencrypted and unauthenticated; use on trusted networks only"
             );
         }
+        let peer = crate::link::PeerLink {
+            address: config.peer.as_ref().map(|p| p.address.clone()),
+            grants,
+        };
         tokio::spawn(crate::link::maintain(
             link,
             shared.clone(),
             tasks.clone(),
             pods.clone(),
+            peer,
             token.clone(),
         ))
     });
@@ -160,6 +184,9 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
         let _ = refresher.await;
         if let Some(link) = link {
             let _ = link.await;
+        }
+        if let Some(peers) = peers {
+            let _ = peers.await;
         }
         server.await
     })

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use rigger_proto::peer_grant::GrantVerifier;
 use rigger_proto::v1 as proto;
 use rigger_proto::v1::agent_link_client::AgentLinkClient;
 use rigger_proto::v1::{AgentMessage, Heartbeat, Register, agent_message, controller_message};
@@ -32,6 +33,38 @@ pub struct LinkConfig {
     pub plaintext: bool,
 }
 
+/// What the link carries for serving peers: this node's peer address (registered), and
+/// the controller's grant key (from each registration's answer) for the peer endpoint.
+#[derive(Debug)]
+pub struct PeerLink {
+    /// `None`: this node does not serve peers.
+    pub address: Option<String>,
+    pub grants: tokio::sync::watch::Sender<Option<GrantVerifier>>,
+}
+
+impl PeerLink {
+    /// Take the grant key a registration's answer carries (none: peers get nothing).
+    fn grant_key(&self, public_pem: &str) {
+        let verifier = if public_pem.is_empty() {
+            None
+        } else {
+            match GrantVerifier::from_pem(public_pem.as_bytes()) {
+                Ok(verifier) => Some(verifier),
+                Err(error) => {
+                    tracing::warn!(%error, "the controller's peer grant key is unusable; serving peers nothing");
+                    None
+                }
+            }
+        };
+        if self.address.is_some() && verifier.is_none() {
+            tracing::warn!(
+                "the controller has no peer grant key (peer_grant_key): serving peers nothing"
+            );
+        }
+        self.grants.send_replace(verifier);
+    }
+}
+
 /// Progress reports are sent at most this often (status changes are coalesced).
 const REPORT_INTERVAL: Duration = Duration::from_millis(250);
 
@@ -50,6 +83,7 @@ pub async fn maintain(
     inventory: SharedInventory,
     tasks: TaskRunner,
     pods: PodRunner,
+    peer: PeerLink,
     token: CancellationToken,
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
@@ -64,7 +98,7 @@ pub async fn maintain(
         };
         let outcome = tokio::select! {
             _ = token.cancelled() => return,
-            outcome = session(controller, &config, &inventory, &tasks, &pods) => outcome,
+            outcome = session(controller, &config, &inventory, &tasks, &pods, &peer) => outcome,
         };
         // The next attempt goes to the next replica (a follower refuses agents).
         next += 1;
@@ -90,6 +124,7 @@ async fn session(
     inventory: &SharedInventory,
     tasks: &TaskRunner,
     pods: &PodRunner,
+    peer: &PeerLink,
 ) -> Result<(), String> {
     let channel = controller.connect().await.map_err(|e| {
         format!(
@@ -112,6 +147,7 @@ async fn session(
             agent_version: crate::VERSION.to_owned(),
             inventory: current,
             tasks: tasks.all_statuses(),
+            peer_address: peer.address.clone().unwrap_or_default(),
         })),
     };
     tx.send(register)
@@ -126,6 +162,7 @@ async fn session(
     let interval = match inbound.message().await {
         Ok(Some(m)) => match m.message {
             Some(controller_message::Message::RegisterAck(ack)) => {
+                peer.grant_key(&ack.peer_grant_public_key);
                 Duration::from_secs(u64::from(ack.heartbeat_interval_seconds.max(1)))
             }
             _ => return Err("controller did not answer Register with RegisterAck".to_owned()),

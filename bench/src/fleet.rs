@@ -474,6 +474,7 @@ async fn session(
             agent_version: "bench".to_owned(),
             inventory: Some(inventory(node, images)),
             tasks: Vec::new(),
+            peer_address: String::new(),
         })),
     })
     .await?;

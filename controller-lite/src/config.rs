@@ -39,6 +39,7 @@ pub struct ControllerConfigFile {
     pub leader_lease: Option<String>,
     pub api_requests_per_second: Option<u32>,
     pub api_burst: Option<u32>,
+    pub peer_grant_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Clone, clap::Args)]
@@ -86,6 +87,11 @@ pub struct ControllerArgs {
     /// Users: lines of `token,user,role` (role admin or viewer).
     #[arg(long, env = "RIGGER_CONTROLLER_TOKENS_FILE", value_name = "FILE")]
     pub tokens_file: Option<PathBuf>,
+    /// Ed25519 private key (PKCS#8 PEM) the controller signs peer grants with; agents
+    /// serve blobs to other nodes only with such a grant (`rigger-controller certs`
+    /// writes one) [default: none: no node serves peers].
+    #[arg(long, env = "RIGGER_CONTROLLER_PEER_GRANT_KEY", value_name = "FILE")]
+    pub peer_grant_key: Option<PathBuf>,
     /// Serve without TLS: agents are not authenticated (trusted networks only; logged).
     #[arg(long, env = "RIGGER_CONTROLLER_INSECURE_PLAINTEXT")]
     pub insecure_plaintext: bool,
@@ -172,6 +178,42 @@ pub struct ControllerConfig {
     pub store: StoreConfig,
     pub leader_lease: Duration,
     pub api_rate: ApiRate,
+    /// What peer grants are signed with; `None`: no grants, so no node serves peers.
+    pub peer_grant_key: Option<PeerGrantKey>,
+}
+
+/// The peer grant key, read and checked: the private half signs grants, the public
+/// half goes to every agent when it registers.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PeerGrantKey {
+    pub private_pem: Vec<u8>,
+    pub public_pem: String,
+}
+
+impl std::fmt::Debug for PeerGrantKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerGrantKey")
+            .field("public_pem", &self.public_pem)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Read the peer grant key at `path`: an Ed25519 private key in PEM that signs.
+fn peer_grant_key(path: &std::path::Path) -> Result<PeerGrantKey, ConfigError> {
+    let invalid = |reason: String| PEER_GRANT_KEY.invalid(format!("{}: {reason}", path.display()));
+    let private_pem =
+        rigger_daemon::config::read_small_file(path).map_err(|e| invalid(e.to_string()))?;
+    let text = std::str::from_utf8(&private_pem).map_err(|e| invalid(e.to_string()))?;
+    let key = rcgen::KeyPair::from_pem(text).map_err(|e| invalid(e.to_string()))?;
+    if !key.is_compatible(&rcgen::PKCS_ED25519) {
+        return Err(invalid("not an Ed25519 key".to_owned()));
+    }
+    rigger_proto::peer_grant::GrantSigner::from_pem(&private_pem)
+        .map_err(|e| invalid(e.to_string()))?;
+    Ok(PeerGrantKey {
+        public_pem: key.public_key_pem(),
+        private_pem,
+    })
 }
 
 const LISTEN: Setting = Setting {
@@ -219,6 +261,11 @@ const CLIENT_CA_FILE: Setting = Setting {
     key: "client_ca_file",
     flag: "--client-ca-file",
     env: "RIGGER_CONTROLLER_CLIENT_CA_FILE",
+};
+const PEER_GRANT_KEY: Setting = Setting {
+    key: "peer_grant_key",
+    flag: "--peer-grant-key",
+    env: "RIGGER_CONTROLLER_PEER_GRANT_KEY",
 };
 const TOKENS_FILE: Setting = Setting {
     key: "tokens_file",
@@ -482,6 +529,11 @@ impl ControllerConfig {
             )?,
             burst: positive(API_BURST, args.api_burst.or(file.api_burst), defaults.burst)?,
         };
+        let peer_grant_key = args
+            .peer_grant_key
+            .or(file.peer_grant_key)
+            .map(|path| peer_grant_key(&path))
+            .transpose()?;
         Ok(Self {
             listen,
             health_listen,
@@ -496,6 +548,7 @@ impl ControllerConfig {
             store,
             leader_lease,
             api_rate,
+            peer_grant_key,
         })
     }
 }
@@ -662,5 +715,38 @@ mod tests {
         swapped.etcd_ca_file = pem("controller-key.pem");
         let err = resolve(swapped).unwrap_err().to_string();
         assert!(err.contains("no PEM CERTIFICATE"), "{err}");
+    }
+
+    #[test]
+    fn the_peer_grant_key_is_an_ed25519_key_that_signs() {
+        let dir = lab_certs();
+        let with_key = |path: PathBuf| ControllerArgs {
+            peer_grant_key: Some(path),
+            ..plaintext()
+        };
+        let config = ControllerConfig::from_layers(
+            ControllerConfigFile::default(),
+            with_key(dir.path().join(crate::certs::PEER_GRANT_KEY_FILE)),
+        )
+        .unwrap();
+        let key = config.peer_grant_key.unwrap();
+        assert!(key.public_pem.contains("BEGIN PUBLIC KEY"), "{key:?}");
+        assert!(
+            !format!("{key:?}").contains("PRIVATE"),
+            "the private key leaks in Debug"
+        );
+        rigger_proto::peer_grant::GrantVerifier::from_pem(key.public_pem.as_bytes()).unwrap();
+        // Not a key; a key of another kind (the CA's ECDSA key); a missing file.
+        for wrong in ["ca.pem", "ca-key.pem", "missing.pem"] {
+            let error = ControllerConfig::from_layers(
+                ControllerConfigFile::default(),
+                with_key(dir.path().join(wrong)),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(error.contains("`peer_grant_key`"), "{wrong}: {error}");
+        }
+        let unset = ControllerConfig::from_layers(ControllerConfigFile::default(), plaintext());
+        assert!(unset.unwrap().peer_grant_key.is_none());
     }
 }

@@ -39,6 +39,8 @@ pub struct AgentLinkService {
     mtls: bool,
     heartbeat_interval: Duration,
     node_timeout: Duration,
+    /// What agents check peer grants with (SPKI PEM); empty: no grants are signed.
+    peer_grant_public_key: Arc<str>,
     next_session: Arc<AtomicU64>,
     shutdown: CancellationToken,
 }
@@ -54,6 +56,7 @@ impl AgentLinkService {
         mtls: bool,
         heartbeat_interval: Duration,
         node_timeout: Duration,
+        peer_grant_public_key: String,
         shutdown: CancellationToken,
     ) -> Self {
         Self {
@@ -65,6 +68,7 @@ impl AgentLinkService {
             mtls,
             heartbeat_interval,
             node_timeout,
+            peer_grant_public_key: peer_grant_public_key.into(),
             next_session: Arc::new(AtomicU64::new(1)),
             shutdown,
         }
@@ -121,6 +125,7 @@ impl AgentLink for AgentLinkService {
                 heartbeat_interval_seconds: u32::try_from(self.heartbeat_interval.as_secs())
                     .unwrap_or(u32::MAX)
                     .max(1),
+                peer_grant_public_key: self.peer_grant_public_key.to_string(),
             })),
         };
         tx.send(Ok(Box::new(ack)))

@@ -436,6 +436,7 @@ mod tests {
             agent_version: "0.1.0".to_owned(),
             inventory: None,
             tasks: Vec::new(),
+            peer_address: String::new(),
         }
     }
 

@@ -148,6 +148,11 @@ pub async fn run(
         tls.is_some(),
         config.heartbeat_interval,
         config.node_timeout,
+        config
+            .peer_grant_key
+            .as_ref()
+            .map(|k| k.public_pem.clone())
+            .unwrap_or_default(),
         token.clone(),
     );
     let control = ControlService::new(

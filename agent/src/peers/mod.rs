@@ -9,5 +9,50 @@
 //! - only with a peer grant the controller signed for that node and an image whose
 //!   blobs include the one asked for ([`reach`], `rigger_proto::peer_grant`).
 
+use std::sync::Arc;
+
+use rigger_proto::peer_grant::GrantVerifier;
+use rigger_pull::fetch::limit::RateLimit;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use self::answer::Answerer;
+use self::blobs::ContainerdBlobs;
+use self::serve::{ServeError, bind, serve, server_config};
+use crate::config::PeerSettings;
+
+pub mod answer;
+pub mod blobs;
 pub mod reach;
 pub mod request;
+pub mod serve;
+
+#[cfg(test)]
+mod tests;
+
+/// Bind the peer endpoint and serve it until `stop`: blobs from containerd's content
+/// store in `namespace`, under the grant key the controller link puts in `grants`.
+pub async fn start(
+    settings: &PeerSettings,
+    containerd_address: &std::path::Path,
+    namespace: &str,
+    grants: watch::Receiver<Option<GrantVerifier>>,
+    stop: CancellationToken,
+) -> Result<JoinHandle<()>, ServeError> {
+    let tls = server_config(&settings.tls)?;
+    let listener = bind(settings.listen).await?;
+    tracing::info!(listen = %settings.listen, address = %settings.address, "serving blobs to peers");
+    let answerer = Arc::new(Answerer::new(
+        Arc::new(ContainerdBlobs::new(containerd_address, namespace)),
+        grants,
+        Some(Arc::new(RateLimit::new(settings.upload_rate))),
+    ));
+    Ok(tokio::spawn(serve(
+        listener,
+        tls,
+        answerer,
+        settings.max_connections,
+        stop,
+    )))
+}

@@ -636,6 +636,12 @@ impl Agent {
         self.spawn();
     }
 
+    /// Start again with more `rigger-agent run` flags (kept for later restarts).
+    pub fn restart_with_flags(&mut self, flags: &[&str]) {
+        self.args.extend(flags.iter().map(|f| (*f).to_owned()));
+        self.restart();
+    }
+
     /// Start again, reporting `labels` (`k=v,k2=v2`) about its node.
     pub fn restart_with_node_labels(&mut self, labels: &str) {
         let at = self.args.iter().position(|a| a == "--node-labels").unwrap();

@@ -14,6 +14,12 @@ use rigger_daemon::config::{ConfigError, LOG_FORMAT, LOG_LEVEL, Setting, load_to
 use rigger_daemon::logging::LogFormat;
 
 pub use crate::link::LinkConfig;
+
+mod peer;
+mod tls;
+
+pub use self::peer::PeerSettings;
+use self::tls::{TlsSettings, controller_endpoint};
 use rigger_runtime::DEFAULT_CONTAINERD_ADDRESS;
 use rigger_runtime::socket::AUTO;
 
@@ -44,6 +50,10 @@ pub struct AgentConfigFile {
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
     pub insecure_plaintext: Option<bool>,
+    pub peer_listen: Option<String>,
+    pub peer_address: Option<String>,
+    pub peer_max_connections: Option<usize>,
+    pub peer_upload_rate: Option<String>,
 }
 
 /// Flags (and their environment variables) of `rigger-agent run`.
@@ -122,6 +132,26 @@ pub struct RunArgs {
     /// Allow an http:// controller: no encryption, no authentication (trusted networks).
     #[arg(long, env = "RIGGER_AGENT_INSECURE_PLAINTEXT")]
     pub insecure_plaintext: bool,
+    /// Serve blobs to the other nodes of jobs on this address, e.g. `0.0.0.0:9441`
+    /// (HTTPS with this node's certificate; needs an https:// controller) [default: off].
+    #[arg(long, env = "RIGGER_AGENT_PEER_LISTEN", value_name = "ADDR")]
+    pub peer_listen: Option<String>,
+    /// Where the other nodes reach peer_listen, `host:port` [default: peer_listen, when
+    /// that is a specific address].
+    #[arg(long, env = "RIGGER_AGENT_PEER_ADDRESS", value_name = "HOST:PORT")]
+    pub peer_address: Option<String>,
+    /// Peer connections served at once; more are closed at once and the peer goes to
+    /// its next source [default: 8].
+    #[arg(long, env = "RIGGER_AGENT_PEER_MAX_CONNECTIONS", value_name = "N")]
+    pub peer_max_connections: Option<usize>,
+    /// Cap on the bytes per second served to peers, all together, e.g. `100MiB`
+    /// [default: 200MiB].
+    #[arg(
+        long,
+        env = "RIGGER_AGENT_PEER_UPLOAD_RATE",
+        value_name = "BYTES_PER_S"
+    )]
+    pub peer_upload_rate: Option<String>,
     /// Check the configuration and exit: 0 if it is usable, 64 naming the bad key.
     #[arg(long)]
     pub check_config: bool,
@@ -169,6 +199,8 @@ pub struct AgentConfig {
     /// The controller link; `None` when the agent runs alone.
     pub link: Option<LinkConfig>,
     pub pull: PullSettings,
+    /// Serving blobs to peers; `None` when off.
+    pub peer: Option<PeerSettings>,
 }
 
 impl AgentConfig {
@@ -240,7 +272,24 @@ impl AgentConfig {
 
         let node_labels = parse_labels(args.node_labels.or(file.node_labels).as_deref())?;
         let node_name = args.node_name.or(file.node_name);
-        let link = match args.controller.or(file.controller) {
+        let tls = TlsSettings {
+            ca_file: args.ca_file.or(file.ca_file),
+            cert_file: args.cert_file.or(file.cert_file),
+            key_file: args.key_file.or(file.key_file),
+            insecure_plaintext: args.insecure_plaintext || file.insecure_plaintext == Some(true),
+        };
+        let controller = args.controller.or(file.controller);
+        let peer = peer::resolve(
+            peer::PeerArgs {
+                listen: args.peer_listen.or(file.peer_listen),
+                address: args.peer_address.or(file.peer_address),
+                max_connections: args.peer_max_connections.or(file.peer_max_connections),
+                upload_rate: args.peer_upload_rate.or(file.peer_upload_rate),
+            },
+            controller.as_deref(),
+            &tls,
+        )?;
+        let link = match controller {
             None => {
                 if node_name.is_some() || !node_labels.is_empty() {
                     return Err(CONTROLLER.invalid("node_name and node_labels need a controller"));
@@ -248,13 +297,6 @@ impl AgentConfig {
                 None
             }
             Some(url) => {
-                let tls = TlsSettings {
-                    ca_file: args.ca_file.or(file.ca_file),
-                    cert_file: args.cert_file.or(file.cert_file),
-                    key_file: args.key_file.or(file.key_file),
-                    insecure_plaintext: args.insecure_plaintext
-                        || file.insecure_plaintext == Some(true),
-                };
                 // Several URLs: replicas of an HA controller; the agent moves on from a
                 // follower or an unreachable one.
                 let controllers = url
@@ -349,6 +391,7 @@ impl AgentConfig {
                 limit_rate,
                 max_document_size,
             },
+            peer,
         })
     }
 
@@ -356,77 +399,6 @@ impl AgentConfig {
     pub fn containerd_address(&self) -> &Path {
         &self.containerd_address
     }
-}
-
-/// How the agent proves who it is and checks the controller.
-struct TlsSettings {
-    ca_file: Option<PathBuf>,
-    cert_file: Option<PathBuf>,
-    key_file: Option<PathBuf>,
-    insecure_plaintext: bool,
-}
-
-fn read_pem(setting: Setting, path: &Path, label: &str) -> Result<Vec<u8>, ConfigError> {
-    let bytes = rigger_daemon::config::read_small_file(path)
-        .map_err(|e| setting.invalid(format!("{}: {e}", path.display())))?;
-    if !String::from_utf8_lossy(&bytes).contains(&format!(" {label}-----")) {
-        return Err(setting.invalid(format!("{}: no PEM {label} in it", path.display())));
-    }
-    Ok(bytes)
-}
-
-fn controller_endpoint(
-    url: &str,
-    tls: &TlsSettings,
-) -> Result<tonic::transport::Endpoint, ConfigError> {
-    let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
-        .map(|e| {
-            e.connect_timeout(Duration::from_secs(10))
-                .http2_keep_alive_interval(Duration::from_secs(30))
-                .keep_alive_timeout(Duration::from_secs(10))
-        })
-        .map_err(|e| CONTROLLER.invalid(format!("{url:?} is not a URL ({e})")))?;
-    if url.starts_with("http://") {
-        if !tls.insecure_plaintext {
-            return Err(CONTROLLER.invalid(format!(
-                "{url:?} is plain text: tasks and pull secrets would travel unencrypted and the controller could not check who this node is; use https:// with ca_file, cert_file and key_file, or set insecure_plaintext on trusted networks"
-            )));
-        }
-        return Ok(endpoint);
-    }
-    if !url.starts_with("https://") {
-        return Err(CONTROLLER.invalid(format!("{url:?}: expected an https:// URL")));
-    }
-    if tls.insecure_plaintext {
-        return Err(
-            INSECURE_PLAINTEXT.invalid(format!("contradicts the https:// controller {url:?}"))
-        );
-    }
-    let missing = |setting: Setting| {
-        setting.invalid(format!("is needed for the https:// controller {url:?}"))
-    };
-    let ca = read_pem(
-        CA_FILE,
-        tls.ca_file.as_deref().ok_or_else(|| missing(CA_FILE))?,
-        "CERTIFICATE",
-    )?;
-    let cert = read_pem(
-        CERT_FILE,
-        tls.cert_file.as_deref().ok_or_else(|| missing(CERT_FILE))?,
-        "CERTIFICATE",
-    )?;
-    let key = read_pem(
-        KEY_FILE,
-        tls.key_file.as_deref().ok_or_else(|| missing(KEY_FILE))?,
-        "PRIVATE KEY",
-    )?;
-    endpoint
-        .tls_config(
-            tonic::transport::ClientTlsConfig::new()
-                .ca_certificate(tonic::transport::Certificate::from_pem(ca))
-                .identity(tonic::transport::Identity::from_pem(cert, key)),
-        )
-        .map_err(|e| CONTROLLER.invalid(format!("TLS settings: {e}")))
 }
 
 /// The node's hostname, lowercased as node names are.
@@ -477,7 +449,7 @@ fn parse_labels(text: Option<&str>) -> Result<HashMap<String, String>, ConfigErr
     Ok(labels)
 }
 
-const CONTROLLER: Setting = Setting {
+pub(super) const CONTROLLER: Setting = Setting {
     key: "controller",
     flag: "--controller",
     env: "RIGGER_AGENT_CONTROLLER",
@@ -491,26 +463,6 @@ const NODE_LABELS: Setting = Setting {
     key: "node_labels",
     flag: "--node-labels",
     env: "RIGGER_AGENT_NODE_LABELS",
-};
-const CA_FILE: Setting = Setting {
-    key: "ca_file",
-    flag: "--ca-file",
-    env: "RIGGER_AGENT_CA_FILE",
-};
-const CERT_FILE: Setting = Setting {
-    key: "cert_file",
-    flag: "--cert-file",
-    env: "RIGGER_AGENT_CERT_FILE",
-};
-const KEY_FILE: Setting = Setting {
-    key: "key_file",
-    flag: "--key-file",
-    env: "RIGGER_AGENT_KEY_FILE",
-};
-const INSECURE_PLAINTEXT: Setting = Setting {
-    key: "insecure_plaintext",
-    flag: "--insecure-plaintext",
-    env: "RIGGER_AGENT_INSECURE_PLAINTEXT",
 };
 const NAMESPACE: Setting = Setting {
     key: "namespace",
@@ -716,7 +668,7 @@ mod tests {
 
     #[test]
     fn documented_example_is_valid_and_matches_the_defaults() {
-        let example = file(include_str!("../../docs/config/agent.toml"));
+        let example = file(include_str!("../../../docs/config/agent.toml"));
         let config = AgentConfig::from_layers(example, RunArgs::default()).unwrap();
         let defaults =
             AgentConfig::from_layers(AgentConfigFile::default(), RunArgs::default()).unwrap();

@@ -1,0 +1,280 @@
+//! Serving blobs to peers (`peer_*` settings): off unless `peer_listen` is set, and then
+//! only with the controller link's TLS material, whose node certificate is what peers
+//! check this node by.
+
+use std::net::SocketAddr;
+
+use rigger_daemon::config::{ConfigError, Setting};
+
+use super::tls::{CA_FILE, CERT_FILE, KEY_FILE, TlsSettings, read_pem};
+use crate::peers::serve::{PeerTls, server_config};
+
+/// Peer connections served at once by default: enough for a fan-out of a few nodes
+/// fetching with ranges, few enough that the node's own work keeps its CPU.
+pub const DEFAULT_PEER_MAX_CONNECTIONS: usize = 8;
+/// Bytes per second served to peers by default (about 1.7 Gbit/s): a 10 Gbit/s node
+/// keeps most of its link for its own pulls and workloads.
+pub const DEFAULT_PEER_UPLOAD_RATE: u64 = 200 << 20;
+
+/// The `peer_*` values as given.
+#[derive(Debug, Default)]
+pub(super) struct PeerArgs {
+    pub(super) listen: Option<String>,
+    pub(super) address: Option<String>,
+    pub(super) max_connections: Option<usize>,
+    pub(super) upload_rate: Option<String>,
+}
+
+/// How this node serves peers.
+#[derive(Debug, Clone)]
+pub struct PeerSettings {
+    pub listen: SocketAddr,
+    /// What the controller tells other nodes to dial (`host:port`).
+    pub address: String,
+    pub max_connections: usize,
+    pub upload_rate: u64,
+    pub tls: PeerTls,
+}
+
+/// The peer settings, checked; `None` when `peer_listen` is unset (and then no other
+/// `peer_*` setting may be).
+pub(super) fn resolve(
+    args: PeerArgs,
+    controller: Option<&str>,
+    tls: &TlsSettings,
+) -> Result<Option<PeerSettings>, ConfigError> {
+    let Some(listen) = args.listen else {
+        if args.address.is_some() || args.max_connections.is_some() || args.upload_rate.is_some() {
+            return Err(PEER_LISTEN
+                .invalid("is needed by peer_address, peer_max_connections and peer_upload_rate"));
+        }
+        return Ok(None);
+    };
+    let listen = PEER_LISTEN.socket_addr(Some(listen), "")?;
+    if !controller.is_some_and(|c| c.split(',').all(|u| u.trim().starts_with("https://"))) {
+        return Err(PEER_LISTEN.invalid(
+            "needs an https:// controller: peers are served over TLS with the node certificate of the controller link (ca_file, cert_file, key_file), and only to nodes the controller grants",
+        ));
+    }
+    let address = match args.address {
+        Some(address) => address,
+        None if listen.ip().is_unspecified() => {
+            return Err(PEER_ADDRESS.invalid(format!(
+                "is needed: peer_listen {listen} does not say where other nodes reach this one"
+            )));
+        }
+        None => listen.to_string(),
+    };
+    let port_ok = address
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0));
+    if !port_ok || address.contains('/') || address.chars().any(char::is_whitespace) {
+        return Err(PEER_ADDRESS.invalid(format!("{address:?} is not host:port")));
+    }
+    let max_connections = args.max_connections.unwrap_or(DEFAULT_PEER_MAX_CONNECTIONS);
+    if max_connections == 0 {
+        return Err(PEER_MAX_CONNECTIONS.invalid("must be at least 1"));
+    }
+    let upload_rate = match args.upload_rate {
+        None => DEFAULT_PEER_UPLOAD_RATE,
+        Some(text) => {
+            let rate = text
+                .parse::<bytesize::ByteSize>()
+                .map_err(|e| PEER_UPLOAD_RATE.invalid(format!("{text:?}: {e}")))?
+                .as_u64();
+            if rate < 1 << 20 {
+                return Err(PEER_UPLOAD_RATE.invalid("must be at least 1MiB"));
+            }
+            rate
+        }
+    };
+    let file = |setting: Setting, path: &Option<std::path::PathBuf>, label: &str| {
+        let path = path
+            .as_deref()
+            .ok_or_else(|| setting.invalid("is needed to serve peers (peer_listen)"))?;
+        read_pem(setting, path, label)
+    };
+    let peer_tls = PeerTls {
+        ca_pem: file(CA_FILE, &tls.ca_file, "CERTIFICATE")?,
+        cert_pem: file(CERT_FILE, &tls.cert_file, "CERTIFICATE")?,
+        key_pem: file(KEY_FILE, &tls.key_file, "PRIVATE KEY")?,
+    };
+    // The same check the server makes when it starts: a key that does not match its
+    // certificate is a configuration error, found before anything binds.
+    server_config(&peer_tls).map_err(|e| PEER_LISTEN.invalid(e.to_string()))?;
+    Ok(Some(PeerSettings {
+        listen,
+        address,
+        max_connections,
+        upload_rate,
+        tls: peer_tls,
+    }))
+}
+
+const PEER_LISTEN: Setting = Setting {
+    key: "peer_listen",
+    flag: "--peer-listen",
+    env: "RIGGER_AGENT_PEER_LISTEN",
+};
+const PEER_ADDRESS: Setting = Setting {
+    key: "peer_address",
+    flag: "--peer-address",
+    env: "RIGGER_AGENT_PEER_ADDRESS",
+};
+const PEER_MAX_CONNECTIONS: Setting = Setting {
+    key: "peer_max_connections",
+    flag: "--peer-max-connections",
+    env: "RIGGER_AGENT_PEER_MAX_CONNECTIONS",
+};
+const PEER_UPLOAD_RATE: Setting = Setting {
+    key: "peer_upload_rate",
+    flag: "--peer-upload-rate",
+    env: "RIGGER_AGENT_PEER_UPLOAD_RATE",
+};
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use rcgen::{CertificateParams, ExtendedKeyUsagePurpose, IsCa, KeyPair};
+
+    use super::*;
+
+    /// A CA and a node certificate for `node-a` in `dir`: (ca, cert, key) paths.
+    fn pki(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca.self_signed(&ca_key).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let mut node = CertificateParams::new(vec!["node-a".to_owned()]).unwrap();
+        node.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ClientAuth,
+            ExtendedKeyUsagePurpose::ServerAuth,
+        ];
+        let node = node.signed_by(&key, &ca, &ca_key).unwrap();
+        let paths = (
+            dir.join("ca.pem"),
+            dir.join("node.pem"),
+            dir.join("node-key.pem"),
+        );
+        std::fs::write(&paths.0, ca.pem()).unwrap();
+        std::fs::write(&paths.1, node.pem()).unwrap();
+        std::fs::write(&paths.2, key.serialize_pem()).unwrap();
+        paths
+    }
+
+    fn tls(ca: &Path, cert: &Path, key: &Path) -> TlsSettings {
+        TlsSettings {
+            ca_file: Some(ca.to_owned()),
+            cert_file: Some(cert.to_owned()),
+            key_file: Some(key.to_owned()),
+            insecure_plaintext: false,
+        }
+    }
+
+    fn listen(address: &str) -> PeerArgs {
+        PeerArgs {
+            listen: Some(address.to_owned()),
+            ..PeerArgs::default()
+        }
+    }
+
+    const HTTPS: Option<&str> = Some("https://controller:9450");
+
+    #[test]
+    fn off_unless_peer_listen_and_then_with_the_links_certificate() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = pki(dir.path());
+        let tls = tls(&ca, &cert, &key);
+        assert!(resolve(PeerArgs::default(), HTTPS, &tls).unwrap().is_none());
+        let settings = resolve(listen("10.0.0.5:9441"), HTTPS, &tls)
+            .unwrap()
+            .unwrap();
+        assert_eq!(settings.address, "10.0.0.5:9441");
+        assert_eq!(settings.max_connections, DEFAULT_PEER_MAX_CONNECTIONS);
+        assert_eq!(settings.upload_rate, DEFAULT_PEER_UPLOAD_RATE);
+        let any = PeerArgs {
+            address: Some("node-a.example:9441".to_owned()),
+            upload_rate: Some("50MiB".to_owned()),
+            ..listen("0.0.0.0:9441")
+        };
+        let settings = resolve(any, HTTPS, &tls).unwrap().unwrap();
+        assert_eq!(
+            (settings.address.as_str(), settings.upload_rate),
+            ("node-a.example:9441", 50 << 20)
+        );
+    }
+
+    #[test]
+    fn bad_peer_settings_name_their_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = pki(dir.path());
+        let good = tls(&ca, &cert, &key);
+        let refused = |args: PeerArgs, controller: Option<&str>, tls: &TlsSettings| {
+            resolve(args, controller, tls).unwrap_err().to_string()
+        };
+        let cases: Vec<(PeerArgs, Option<&str>, &TlsSettings, &str)> = vec![
+            (
+                PeerArgs {
+                    upload_rate: Some("1MiB".to_owned()),
+                    ..PeerArgs::default()
+                },
+                HTTPS,
+                &good,
+                "`peer_listen`",
+            ),
+            (listen("10.0.0.5:9441"), None, &good, "`peer_listen`"),
+            (
+                listen("10.0.0.5:9441"),
+                Some("http://controller:9450"),
+                &good,
+                "https:// controller",
+            ),
+            (listen("not-an-address"), HTTPS, &good, "`peer_listen`"),
+            (listen("0.0.0.0:9441"), HTTPS, &good, "`peer_address`"),
+            (
+                PeerArgs {
+                    address: Some("node-a".to_owned()),
+                    ..listen("0.0.0.0:9441")
+                },
+                HTTPS,
+                &good,
+                "`peer_address`",
+            ),
+            (
+                PeerArgs {
+                    max_connections: Some(0),
+                    ..listen("10.0.0.5:9441")
+                },
+                HTTPS,
+                &good,
+                "`peer_max_connections`",
+            ),
+            (
+                PeerArgs {
+                    upload_rate: Some("100KiB".to_owned()),
+                    ..listen("10.0.0.5:9441")
+                },
+                HTTPS,
+                &good,
+                "`peer_upload_rate`",
+            ),
+        ];
+        for (args, controller, tls, named) in cases {
+            let error = refused(args, controller, tls);
+            assert!(error.contains(named), "{error}");
+        }
+        // The certificate's key swapped for another key: found before anything binds.
+        let other = dir.path().join("other-key.pem");
+        std::fs::write(&other, KeyPair::generate().unwrap().serialize_pem()).unwrap();
+        let error = refused(listen("10.0.0.5:9441"), HTTPS, &tls(&ca, &cert, &other));
+        assert!(error.contains("`peer_listen`"), "{error}");
+        let no_key = TlsSettings {
+            key_file: None,
+            ..tls(&ca, &cert, &key)
+        };
+        let error = refused(listen("10.0.0.5:9441"), HTTPS, &no_key);
+        assert!(error.contains("`key_file`"), "{error}");
+    }
+}

@@ -1,0 +1,358 @@
+//! The peer endpoint over real TLS and HTTP, with blobs from a fake store: who gets
+//! what, and who gets nothing.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::stream::{self, BoxStream, StreamExt as _};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose,
+};
+use rigger_proto::peer_grant::{GrantSigner, GrantVerifier};
+use rustls_pki_types::pem::PemObject as _;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use sha2::{Digest as _, Sha256};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::answer::Answerer;
+use super::blobs::Blobs;
+use super::serve::{PeerTls, bind, serve, server_config};
+
+/// Blobs held in memory, by digest.
+struct FakeBlobs(HashMap<String, Bytes>);
+
+impl Blobs for FakeBlobs {
+    fn size<'a>(&'a self, digest: &'a str) -> BoxFuture<'a, Result<Option<u64>, String>> {
+        Box::pin(async move { Ok(self.0.get(digest).map(|b| b.len() as u64)) })
+    }
+
+    fn read<'a>(
+        &'a self,
+        digest: &'a str,
+        start: u64,
+        end: u64,
+    ) -> BoxFuture<'a, Result<BoxStream<'static, Result<Bytes, String>>, String>> {
+        Box::pin(async move {
+            let blob = self.0.get(digest).ok_or("not found")?;
+            let part = blob.slice(start as usize..end as usize);
+            // In small pieces, as containerd streams them.
+            let pieces: Vec<_> = part
+                .chunks(1000)
+                .map(|c| Ok(Bytes::copy_from_slice(c)))
+                .collect();
+            Ok(stream::iter(pieces).boxed())
+        })
+    }
+}
+
+fn digest_of(data: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(data)))
+}
+
+struct Pki {
+    ca_pem: String,
+    ca: rcgen::Certificate,
+    ca_key: KeyPair,
+}
+
+impl Pki {
+    fn new(name: &str) -> Self {
+        let ca_key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign];
+        let ca = params.self_signed(&ca_key).unwrap();
+        Self {
+            ca_pem: ca.pem(),
+            ca,
+            ca_key,
+        }
+    }
+
+    /// A node certificate as `rigger-controller certs` issues it: (cert PEM, key PEM).
+    fn node(&self, name: &str, usages: &[ExtendedKeyUsagePurpose]) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec![name.to_owned()]).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages = usages.to_vec();
+        let cert = params.signed_by(&key, &self.ca, &self.ca_key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+const BOTH: &[ExtendedKeyUsagePurpose] = &[
+    ExtendedKeyUsagePurpose::ClientAuth,
+    ExtendedKeyUsagePurpose::ServerAuth,
+];
+
+struct Served {
+    address: SocketAddr,
+    ca_pem: String,
+    signer: GrantSigner,
+    image: String,
+    layer: Bytes,
+    layer_digest: String,
+    other_digest: String,
+    stop: CancellationToken,
+}
+
+/// Node "node-a" serving an image (a manifest and one layer) and a blob of another image.
+async fn node_a(pki: &Pki, max_connections: usize) -> Served {
+    let layer = Bytes::from((0..100_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>());
+    let layer_digest = digest_of(&layer);
+    let other = Bytes::from_static(b"another image's layer");
+    let other_digest = digest_of(&other);
+    let config = Bytes::from_static(b"{}");
+    let manifest = Bytes::from(
+        serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "config": {"digest": digest_of(&config), "size": 2},
+            "layers": [{"digest": layer_digest, "size": layer.len()}],
+        }))
+        .unwrap(),
+    );
+    let image = digest_of(&manifest);
+    let blobs = FakeBlobs(HashMap::from([
+        (image.clone(), manifest),
+        (digest_of(&config), config),
+        (layer_digest.clone(), layer.clone()),
+        (other_digest.clone(), other),
+    ]));
+    let grant_key = KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+    let signer = GrantSigner::from_pem(grant_key.serialize_pem().as_bytes()).unwrap();
+    let verifier = GrantVerifier::from_pem(grant_key.public_key_pem().as_bytes()).unwrap();
+    let (_, grants) = watch::channel(Some(verifier));
+    let answerer = Arc::new(Answerer::new(Arc::new(blobs), grants, None));
+    let (cert_pem, key_pem) = pki.node("node-a", BOTH);
+    let tls = server_config(&PeerTls {
+        ca_pem: pki.ca_pem.clone().into_bytes(),
+        cert_pem: cert_pem.into_bytes(),
+        key_pem: key_pem.into_bytes(),
+    })
+    .unwrap();
+    let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    tokio::spawn(serve(
+        listener,
+        tls,
+        answerer,
+        max_connections,
+        stop.clone(),
+    ));
+    Served {
+        address,
+        ca_pem: pki.ca_pem.clone(),
+        signer,
+        image,
+        layer,
+        layer_digest,
+        other_digest,
+        stop,
+    }
+}
+
+/// A client as node `name` with a certificate of `pki` (none: `None`), trusting
+/// `served`'s CA, reaching node-a by its node name.
+fn client(served: &Served, identity: Option<(String, String)>) -> reqwest::Client {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(served.ca_pem.as_bytes()) {
+        roots.add(ca.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let config = match identity {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_slice_iter(cert.as_bytes())
+                    .collect::<Result<Vec<_>, _>>()
+                    .unwrap(),
+                PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(config)
+        .resolve("node-a", served.address)
+        .build()
+        .unwrap()
+}
+
+fn blob_url(served: &Served, digest: &str) -> String {
+    format!(
+        "https://node-a:{}/v2/any/repo/blobs/{digest}",
+        served.address.port()
+    )
+}
+
+fn grant(served: &Served, node: &str, image: &str) -> String {
+    served
+        .signer
+        .sign(node, image, SystemTime::now(), Duration::from_secs(600))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_granted_node_gets_the_blobs_of_its_image_whole_or_in_ranges() {
+    let pki = Pki::new("fleet CA");
+    let served = node_a(&pki, 8).await;
+    let node_b = client(&served, Some(pki.node("node-b", BOTH)));
+    let token = grant(&served, "node-b", &served.image);
+    let whole = node_b
+        .get(blob_url(&served, &served.layer_digest))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(whole.status(), 200);
+    assert_eq!(
+        whole.headers()["docker-content-digest"],
+        served.layer_digest.as_str()
+    );
+    assert_eq!(whole.bytes().await.unwrap(), served.layer);
+    let part = node_b
+        .get(blob_url(&served, &served.layer_digest))
+        .bearer_auth(&token)
+        .header("range", "bytes=1000-2999")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(part.status(), 206);
+    assert_eq!(part.headers()["content-range"], "bytes 1000-2999/100000");
+    assert_eq!(part.bytes().await.unwrap(), served.layer.slice(1000..3000));
+    let past = node_b
+        .get(blob_url(&served, &served.layer_digest))
+        .bearer_auth(&token)
+        .header("range", "bytes=100000-")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(past.status(), 416);
+    let head = node_b
+        .head(blob_url(&served, &served.layer_digest))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    // reqwest's content_length() is the body's (none for HEAD): the header is the answer.
+    assert_eq!(head.status(), 200);
+    assert_eq!(head.headers()["content-length"], "100000");
+    served.stop.cancel();
+}
+
+#[tokio::test]
+async fn nodes_without_a_grant_for_the_image_get_nothing() {
+    let pki = Pki::new("fleet CA");
+    let served = node_a(&pki, 8).await;
+    let node_b = client(&served, Some(pki.node("node-b", BOTH)));
+    let status = |request: reqwest::RequestBuilder| async move {
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap())
+    };
+    let url = blob_url(&served, &served.layer_digest);
+    // No grant; a grant for another node; a grant signed by someone else.
+    assert_eq!(status(node_b.get(&url)).await.0, 401);
+    let for_c = grant(&served, "node-c", &served.image);
+    let (code, reason) = status(node_b.get(&url).bearer_auth(for_c)).await;
+    assert_eq!(code, 403, "{reason}");
+    assert!(reason.contains("\"node-c\""), "{reason}");
+    let forger = GrantSigner::from_pem(
+        KeyPair::generate_for(&rcgen::PKCS_ED25519)
+            .unwrap()
+            .serialize_pem()
+            .as_bytes(),
+    )
+    .unwrap();
+    let forged = forger
+        .sign(
+            "node-b",
+            &served.image,
+            SystemTime::now(),
+            Duration::from_secs(600),
+        )
+        .unwrap();
+    assert_eq!(status(node_b.get(&url).bearer_auth(forged)).await.0, 403);
+    // A grant for this image does not reach another image's blob, nor a manifest by tag.
+    let token = grant(&served, "node-b", &served.image);
+    let other = blob_url(&served, &served.other_digest);
+    assert_eq!(status(node_b.get(&other).bearer_auth(&token)).await.0, 404);
+    let by_tag = format!(
+        "https://node-a:{}/v2/any/manifests/latest",
+        served.address.port()
+    );
+    assert_eq!(status(node_b.get(&by_tag).bearer_auth(&token)).await.0, 404);
+    // A grant for an image this node does not hold.
+    let unknown = grant(&served, "node-b", &served.other_digest);
+    assert_eq!(status(node_b.get(&url).bearer_auth(unknown)).await.0, 404);
+    assert_eq!(status(node_b.post(&url).bearer_auth(&token)).await.0, 405);
+    served.stop.cancel();
+}
+
+#[tokio::test]
+async fn peers_without_a_node_certificate_of_the_fleet_are_refused_at_the_handshake() {
+    let pki = Pki::new("fleet CA");
+    let served = node_a(&pki, 8).await;
+    let token = grant(&served, "node-b", &served.image);
+    let url = blob_url(&served, &served.layer_digest);
+    let outsider = Pki::new("another CA");
+    for identity in [
+        None,
+        Some(outsider.node("node-b", BOTH)),
+        // The fleet's CA, but a certificate not for client use.
+        Some(pki.node("node-b", &[ExtendedKeyUsagePurpose::ServerAuth])),
+    ] {
+        let refused = client(&served, identity)
+            .get(&url)
+            .bearer_auth(&token)
+            .send()
+            .await;
+        assert!(refused.is_err(), "{refused:?}");
+    }
+    served.stop.cancel();
+}
+
+#[tokio::test]
+async fn connections_past_the_limit_are_closed_and_the_rest_served() {
+    let pki = Pki::new("fleet CA");
+    let served = node_a(&pki, 1).await;
+    let identity = pki.node("node-b", BOTH);
+    let token = grant(&served, "node-b", &served.image);
+    let url = blob_url(&served, &served.layer_digest);
+    // One connection held open (a handshake in progress) takes the only slot.
+    let held = tokio::net::TcpStream::connect(served.address)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let refused = client(&served, Some(identity.clone()))
+        .get(&url)
+        .bearer_auth(&token)
+        .send()
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    drop(held);
+    // The slot is free again once the held connection's handshake fails.
+    let mut served_again = false;
+    for _ in 0..50 {
+        let client = client(&served, Some(identity.clone()));
+        if let Ok(response) = client.get(&url).bearer_auth(&token).send().await {
+            assert_eq!(response.status(), 200);
+            served_again = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(served_again);
+    served.stop.cancel();
+}
