@@ -88,6 +88,7 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
         &config.state_dir,
         config.containerd_address(),
         &config.pull,
+        config.node_identity.clone(),
         pods.clone(),
         metrics.clone(),
         token.child_token(),

@@ -31,6 +31,8 @@ struct NodeRecord {
     sender: Option<AgentSender>,
     last_heartbeat: SystemTime,
     inventory: Option<InventorySummary>,
+    /// Where the node serves blobs to peers (`host:port`), when it does.
+    peer_address: Option<Arc<str>>,
 }
 
 /// One pod's namespace and labels, as its node reported them.
@@ -165,6 +167,20 @@ pub struct NodeView {
     pub pod_labels: Vec<PodLabels>,
     /// Image names the node holds (any namespace), and when the agent reported them.
     pub images: Option<(SystemTime, Arc<HashSet<Arc<str>>>)>,
+    /// Where it serves blobs to peers, when it does.
+    pub peer_address: Option<Arc<str>>,
+}
+
+/// An agent's peer address when it is `host:port` (a DNS name or an IP address, a
+/// port): what other nodes are told to dial.
+fn peer_address(reported: &str) -> Option<&str> {
+    let (host, port) = reported.rsplit_once(':')?;
+    let host_ok = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".-[]:".contains(&b));
+    (host_ok && port.parse::<u16>().is_ok_and(|p| p > 0)).then_some(reported)
 }
 
 #[derive(Debug, Clone, Default)]
@@ -197,7 +213,11 @@ impl NodeRegistry {
             sender: Some(sender),
             last_heartbeat: now,
             inventory: register.inventory.as_ref().map(|i| self.summarize(i)),
+            peer_address: peer_address(&register.peer_address).map(Arc::from),
         };
+        if !register.peer_address.is_empty() && record.peer_address.is_none() {
+            tracing::warn!(node = %register.node_name, "the agent's peer address is not host:port; it serves no peers");
+        }
         if let Ok(mut nodes) = self.nodes.write() {
             nodes.insert(register.node_name.clone(), record);
         }
@@ -323,6 +343,7 @@ impl NodeRegistry {
                             .inventory
                             .as_ref()
                             .map(|i| (i.received_at, i.image_names.clone())),
+                        peer_address: r.peer_address.clone(),
                     },
                 )
             })

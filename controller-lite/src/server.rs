@@ -43,6 +43,8 @@ pub enum ServerError {
     Security { path: PathBuf, detail: String },
     #[error(transparent)]
     Leader(#[from] crate::leader::LeaderError),
+    #[error("peer_grant_key: {0}")]
+    PeerGrantKey(#[from] rigger_proto::peer_grant::GrantError),
 }
 
 /// The server side of mTLS: our certificate, and the CA agents' certificates must chain
@@ -127,7 +129,13 @@ pub async fn run(
         }
     };
     let nodes = NodeRegistry::default();
-    let jobs = JobEngine::new(store.clone(), nodes.clone(), config.node_timeout);
+    let grants = match &config.peer_grant_key {
+        Some(key) => Some(Arc::new(rigger_proto::peer_grant::GrantSigner::from_pem(
+            &key.private_pem,
+        )?)),
+        None => None,
+    };
+    let jobs = JobEngine::new(store.clone(), nodes.clone(), config.node_timeout, grants);
     let recreates =
         crate::recreates::RecreateEngine::new(store.clone(), nodes.clone(), config.node_timeout);
     let pods = crate::pods::PodSync::new(store.clone(), nodes.clone());

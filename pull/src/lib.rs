@@ -25,6 +25,7 @@ pub mod fetch;
 mod layers;
 pub mod media;
 pub mod options;
+pub mod peers;
 mod presence;
 pub mod progress;
 mod record;
@@ -98,11 +99,23 @@ impl Puller {
     /// Pull `image`, looking for its registry's credentials first in `docker_configs`
     /// (docker `config.json` documents, e.g. a job's pull secrets), then where
     /// [`PullOptions::docker_config`] says.
-    #[tracing::instrument(level = "info", skip(self, docker_configs, progress), fields(namespace = %self.options.namespace))]
     pub async fn pull_with_credentials(
         &self,
         image: &str,
         docker_configs: &[String],
+        progress: Arc<dyn Progress>,
+    ) -> Result<PulledImage, PullError> {
+        self.pull_from(image, docker_configs, None, progress).await
+    }
+
+    /// [`Puller::pull_with_credentials`], asking `peers` for each blob before the
+    /// registry (manifests and the config always come from the registry).
+    #[tracing::instrument(level = "info", skip(self, docker_configs, peers, progress), fields(namespace = %self.options.namespace))]
+    pub async fn pull_from(
+        &self,
+        image: &str,
+        docker_configs: &[String],
+        peers: Option<Arc<peers::Peers>>,
         progress: Arc<dyn Progress>,
     ) -> Result<PulledImage, PullError> {
         let reference = parse_reference(image)?;
@@ -130,7 +143,7 @@ impl Puller {
                 source,
             })?;
         let result = self
-            .pull_with_lease(&name, &reference, registry, &store, progress)
+            .pull_with_lease(&name, &reference, registry, &store, peers, progress)
             .await
             .map_err(|e| e.naming(&name));
         // A full disk: partial downloads would keep it full, so they go (anything else
@@ -156,6 +169,7 @@ impl Puller {
         reference: &Reference,
         registry: Arc<Registry>,
         store: &Store,
+        peers: Option<Arc<peers::Peers>>,
         progress: Arc<dyn Progress>,
     ) -> Result<PulledImage, PullError> {
         let manifests =
@@ -169,7 +183,15 @@ impl Puller {
                 .map(|l| (l.digest().to_string(), l.size()))
                 .collect(),
         });
-        let transfer = Transfer::new(name, reference, registry, store, progress.clone(), self);
+        let transfer = Transfer::new(
+            name,
+            reference,
+            registry,
+            store,
+            progress.clone(),
+            self,
+            peers.clone(),
+        );
         let config = resolve::config(&transfer, &manifests, &self.options).await?;
         let chains = chain_ids(&config.diff_ids);
         let bytes_downloaded = layers::fetch_and_stack(
@@ -199,6 +221,8 @@ impl Puller {
             config_digest: config.descriptor.digest().to_string(),
             layers: layers.len(),
             bytes_downloaded,
+            bytes_from_peers: peers.as_ref().map_or(0, |p| p.received()),
+            suspected_peers: peers.as_ref().map(|p| p.suspects()).unwrap_or_default(),
         })
     }
 }

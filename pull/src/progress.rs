@@ -123,4 +123,8 @@ pub struct PulledImage {
     pub layers: usize,
     /// Bytes fetched from registries (resumed and present blobs not counted).
     pub bytes_downloaded: u64,
+    /// Bytes received from peers (see [`crate::peers`]).
+    pub bytes_from_peers: u64,
+    /// Peers whose bytes went into a blob that did not match its digest.
+    pub suspected_peers: Vec<String>,
 }

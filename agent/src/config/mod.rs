@@ -19,7 +19,7 @@ mod peer;
 mod tls;
 
 pub use self::peer::PeerSettings;
-use self::tls::{TlsSettings, controller_endpoint};
+use self::tls::{TlsSettings, controller_endpoint, node_identity};
 use rigger_runtime::DEFAULT_CONTAINERD_ADDRESS;
 use rigger_runtime::socket::AUTO;
 
@@ -201,6 +201,9 @@ pub struct AgentConfig {
     pub pull: PullSettings,
     /// Serving blobs to peers; `None` when off.
     pub peer: Option<PeerSettings>,
+    /// This node's certificate, key and the fleet's CA (an https:// controller's), with
+    /// which it fetches from peers a job names.
+    pub node_identity: Option<rigger_pull::peers::PeerIdentity>,
 }
 
 impl AgentConfig {
@@ -279,6 +282,14 @@ impl AgentConfig {
             insecure_plaintext: args.insecure_plaintext || file.insecure_plaintext == Some(true),
         };
         let controller = args.controller.or(file.controller);
+        let node_identity = if controller
+            .as_deref()
+            .is_some_and(|c| c.contains("https://"))
+        {
+            node_identity(&tls)?
+        } else {
+            None
+        };
         let peer = peer::resolve(
             peer::PeerArgs {
                 listen: args.peer_listen.or(file.peer_listen),
@@ -392,6 +403,7 @@ impl AgentConfig {
                 max_document_size,
             },
             peer,
+            node_identity,
         })
     }
 

@@ -6,8 +6,10 @@ use std::net::SocketAddr;
 
 use rigger_daemon::config::{ConfigError, Setting};
 
-use super::tls::{CA_FILE, CERT_FILE, KEY_FILE, TlsSettings, read_pem};
-use crate::peers::serve::{PeerTls, server_config};
+use rigger_pull::peers::PeerIdentity;
+
+use super::tls::{CA_FILE, CERT_FILE, KEY_FILE, TlsSettings, node_identity};
+use crate::peers::serve::server_config;
 
 /// Peer connections served at once by default: enough for a fan-out of a few nodes
 /// fetching with ranges, few enough that the node's own work keeps its CPU.
@@ -33,7 +35,8 @@ pub struct PeerSettings {
     pub address: String,
     pub max_connections: usize,
     pub upload_rate: u64,
-    pub tls: PeerTls,
+    /// This node's certificate (what peers check it by), key and the fleet's CA.
+    pub identity: PeerIdentity,
 }
 
 /// The peer settings, checked; `None` when `peer_listen` is unset (and then no other
@@ -88,26 +91,26 @@ pub(super) fn resolve(
             rate
         }
     };
-    let file = |setting: Setting, path: &Option<std::path::PathBuf>, label: &str| {
-        let path = path
-            .as_deref()
-            .ok_or_else(|| setting.invalid("is needed to serve peers (peer_listen)"))?;
-        read_pem(setting, path, label)
-    };
-    let peer_tls = PeerTls {
-        ca_pem: file(CA_FILE, &tls.ca_file, "CERTIFICATE")?,
-        cert_pem: file(CERT_FILE, &tls.cert_file, "CERTIFICATE")?,
-        key_pem: file(KEY_FILE, &tls.key_file, "PRIVATE KEY")?,
+    let Some(identity) = node_identity(tls)? else {
+        let missing = [
+            (CA_FILE, tls.ca_file.is_none()),
+            (CERT_FILE, tls.cert_file.is_none()),
+            (KEY_FILE, tls.key_file.is_none()),
+        ]
+        .into_iter()
+        .find_map(|(setting, absent)| absent.then_some(setting))
+        .unwrap_or(CA_FILE);
+        return Err(missing.invalid("is needed to serve peers (peer_listen)"));
     };
     // The same check the server makes when it starts: a key that does not match its
     // certificate is a configuration error, found before anything binds.
-    server_config(&peer_tls).map_err(|e| PEER_LISTEN.invalid(e.to_string()))?;
+    server_config(&identity).map_err(|e| PEER_LISTEN.invalid(e.to_string()))?;
     Ok(Some(PeerSettings {
         listen,
         address,
         max_connections,
         upload_rate,
-        tls: peer_tls,
+        identity,
     }))
 }
 

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rigger_daemon::config::{ConfigError, Setting};
+use rigger_pull::peers::PeerIdentity;
 
 use super::CONTROLLER;
 
@@ -15,6 +16,20 @@ pub(super) struct TlsSettings {
     pub(super) cert_file: Option<PathBuf>,
     pub(super) key_file: Option<PathBuf>,
     pub(super) insecure_plaintext: bool,
+}
+
+/// This node's certificate, key and the fleet's CA, read from the link's TLS files (for
+/// serving peers and fetching from them); `None` without a complete set (a plaintext
+/// controller, or none).
+pub(super) fn node_identity(tls: &TlsSettings) -> Result<Option<PeerIdentity>, ConfigError> {
+    let (Some(ca), Some(cert), Some(key)) = (&tls.ca_file, &tls.cert_file, &tls.key_file) else {
+        return Ok(None);
+    };
+    Ok(Some(PeerIdentity {
+        ca_pem: read_pem(CA_FILE, ca, "CERTIFICATE")?,
+        cert_pem: read_pem(CERT_FILE, cert, "CERTIFICATE")?,
+        key_pem: read_pem(KEY_FILE, key, "PRIVATE KEY")?,
+    }))
 }
 
 pub(super) fn read_pem(setting: Setting, path: &Path, label: &str) -> Result<Vec<u8>, ConfigError> {

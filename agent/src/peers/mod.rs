@@ -40,7 +40,7 @@ pub async fn start(
     grants: watch::Receiver<Option<GrantVerifier>>,
     stop: CancellationToken,
 ) -> Result<JoinHandle<()>, ServeError> {
-    let tls = server_config(&settings.tls)?;
+    let tls = server_config(&settings.identity)?;
     let listener = bind(settings.listen).await?;
     tracing::info!(listen = %settings.listen, address = %settings.address, "serving blobs to peers");
     let answerer = Arc::new(Answerer::new(

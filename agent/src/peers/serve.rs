@@ -20,6 +20,8 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
+use rigger_pull::peers::PeerIdentity;
+
 use super::answer::{Answerer, Peer};
 
 /// A TLS handshake and a request's headers each get this long.
@@ -36,23 +38,9 @@ pub enum ServeError {
     },
 }
 
-/// The node's identity and the fleet's CA, as PEM (the files the link uses).
-#[derive(Clone)]
-pub struct PeerTls {
-    pub ca_pem: Vec<u8>,
-    pub cert_pem: Vec<u8>,
-    pub key_pem: Vec<u8>,
-}
-
-impl std::fmt::Debug for PeerTls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PeerTls").finish_non_exhaustive()
-    }
-}
-
 /// The server side of peer TLS: this node's certificate, peers' certificates checked
 /// against the CA (rustls' verifier also requires their `clientAuth` usage).
-pub fn server_config(tls: &PeerTls) -> Result<Arc<rustls::ServerConfig>, ServeError> {
+pub fn server_config(tls: &PeerIdentity) -> Result<Arc<rustls::ServerConfig>, ServeError> {
     let error = |what: &str, e: String| ServeError::Tls(format!("{what}: {e}"));
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = RootCertStore::empty();

@@ -22,7 +22,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::answer::Answerer;
 use super::blobs::Blobs;
-use super::serve::{PeerTls, bind, serve, server_config};
+use rigger_pull::peers::PeerIdentity;
+
+use super::serve::{bind, serve, server_config};
 
 /// Blobs held in memory, by digest.
 struct FakeBlobs(HashMap<String, Bytes>);
@@ -131,7 +133,7 @@ async fn node_a(pki: &Pki, max_connections: usize) -> Served {
     let (_, grants) = watch::channel(Some(verifier));
     let answerer = Arc::new(Answerer::new(Arc::new(blobs), grants, None));
     let (cert_pem, key_pem) = pki.node("node-a", BOTH);
-    let tls = server_config(&PeerTls {
+    let tls = server_config(&PeerIdentity {
         ca_pem: pki.ca_pem.clone().into_bytes(),
         cert_pem: cert_pem.into_bytes(),
         key_pem: key_pem.into_bytes(),

@@ -147,9 +147,19 @@ impl Entry {
     }
 }
 
+/// What a pull task carries that is never written to disk: its pull secrets and its
+/// peers' grants (a task resumed after a restart runs without them: from the registry).
+#[derive(Default)]
+pub(super) struct TaskSecrets {
+    pub(super) docker_configs: Vec<String>,
+    pub(super) peers: Vec<rigger_pull::peers::PeerSource>,
+}
+
 #[derive(Debug)]
 struct Inner {
     dir: PathBuf,
+    /// This node's identity for fetching from peers (an https:// controller's).
+    peer_identity: Option<rigger_pull::peers::PeerIdentity>,
     containerd_address: PathBuf,
     pull_options: PullOptions,
     puller: tokio::sync::Mutex<Option<Puller>>,
@@ -173,6 +183,7 @@ impl TaskRunner {
         state_dir: &Path,
         containerd_address: &Path,
         settings: &PullSettings,
+        peer_identity: Option<rigger_pull::peers::PeerIdentity>,
         pods: PodRunner,
         metrics: Arc<AgentMetrics>,
         shutdown: CancellationToken,
@@ -188,6 +199,7 @@ impl TaskRunner {
             inner: Arc::new(Inner {
                 dir: dir.clone(),
                 containerd_address: containerd_address.to_owned(),
+                peer_identity,
                 pull_options,
                 puller: tokio::sync::Mutex::new(None),
                 pods,
@@ -236,7 +248,7 @@ impl TaskRunner {
         }
         for id in resume {
             tracing::info!(task = %id, "resuming a task accepted before the agent restarted");
-            runner.spawn(&id, Vec::new());
+            runner.spawn(&id, TaskSecrets::default());
         }
         let pruner = runner.clone();
         tokio::spawn(async move {
@@ -394,7 +406,22 @@ impl TaskRunner {
             tracing::info!(task = %id, image = %pull.image, "task accepted");
             self.insert(record);
         }
-        self.spawn(&id, pull.docker_configs);
+        let peers = pull
+            .peers
+            .iter()
+            .map(|p| rigger_pull::peers::PeerSource {
+                node: p.node.clone(),
+                address: p.address.clone(),
+                grant: p.grant.clone(),
+            })
+            .collect();
+        self.spawn(
+            &id,
+            TaskSecrets {
+                docker_configs: pull.docker_configs,
+                peers,
+            },
+        );
     }
 
     /// Take a recreate; a known id is reported again, never run twice.
@@ -419,7 +446,7 @@ impl TaskRunner {
         self.persist(&record);
         tracing::info!(task = %id, pod = %format!("{}/{}", recreate.pod_namespace, recreate.pod_name), containers = ?recreate.containers, "recreate accepted");
         self.insert(record);
-        self.spawn(id, Vec::new());
+        self.spawn(id, TaskSecrets::default());
     }
 
     /// A task that cannot run is recorded as failed, so the controller learns why.
@@ -506,6 +533,7 @@ mod tests {
                 always: true,
                 timeout_seconds: 5,
                 docker_configs: vec!["{\"auths\":{}}".to_owned()],
+                peers: Vec::new(),
             })),
         }
     }
@@ -529,6 +557,7 @@ mod tests {
             state,
             Path::new("/nonexistent.sock"),
             &settings(),
+            None,
             pods(state),
             Arc::default(),
             token,

@@ -6,24 +6,51 @@ use std::time::{Duration, SystemTime};
 
 use containerd_client::services::v1::GetImageRequest;
 use containerd_client::services::v1::images_client::ImagesClient;
-use rigger_pull::{LayerBytes, Progress, ProgressEvent, Puller};
+use rigger_pull::peers::{PeerSource, Peers};
+use rigger_pull::{LayerBytes, Progress, ProgressEvent, PulledImage, Puller};
 use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime, namespaced};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Phase, TaskRunner, Work};
+use super::{Phase, TaskRunner, TaskSecrets, Work};
 use crate::metrics::{AgentMetrics, Outcome};
 use crate::recreate::{Recreate, RecreateWork};
 
+/// A peer that sends nothing for this long is left for the next source.
+const STALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a pull's status says about its peers: how much they sent, and who sent bytes
+/// that did not match (empty when no peer was involved).
+fn from_peers(pulled: &PulledImage) -> String {
+    let mut message = String::new();
+    if pulled.bytes_from_peers > 0 {
+        message = format!(
+            "{} from peers, {} from the registry",
+            bytesize::ByteSize::b(pulled.bytes_from_peers),
+            bytesize::ByteSize::b(pulled.bytes_downloaded)
+        );
+    }
+    if !pulled.suspected_peers.is_empty() {
+        if !message.is_empty() {
+            message.push_str("; ");
+        }
+        message.push_str(&format!(
+            "bytes from {} did not match their digest (fetched again elsewhere)",
+            pulled.suspected_peers.join(", ")
+        ));
+    }
+    message
+}
+
 impl TaskRunner {
-    pub(super) fn spawn(&self, id: &str, docker_configs: Vec<String>) {
+    pub(super) fn spawn(&self, id: &str, secrets: TaskSecrets) {
         let runner = self.clone();
         let id = id.to_owned();
-        tokio::spawn(async move { runner.run(&id, docker_configs).await });
+        tokio::spawn(async move { runner.run(&id, secrets).await });
     }
 
-    #[tracing::instrument(level = "info", skip(self, docker_configs))]
-    pub(super) async fn run(&self, id: &str, docker_configs: Vec<String>) {
+    #[tracing::instrument(level = "info", skip(self, secrets))]
+    pub(super) async fn run(&self, id: &str, secrets: TaskSecrets) {
         let Some((work, cancel)) = self.update(id, |entry| {
             entry.record.phase = Phase::Running;
             (entry.record.work.clone(), entry.cancel.clone())
@@ -58,11 +85,12 @@ impl TaskRunner {
                 id: id.to_owned(),
                 bytes: Mutex::default(),
             });
+            let peers = self.peers(secrets.peers).await;
             let pulled = puller
-                .pull_with_credentials(&work.image, &docker_configs, progress)
+                .pull_from(&work.image, &secrets.docker_configs, peers, progress)
                 .await
                 .map_err(|e| e.to_string())?;
-            Ok::<_, String>((pulled.digest, String::new()))
+            Ok::<_, String>((pulled.digest.clone(), from_peers(&pulled)))
         };
         let limit = match work.timeout_seconds {
             0 => Duration::MAX,
@@ -192,6 +220,27 @@ impl TaskRunner {
         let puller = Puller::new(runtime, self.inner.pull_options.clone());
         *slot = Some(puller.clone());
         Ok(puller)
+    }
+
+    /// A client for the peers a task names; none without them, or without this node's
+    /// identity (then the registry serves everything).
+    async fn peers(&self, sources: Vec<PeerSource>) -> Option<Arc<Peers>> {
+        if sources.is_empty() {
+            return None;
+        }
+        let Some(identity) = &self.inner.peer_identity else {
+            tracing::warn!(
+                "the task names peers, but this node has no certificate to reach them with; using the registry"
+            );
+            return None;
+        };
+        match Peers::new(sources, identity, STALL_TIMEOUT).await {
+            Ok(peers) => Some(peers),
+            Err(error) => {
+                tracing::warn!(%error, "cannot reach peers; using the registry");
+                None
+            }
+        }
     }
 
     /// The digest of `image` when containerd has a record of it.

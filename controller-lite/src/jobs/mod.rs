@@ -20,6 +20,7 @@ use rigger_proto::v1::{ControllerMessage, TaskPhase, TaskStatus};
 use tokio::sync::Notify;
 
 mod reconcile;
+mod sources;
 
 use self::reconcile::{cancel, reconcile_job};
 use crate::job_status;
@@ -143,6 +144,8 @@ struct Inner {
     started: Instant,
     state: Mutex<EngineState>,
     wake: Notify,
+    /// Signs the peer grants tasks carry; `None`: sharing is off.
+    grants: Option<Arc<rigger_proto::peer_grant::GrantSigner>>,
 }
 
 /// The engine; cheap to clone.
@@ -163,7 +166,14 @@ fn parse_time(text: Option<&str>) -> Option<SystemTime> {
 }
 
 impl JobEngine {
-    pub fn new(store: Store, nodes: NodeRegistry, node_timeout: Duration) -> Self {
+    /// `grants`: the signer of peer grants, when the controller has a key (fleet
+    /// distribution on).
+    pub fn new(
+        store: Store,
+        nodes: NodeRegistry,
+        node_timeout: Duration,
+        grants: Option<Arc<rigger_proto::peer_grant::GrantSigner>>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -172,6 +182,7 @@ impl JobEngine {
                 started: Instant::now(),
                 state: Mutex::default(),
                 wake: Notify::new(),
+                grants,
             }),
         }
     }
@@ -417,10 +428,22 @@ impl JobEngine {
             .views(SystemTime::now(), self.inner.node_timeout);
         let starting = self.inner.started.elapsed() < self.inner.node_timeout;
         let mut effects = Effects::default();
+        let credentials = reconcile::TaskCredentials {
+            secrets,
+            grants: self.inner.grants.as_deref(),
+        };
         let mut state = self.lock();
         let EngineState { jobs, tasks } = &mut *state;
         for (key, job) in jobs.iter_mut() {
-            reconcile_job(key, job, &views, secrets, starting, tasks, &mut effects);
+            reconcile_job(
+                key,
+                job,
+                &views,
+                &credentials,
+                starting,
+                tasks,
+                &mut effects,
+            );
         }
         effects
     }
@@ -592,7 +615,7 @@ mod tests {
             ..rigger_proto::v1::Register::default()
         };
         registry.register(&register, 1, tx, SystemTime::now());
-        let engine = JobEngine::new(store, registry, Duration::from_secs(30));
+        let engine = JobEngine::new(store, registry, Duration::from_secs(30), None);
         let j =
             job(&serde_json::json!({"image": "r.example/a:1", "pullPolicy": {"backoffLimit": 1}}));
         engine.lock().jobs.insert(key(), j);

@@ -19,7 +19,15 @@ use rigger_api::image_pull_job::{
 };
 use rigger_api::secret;
 
+use super::sources::{self, Fanout, Source};
 use super::{Effects, JobState, parse_time};
+
+/// What tasks carry besides the job itself: the pull secrets (by key), and the peer
+/// grants when the controller signs them (`None`: sharing is off).
+pub(super) struct TaskCredentials<'a> {
+    pub(super) secrets: &'a HashMap<ObjectKey, Result<String, String>>,
+    pub(super) grants: Option<&'a rigger_proto::peer_grant::GrantSigner>,
+}
 
 pub(super) fn cancel(id: &str, reason: &str) -> ControllerMessage {
     ControllerMessage {
@@ -35,7 +43,7 @@ pub(super) fn reconcile_job(
     key: &ObjectKey,
     job: &mut JobState,
     views: &HashMap<String, NodeView>,
-    secrets: &HashMap<ObjectKey, Result<String, String>>,
+    credentials: &TaskCredentials<'_>,
     starting: bool,
     tasks: &mut HashMap<String, (ObjectKey, String)>,
     effects: &mut Effects,
@@ -97,6 +105,12 @@ pub(super) fn reconcile_job(
 
     let timeout = Duration::from_secs(job.job.spec.pull_policy.timeout_seconds);
     let backoff_limit = job.job.spec.pull_policy.backoff_limit;
+    // Who holds the image to share, before this pass changes anything.
+    let holders = if credentials.grants.is_some() {
+        sources::holders(&job.status.nodes, views)
+    } else {
+        Vec::new()
+    };
     let resend: Vec<String> = std::mem::take(&mut job.resend);
     for entry in &mut job.status.nodes {
         let view = views.get(&entry.name);
@@ -152,7 +166,16 @@ pub(super) fn reconcile_job(
                     );
                     job.dirty = true;
                 } else if resend.contains(&entry.name) {
-                    match pull_task(&job.job, key, &entry.name, &entry.task_id, secrets) {
+                    let sources =
+                        sources::sources_for(&holders, &entry.name, entry.attempts as usize);
+                    match pull_task(
+                        &job.job,
+                        key,
+                        &entry.name,
+                        &entry.task_id,
+                        credentials,
+                        &sources,
+                    ) {
                         Ok(message) => effects.messages.push((entry.name.clone(), message)),
                         Err(reason) => fail(entry, &reason),
                     }
@@ -208,9 +231,21 @@ pub(super) fn reconcile_job(
         .count();
     let uid = job.uid().to_owned();
     let instant = Instant::now();
+    let mut fanout = sources::fanout(
+        credentials.grants.is_some(),
+        &job.status.nodes,
+        &holders,
+        views,
+    );
+    let mut turn = 0;
     for entry in &mut job.status.nodes {
         if active >= limit || deadline_passed {
             break;
+        }
+        if entry.phase == NodePullPhase::Waiting && !sources::may_start(fanout, views, &entry.name)
+        {
+            // No node holds the image yet: this one waits for the seed's copy.
+            continue;
         }
         if entry.phase != NodePullPhase::Waiting
             || job
@@ -234,8 +269,14 @@ pub(super) fn reconcile_job(
         }
         let attempt = entry.attempts + 1;
         let task_id = format!("{uid}/{}/{attempt}", entry.name);
-        match pull_task(&job.job, key, &entry.name, &task_id, secrets) {
+        let sources = sources::sources_for(&holders, &entry.name, turn);
+        turn += 1;
+        match pull_task(&job.job, key, &entry.name, &task_id, credentials, &sources) {
             Ok(message) => {
+                if let Fanout::Seed { .. } = fanout {
+                    fanout = Fanout::Seed { seed_pulling: true };
+                    tracing::info!(job = %key, seed = %entry.name, "no node holds the image yet: one pulls it from the registry, the rest will fetch from it");
+                }
                 effects.messages.push((entry.name.clone(), message));
                 tasks.insert(task_id.clone(), (key.clone(), entry.name.clone()));
                 entry.attempts = attempt;
@@ -360,16 +401,23 @@ pub(super) fn fail(entry: &mut NodePullStatus, reason: &str) {
     entry.message = reason.to_owned();
 }
 
+/// How long a peer grant lasts past the pull's own time limit.
+const GRANT_MARGIN: Duration = Duration::from_secs(300);
+
 pub(super) fn pull_task(
     job: &ImagePullJob,
     key: &ObjectKey,
     node: &str,
     task_id: &str,
-    secrets: &HashMap<ObjectKey, Result<String, String>>,
+    credentials: &TaskCredentials<'_>,
+    sources: &[Source],
 ) -> Result<ControllerMessage, String> {
     let mut docker_configs = Vec::new();
     for name in &job.spec.pull_secrets {
-        match secrets.get(&ObjectKey::new(secret::KIND, &key.namespace, name)) {
+        match credentials
+            .secrets
+            .get(&ObjectKey::new(secret::KIND, &key.namespace, name))
+        {
             Some(Ok(document)) => docker_configs.push(document.clone()),
             Some(Err(reason)) => return Err(format!("pull secret {name:?} {reason}")),
             None => return Err(format!("pull secret {name:?} is not loaded yet")),
@@ -385,9 +433,40 @@ pub(super) fn pull_task(
                 timeout_seconds: u32::try_from(job.spec.pull_policy.timeout_seconds)
                     .unwrap_or(u32::MAX),
                 docker_configs,
+                peers: peer_sources(job, node, credentials, sources),
             })),
         })),
     })
+}
+
+/// The task's peers, each with a grant for `node` and the image as that peer holds it.
+/// A grant that cannot be signed leaves its peer out (the registry remains).
+fn peer_sources(
+    job: &ImagePullJob,
+    node: &str,
+    credentials: &TaskCredentials<'_>,
+    sources: &[Source],
+) -> Vec<rigger_proto::v1::PeerSource> {
+    let Some(signer) = credentials.grants else {
+        return Vec::new();
+    };
+    let lifetime = Duration::from_secs(job.spec.pull_policy.timeout_seconds) + GRANT_MARGIN;
+    sources
+        .iter()
+        .filter_map(
+            |source| match signer.sign(node, &source.image, SystemTime::now(), lifetime) {
+                Ok(grant) => Some(rigger_proto::v1::PeerSource {
+                    node: source.node.clone(),
+                    address: source.address.clone(),
+                    grant,
+                }),
+                Err(error) => {
+                    tracing::warn!(%error, peer = %source.node, "cannot sign a peer grant");
+                    None
+                }
+            },
+        )
+        .collect()
 }
 
 #[cfg(test)]
@@ -429,10 +508,20 @@ pub(super) mod tests {
                         not_ready: None,
                         pod_labels: Vec::new(),
                         images: None,
+                        peer_address: None,
                     },
                 )
             })
             .collect()
+    }
+
+    fn no_credentials() -> TaskCredentials<'static> {
+        static NONE: std::sync::LazyLock<HashMap<ObjectKey, Result<String, String>>> =
+            std::sync::LazyLock::new(HashMap::new);
+        TaskCredentials {
+            secrets: &NONE,
+            grants: None,
+        }
     }
 
     pub(crate) fn key() -> ObjectKey {
@@ -447,7 +536,7 @@ pub(super) mod tests {
             &key(),
             job,
             views,
-            &HashMap::new(),
+            &no_credentials(),
             false,
             &mut tasks,
             &mut effects,
@@ -665,7 +754,7 @@ pub(super) mod tests {
             &key(),
             &mut j,
             &views,
-            &HashMap::new(),
+            &no_credentials(),
             false,
             &mut HashMap::new(),
             &mut effects,
@@ -695,7 +784,7 @@ pub(super) mod tests {
             &key(),
             &mut j,
             &views,
-            &HashMap::new(),
+            &no_credentials(),
             false,
             &mut HashMap::new(),
             &mut effects,
@@ -716,7 +805,10 @@ pub(super) mod tests {
             &key(),
             &mut j,
             &nodes(&["n1"]),
-            &secrets,
+            &TaskCredentials {
+                secrets: &secrets,
+                grants: None,
+            },
             false,
             &mut HashMap::new(),
             &mut effects,

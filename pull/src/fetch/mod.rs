@@ -5,6 +5,7 @@
 //! to the content store and, for a layer, to its unpacker at once ([`Sink`]).
 
 pub mod limit;
+mod peer;
 mod ranges;
 pub mod spool;
 mod stream;
@@ -71,6 +72,10 @@ pub(crate) struct Transfer {
     pub(crate) spool_dir: PathBuf,
     /// How far this image's layers are unpacked.
     pub(crate) stack: Arc<tokio::sync::watch::Sender<Stack>>,
+    /// Nodes to ask for blobs before the registry (a job's plan).
+    pub(crate) peers: Option<Arc<crate::peers::Peers>>,
+    /// The image's repository: the path peers are asked under.
+    pub(crate) repository: String,
 }
 
 impl Transfer {
@@ -82,6 +87,7 @@ impl Transfer {
         store: &Store,
         progress: Arc<dyn Progress>,
         puller: &Puller,
+        peers: Option<Arc<crate::peers::Peers>>,
     ) -> Self {
         let options = &puller.options;
         Self {
@@ -101,6 +107,8 @@ impl Transfer {
             slow_registry: Arc::default(),
             spool_dir: options.spool_dir.clone(),
             stack: Arc::new(tokio::sync::watch::Sender::new(Stack::default())),
+            peers,
+            repository: reference.repository().to_owned(),
         }
     }
 
@@ -288,6 +296,7 @@ impl Transfer {
             streaming: None,
             fetched: 0,
             fed: 0,
+            peer_nodes: Vec::new(),
         };
         // Unpacking streams along from byte 0 (a resumed download is unpacked from the
         // content store afterwards). Staging costs two more snapshot calls, which small
@@ -341,6 +350,11 @@ impl Transfer {
     ) -> Result<(), PullError> {
         let mut last = String::new();
         let mut ranges_supported = true;
+        if let peer::FromPeers::Committed =
+            self.fetch_from_peers(digest, size, &labels, sink).await?
+        {
+            return Ok(());
+        }
         for attempt in 0..self.attempts {
             let start = sink.writer.offset();
             let outcome = if start >= size {
@@ -392,23 +406,10 @@ impl Transfer {
                             // The bytes are wrong: start over (maybe from another host).
                             last = format!("{digest}: content does not match its digest");
                             tracing::warn!(%digest, "digest mismatch; downloading again");
-                            self.stalled(
-                                digest,
-                                "content did not match its digest; downloading it again",
-                            );
-                            self.remove_spool(digest);
-                            sink.drop_streaming(&self.store).await;
-                            sink.writer
-                                .reopen(&self.store)
-                                .await
-                                .map_err(|e| self.store_err(e))?;
-                            if sink.writer.offset() != 0 {
-                                sink.writer
-                                    .truncate()
-                                    .await
-                                    .map_err(|e| self.store_err(e))?;
+                            if let Some(peers) = &self.peers {
+                                peers.suspect(&sink.peer_nodes);
                             }
-                            self.resumed(digest, sink.writer.offset());
+                            self.restart_blob(digest, sink).await?;
                         }
                         Err(e) if e.is_connection_lost() => {
                             last = e.to_string();
@@ -449,6 +450,30 @@ impl Transfer {
             }
         }
         Err(self.exhausted(digest, last))
+    }
+
+    /// The blob's bytes were wrong: drop them (ingest, spool, the unpack under way) and
+    /// start again from byte 0.
+    async fn restart_blob(&self, digest: &str, sink: &mut Sink) -> Result<(), PullError> {
+        self.stalled(
+            digest,
+            "content did not match its digest; downloading it again",
+        );
+        self.remove_spool(digest);
+        sink.drop_streaming(&self.store).await;
+        sink.peer_nodes.clear();
+        sink.writer
+            .reopen(&self.store)
+            .await
+            .map_err(|e| self.store_err(e))?;
+        if sink.writer.offset() != 0 {
+            sink.writer
+                .truncate()
+                .await
+                .map_err(|e| self.store_err(e))?;
+        }
+        self.resumed(digest, sink.writer.offset());
+        Ok(())
     }
 
     fn stalled(&self, digest: &str, reason: &str) {
@@ -542,6 +567,8 @@ struct Sink {
     fetched: u64,
     /// Bytes handed to the unpacker (equals the ingest offset while streaming works).
     fed: u64,
+    /// Peers whose bytes are in the ingest now: suspected if the digest does not match.
+    peer_nodes: Vec<String>,
 }
 
 impl Sink {

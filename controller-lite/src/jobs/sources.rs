@@ -1,0 +1,236 @@
+//! Where a job's pulls fetch from (fleet distribution), without I/O: the job's nodes
+//! that pulled the image already and serve peers come before the registry, and while no
+//! node has the image yet, one node (the seed) pulls it from the registry and the rest
+//! wait for it instead of all asking the registry at once.
+
+use std::collections::HashMap;
+
+use rigger_api::image_pull_job::{NodePullPhase, NodePullStatus};
+
+use crate::nodes::NodeView;
+
+/// Peers one task names at most (each one more the pull can fall back on before the
+/// registry).
+const MAX_SOURCES: usize = 3;
+
+/// A node a pull may fetch from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Source {
+    pub(super) node: String,
+    pub(super) address: String,
+    /// The digest the image's name pointed at on that node: what the grant names.
+    pub(super) image: String,
+}
+
+/// The peer address of `node` when it is ready and serves peers.
+fn serving<'a>(views: &'a HashMap<String, NodeView>, node: &str) -> Option<&'a str> {
+    let view = views.get(node)?;
+    if view.not_ready.is_some() {
+        return None;
+    }
+    view.peer_address.as_deref()
+}
+
+/// The job's nodes that hold the image and serve peers, by name.
+pub(super) fn holders(
+    entries: &[NodePullStatus],
+    views: &HashMap<String, NodeView>,
+) -> Vec<Source> {
+    entries
+        .iter()
+        .filter(|e| e.phase == NodePullPhase::Succeeded && !e.image_digest.is_empty())
+        .filter_map(|e| {
+            Some(Source {
+                node: e.name.clone(),
+                address: serving(views, &e.name)?.to_owned(),
+                image: e.image_digest.clone(),
+            })
+        })
+        .collect()
+}
+
+/// The sources of the `turn`-th pull dispatched on `node`: up to [`MAX_SOURCES`] of
+/// `holders` other than the node itself, starting at a different one each turn so the
+/// fleet's pulls spread over every holder.
+pub(super) fn sources_for(holders: &[Source], node: &str, turn: usize) -> Vec<Source> {
+    let others: Vec<&Source> = holders.iter().filter(|s| s.node != node).collect();
+    if others.is_empty() {
+        return Vec::new();
+    }
+    (0..others.len().min(MAX_SOURCES))
+        .map(|i| others[(turn + i) % others.len()].clone())
+        .collect()
+}
+
+/// How the job's waiting nodes go out, given who holds the image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fanout {
+    /// Every node as parallelism allows (sharing off, a holder exists, or no node of the
+    /// job serves peers).
+    Open,
+    /// No holder yet: only a node that serves peers may start (and only while none is
+    /// pulling); the others wait for its copy.
+    Seed { seed_pulling: bool },
+}
+
+/// How the job's waiting nodes may start now.
+pub(super) fn fanout(
+    sharing: bool,
+    entries: &[NodePullStatus],
+    holders: &[Source],
+    views: &HashMap<String, NodeView>,
+) -> Fanout {
+    if !sharing || !holders.is_empty() || entries.len() < 2 {
+        return Fanout::Open;
+    }
+    // Nodes that could still become the first holder.
+    let candidates = entries.iter().filter(|e| {
+        matches!(e.phase, NodePullPhase::Waiting | NodePullPhase::Pulling)
+            && serving(views, &e.name).is_some()
+    });
+    let mut any = false;
+    let mut seed_pulling = false;
+    for candidate in candidates {
+        any = true;
+        seed_pulling |= candidate.phase == NodePullPhase::Pulling;
+    }
+    if any {
+        Fanout::Seed { seed_pulling }
+    } else {
+        Fanout::Open
+    }
+}
+
+/// Whether `node`, waiting, may start under `fanout`.
+pub(super) fn may_start(fanout: Fanout, views: &HashMap<String, NodeView>, node: &str) -> bool {
+    match fanout {
+        Fanout::Open => true,
+        Fanout::Seed { seed_pulling } => !seed_pulling && serving(views, node).is_some(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn view(address: Option<&str>, ready: bool) -> NodeView {
+        NodeView {
+            labels: BTreeMap::new(),
+            admin_labels: BTreeMap::new(),
+            not_ready: (!ready).then(|| "link down".to_owned()),
+            pod_labels: Vec::new(),
+            images: None,
+            peer_address: address.map(Arc::from),
+        }
+    }
+
+    fn entry(name: &str, phase: NodePullPhase, digest: &str) -> NodePullStatus {
+        NodePullStatus {
+            name: name.to_owned(),
+            phase,
+            image_digest: digest.to_owned(),
+            ..NodePullStatus::default()
+        }
+    }
+
+    fn views(nodes: &[(&str, Option<&str>, bool)]) -> HashMap<String, NodeView> {
+        nodes
+            .iter()
+            .map(|(n, a, r)| ((*n).to_owned(), view(*a, *r)))
+            .collect()
+    }
+
+    #[test]
+    fn holders_are_ready_serving_nodes_that_pulled_the_image() {
+        let views = views(&[
+            ("a", Some("10.0.0.1:9441"), true),
+            ("b", Some("10.0.0.2:9441"), false),
+            ("c", None, true),
+            ("d", Some("10.0.0.4:9441"), true),
+            ("e", Some("10.0.0.5:9441"), true),
+        ]);
+        let entries = [
+            entry("a", NodePullPhase::Succeeded, "sha256:1"),
+            entry("b", NodePullPhase::Succeeded, "sha256:1"),
+            entry("c", NodePullPhase::Succeeded, "sha256:1"),
+            entry("d", NodePullPhase::Pulling, ""),
+            entry("e", NodePullPhase::Succeeded, ""),
+        ];
+        let holders = holders(&entries, &views);
+        assert_eq!(
+            holders,
+            vec![Source {
+                node: "a".to_owned(),
+                address: "10.0.0.1:9441".to_owned(),
+                image: "sha256:1".to_owned()
+            }]
+        );
+    }
+
+    #[test]
+    fn successive_pulls_start_at_different_holders_and_never_at_themselves() {
+        let holders: Vec<Source> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|n| Source {
+                node: (*n).to_owned(),
+                address: format!("{n}:9441"),
+                image: "sha256:1".to_owned(),
+            })
+            .collect();
+        let names =
+            |sources: Vec<Source>| -> Vec<String> { sources.into_iter().map(|s| s.node).collect() };
+        assert_eq!(names(sources_for(&holders, "x", 0)), ["a", "b", "c"]);
+        assert_eq!(names(sources_for(&holders, "x", 1)), ["b", "c", "d"]);
+        assert_eq!(names(sources_for(&holders, "x", 3)), ["d", "a", "b"]);
+        assert_eq!(names(sources_for(&holders, "b", 1)), ["c", "d", "a"]);
+        assert!(sources_for(&holders[..1], "a", 0).is_empty());
+    }
+
+    #[test]
+    fn one_serving_node_seeds_while_the_others_wait() {
+        let views = views(&[
+            ("a", None, true),
+            ("b", Some("b:9441"), true),
+            ("c", Some("c:9441"), true),
+        ]);
+        let waiting = |n| entry(n, NodePullPhase::Waiting, "");
+        let mut entries = vec![waiting("a"), waiting("b"), waiting("c")];
+        // Nobody holds the image: only a serving node may start.
+        let fan = fanout(true, &entries, &[], &views);
+        assert_eq!(
+            fan,
+            Fanout::Seed {
+                seed_pulling: false
+            }
+        );
+        assert!(!may_start(fan, &views, "a"));
+        assert!(may_start(fan, &views, "b"));
+        // b pulls: everyone else waits for its copy.
+        entries[1].phase = NodePullPhase::Pulling;
+        let fan = fanout(true, &entries, &[], &views);
+        assert!(!may_start(fan, &views, "c") && !may_start(fan, &views, "a"));
+        // b has it: all go (from b).
+        entries[1] = entry("b", NodePullPhase::Succeeded, "sha256:1");
+        let holders = holders(&entries, &views);
+        assert_eq!(fanout(true, &entries, &holders, &views), Fanout::Open);
+        // Sharing off, or no node serving peers: as before, everyone at once.
+        let plain = vec![waiting("a"), waiting("b")];
+        assert_eq!(fanout(false, &plain, &[], &views), Fanout::Open);
+        let unserved = views_without_peers();
+        assert_eq!(fanout(true, &plain, &[], &unserved), Fanout::Open);
+        // The seed failed and no serving node is left to seed: everyone goes.
+        let failed = vec![
+            waiting("a"),
+            entry("b", NodePullPhase::Failed, ""),
+            entry("c", NodePullPhase::Failed, ""),
+        ];
+        assert_eq!(fanout(true, &failed, &[], &views), Fanout::Open);
+    }
+
+    fn views_without_peers() -> HashMap<String, NodeView> {
+        views(&[("a", None, true), ("b", None, true)])
+    }
+}

@@ -1,0 +1,107 @@
+//! A blob from the pull's peers, before the registry: each usable peer in turn streams
+//! from the ingest's offset on, so what one peer sent is kept when the next goes on.
+//! containerd checks the digest at commit; when it does not match, every peer that sent
+//! bytes of it is suspected (not asked again, named in the result) and the blob starts
+//! over from the registry.
+
+use std::collections::HashMap;
+
+use futures::StreamExt as _;
+
+use super::{Sink, Transfer};
+use crate::error::PullError;
+use crate::progress::ProgressEvent;
+use crate::store::StoreError;
+
+/// How a blob's turn with the peers ended.
+pub(super) enum FromPeers {
+    /// containerd holds the blob, committed.
+    Committed,
+    /// The registry does the rest (from the ingest's offset).
+    Registry,
+}
+
+impl Transfer {
+    pub(super) async fn fetch_from_peers(
+        &self,
+        digest: &str,
+        size: u64,
+        labels: &HashMap<String, String>,
+        sink: &mut Sink,
+    ) -> Result<FromPeers, PullError> {
+        let Some(peers) = &self.peers else {
+            return Ok(FromPeers::Registry);
+        };
+        for source in peers.usable() {
+            let start = sink.writer.offset();
+            if start >= size {
+                break;
+            }
+            let mut body = match peers.get(&source, &self.repository, digest, start).await {
+                Ok(body) => body,
+                Err(reason) => {
+                    tracing::debug!(%digest, node = %source.node, %reason, "a peer did not serve the blob");
+                    continue;
+                }
+            };
+            let mut sent = 0u64;
+            while let Some(piece) = body.next().await {
+                let piece = match piece {
+                    Ok(piece) => piece,
+                    Err(reason) => {
+                        tracing::debug!(%digest, node = %source.node, %reason, "a peer's stream broke");
+                        break;
+                    }
+                };
+                if sink.writer.offset() + piece.len() as u64 > size {
+                    // More than the manifest promises: the blob is wrong whoever adds
+                    // to it, so it starts over without this peer.
+                    sink.peer_nodes.push(source.node.clone());
+                    peers.suspect(&sink.peer_nodes);
+                    self.restart_blob(digest, sink).await?;
+                    break;
+                }
+                if let Some(rate) = &self.rate {
+                    rate.acquire(piece.len()).await;
+                }
+                sink.write(piece.clone())
+                    .await
+                    .map_err(|e| self.store_err(e))?;
+                sent += piece.len() as u64;
+                peers.count(piece.len() as u64);
+                self.progress.event(ProgressEvent::BlobBytes {
+                    digest: digest.to_owned(),
+                    bytes: piece.len() as u64,
+                });
+            }
+            if sent > 0 && !sink.peer_nodes.contains(&source.node) {
+                sink.peer_nodes.push(source.node.clone());
+            }
+        }
+        if sink.writer.offset() < size || sink.peer_nodes.is_empty() {
+            return Ok(FromPeers::Registry);
+        }
+        match sink.writer.commit(labels.clone()).await {
+            Ok(()) => {
+                tracing::debug!(%digest, peers = ?sink.peer_nodes, "blob from peers");
+                self.remove_spool(digest);
+                self.progress.event(ProgressEvent::BlobDone {
+                    digest: digest.to_owned(),
+                    skipped: false,
+                });
+                Ok(FromPeers::Committed)
+            }
+            Err(StoreError::DigestMismatch { .. }) => {
+                tracing::warn!(%digest, peers = ?sink.peer_nodes, "bytes from peers did not match the blob's digest; fetching it from the registry");
+                peers.suspect(&sink.peer_nodes);
+                self.restart_blob(digest, sink).await?;
+                Ok(FromPeers::Registry)
+            }
+            Err(e) if e.is_connection_lost() => {
+                self.resume_after_containerd(digest, sink).await?;
+                Ok(FromPeers::Registry)
+            }
+            Err(e) => Err(self.store_err(e)),
+        }
+    }
+}

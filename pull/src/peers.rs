@@ -1,0 +1,256 @@
+//! Peers: other nodes of the fleet that hold a job's blobs and serve them (their agent's
+//! `peer_listen`). A pull given peers asks them for each blob before the registry, one
+//! after the other; containerd checks every blob against its digest when it is
+//! committed, whoever sent the bytes, and a peer whose bytes went into a blob that did
+//! not match is not asked again in this pull and is named in its result.
+//!
+//! Peers are reached over TLS with the node's own certificate, trusting the fleet's CA
+//! only (not the system's), and by node name: the name a peer's certificate must carry.
+//! Each request carries the grant the controller signed for this node and image.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt as _;
+use futures::stream::BoxStream;
+use reqwest::StatusCode;
+use reqwest::header::{AUTHORIZATION, RANGE};
+use rustls_pki_types::pem::PemObject as _;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+/// A node to ask for blobs, as the controller planned it.
+#[derive(Clone)]
+pub struct PeerSource {
+    /// The node's name: what its certificate is checked against.
+    pub node: String,
+    /// `host:port` of its peer endpoint.
+    pub address: String,
+    /// The controller's grant for this node (the one pulling) and the image.
+    pub grant: String,
+}
+
+impl std::fmt::Debug for PeerSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerSource")
+            .field("node", &self.node)
+            .field("address", &self.address)
+            .finish_non_exhaustive()
+    }
+}
+
+/// This node's certificate and key and the fleet's CA, as PEM.
+#[derive(Clone)]
+pub struct PeerIdentity {
+    pub ca_pem: Vec<u8>,
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for PeerIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerIdentity").finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("peer TLS: {0}")]
+pub struct PeerSetupError(String);
+
+/// The peers of one pull.
+pub struct Peers {
+    client: reqwest::Client,
+    sources: Vec<PeerSource>,
+    /// Nodes whose bytes went into a blob that did not match its digest.
+    suspects: Mutex<BTreeSet<String>>,
+    received: AtomicU64,
+}
+
+impl std::fmt::Debug for Peers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Peers")
+            .field("sources", &self.sources)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A node name as Kubernetes has them (DNS subdomain): the only names a peer URL is
+/// made of.
+fn is_node_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name
+            .split('.')
+            .all(|part| !part.is_empty() && !part.starts_with('-') && !part.ends_with('-'))
+}
+
+impl Peers {
+    /// A client for `sources` (those whose name or address cannot be used are left out,
+    /// with a warning), giving up on a peer that sends nothing for `stall_timeout`.
+    pub async fn new(
+        sources: Vec<PeerSource>,
+        identity: &PeerIdentity,
+        stall_timeout: Duration,
+    ) -> Result<Arc<Self>, PeerSetupError> {
+        let setup = |what: &str, e: String| PeerSetupError(format!("{what}: {e}"));
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in CertificateDer::pem_slice_iter(&identity.ca_pem) {
+            roots
+                .add(ca.map_err(|e| setup("CA", e.to_string()))?)
+                .map_err(|e| setup("CA", e.to_string()))?;
+        }
+        let chain = CertificateDer::pem_slice_iter(&identity.cert_pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| setup("certificate", e.to_string()))?;
+        let key = PrivateKeyDer::from_pem_slice(&identity.key_pem)
+            .map_err(|e| setup("key", e.to_string()))?;
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| setup("protocol versions", e.to_string()))?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)
+            .map_err(|e| setup("certificate and key", e.to_string()))?;
+        let mut builder = reqwest::Client::builder()
+            .tls_backend_preconfigured(config)
+            .connect_timeout(Duration::from_secs(5))
+            .read_timeout(stall_timeout)
+            .no_proxy();
+        let mut usable = Vec::new();
+        for source in sources {
+            if !is_node_name(&source.node) {
+                tracing::warn!(node = %source.node, "a peer's node name is not a DNS name; not asked");
+                continue;
+            }
+            let Some(address) = resolve(&source.address).await else {
+                tracing::warn!(node = %source.node, address = %source.address, "a peer's address does not resolve; not asked");
+                continue;
+            };
+            builder = builder.resolve(&source.node, address);
+            usable.push(source);
+        }
+        let client = builder
+            .build()
+            .map_err(|e| setup("client", e.to_string()))?;
+        Ok(Arc::new(Self {
+            client,
+            sources: usable,
+            suspects: Mutex::default(),
+            received: AtomicU64::new(0),
+        }))
+    }
+
+    /// The peers still worth asking, in the planned order.
+    pub(crate) fn usable(&self) -> Vec<PeerSource> {
+        let suspects = self.suspects.lock().map(|s| s.clone()).unwrap_or_default();
+        self.sources
+            .iter()
+            .filter(|s| !suspects.contains(&s.node))
+            .cloned()
+            .collect()
+    }
+
+    /// Bytes of `nodes` went into a blob that did not match its digest.
+    pub(crate) fn suspect(&self, nodes: &[String]) {
+        if let Ok(mut suspects) = self.suspects.lock() {
+            suspects.extend(nodes.iter().cloned());
+        }
+    }
+
+    /// Nodes whose bytes did not match (what the pull reports).
+    pub fn suspects(&self) -> Vec<String> {
+        self.suspects
+            .lock()
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Bytes received from peers so far.
+    pub fn received(&self) -> u64 {
+        self.received.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count(&self, bytes: u64) {
+        self.received.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// `GET` `digest` from `source`, from byte `start` on.
+    pub(crate) async fn get(
+        &self,
+        source: &PeerSource,
+        repository: &str,
+        digest: &str,
+        start: u64,
+    ) -> Result<BoxStream<'static, Result<Bytes, String>>, String> {
+        let port = source
+            .address
+            .rsplit_once(':')
+            .map(|(_, port)| port)
+            .unwrap_or_default();
+        let url = format!(
+            "https://{}:{port}/v2/{repository}/blobs/{digest}",
+            source.node
+        );
+        let mut request = self
+            .client
+            .get(&url)
+            .header(AUTHORIZATION, format!("Bearer {}", source.grant));
+        if start > 0 {
+            request = request.header(RANGE, format!("bytes={start}-"));
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| rigger_daemon::error_chain(&e))?;
+        let status = response.status();
+        let expected = if start > 0 {
+            StatusCode::PARTIAL_CONTENT
+        } else {
+            StatusCode::OK
+        };
+        if status != expected {
+            let reason = response.text().await.unwrap_or_default();
+            return Err(format!("HTTP {status}: {}", reason.trim()));
+        }
+        Ok(response
+            .bytes_stream()
+            .map(|piece| piece.map_err(|e| rigger_daemon::error_chain(&e)))
+            .boxed())
+    }
+}
+
+/// The first address `host:port` resolves to.
+async fn resolve(address: &str) -> Option<SocketAddr> {
+    tokio::net::lookup_host(address).await.ok()?.next()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_urls_are_made_of_node_names_only() {
+        for good in ["node-a", "n1.zone-b.example"] {
+            assert!(is_node_name(good), "{good}");
+        }
+        for bad in [
+            "",
+            "Node-A",
+            "node_a",
+            "-node",
+            "node..a",
+            "evil.com/x",
+            "a@b",
+            "node:1",
+        ] {
+            assert!(!is_node_name(bad), "{bad}");
+        }
+    }
+}
