@@ -110,6 +110,7 @@ pub struct Lab {
     /// The lab's second node (fleet tests).
     pub node2_containerd_address: PathBuf,
     pub node2_hosts_dir: PathBuf,
+    pub node2_containerd_root: PathBuf,
     /// One node per containerd version running (the 1.6 one is the first node).
     nodes: Vec<LabNode>,
 }
@@ -175,6 +176,7 @@ impl Lab {
                 hosts_dir: env["RIGGER_LAB_HOSTS_DIR"].clone().into(),
                 node2_containerd_address: env["RIGGER_LAB_NODE2_CONTAINERD_ADDRESS"].clone().into(),
                 node2_hosts_dir: env["RIGGER_LAB_NODE2_HOSTS_DIR"].clone().into(),
+                node2_containerd_root: env["RIGGER_LAB_NODE2_CONTAINERD_ROOT"].clone().into(),
                 nodes,
             }
         })

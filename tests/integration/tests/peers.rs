@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use rigger_integration_tests::{
-    Agent, Controller, Lab, TestNamespace, agent, assert_ok, free_port, unique_image, wait_until,
+    Agent, Controller, Lab, LabNode, MountedSnapshot, Proxy, TestNamespace, agent, assert_ok,
+    free_port, plain_http_hosts_dir, top_chain_id, tree_listing, unique_image, wait_until,
 };
 use rigger_proto::peer_grant::GrantSigner;
 use rustls_pki_types::pem::PemObject as _;
@@ -49,6 +50,11 @@ fn client(ca: &Path, identity: Option<(&Path, &Path)>, port: u16) -> reqwest::Cl
 
 /// The digest the image's name points at in `ns`, and the blobs its manifest names.
 fn image_and_layers(lab: &Lab, ns: &str, reference: &str) -> (String, Vec<String>) {
+    image_and_layers_on(lab.first_node(), ns, reference)
+}
+
+fn image_and_layers_on(node: &LabNode, ns: &str, reference: &str) -> (String, Vec<String>) {
+    let lab = node;
     let listing = lab.ctr(ns, &["images", "ls"]);
     let top = listing
         .lines()
@@ -220,4 +226,228 @@ fn a_node_serves_the_blobs_of_an_image_it_holds_to_granted_nodes_only() {
     let log = std::fs::read_to_string(&node_a.log).unwrap();
     assert!(log.contains("serving blobs to peers"), "{log}");
     assert!(!log.contains("panicked"), "{log}");
+}
+
+/// Two agents on the lab's two 1.6 nodes, both serving peers (unless `sharing` is off:
+/// then neither serves and the controller has no grant key), images through a proxy
+/// that logs every request.
+struct Fleet {
+    controller: Controller,
+    proxy: Proxy,
+    agents: Vec<Agent>,
+    nodes: [LabNode; 2],
+    ns: TestNamespace,
+    _ns2: TestNamespace,
+    _dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    fn start(test: &str, sharing: bool) -> Self {
+        let lab = Lab::get();
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("controller");
+        let grant_key = data.join("pki/peer-grant-key.pem");
+        let flags = ["--peer-grant-key", grant_key.to_str().unwrap()];
+        let controller = Controller::start_with(&data, if sharing { &flags } else { &[] });
+        let proxy = Proxy::start(&serde_json::json!([]), &[]);
+        let hosts = plain_http_hosts_dir(dir.path(), &[proxy.address.as_str()]);
+        // The lab's second 1.6 node, as a LabNode (the same ctr, its own socket).
+        let node2 = LabNode {
+            address: lab.node2_containerd_address.clone(),
+            hosts_dir: lab.node2_hosts_dir.clone(),
+            root: lab.node2_containerd_root.clone(),
+            ..lab.first_node().clone()
+        };
+        let nodes = [lab.first_node().clone(), node2];
+        let ns = TestNamespace::on(&nodes[0], test);
+        let ns2 = TestNamespace::on(&nodes[1], test);
+        let mut agents = Vec::new();
+        for (i, node) in nodes.iter().enumerate() {
+            let name = format!("{test}-{}", i + 1);
+            let state = dir.path().join(&name);
+            std::fs::create_dir_all(&state).unwrap();
+            let mut agent =
+                Agent::start(&controller, &name, &node.address, &hosts, &ns.name, &state);
+            if sharing {
+                agent.restart_with_flags(&["--peer-listen", &format!("127.0.0.1:{}", free_port())]);
+            }
+            agents.push(agent);
+        }
+        for agent in &agents {
+            wait_until("the node to be ready", Duration::from_secs(30), || {
+                let n = controller.get_json(&["node", &agent.node])?;
+                (n["status"]["conditions"][0]["status"] == "True").then_some(())
+            });
+        }
+        Self {
+            controller,
+            proxy,
+            agents,
+            nodes,
+            ns,
+            _ns2: ns2,
+            _dir: dir,
+        }
+    }
+
+    /// Run an ImagePullJob of `image` (a lab repository:tag) on `nodes` (indexes) to
+    /// completion; the job as `get` shows it then.
+    fn job(&self, name: &str, image: &str, nodes: &[usize]) -> serde_json::Value {
+        let names: Vec<&str> = nodes
+            .iter()
+            .map(|i| self.agents[*i].node.as_str())
+            .collect();
+        self.controller.apply_ok(&format!(
+            "apiVersion: apps.kruise.io/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: {name}\nspec:\n  image: {}/{image}\n  selector:\n    names: {}\n  completionPolicy:\n    type: Always\n  pullPolicy:\n    timeoutSeconds: 120\n",
+            self.proxy.address,
+            serde_json::to_string(&names).unwrap()
+        ));
+        let job = wait_until("the job to complete", Duration::from_secs(120), || {
+            let job = self.controller.get_json(&["imagepulljob", name])?;
+            (job["status"]["conditions"][0]["type"] == "Complete").then_some(job)
+        });
+        assert_eq!(job["status"]["succeeded"], nodes.len(), "{job:#}");
+        job
+    }
+
+    /// How many times the registry sent `blob`.
+    fn registry_sent(&self, blob: &str) -> usize {
+        self.proxy
+            .requests()
+            .iter()
+            .filter(|r| {
+                r["method"] == "GET" && r["path"].as_str().is_some_and(|p| p.ends_with(blob))
+            })
+            .count()
+    }
+
+    /// The layers of `image` as the first node holds it.
+    fn layers(&self, image: &str) -> Vec<String> {
+        let reference = format!("{}/{image}", self.proxy.address);
+        image_and_layers_on(&self.nodes[0], &self.ns.name, &reference).1
+    }
+
+    /// The job's entry for node `index`.
+    fn entry<'a>(&self, job: &'a serde_json::Value, index: usize) -> &'a serde_json::Value {
+        job["status"]["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == self.agents[index].node.as_str())
+            .unwrap()
+    }
+
+    fn assert_no_panics(&self) {
+        for agent in &self.agents {
+            let log = std::fs::read_to_string(&agent.log).unwrap();
+            assert!(!log.contains("panicked"), "{log}");
+        }
+    }
+}
+
+/// Two nodes serving peers, a job for both: one pulls from the registry, the other from
+/// it; the registry sends every layer once.
+#[test]
+fn a_two_node_job_fetches_each_layer_from_the_registry_once() {
+    let fleet = Fleet::start("peers-job", true);
+    let image = unique_image("peers-job", 3, 400_000);
+    let job = fleet.job("shared", &image, &[0, 1]);
+    for layer in fleet.layers(&image) {
+        assert_eq!(fleet.registry_sent(&layer), 1, "{layer}: {job:#}");
+    }
+    // One node seeded from the registry, the other fetched everything from it.
+    let messages: Vec<&str> = (0..2)
+        .map(|i| fleet.entry(&job, i)["message"].as_str().unwrap_or_default())
+        .collect();
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains("from peers, 0 B from the registry")),
+        "{job:#}"
+    );
+    fleet.assert_no_panics();
+}
+
+/// A node whose copy of a layer is corrupt (its disk, or a lie) serves it; the node
+/// fetching from it finds the digest wrong, names it, fetches the layer from the
+/// registry, and ends with the image containerd's own pull makes.
+#[test]
+fn a_peer_sending_corrupt_bytes_is_named_and_the_image_is_still_containerds() {
+    let fleet = Fleet::start("peers-corrupt", true);
+    let repo_tag = unique_image("peers-corrupt", 2, 400_000);
+    fleet.job("seed", &repo_tag, &[0]);
+    let layers = fleet.layers(&repo_tag);
+    // The first node's copy of the first layer, changed in place (same size).
+    let blob = fleet.nodes[0]
+        .root
+        .join("io.containerd.content.v1.content/blobs/sha256")
+        .join(layers[0].trim_start_matches("sha256:"));
+    let original = std::fs::read(&blob).unwrap();
+    let _restore = Restore(blob.clone(), original.clone());
+    let mut corrupt = original.clone();
+    let middle = corrupt.len() / 2;
+    corrupt[middle] ^= 0xff;
+    std::fs::write(&blob, &corrupt).unwrap();
+
+    let job = fleet.job("all", &repo_tag, &[0, 1]);
+    let message = fleet.entry(&job, 1)["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("did not match") && message.contains(&fleet.agents[0].node),
+        "{job:#}"
+    );
+    // The corrupt layer came from the registry a second time; the good one did not.
+    assert_eq!(fleet.registry_sent(&layers[0]), 2, "{job:#}");
+    assert_eq!(fleet.registry_sent(&layers[1]), 1, "{job:#}");
+
+    // The second node's image is the one containerd's own pull makes, file for file.
+    let node = &fleet.nodes[1];
+    let theirs = TestNamespace::on(node, "peers-corrupt-ctr");
+    let hosts = node.hosts_dir.display().to_string();
+    node.ctr(
+        &theirs.name,
+        &[
+            "images",
+            "pull",
+            "--hosts-dir",
+            &hosts,
+            &Lab::get().image(&repo_tag),
+        ],
+    );
+    let ids = rigger_integration_tests::fidelity::diff_ids(node, &theirs.name, &repo_tag);
+    let chain = top_chain_id(&ids);
+    let ours = MountedSnapshot::view_with(node, "overlayfs", &fleet.ns.name, &chain);
+    let ctr = MountedSnapshot::view_with(node, "overlayfs", &theirs.name, &chain);
+    let (a, b) = (tree_listing(&ours.path), tree_listing(&ctr.path));
+    assert!(!a.is_empty());
+    assert_eq!(a, b);
+    fleet.assert_no_panics();
+}
+
+/// Puts a file's bytes back when dropped (the lab's containerd outlives the test).
+struct Restore(std::path::PathBuf, Vec<u8>);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.0, &self.1);
+    }
+}
+
+/// Without a grant key and without peer_listen, a job behaves as before: every node
+/// fetches every layer from the registry, and no task names peers.
+#[test]
+fn with_sharing_off_every_node_pulls_from_the_registry() {
+    let fleet = Fleet::start("peers-off", false);
+    let image = unique_image("peers-off", 2, 200_000);
+    let job = fleet.job("plain", &image, &[0, 1]);
+    for layer in fleet.layers(&image) {
+        assert_eq!(fleet.registry_sent(&layer), 2, "{layer}: {job:#}");
+    }
+    for i in 0..2 {
+        let message = fleet.entry(&job, i)["message"].as_str().unwrap_or_default();
+        assert!(!message.contains("peers"), "{job:#}");
+    }
+    fleet.assert_no_panics();
 }
