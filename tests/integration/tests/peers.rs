@@ -383,8 +383,8 @@ fn a_peer_sending_corrupt_bytes_is_named_and_the_image_is_still_containerds() {
         .join("io.containerd.content.v1.content/blobs/sha256")
         .join(layers[0].trim_start_matches("sha256:"));
     let original = std::fs::read(&blob).unwrap();
-    let _restore = Restore(blob.clone(), original.clone());
     let mut corrupt = original.clone();
+    let _restore = Restore(blob.clone(), original);
     let middle = corrupt.len() / 2;
     corrupt[middle] ^= 0xff;
     std::fs::write(&blob, &corrupt).unwrap();
