@@ -114,6 +114,9 @@ struct TaskRecord {
     message: String,
     #[serde(default)]
     image_digest: String,
+    /// Peers whose bytes did not match their digest in this pull.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    suspected_peers: Vec<String>,
     #[serde(with = "humantime_serde")]
     accepted_at: SystemTime,
     #[serde(default, with = "humantime_serde")]
@@ -139,6 +142,7 @@ impl Entry {
             bytes_total: self.bytes_total,
             message: self.record.message.clone(),
             image_digest: self.record.image_digest.clone(),
+            suspected_peers: self.record.suspected_peers.clone(),
             recreate_states: match &self.record.work {
                 Work::Recreate(recreate) => recreate.states(),
                 Work::Pull(_) => Vec::new(),
@@ -399,6 +403,7 @@ impl TaskRunner {
                 phase: Phase::Accepted,
                 message: String::new(),
                 image_digest: String::new(),
+                suspected_peers: Vec::new(),
                 accepted_at: SystemTime::now(),
                 finished_at: None,
             };
@@ -440,6 +445,7 @@ impl TaskRunner {
             phase: Phase::Accepted,
             message: String::new(),
             image_digest: String::new(),
+            suspected_peers: Vec::new(),
             accepted_at: SystemTime::now(),
             finished_at: None,
         };
@@ -463,6 +469,7 @@ impl TaskRunner {
             phase: Phase::Failed,
             message: reason.to_owned(),
             image_digest: String::new(),
+            suspected_peers: Vec::new(),
             accepted_at: SystemTime::now(),
             finished_at: Some(SystemTime::now()),
         };

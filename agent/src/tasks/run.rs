@@ -78,7 +78,7 @@ impl TaskRunner {
             if !work.always
                 && let Some(digest) = self.present(&puller, &work.image).await
             {
-                return Ok((digest, "already present".to_owned()));
+                return Ok((digest, "already present".to_owned(), Vec::new()));
             }
             let progress: Arc<dyn Progress> = Arc::new(TaskProgress {
                 runner: self.clone(),
@@ -90,7 +90,8 @@ impl TaskRunner {
                 .pull_from(&work.image, &secrets.docker_configs, peers, progress)
                 .await
                 .map_err(|e| e.to_string())?;
-            Ok::<_, String>((pulled.digest.clone(), from_peers(&pulled)))
+            let message = from_peers(&pulled);
+            Ok::<_, String>((pulled.digest, message, pulled.suspected_peers))
         };
         let limit = match work.timeout_seconds {
             0 => Duration::MAX,
@@ -116,7 +117,7 @@ impl TaskRunner {
         };
         metrics.tasks_active.dec();
         let result = match &outcome {
-            Ok((_, message)) if message == "already present" => "present",
+            Ok((_, message, _)) if message == "already present" => "present",
             Ok(_) => "succeeded",
             Err(_) => "failed",
         };
@@ -127,10 +128,11 @@ impl TaskRunner {
                 metrics.pull_bytes.inc_by(entry.bytes_total);
             }
             match outcome {
-                Ok((digest, message)) => {
+                Ok((digest, message, suspected_peers)) => {
                     entry.record.phase = Phase::Succeeded;
                     entry.record.image_digest = digest;
                     entry.record.message = message;
+                    entry.record.suspected_peers = suspected_peers;
                     entry.bytes_done = entry.bytes_total;
                     tracing::info!(image = %work.image, "pull succeeded");
                 }

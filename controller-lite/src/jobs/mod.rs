@@ -49,6 +49,9 @@ struct JobState {
     lost_at: HashMap<String, Instant>,
     /// Nodes whose task must be sent again (they reconnected).
     resend: Vec<String>,
+    /// Nodes whose bytes another node of the job found wrong: never planned as a source
+    /// for this job again (not persisted: a controller restart forgets them).
+    suspects: std::collections::BTreeSet<String>,
     dirty: bool,
     /// What of the status is in the store (which shards to write again).
     written: job_status::Written,
@@ -70,6 +73,7 @@ impl JobState {
             retry_at: HashMap::new(),
             lost_at: HashMap::new(),
             resend: Vec::new(),
+            suspects: std::collections::BTreeSet::new(),
             dirty: false,
             written,
         };
@@ -535,6 +539,12 @@ impl JobEngine {
             return;
         }
         let backoff_limit = job.job.spec.pull_policy.backoff_limit;
+        for suspect in &status.suspected_peers {
+            // Bounded by the job's own nodes: an agent cannot grow this with names.
+            if job.index.contains_key(suspect.as_str()) && job.suspects.insert(suspect.clone()) {
+                tracing::warn!(job = %key, %node, peer = %suspect, "a peer sent bytes that did not match their digest; no longer planned as a source for this job");
+            }
+        }
         let Some(entry) = job.entry(node) else {
             return;
         };

@@ -107,7 +107,7 @@ pub(super) fn reconcile_job(
     let backoff_limit = job.job.spec.pull_policy.backoff_limit;
     // Who holds the image to share, before this pass changes anything.
     let holders = if credentials.grants.is_some() {
-        sources::holders(&job.status.nodes, views)
+        sources::holders(&job.status.nodes, views, &job.suspects)
     } else {
         Vec::new()
     };

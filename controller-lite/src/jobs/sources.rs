@@ -3,7 +3,7 @@
 //! node has the image yet, one node (the seed) pulls it from the registry and the rest
 //! wait for it instead of all asking the registry at once.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use rigger_api::image_pull_job::{NodePullPhase, NodePullStatus};
 
@@ -31,14 +31,17 @@ fn serving<'a>(views: &'a HashMap<String, NodeView>, node: &str) -> Option<&'a s
     view.peer_address.as_deref()
 }
 
-/// The job's nodes that hold the image and serve peers, by name.
+/// The job's nodes that hold the image and serve peers, by name, but for `suspects`
+/// (nodes whose bytes another node found wrong).
 pub(super) fn holders(
     entries: &[NodePullStatus],
     views: &HashMap<String, NodeView>,
+    suspects: &BTreeSet<String>,
 ) -> Vec<Source> {
     entries
         .iter()
         .filter(|e| e.phase == NodePullPhase::Succeeded && !e.image_digest.is_empty())
+        .filter(|e| !suspects.contains(&e.name))
         .filter_map(|e| {
             Some(Source {
                 node: e.name.clone(),
@@ -159,7 +162,7 @@ mod tests {
             entry("d", NodePullPhase::Pulling, ""),
             entry("e", NodePullPhase::Succeeded, ""),
         ];
-        let holders = holders(&entries, &views);
+        let holders = holders(&entries, &views, &BTreeSet::new());
         assert_eq!(
             holders,
             vec![Source {
@@ -214,8 +217,11 @@ mod tests {
         assert!(!may_start(fan, &views, "c") && !may_start(fan, &views, "a"));
         // b has it: all go (from b).
         entries[1] = entry("b", NodePullPhase::Succeeded, "sha256:1");
-        let holders = holders(&entries, &views);
+        let holders = holders(&entries, &views, &BTreeSet::new());
         assert_eq!(fanout(true, &entries, &holders, &views), Fanout::Open);
+        // Unless the holder's bytes were found wrong: then it is no source.
+        let suspects = BTreeSet::from(["b".to_owned()]);
+        assert!(super::holders(&entries, &views, &suspects).is_empty());
         // Sharing off, or no node serving peers: as before, everyone at once.
         let plain = vec![waiting("a"), waiting("b")];
         assert_eq!(fanout(false, &plain, &[], &views), Fanout::Open);

@@ -243,6 +243,11 @@ struct Fleet {
 
 impl Fleet {
     fn start(test: &str, sharing: bool) -> Self {
+        Self::start_with(test, sharing, &[])
+    }
+
+    /// [`Fleet::start`] with more `rigger-agent run` flags for both agents.
+    fn start_with(test: &str, sharing: bool, agent_flags: &[&str]) -> Self {
         let lab = Lab::get();
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("controller");
@@ -268,8 +273,13 @@ impl Fleet {
             std::fs::create_dir_all(&state).unwrap();
             let mut agent =
                 Agent::start(&controller, &name, &node.address, &hosts, &ns.name, &state);
+            let listen = format!("127.0.0.1:{}", free_port());
+            let mut flags = agent_flags.to_vec();
             if sharing {
-                agent.restart_with_flags(&["--peer-listen", &format!("127.0.0.1:{}", free_port())]);
+                flags.extend(["--peer-listen", listen.as_str()]);
+            }
+            if !flags.is_empty() {
+                agent.restart_with_flags(&flags);
             }
             agents.push(agent);
         }
@@ -293,6 +303,12 @@ impl Fleet {
     /// Run an ImagePullJob of `image` (a lab repository:tag) on `nodes` (indexes) to
     /// completion; the job as `get` shows it then.
     fn job(&self, name: &str, image: &str, nodes: &[usize]) -> serde_json::Value {
+        self.start_job(name, image, nodes);
+        self.wait_job(name, nodes.len())
+    }
+
+    /// Apply an ImagePullJob of `image` on `nodes` (indexes).
+    fn start_job(&self, name: &str, image: &str, nodes: &[usize]) {
         let names: Vec<&str> = nodes
             .iter()
             .map(|i| self.agents[*i].node.as_str())
@@ -302,23 +318,31 @@ impl Fleet {
             self.proxy.address,
             serde_json::to_string(&names).unwrap()
         ));
+    }
+
+    fn wait_job(&self, name: &str, nodes: usize) -> serde_json::Value {
         let job = wait_until("the job to complete", Duration::from_secs(120), || {
             let job = self.controller.get_json(&["imagepulljob", name])?;
             (job["status"]["conditions"][0]["type"] == "Complete").then_some(job)
         });
-        assert_eq!(job["status"]["succeeded"], nodes.len(), "{job:#}");
+        assert_eq!(job["status"]["succeeded"], nodes, "{job:#}");
         job
+    }
+
+    /// The registry's answers to GETs of `blob`, in order.
+    fn registry_answers(&self, blob: &str) -> Vec<serde_json::Value> {
+        self.proxy
+            .requests()
+            .into_iter()
+            .filter(|r| {
+                r["method"] == "GET" && r["path"].as_str().is_some_and(|p| p.ends_with(blob))
+            })
+            .collect()
     }
 
     /// How many times the registry sent `blob`.
     fn registry_sent(&self, blob: &str) -> usize {
-        self.proxy
-            .requests()
-            .iter()
-            .filter(|r| {
-                r["method"] == "GET" && r["path"].as_str().is_some_and(|p| p.ends_with(blob))
-            })
-            .count()
+        self.registry_answers(blob).len()
     }
 
     /// The layers of `image` as the first node holds it.
@@ -450,4 +474,53 @@ fn with_sharing_off_every_node_pulls_from_the_registry() {
         assert!(!message.contains("peers"), "{job:#}");
     }
     fleet.assert_no_panics();
+}
+
+/// The node a pull fetches from dies mid-transfer: the pull goes on from the registry
+/// from where the peer's bytes ended, so the registry sends only what was missing.
+#[test]
+fn a_source_dying_mid_transfer_is_replaced_by_the_registry_for_what_is_missing() {
+    // Peers serve 1 MiB/s: the transfer of the ~7 MiB layer is still under way when
+    // its source is killed.
+    let mut fleet = Fleet::start_with("peers-dead", true, &["--peer-upload-rate", "1MiB"]);
+    let repo_tag = unique_image("peers-dead", 1, 8_000_000);
+    fleet.job("seed", &repo_tag, &[0]);
+    let layer = fleet.layers(&repo_tag).remove(0);
+    fleet.start_job("all", &repo_tag, &[0, 1]);
+    let second = fleet.agents[1].node.clone();
+    wait_until(
+        "the second node to fetch from its peer",
+        Duration::from_secs(60),
+        || {
+            let job = fleet.controller.get_json(&["imagepulljob", "all"])?;
+            let entry = job["status"]["nodes"]
+                .as_array()?
+                .iter()
+                .find(|n| n["name"] == second.as_str())?
+                .clone();
+            (entry["phase"] == "Pulling" && entry["bytesDone"].as_u64()? > 1 << 20).then_some(())
+        },
+    );
+    fleet.agents[0].kill();
+    let job = fleet.wait_job("all", 2);
+
+    let answers = fleet.registry_answers(&layer);
+    assert_eq!(answers.len(), 2, "{answers:#?}");
+    let size = answers[0]["sent"].as_u64().unwrap();
+    let resumed_at: u64 = answers[1]["range"]
+        .as_str()
+        .and_then(|r| r.strip_prefix("bytes="))
+        .and_then(|r| r.split('-').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| {
+            panic!("the registry was asked for the whole layer again: {answers:#?}")
+        });
+    assert!(resumed_at > 1 << 20, "{answers:#?}");
+    assert_eq!(
+        answers[1]["sent"].as_u64().unwrap(),
+        size - resumed_at,
+        "{answers:#?}"
+    );
+    let message = fleet.entry(&job, 1)["message"].as_str().unwrap_or_default();
+    assert!(message.contains("from peers"), "{job:#}");
 }
