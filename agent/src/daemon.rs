@@ -112,6 +112,7 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
                 config.containerd_address(),
                 &config.pull.namespace,
                 grants_seen,
+                metrics.clone(),
                 token.clone(),
             )
             .await?,

@@ -29,6 +29,10 @@ impl Outcome {
 pub const PULL_RESULTS: [&str; 3] = ["succeeded", "present", "failed"];
 /// Values of `result` on the recreate and update counters.
 pub const OPERATION_RESULTS: [&str; 2] = ["succeeded", "failed"];
+/// Values of `result` on `rigger_agent_peer_requests_total`: a blob served, a request
+/// refused (no or a bad grant, another node's certificate), or a blob not held here
+/// (or not reached by the grant).
+pub const PEER_RESULTS: [&str; 3] = ["served", "refused", "missing"];
 
 #[derive(Debug)]
 pub struct AgentMetrics {
@@ -41,6 +45,10 @@ pub struct AgentMetrics {
     pub updates: Family<Outcome, Counter>,
     pub update_seconds: Histogram,
     pub link_up: Gauge,
+    pub peer_requests: Family<Outcome, Counter>,
+    pub peer_served_bytes: Counter,
+    pub peer_received_bytes: Counter,
+    pub peer_suspects: Counter,
 }
 
 fn seconds() -> Histogram {
@@ -60,6 +68,10 @@ impl AgentMetrics {
             updates: Family::default(),
             update_seconds: seconds(),
             link_up: Gauge::default(),
+            peer_requests: Family::default(),
+            peer_served_bytes: Counter::default(),
+            peer_received_bytes: Counter::default(),
+            peer_suspects: Counter::default(),
         };
         // Every documented label value is served from the start (at 0), so rates and
         // alerts work before the first failure.
@@ -69,6 +81,9 @@ impl AgentMetrics {
         for result in OPERATION_RESULTS {
             let _ = metrics.recreates.get_or_create(&Outcome::of(result));
             let _ = metrics.updates.get_or_create(&Outcome::of(result));
+        }
+        for result in PEER_RESULTS {
+            let _ = metrics.peer_requests.get_or_create(&Outcome::of(result));
         }
         metrics
     }
@@ -83,7 +98,7 @@ impl AgentMetrics {
         );
         registry.register(
             "pull_bytes",
-            "Bytes of images pulled for tasks",
+            "Bytes of images downloaded from registries for tasks",
             self.pull_bytes.clone(),
         );
         registry.register(
@@ -120,6 +135,26 @@ impl AgentMetrics {
             "controller_link_up",
             "1 while registered with a controller",
             self.link_up.clone(),
+        );
+        registry.register(
+            "peer_requests",
+            "Requests from other nodes for blobs, by result",
+            self.peer_requests.clone(),
+        );
+        registry.register(
+            "peer_served_bytes",
+            "Bytes of blobs served to other nodes",
+            self.peer_served_bytes.clone(),
+        );
+        registry.register(
+            "peer_received_bytes",
+            "Bytes of blobs received from other nodes for tasks",
+            self.peer_received_bytes.clone(),
+        );
+        registry.register(
+            "peer_suspects",
+            "Peers whose bytes did not match their digest, per pull",
+            self.peer_suspects.clone(),
         );
         registry
     }

@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use super::blobs::{Blobs, document};
 use super::reach::{named, reached};
 use super::request::{Asked, Part, Refusal, asked, part};
+use crate::metrics::{AgentMetrics, Outcome};
 
 /// The body of an answer.
 pub type Body = UnsyncBoxBody<Bytes, std::io::Error>;
@@ -90,6 +91,7 @@ impl Peer {
 /// Answers peers' requests.
 pub struct Answerer {
     blobs: Arc<dyn Blobs>,
+    metrics: Arc<AgentMetrics>,
     /// The controller's grant key, once the link has brought it.
     grants: watch::Receiver<Option<GrantVerifier>>,
     upload: Option<Arc<RateLimit>>,
@@ -125,9 +127,11 @@ impl Answerer {
         blobs: Arc<dyn Blobs>,
         grants: watch::Receiver<Option<GrantVerifier>>,
         upload: Option<Arc<RateLimit>>,
+        metrics: Arc<AgentMetrics>,
     ) -> Self {
         Self {
             blobs,
+            metrics,
             grants,
             upload,
             reach_cache: Mutex::default(),
@@ -136,9 +140,22 @@ impl Answerer {
 
     /// The answer to `request` from `peer`.
     pub async fn answer<B>(&self, peer: &Peer, request: &Request<B>) -> Response<Body> {
-        self.try_answer(peer, request)
+        let response = self
+            .try_answer(peer, request)
             .await
-            .unwrap_or_else(Refused::into_response)
+            .unwrap_or_else(Refused::into_response);
+        if asked(request.uri().path()) != Ok(Asked::Ping) {
+            let result = match response.status() {
+                s if s.is_success() => "served",
+                StatusCode::NOT_FOUND => "missing",
+                _ => "refused",
+            };
+            self.metrics
+                .peer_requests
+                .get_or_create(&Outcome::of(result))
+                .inc();
+        }
+        response
     }
 
     async fn try_answer<B>(
@@ -309,13 +326,15 @@ impl Answerer {
             .await
             .map_err(|e| refused(StatusCode::SERVICE_UNAVAILABLE, e))?;
         let upload = self.upload.clone();
+        let served = self.metrics.peer_served_bytes.clone();
         let frames = pieces.then(move |piece| {
-            let upload = upload.clone();
+            let (upload, served) = (upload.clone(), served.clone());
             async move {
                 let piece = piece.map_err(std::io::Error::other)?;
                 if let Some(upload) = &upload {
                     upload.acquire(piece.len()).await;
                 }
+                served.inc_by(piece.len() as u64);
                 Ok(Frame::data(piece))
             }
         });

@@ -38,6 +38,7 @@ pub async fn start(
     containerd_address: &std::path::Path,
     namespace: &str,
     grants: watch::Receiver<Option<GrantVerifier>>,
+    metrics: Arc<crate::metrics::AgentMetrics>,
     stop: CancellationToken,
 ) -> Result<JoinHandle<()>, ServeError> {
     let tls = server_config(&settings.identity)?;
@@ -47,6 +48,7 @@ pub async fn start(
         Arc::new(ContainerdBlobs::new(containerd_address, namespace)),
         grants,
         Some(Arc::new(RateLimit::new(settings.upload_rate))),
+        metrics,
     ));
     Ok(tokio::spawn(serve(
         listener,

@@ -131,7 +131,7 @@ async fn node_a(pki: &Pki, max_connections: usize) -> Served {
     let signer = GrantSigner::from_pem(grant_key.serialize_pem().as_bytes()).unwrap();
     let verifier = GrantVerifier::from_pem(grant_key.public_key_pem().as_bytes()).unwrap();
     let (_, grants) = watch::channel(Some(verifier));
-    let answerer = Arc::new(Answerer::new(Arc::new(blobs), grants, None));
+    let answerer = Arc::new(Answerer::new(Arc::new(blobs), grants, None, Arc::default()));
     let (cert_pem, key_pem) = pki.node("node-a", BOTH);
     let tls = server_config(&PeerIdentity {
         ca_pem: pki.ca_pem.clone().into_bytes(),

@@ -16,6 +16,16 @@ use super::{Phase, TaskRunner, TaskSecrets, Work};
 use crate::metrics::{AgentMetrics, Outcome};
 use crate::recreate::{Recreate, RecreateWork};
 
+/// What a pull task ended with.
+#[derive(Debug, Default)]
+struct Pulled {
+    digest: String,
+    message: String,
+    suspected_peers: Vec<String>,
+    registry_bytes: u64,
+    peer_bytes: u64,
+}
+
 /// A peer that sends nothing for this long is left for the next source.
 const STALL_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -78,7 +88,11 @@ impl TaskRunner {
             if !work.always
                 && let Some(digest) = self.present(&puller, &work.image).await
             {
-                return Ok((digest, "already present".to_owned(), Vec::new()));
+                return Ok(Pulled {
+                    digest,
+                    message: "already present".to_owned(),
+                    ..Pulled::default()
+                });
             }
             let progress: Arc<dyn Progress> = Arc::new(TaskProgress {
                 runner: self.clone(),
@@ -90,8 +104,13 @@ impl TaskRunner {
                 .pull_from(&work.image, &secrets.docker_configs, peers, progress)
                 .await
                 .map_err(|e| e.to_string())?;
-            let message = from_peers(&pulled);
-            Ok::<_, String>((pulled.digest, message, pulled.suspected_peers))
+            Ok::<_, String>(Pulled {
+                message: from_peers(&pulled),
+                digest: pulled.digest,
+                suspected_peers: pulled.suspected_peers,
+                registry_bytes: pulled.bytes_downloaded,
+                peer_bytes: pulled.bytes_from_peers,
+            })
         };
         let limit = match work.timeout_seconds {
             0 => Duration::MAX,
@@ -117,22 +136,26 @@ impl TaskRunner {
         };
         metrics.tasks_active.dec();
         let result = match &outcome {
-            Ok((_, message, _)) if message == "already present" => "present",
+            Ok(pulled) if pulled.message == "already present" => "present",
             Ok(_) => "succeeded",
             Err(_) => "failed",
         };
         metrics.pulls.get_or_create(&Outcome::of(result)).inc();
         AgentMetrics::observe(&metrics.pull_seconds, started.elapsed());
+        if let Ok(pulled) = &outcome {
+            metrics.pull_bytes.inc_by(pulled.registry_bytes);
+            metrics.peer_received_bytes.inc_by(pulled.peer_bytes);
+            metrics
+                .peer_suspects
+                .inc_by(pulled.suspected_peers.len() as u64);
+        }
         self.update(id, |entry| {
-            if result == "succeeded" {
-                metrics.pull_bytes.inc_by(entry.bytes_total);
-            }
             match outcome {
-                Ok((digest, message, suspected_peers)) => {
+                Ok(pulled) => {
                     entry.record.phase = Phase::Succeeded;
-                    entry.record.image_digest = digest;
-                    entry.record.message = message;
-                    entry.record.suspected_peers = suspected_peers;
+                    entry.record.image_digest = pulled.digest;
+                    entry.record.message = pulled.message;
+                    entry.record.suspected_peers = pulled.suspected_peers;
                     entry.bytes_done = entry.bytes_total;
                     tracing::info!(image = %work.image, "pull succeeded");
                 }

@@ -389,6 +389,27 @@ fn a_two_node_job_fetches_each_layer_from_the_registry_once() {
             .any(|m| m.contains("from peers, 0 B from the registry")),
         "{job:#}"
     );
+    // The agents' metrics say the same: one served what the other received.
+    let series = |agent: &Agent, name: &str| -> u64 {
+        let (_, text) = rigger_integration_tests::http_get(&agent.health, "/metrics").unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let served: u64 = fleet
+        .agents
+        .iter()
+        .map(|a| series(a, "rigger_agent_peer_served_bytes_total"))
+        .sum();
+    let received: u64 = fleet
+        .agents
+        .iter()
+        .map(|a| series(a, "rigger_agent_peer_received_bytes_total"))
+        .sum();
+    assert!(
+        received > 0 && served == received,
+        "served {served}, received {received}"
+    );
     fleet.assert_no_panics();
 }
 
