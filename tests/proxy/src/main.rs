@@ -63,6 +63,10 @@ struct Args {
     /// Bytes per second per TCP connection for response bodies, e.g. 16MiB.
     #[arg(long)]
     connection_rate: Option<bytesize::ByteSize>,
+    /// Bytes per second for all response bodies together, e.g. 24MiB: a registry's
+    /// egress, shared by every connection (on top of --connection-rate).
+    #[arg(long)]
+    total_rate: Option<bytesize::ByteSize>,
     /// JSON file with fault rules.
     #[arg(long)]
     faults: Option<std::path::PathBuf>,
@@ -136,6 +140,8 @@ struct State {
     served: Mutex<Vec<Served>>,
     latency: Option<Duration>,
     rate: Option<u64>,
+    /// The egress shared by every connection, when capped.
+    total: Option<Arc<tokio::sync::Mutex<Bucket>>>,
     require_header: Option<(String, String)>,
     ignore_range: bool,
     api_root: Option<String>,
@@ -175,6 +181,9 @@ async fn main() -> anyhow::Result<()> {
         served: Mutex::default(),
         latency: args.connection_latency,
         rate: args.connection_rate.map(|r| r.as_u64()),
+        total: args
+            .total_rate
+            .map(|r| Arc::new(tokio::sync::Mutex::new(Bucket::new(Some(r.as_u64()))))),
         require_header: args.require_header,
         ignore_range: args.ignore_range,
         api_root: args.api_root.map(|r| r.trim_end_matches('/').to_owned()),
@@ -377,7 +386,8 @@ async fn handle(
             record.sent += n;
         }
     };
-    let body = faulty_body(response.bytes_stream(), fault.as_ref(), bucket, count_sent);
+    let buckets: Vec<_> = std::iter::once(bucket).chain(state.total.clone()).collect();
+    let body = faulty_body(response.bytes_stream(), fault.as_ref(), buckets, count_sent);
     Ok(builder
         .body(BodyExt::boxed(StreamBody::new(
             body.map(|r| r.map(Frame::data)),
@@ -393,11 +403,12 @@ enum After {
     Ended,
 }
 
-/// The upstream body, throttled by the connection's bucket, with `fault` applied.
+/// The upstream body, throttled by `buckets` (the connection's, and the egress shared by
+/// all when capped), with `fault` applied.
 fn faulty_body(
     upstream: impl futures::Stream<Item = reqwest::Result<Bytes>> + Send + Unpin + 'static,
     fault: Option<&Action>,
-    bucket: Arc<tokio::sync::Mutex<Bucket>>,
+    buckets: Vec<Arc<tokio::sync::Mutex<Bucket>>>,
     count_sent: impl Fn(u64) + Clone + Send + 'static,
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
     let limit = match fault {
@@ -409,7 +420,7 @@ fn faulty_body(
     let corrupt = matches!(fault, Some(Action::Corrupt { corrupt: true }));
     let state = (upstream, 0u64, corrupt, limit, After::Continue);
     futures::stream::unfold(state, move |(mut upstream, sent, corrupt, limit, after)| {
-        let bucket = bucket.clone();
+        let buckets = buckets.clone();
         let count_sent = count_sent.clone();
         async move {
             match after {
@@ -450,7 +461,9 @@ fn faulty_body(
                     _ => After::Reset,
                 };
             }
-            bucket.lock().await.take(piece.len() as u64).await;
+            for bucket in &buckets {
+                bucket.lock().await.take(piece.len() as u64).await;
+            }
             count_sent(piece.len() as u64);
             let sent = sent + piece.len() as u64;
             Some((Ok(piece), (upstream, sent, corrupt, limit, next)))
