@@ -99,25 +99,7 @@ impl Peers {
         identity: &PeerIdentity,
         stall_timeout: Duration,
     ) -> Result<Arc<Self>, PeerSetupError> {
-        let setup = |what: &str, e: String| PeerSetupError(format!("{what}: {e}"));
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut roots = rustls::RootCertStore::empty();
-        for ca in CertificateDer::pem_slice_iter(&identity.ca_pem) {
-            roots
-                .add(ca.map_err(|e| setup("CA", e.to_string()))?)
-                .map_err(|e| setup("CA", e.to_string()))?;
-        }
-        let chain = CertificateDer::pem_slice_iter(&identity.cert_pem)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| setup("certificate", e.to_string()))?;
-        let key = PrivateKeyDer::from_pem_slice(&identity.key_pem)
-            .map_err(|e| setup("key", e.to_string()))?;
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| setup("protocol versions", e.to_string()))?
-            .with_root_certificates(roots)
-            .with_client_auth_cert(chain, key)
-            .map_err(|e| setup("certificate and key", e.to_string()))?;
+        let config = client_tls(identity)?;
         let mut builder = reqwest::Client::builder()
             .tls_backend_preconfigured(config)
             .connect_timeout(Duration::from_secs(5))
@@ -138,7 +120,7 @@ impl Peers {
         }
         let client = builder
             .build()
-            .map_err(|e| setup("client", e.to_string()))?;
+            .map_err(|e| PeerSetupError(format!("client: {e}")))?;
         Ok(Arc::new(Self {
             client,
             sources: usable,
@@ -224,6 +206,30 @@ impl Peers {
             .map(|piece| piece.map_err(|e| rigger_daemon::error_chain(&e)))
             .boxed())
     }
+}
+
+/// TLS as a node dialing its peers: the node's certificate for client authentication,
+/// and the fleet's CA as the only trusted root (a public CA cannot vouch for a node).
+pub fn client_tls(identity: &PeerIdentity) -> Result<rustls::ClientConfig, PeerSetupError> {
+    let setup = |what: &str, e: String| PeerSetupError(format!("{what}: {e}"));
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(&identity.ca_pem) {
+        roots
+            .add(ca.map_err(|e| setup("CA", e.to_string()))?)
+            .map_err(|e| setup("CA", e.to_string()))?;
+    }
+    let chain = CertificateDer::pem_slice_iter(&identity.cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| setup("certificate", e.to_string()))?;
+    let key = PrivateKeyDer::from_pem_slice(&identity.key_pem)
+        .map_err(|e| setup("key", e.to_string()))?;
+    rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| setup("protocol versions", e.to_string()))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| setup("certificate and key", e.to_string()))
 }
 
 /// The first address `host:port` resolves to.

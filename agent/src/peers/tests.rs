@@ -14,15 +14,15 @@ use rcgen::{
     KeyUsagePurpose,
 };
 use rigger_proto::peer_grant::{GrantSigner, GrantVerifier};
+use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject as _;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use sha2::{Digest as _, Sha256};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::answer::Answerer;
 use super::blobs::Blobs;
-use rigger_pull::peers::PeerIdentity;
+use rigger_pull::peers::{PeerIdentity, client_tls};
 
 use super::serve::{bind, serve, server_config};
 
@@ -161,28 +161,30 @@ async fn node_a(pki: &Pki, max_connections: usize) -> Served {
     }
 }
 
-/// A client as node `name` with a certificate of `pki` (none: `None`), trusting
-/// `served`'s CA, reaching node-a by its node name.
+/// A client with `identity` (a certificate and key, as PEM; `None`: no client
+/// certificate), trusting `served`'s CA, reaching node-a by its node name.
 fn client(served: &Served, identity: Option<(String, String)>) -> reqwest::Client {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    for ca in CertificateDer::pem_slice_iter(served.ca_pem.as_bytes()) {
-        roots.add(ca.unwrap()).unwrap();
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots);
     let config = match identity {
-        Some((cert, key)) => builder
-            .with_client_auth_cert(
-                CertificateDer::pem_slice_iter(cert.as_bytes())
-                    .collect::<Result<Vec<_>, _>>()
-                    .unwrap(),
-                PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
-            )
-            .unwrap(),
-        None => builder.with_no_client_auth(),
+        // As a node dials its peers.
+        Some((cert, key)) => client_tls(&PeerIdentity {
+            ca_pem: served.ca_pem.clone().into_bytes(),
+            cert_pem: cert.into_bytes(),
+            key_pem: key.into_bytes(),
+        })
+        .unwrap(),
+        None => {
+            let mut roots = rustls::RootCertStore::empty();
+            for ca in CertificateDer::pem_slice_iter(served.ca_pem.as_bytes()) {
+                roots.add(ca.unwrap()).unwrap();
+            }
+            rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth()
+        }
     };
     reqwest::Client::builder()
         .tls_backend_preconfigured(config)

@@ -13,33 +13,35 @@ use rigger_integration_tests::{
     free_port, plain_http_hosts_dir, top_chain_id, tree_listing, unique_image, wait_until,
 };
 use rigger_proto::peer_grant::GrantSigner;
+use rigger_pull::peers::{PeerIdentity, client_tls};
+use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject as _;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use sha2::{Digest as _, Sha256};
 
 /// An HTTPS client as the node whose certificate files are given (none: no client
 /// certificate), trusting `ca`, reaching `node-a` at `port` on loopback.
 fn client(ca: &Path, identity: Option<(&Path, &Path)>, port: u16) -> reqwest::Client {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(ca).unwrap() {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots);
     let config = match identity {
-        Some((cert, key)) => builder
-            .with_client_auth_cert(
-                CertificateDer::pem_file_iter(cert)
-                    .unwrap()
-                    .collect::<Result<Vec<_>, _>>()
-                    .unwrap(),
-                PrivateKeyDer::from_pem_file(key).unwrap(),
-            )
-            .unwrap(),
-        None => builder.with_no_client_auth(),
+        // As a node dials its peers.
+        Some((cert, key)) => client_tls(&PeerIdentity {
+            ca_pem: std::fs::read(ca).unwrap(),
+            cert_pem: std::fs::read(cert).unwrap(),
+            key_pem: std::fs::read(key).unwrap(),
+        })
+        .unwrap(),
+        None => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_file_iter(ca).unwrap() {
+                roots.add(cert.unwrap()).unwrap();
+            }
+            rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth()
+        }
     };
     reqwest::Client::builder()
         .tls_backend_preconfigured(config)
