@@ -23,6 +23,10 @@ use reqwest::header::{AUTHORIZATION, RANGE};
 use rustls_pki_types::pem::PemObject as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
+/// Peers one pull asks at most, whatever a task names (each costs a name lookup, and a
+/// try per blob before the registry).
+const MAX_PEERS: usize = 8;
+
 /// A node to ask for blobs, as the controller planned it.
 #[derive(Clone)]
 pub struct PeerSource {
@@ -106,7 +110,13 @@ impl Peers {
             .read_timeout(stall_timeout)
             .no_proxy();
         let mut usable = Vec::new();
-        for source in sources {
+        if sources.len() > MAX_PEERS {
+            tracing::warn!(
+                peers = sources.len(),
+                "the task names more peers than are asked; the first {MAX_PEERS} are"
+            );
+        }
+        for source in sources.into_iter().take(MAX_PEERS) {
             if !is_node_name(&source.node) {
                 tracing::warn!(node = %source.node, "a peer's node name is not a DNS name; not asked");
                 continue;

@@ -36,6 +36,8 @@ const MAX_DOCUMENT: u64 = 8 << 20;
 /// change; the bound only keeps the memory small).
 const REACH_TTL: Duration = Duration::from_secs(60);
 const REACH_CACHE: usize = 64;
+/// Manifests of an index read (of those held here) to check a grant.
+const MAX_MANIFESTS_READ: usize = 16;
 
 /// The blobs an image reaches, and when that was read.
 type Reached = (Instant, Arc<BTreeSet<String>>);
@@ -295,12 +297,19 @@ impl Answerer {
                 format!("image {image} is not held here"),
             ));
         };
+        // An index names a manifest per platform (up to 1024 here); a node holds the one
+        // it pulled, a few at most: each is looked up, and at most a handful read.
+        let mut read = 0;
         for manifest in named(&top).map(|n| n.documents).unwrap_or_default() {
+            if read == MAX_MANIFESTS_READ {
+                break;
+            }
             if let Some(doc) = document(self.blobs.as_ref(), &manifest, MAX_DOCUMENT)
                 .await
                 .map_err(unavailable)?
             {
                 documents.insert(manifest, doc);
+                read += 1;
             }
         }
         documents.insert(image.to_owned(), top);
