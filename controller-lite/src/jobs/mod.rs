@@ -21,6 +21,7 @@ use tokio::sync::Notify;
 
 mod reconcile;
 mod sources;
+mod tasks;
 
 use self::reconcile::{cancel, reconcile_job};
 use crate::job_status;
@@ -432,7 +433,7 @@ impl JobEngine {
             .views(SystemTime::now(), self.inner.node_timeout);
         let starting = self.inner.started.elapsed() < self.inner.node_timeout;
         let mut effects = Effects::default();
-        let credentials = reconcile::TaskCredentials {
+        let credentials = tasks::TaskCredentials {
             secrets,
             grants: self.inner.grants.as_deref(),
         };

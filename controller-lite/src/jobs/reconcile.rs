@@ -8,26 +8,18 @@ use std::collections::HashMap;
 use std::str::FromStr as _;
 use std::time::{Duration, Instant, SystemTime};
 
-use rigger_proto::v1::{CancelTask, ControllerMessage, PullImage, Task, controller_message, task};
+use rigger_proto::v1::{CancelTask, ControllerMessage, controller_message};
 
 use crate::nodes::NodeView;
 use crate::store::ObjectKey;
 use rigger_api::Condition;
 use rigger_api::image_pull_job::{
-    CompletionPolicyType, ImagePullJob, ImagePullJobStatus, ImagePullPolicy, NodePullPhase,
-    NodePullStatus,
+    CompletionPolicyType, ImagePullJobStatus, NodePullPhase, NodePullStatus,
 };
-use rigger_api::secret;
 
-use super::sources::{self, Fanout, Source};
+use super::sources::{self, Fanout};
+use super::tasks::{TaskCredentials, pull_task};
 use super::{Effects, JobState, parse_time};
-
-/// What tasks carry besides the job itself: the pull secrets (by key), and the peer
-/// grants when the controller signs them (`None`: sharing is off).
-pub(super) struct TaskCredentials<'a> {
-    pub(super) secrets: &'a HashMap<ObjectKey, Result<String, String>>,
-    pub(super) grants: Option<&'a rigger_proto::peer_grant::GrantSigner>,
-}
 
 pub(super) fn cancel(id: &str, reason: &str) -> ControllerMessage {
     ControllerMessage {
@@ -401,78 +393,12 @@ pub(super) fn fail(entry: &mut NodePullStatus, reason: &str) {
     entry.message = reason.to_owned();
 }
 
-/// How long a peer grant lasts past the pull's own time limit.
-const GRANT_MARGIN: Duration = Duration::from_secs(300);
-
-pub(super) fn pull_task(
-    job: &ImagePullJob,
-    key: &ObjectKey,
-    node: &str,
-    task_id: &str,
-    credentials: &TaskCredentials<'_>,
-    sources: &[Source],
-) -> Result<ControllerMessage, String> {
-    let mut docker_configs = Vec::new();
-    for name in &job.spec.pull_secrets {
-        match credentials
-            .secrets
-            .get(&ObjectKey::new(secret::KIND, &key.namespace, name))
-        {
-            Some(Ok(document)) => docker_configs.push(document.clone()),
-            Some(Err(reason)) => return Err(format!("pull secret {name:?} {reason}")),
-            None => return Err(format!("pull secret {name:?} is not loaded yet")),
-        }
-    }
-    Ok(ControllerMessage {
-        message: Some(controller_message::Message::Task(Task {
-            id: task_id.to_owned(),
-            node_name: node.to_owned(),
-            work: Some(task::Work::PullImage(PullImage {
-                image: job.spec.image.clone(),
-                always: job.spec.image_pull_policy == ImagePullPolicy::Always,
-                timeout_seconds: u32::try_from(job.spec.pull_policy.timeout_seconds)
-                    .unwrap_or(u32::MAX),
-                docker_configs,
-                peers: peer_sources(job, node, credentials, sources),
-            })),
-        })),
-    })
-}
-
-/// The task's peers, each with a grant for `node` and the image as that peer holds it.
-/// A grant that cannot be signed leaves its peer out (the registry remains).
-fn peer_sources(
-    job: &ImagePullJob,
-    node: &str,
-    credentials: &TaskCredentials<'_>,
-    sources: &[Source],
-) -> Vec<rigger_proto::v1::PeerSource> {
-    let Some(signer) = credentials.grants else {
-        return Vec::new();
-    };
-    let lifetime = Duration::from_secs(job.spec.pull_policy.timeout_seconds) + GRANT_MARGIN;
-    sources
-        .iter()
-        .filter_map(
-            |source| match signer.sign(node, &source.image, SystemTime::now(), lifetime) {
-                Ok(grant) => Some(rigger_proto::v1::PeerSource {
-                    node: source.node.clone(),
-                    address: source.address.clone(),
-                    grant,
-                }),
-                Err(error) => {
-                    tracing::warn!(%error, peer = %source.node, "cannot sign a peer grant");
-                    None
-                }
-            },
-        )
-        .collect()
-}
-
 #[cfg(test)]
 pub(super) mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use rigger_api::image_pull_job::ImagePullJob;
+    use rigger_api::secret;
     use std::collections::BTreeMap;
 
     use crate::job_status;

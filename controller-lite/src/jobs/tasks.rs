@@ -1,0 +1,87 @@
+//! The task a node of a job is sent (a pull), with what it carries besides the job: the
+//! job's pull secrets and, with sharing on, its peers and a grant for each.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime};
+
+use rigger_api::image_pull_job::{ImagePullJob, ImagePullPolicy};
+use rigger_api::secret;
+use rigger_proto::v1::{ControllerMessage, PullImage, Task, controller_message, task};
+
+use super::sources::Source;
+use crate::store::ObjectKey;
+
+/// What tasks carry besides the job itself: the pull secrets (by key), and the peer
+/// grants when the controller signs them (`None`: sharing is off).
+pub(super) struct TaskCredentials<'a> {
+    pub(super) secrets: &'a HashMap<ObjectKey, Result<String, String>>,
+    pub(super) grants: Option<&'a rigger_proto::peer_grant::GrantSigner>,
+}
+
+/// How long a peer grant lasts past the pull's own time limit.
+const GRANT_MARGIN: Duration = Duration::from_secs(300);
+
+pub(super) fn pull_task(
+    job: &ImagePullJob,
+    key: &ObjectKey,
+    node: &str,
+    task_id: &str,
+    credentials: &TaskCredentials<'_>,
+    sources: &[Source],
+) -> Result<ControllerMessage, String> {
+    let mut docker_configs = Vec::new();
+    for name in &job.spec.pull_secrets {
+        match credentials
+            .secrets
+            .get(&ObjectKey::new(secret::KIND, &key.namespace, name))
+        {
+            Some(Ok(document)) => docker_configs.push(document.clone()),
+            Some(Err(reason)) => return Err(format!("pull secret {name:?} {reason}")),
+            None => return Err(format!("pull secret {name:?} is not loaded yet")),
+        }
+    }
+    Ok(ControllerMessage {
+        message: Some(controller_message::Message::Task(Task {
+            id: task_id.to_owned(),
+            node_name: node.to_owned(),
+            work: Some(task::Work::PullImage(PullImage {
+                image: job.spec.image.clone(),
+                always: job.spec.image_pull_policy == ImagePullPolicy::Always,
+                timeout_seconds: u32::try_from(job.spec.pull_policy.timeout_seconds)
+                    .unwrap_or(u32::MAX),
+                docker_configs,
+                peers: peer_sources(job, node, credentials, sources),
+            })),
+        })),
+    })
+}
+
+/// The task's peers, each with a grant for `node` and the image as that peer holds it.
+/// A grant that cannot be signed leaves its peer out (the registry remains).
+fn peer_sources(
+    job: &ImagePullJob,
+    node: &str,
+    credentials: &TaskCredentials<'_>,
+    sources: &[Source],
+) -> Vec<rigger_proto::v1::PeerSource> {
+    let Some(signer) = credentials.grants else {
+        return Vec::new();
+    };
+    let lifetime = Duration::from_secs(job.spec.pull_policy.timeout_seconds) + GRANT_MARGIN;
+    sources
+        .iter()
+        .filter_map(
+            |source| match signer.sign(node, &source.image, SystemTime::now(), lifetime) {
+                Ok(grant) => Some(rigger_proto::v1::PeerSource {
+                    node: source.node.clone(),
+                    address: source.address.clone(),
+                    grant,
+                }),
+                Err(error) => {
+                    tracing::warn!(%error, peer = %source.node, "cannot sign a peer grant");
+                    None
+                }
+            },
+        )
+        .collect()
+}
