@@ -18,8 +18,8 @@ pub use crate::link::LinkConfig;
 mod peer;
 mod tls;
 
-pub use self::peer::PeerSettings;
 use self::tls::{TlsSettings, controller_endpoint, node_identity};
+pub use crate::peers::PeerSettings;
 use rigger_runtime::DEFAULT_CONTAINERD_ADDRESS;
 use rigger_runtime::socket::AUTO;
 

@@ -2,13 +2,10 @@
 //! only with the controller link's TLS material, whose node certificate is what peers
 //! check this node by.
 
-use std::net::SocketAddr;
-
 use rigger_daemon::config::{ConfigError, Setting};
 
-use rigger_pull::peers::PeerIdentity;
-
 use super::tls::{CA_FILE, CERT_FILE, KEY_FILE, TlsSettings, node_identity};
+use crate::peers::PeerSettings;
 use crate::peers::serve::server_config;
 
 /// Peer connections served at once by default: enough for a fan-out of a few nodes
@@ -25,18 +22,6 @@ pub(super) struct PeerArgs {
     pub(super) address: Option<String>,
     pub(super) max_connections: Option<usize>,
     pub(super) upload_rate: Option<String>,
-}
-
-/// How this node serves peers.
-#[derive(Debug, Clone)]
-pub struct PeerSettings {
-    pub listen: SocketAddr,
-    /// What the controller tells other nodes to dial (`host:port`).
-    pub address: String,
-    pub max_connections: usize,
-    pub upload_rate: u64,
-    /// This node's certificate (what peers check it by), key and the fleet's CA.
-    pub identity: PeerIdentity,
 }
 
 /// The peer settings, checked; `None` when `peer_listen` is unset (and then no other

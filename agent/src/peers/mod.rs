@@ -1,4 +1,4 @@
-//! Serving blobs to other nodes (fleet distribution, issue 23; being built).
+//! Serving blobs to other nodes (fleet distribution).
 //!
 //! A node that holds an image's blobs in containerd serves them to the other nodes of a
 //! job, so a fleet fetches an image from the registry about once. What a request may
@@ -9,10 +9,12 @@
 //! - only with a peer grant the controller signed for that node and an image whose
 //!   blobs include the one asked for ([`reach`], `rigger_proto::peer_grant`).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use rigger_proto::peer_grant::GrantVerifier;
 use rigger_pull::fetch::limit::RateLimit;
+use rigger_pull::peers::PeerIdentity;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -20,7 +22,18 @@ use tokio_util::sync::CancellationToken;
 use self::answer::Answerer;
 use self::blobs::ContainerdBlobs;
 use self::serve::{ServeError, bind, serve, server_config};
-use crate::config::PeerSettings;
+
+/// How this node serves peers (the `peer_*` settings, checked by `crate::config`).
+#[derive(Debug, Clone)]
+pub struct PeerSettings {
+    pub listen: SocketAddr,
+    /// What the controller tells other nodes to dial (`host:port`).
+    pub address: String,
+    pub max_connections: usize,
+    pub upload_rate: u64,
+    /// This node's certificate (what peers check it by), key and the fleet's CA.
+    pub identity: PeerIdentity,
+}
 
 pub mod answer;
 pub mod blobs;
