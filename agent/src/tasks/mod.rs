@@ -123,6 +123,22 @@ struct TaskRecord {
     finished_at: Option<SystemTime>,
 }
 
+impl TaskRecord {
+    /// `work` accepted now under `id`: nothing run, reported or finished yet.
+    fn accepted(id: &str, work: Work) -> Self {
+        Self {
+            id: id.to_owned(),
+            work,
+            phase: Phase::Accepted,
+            message: String::new(),
+            image_digest: String::new(),
+            suspected_peers: Vec::new(),
+            accepted_at: SystemTime::now(),
+            finished_at: None,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
     record: TaskRecord,
@@ -392,21 +408,15 @@ impl TaskRunner {
             }
         };
         if !waiting_for_secrets {
-            let record = TaskRecord {
-                id: id.clone(),
-                work: Work::Pull(PullWork {
+            let record = TaskRecord::accepted(
+                &id,
+                Work::Pull(PullWork {
                     image: pull.image.clone(),
                     always: pull.always,
                     timeout_seconds: pull.timeout_seconds,
                     needs_secrets: !pull.docker_configs.is_empty(),
                 }),
-                phase: Phase::Accepted,
-                message: String::new(),
-                image_digest: String::new(),
-                suspected_peers: Vec::new(),
-                accepted_at: SystemTime::now(),
-                finished_at: None,
-            };
+            );
             self.persist(&record);
             tracing::info!(task = %id, image = %pull.image, "task accepted");
             self.insert(record);
@@ -439,16 +449,7 @@ impl TaskRunner {
             self.refuse(id, "a recreate needs a pod uid and at least one container");
             return;
         }
-        let record = TaskRecord {
-            id: id.to_owned(),
-            work: Work::Recreate(RecreateWork::from_proto(recreate)),
-            phase: Phase::Accepted,
-            message: String::new(),
-            image_digest: String::new(),
-            suspected_peers: Vec::new(),
-            accepted_at: SystemTime::now(),
-            finished_at: None,
-        };
+        let record = TaskRecord::accepted(id, Work::Recreate(RecreateWork::from_proto(recreate)));
         self.persist(&record);
         tracing::info!(task = %id, pod = %format!("{}/{}", recreate.pod_namespace, recreate.pod_name), containers = ?recreate.containers, "recreate accepted");
         self.insert(record);
@@ -458,21 +459,18 @@ impl TaskRunner {
     /// A task that cannot run is recorded as failed, so the controller learns why.
     fn refuse(&self, id: &str, reason: &str) {
         tracing::warn!(task = %id, %reason, "task refused");
-        let record = TaskRecord {
-            id: id.to_owned(),
-            work: Work::Pull(PullWork {
+        let mut record = TaskRecord::accepted(
+            id,
+            Work::Pull(PullWork {
                 image: String::new(),
                 always: false,
                 timeout_seconds: 0,
                 needs_secrets: false,
             }),
-            phase: Phase::Failed,
-            message: reason.to_owned(),
-            image_digest: String::new(),
-            suspected_peers: Vec::new(),
-            accepted_at: SystemTime::now(),
-            finished_at: Some(SystemTime::now()),
-        };
+        );
+        record.phase = Phase::Failed;
+        record.message = reason.to_owned();
+        record.finished_at = Some(record.accepted_at);
         self.persist(&record);
         self.insert(record);
     }
