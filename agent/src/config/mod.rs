@@ -18,7 +18,7 @@ pub use crate::link::LinkConfig;
 mod peer;
 mod tls;
 
-use self::tls::{TlsSettings, controller_endpoint, node_identity};
+use self::tls::{TlsSettings, controller_endpoint};
 pub use crate::peers::PeerSettings;
 use rigger_runtime::DEFAULT_CONTAINERD_ADDRESS;
 use rigger_runtime::socket::AUTO;
@@ -282,25 +282,9 @@ impl AgentConfig {
             insecure_plaintext: args.insecure_plaintext || file.insecure_plaintext == Some(true),
         };
         let controller = args.controller.or(file.controller);
-        let node_identity = if controller
-            .as_deref()
-            .is_some_and(|c| c.contains("https://"))
-        {
-            node_identity(&tls)?
-        } else {
-            None
-        };
-        let peer = peer::resolve(
-            peer::PeerArgs {
-                listen: args.peer_listen.or(file.peer_listen),
-                address: args.peer_address.or(file.peer_address),
-                max_connections: args.peer_max_connections.or(file.peer_max_connections),
-                upload_rate: args.peer_upload_rate.or(file.peer_upload_rate),
-            },
-            controller.as_deref(),
-            &tls,
-        )?;
-        let link = match controller {
+        // Read from the TLS files once, for the first https:// controller.
+        let mut node_identity = None;
+        let link = match controller.clone() {
             None => {
                 if node_name.is_some() || !node_labels.is_empty() {
                     return Err(CONTROLLER.invalid("node_name and node_labels need a controller"));
@@ -314,7 +298,7 @@ impl AgentConfig {
                     .split(',')
                     .map(str::trim)
                     .filter(|u| !u.is_empty())
-                    .map(|u| controller_endpoint(u, &tls))
+                    .map(|u| controller_endpoint(u, &tls, &mut node_identity))
                     .collect::<Result<Vec<_>, _>>()?;
                 if controllers.is_empty() {
                     return Err(CONTROLLER.invalid("names no URL"));
@@ -334,6 +318,17 @@ impl AgentConfig {
                 })
             }
         };
+
+        let peer = peer::resolve(
+            peer::PeerArgs {
+                listen: args.peer_listen.or(file.peer_listen),
+                address: args.peer_address.or(file.peer_address),
+                max_connections: args.peer_max_connections.or(file.peer_max_connections),
+                upload_rate: args.peer_upload_rate.or(file.peer_upload_rate),
+            },
+            controller.as_deref(),
+            node_identity.as_ref(),
+        )?;
 
         let namespace = args
             .namespace

@@ -4,7 +4,8 @@
 
 use rigger_daemon::config::{ConfigError, Setting};
 
-use super::tls::{CA_FILE, CERT_FILE, KEY_FILE, TlsSettings, node_identity};
+use rigger_pull::peers::PeerIdentity;
+
 use crate::peers::PeerSettings;
 use crate::peers::serve::server_config;
 
@@ -29,7 +30,7 @@ pub(super) struct PeerArgs {
 pub(super) fn resolve(
     args: PeerArgs,
     controller: Option<&str>,
-    tls: &TlsSettings,
+    identity: Option<&PeerIdentity>,
 ) -> Result<Option<PeerSettings>, ConfigError> {
     let Some(listen) = args.listen else {
         if args.address.is_some() || args.max_connections.is_some() || args.upload_rate.is_some() {
@@ -40,9 +41,7 @@ pub(super) fn resolve(
     };
     let listen = PEER_LISTEN.socket_addr(Some(listen), "")?;
     if !controller.is_some_and(|c| c.split(',').all(|u| u.trim().starts_with("https://"))) {
-        return Err(PEER_LISTEN.invalid(
-            "needs an https:// controller: peers are served over TLS with the node certificate of the controller link (ca_file, cert_file, key_file), and only to nodes the controller grants",
-        ));
+        return Err(PEER_LISTEN.invalid(NEEDS_HTTPS));
     }
     let address = match args.address {
         Some(address) => address,
@@ -76,16 +75,9 @@ pub(super) fn resolve(
             rate
         }
     };
-    let Some(identity) = node_identity(tls)? else {
-        let missing = [
-            (CA_FILE, tls.ca_file.is_none()),
-            (CERT_FILE, tls.cert_file.is_none()),
-            (KEY_FILE, tls.key_file.is_none()),
-        ]
-        .into_iter()
-        .find_map(|(setting, absent)| absent.then_some(setting))
-        .unwrap_or(CA_FILE);
-        return Err(missing.invalid("is needed to serve peers (peer_listen)"));
+    // The link read it (an https:// controller needs the same files).
+    let Some(identity) = identity.cloned() else {
+        return Err(PEER_LISTEN.invalid(NEEDS_HTTPS));
     };
     // The same check the server makes when it starts: a key that does not match its
     // certificate is a configuration error, found before anything binds.
@@ -98,6 +90,8 @@ pub(super) fn resolve(
         identity,
     }))
 }
+
+const NEEDS_HTTPS: &str = "needs an https:// controller: peers are served over TLS with the node certificate of the controller link (ca_file, cert_file, key_file), and only to nodes the controller grants";
 
 const PEER_LISTEN: Setting = Setting {
     key: "peer_listen",
@@ -152,12 +146,12 @@ mod tests {
         paths
     }
 
-    fn tls(ca: &Path, cert: &Path, key: &Path) -> TlsSettings {
-        TlsSettings {
-            ca_file: Some(ca.to_owned()),
-            cert_file: Some(cert.to_owned()),
-            key_file: Some(key.to_owned()),
-            insecure_plaintext: false,
+    /// What the link read from these files.
+    fn identity(ca: &Path, cert: &Path, key: &Path) -> PeerIdentity {
+        PeerIdentity {
+            ca_pem: std::fs::read(ca).unwrap(),
+            cert_pem: std::fs::read(cert).unwrap(),
+            key_pem: std::fs::read(key).unwrap(),
         }
     }
 
@@ -174,9 +168,13 @@ mod tests {
     fn off_unless_peer_listen_and_then_with_the_links_certificate() {
         let dir = tempfile::tempdir().unwrap();
         let (ca, cert, key) = pki(dir.path());
-        let tls = tls(&ca, &cert, &key);
-        assert!(resolve(PeerArgs::default(), HTTPS, &tls).unwrap().is_none());
-        let settings = resolve(listen("10.0.0.5:9441"), HTTPS, &tls)
+        let identity = identity(&ca, &cert, &key);
+        assert!(
+            resolve(PeerArgs::default(), HTTPS, Some(&identity))
+                .unwrap()
+                .is_none()
+        );
+        let settings = resolve(listen("10.0.0.5:9441"), HTTPS, Some(&identity))
             .unwrap()
             .unwrap();
         assert_eq!(settings.address, "10.0.0.5:9441");
@@ -187,7 +185,7 @@ mod tests {
             upload_rate: Some("50MiB".to_owned()),
             ..listen("0.0.0.0:9441")
         };
-        let settings = resolve(any, HTTPS, &tls).unwrap().unwrap();
+        let settings = resolve(any, HTTPS, Some(&identity)).unwrap().unwrap();
         assert_eq!(
             (settings.address.as_str(), settings.upload_rate),
             ("node-a.example:9441", 50 << 20)
@@ -198,11 +196,13 @@ mod tests {
     fn bad_peer_settings_name_their_key() {
         let dir = tempfile::tempdir().unwrap();
         let (ca, cert, key) = pki(dir.path());
-        let good = tls(&ca, &cert, &key);
-        let refused = |args: PeerArgs, controller: Option<&str>, tls: &TlsSettings| {
-            resolve(args, controller, tls).unwrap_err().to_string()
+        let good = identity(&ca, &cert, &key);
+        let refused = |args: PeerArgs, controller: Option<&str>, identity: &PeerIdentity| {
+            resolve(args, controller, Some(identity))
+                .unwrap_err()
+                .to_string()
         };
-        let cases: Vec<(PeerArgs, Option<&str>, &TlsSettings, &str)> = vec![
+        let cases: Vec<(PeerArgs, Option<&str>, &PeerIdentity, &str)> = vec![
             (
                 PeerArgs {
                     upload_rate: Some("1MiB".to_owned()),
@@ -249,20 +249,33 @@ mod tests {
                 "`peer_upload_rate`",
             ),
         ];
-        for (args, controller, tls, named) in cases {
-            let error = refused(args, controller, tls);
+        for (args, controller, identity, named) in cases {
+            let error = refused(args, controller, identity);
             assert!(error.contains(named), "{error}");
         }
         // The certificate's key swapped for another key: found before anything binds.
         let other = dir.path().join("other-key.pem");
         std::fs::write(&other, KeyPair::generate().unwrap().serialize_pem()).unwrap();
-        let error = refused(listen("10.0.0.5:9441"), HTTPS, &tls(&ca, &cert, &other));
+        let error = refused(
+            listen("10.0.0.5:9441"),
+            HTTPS,
+            &identity(&ca, &cert, &other),
+        );
         assert!(error.contains("`peer_listen`"), "{error}");
-        let no_key = TlsSettings {
-            key_file: None,
-            ..tls(&ca, &cert, &key)
+        // Without the key the link cannot be set up either: the whole configuration is
+        // refused naming the key.
+        let no_key = crate::config::AgentConfigFile {
+            controller: HTTPS.map(str::to_owned),
+            node_name: Some("node-a".to_owned()),
+            ca_file: Some(ca),
+            cert_file: Some(cert),
+            peer_listen: Some("10.0.0.5:9441".to_owned()),
+            ..crate::config::AgentConfigFile::default()
         };
-        let error = refused(listen("10.0.0.5:9441"), HTTPS, &no_key);
+        let error =
+            crate::config::AgentConfig::from_layers(no_key, crate::config::RunArgs::default())
+                .unwrap_err()
+                .to_string();
         assert!(error.contains("`key_file`"), "{error}");
     }
 }

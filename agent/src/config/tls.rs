@@ -18,21 +18,23 @@ pub(super) struct TlsSettings {
     pub(super) insecure_plaintext: bool,
 }
 
-/// This node's certificate, key and the fleet's CA, read from the link's TLS files (for
-/// serving peers and fetching from them); `None` without a complete set (a plaintext
-/// controller, or none).
-pub(super) fn node_identity(tls: &TlsSettings) -> Result<Option<PeerIdentity>, ConfigError> {
-    let (Some(ca), Some(cert), Some(key)) = (&tls.ca_file, &tls.cert_file, &tls.key_file) else {
-        return Ok(None);
+/// This node's certificate, key and the fleet's CA, read from the link's TLS files: what
+/// the https:// controller `url` is reached with, and peers are served and fetched from.
+fn node_identity(tls: &TlsSettings, url: &str) -> Result<PeerIdentity, ConfigError> {
+    let file = |setting: Setting, path: &Option<PathBuf>, label: &str| {
+        let path = path.as_deref().ok_or_else(|| {
+            setting.invalid(format!("is needed for the https:// controller {url:?}"))
+        })?;
+        read_pem(setting, path, label)
     };
-    Ok(Some(PeerIdentity {
-        ca_pem: read_pem(CA_FILE, ca, "CERTIFICATE")?,
-        cert_pem: read_pem(CERT_FILE, cert, "CERTIFICATE")?,
-        key_pem: read_pem(KEY_FILE, key, "PRIVATE KEY")?,
-    }))
+    Ok(PeerIdentity {
+        ca_pem: file(CA_FILE, &tls.ca_file, "CERTIFICATE")?,
+        cert_pem: file(CERT_FILE, &tls.cert_file, "CERTIFICATE")?,
+        key_pem: file(KEY_FILE, &tls.key_file, "PRIVATE KEY")?,
+    })
 }
 
-pub(super) fn read_pem(setting: Setting, path: &Path, label: &str) -> Result<Vec<u8>, ConfigError> {
+fn read_pem(setting: Setting, path: &Path, label: &str) -> Result<Vec<u8>, ConfigError> {
     let bytes = rigger_daemon::config::read_small_file(path)
         .map_err(|e| setting.invalid(format!("{}: {e}", path.display())))?;
     if !String::from_utf8_lossy(&bytes).contains(&format!(" {label}-----")) {
@@ -41,9 +43,12 @@ pub(super) fn read_pem(setting: Setting, path: &Path, label: &str) -> Result<Vec
     Ok(bytes)
 }
 
+/// The endpoint of the controller replica at `url`. The node's identity is read from the
+/// TLS files for the first https:// one into `identity`, and shared by the others.
 pub(super) fn controller_endpoint(
     url: &str,
     tls: &TlsSettings,
+    identity: &mut Option<PeerIdentity>,
 ) -> Result<tonic::transport::Endpoint, ConfigError> {
     let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
         .map(|e| {
@@ -68,49 +73,38 @@ pub(super) fn controller_endpoint(
             INSECURE_PLAINTEXT.invalid(format!("contradicts the https:// controller {url:?}"))
         );
     }
-    let missing = |setting: Setting| {
-        setting.invalid(format!("is needed for the https:// controller {url:?}"))
+    let identity = match identity {
+        Some(identity) => identity,
+        None => identity.insert(node_identity(tls, url)?),
     };
-    let ca = read_pem(
-        CA_FILE,
-        tls.ca_file.as_deref().ok_or_else(|| missing(CA_FILE))?,
-        "CERTIFICATE",
-    )?;
-    let cert = read_pem(
-        CERT_FILE,
-        tls.cert_file.as_deref().ok_or_else(|| missing(CERT_FILE))?,
-        "CERTIFICATE",
-    )?;
-    let key = read_pem(
-        KEY_FILE,
-        tls.key_file.as_deref().ok_or_else(|| missing(KEY_FILE))?,
-        "PRIVATE KEY",
-    )?;
     endpoint
         .tls_config(
             tonic::transport::ClientTlsConfig::new()
-                .ca_certificate(tonic::transport::Certificate::from_pem(ca))
-                .identity(tonic::transport::Identity::from_pem(cert, key)),
+                .ca_certificate(tonic::transport::Certificate::from_pem(&identity.ca_pem))
+                .identity(tonic::transport::Identity::from_pem(
+                    &identity.cert_pem,
+                    &identity.key_pem,
+                )),
         )
         .map_err(|e| CONTROLLER.invalid(format!("TLS settings: {e}")))
 }
 
-pub(super) const CA_FILE: Setting = Setting {
+const CA_FILE: Setting = Setting {
     key: "ca_file",
     flag: "--ca-file",
     env: "RIGGER_AGENT_CA_FILE",
 };
-pub(super) const CERT_FILE: Setting = Setting {
+const CERT_FILE: Setting = Setting {
     key: "cert_file",
     flag: "--cert-file",
     env: "RIGGER_AGENT_CERT_FILE",
 };
-pub(super) const KEY_FILE: Setting = Setting {
+const KEY_FILE: Setting = Setting {
     key: "key_file",
     flag: "--key-file",
     env: "RIGGER_AGENT_KEY_FILE",
 };
-pub(super) const INSECURE_PLAINTEXT: Setting = Setting {
+const INSECURE_PLAINTEXT: Setting = Setting {
     key: "insecure_plaintext",
     flag: "--insecure-plaintext",
     env: "RIGGER_AGENT_INSECURE_PLAINTEXT",
