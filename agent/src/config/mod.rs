@@ -354,32 +354,18 @@ impl AgentConfig {
         if max_connections == 0 {
             return Err(MAX_CONNECTIONS.invalid("must be at least 1"));
         }
-        let limit_rate = match args.limit_rate.or(file.limit_rate) {
-            None => None,
-            Some(text) => {
-                let rate = text
-                    .parse::<bytesize::ByteSize>()
-                    .map_err(|e| LIMIT_RATE.invalid(format!("{text:?}: {e}")))?
-                    .as_u64();
-                if rate == 0 {
-                    return Err(LIMIT_RATE.invalid("must be more than 0"));
-                }
-                Some(rate)
-            }
-        };
-        let max_document_size = match args.max_document_size.or(file.max_document_size) {
-            None => rigger_pull::registry::DEFAULT_MAX_DOCUMENT_SIZE,
-            Some(text) => {
-                let size = text
-                    .parse::<bytesize::ByteSize>()
-                    .map_err(|e| MAX_DOCUMENT_SIZE.invalid(format!("{text:?}: {e}")))?
-                    .as_u64();
-                if !rigger_pull::registry::MAX_DOCUMENT_SIZE_RANGE.contains(&size) {
-                    return Err(MAX_DOCUMENT_SIZE.invalid("must be between 64KiB and 1GiB"));
-                }
-                size
-            }
-        };
+        let limit_rate = bytes(LIMIT_RATE, args.limit_rate.or(file.limit_rate))?;
+        if limit_rate == Some(0) {
+            return Err(LIMIT_RATE.invalid("must be more than 0"));
+        }
+        let max_document_size = bytes(
+            MAX_DOCUMENT_SIZE,
+            args.max_document_size.or(file.max_document_size),
+        )?
+        .unwrap_or(rigger_pull::registry::DEFAULT_MAX_DOCUMENT_SIZE);
+        if !rigger_pull::registry::MAX_DOCUMENT_SIZE_RANGE.contains(&max_document_size) {
+            return Err(MAX_DOCUMENT_SIZE.invalid("must be between 64KiB and 1GiB"));
+        }
 
         Ok(Self {
             containerd_address,
@@ -406,6 +392,17 @@ impl AgentConfig {
     pub fn containerd_address(&self) -> &Path {
         &self.containerd_address
     }
+}
+
+/// A size or rate like `50MiB` or `1000000` (bytes), when given.
+fn bytes(setting: Setting, value: Option<String>) -> Result<Option<u64>, ConfigError> {
+    value
+        .map(|text| {
+            text.parse::<bytesize::ByteSize>()
+                .map(|b| b.as_u64())
+                .map_err(|e| setting.invalid(format!("{text:?}: {e}")))
+        })
+        .transpose()
 }
 
 /// The node's hostname, lowercased as node names are.

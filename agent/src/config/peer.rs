@@ -62,19 +62,11 @@ pub(super) fn resolve(
     if max_connections == 0 {
         return Err(PEER_MAX_CONNECTIONS.invalid("must be at least 1"));
     }
-    let upload_rate = match args.upload_rate {
-        None => DEFAULT_PEER_UPLOAD_RATE,
-        Some(text) => {
-            let rate = text
-                .parse::<bytesize::ByteSize>()
-                .map_err(|e| PEER_UPLOAD_RATE.invalid(format!("{text:?}: {e}")))?
-                .as_u64();
-            if rate < 1 << 20 {
-                return Err(PEER_UPLOAD_RATE.invalid("must be at least 1MiB"));
-            }
-            rate
-        }
-    };
+    let upload_rate =
+        super::bytes(PEER_UPLOAD_RATE, args.upload_rate)?.unwrap_or(DEFAULT_PEER_UPLOAD_RATE);
+    if upload_rate < 1 << 20 {
+        return Err(PEER_UPLOAD_RATE.invalid("must be at least 1MiB"));
+    }
     // The link read it (an https:// controller needs the same files).
     let Some(identity) = identity.cloned() else {
         return Err(PEER_LISTEN.invalid(NEEDS_HTTPS));
