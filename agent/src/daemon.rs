@@ -83,12 +83,20 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
         metrics.clone(),
         token.child_token(),
     )?;
+    // Blobs the node's pulls are writing, which its peer endpoint serves as they arrive.
+    let arriving = config
+        .peer
+        .is_some()
+        .then(rigger_pull::arriving::Arriving::default);
     // Tasks accepted before a restart are loaded (and resumed) before anything binds.
     let tasks = crate::tasks::TaskRunner::start(
         &config.state_dir,
         config.containerd_address(),
         &config.pull,
-        config.node_identity.clone(),
+        crate::tasks::PeerSide {
+            identity: config.node_identity.clone(),
+            arriving: arriving.clone(),
+        },
         pods.clone(),
         metrics.clone(),
         token.child_token(),
@@ -105,19 +113,20 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
     // The controller's grant key comes with each registration; until then peers get
     // nothing.
     let (grants, grants_seen) = watch::channel(None);
-    let peers = match &config.peer {
-        Some(peer) => Some(
+    let peers = match (&config.peer, arriving) {
+        (Some(peer), Some(arriving)) => Some(
             crate::peers::start(
                 peer,
                 config.containerd_address(),
                 &config.pull.namespace,
+                arriving,
                 grants_seen,
                 metrics.clone(),
                 token.clone(),
             )
             .await?,
         ),
-        None => None,
+        _ => None,
     };
 
     let readiness = Readiness::new("containerd not contacted yet");

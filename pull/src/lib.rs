@@ -20,6 +20,7 @@
 //! Around the stages: [`registry`] (the HTTP side: manifests, blobs, ranges, auth,
 //! mirrors), [`media`] (media types, platforms), [`progress`], [`options`], [`error`].
 
+pub mod arriving;
 pub mod error;
 pub mod fetch;
 mod layers;
@@ -66,6 +67,9 @@ pub struct Puller {
     /// Blobs being fetched as parallel ranges now, in all pulls: they share the
     /// connections, which decides how long their requests should be.
     ranging: presence::Presence,
+    /// Where the node's peer endpoint follows blobs still being written (`None`: the
+    /// node serves no peers).
+    arriving: Option<arriving::Arriving>,
 }
 
 impl Puller {
@@ -84,7 +88,16 @@ impl Puller {
             rate,
             in_flight: Arc::default(),
             ranging: presence::Presence::default(),
+            arriving: None,
         }
+    }
+
+    /// Announce in `arriving` the blobs and images this engine's pulls are fetching, so
+    /// they can be served to peers while they arrive.
+    #[must_use]
+    pub fn announcing(mut self, arriving: arriving::Arriving) -> Self {
+        self.arriving = Some(arriving);
+        self
     }
 
     /// Pull `image` into containerd.
@@ -175,6 +188,15 @@ impl Puller {
         let manifests =
             resolve::manifests(&registry, reference, &self.options.platform, name).await?;
         let layers = manifests.manifest.layers().clone();
+        // Peers may fetch this image's blobs from here while they arrive.
+        let _resolving = self.arriving.as_ref().map(|arriving| {
+            let mut blobs: std::collections::BTreeSet<String> =
+                layers.iter().map(|l| l.digest().to_string()).collect();
+            blobs.insert(manifests.top_digest().to_owned());
+            blobs.insert(manifests.raw.digest.clone());
+            blobs.insert(manifests.manifest.config().digest().to_string());
+            arriving.resolving(manifests.top_digest(), blobs)
+        });
         progress.event(ProgressEvent::Resolved {
             image: name.to_owned(),
             digest: manifests.top_digest().to_owned(),

@@ -20,6 +20,7 @@ use tonic::{Code, Request, Status, Streaming};
 
 use rigger_runtime::{CallError, Runtime, describe_status};
 
+use crate::arriving::ArrivalGuard;
 use crate::presence::{Presence, Present};
 
 /// Bytes per `Content.Write` message, at most: containerd's cost per message shows
@@ -321,6 +322,7 @@ impl Store {
             in_flight: 0,
             what,
             open: self.writers.enter(),
+            arrival: None,
         })
     }
 
@@ -429,6 +431,8 @@ pub struct BlobWriter {
     what: String,
     /// Counted among the pull's open writers, which share [`WRITE_BUDGET`].
     open: Present,
+    /// Where peers follow this write (a blob the node serves while it arrives).
+    arrival: Option<ArrivalGuard>,
 }
 
 /// Bytes per message when `open` writers share [`WRITE_BUDGET`].
@@ -444,10 +448,25 @@ impl BlobWriter {
         let (closed, _) = mpsc::channel(1);
         drop(std::mem::replace(&mut self.tx, closed));
         while let Ok(Some(_)) = self.responses.message().await {}
+        let arrival = self.arrival.take();
         *self = store
             .open_writer(&self.reference, &self.digest, self.size)
             .await?;
+        if let Some(arrival) = arrival {
+            self.announce(arrival);
+        }
         Ok(())
+    }
+
+    /// Tell `arrival` how far this write comes, from now on.
+    pub fn announce(&mut self, arrival: ArrivalGuard) {
+        arrival.held(self.acked);
+        self.arrival = Some(arrival);
+    }
+
+    /// The ingest's ref in containerd.
+    pub fn reference(&self) -> &str {
+        &self.reference
     }
 
     /// Bytes taken so far (where the next `write` goes; where a resumed download starts).
@@ -473,6 +492,9 @@ impl BlobWriter {
         .await?;
         self.offset = 0;
         self.acked = 0;
+        if let Some(arrival) = &mut self.arrival {
+            arrival.restart();
+        }
         Ok(())
     }
 
@@ -530,6 +552,9 @@ impl BlobWriter {
             let response = next_response(&mut self.responses, &self.what).await?;
             self.in_flight -= 1;
             self.acked = u64::try_from(response.offset).unwrap_or(self.acked);
+            if let Some(arrival) = &self.arrival {
+                arrival.held(self.acked);
+            }
         }
         Ok(())
     }
@@ -547,7 +572,7 @@ impl BlobWriter {
             labels,
             ..Default::default()
         };
-        match self.send(request).await {
+        let committed = match self.send(request).await {
             Ok(_) => Ok(()),
             Err(StoreError::Write { detail, .. }) if detail.starts_with("AlreadyExists") => Ok(()),
             Err(StoreError::Write { detail, .. })
@@ -559,7 +584,13 @@ impl BlobWriter {
                 })
             }
             Err(e) => Err(e),
+        };
+        if committed.is_ok()
+            && let Some(arrival) = &self.arrival
+        {
+            arrival.committed();
         }
+        committed
     }
 
     async fn send(

@@ -11,6 +11,8 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use containerd_client::services::v1::PluginsRequest;
+use containerd_client::services::v1::introspection_client::IntrospectionClient;
 use containerd_client::services::v1::version_client::VersionClient;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
@@ -140,6 +142,23 @@ impl Runtime {
 
     pub fn version(&self) -> &ContainerdVersion {
         &self.version
+    }
+
+    /// The directory of containerd's local content store (its plugin's `root` export),
+    /// as containerd sees it; `None` when its content plugin does not say.
+    pub async fn content_root(&self) -> Result<Option<PathBuf>, CallError> {
+        let plugins = IntrospectionClient::new(self.channel())
+            .plugins(Request::new(PluginsRequest {
+                filters: vec!["type==io.containerd.content.v1".to_owned()],
+            }))
+            .await
+            .map_err(|s| CallError::new("list containerd plugins", s))?
+            .into_inner()
+            .plugins;
+        Ok(plugins
+            .iter()
+            .find_map(|p| p.exports.get("root"))
+            .map(PathBuf::from))
     }
 }
 

@@ -2,10 +2,8 @@
 
 use containerd_client::services::v1::{
     Container, ListContainersRequest, ListImagesRequest, ListNamespacesRequest, ListTasksRequest,
-    PluginsRequest, ReadContentRequest, containers_client::ContainersClient,
-    content_client::ContentClient, images_client::ImagesClient,
-    introspection_client::IntrospectionClient, namespaces_client::NamespacesClient,
-    tasks_client::TasksClient,
+    ReadContentRequest, containers_client::ContainersClient, content_client::ContentClient,
+    images_client::ImagesClient, namespaces_client::NamespacesClient, tasks_client::TasksClient,
 };
 use containerd_client::types::v1::Status as TaskStatus;
 use futures::StreamExt;
@@ -242,18 +240,10 @@ pub(super) async fn containers(
 
 /// containerd's root directory: the parent of its content store's root.
 pub(super) async fn root_dir(runtime: &Runtime) -> Result<Option<String>, CallError> {
-    let plugins = IntrospectionClient::new(runtime.channel())
-        .plugins(Request::new(PluginsRequest {
-            filters: vec!["type==io.containerd.content.v1".to_owned()],
-        }))
-        .await
-        .map_err(|s| CallError::new("list containerd plugins", s))?
-        .into_inner()
-        .plugins;
-    Ok(plugins
-        .iter()
-        .filter_map(|p| p.exports.get("root"))
-        .filter_map(|root| std::path::Path::new(root).parent())
-        .map(|p| p.display().to_string())
-        .next())
+    Ok(runtime
+        .content_root()
+        .await?
+        .as_deref()
+        .and_then(std::path::Path::parent)
+        .map(|p| p.display().to_string()))
 }

@@ -38,6 +38,12 @@ const REACH_TTL: Duration = Duration::from_secs(60);
 const REACH_CACHE: usize = 64;
 /// Manifests of an index read (of those held here) to check a grant.
 const MAX_MANIFESTS_READ: usize = 16;
+/// How long a request for a blob of an image being pulled here waits for that blob's
+/// download to begin (this node's pull fetches a few layers at a time, bottom first,
+/// as the asking node does, so it is about to): well within the asking node's patience
+/// for a silent peer.
+const ARRIVAL_WAIT: Duration = Duration::from_secs(4);
+const ARRIVAL_POLL: Duration = Duration::from_millis(50);
 
 /// The blobs an image reaches, and when that was read.
 type Reached = (Instant, Arc<BTreeSet<String>>);
@@ -191,12 +197,7 @@ impl Answerer {
         if !self.reached_by(&image).await?.contains(&digest) {
             return Err(not_here());
         }
-        let size = self
-            .blobs
-            .size(&digest)
-            .await
-            .map_err(|e| refused(StatusCode::SERVICE_UNAVAILABLE, e))?
-            .ok_or_else(not_here)?;
+        let size = self.size(&image, &digest).await?.ok_or_else(not_here)?;
         let range = request
             .headers()
             .get(header::RANGE)
@@ -278,8 +279,30 @@ impl Answerer {
         Ok(claims.image)
     }
 
-    /// The blobs `image` reaches on this node (remembered for a while).
+    /// The size of `digest`, a blob `image` reaches: when the image is being pulled here
+    /// and the blob's download has not begun yet, once it begins (or `None` after
+    /// [`ARRIVAL_WAIT`]).
+    async fn size(&self, image: &str, digest: &str) -> Result<Option<u64>, Refused> {
+        let deadline = Instant::now() + ARRIVAL_WAIT;
+        loop {
+            let size = self
+                .blobs
+                .size(digest)
+                .await
+                .map_err(|e| refused(StatusCode::SERVICE_UNAVAILABLE, e))?;
+            if size.is_some() || self.blobs.pulling(image).is_none() || Instant::now() > deadline {
+                return Ok(size);
+            }
+            tokio::time::sleep(ARRIVAL_POLL).await;
+        }
+    }
+
+    /// The blobs `image` reaches on this node: as the pull of it running here resolved
+    /// them, else from the documents containerd holds (remembered for a while).
     async fn reached_by(&self, image: &str) -> Result<Arc<BTreeSet<String>>, Refused> {
+        if let Some(pulling) = self.blobs.pulling(image) {
+            return Ok(pulling);
+        }
         if let Ok(cache) = self.reach_cache.lock()
             && let Some((at, set)) = cache.get(image)
             && at.elapsed() < REACH_TTL

@@ -1,30 +1,39 @@
 //! Where the blobs served to peers come from: containerd's content store, read through
-//! its API (never its files), behind a narrow trait so the serving side is tested
-//! against a fake.
+//! its API, and blobs still arriving, read from their ingest as far as containerd
+//! confirmed writing them ([`super::ingest`]); behind a narrow trait so the serving side
+//! is tested against a fake.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use containerd_client::services::v1::content_client::ContentClient;
 use containerd_client::services::v1::{InfoRequest, ReadContentRequest};
 use futures::future::BoxFuture;
 use futures::stream::{BoxStream, StreamExt as _};
+use rigger_pull::arriving::{ArrivalState, Arriving};
 use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 use tonic::Code;
 use tonic::transport::Channel;
 
-/// Blobs this node holds, by digest.
+/// Blobs this node holds or is fetching, by digest.
 pub trait Blobs: Send + Sync + 'static {
-    /// The blob's size; `None` when it is not held here.
+    /// The blob's size; `None` when it is neither held nor arriving here.
     fn size<'a>(&'a self, digest: &'a str) -> BoxFuture<'a, Result<Option<u64>, String>>;
 
-    /// Bytes `start..end` of the blob, in pieces.
+    /// Bytes `start..end` of the blob, in pieces (of a blob still arriving, each as it
+    /// comes).
     fn read<'a>(
         &'a self,
         digest: &'a str,
         start: u64,
         end: u64,
     ) -> BoxFuture<'a, Result<BoxStream<'static, Result<Bytes, String>>, String>>;
+
+    /// The blobs `image` reaches while a pull of it runs here (before containerd holds
+    /// its manifests); `None` without such a pull.
+    fn pulling(&self, image: &str) -> Option<Arc<BTreeSet<String>>>;
 }
 
 /// A whole (small) blob: an image's index or manifest. `None` when it is not held here
@@ -52,38 +61,94 @@ pub async fn document(
 }
 
 /// containerd's content store, in one namespace, connected to when first needed (and
-/// again after containerd went away).
+/// again after containerd went away), and the blobs this node's pulls announce in
+/// `arriving`.
 #[derive(Debug)]
 pub struct ContainerdBlobs {
     address: PathBuf,
     namespace: String,
-    channel: tokio::sync::Mutex<Option<Channel>>,
+    runtime: tokio::sync::Mutex<Option<Runtime>>,
+    arriving: Arriving,
+    /// Where containerd keeps content (its ingests among it), once asked.
+    content_root: tokio::sync::OnceCell<Option<PathBuf>>,
 }
 
 impl ContainerdBlobs {
-    pub fn new(address: &Path, namespace: &str) -> Self {
+    pub fn new(address: &Path, namespace: &str, arriving: Arriving) -> Self {
         Self {
             address: address.to_owned(),
             namespace: namespace.to_owned(),
-            channel: tokio::sync::Mutex::default(),
+            runtime: tokio::sync::Mutex::default(),
+            arriving,
+            content_root: tokio::sync::OnceCell::new(),
         }
     }
 
-    async fn channel(&self) -> Result<Channel, String> {
-        let mut channel = self.channel.lock().await;
-        if let Some(channel) = channel.as_ref() {
-            return Ok(channel.clone());
+    async fn runtime(&self) -> Result<Runtime, String> {
+        let mut runtime = self.runtime.lock().await;
+        if let Some(runtime) = runtime.as_ref() {
+            return Ok(runtime.clone());
         }
-        let runtime = Runtime::connect(&self.address, DEFAULT_CONNECT_TIMEOUT)
+        let connected = Runtime::connect(&self.address, DEFAULT_CONNECT_TIMEOUT)
             .await
             .map_err(|e| e.to_string())?;
-        Ok(channel.insert(runtime.channel()).clone())
+        Ok(runtime.insert(connected).clone())
+    }
+
+    async fn channel(&self) -> Result<Channel, String> {
+        Ok(self.runtime().await?.channel())
     }
 
     /// containerd failed a call in a way that says the connection is gone.
     async fn forget_channel(&self, status: &tonic::Status) {
         if status.code() == Code::Unavailable {
-            *self.channel.lock().await = None;
+            *self.runtime.lock().await = None;
+        }
+    }
+
+    /// Bytes `start..end` of `digest` from its ingest, when a pull here writes it now
+    /// and containerd's content root is visible to this process; `None` otherwise (it
+    /// may have been committed meanwhile).
+    async fn read_arriving(
+        &self,
+        digest: &str,
+        start: u64,
+        end: u64,
+    ) -> Result<Option<BoxStream<'static, Result<Bytes, String>>>, String> {
+        let Some(following) = self.arriving.follow(digest) else {
+            return Ok(None);
+        };
+        if following.arrival.borrow().state != ArrivalState::Writing {
+            return Ok(None);
+        }
+        let root = self
+            .content_root
+            .get_or_try_init(|| async {
+                let root = self
+                    .runtime()
+                    .await?
+                    .content_root()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if root.is_none() {
+                    tracing::info!("containerd does not say where its content store is: blobs still arriving are not served to peers");
+                }
+                Ok::<_, String>(root)
+            })
+            .await?;
+        let Some(root) = root else {
+            return Ok(None);
+        };
+        let (root, reference) = (root.clone(), following.ingest_ref.clone());
+        let file = tokio::task::spawn_blocking(move || super::ingest::open(&root, &reference))
+            .await
+            .map_err(|e| e.to_string())?;
+        match file {
+            Ok(file) => Ok(Some(super::ingest::read(file, following, start, end))),
+            Err(error) => {
+                tracing::debug!(%digest, %error, "cannot read the blob's ingest");
+                Ok(None)
+            }
         }
     }
 }
@@ -106,13 +171,20 @@ impl Blobs for ContainerdBlobs {
                     .into_inner()
                     .info
                     .and_then(|i| u64::try_from(i.size).ok())),
-                Err(status) if status.code() == Code::NotFound => Ok(None),
+                Err(status) if status.code() == Code::NotFound => Ok(self
+                    .arriving
+                    .follow(digest)
+                    .map(|following| following.arrival.borrow().size)),
                 Err(status) => {
                     self.forget_channel(&status).await;
                     Err(rigger_runtime::describe_status(&status))
                 }
             }
         })
+    }
+
+    fn pulling(&self, image: &str) -> Option<Arc<BTreeSet<String>>> {
+        self.arriving.reached_by(image)
     }
 
     fn read<'a>(
@@ -122,6 +194,9 @@ impl Blobs for ContainerdBlobs {
         end: u64,
     ) -> BoxFuture<'a, Result<BoxStream<'static, Result<Bytes, String>>, String>> {
         Box::pin(async move {
+            if let Some(arriving) = self.read_arriving(digest, start, end).await? {
+                return Ok(arriving);
+            }
             let offset = i64::try_from(start).map_err(|e| e.to_string())?;
             let size = i64::try_from(end.saturating_sub(start)).map_err(|e| e.to_string())?;
             let request = rigger_runtime::namespaced(

@@ -8,11 +8,15 @@
 //! - only blobs by digest ([`request`]), never manifests by tag;
 //! - only with a peer grant the controller signed for that node and an image whose
 //!   blobs include the one asked for ([`reach`], `rigger_proto::peer_grant`).
+//!
+//! Blobs still arriving are served too, as far as containerd holds them ([`ingest`]):
+//! the nodes of a job fetch from one that is itself still downloading.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use rigger_proto::peer_grant::GrantVerifier;
+use rigger_pull::arriving::Arriving;
 use rigger_pull::fetch::limit::RateLimit;
 use rigger_pull::peers::PeerIdentity;
 use tokio::sync::watch;
@@ -37,6 +41,7 @@ pub struct PeerSettings {
 
 pub mod answer;
 pub mod blobs;
+pub mod ingest;
 pub mod reach;
 pub mod request;
 pub mod serve;
@@ -45,11 +50,13 @@ pub mod serve;
 mod tests;
 
 /// Bind the peer endpoint and serve it until `stop`: blobs from containerd's content
-/// store in `namespace`, under the grant key the controller link puts in `grants`.
+/// store in `namespace` and those this node's pulls announce in `arriving`, under the
+/// grant key the controller link puts in `grants`.
 pub async fn start(
     settings: &PeerSettings,
     containerd_address: &std::path::Path,
     namespace: &str,
+    arriving: Arriving,
     grants: watch::Receiver<Option<GrantVerifier>>,
     metrics: Arc<crate::metrics::AgentMetrics>,
     stop: CancellationToken,
@@ -58,7 +65,11 @@ pub async fn start(
     let listener = bind(settings.listen).await?;
     tracing::info!(listen = %settings.listen, address = %settings.address, "serving blobs to peers");
     let answerer = Arc::new(Answerer::new(
-        Arc::new(ContainerdBlobs::new(containerd_address, namespace)),
+        Arc::new(ContainerdBlobs::new(
+            containerd_address,
+            namespace,
+            arriving,
+        )),
         grants,
         Some(Arc::new(RateLimit::new(settings.upload_rate))),
         metrics,

@@ -1,9 +1,9 @@
 //! The peer endpoint over real TLS and HTTP, with blobs from a fake store: who gets
 //! what, and who gets nothing.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -26,12 +26,25 @@ use rigger_pull::peers::{PeerIdentity, client_tls};
 
 use super::serve::{bind, serve, server_config};
 
-/// Blobs held in memory, by digest.
-struct FakeBlobs(HashMap<String, Bytes>);
+/// Blobs held in memory, by digest, and images being pulled (the blobs each reaches).
+struct FakeBlobs {
+    held: Mutex<HashMap<String, Bytes>>,
+    pulling: HashMap<String, Arc<BTreeSet<String>>>,
+}
+
+impl FakeBlobs {
+    fn get(&self, digest: &str) -> Option<Bytes> {
+        self.held.lock().unwrap().get(digest).cloned()
+    }
+}
 
 impl Blobs for FakeBlobs {
     fn size<'a>(&'a self, digest: &'a str) -> BoxFuture<'a, Result<Option<u64>, String>> {
-        Box::pin(async move { Ok(self.0.get(digest).map(|b| b.len() as u64)) })
+        Box::pin(async move { Ok(self.get(digest).map(|b| b.len() as u64)) })
+    }
+
+    fn pulling(&self, image: &str) -> Option<Arc<BTreeSet<String>>> {
+        self.pulling.get(image).cloned()
     }
 
     fn read<'a>(
@@ -41,7 +54,7 @@ impl Blobs for FakeBlobs {
         end: u64,
     ) -> BoxFuture<'a, Result<BoxStream<'static, Result<Bytes, String>>, String>> {
         Box::pin(async move {
-            let blob = self.0.get(digest).ok_or("not found")?;
+            let blob = self.get(digest).ok_or("not found")?;
             let part = blob.slice(start as usize..end as usize);
             // In small pieces, as containerd streams them.
             let pieces: Vec<_> = part
@@ -102,6 +115,10 @@ struct Served {
     layer: Bytes,
     layer_digest: String,
     other_digest: String,
+    /// An image being pulled by node-a, and its one layer, which begins to arrive 300
+    /// ms after node-a starts.
+    pulling_image: String,
+    late_layer: Bytes,
     stop: CancellationToken,
 }
 
@@ -121,17 +138,31 @@ async fn node_a(pki: &Pki, max_connections: usize) -> Served {
         .unwrap(),
     );
     let image = digest_of(&manifest);
-    let blobs = FakeBlobs(HashMap::from([
-        (image.clone(), manifest),
-        (digest_of(&config), config),
-        (layer_digest.clone(), layer.clone()),
-        (other_digest.clone(), other),
-    ]));
+    let late_layer = Bytes::from_static(b"a layer still arriving");
+    let pulling_image = digest_of(b"an image being pulled");
+    let blobs = Arc::new(FakeBlobs {
+        held: Mutex::new(HashMap::from([
+            (image.clone(), manifest),
+            (digest_of(&config), config),
+            (layer_digest.clone(), layer.clone()),
+            (other_digest.clone(), other),
+        ])),
+        pulling: HashMap::from([(
+            pulling_image.clone(),
+            Arc::new(BTreeSet::from([digest_of(&late_layer)])),
+        )]),
+    });
+    let arrives = (blobs.clone(), late_layer.clone());
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (blobs, layer) = arrives;
+        blobs.held.lock().unwrap().insert(digest_of(&layer), layer);
+    });
     let grant_key = KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
     let signer = GrantSigner::from_pem(grant_key.serialize_pem().as_bytes()).unwrap();
     let verifier = GrantVerifier::from_pem(grant_key.public_key_pem().as_bytes()).unwrap();
     let (_, grants) = watch::channel(Some(verifier));
-    let answerer = Arc::new(Answerer::new(Arc::new(blobs), grants, None, Arc::default()));
+    let answerer = Arc::new(Answerer::new(blobs, grants, None, Arc::default()));
     let (cert_pem, key_pem) = pki.node("node-a", BOTH);
     let tls = server_config(&PeerIdentity {
         ca_pem: pki.ca_pem.clone().into_bytes(),
@@ -157,6 +188,8 @@ async fn node_a(pki: &Pki, max_connections: usize) -> Served {
         layer,
         layer_digest,
         other_digest,
+        pulling_image,
+        late_layer,
         stop,
     }
 }
@@ -252,6 +285,33 @@ async fn a_granted_node_gets_the_blobs_of_its_image_whole_or_in_ranges() {
     // reqwest's content_length() is the body's (none for HEAD): the header is the answer.
     assert_eq!(head.status(), 200);
     assert_eq!(head.headers()["content-length"], "100000");
+    served.stop.cancel();
+}
+
+/// node-a is still pulling an image (containerd holds none of its manifests yet): a
+/// grant for it reaches the blobs the pull resolved, each served once its download
+/// begins, and nothing else.
+#[tokio::test]
+async fn a_node_serves_an_image_it_is_still_pulling() {
+    let pki = Pki::new("fleet CA");
+    let served = node_a(&pki, 8).await;
+    let node_b = client(&served, Some(pki.node("node-b", BOTH)));
+    let token = grant(&served, "node-b", &served.pulling_image);
+    let late = node_b
+        .get(blob_url(&served, &digest_of(&served.late_layer)))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(late.status(), 200);
+    assert_eq!(late.bytes().await.unwrap(), served.late_layer);
+    let other = node_b
+        .get(blob_url(&served, &served.layer_digest))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other.status(), 404);
     served.stop.cancel();
 }
 

@@ -175,11 +175,19 @@ pub(super) struct TaskSecrets {
     pub(super) peers: Vec<rigger_pull::peers::PeerSource>,
 }
 
+/// How the node's pulls take part in fleet distribution.
+#[derive(Debug, Clone, Default)]
+pub struct PeerSide {
+    /// This node's identity for fetching from peers (an https:// controller's).
+    pub identity: Option<rigger_pull::peers::PeerIdentity>,
+    /// Where pulls announce the blobs they write, when the node serves peers.
+    pub arriving: Option<rigger_pull::arriving::Arriving>,
+}
+
 #[derive(Debug)]
 struct Inner {
     dir: PathBuf,
-    /// This node's identity for fetching from peers (an https:// controller's).
-    peer_identity: Option<rigger_pull::peers::PeerIdentity>,
+    peer_side: PeerSide,
     containerd_address: PathBuf,
     pull_options: PullOptions,
     puller: tokio::sync::Mutex<Option<Puller>>,
@@ -203,7 +211,7 @@ impl TaskRunner {
         state_dir: &Path,
         containerd_address: &Path,
         settings: &PullSettings,
-        peer_identity: Option<rigger_pull::peers::PeerIdentity>,
+        peer_side: PeerSide,
         pods: PodRunner,
         metrics: Arc<AgentMetrics>,
         shutdown: CancellationToken,
@@ -219,7 +227,7 @@ impl TaskRunner {
             inner: Arc::new(Inner {
                 dir: dir.clone(),
                 containerd_address: containerd_address.to_owned(),
-                peer_identity,
+                peer_side,
                 pull_options,
                 puller: tokio::sync::Mutex::new(None),
                 pods,
@@ -562,7 +570,7 @@ mod tests {
             state,
             Path::new("/nonexistent.sock"),
             &settings(),
-            None,
+            PeerSide::default(),
             pods(state),
             Arc::default(),
             token,

@@ -234,6 +234,16 @@ impl TaskRunner {
         }
     }
 
+    pub(super) fn resolved(&self, id: &str, digest: &str) {
+        let mut tasks = self.lock();
+        if let Some(entry) = tasks.get_mut(id)
+            && entry.record.image_digest != digest
+        {
+            entry.record.image_digest = digest.to_owned();
+            entry.version = self.bump();
+        }
+    }
+
     pub(super) async fn puller(&self) -> Result<Puller, String> {
         let mut slot = self.inner.puller.lock().await;
         if let Some(puller) = slot.as_ref() {
@@ -242,7 +252,10 @@ impl TaskRunner {
         let runtime = Runtime::connect(&self.inner.containerd_address, DEFAULT_CONNECT_TIMEOUT)
             .await
             .map_err(|e| e.to_string())?;
-        let puller = Puller::new(runtime, self.inner.pull_options.clone());
+        let mut puller = Puller::new(runtime, self.inner.pull_options.clone());
+        if let Some(arriving) = &self.inner.peer_side.arriving {
+            puller = puller.announcing(arriving.clone());
+        }
         *slot = Some(puller.clone());
         Ok(puller)
     }
@@ -253,7 +266,7 @@ impl TaskRunner {
         if sources.is_empty() {
             return None;
         }
-        let Some(identity) = &self.inner.peer_identity else {
+        let Some(identity) = &self.inner.peer_side.identity else {
             tracing::warn!(
                 "the task names peers, but this node has no certificate to reach them with; using the registry"
             );
@@ -292,6 +305,11 @@ struct TaskProgress {
 
 impl Progress for TaskProgress {
     fn event(&self, event: ProgressEvent) {
+        if let ProgressEvent::Resolved { digest, .. } = &event {
+            // Reported while pulling: the controller plans this node as a source of the
+            // image's blobs as they arrive.
+            self.runner.resolved(&self.id, digest);
+        }
         let mut bytes = self
             .bytes
             .lock()

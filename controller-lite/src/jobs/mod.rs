@@ -53,6 +53,8 @@ struct JobState {
     /// Nodes whose bytes another node of the job found wrong: never planned as a source
     /// for this job again (not persisted: a controller restart forgets them).
     suspects: std::collections::BTreeSet<String>,
+    /// Per node: the nodes its current task fetches from (not persisted).
+    planned: HashMap<String, Vec<String>>,
     dirty: bool,
     /// What of the status is in the store (which shards to write again).
     written: job_status::Written,
@@ -75,6 +77,7 @@ impl JobState {
             lost_at: HashMap::new(),
             resend: Vec::new(),
             suspects: std::collections::BTreeSet::new(),
+            planned: HashMap::new(),
             dirty: false,
             written,
         };
@@ -564,6 +567,10 @@ impl JobEngine {
                     entry.phase = NodePullPhase::Pulling;
                     entry.node_lost = false;
                     entry.message.clear();
+                }
+                // Resolved while pulling: the node serves the image's blobs as they arrive.
+                if !status.image_digest.is_empty() && entry.image_digest != status.image_digest {
+                    entry.image_digest.clone_from(&status.image_digest);
                 }
                 resent = true;
             }

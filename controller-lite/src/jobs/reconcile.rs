@@ -158,8 +158,16 @@ pub(super) fn reconcile_job(
                     );
                     job.dirty = true;
                 } else if resend.contains(&entry.name) {
-                    let sources =
-                        sources::sources_for(&holders, &entry.name, entry.attempts as usize);
+                    let sources = sources::sources_for(
+                        &holders,
+                        &entry.name,
+                        entry.attempts as usize,
+                        &job.planned,
+                    );
+                    job.planned.insert(
+                        entry.name.clone(),
+                        sources.iter().map(|s| s.node.clone()).collect(),
+                    );
                     match pull_task(
                         &job.job,
                         key,
@@ -261,8 +269,12 @@ pub(super) fn reconcile_job(
         }
         let attempt = entry.attempts + 1;
         let task_id = format!("{uid}/{}/{attempt}", entry.name);
-        let sources = sources::sources_for(&holders, &entry.name, turn);
+        let sources = sources::sources_for(&holders, &entry.name, turn, &job.planned);
         turn += 1;
+        job.planned.insert(
+            entry.name.clone(),
+            sources.iter().map(|s| s.node.clone()).collect(),
+        );
         match pull_task(&job.job, key, &entry.name, &task_id, credentials, &sources) {
             Ok(message) => {
                 if let Fanout::Seed { .. } = fanout {
@@ -276,6 +288,8 @@ pub(super) fn reconcile_job(
                 entry.phase = NodePullPhase::Pulling;
                 entry.bytes_done = 0;
                 entry.message.clear();
+                // This attempt reports the digest it resolves (it serves peers from then).
+                entry.image_digest.clear();
                 entry.start_time = Some(now_rfc3339());
                 entry.completion_time = None;
                 job.sent_at.insert(entry.name.clone(), instant);

@@ -1,7 +1,12 @@
 //! Where a job's pulls fetch from (fleet distribution), without I/O: the job's nodes
-//! that pulled the image already and serve peers come before the registry, and while no
-//! node has the image yet, one node (the seed) pulls it from the registry and the rest
-//! wait for it instead of all asking the registry at once.
+//! that serve peers and hold the image, or are pulling it and have resolved it (their
+//! blobs are served as they arrive), come before the registry. While no node has
+//! resolved the image yet, one node (the seed) pulls it from the registry and the rest
+//! wait for it — a second or so, not the whole pull — instead of all asking the
+//! registry at once.
+//!
+//! A node is never planned as a source of a node it fetches from (its own task's
+//! sources): two pulls each waiting for the other's bytes would stall.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -20,6 +25,8 @@ pub(super) struct Source {
     pub(super) address: String,
     /// The digest the image's name pointed at on that node: what the grant names.
     pub(super) image: String,
+    /// The node holds the whole image (else it is pulling it: its blobs arrive).
+    pub(super) complete: bool,
 }
 
 /// The peer address of `node` when it is ready and serves peers.
@@ -31,8 +38,8 @@ fn serving<'a>(views: &'a HashMap<String, NodeView>, node: &str) -> Option<&'a s
     view.peer_address.as_deref()
 }
 
-/// The job's nodes that hold the image and serve peers, by name, but for `suspects`
-/// (nodes whose bytes another node found wrong).
+/// The job's nodes that serve peers and hold the image or have resolved it while
+/// pulling, by name, but for `suspects` (nodes whose bytes another node found wrong).
 pub(super) fn holders(
     entries: &[NodePullStatus],
     views: &HashMap<String, NodeView>,
@@ -40,29 +47,51 @@ pub(super) fn holders(
 ) -> Vec<Source> {
     entries
         .iter()
-        .filter(|e| e.phase == NodePullPhase::Succeeded && !e.image_digest.is_empty())
+        .filter(|e| {
+            matches!(e.phase, NodePullPhase::Succeeded | NodePullPhase::Pulling)
+                && !e.image_digest.is_empty()
+        })
         .filter(|e| !suspects.contains(&e.name))
         .filter_map(|e| {
             Some(Source {
                 node: e.name.clone(),
                 address: serving(views, &e.name)?.to_owned(),
                 image: e.image_digest.clone(),
+                complete: e.phase == NodePullPhase::Succeeded,
             })
         })
         .collect()
 }
 
 /// The sources of the `turn`-th pull dispatched on `node`: up to [`MAX_SOURCES`] of
-/// `holders` other than the node itself, starting at a different one each turn so the
-/// fleet's pulls spread over every holder.
-pub(super) fn sources_for(holders: &[Source], node: &str, turn: usize) -> Vec<Source> {
-    let others: Vec<&Source> = holders.iter().filter(|s| s.node != node).collect();
-    if others.is_empty() {
-        return Vec::new();
-    }
-    (0..others.len().min(MAX_SOURCES))
-        .map(|i| others[(turn + i) % others.len()].clone())
-        .collect()
+/// `holders` other than the node itself and those fetching from it (`planned`: each
+/// node's sources as its task names them), those holding the whole image first, each
+/// kind starting at a different one each turn so the fleet's pulls spread over them.
+pub(super) fn sources_for(
+    holders: &[Source],
+    node: &str,
+    turn: usize,
+    planned: &HashMap<String, Vec<String>>,
+) -> Vec<Source> {
+    let fetches_from_node = |source: &Source| {
+        !source.complete
+            && planned
+                .get(&source.node)
+                .is_some_and(|theirs| theirs.iter().any(|n| n == node))
+    };
+    let others = holders
+        .iter()
+        .filter(|s| s.node != node && !fetches_from_node(s));
+    let (complete, arriving): (Vec<&Source>, Vec<&Source>) = others.partition(|s| s.complete);
+    let rotated = |kind: Vec<&Source>| -> Vec<Source> {
+        (0..kind.len())
+            .map(|i| kind[(turn + i) % kind.len()].clone())
+            .collect()
+    };
+    let mut sources = rotated(complete);
+    sources.extend(rotated(arriving));
+    sources.truncate(MAX_SOURCES);
+    sources
 }
 
 /// How the job's waiting nodes go out, given who holds the image.
@@ -72,7 +101,7 @@ pub(super) enum Fanout {
     /// job serves peers).
     Open,
     /// No holder yet: only a node that serves peers may start (and only while none is
-    /// pulling); the others wait for its copy.
+    /// pulling); the others wait until it has resolved the image, then fetch from it.
     Seed { seed_pulling: bool },
 }
 
@@ -161,15 +190,32 @@ mod tests {
             entry("c", NodePullPhase::Succeeded, "sha256:1"),
             entry("d", NodePullPhase::Pulling, ""),
             entry("e", NodePullPhase::Succeeded, ""),
+            entry("f", NodePullPhase::Pulling, "sha256:1"),
+            entry("g", NodePullPhase::Waiting, "sha256:1"),
+            entry("h", NodePullPhase::Failed, "sha256:1"),
         ];
-        let holders = holders(&entries, &views, &BTreeSet::new());
+        let mut more = views;
+        for (name, address) in [("f", "10.0.0.6:9441"), ("g", "g:1"), ("h", "h:1")] {
+            more.insert(name.to_owned(), view(Some(address), true));
+        }
+        let holders = holders(&entries, &more, &BTreeSet::new());
         assert_eq!(
             holders,
-            vec![Source {
-                node: "a".to_owned(),
-                address: "10.0.0.1:9441".to_owned(),
-                image: "sha256:1".to_owned()
-            }]
+            vec![
+                Source {
+                    node: "a".to_owned(),
+                    address: "10.0.0.1:9441".to_owned(),
+                    image: "sha256:1".to_owned(),
+                    complete: true,
+                },
+                // Pulling and resolved: its blobs are served as they arrive.
+                Source {
+                    node: "f".to_owned(),
+                    address: "10.0.0.6:9441".to_owned(),
+                    image: "sha256:1".to_owned(),
+                    complete: false,
+                }
+            ]
         );
     }
 
@@ -177,19 +223,53 @@ mod tests {
     fn successive_pulls_start_at_different_holders_and_never_at_themselves() {
         let holders: Vec<Source> = ["a", "b", "c", "d"]
             .iter()
-            .map(|n| Source {
-                node: (*n).to_owned(),
-                address: format!("{n}:9441"),
-                image: "sha256:1".to_owned(),
-            })
+            .map(|n| source(n, true))
             .collect();
-        let names =
-            |sources: Vec<Source>| -> Vec<String> { sources.into_iter().map(|s| s.node).collect() };
-        assert_eq!(names(sources_for(&holders, "x", 0)), ["a", "b", "c"]);
-        assert_eq!(names(sources_for(&holders, "x", 1)), ["b", "c", "d"]);
-        assert_eq!(names(sources_for(&holders, "x", 3)), ["d", "a", "b"]);
-        assert_eq!(names(sources_for(&holders, "b", 1)), ["c", "d", "a"]);
-        assert!(sources_for(&holders[..1], "a", 0).is_empty());
+        let none = HashMap::new();
+        assert_eq!(names(sources_for(&holders, "x", 0, &none)), ["a", "b", "c"]);
+        assert_eq!(names(sources_for(&holders, "x", 1, &none)), ["b", "c", "d"]);
+        assert_eq!(names(sources_for(&holders, "x", 3, &none)), ["d", "a", "b"]);
+        assert_eq!(names(sources_for(&holders, "b", 1, &none)), ["c", "d", "a"]);
+        assert!(sources_for(&holders[..1], "a", 0, &none).is_empty());
+    }
+
+    fn source(node: &str, complete: bool) -> Source {
+        Source {
+            node: node.to_owned(),
+            address: format!("{node}:9441"),
+            image: "sha256:1".to_owned(),
+            complete,
+        }
+    }
+
+    fn names(sources: Vec<Source>) -> Vec<String> {
+        sources.into_iter().map(|s| s.node).collect()
+    }
+
+    #[test]
+    fn whole_copies_come_first_and_no_two_pulls_fetch_from_each_other() {
+        let holders = vec![
+            source("seed", false),
+            source("f1", false),
+            source("done", true),
+        ];
+        let none = HashMap::new();
+        assert_eq!(
+            names(sources_for(&holders, "x", 1, &none)),
+            ["done", "f1", "seed"]
+        );
+        // f1 fetches from x (x's earlier attempt): x may not fetch from f1 while f1 is
+        // still pulling; once f1 holds the whole image, it may.
+        let planned = HashMap::from([("f1".to_owned(), vec!["x".to_owned()])]);
+        assert_eq!(
+            names(sources_for(&holders, "x", 0, &planned)),
+            ["done", "seed"]
+        );
+        let f1_done = vec![source("seed", false), source("f1", true)];
+        assert_eq!(
+            names(sources_for(&f1_done, "x", 0, &planned)),
+            ["f1", "seed"]
+        );
     }
 
     #[test]
@@ -211,10 +291,14 @@ mod tests {
         );
         assert!(!may_start(fan, &views, "a"));
         assert!(may_start(fan, &views, "b"));
-        // b pulls: everyone else waits for its copy.
+        // b pulls: everyone else waits until it has resolved the image.
         entries[1].phase = NodePullPhase::Pulling;
         let fan = fanout(true, &entries, &[], &views);
         assert!(!may_start(fan, &views, "c") && !may_start(fan, &views, "a"));
+        // b has resolved it: all go (from b, as its blobs arrive).
+        entries[1].image_digest = "sha256:1".to_owned();
+        let arriving = holders(&entries, &views, &BTreeSet::new());
+        assert_eq!(fanout(true, &entries, &arriving, &views), Fanout::Open);
         // b has it: all go (from b).
         entries[1] = entry("b", NodePullPhase::Succeeded, "sha256:1");
         let holders = holders(&entries, &views, &BTreeSet::new());

@@ -76,6 +76,8 @@ pub(crate) struct Transfer {
     pub(crate) peers: Option<Arc<crate::peers::Peers>>,
     /// The image's repository: the path peers are asked under.
     pub(crate) repository: String,
+    /// Where blobs being written are announced to the node's peer endpoint.
+    pub(crate) arriving: Option<crate::arriving::Arriving>,
 }
 
 impl Transfer {
@@ -109,6 +111,7 @@ impl Transfer {
             stack: Arc::new(tokio::sync::watch::Sender::new(Stack::default())),
             peers,
             repository: reference.repository().to_owned(),
+            arriving: puller.arriving.clone(),
         }
     }
 
@@ -277,7 +280,7 @@ impl Transfer {
         {
             return self.mark_present(digest, labels, Some(existing)).await;
         }
-        let Some(writer) = self
+        let Some(mut writer) = self
             .open_writer_waiting(digest, size)
             .await
             .map_err(|e| self.store_err(e))?
@@ -285,6 +288,10 @@ impl Transfer {
             // Fetched meanwhile by a concurrent pull: only our labels are missing.
             return self.mark_present(digest, labels, None).await;
         };
+        if let Some(arriving) = &self.arriving {
+            let arrival = arriving.begin(digest, writer.reference(), size, writer.offset());
+            writer.announce(arrival);
+        }
         let labels = self.labels_with_source(labels, None);
         self.progress.event(ProgressEvent::BlobStarted {
             digest: digest.to_owned(),
