@@ -139,10 +139,15 @@ impl ContainerdBlobs {
         let Some(root) = root else {
             return Ok(None);
         };
-        let (root, reference) = (root.clone(), following.ingest_ref.clone());
-        let file = tokio::task::spawn_blocking(move || super::ingest::open(&root, &reference))
-            .await
-            .map_err(|e| e.to_string())?;
+        let (root, namespace, reference) = (
+            root.clone(),
+            self.namespace.clone(),
+            following.ingest_ref.clone(),
+        );
+        let file =
+            tokio::task::spawn_blocking(move || super::ingest::open(&root, &namespace, &reference))
+                .await
+                .map_err(|e| e.to_string())?;
         match file {
             Ok(file) => Ok(Some(super::ingest::read(file, following, start, end))),
             Err(error) => {

@@ -1,16 +1,20 @@
-//! The bytes of a blob still arriving on this node: containerd's ingest file for it
-//! (`<content root>/ingest/<sha256 of the ingest ref>/data`, the local content store's
-//! layout in 1.6 to 2.x), read as far as containerd confirmed writing it.
+//! The bytes of a blob still arriving on this node: containerd's ingest file for it,
+//! read as far as containerd confirmed writing it.
 //!
 //! containerd's API reads only committed blobs, so this is the one place the agent reads
 //! containerd's files: read-only, opened beneath the content root with no symlink
-//! followed, a regular file only. The file is opened once per answer; when containerd
-//! commits the blob it renames that file into its blob store, and the open descriptor
-//! goes on reading the same bytes. Whoever receives them checks them against the blob's
-//! digest; a write that stops or starts over ends the answer early.
+//! followed, a regular file only. The local content store (1.6 to 2.x) keeps a write in
+//! `ingest/<sha256 of its key>/` with the key in `ref` and the bytes in `data`; the
+//! metadata layer keys a namespace's write `<namespace>/<sequence>/<ref>`, the sequence
+//! known only to its database, so the ingest is found by its `ref` file.
+//!
+//! The file is opened once per answer; when containerd commits the blob it renames that
+//! file into its blob store, and the open descriptor goes on reading the same bytes.
+//! Whoever receives them checks them against the blob's digest; a write that stops or
+//! starts over ends the answer early.
 
 use std::fs::File;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;
 use std::sync::Arc;
@@ -24,27 +28,97 @@ use tokio::sync::watch;
 
 /// Bytes read from the ingest file at a time.
 const PIECE: u64 = 256 << 10;
+/// A `ref` file longer than this is not containerd's.
+const MAX_KEY: usize = 4096;
+/// Ingests looked at, at most, to find one.
+const MAX_INGESTS: usize = 4096;
 
-/// The ingest file of `ingest_ref` under containerd's content root.
-pub fn open(content_root: &Path, ingest_ref: &str) -> std::io::Result<File> {
+/// `path` beneath `dir`: no symlink, no magic link, no way out.
+fn open_beneath(dir: impl AsFd, path: &str, flags: OFlags) -> std::io::Result<OwnedFd> {
+    Ok(rustix::fs::openat2(
+        dir,
+        path,
+        // NONBLOCK: a FIFO put there must not hang the open (it is refused after).
+        flags | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::NONBLOCK,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )?)
+}
+
+/// A regular file's contents, up to `limit` bytes (`None` if longer or not a file).
+fn read_small(dir: impl AsFd, path: &str, limit: usize) -> std::io::Result<Option<Vec<u8>>> {
+    let file = File::from(open_beneath(dir, path, OFlags::RDONLY)?);
+    let metadata = file.metadata()?;
+    if !metadata.file_type().is_file() || metadata.len() > limit as u64 {
+        return Ok(None);
+    }
+    let mut contents = vec![0; usize::try_from(metadata.len()).unwrap_or(0)];
+    file.read_exact_at(&mut contents, 0)?;
+    Ok(Some(contents))
+}
+
+/// The sequence number in `key` when it is namespace `namespace`'s key for `reference`
+/// (`<namespace>/<sequence>/<reference>`).
+fn sequence_of(key: &str, namespace: &str, reference: &str) -> Option<u64> {
+    let sequence = key
+        .strip_prefix(namespace)?
+        .strip_prefix('/')?
+        .strip_suffix(reference)?
+        .strip_suffix('/')?;
+    if sequence.is_empty() || !sequence.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    sequence.parse().ok()
+}
+
+/// The ingest file of `reference` written in `namespace`, under containerd's content
+/// root (the latest write when several are there).
+pub fn open(content_root: &Path, namespace: &str, reference: &str) -> std::io::Result<File> {
     let root = rustix::fs::open(
         content_root,
         OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
-    let relative = format!("ingest/{}/data", hex::encode(Sha256::digest(ingest_ref)));
-    let fd: OwnedFd = rustix::fs::openat2(
-        &root,
-        relative.as_str(),
-        // NONBLOCK: a FIFO put there must not hang the open (it is refused below).
-        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::NONBLOCK,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    )?;
-    let file = File::from(fd);
+    let ingests = open_beneath(&root, "ingest", OFlags::RDONLY | OFlags::DIRECTORY)?;
+    let mut found: Option<(u64, String)> = None;
+    for entry in rustix::fs::Dir::read_from(&ingests)?.take(MAX_INGESTS) {
+        let entry = entry?;
+        let Ok(name) = entry.file_name().to_str() else {
+            continue;
+        };
+        if name.len() != 64 || !name.bytes().all(|b| b.is_ascii_hexdigit()) {
+            continue;
+        }
+        let Ok(Some(key)) = read_small(&ingests, &format!("{name}/ref"), MAX_KEY) else {
+            continue;
+        };
+        let Ok(key) = String::from_utf8(key) else {
+            continue;
+        };
+        // The directory is named for its key: anything else is not containerd's.
+        if hex::encode(Sha256::digest(&key)) != name {
+            continue;
+        }
+        if let Some(sequence) = sequence_of(&key, namespace, reference)
+            && found.as_ref().is_none_or(|(latest, _)| sequence > *latest)
+        {
+            found = Some((sequence, name.to_owned()));
+        }
+    }
+    let Some((_, name)) = found else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("no ingest of {reference} in namespace {namespace}"),
+        ));
+    };
+    let file = File::from(open_beneath(
+        &ingests,
+        &format!("{name}/data"),
+        OFlags::RDONLY,
+    )?);
     if !file.metadata()?.file_type().is_file() {
         return Err(std::io::Error::other(format!(
-            "{relative} under {} is not a regular file",
+            "ingest/{name}/data under {} is not a regular file",
             content_root.display()
         )));
     }
@@ -124,17 +198,47 @@ mod tests {
 
     use super::*;
 
-    /// A content root with an ingest for `reference` holding `bytes`.
+    /// A content root with an ingest of `reference` in namespace "ns" holding `bytes`,
+    /// as containerd lays it out; the data file's path.
     fn content_root(reference: &str, bytes: &[u8]) -> (tempfile::TempDir, std::path::PathBuf) {
         let root = tempfile::tempdir().unwrap();
-        let dir = root
-            .path()
-            .join("ingest")
-            .join(hex::encode(Sha256::digest(reference)));
+        let data = ingest(root.path(), &format!("ns/7/{reference}"), bytes);
+        (root, data)
+    }
+
+    fn ingest(root: &Path, key: &str, bytes: &[u8]) -> std::path::PathBuf {
+        let dir = root.join("ingest").join(hex::encode(Sha256::digest(key)));
         std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("ref"), key).unwrap();
         let data = dir.join("data");
         std::fs::write(&data, bytes).unwrap();
-        (root, data)
+        data
+    }
+
+    #[test]
+    fn the_ingest_is_the_namespaces_latest_write_of_the_ref() {
+        let (root, _) = content_root("layer-sha256:a", b"latest");
+        ingest(root.path(), "ns/3/layer-sha256:a", b"older");
+        ingest(
+            root.path(),
+            "other/9/layer-sha256:a",
+            b"another namespace's",
+        );
+        ingest(root.path(), "ns/9/layer-sha256:ab", b"another ref");
+        ingest(root.path(), "ns/x9/layer-sha256:a", b"not a sequence");
+        // A directory whose name is not its key's hash.
+        let odd = root.path().join("ingest").join("0".repeat(64));
+        std::fs::create_dir_all(&odd).unwrap();
+        std::fs::write(odd.join("ref"), "ns/99/layer-sha256:a").unwrap();
+        std::fs::write(odd.join("data"), "planted").unwrap();
+        let file = open(root.path(), "ns", "layer-sha256:a").unwrap();
+        let mut contents = String::new();
+        std::io::Read::read_to_string(&mut &file, &mut contents).unwrap();
+        assert_eq!(contents, "latest");
+        assert_eq!(sequence_of("ns/12/r", "ns", "r"), Some(12));
+        assert_eq!(sequence_of("ns/12/r", "n", "r"), None);
+        assert_eq!(sequence_of("ns//r", "ns", "r"), None);
+        assert_eq!(sequence_of("ns/1/2/r", "ns", "r"), None);
     }
 
     #[tokio::test]
@@ -142,7 +246,7 @@ mod tests {
         let (root, data) = content_root("layer-sha256:a", b"0123");
         let arriving = Arriving::default();
         let guard = arriving.begin("sha256:a", "layer-sha256:a", 8, 4);
-        let file = open(root.path(), "layer-sha256:a").unwrap();
+        let file = open(root.path(), "ns", "layer-sha256:a").unwrap();
         let mut bytes = read(file, arriving.follow("sha256:a").unwrap(), 1, 8);
         assert_eq!(bytes.next().await.unwrap().unwrap(), &b"123"[..]);
         // Nothing more until containerd confirms more.
@@ -165,7 +269,7 @@ mod tests {
         let (root, _) = content_root("r", b"01");
         let arriving = Arriving::default();
         let guard = arriving.begin("sha256:a", "r", 8, 2);
-        let file = open(root.path(), "r").unwrap();
+        let file = open(root.path(), "ns", "r").unwrap();
         let mut bytes = read(file, arriving.follow("sha256:a").unwrap(), 0, 8);
         assert_eq!(bytes.next().await.unwrap().unwrap(), &b"01"[..]);
         drop(guard);
@@ -181,20 +285,36 @@ mod tests {
         let dir = data.parent().unwrap();
         std::fs::remove_dir_all(dir).unwrap();
         std::os::unix::fs::symlink(elsewhere.path(), dir).unwrap();
-        assert!(open(root.path(), "r").is_err());
-        // The data file is a symlink.
+        assert!(open(root.path(), "ns", "r").is_err());
+        // The key file is a symlink to a key planted elsewhere.
         std::fs::remove_file(dir).unwrap();
         std::fs::create_dir(dir).unwrap();
+        std::fs::write(elsewhere.path().join("ref"), "ns/7/r").unwrap();
+        std::os::unix::fs::symlink(elsewhere.path().join("ref"), dir.join("ref")).unwrap();
+        std::fs::write(&data, b"x").unwrap();
+        assert!(open(root.path(), "ns", "r").is_err());
+        // The data file is a symlink.
+        std::fs::remove_file(dir.join("ref")).unwrap();
+        std::fs::write(dir.join("ref"), "ns/7/r").unwrap();
+        assert!(open(root.path(), "ns", "r").is_ok());
+        std::fs::remove_file(&data).unwrap();
         std::os::unix::fs::symlink(elsewhere.path().join("data"), &data).unwrap();
-        assert!(open(root.path(), "r").is_err());
+        assert!(open(root.path(), "ns", "r").is_err());
         // The data file is a directory, or a FIFO that would block a reader.
         std::fs::remove_file(&data).unwrap();
         std::fs::create_dir(&data).unwrap();
-        assert!(open(root.path(), "r").is_err());
+        assert!(open(root.path(), "ns", "r").is_err());
         std::fs::remove_dir(&data).unwrap();
         nix::unistd::mkfifo(&data, nix::sys::stat::Mode::S_IRWXU).unwrap();
-        assert!(open(root.path(), "r").is_err());
+        assert!(open(root.path(), "ns", "r").is_err());
         // Missing.
-        assert!(open(root.path(), "other").is_err());
+        assert!(open(root.path(), "ns", "other").is_err());
+        // The ingest directory itself is a symlink.
+        std::fs::remove_file(&data).unwrap();
+        std::fs::write(&data, b"x").unwrap();
+        let ingests = root.path().join("ingest");
+        std::fs::rename(&ingests, root.path().join("moved")).unwrap();
+        std::os::unix::fs::symlink(root.path().join("moved"), &ingests).unwrap();
+        assert!(open(root.path(), "ns", "r").is_err());
     }
 }

@@ -560,6 +560,7 @@ impl JobEngine {
         entry.bytes_done = status.bytes_done;
         entry.bytes_total = status.bytes_total;
         let mut resent = false;
+        let mut resolved = false;
         match phase {
             TaskPhase::Accepted | TaskPhase::Running => {
                 if entry.phase != NodePullPhase::Pulling {
@@ -568,9 +569,11 @@ impl JobEngine {
                     entry.node_lost = false;
                     entry.message.clear();
                 }
-                // Resolved while pulling: the node serves the image's blobs as they arrive.
+                // Resolved while pulling: the node serves the image's blobs as they arrive
+                // (nodes waiting for a source may start now).
                 if !status.image_digest.is_empty() && entry.image_digest != status.image_digest {
                     entry.image_digest.clone_from(&status.image_digest);
+                    resolved = true;
                 }
                 resent = true;
             }
@@ -610,7 +613,7 @@ impl JobEngine {
         }
         job.dirty = true;
         drop(state);
-        if phase != TaskPhase::Running && phase != TaskPhase::Accepted {
+        if resolved || (phase != TaskPhase::Running && phase != TaskPhase::Accepted) {
             self.wake();
         }
     }

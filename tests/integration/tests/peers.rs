@@ -250,13 +250,18 @@ impl Fleet {
 
     /// [`Fleet::start`] with more `rigger-agent run` flags for both agents.
     fn start_with(test: &str, sharing: bool, agent_flags: &[&str]) -> Self {
+        Self::start_behind(test, sharing, agent_flags, &[])
+    }
+
+    /// [`Fleet::start_with`], the registry behind a proxy run with `proxy_flags`.
+    fn start_behind(test: &str, sharing: bool, agent_flags: &[&str], proxy_flags: &[&str]) -> Self {
         let lab = Lab::get();
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("controller");
         let grant_key = data.join("pki/peer-grant-key.pem");
         let flags = ["--peer-grant-key", grant_key.to_str().unwrap()];
         let controller = Controller::start_with(&data, if sharing { &flags } else { &[] });
-        let proxy = Proxy::start(&serde_json::json!([]), &[]);
+        let proxy = Proxy::start(&serde_json::json!([]), proxy_flags);
         let hosts = plain_http_hosts_dir(dir.path(), &[proxy.address.as_str()]);
         // The lab's second 1.6 node, as a LabNode (the same ctr, its own socket).
         let node2 = LabNode {
@@ -309,15 +314,16 @@ impl Fleet {
         self.wait_job(name, nodes.len())
     }
 
-    /// Apply an ImagePullJob of `image` on `nodes` (indexes).
+    /// Apply an ImagePullJob of `image` on `nodes` (indexes), all at once.
     fn start_job(&self, name: &str, image: &str, nodes: &[usize]) {
         let names: Vec<&str> = nodes
             .iter()
             .map(|i| self.agents[*i].node.as_str())
             .collect();
         self.controller.apply_ok(&format!(
-            "apiVersion: apps.kruise.io/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: {name}\nspec:\n  image: {}/{image}\n  selector:\n    names: {}\n  completionPolicy:\n    type: Always\n  pullPolicy:\n    timeoutSeconds: 120\n",
+            "apiVersion: apps.kruise.io/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: {name}\nspec:\n  image: {}/{image}\n  parallelism: {}\n  selector:\n    names: {}\n  completionPolicy:\n    type: Always\n  pullPolicy:\n    timeoutSeconds: 120\n",
             self.proxy.address,
+            nodes.len(),
             serde_json::to_string(&names).unwrap()
         ));
     }
@@ -349,8 +355,13 @@ impl Fleet {
 
     /// The layers of `image` as the first node holds it.
     fn layers(&self, image: &str) -> Vec<String> {
+        self.layers_on(0, image)
+    }
+
+    /// The layers of `image` as node `index` holds it.
+    fn layers_on(&self, index: usize, image: &str) -> Vec<String> {
         let reference = format!("{}/{image}", self.proxy.address);
-        image_and_layers_on(&self.nodes[0], &self.ns.name, &reference).1
+        image_and_layers_on(&self.nodes[index], &self.ns.name, &reference).1
     }
 
     /// The job's entry for node `index`.
@@ -546,4 +557,110 @@ fn a_source_dying_mid_transfer_is_replaced_by_the_registry_for_what_is_missing()
     );
     let message = fleet.entry(&job, 1)["message"].as_str().unwrap_or_default();
     assert!(message.contains("from peers"), "{job:#}");
+}
+
+/// The registry is slow (2 MiB/s): the second node starts while the first still
+/// downloads and fetches the layer from it as it arrives; the registry sends it once.
+#[test]
+fn a_node_fetches_from_a_node_still_downloading_the_image() {
+    let fleet = Fleet::start_behind("peers-arriving", true, &[], &["--total-rate", "2MiB"]);
+    let image = unique_image("peers-arriving", 1, 8_000_000);
+    let job = fleet.job("together", &image, &[0, 1]);
+    let layer = fleet.layers(&image).remove(0);
+    // Once, whole or in ranges (the seed found the registry slow).
+    let sent: u64 = fleet
+        .registry_answers(&layer)
+        .iter()
+        .map(|a| a["sent"].as_u64().unwrap())
+        .sum();
+    let size = fleet.entry(&job, 0)["bytesTotal"].as_u64().unwrap();
+    assert_eq!(sent, size, "{job:#}");
+    let entries: Vec<&serde_json::Value> = (0..2).map(|i| fleet.entry(&job, i)).collect();
+    let (seed, follower) = if entries[0]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("from peers")
+    {
+        (entries[1], entries[0])
+    } else {
+        (entries[0], entries[1])
+    };
+    assert!(
+        follower["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("from peers, 0 B from the registry"),
+        "{job:#}"
+    );
+    // The follower started before the seed had the image: it fetched bytes still
+    // arriving (the layer takes the seed ~4 s).
+    // (RFC 3339 times in UTC, written alike: they order as strings.)
+    let time = |entry: &serde_json::Value, field: &str| entry[field].as_str().unwrap().to_owned();
+    assert!(
+        time(follower, "startTime") < time(seed, "completionTime"),
+        "{job:#}"
+    );
+    fleet.assert_no_panics();
+}
+
+/// The first node dies while still downloading the image the second fetches from it:
+/// the second goes on from the registry where the peer's bytes ended.
+#[test]
+fn a_source_dying_while_still_downloading_is_replaced_by_the_registry() {
+    let mut fleet =
+        Fleet::start_behind("peers-arriving-dead", true, &[], &["--total-rate", "1MiB"]);
+    let image = unique_image("peers-arriving-dead", 1, 6_000_000);
+    fleet.start_job("together", &image, &[0, 1]);
+    // Whichever node seeds, the other fetches from it: kill the seed once the other has
+    // some of the layer.
+    let (seed, follower) = wait_until(
+        "one node to fetch from the other",
+        Duration::from_secs(60),
+        || {
+            let job = fleet.controller.get_json(&["imagepulljob", "together"])?;
+            let nodes = job["status"]["nodes"].as_array()?.clone();
+            let done = |n: &serde_json::Value| n["bytesDone"].as_u64().unwrap_or(0);
+            let both_going = nodes.len() == 2 && nodes.iter().all(|n| done(n) > 500_000);
+            both_going.then(|| {
+                // The seed is ahead.
+                let (a, b) = (&nodes[0], &nodes[1]);
+                let (seed, follower) = if done(a) >= done(b) { (a, b) } else { (b, a) };
+                (
+                    seed["name"].as_str().unwrap().to_owned(),
+                    follower["name"].as_str().unwrap().to_owned(),
+                )
+            })
+        },
+    );
+    let index =
+        |fleet: &Fleet, name: &str| fleet.agents.iter().position(|a| a.node == name).unwrap();
+    let seed = index(&fleet, &seed);
+    let follower_index = index(&fleet, &follower);
+    fleet.agents[seed].kill();
+    let entry = wait_until("the follower to finish", Duration::from_secs(90), || {
+        let job = fleet.controller.get_json(&["imagepulljob", "together"])?;
+        let entry = job["status"]["nodes"]
+            .as_array()?
+            .iter()
+            .find(|n| n["name"] == follower.as_str())?
+            .clone();
+        (entry["phase"] == "Succeeded").then_some(entry)
+    });
+    let message = entry["message"].as_str().unwrap_or_default();
+    let log = std::fs::read_to_string(&fleet.agents[follower_index].log).unwrap();
+    assert!(message.contains("from peers"), "{entry:#}\n{log}");
+    // The registry sent the seed what it got, and the follower only what it lacked: the
+    // layer less what the follower had from its peer, at most, beyond one copy.
+    let layer = fleet.layers_on(follower_index, &image).remove(0);
+    let sent: u64 = fleet
+        .registry_answers(&layer)
+        .iter()
+        .map(|a| a["sent"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(
+        sent < 2 * 6_000_000 - 500_000,
+        "registry sent {sent}: {entry:#}"
+    );
+    let log = std::fs::read_to_string(&fleet.agents[follower_index].log).unwrap();
+    assert!(!log.contains("panicked"), "{log}");
 }
