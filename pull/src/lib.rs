@@ -122,7 +122,8 @@ impl Puller {
     }
 
     /// [`Puller::pull_with_credentials`], asking `peers` for each blob before the
-    /// registry (manifests and the config always come from the registry).
+    /// registry, and for the image's documents by digest when the registry cannot be
+    /// reached (the name is resolved by the registry whenever it answers).
     #[tracing::instrument(level = "info", skip(self, docker_configs, peers, progress), fields(namespace = %self.options.namespace))]
     pub async fn pull_from(
         &self,
@@ -185,8 +186,14 @@ impl Puller {
         peers: Option<Arc<peers::Peers>>,
         progress: Arc<dyn Progress>,
     ) -> Result<PulledImage, PullError> {
-        let manifests =
-            resolve::manifests(&registry, reference, &self.options.platform, name).await?;
+        let manifests = resolve::manifests(
+            &registry,
+            reference,
+            &self.options.platform,
+            name,
+            peers.as_deref(),
+        )
+        .await?;
         let layers = manifests.manifest.layers().clone();
         // Peers may fetch this image's blobs from here while they arrive.
         let _resolving = self.arriving.as_ref().map(|arriving| {

@@ -36,6 +36,9 @@ pub struct PeerSource {
     pub address: String,
     /// The controller's grant for this node (the one pulling) and the image.
     pub grant: String,
+    /// The digest the image's name points at on that node (what the grant names): the
+    /// image this pull takes when the registry cannot say what the name points at.
+    pub image: String,
 }
 
 impl std::fmt::Debug for PeerSource {
@@ -43,6 +46,7 @@ impl std::fmt::Debug for PeerSource {
         f.debug_struct("PeerSource")
             .field("node", &self.node)
             .field("address", &self.address)
+            .field("image", &self.image)
             .finish_non_exhaustive()
     }
 }
@@ -171,6 +175,59 @@ impl Peers {
 
     pub(crate) fn count(&self, bytes: u64) {
         self.received.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// The digest the image's name points at on the first peer that says (all of a
+    /// job's peers hold the same image unless its tag moved meanwhile).
+    pub(crate) fn image(&self) -> Option<&str> {
+        self.sources
+            .iter()
+            .map(|s| s.image.as_str())
+            .find(|i| !i.is_empty())
+    }
+
+    /// A document (index, manifest, config) by `digest` from the first usable peer whose
+    /// copy matches the digest, up to `limit` bytes; a peer whose copy does not match is
+    /// suspected.
+    pub(crate) async fn document(
+        &self,
+        repository: &str,
+        digest: &str,
+        limit: u64,
+    ) -> Option<Vec<u8>> {
+        for source in self.usable() {
+            let mut body = match self.get(&source, repository, digest, 0).await {
+                Ok(body) => body,
+                Err(reason) => {
+                    tracing::debug!(%digest, node = %source.node, %reason, "a peer did not serve the document");
+                    continue;
+                }
+            };
+            let mut document = Vec::new();
+            let mut whole = true;
+            while let Some(piece) = body.next().await {
+                match piece {
+                    Ok(piece) if document.len() as u64 + piece.len() as u64 <= limit => {
+                        document.extend_from_slice(&piece);
+                    }
+                    _ => {
+                        whole = false;
+                        break;
+                    }
+                }
+            }
+            if !whole {
+                continue;
+            }
+            if crate::resolve::verify_digest(&document, digest).is_err() {
+                tracing::warn!(%digest, node = %source.node, "a peer's copy of a document did not match its digest");
+                self.suspect(std::slice::from_ref(&source.node));
+                continue;
+            }
+            self.count(document.len() as u64);
+            return Some(document);
+        }
+        None
     }
 
     /// `GET` `digest` from `source`, from byte `start` on.

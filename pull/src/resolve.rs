@@ -12,6 +12,7 @@ use crate::error::PullError;
 use crate::fetch::Transfer;
 use crate::media::{self, Platform};
 use crate::options::PullOptions;
+use crate::peers::Peers;
 use crate::registry::credentials::{credentials, secret_credentials};
 use crate::registry::{RawManifest, Registry, hosts};
 
@@ -74,9 +75,24 @@ pub(crate) async fn manifests(
     reference: &Reference,
     platform: &Platform,
     image: &str,
+    peers: Option<&Peers>,
 ) -> Result<Manifests, PullError> {
     let image_err = |detail: String| image_error(image, detail);
-    let top = registry.manifest(None).await?;
+    // The registry says what the name points at; when it cannot be reached, a job's
+    // peers say (the image the controller planned them as sources of).
+    let (top, from_peers) = match registry.manifest(None).await {
+        Ok(top) => (top, false),
+        Err(error) if error.is_outage() => {
+            match from_peers_instead(peers, reference, registry).await {
+                Some(top) => {
+                    tracing::warn!(%image, digest = %top.digest, %error, "the registry did not answer; the image as the job's peers hold it");
+                    (top, true)
+                }
+                None => return Err(error.into()),
+            }
+        }
+        Err(error) => return Err(error.into()),
+    };
     if let Some(pinned) = reference.digest()
         && pinned != top.digest
     {
@@ -88,7 +104,17 @@ pub(crate) async fn manifests(
     verify_digest(&top.bytes, &top.digest).map_err(image_err)?;
     let (index, raw) = if media::is_index(&top.media_type) {
         let chosen = media::select_manifest(&top.bytes, platform).map_err(image_err)?;
-        let manifest = registry.manifest(Some(chosen.digest().as_ref())).await?;
+        let chosen_digest = chosen.digest().to_string();
+        let manifest = match from_peers {
+            true => document_from_peers(peers, reference, &chosen_digest, registry)
+                .await
+                .ok_or_else(|| {
+                    image_err(format!(
+                        "neither the registry nor the job's peers served {chosen_digest}"
+                    ))
+                })?,
+            false => registry.manifest(Some(&chosen_digest)).await?,
+        };
         verify_digest(&manifest.bytes, &manifest.digest).map_err(image_err)?;
         if manifest.digest != chosen.digest().to_string() {
             return Err(image_err(format!(
@@ -112,6 +138,38 @@ pub(crate) async fn manifests(
         raw,
         manifest,
     })
+}
+
+/// The document `digest` from `peers`, as the registry would have served it.
+async fn document_from_peers(
+    peers: Option<&Peers>,
+    reference: &Reference,
+    digest: &str,
+    registry: &Registry,
+) -> Option<RawManifest> {
+    let bytes = peers?
+        .document(reference.repository(), digest, registry.max_document_size())
+        .await?;
+    let media_type = media::manifest_media_type(&bytes).ok()?;
+    Some(RawManifest {
+        bytes: bytes.into(),
+        digest: digest.to_owned(),
+        media_type,
+    })
+}
+
+/// What the name points at on the job's peers, when they say and the reference does not
+/// pin another digest.
+async fn from_peers_instead(
+    peers: Option<&Peers>,
+    reference: &Reference,
+    registry: &Registry,
+) -> Option<RawManifest> {
+    let image = peers?.image()?.to_owned();
+    if reference.digest().is_some_and(|pinned| pinned != image) {
+        return None;
+    }
+    document_from_peers(peers, reference, &image, registry).await
 }
 
 /// The image config, as fetched and as read.

@@ -436,6 +436,12 @@ impl TaskRunner {
                 node: p.node.clone(),
                 address: p.address.clone(),
                 grant: p.grant.clone(),
+                // Asked for by URL: a digest, or nothing.
+                image: if crate::peers::request::is_sha256_digest(&p.image_digest) {
+                    p.image_digest.clone()
+                } else {
+                    String::new()
+                },
             })
             .collect();
         self.spawn(

@@ -76,6 +76,7 @@ fn peer_sources(
                     node: source.node.clone(),
                     address: source.address.clone(),
                     grant,
+                    image_digest: source.image.clone(),
                 }),
                 Err(error) => {
                     tracing::warn!(%error, peer = %source.node, "cannot sign a peer grant");

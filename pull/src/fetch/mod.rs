@@ -160,7 +160,8 @@ impl Transfer {
         labels
     }
 
-    /// A small blob (config) in memory, from the store if present, else the registry.
+    /// A small blob (config) in memory, from the registry; when it cannot be reached,
+    /// from the job's peers (checked against its digest).
     pub(crate) async fn fetch_small(&self, digest: &str) -> Result<Vec<u8>, PullError> {
         let mut last = String::new();
         for attempt in 0..self.attempts {
@@ -193,6 +194,14 @@ impl Transfer {
                     Err(e) if !e.is_retryable() => return Err(e.into()),
                     Err(e) => last = e.to_string(),
                 }
+            }
+            if attempt == 0
+                && let Some(peers) = &self.peers
+                && let Some(document) = peers
+                    .document(&self.repository, digest, self.registry.max_document_size())
+                    .await
+            {
+                return Ok(document);
             }
             backoff(attempt, None).await;
         }

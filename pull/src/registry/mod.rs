@@ -42,6 +42,10 @@ pub enum RegistryError {
     },
     #[error("{image}: {detail}")]
     Manifest { image: String, detail: String },
+    /// No host answered the manifest request (network errors, error statuses): an
+    /// outage, not an answer about the image.
+    #[error("{image}: {detail}")]
+    Unanswered { image: String, detail: String },
     #[error("{what} from {endpoint}: {detail}")]
     Transfer {
         what: String,
@@ -57,6 +61,11 @@ pub enum RegistryError {
 }
 
 impl RegistryError {
+    /// The registry did not answer (unreachable, failing): someone else may know.
+    pub fn is_outage(&self) -> bool {
+        matches!(self, Self::Unanswered { .. }) || self.is_retryable()
+    }
+
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
@@ -273,10 +282,13 @@ impl Registry {
                 endpoints: not_found.join(", "),
             });
         }
+        let unanswered = not_found.is_empty();
         failures.extend(not_found.iter().map(|url| format!("{url}: not found")));
-        Err(RegistryError::Manifest {
-            image: self.image(),
-            detail: failures.join("; "),
+        let (image, detail) = (self.image(), failures.join("; "));
+        Err(if unanswered {
+            RegistryError::Unanswered { image, detail }
+        } else {
+            RegistryError::Manifest { image, detail }
         })
     }
 

@@ -49,6 +49,26 @@ impl Proxy {
         }
     }
 
+    /// Replace the fault rules (`PUT /_proxy/faults`).
+    pub fn set_faults(&self, rules: &serde_json::Value) {
+        use std::io::{Read as _, Write as _};
+        let body = rules.to_string();
+        let mut stream = std::net::TcpStream::connect(&self.address).unwrap();
+        write!(
+            stream,
+            "PUT /_proxy/faults HTTP/1.0\r\nHost: {}\r\nContent-Length: {}\r\n\r\n{body}",
+            self.address,
+            body.len()
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        assert!(
+            response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200"),
+            "{response}"
+        );
+    }
+
     /// Requests served so far: `[{method, path, range, status, fault, authorization,
     /// headers}]` (`authorization` is the scheme of the header, or null).
     pub fn requests(&self) -> Vec<serde_json::Value> {

@@ -664,3 +664,28 @@ fn a_source_dying_while_still_downloading_is_replaced_by_the_registry() {
     let log = std::fs::read_to_string(&fleet.agents[follower_index].log).unwrap();
     assert!(!log.contains("panicked"), "{log}");
 }
+
+/// The registry goes down once one node holds the image: a job for both nodes completes,
+/// the second node taking the image (its documents too) from the first.
+#[test]
+fn with_the_registry_down_a_node_takes_the_image_from_a_node_that_holds_it() {
+    let fleet = Fleet::start("peers-registry-down", true);
+    let image = unique_image("peers-registry-down", 2, 300_000);
+    fleet.job("first", &image, &[0]);
+    fleet.proxy.set_faults(&serde_json::json!([
+        {"path_contains": "/v2/", "action": {"status": 503}, "times": 1_000_000}
+    ]));
+    let job = fleet.job("both", &image, &[0, 1]);
+    fleet.proxy.set_faults(&serde_json::json!([]));
+    let message = fleet.entry(&job, 1)["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("from peers, 0 B from the registry"),
+        "{job:#}"
+    );
+    // The same image on both nodes.
+    let reference = format!("{}/{image}", fleet.proxy.address);
+    let first = image_and_layers_on(&fleet.nodes[0], &fleet.ns.name, &reference);
+    let second = image_and_layers_on(&fleet.nodes[1], &fleet.ns.name, &reference);
+    assert_eq!(first, second);
+    fleet.assert_no_panics();
+}
