@@ -48,6 +48,8 @@ pub enum DaemonError {
     Pods(#[from] crate::pods::PodError),
     #[error(transparent)]
     Peers(#[from] crate::peers::serve::ServeError),
+    #[error(transparent)]
+    Mirror(#[from] crate::mirror::BindError),
 }
 
 #[derive(Debug, Clone)]
@@ -129,6 +131,25 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
         _ => None,
     };
 
+    // The registry mirror for the node's containerd, with the questions it asks the
+    // controller over the link.
+    let queries = config
+        .mirror_listen
+        .map(|_| Arc::new(crate::mirror::queries::PeerQueries::default()));
+    let mirror = match (config.mirror_listen, &config.node_identity, &queries) {
+        (Some(listen), Some(identity), Some(queries)) => Some(
+            crate::mirror::start(
+                listen,
+                identity.clone(),
+                queries.clone(),
+                metrics.clone(),
+                token.clone(),
+            )
+            .await?,
+        ),
+        _ => None,
+    };
+
     let readiness = Readiness::new("containerd not contacted yet");
     let shared: SharedInventory = Arc::default();
 
@@ -167,6 +188,7 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
         let peer = crate::link::PeerLink {
             address: config.peer.as_ref().map(|p| p.address.clone()),
             grants,
+            queries,
         };
         tokio::spawn(crate::link::maintain(
             link,
@@ -198,6 +220,9 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
         }
         if let Some(peers) = peers {
             let _ = peers.await;
+        }
+        if let Some(mirror) = mirror {
+            let _ = mirror.await;
         }
         server.await
     })

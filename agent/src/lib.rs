@@ -24,6 +24,7 @@ pub mod labels;
 pub mod lifecycle;
 pub mod link;
 pub mod metrics;
+pub mod mirror;
 pub mod peers;
 pub mod pods;
 pub mod progress;

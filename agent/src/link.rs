@@ -40,6 +40,8 @@ pub struct PeerLink {
     /// `None`: this node does not serve peers.
     pub address: Option<String>,
     pub grants: tokio::sync::watch::Sender<Option<GrantVerifier>>,
+    /// The registry mirror's questions for the controller (`None`: no mirror).
+    pub queries: Option<std::sync::Arc<crate::mirror::queries::PeerQueries>>,
 }
 
 impl PeerLink {
@@ -188,8 +190,24 @@ async fn session(
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sequence = 0u64;
+    let mut questions = match &peer.queries {
+        Some(queries) => Some(queries.questions().await),
+        None => None,
+    };
     loop {
+        let question = async {
+            match questions.as_mut() {
+                Some(questions) => questions.recv().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
+            Some(query) = question => {
+                let message = AgentMessage {
+                    message: Some(agent_message::Message::PeerQuery(query)),
+                };
+                tx.send(message).await.map_err(|_| "link closed".to_owned())?;
+            }
             _ = ticker.tick() => {
                 sequence += 1;
                 let (collected_at, current) = snapshot(inventory).await;
@@ -229,6 +247,11 @@ async fn session(
                                 })
                                 .await;
                         });
+                    }
+                    Some(controller_message::Message::PeerAnswer(answer)) => {
+                        if let Some(queries) = &peer.queries {
+                            queries.answer(answer);
+                        }
                     }
                     Some(controller_message::Message::RegisterAck(_)) | None => {}
                 },

@@ -33,6 +33,9 @@ pub const OPERATION_RESULTS: [&str; 2] = ["succeeded", "failed"];
 /// refused (no or a bad grant, another node's certificate), or a blob not held here
 /// (or not reached by the grant).
 pub const PEER_RESULTS: [&str; 3] = ["served", "refused", "missing"];
+/// Values of `result` on `rigger_agent_mirror_requests_total`: served from peers, or
+/// not (containerd then asks the registry).
+pub const MIRROR_RESULTS: [&str; 2] = ["served", "missing"];
 
 #[derive(Debug)]
 pub struct AgentMetrics {
@@ -49,6 +52,8 @@ pub struct AgentMetrics {
     pub peer_served_bytes: Counter,
     pub peer_received_bytes: Counter,
     pub peer_suspects: Counter,
+    pub mirror_requests: Family<Outcome, Counter>,
+    pub mirror_bytes: Counter,
 }
 
 fn seconds() -> Histogram {
@@ -72,6 +77,8 @@ impl AgentMetrics {
             peer_served_bytes: Counter::default(),
             peer_received_bytes: Counter::default(),
             peer_suspects: Counter::default(),
+            mirror_requests: Family::default(),
+            mirror_bytes: Counter::default(),
         };
         // Every documented label value is served from the start (at 0), so rates and
         // alerts work before the first failure.
@@ -84,6 +91,9 @@ impl AgentMetrics {
         }
         for result in PEER_RESULTS {
             let _ = metrics.peer_requests.get_or_create(&Outcome::of(result));
+        }
+        for result in MIRROR_RESULTS {
+            let _ = metrics.mirror_requests.get_or_create(&Outcome::of(result));
         }
         metrics
     }
@@ -155,6 +165,16 @@ impl AgentMetrics {
             "peer_suspects",
             "Peers whose bytes did not match their digest, per pull",
             self.peer_suspects.clone(),
+        );
+        registry.register(
+            "mirror_requests",
+            "Requests of the node's containerd to the registry mirror, by result",
+            self.mirror_requests.clone(),
+        );
+        registry.register(
+            "mirror_bytes",
+            "Bytes the registry mirror served containerd from other nodes",
+            self.mirror_bytes.clone(),
         );
         registry
     }

@@ -11,13 +11,15 @@ use std::time::{Duration, SystemTime};
 
 use rigger_proto::v1::agent_link_server::AgentLink;
 use rigger_proto::v1::{
-    AgentMessage, ControllerMessage, RegisterAck, agent_message, controller_message,
+    AgentMessage, ControllerMessage, PeerAnswer, RegisterAck, agent_message, controller_message,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt as _};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
+
+use rigger_proto::peer_grant::is_sha256_digest;
 
 use crate::jobs::JobEngine;
 use crate::leader::Leadership;
@@ -212,6 +214,23 @@ impl AgentLinkService {
                 }
                 Some(agent_message::Message::Response(response)) => {
                     self.pods.relay().complete(node, response);
+                }
+                Some(agent_message::Message::PeerQuery(query)) => {
+                    // Any digest an agent names is only looked up, never echoed.
+                    let peers = if is_sha256_digest(&query.image_digest) {
+                        self.jobs.mirror_peers(node, &query.image_digest)
+                    } else {
+                        Vec::new()
+                    };
+                    let answer = ControllerMessage {
+                        message: Some(controller_message::Message::PeerAnswer(PeerAnswer {
+                            id: query.id,
+                            peers,
+                        })),
+                    };
+                    if !self.nodes.send(node, answer) {
+                        tracing::debug!(%node, "peer answer not queued; the node's agent is away or busy");
+                    }
                 }
                 Some(agent_message::Message::Register(_)) => {
                     return Err(Status::invalid_argument("Register sent twice"));

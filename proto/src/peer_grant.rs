@@ -20,6 +20,17 @@ const AUDIENCE: &str = "rigger-peer";
 /// Clock difference between the controller and nodes a grant tolerates.
 const LEEWAY: Duration = Duration::from_secs(30);
 
+/// `sha256:` and 64 lowercase hex digits: the only digests containerd's content store
+/// keys blobs by here (and nothing a path or URL could be made of).
+pub fn is_sha256_digest(digest: &str) -> bool {
+    digest.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum GrantError {
     #[error("the peer grant key is not an Ed25519 key in PEM: {0}")]

@@ -51,6 +51,25 @@ impl std::fmt::Debug for PeerSource {
     }
 }
 
+/// A blob as a peer answers it.
+pub struct PeerBlob {
+    /// Who sends it.
+    pub node: String,
+    /// The whole blob's size.
+    pub size: u64,
+    /// Its bytes from the asked offset on.
+    pub body: BoxStream<'static, Result<Bytes, String>>,
+}
+
+impl std::fmt::Debug for PeerBlob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerBlob")
+            .field("node", &self.node)
+            .field("size", &self.size)
+            .finish_non_exhaustive()
+    }
+}
+
 /// This node's certificate and key and the fleet's CA, as PEM.
 #[derive(Clone)]
 pub struct PeerIdentity {
@@ -154,7 +173,7 @@ impl Peers {
     }
 
     /// Bytes of `nodes` went into a blob that did not match its digest.
-    pub(crate) fn suspect(&self, nodes: &[String]) {
+    pub fn suspect(&self, nodes: &[String]) {
         if let Ok(mut suspects) = self.suspects.lock() {
             suspects.extend(nodes.iter().cloned());
         }
@@ -189,12 +208,7 @@ impl Peers {
     /// A document (index, manifest, config) by `digest` from the first usable peer whose
     /// copy matches the digest, up to `limit` bytes; a peer whose copy does not match is
     /// suspected.
-    pub(crate) async fn document(
-        &self,
-        repository: &str,
-        digest: &str,
-        limit: u64,
-    ) -> Option<Vec<u8>> {
+    pub async fn document(&self, repository: &str, digest: &str, limit: u64) -> Option<Vec<u8>> {
         for source in self.usable() {
             let mut body = match self.get(&source, repository, digest, 0).await {
                 Ok(body) => body,
@@ -230,6 +244,25 @@ impl Peers {
         None
     }
 
+    /// Blob `digest` from byte `start` on, from the first usable peer that serves it.
+    pub async fn blob(&self, repository: &str, digest: &str, start: u64) -> Option<PeerBlob> {
+        for source in self.usable() {
+            match self.fetch(&source, repository, digest, start).await {
+                Ok((size, body)) => {
+                    return Some(PeerBlob {
+                        node: source.node,
+                        size,
+                        body,
+                    });
+                }
+                Err(reason) => {
+                    tracing::debug!(%digest, node = %source.node, %reason, "a peer did not serve the blob");
+                }
+            }
+        }
+        None
+    }
+
     /// `GET` `digest` from `source`, from byte `start` on.
     pub(crate) async fn get(
         &self,
@@ -238,6 +271,18 @@ impl Peers {
         digest: &str,
         start: u64,
     ) -> Result<BoxStream<'static, Result<Bytes, String>>, String> {
+        Ok(self.fetch(source, repository, digest, start).await?.1)
+    }
+
+    /// `GET` `digest` from `source`, from byte `start` on: the blob's whole size (as the
+    /// answer states it) and the bytes.
+    async fn fetch(
+        &self,
+        source: &PeerSource,
+        repository: &str,
+        digest: &str,
+        start: u64,
+    ) -> Result<(u64, BoxStream<'static, Result<Bytes, String>>), String> {
         let port = source
             .address
             .rsplit_once(':')
@@ -268,10 +313,24 @@ impl Peers {
             let reason = response.text().await.unwrap_or_default();
             return Err(format!("HTTP {status}: {}", reason.trim()));
         }
-        Ok(response
-            .bytes_stream()
-            .map(|piece| piece.map_err(|e| rigger_daemon::error_chain(&e)))
-            .boxed())
+        let size = if start > 0 {
+            response
+                .headers()
+                .get(reqwest::header::CONTENT_RANGE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.rsplit_once('/'))
+                .and_then(|(_, size)| size.parse().ok())
+        } else {
+            response.content_length()
+        }
+        .ok_or_else(|| "the answer does not say the blob's size".to_owned())?;
+        Ok((
+            size,
+            response
+                .bytes_stream()
+                .map(|piece| piece.map_err(|e| rigger_daemon::error_chain(&e)))
+                .boxed(),
+        ))
     }
 }
 

@@ -54,6 +54,7 @@ pub struct AgentConfigFile {
     pub peer_address: Option<String>,
     pub peer_max_connections: Option<usize>,
     pub peer_upload_rate: Option<String>,
+    pub mirror_listen: Option<String>,
 }
 
 /// Flags (and their environment variables) of `rigger-agent run`.
@@ -152,6 +153,12 @@ pub struct RunArgs {
         value_name = "BYTES_PER_S"
     )]
     pub peer_upload_rate: Option<String>,
+    /// Answer the node's containerd as a registry mirror on this loopback address, e.g.
+    /// `127.0.0.1:9442`: kubelet's pulls of an image a job put on this node fetch it from
+    /// the other nodes that hold it (containerd's hosts.toml names it with
+    /// `capabilities = ["pull"]`; needs an https:// controller) [default: off].
+    #[arg(long, env = "RIGGER_AGENT_MIRROR_LISTEN", value_name = "ADDR")]
+    pub mirror_listen: Option<String>,
     /// Check the configuration and exit: 0 if it is usable, 64 naming the bad key.
     #[arg(long)]
     pub check_config: bool,
@@ -201,6 +208,8 @@ pub struct AgentConfig {
     pub pull: PullSettings,
     /// Serving blobs to peers; `None` when off.
     pub peer: Option<PeerSettings>,
+    /// The registry mirror for the node's containerd; `None` when off.
+    pub mirror_listen: Option<std::net::SocketAddr>,
     /// This node's certificate, key and the fleet's CA (an https:// controller's), with
     /// which it fetches from peers a job names.
     pub node_identity: Option<rigger_pull::peers::PeerIdentity>,
@@ -329,6 +338,11 @@ impl AgentConfig {
             controller.as_deref(),
             node_identity.as_ref(),
         )?;
+        let mirror_listen = peer::mirror(
+            args.mirror_listen.or(file.mirror_listen),
+            controller.as_deref(),
+            node_identity.as_ref(),
+        )?;
 
         let namespace = args
             .namespace
@@ -384,6 +398,7 @@ impl AgentConfig {
                 max_document_size,
             },
             peer,
+            mirror_listen,
             node_identity,
         })
     }

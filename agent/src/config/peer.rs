@@ -83,8 +83,37 @@ pub(super) fn resolve(
     }))
 }
 
+/// The registry mirror's address, checked: loopback only (it is for this node's
+/// containerd, and answers without credentials), and only with the link's node
+/// certificate (it fetches from peers as this node).
+pub(super) fn mirror(
+    listen: Option<String>,
+    controller: Option<&str>,
+    identity: Option<&PeerIdentity>,
+) -> Result<Option<std::net::SocketAddr>, ConfigError> {
+    let Some(listen) = listen else {
+        return Ok(None);
+    };
+    let listen = MIRROR_LISTEN.socket_addr(Some(listen), "")?;
+    if !listen.ip().is_loopback() {
+        return Err(MIRROR_LISTEN.invalid(format!(
+            "{listen} is not a loopback address: the mirror is for this node's containerd (e.g. 127.0.0.1:9442)"
+        )));
+    }
+    let https = controller.is_some_and(|c| c.split(',').all(|u| u.trim().starts_with("https://")));
+    if !https || identity.is_none() {
+        return Err(MIRROR_LISTEN.invalid(NEEDS_HTTPS));
+    }
+    Ok(Some(listen))
+}
+
 const NEEDS_HTTPS: &str = "needs an https:// controller: peers are served over TLS with the node certificate of the controller link (ca_file, cert_file, key_file), and only to nodes the controller grants";
 
+const MIRROR_LISTEN: Setting = Setting {
+    key: "mirror_listen",
+    flag: "--mirror-listen",
+    env: "RIGGER_AGENT_MIRROR_LISTEN",
+};
 const PEER_LISTEN: Setting = Setting {
     key: "peer_listen",
     flag: "--peer-listen",
@@ -155,6 +184,30 @@ mod tests {
     }
 
     const HTTPS: Option<&str> = Some("https://controller:9450");
+
+    #[test]
+    fn the_mirror_listens_on_loopback_only_and_with_the_links_certificate() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = pki(dir.path());
+        let id = identity(&ca, &cert, &key);
+        assert_eq!(mirror(None, None, None).unwrap(), None);
+        assert_eq!(
+            mirror(Some("127.0.0.1:9442".to_owned()), HTTPS, Some(&id)).unwrap(),
+            Some("127.0.0.1:9442".parse().unwrap())
+        );
+        for (listen, controller, identity) in [
+            ("0.0.0.0:9442", HTTPS, Some(&id)),
+            ("10.0.0.5:9442", HTTPS, Some(&id)),
+            ("127.0.0.1:9442", Some("http://controller:9450"), Some(&id)),
+            ("127.0.0.1:9442", HTTPS, None),
+            ("nonsense", HTTPS, Some(&id)),
+        ] {
+            let error = mirror(Some(listen.to_owned()), controller, identity)
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("mirror_listen"), "{error}");
+        }
+    }
 
     #[test]
     fn off_unless_peer_listen_and_then_with_the_links_certificate() {

@@ -5,6 +5,8 @@
 //! tags never are (a tag is resolved at the registry by the node that pulls, so a peer
 //! can never tell another node what an image is).
 
+pub use rigger_proto::peer_grant::is_sha256_digest;
+
 /// A request's target.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Asked {
@@ -54,17 +56,6 @@ pub fn asked(path: &str) -> Result<Asked, Refusal> {
     }
     Ok(Asked::Blob {
         digest: digest.to_owned(),
-    })
-}
-
-/// `sha256:` and 64 lowercase hex digits: the only digests containerd's content store
-/// keys blobs by here (and nothing a path could be made of).
-pub fn is_sha256_digest(digest: &str) -> bool {
-    digest.strip_prefix("sha256:").is_some_and(|hex| {
-        hex.len() == 64
-            && hex
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     })
 }
 

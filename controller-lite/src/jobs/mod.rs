@@ -429,6 +429,39 @@ impl JobEngine {
         secrets
     }
 
+    /// The nodes `node`'s containerd may fetch `image` from through its agent's registry
+    /// mirror, with grants: the holders of the image in a job that names `node` (none
+    /// when sharing is off or no such job exists).
+    pub fn mirror_peers(&self, node: &str, image: &str) -> Vec<rigger_proto::v1::PeerSource> {
+        let Some(grants) = self.inner.grants.as_deref() else {
+            return Vec::new();
+        };
+        let views = self
+            .inner
+            .nodes
+            .views(SystemTime::now(), self.inner.node_timeout);
+        let secrets = HashMap::new();
+        let credentials = tasks::TaskCredentials {
+            secrets: &secrets,
+            grants: Some(grants),
+        };
+        let state = self.lock();
+        for job in state.jobs.values() {
+            let sources = sources::mirror_sources(
+                &job.status.nodes,
+                &views,
+                &job.suspects,
+                &job.planned,
+                node,
+                image,
+            );
+            if !sources.is_empty() {
+                return tasks::peer_sources(&job.job, node, &credentials, &sources);
+            }
+        }
+        Vec::new()
+    }
+
     fn reconcile(&self, secrets: &HashMap<ObjectKey, Result<String, String>>) -> Effects {
         let views = self
             .inner

@@ -94,6 +94,28 @@ pub(super) fn sources_for(
     sources
 }
 
+/// Where `node`'s containerd may fetch `image` from through its agent's registry mirror
+/// (kubelet's own pulls), by one job: the job's holders of that image, when the job
+/// names `node` — its selector is the operator's word that the node may have the
+/// image. Any other node gets nothing.
+pub(super) fn mirror_sources(
+    entries: &[NodePullStatus],
+    views: &HashMap<String, NodeView>,
+    suspects: &BTreeSet<String>,
+    planned: &HashMap<String, Vec<String>>,
+    node: &str,
+    image: &str,
+) -> Vec<Source> {
+    if !entries.iter().any(|e| e.name == node) {
+        return Vec::new();
+    }
+    let holders: Vec<Source> = holders(entries, views, suspects)
+        .into_iter()
+        .filter(|s| s.image == image)
+        .collect();
+    sources_for(&holders, node, 0, planned)
+}
+
 /// How the job's waiting nodes go out, given who holds the image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Fanout {
@@ -318,6 +340,28 @@ mod tests {
             entry("c", NodePullPhase::Failed, ""),
         ];
         assert_eq!(fanout(true, &failed, &[], &views), Fanout::Open);
+    }
+
+    #[test]
+    fn a_mirror_gets_holders_of_the_image_only_for_a_node_the_job_names() {
+        let views = views(&[("a", Some("a:1"), true), ("b", Some("b:1"), true)]);
+        let entries = [
+            entry("a", NodePullPhase::Succeeded, "sha256:1"),
+            entry("b", NodePullPhase::Waiting, ""),
+        ];
+        let none = HashMap::new();
+        let suspects = BTreeSet::new();
+        let for_node = |node, image| {
+            names(mirror_sources(
+                &entries, &views, &suspects, &none, node, image,
+            ))
+        };
+        assert_eq!(for_node("b", "sha256:1"), ["a"]);
+        // Another image, or a node the job does not name: nothing.
+        assert!(for_node("b", "sha256:2").is_empty());
+        assert!(for_node("z", "sha256:1").is_empty());
+        // A node is never its own source.
+        assert!(for_node("a", "sha256:1").is_empty());
     }
 
     fn views_without_peers() -> HashMap<String, NodeView> {

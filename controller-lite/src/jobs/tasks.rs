@@ -58,7 +58,7 @@ pub(super) fn pull_task(
 
 /// The task's peers, each with a grant for `node` and the image as that peer holds it.
 /// A grant that cannot be signed leaves its peer out (the registry remains).
-fn peer_sources(
+pub(super) fn peer_sources(
     job: &ImagePullJob,
     node: &str,
     credentials: &TaskCredentials<'_>,

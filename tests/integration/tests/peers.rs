@@ -689,3 +689,79 @@ fn with_the_registry_down_a_node_takes_the_image_from_a_node_that_holds_it() {
     assert_eq!(first, second);
     fleet.assert_no_panics();
 }
+
+/// kubelet's own pull (here `ctr`, through the same hosts.toml a node's CRI reads) of an
+/// image a job put on the node, after the node lost it: containerd asks the agent's
+/// mirror, which fetches the image from the node that holds it; the registry only
+/// resolves the name. An image no job put on the node gets nothing from the mirror.
+#[test]
+fn containerd_pulls_through_the_mirror_from_the_node_that_holds_the_image() {
+    let mut fleet = Fleet::start("peers-mirror", true);
+    let mirror = format!("127.0.0.1:{}", free_port());
+    fleet.agents[1].restart_with_flags(&["--mirror-listen", &mirror]);
+    let node = fleet.agents[1].node.clone();
+    wait_until("the node to be ready", Duration::from_secs(30), || {
+        let n = fleet.controller.get_json(&["node", &node])?;
+        (n["status"]["conditions"][0]["status"] == "True").then_some(())
+    });
+    let image = unique_image("peers-mirror", 2, 300_000);
+    fleet.job("both", &image, &[0, 1]);
+    let layers = fleet.layers(&image);
+    let reference = format!("{}/{image}", fleet.proxy.address);
+    // The node loses the image (kubelet's image garbage collection).
+    let second = &fleet.nodes[1];
+    second.ctr(&fleet.ns.name, &["images", "rm", "--sync", &reference]);
+    // containerd's hosts for the registry: the mirror first, for pulls only.
+    let dir = tempfile::tempdir().unwrap();
+    let host = dir.path().join(&fleet.proxy.address);
+    std::fs::create_dir_all(&host).unwrap();
+    std::fs::write(
+        host.join("hosts.toml"),
+        format!(
+            "server = \"http://{}\"\n\n[host.\"http://{mirror}\"]\n  capabilities = [\"pull\"]\n",
+            fleet.proxy.address
+        ),
+    )
+    .unwrap();
+    second.ctr(
+        &fleet.ns.name,
+        &[
+            "images",
+            "pull",
+            "--hosts-dir",
+            dir.path().to_str().unwrap(),
+            &reference,
+        ],
+    );
+    // Each layer left the registry once: for the job's first node.
+    for layer in &layers {
+        assert_eq!(fleet.registry_sent(layer), 1, "{layer}");
+    }
+    let (_, metrics) =
+        rigger_integration_tests::http_get(&fleet.agents[1].health, "/metrics").unwrap();
+    let served: u64 = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("rigger_agent_mirror_bytes_total ")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0);
+    // The manifest, the config and both layers.
+    assert!(served > 0, "{metrics}");
+    assert!(
+        metrics.contains("rigger_agent_mirror_requests_total{result=\"served\"} 4"),
+        "{metrics}"
+    );
+    // An image no job put on this node: not on the mirror (containerd goes to the
+    // registry), and never a tag.
+    let other = format!("sha256:{}", "e".repeat(64));
+    let (status, _) =
+        rigger_integration_tests::http_get(&mirror, &format!("/v2/rigger-lab/x/manifests/{other}"))
+            .unwrap();
+    assert_eq!(status, 404);
+    let (status, _) =
+        rigger_integration_tests::http_get(&mirror, "/v2/rigger-lab/x/manifests/latest").unwrap();
+    assert_eq!(status, 404);
+    fleet.assert_no_panics();
+}
