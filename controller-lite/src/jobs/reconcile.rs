@@ -98,7 +98,7 @@ pub(super) fn reconcile_job(
     let timeout = Duration::from_secs(job.job.spec.pull_policy.timeout_seconds);
     let backoff_limit = job.job.spec.pull_policy.backoff_limit;
     // Who holds the image to share, before this pass changes anything.
-    let holders = if credentials.grants.is_some() {
+    let mut holders = if credentials.grants.is_some() {
         sources::holders(&job.status.nodes, views, &job.suspects)
     } else {
         Vec::new()
@@ -282,6 +282,20 @@ pub(super) fn reconcile_job(
                     tracing::info!(job = %key, seed = %entry.name, "no node holds the image yet: one pulls it from the registry, the rest will fetch from it");
                 }
                 effects.messages.push((entry.name.clone(), message));
+                // Nodes sent later in this pass may fall back on this one, which will
+                // hold the same image (fetched from the same sources).
+                if let Some(image) = holders.first().map(|h| h.image.clone())
+                    && let Some(address) = views
+                        .get(&entry.name)
+                        .and_then(|v| v.peer_address.as_deref())
+                {
+                    holders.push(sources::Source {
+                        node: entry.name.clone(),
+                        address: address.to_owned(),
+                        image,
+                        complete: false,
+                    });
+                }
                 tasks.insert(task_id.clone(), (key.clone(), entry.name.clone()));
                 entry.attempts = attempt;
                 entry.task_id = task_id;

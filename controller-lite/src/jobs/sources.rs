@@ -63,10 +63,17 @@ pub(super) fn holders(
         .collect()
 }
 
+/// Nodes fetching from one node still pulling, as their first source, at most: past
+/// this, the next node fetches from another one (a tree, not a star on one uplink).
+const MAX_FANOUT: usize = 8;
+
 /// The sources of the `turn`-th pull dispatched on `node`: up to [`MAX_SOURCES`] of
 /// `holders` other than the node itself and those fetching from it (`planned`: each
-/// node's sources as its task names them), those holding the whole image first, each
-/// kind starting at a different one each turn so the fleet's pulls spread over them.
+/// node's sources as its task names them). Nodes holding the whole image come first,
+/// starting at a different one each turn so the fleet's pulls spread over them; then
+/// nodes still pulling, in `holders`' order (the ones that have resolved the image
+/// before those just sent), the first with room for one more ([`MAX_FANOUT`]) first:
+/// the rest are the pull's fallbacks should its source die.
 pub(super) fn sources_for(
     holders: &[Source],
     node: &str,
@@ -82,14 +89,23 @@ pub(super) fn sources_for(
     let others = holders
         .iter()
         .filter(|s| s.node != node && !fetches_from_node(s));
-    let (complete, arriving): (Vec<&Source>, Vec<&Source>) = others.partition(|s| s.complete);
-    let rotated = |kind: Vec<&Source>| -> Vec<Source> {
-        (0..kind.len())
-            .map(|i| kind[(turn + i) % kind.len()].clone())
-            .collect()
+    let (complete, mut arriving): (Vec<&Source>, Vec<&Source>) = others.partition(|s| s.complete);
+    let mut sources: Vec<Source> = (0..complete.len())
+        .map(|i| complete[(turn + i) % complete.len()].clone())
+        .collect();
+    let fanout = |source: &Source| {
+        planned
+            .iter()
+            .filter(|(planned_node, theirs)| {
+                planned_node.as_str() != node && theirs.first() == Some(&source.node)
+            })
+            .count()
     };
-    let mut sources = rotated(complete);
-    sources.extend(rotated(arriving));
+    if let Some(roomy) = arriving.iter().position(|s| fanout(s) < MAX_FANOUT) {
+        let first = arriving.remove(roomy);
+        arriving.insert(0, first);
+    }
+    sources.extend(arriving.into_iter().cloned());
     sources.truncate(MAX_SOURCES);
     sources
 }
@@ -278,7 +294,7 @@ mod tests {
         let none = HashMap::new();
         assert_eq!(
             names(sources_for(&holders, "x", 1, &none)),
-            ["done", "f1", "seed"]
+            ["done", "seed", "f1"]
         );
         // f1 fetches from x (x's earlier attempt): x may not fetch from f1 while f1 is
         // still pulling; once f1 holds the whole image, it may.
@@ -340,6 +356,26 @@ mod tests {
             entry("c", NodePullPhase::Failed, ""),
         ];
         assert_eq!(fanout(true, &failed, &[], &views), Fanout::Open);
+    }
+
+    #[test]
+    fn nodes_still_pulling_fan_out_as_a_tree_with_the_others_as_fallbacks() {
+        let holders: Vec<Source> = ["seed", "f1", "f2", "f3"]
+            .iter()
+            .map(|n| source(n, false))
+            .collect();
+        let mut planned = HashMap::new();
+        // The seed serves the first MAX_FANOUT nodes first; the rest of the holders
+        // are their fallbacks.
+        for i in 0..MAX_FANOUT {
+            let node = format!("n{i}");
+            let sources = sources_for(&holders, &node, i, &planned);
+            assert_eq!(names(sources.clone()), ["seed", "f1", "f2"], "{node}");
+            planned.insert(node, names(sources));
+        }
+        // Then the next holder with room.
+        let next = sources_for(&holders, "late", 0, &planned);
+        assert_eq!(names(next), ["f1", "seed", "f2"]);
     }
 
     #[test]
