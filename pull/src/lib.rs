@@ -21,6 +21,7 @@
 //! mirrors), [`media`] (media types, platforms), [`progress`], [`options`], [`error`].
 
 pub mod arriving;
+mod digest;
 pub mod error;
 pub mod fetch;
 mod layers;

@@ -233,7 +233,7 @@ impl Peers {
             if !whole {
                 continue;
             }
-            if crate::resolve::verify_digest(&document, digest).is_err() {
+            if crate::digest::verify_digest(&document, digest).is_err() {
                 tracing::warn!(%digest, node = %source.node, "a peer's copy of a document did not match its digest");
                 self.suspect(std::slice::from_ref(&source.node));
                 continue;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use oci_client::Reference;
 use oci_spec::image::{Descriptor, ImageConfiguration, ImageManifest};
-use sha2::{Digest as _, Sha256};
 
+use crate::digest::verify_digest;
 use crate::error::PullError;
 use crate::fetch::Transfer;
 use crate::media::{self, Platform};
@@ -226,29 +226,5 @@ fn image_error(image: &str, detail: String) -> PullError {
     PullError::Image {
         image: image.to_owned(),
         detail,
-    }
-}
-
-pub(crate) fn verify_digest(data: &[u8], digest: &str) -> Result<(), String> {
-    let Some(expected) = digest.strip_prefix("sha256:") else {
-        return Err(format!("unsupported digest algorithm in {digest}"));
-    };
-    let actual = hex::encode(Sha256::digest(data));
-    if actual == expected {
-        Ok(())
-    } else {
-        Err(format!("content of {digest} hashes to sha256:{actual}"))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn digests_are_verified() {
-        let digest = format!("sha256:{}", hex::encode(Sha256::digest(b"abc")));
-        assert!(verify_digest(b"abc", &digest).is_ok());
-        assert!(verify_digest(b"abd", &digest).is_err());
     }
 }

@@ -17,9 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use rigger_pull::peers::PeerIdentity;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -34,8 +32,6 @@ pub mod request;
 use self::answer::Mirror;
 use self::queries::PeerQueries;
 
-/// A request's headers get this long.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// containerd's connections at once, at most.
 const MAX_CONNECTIONS: usize = 64;
 
@@ -95,22 +91,7 @@ async fn serve(listener: TcpListener, mirror: Arc<Mirror>, stop: CancellationTok
                         Ok::<_, std::convert::Infallible>(response)
                     }
                 });
-                let served = http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(HEADER_TIMEOUT)
-                    .serve_connection(TokioIo::new(stream), service);
-                let mut served = std::pin::pin!(served);
-                tokio::select! {
-                    result = served.as_mut() => {
-                        if let Err(error) = result {
-                            tracing::debug!(%error, "mirror connection ended");
-                        }
-                    }
-                    () = stop.cancelled() => {
-                        served.as_mut().graceful_shutdown();
-                        let _ = served.await;
-                    }
-                }
+                crate::peers::serve::serve_http1(stream, service, &stop).await;
             }
             .instrument(tracing::debug_span!("mirror", %remote)),
         );

@@ -3,7 +3,7 @@
 //! keeps containerd resolving names at the registry, and a mirror that answered tags
 //! could tell a node what an image is.
 
-use rigger_proto::peer_grant::is_sha256_digest;
+use crate::peers::request::{is_repository, is_sha256_digest};
 
 /// What a request asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,21 +18,6 @@ pub enum Wanted {
         repository: String,
         digest: String,
     },
-}
-
-/// A repository name as the distribution spec has them (lowercase path components of
-/// letters, digits and separators): the only names put in a peer's URL.
-fn is_repository(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 255
-        && name.split('/').all(|part| {
-            !part.is_empty()
-                && part != "."
-                && part != ".."
-                && part
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
-        })
 }
 
 /// What `path` asks for, or why it gets nothing.

@@ -7,6 +7,21 @@
 
 pub use rigger_proto::peer_grant::is_sha256_digest;
 
+/// A repository name as the distribution spec has them (lowercase path components of
+/// letters, digits and separators): the only names a peer URL is made of.
+pub fn is_repository(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && name.split('/').all(|part| {
+            !part.is_empty()
+                && part != "."
+                && part != ".."
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+        })
+}
+
 /// A request's target.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Asked {
@@ -39,16 +54,7 @@ pub fn asked(path: &str) -> Result<Asked, Refusal> {
     let not_served = || Refusal::NotServed(path.to_owned());
     let rest = path.strip_prefix("/v2/").ok_or_else(not_served)?;
     let (repository, digest) = rest.rsplit_once("/blobs/").ok_or_else(not_served)?;
-    let repository_ok = !repository.is_empty()
-        && repository.split('/').all(|part| {
-            !part.is_empty()
-                && part != "."
-                && part != ".."
-                && part
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
-        });
-    if !repository_ok {
+    if !is_repository(repository) {
         return Err(not_served());
     }
     if !is_sha256_digest(digest) {

@@ -150,15 +150,33 @@ async fn connection(
             Ok::<_, std::convert::Infallible>(response)
         }
     });
+    serve_http1(tls, service, &stop).await;
+}
+
+/// HTTP/1.1 on one connection (`io`), answered by `service`, until it ends or `stop`
+/// (then the request under way finishes). A request's headers get [`HANDSHAKE_TIMEOUT`].
+pub async fn serve_http1<I, S, B>(io: I, service: S, stop: &CancellationToken)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<
+            hyper::Request<hyper::body::Incoming>,
+            Response = hyper::Response<B>,
+            Error = std::convert::Infallible,
+        >,
+    S::Future: Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let served = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HANDSHAKE_TIMEOUT)
-        .serve_connection(TokioIo::new(tls), service);
+        .serve_connection(TokioIo::new(io), service);
     let mut served = std::pin::pin!(served);
     tokio::select! {
         result = served.as_mut() => {
             if let Err(error) = result {
-                tracing::debug!(%error, "peer connection ended");
+                tracing::debug!(%error, "connection ended");
             }
         }
         () = stop.cancelled() => {
