@@ -197,7 +197,7 @@ async fn session(
     loop {
         let question = async {
             match questions.as_mut() {
-                Some(questions) => questions.recv().await,
+                Some(questions) => questions.next().await,
                 None => std::future::pending().await,
             }
         };

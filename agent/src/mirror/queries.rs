@@ -4,7 +4,7 @@
 //! "nobody" (the mirror then sends containerd to the registry).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -22,6 +22,28 @@ pub struct PeerQueries {
     outbox: mpsc::Sender<PeerQuery>,
     /// Held by the link's session while it lasts.
     inbox: tokio::sync::Mutex<mpsc::Receiver<PeerQuery>>,
+    /// A session holds the inbox: questions are sent (else they are not asked at all).
+    linked: AtomicBool,
+}
+
+/// The link session's hold on the questions: while it lives, questions are asked.
+#[derive(Debug)]
+pub struct Questions<'a> {
+    inbox: tokio::sync::MutexGuard<'a, mpsc::Receiver<PeerQuery>>,
+    linked: &'a AtomicBool,
+}
+
+impl Questions<'_> {
+    /// The next question to send.
+    pub async fn next(&mut self) -> Option<PeerQuery> {
+        self.inbox.recv().await
+    }
+}
+
+impl Drop for Questions<'_> {
+    fn drop(&mut self) {
+        self.linked.store(false, Ordering::Relaxed);
+    }
 }
 
 impl Default for PeerQueries {
@@ -32,6 +54,7 @@ impl Default for PeerQueries {
             pending: Mutex::default(),
             outbox,
             inbox: tokio::sync::Mutex::new(inbox),
+            linked: AtomicBool::new(false),
         }
     }
 }
@@ -42,8 +65,12 @@ impl PeerQueries {
     }
 
     /// The nodes this node may fetch `image` from, with their grants; none when the
-    /// controller says none, or says nothing within `patience`.
+    /// controller says none, says nothing within `patience`, or is not linked now (then
+    /// at once: containerd goes to the registry without waiting).
     pub async fn ask(&self, image: &str, patience: Duration) -> Vec<PeerSource> {
+        if !self.linked.load(Ordering::Relaxed) {
+            return Vec::new();
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (answer, answered) = oneshot::channel();
         self.pending().insert(id, answer);
@@ -63,10 +90,15 @@ impl PeerQueries {
         peers
     }
 
-    /// The link's end: questions to send, for as long as the guard is held (one session
-    /// at a time).
-    pub async fn questions(&self) -> tokio::sync::MutexGuard<'_, mpsc::Receiver<PeerQuery>> {
-        self.inbox.lock().await
+    /// The link's end: questions to send, for as long as the session holds them (one
+    /// session at a time).
+    pub async fn questions(&self) -> Questions<'_> {
+        let inbox = self.inbox.lock().await;
+        self.linked.store(true, Ordering::Relaxed);
+        Questions {
+            inbox,
+            linked: &self.linked,
+        }
     }
 
     /// An answer from the controller; one to no question waiting is dropped.
@@ -88,10 +120,17 @@ mod tests {
     #[tokio::test]
     async fn a_question_gets_its_own_answer_or_nobody_in_time() {
         let queries = Arc::new(PeerQueries::default());
+        // Not linked: nothing is asked, and the answer is at once.
+        assert!(
+            queries
+                .ask("sha256:a", Duration::from_secs(60))
+                .await
+                .is_empty()
+        );
         let link = queries.clone();
         let controller = tokio::spawn(async move {
             let mut questions = link.questions().await;
-            let first = questions.recv().await.unwrap();
+            let first = questions.next().await.unwrap();
             // An answer to nothing asked, then the real one.
             link.answer(PeerAnswer {
                 id: first.id + 100,
@@ -108,8 +147,11 @@ mod tests {
                 ],
             });
             // The second question is never answered.
-            questions.recv().await.unwrap()
+            questions.next().await.unwrap()
         });
+        while !queries.linked.load(Ordering::Relaxed) {
+            tokio::task::yield_now().await;
+        }
         let peers = queries.ask("sha256:a", Duration::from_secs(5)).await;
         assert_eq!(peers.len(), 2);
         assert_eq!(peers[0].node, "sha256:a");
