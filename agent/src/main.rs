@@ -133,7 +133,7 @@ fn report(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("rigger-agent: error: {e:#}");
+            rigger_daemon::cli::print_error("rigger-agent", &format_args!("{e:#}"));
             ExitCode::FAILURE
         }
     }

@@ -19,8 +19,19 @@ pub fn parse_args<T: clap::Parser>() -> Result<T, ExitCode> {
 
 /// Print `PROGRAM: error: CAUSE` on one line and return the configuration exit status.
 pub fn refuse_config(program: &str, error: &dyn std::fmt::Display) -> ExitCode {
-    eprintln!("{program}: error: {error}");
+    print_error(program, error);
     ExitCode::from(EXIT_BAD_CONFIG as u8)
+}
+
+/// Print `PROGRAM: error: CAUSE` on one line to stderr, filed as an error by journald
+/// when stderr goes there (a daemon's last words).
+pub fn print_error(program: &str, error: &dyn std::fmt::Display) {
+    let priority = if crate::logging::stderr_is_journal() {
+        "<3>"
+    } else {
+        ""
+    };
+    eprintln!("{priority}{program}: error: {error}");
 }
 
 /// What `completion` and `manpage` subcommands print: shell completions or a man page

@@ -67,7 +67,7 @@ pub fn init(format: LogFormat, filter: &str) -> Result<(), LoggingError> {
 
 /// Whether stderr is the journald stream systemd gave this process (`JOURNAL_STREAM`
 /// names its device and inode, as sd_journal_stream_fd(3) says to check).
-fn stderr_is_journal() -> bool {
+pub(crate) fn stderr_is_journal() -> bool {
     use std::os::unix::fs::MetadataExt as _;
     let Some(stream) = std::env::var_os("JOURNAL_STREAM") else {
         return false;

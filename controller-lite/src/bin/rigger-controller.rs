@@ -108,7 +108,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("rigger-controller: error: {e:#}");
+            rigger_daemon::cli::print_error("rigger-controller", &format_args!("{e:#}"));
             ExitCode::FAILURE
         }
     }
