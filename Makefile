@@ -65,6 +65,12 @@ deb:
 # upgrade, remove and purge (packaging/deb/test), and check the Kubernetes manifests.
 package-test: deps build
 	packaging/deb/test
+	packaging/deb/boot-test
+	@# The boot test must also fail when a unit is broken (here: ExecStart names no binary).
+	@if packaging/deb/boot-test --break execstart >/tmp/rigger-boot-test-broken.log 2>&1; then \
+		cat /tmp/rigger-boot-test-broken.log; \
+		echo "package-test: the boot test passed with a broken rigger-agent unit" >&2; exit 1; \
+	else echo "boot-test: a broken unit fails it, as it must"; fi
 	deploy/kubernetes/check
 
 # A fresh Debian 12 root with only the Rust toolchain: scripts/lab install, make demo, the
