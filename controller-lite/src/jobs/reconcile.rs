@@ -282,19 +282,9 @@ pub(super) fn reconcile_job(
                     tracing::info!(job = %key, seed = %entry.name, "no node holds the image yet: one pulls it from the registry, the rest will fetch from it");
                 }
                 effects.messages.push((entry.name.clone(), message));
-                // Nodes sent later in this pass may fall back on this one, which will
-                // hold the same image (fetched from the same sources).
-                if let Some(image) = holders.first().map(|h| h.image.clone())
-                    && let Some(address) = views
-                        .get(&entry.name)
-                        .and_then(|v| v.peer_address.as_deref())
-                {
-                    holders.push(sources::Source {
-                        node: entry.name.clone(),
-                        address: address.to_owned(),
-                        image,
-                        complete: false,
-                    });
+                // Nodes sent later in this pass may fall back on this one.
+                if let Some(sent) = sources::just_sent(&holders, views, &entry.name) {
+                    holders.push(sent);
                 }
                 tasks.insert(task_id.clone(), (key.clone(), entry.name.clone()));
                 entry.attempts = attempt;

@@ -63,6 +63,22 @@ pub(super) fn holders(
         .collect()
 }
 
+/// `node`, just sent its pull, as a source for nodes sent after it: it will hold the
+/// image the holders hold (it fetches from them). `None` when it does not serve peers,
+/// or nobody holds the image yet (then it seeds).
+pub(super) fn just_sent(
+    holders: &[Source],
+    views: &HashMap<String, NodeView>,
+    node: &str,
+) -> Option<Source> {
+    Some(Source {
+        node: node.to_owned(),
+        address: serving(views, node)?.to_owned(),
+        image: holders.first()?.image.clone(),
+        complete: false,
+    })
+}
+
 /// Nodes fetching from one node still pulling, as their first source, at most: past
 /// this, the next node fetches from another one (a tree, not a star on one uplink).
 const MAX_FANOUT: usize = 8;
@@ -376,6 +392,23 @@ mod tests {
         // Then the next holder with room.
         let next = sources_for(&holders, "late", 0, &planned);
         assert_eq!(names(next), ["f1", "seed", "f2"]);
+    }
+
+    #[test]
+    fn a_node_just_sent_backs_up_the_holders_when_it_serves_peers() {
+        let views = views(&[("a", Some("a:1"), true), ("b", None, true)]);
+        let holders = vec![source("seed", false)];
+        assert_eq!(
+            just_sent(&holders, &views, "a"),
+            Some(Source {
+                node: "a".to_owned(),
+                address: "a:1".to_owned(),
+                image: "sha256:1".to_owned(),
+                complete: false,
+            })
+        );
+        assert_eq!(just_sent(&holders, &views, "b"), None);
+        assert_eq!(just_sent(&[], &views, "a"), None);
     }
 
     #[test]
