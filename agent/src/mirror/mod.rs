@@ -15,12 +15,10 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use hyper::service::service_fn;
 use rigger_pull::peers::PeerIdentity;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
@@ -63,37 +61,20 @@ pub async fn start(
 }
 
 async fn serve(listener: TcpListener, mirror: Arc<Mirror>, stop: CancellationToken) {
-    let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let (stream, remote) = tokio::select! {
-            () = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "accepting a mirror connection failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
+    let answer = move |stream, remote, stop: CancellationToken| {
+        let mirror = mirror.clone();
+        async move {
+            let service = service_fn(move |request| {
+                let mirror = mirror.clone();
+                async move {
+                    let response = mirror.answer(&request).await;
+                    tracing::debug!(path = %request.uri().path(), status = %response.status(), "mirror request");
+                    Ok::<_, std::convert::Infallible>(response)
                 }
-            },
-        };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            continue;
-        };
-        let (mirror, stop) = (mirror.clone(), stop.clone());
-        tokio::spawn(
-            async move {
-                let _permit = permit;
-                let service = service_fn(move |request| {
-                    let mirror = mirror.clone();
-                    async move {
-                        let response = mirror.answer(&request).await;
-                        tracing::debug!(path = %request.uri().path(), status = %response.status(), "mirror request");
-                        Ok::<_, std::convert::Infallible>(response)
-                    }
-                });
-                crate::peers::serve::serve_http1(stream, service, &stop).await;
-            }
-            .instrument(tracing::debug_span!("mirror", %remote)),
-        );
-    }
+            });
+            crate::peers::serve::serve_http1(stream, service, &stop).await;
+        }
+        .instrument(tracing::debug_span!("mirror", %remote))
+    };
+    crate::peers::serve::accept(listener, MAX_CONNECTIONS, "mirror", stop, answer).await;
 }

@@ -87,6 +87,32 @@ pub async fn serve(
     stop: CancellationToken,
 ) {
     let acceptor = TlsAcceptor::from(tls);
+    accept(
+        listener,
+        max_connections,
+        "peer",
+        stop,
+        move |stream, remote, stop| {
+            connection(acceptor.clone(), stream, answerer.clone(), stop)
+                .instrument(tracing::debug_span!("peer", %remote))
+        },
+    )
+    .await;
+}
+
+/// Accept `what` connections on `listener` until `stop`, each handled by `handle` in a
+/// task of its own; one past `max_connections` open is closed at once (the client goes
+/// elsewhere).
+pub async fn accept<H, F>(
+    listener: TcpListener,
+    max_connections: usize,
+    what: &'static str,
+    stop: CancellationToken,
+    handle: H,
+) where
+    H: Fn(tokio::net::TcpStream, SocketAddr, CancellationToken) -> F,
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
     let connections = Arc::new(Semaphore::new(max_connections.max(1)));
     loop {
         let (stream, remote) = tokio::select! {
@@ -94,24 +120,21 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {
-                    tracing::warn!(%error, "accepting a peer connection failed");
+                    tracing::warn!(%error, "accepting a {what} connection failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             },
         };
         let Ok(permit) = connections.clone().try_acquire_owned() else {
-            tracing::debug!(%remote, "peer connection refused: at the connection limit");
+            tracing::debug!(%remote, "{what} connection refused: at the connection limit");
             continue;
         };
-        let (acceptor, answerer, stop) = (acceptor.clone(), answerer.clone(), stop.clone());
-        tokio::spawn(
-            async move {
-                let _permit = permit;
-                connection(acceptor, stream, answerer, stop).await;
-            }
-            .instrument(tracing::debug_span!("peer", %remote)),
-        );
+        let handled = handle(stream, remote, stop.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            handled.await;
+        });
     }
 }
 
