@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::StreamExt as _;
 use futures::stream::BoxStream;
-use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt as _, Full, StreamBody};
+use http_body_util::{BodyExt as _, StreamBody};
 use hyper::body::Frame;
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
@@ -26,9 +25,8 @@ use sha2::{Digest as _, Sha256};
 use super::queries::PeerQueries;
 use super::request::{Wanted, wanted};
 use crate::metrics::{AgentMetrics, Outcome};
+use crate::peers::answer::{Body, header_value, text, whole};
 use crate::peers::reach::named;
-
-pub type Body = UnsyncBoxBody<Bytes, std::io::Error>;
 
 /// Largest document served (as a pull reads them).
 const MAX_DOCUMENT: u64 = 8 << 20;
@@ -56,20 +54,6 @@ impl std::fmt::Debug for Mirror {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mirror").finish_non_exhaustive()
     }
-}
-
-fn text(status: StatusCode, reason: impl Into<String>) -> Response<Body> {
-    let mut response = Response::new(
-        Full::new(Bytes::from(reason.into() + "\n"))
-            .map_err(|never| match never {})
-            .boxed_unsync(),
-    );
-    *response.status_mut() = status;
-    response
-}
-
-fn header_value(value: String) -> HeaderValue {
-    HeaderValue::try_from(value).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 /// The offset a `Range: bytes=N-` header asks from (containerd resumes so); any other
@@ -222,11 +206,7 @@ impl Mirror {
         } else {
             Bytes::from(document)
         };
-        let mut response = Response::new(
-            Full::new(body)
-                .map_err(|never| match never {})
-                .boxed_unsync(),
-        );
+        let mut response = Response::new(whole(body));
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, header_value(media_type));
         headers.insert(header::CONTENT_LENGTH, header_value(length.to_string()));
@@ -247,9 +227,7 @@ impl Mirror {
         }
         let length = blob.size - start;
         let body = if head {
-            Full::new(Bytes::new())
-                .map_err(|never| match never {})
-                .boxed_unsync()
+            whole(Bytes::new())
         } else {
             let served = self.metrics.mirror_bytes.clone();
             let counted = blob.body.map(move |piece| {

@@ -112,12 +112,16 @@ impl std::fmt::Debug for Answerer {
     }
 }
 
-fn text(status: StatusCode, reason: impl Into<String>) -> Response<Body> {
-    let mut response = Response::new(
-        Full::new(Bytes::from(reason.into() + "\n"))
-            .map_err(|never| match never {})
-            .boxed_unsync(),
-    );
+/// A body of `bytes`, whole.
+pub(crate) fn whole(bytes: Bytes) -> Body {
+    Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// An answer of `status` whose body is `reason`, a line of text.
+pub(crate) fn text(status: StatusCode, reason: impl Into<String>) -> Response<Body> {
+    let mut response = Response::new(whole(Bytes::from(reason.into() + "\n")));
     *response.status_mut() = status;
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -126,7 +130,8 @@ fn text(status: StatusCode, reason: impl Into<String>) -> Response<Body> {
     response
 }
 
-fn header_value(value: String) -> HeaderValue {
+/// `value` as a header's (empty if it cannot be one).
+pub(crate) fn header_value(value: String) -> HeaderValue {
     HeaderValue::try_from(value).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
@@ -216,9 +221,7 @@ impl Answerer {
             }
         };
         let body = if head || start == end {
-            Full::new(Bytes::new())
-                .map_err(|never| match never {})
-                .boxed_unsync()
+            whole(Bytes::new())
         } else {
             self.body(&digest, start, end).await?
         };
