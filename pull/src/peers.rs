@@ -244,6 +244,23 @@ impl Peers {
         None
     }
 
+    /// An index or manifest by `digest`, checked, as a registry would serve it (its media
+    /// type read from the document).
+    pub async fn manifest(
+        &self,
+        repository: &str,
+        digest: &str,
+        limit: u64,
+    ) -> Option<crate::registry::RawManifest> {
+        let bytes = self.document(repository, digest, limit).await?;
+        let media_type = crate::media::manifest_media_type(&bytes).ok()?;
+        Some(crate::registry::RawManifest {
+            bytes: bytes.into(),
+            digest: digest.to_owned(),
+            media_type,
+        })
+    }
+
     /// Blob `digest` from byte `start` on, from the first usable peer that serves it.
     pub async fn blob(&self, repository: &str, digest: &str, start: u64) -> Option<PeerBlob> {
         for source in self.usable() {

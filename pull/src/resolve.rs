@@ -79,14 +79,15 @@ pub(crate) async fn manifests(
 ) -> Result<Manifests, PullError> {
     let image_err = |detail: String| image_error(image, detail);
     // The registry says what the name points at; when it cannot be reached, a job's
-    // peers say (the image the controller planned them as sources of).
+    // peers say (the image the controller planned them as sources of), and the image's
+    // other documents come from them too (`from_peers`).
     let (top, from_peers) = match registry.manifest(None).await {
-        Ok(top) => (top, false),
+        Ok(top) => (top, None),
         Err(error) if error.is_outage() => {
             match from_peers_instead(peers, reference, registry).await {
                 Some(top) => {
                     tracing::warn!(%image, digest = %top.digest, %error, "the registry did not answer; the image as the job's peers hold it");
-                    (top, true)
+                    (top, peers)
                 }
                 None => return Err(error.into()),
             }
@@ -106,14 +107,19 @@ pub(crate) async fn manifests(
         let chosen = media::select_manifest(&top.bytes, platform).map_err(image_err)?;
         let chosen_digest = chosen.digest().to_string();
         let manifest = match from_peers {
-            true => document_from_peers(peers, reference, &chosen_digest, registry)
+            Some(peers) => peers
+                .manifest(
+                    reference.repository(),
+                    &chosen_digest,
+                    registry.max_document_size(),
+                )
                 .await
                 .ok_or_else(|| {
                     image_err(format!(
                         "neither the registry nor the job's peers served {chosen_digest}"
                     ))
                 })?,
-            false => registry.manifest(Some(&chosen_digest)).await?,
+            None => registry.manifest(Some(&chosen_digest)).await?,
         };
         verify_digest(&manifest.bytes, &manifest.digest).map_err(image_err)?;
         if manifest.digest != chosen.digest().to_string() {
@@ -140,24 +146,6 @@ pub(crate) async fn manifests(
     })
 }
 
-/// The document `digest` from `peers`, as the registry would have served it.
-async fn document_from_peers(
-    peers: Option<&Peers>,
-    reference: &Reference,
-    digest: &str,
-    registry: &Registry,
-) -> Option<RawManifest> {
-    let bytes = peers?
-        .document(reference.repository(), digest, registry.max_document_size())
-        .await?;
-    let media_type = media::manifest_media_type(&bytes).ok()?;
-    Some(RawManifest {
-        bytes: bytes.into(),
-        digest: digest.to_owned(),
-        media_type,
-    })
-}
-
 /// What the name points at on the job's peers, when they say and the reference does not
 /// pin another digest.
 async fn from_peers_instead(
@@ -169,7 +157,9 @@ async fn from_peers_instead(
     if reference.digest().is_some_and(|pinned| pinned != image) {
         return None;
     }
-    document_from_peers(peers, reference, &image, registry).await
+    peers?
+        .manifest(reference.repository(), &image, registry.max_document_size())
+        .await
 }
 
 /// The image config, as fetched and as read.

@@ -192,20 +192,16 @@ impl Mirror {
         let Some(peers) = self.peers_for(digest).await else {
             return not_here();
         };
-        let Some(document) = peers.document(repository, digest, MAX_DOCUMENT).await else {
+        let Some(manifest) = peers.manifest(repository, digest, MAX_DOCUMENT).await else {
             return not_here();
         };
-        let Ok(media_type) = rigger_pull::media::manifest_media_type(&document) else {
-            return not_here();
-        };
-        self.learn(digest, &document);
-        self.metrics.mirror_bytes.inc_by(document.len() as u64);
-        let length = document.len();
-        let body = if head {
-            Bytes::new()
-        } else {
-            Bytes::from(document)
-        };
+        self.learn(digest, &manifest.bytes);
+        self.metrics
+            .mirror_bytes
+            .inc_by(manifest.bytes.len() as u64);
+        let length = manifest.bytes.len();
+        let body = if head { Bytes::new() } else { manifest.bytes };
+        let media_type = manifest.media_type;
         let mut response = Response::new(whole(body));
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, header_value(media_type));
