@@ -98,6 +98,7 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
         crate::tasks::PeerSide {
             identity: config.node_identity.clone(),
             arriving: arriving.clone(),
+            pace: config.peer_pace,
         },
         pods.clone(),
         metrics.clone(),
@@ -141,6 +142,7 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
             crate::mirror::start(
                 listen,
                 identity.clone(),
+                config.peer_pace,
                 queries.clone(),
                 metrics.clone(),
                 token.clone(),

@@ -45,12 +45,12 @@ pub struct PeerLink {
 }
 
 impl PeerLink {
-    /// Take the grant key a registration's answer carries (none: peers get nothing).
-    fn grant_key(&self, public_pem: &str) {
-        let verifier = if public_pem.is_empty() {
+    /// Take the grant keys a registration's answer carries (none: peers get nothing).
+    fn grant_keys(&self, public_pems: &[String]) {
+        let verifier = if public_pems.is_empty() {
             None
         } else {
-            match GrantVerifier::from_pem(public_pem.as_bytes()) {
+            match GrantVerifier::from_pems(public_pems.iter().map(String::as_bytes)) {
                 Ok(verifier) => Some(verifier),
                 Err(error) => {
                     tracing::warn!(%error, "the controller's peer grant key is unusable; serving peers nothing");
@@ -164,7 +164,7 @@ async fn session(
     let interval = match inbound.message().await {
         Ok(Some(m)) => match m.message {
             Some(controller_message::Message::RegisterAck(ack)) => {
-                peer.grant_key(&ack.peer_grant_public_key);
+                peer.grant_keys(&ack.peer_grant_public_keys);
                 Duration::from_secs(u64::from(ack.heartbeat_interval_seconds.max(1)))
             }
             _ => return Err("controller did not answer Register with RegisterAck".to_owned()),

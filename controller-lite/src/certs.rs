@@ -256,18 +256,19 @@ mod tests {
         let public = KeyPair::from_pem(std::str::from_utf8(&private).unwrap())
             .unwrap()
             .public_key_pem();
-        let signer = rigger_proto::peer_grant::GrantSigner::from_pem(&private).unwrap();
+        let signer =
+            rigger_proto::peer_grant::GrantSigner::from_pem(&private, public.as_bytes()).unwrap();
         let verifier =
-            rigger_proto::peer_grant::GrantVerifier::from_pem(public.as_bytes()).unwrap();
+            rigger_proto::peer_grant::GrantVerifier::from_pems([public.as_bytes()]).unwrap();
         let now = std::time::SystemTime::now();
+        let what = rigger_proto::peer_grant::GrantFor {
+            node: "node-1",
+            server: "node-2",
+            image: "r.example/a:1",
+        };
         let grant = signer
-            .sign(
-                "node-1",
-                "sha256:00",
-                now,
-                std::time::Duration::from_secs(60),
-            )
+            .sign(what, now, now + std::time::Duration::from_secs(60))
             .unwrap();
-        assert_eq!(verifier.verify(&grant, now).unwrap().image, "sha256:00");
+        assert_eq!(verifier.verify(&grant, now).unwrap().image, "r.example/a:1");
     }
 }

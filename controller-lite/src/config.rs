@@ -40,6 +40,7 @@ pub struct ControllerConfigFile {
     pub api_requests_per_second: Option<u32>,
     pub api_burst: Option<u32>,
     pub peer_grant_key: Option<PathBuf>,
+    pub peer_grant_verify_keys: Option<Vec<PathBuf>>,
 }
 
 #[derive(Debug, Default, Clone, clap::Args)]
@@ -92,6 +93,17 @@ pub struct ControllerArgs {
     /// writes one) [default: none: no node serves peers].
     #[arg(long, env = "RIGGER_CONTROLLER_PEER_GRANT_KEY", value_name = "FILE")]
     pub peer_grant_key: Option<PathBuf>,
+    /// More Ed25519 keys (public or private PEM, comma-separated) agents accept grants
+    /// of, besides peer_grant_key's: to rotate it, list the next key here on every
+    /// replica first, then make it peer_grant_key and list the old one here, and drop
+    /// that one two hours later (no grant lasts longer) [default: none].
+    #[arg(
+        long,
+        env = "RIGGER_CONTROLLER_PEER_GRANT_VERIFY_KEYS",
+        value_name = "FILE,...",
+        value_delimiter = ','
+    )]
+    pub peer_grant_verify_keys: Option<Vec<PathBuf>>,
     /// Serve without TLS: agents are not authenticated (trusted networks only; logged).
     #[arg(long, env = "RIGGER_CONTROLLER_INSECURE_PLAINTEXT")]
     pub insecure_plaintext: bool,
@@ -183,11 +195,22 @@ pub struct ControllerConfig {
 }
 
 /// The peer grant key, read and checked: the private half signs grants, the public
-/// half goes to every agent when it registers.
+/// half goes to every agent when it registers, with those of `peer_grant_verify_keys`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct PeerGrantKey {
     pub private_pem: Vec<u8>,
     pub public_pem: String,
+    /// The other keys agents accept grants of (the next one, retired ones), public PEM.
+    pub verify_pems: Vec<String>,
+}
+
+impl PeerGrantKey {
+    /// Every public key agents accept grants of, the signing one first.
+    pub fn public_pems(&self) -> Vec<String> {
+        std::iter::once(self.public_pem.clone())
+            .chain(self.verify_pems.iter().cloned())
+            .collect()
+    }
 }
 
 impl std::fmt::Debug for PeerGrantKey {
@@ -208,12 +231,35 @@ fn peer_grant_key(path: &std::path::Path) -> Result<PeerGrantKey, ConfigError> {
     if !key.is_compatible(&rcgen::PKCS_ED25519) {
         return Err(invalid("not an Ed25519 key".to_owned()));
     }
-    rigger_proto::peer_grant::GrantSigner::from_pem(&private_pem)
+    let public_pem = key.public_key_pem();
+    rigger_proto::peer_grant::GrantSigner::from_pem(&private_pem, public_pem.as_bytes())
         .map_err(|e| invalid(e.to_string()))?;
     Ok(PeerGrantKey {
-        public_pem: key.public_key_pem(),
+        public_pem,
         private_pem,
+        verify_pems: Vec::new(),
     })
+}
+
+/// The public half of the Ed25519 key at `path` (a public or a private key in PEM): a
+/// key agents accept grants of besides the signing one.
+fn peer_grant_verify_key(path: &std::path::Path) -> Result<String, ConfigError> {
+    let invalid =
+        |reason: String| PEER_GRANT_VERIFY_KEYS.invalid(format!("{}: {reason}", path.display()));
+    let pem = rigger_daemon::config::read_small_file(path).map_err(|e| invalid(e.to_string()))?;
+    let text = std::str::from_utf8(&pem).map_err(|e| invalid(e.to_string()))?;
+    let public_pem = if text.contains("PUBLIC KEY") {
+        text.to_owned()
+    } else {
+        let key = rcgen::KeyPair::from_pem(text).map_err(|e| invalid(e.to_string()))?;
+        if !key.is_compatible(&rcgen::PKCS_ED25519) {
+            return Err(invalid("not an Ed25519 key".to_owned()));
+        }
+        key.public_key_pem()
+    };
+    rigger_proto::peer_grant::GrantVerifier::from_pems([public_pem.as_bytes()])
+        .map_err(|e| invalid(e.to_string()))?;
+    Ok(public_pem)
 }
 
 const LISTEN: Setting = Setting {
@@ -266,6 +312,11 @@ const PEER_GRANT_KEY: Setting = Setting {
     key: "peer_grant_key",
     flag: "--peer-grant-key",
     env: "RIGGER_CONTROLLER_PEER_GRANT_KEY",
+};
+const PEER_GRANT_VERIFY_KEYS: Setting = Setting {
+    key: "peer_grant_verify_keys",
+    flag: "--peer-grant-verify-keys",
+    env: "RIGGER_CONTROLLER_PEER_GRANT_VERIFY_KEYS",
 };
 const TOKENS_FILE: Setting = Setting {
     key: "tokens_file",
@@ -529,11 +580,29 @@ impl ControllerConfig {
             )?,
             burst: positive(API_BURST, args.api_burst.or(file.api_burst), defaults.burst)?,
         };
-        let peer_grant_key = args
+        let mut peer_grant_key = args
             .peer_grant_key
             .or(file.peer_grant_key)
             .map(|path| peer_grant_key(&path))
             .transpose()?;
+        let verify_keys = args
+            .peer_grant_verify_keys
+            .or(file.peer_grant_verify_keys)
+            .unwrap_or_default();
+        match &mut peer_grant_key {
+            Some(key) => {
+                for path in &verify_keys {
+                    let pem = peer_grant_verify_key(path)?;
+                    if pem != key.public_pem && !key.verify_pems.contains(&pem) {
+                        key.verify_pems.push(pem);
+                    }
+                }
+            }
+            None if !verify_keys.is_empty() => {
+                return Err(PEER_GRANT_VERIFY_KEYS.invalid("needs peer_grant_key"));
+            }
+            None => {}
+        }
         Ok(Self {
             listen,
             health_listen,
@@ -735,7 +804,8 @@ mod tests {
             !format!("{key:?}").contains("PRIVATE"),
             "the private key leaks in Debug"
         );
-        rigger_proto::peer_grant::GrantVerifier::from_pem(key.public_pem.as_bytes()).unwrap();
+        rigger_proto::peer_grant::GrantVerifier::from_pems([key.public_pem.as_bytes()]).unwrap();
+        assert_eq!(key.public_pems(), std::slice::from_ref(&key.public_pem));
         // Not a key; a key of another kind (the CA's ECDSA key); a missing file.
         for wrong in ["ca.pem", "ca-key.pem", "missing.pem"] {
             let error = ControllerConfig::from_layers(
@@ -748,5 +818,44 @@ mod tests {
         }
         let unset = ControllerConfig::from_layers(ControllerConfigFile::default(), plaintext());
         assert!(unset.unwrap().peer_grant_key.is_none());
+    }
+
+    #[test]
+    fn keys_agents_also_accept_are_public_or_private_ed25519_keys() {
+        let dir = lab_certs();
+        let next = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let (private, public) = (dir.path().join("next.pem"), dir.path().join("next.pub"));
+        std::fs::write(&private, next.serialize_pem()).unwrap();
+        std::fs::write(&public, next.public_key_pem()).unwrap();
+        let signing = dir.path().join(crate::certs::PEER_GRANT_KEY_FILE);
+        let with = |verify: Vec<PathBuf>, key: Option<PathBuf>| {
+            ControllerConfig::from_layers(
+                ControllerConfigFile::default(),
+                ControllerArgs {
+                    peer_grant_key: key,
+                    peer_grant_verify_keys: Some(verify),
+                    ..plaintext()
+                },
+            )
+        };
+        for given in [private, public] {
+            let key = with(vec![given, signing.clone()], Some(signing.clone()))
+                .unwrap()
+                .peer_grant_key
+                .unwrap();
+            // The signing key first, the other once; the signing key not twice.
+            assert_eq!(
+                key.public_pems(),
+                [key.public_pem.clone(), next.public_key_pem()]
+            );
+        }
+        for (verify, key) in [
+            (vec![dir.path().join("ca-key.pem")], Some(signing.clone())),
+            (vec![dir.path().join("missing.pem")], Some(signing.clone())),
+            (vec![signing], None),
+        ] {
+            let error = with(verify, key).unwrap_err().to_string();
+            assert!(error.contains("`peer_grant_verify_keys`"), "{error}");
+        }
     }
 }

@@ -31,6 +31,7 @@ pub mod link;
 pub mod metrics;
 pub mod node_labels;
 pub mod nodes;
+pub mod peer_queries;
 pub mod pods;
 pub mod predownload;
 pub mod rate_limit;

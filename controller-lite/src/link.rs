@@ -21,6 +21,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use rigger_proto::peer_grant::is_sha256_digest;
 
+use crate::peer_queries::{Admission, PeerQueryGate, Question};
+
 use crate::jobs::JobEngine;
 use crate::leader::Leadership;
 use crate::nodes::{NodeRegistry, SessionId};
@@ -41,8 +43,11 @@ pub struct AgentLinkService {
     mtls: bool,
     heartbeat_interval: Duration,
     node_timeout: Duration,
-    /// What agents check peer grants with (SPKI PEM); empty: no grants are signed.
-    peer_grant_public_key: Arc<str>,
+    /// What agents check peer grants with (SPKI PEM, the signing key first); empty: no
+    /// grants are signed.
+    peer_grant_public_keys: Arc<[String]>,
+    /// The mirrors' questions, gated per node.
+    peer_queries: Arc<PeerQueryGate>,
     next_session: Arc<AtomicU64>,
     shutdown: CancellationToken,
 }
@@ -58,7 +63,7 @@ impl AgentLinkService {
         mtls: bool,
         heartbeat_interval: Duration,
         node_timeout: Duration,
-        peer_grant_public_key: String,
+        peer_grant_public_keys: Vec<String>,
         shutdown: CancellationToken,
     ) -> Self {
         Self {
@@ -70,10 +75,50 @@ impl AgentLinkService {
             mtls,
             heartbeat_interval,
             node_timeout,
-            peer_grant_public_key: peer_grant_public_key.into(),
+            peer_grant_public_keys: peer_grant_public_keys.into(),
+            peer_queries: Arc::default(),
             next_session: Arc::new(AtomicU64::new(1)),
             shutdown,
         }
+    }
+}
+
+impl AgentLinkService {
+    /// The answer to a mirror's question, within the node's allowance; any digest an
+    /// agent names is only looked up, never echoed.
+    fn mirror_peers(
+        &self,
+        node: &str,
+        image: String,
+        repository: String,
+        registry: String,
+    ) -> Vec<rigger_proto::v1::PeerSource> {
+        if !is_sha256_digest(&image) || repository.len() > 255 || registry.len() > 255 {
+            return Vec::new();
+        }
+        let question = Question {
+            node: node.to_owned(),
+            image,
+            repository,
+            registry,
+        };
+        let now = std::time::Instant::now();
+        match self.peer_queries.admit(&question, now) {
+            Admission::Look => {}
+            Admission::Limited => {
+                tracing::debug!(%node, "mirror questions past the node's allowance: answered nobody");
+                return Vec::new();
+            }
+            Admission::KnownNobody => return Vec::new(),
+        }
+        let peers = self.jobs.mirror_peers(
+            node,
+            &question.image,
+            &question.repository,
+            &question.registry,
+        );
+        self.peer_queries.answered(question, !peers.is_empty(), now);
+        peers
     }
 }
 
@@ -127,7 +172,7 @@ impl AgentLink for AgentLinkService {
                 heartbeat_interval_seconds: u32::try_from(self.heartbeat_interval.as_secs())
                     .unwrap_or(u32::MAX)
                     .max(1),
-                peer_grant_public_key: self.peer_grant_public_key.to_string(),
+                peer_grant_public_keys: self.peer_grant_public_keys.to_vec(),
             })),
         };
         tx.send(Ok(Box::new(ack)))
@@ -216,12 +261,12 @@ impl AgentLinkService {
                     self.pods.relay().complete(node, response);
                 }
                 Some(agent_message::Message::PeerQuery(query)) => {
-                    // Any digest an agent names is only looked up, never echoed.
-                    let peers = if is_sha256_digest(&query.image_digest) {
-                        self.jobs.mirror_peers(node, &query.image_digest)
-                    } else {
-                        Vec::new()
-                    };
+                    let peers = self.mirror_peers(
+                        node,
+                        query.image_digest,
+                        query.repository,
+                        query.registry,
+                    );
                     let answer = ControllerMessage {
                         message: Some(controller_message::Message::PeerAnswer(PeerAnswer {
                             id: query.id,

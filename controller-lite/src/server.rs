@@ -132,6 +132,7 @@ pub async fn run(
     let grants = match &config.peer_grant_key {
         Some(key) => Some(Arc::new(rigger_proto::peer_grant::GrantSigner::from_pem(
             &key.private_pem,
+            key.public_pem.as_bytes(),
         )?)),
         None => None,
     };
@@ -159,7 +160,7 @@ pub async fn run(
         config
             .peer_grant_key
             .as_ref()
-            .map(|k| k.public_pem.clone())
+            .map(crate::config::PeerGrantKey::public_pems)
             .unwrap_or_default(),
         token.clone(),
     );

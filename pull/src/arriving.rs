@@ -3,8 +3,9 @@
 //! arriving, so a fleet's nodes fetch from a node that is itself still downloading.
 //!
 //! Also the images those pulls resolved (the blobs each reaches, from manifests the
-//! pull checked against their digests): containerd holds an image's manifests only
-//! when its pull ends, and a peer's grant names an image.
+//! pull checked against their digests), by digest and by the name pulled: containerd
+//! holds an image's manifests and record only when its pull ends, and a peer's grant
+//! names an image reference, which this node resolved itself.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -43,6 +44,9 @@ struct Inner {
     blobs: HashMap<String, (String, watch::Sender<Arrival>)>,
     /// Image (its top digest) → how many pulls of it run, and the blobs it reaches.
     images: HashMap<String, (usize, Arc<BTreeSet<String>>)>,
+    /// Image name (containerd's record name) → the digest the latest pull of it
+    /// resolved, and how many pulls of that name run.
+    names: HashMap<String, (usize, String)>,
 }
 
 /// The node's arriving blobs and resolving images. Cheap to clone; shared by the pull
@@ -89,19 +93,31 @@ impl Arriving {
         })
     }
 
-    /// A pull resolved `image` (its top digest) to `blobs`; they count until the guard
-    /// drops (when the pull ends).
-    pub fn resolving(&self, image: &str, blobs: BTreeSet<String>) -> ResolvingGuard {
+    /// A pull of `name` resolved it to `image` (its top digest), which reaches
+    /// `blobs`; they count until the guard drops (when the pull ends).
+    pub fn resolving(&self, name: &str, image: &str, blobs: BTreeSet<String>) -> ResolvingGuard {
         let mut inner = self.lock();
         let entry = inner
             .images
             .entry(image.to_owned())
             .or_insert_with(|| (0, Arc::new(blobs)));
         entry.0 += 1;
+        let named = inner
+            .names
+            .entry(name.to_owned())
+            .or_insert_with(|| (0, image.to_owned()));
+        named.0 += 1;
+        named.1 = image.to_owned();
         ResolvingGuard {
             arriving: self.clone(),
+            name: name.to_owned(),
             image: image.to_owned(),
         }
+    }
+
+    /// The digest a pull of `name` running here resolved it to.
+    pub fn resolved(&self, name: &str) -> Option<String> {
+        self.lock().names.get(name).map(|(_, image)| image.clone())
     }
 
     /// The blobs `image` reaches, while a pull of it runs here.
@@ -181,6 +197,7 @@ impl Drop for ArrivalGuard {
 #[derive(Debug)]
 pub struct ResolvingGuard {
     arriving: Arriving,
+    name: String,
     image: String,
 }
 
@@ -191,6 +208,12 @@ impl Drop for ResolvingGuard {
             *count -= 1;
             if *count == 0 {
                 inner.images.remove(&self.image);
+            }
+        }
+        if let Some((count, _)) = inner.names.get_mut(&self.name) {
+            *count -= 1;
+            if *count == 0 {
+                inner.names.remove(&self.name);
             }
         }
     }
@@ -250,8 +273,8 @@ mod tests {
     fn an_image_counts_while_any_pull_of_it_runs() {
         let arriving = Arriving::default();
         let blobs = BTreeSet::from(["sha256:l".to_owned()]);
-        let first = arriving.resolving("sha256:i", blobs.clone());
-        let second = arriving.resolving("sha256:i", blobs);
+        let first = arriving.resolving("r.example/a:1", "sha256:i", blobs.clone());
+        let second = arriving.resolving("r.example/a:1", "sha256:i", blobs);
         drop(first);
         assert!(
             arriving
@@ -259,7 +282,12 @@ mod tests {
                 .unwrap()
                 .contains("sha256:l")
         );
+        assert_eq!(
+            arriving.resolved("r.example/a:1").as_deref(),
+            Some("sha256:i")
+        );
         drop(second);
         assert!(arriving.reached_by("sha256:i").is_none());
+        assert!(arriving.resolved("r.example/a:1").is_none());
     }
 }

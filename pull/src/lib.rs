@@ -51,7 +51,7 @@ use self::fetch::limit::RateLimit;
 pub use self::options::{DEFAULT_CHUNK_SIZE, DEFAULT_MAX_CONNECTIONS, PullOptions};
 pub use self::progress::{LayerBytes, NoProgress, Progress, ProgressEvent, PulledImage};
 use self::reference::parse_reference;
-pub use self::reference::{check_reference, normalized_name};
+pub use self::reference::{check_reference, normalized_and_pinned, normalized_name};
 use self::registry::Registry;
 use self::stack::unpack::chain_ids;
 use self::store::Store;
@@ -203,7 +203,7 @@ impl Puller {
             blobs.insert(manifests.top_digest().to_owned());
             blobs.insert(manifests.raw.digest.clone());
             blobs.insert(manifests.manifest.config().digest().to_string());
-            arriving.resolving(manifests.top_digest(), blobs)
+            arriving.resolving(name, manifests.top_digest(), blobs)
         });
         progress.event(ProgressEvent::Resolved {
             image: name.to_owned(),

@@ -186,6 +186,14 @@ pub fn normalized_name(image: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
+/// The name containerd's image record gets for `image`, and the digest the reference
+/// pins, when it pins one.
+pub fn normalized_and_pinned(image: &str) -> Result<(String, Option<String>), String> {
+    parse_reference(image)
+        .map(|r| (r.whole(), r.digest().map(str::to_owned)))
+        .map_err(|e| e.to_string())
+}
+
 /// `containerd.io/distribution.source.<host without port>` = repository.
 pub(crate) fn distribution_source(reference: &Reference) -> (String, String) {
     let host = reference.registry();

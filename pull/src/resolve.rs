@@ -78,20 +78,32 @@ pub(crate) async fn manifests(
     peers: Option<&Peers>,
 ) -> Result<Manifests, PullError> {
     let image_err = |detail: String| image_error(image, detail);
-    // The registry says what the name points at; when it cannot be reached, a job's
-    // peers say (the image the controller planned them as sources of), and the image's
-    // other documents come from them too (`from_peers`).
+    // Only the registry says what a name points at. When no registry host answers, a
+    // reference pinned by digest may still be taken from the job's peers (the document
+    // checked against that digest, and the image's other documents from them too:
+    // `from_peers`); a tag may not, since a peer's word for it would choose the image.
     let (top, from_peers) = match registry.manifest(None).await {
         Ok(top) => (top, None),
-        Err(error) if error.is_outage() => {
-            match from_peers_instead(peers, reference, registry).await {
-                Some(top) => {
-                    tracing::warn!(%image, digest = %top.digest, %error, "the registry did not answer; the image as the job's peers hold it");
-                    (top, peers)
+        Err(error) if error.is_outage() => match (reference.digest(), peers) {
+            (Some(pinned), Some(peers)) => {
+                match peers
+                    .manifest(reference.repository(), pinned, registry.max_document_size())
+                    .await
+                {
+                    Some(top) => {
+                        tracing::warn!(%image, digest = %top.digest, %error, "the registry did not answer; the pinned image from the job's peers");
+                        (top, Some(peers))
+                    }
+                    None => return Err(error.into()),
                 }
-                None => return Err(error.into()),
             }
-        }
+            (None, Some(_)) => {
+                return Err(image_err(format!(
+                    "{error}; only the registry may say what a tag points at, so the job's peers cannot stand in for it: pin the image by digest (NAME@sha256:...) to take it from them while the registry is down"
+                )));
+            }
+            _ => return Err(error.into()),
+        },
         Err(error) => return Err(error.into()),
     };
     if let Some(pinned) = reference.digest()
@@ -144,22 +156,6 @@ pub(crate) async fn manifests(
         raw,
         manifest,
     })
-}
-
-/// What the name points at on the job's peers, when they say and the reference does not
-/// pin another digest.
-async fn from_peers_instead(
-    peers: Option<&Peers>,
-    reference: &Reference,
-    registry: &Registry,
-) -> Option<RawManifest> {
-    let image = peers?.image()?.to_owned();
-    if reference.digest().is_some_and(|pinned| pinned != image) {
-        return None;
-    }
-    peers?
-        .manifest(reference.repository(), &image, registry.max_document_size())
-        .await
 }
 
 /// The image config, as fetched and as read.

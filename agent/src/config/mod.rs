@@ -54,6 +54,7 @@ pub struct AgentConfigFile {
     pub peer_address: Option<String>,
     pub peer_max_connections: Option<usize>,
     pub peer_upload_rate: Option<String>,
+    pub peer_min_rate: Option<String>,
     pub mirror_listen: Option<String>,
 }
 
@@ -153,6 +154,11 @@ pub struct RunArgs {
         value_name = "BYTES_PER_S"
     )]
     pub peer_upload_rate: Option<String>,
+    /// The pace a peer must keep while this node fetches from it, e.g. `4MiB`: a peer
+    /// slower than this over a 2 s window (a stall included) is left for the next source
+    /// or the registry, from the bytes already received [default: 1MiB].
+    #[arg(long, env = "RIGGER_AGENT_PEER_MIN_RATE", value_name = "BYTES_PER_S")]
+    pub peer_min_rate: Option<String>,
     /// Answer the node's containerd as a registry mirror on this loopback address, e.g.
     /// `127.0.0.1:9442`: kubelet's pulls of an image a job put on this node fetch it from
     /// the other nodes that hold it (containerd's hosts.toml names it with
@@ -213,6 +219,8 @@ pub struct AgentConfig {
     /// This node's certificate, key and the fleet's CA (an https:// controller's), with
     /// which it fetches from peers a job names.
     pub node_identity: Option<rigger_pull::peers::PeerIdentity>,
+    /// The pace peers must keep while this node fetches from them.
+    pub peer_pace: rigger_pull::peers::PeerPace,
 }
 
 impl AgentConfig {
@@ -336,6 +344,7 @@ impl AgentConfig {
                 upload_rate: args.peer_upload_rate.or(file.peer_upload_rate),
             },
             controller.as_deref(),
+            link.as_ref().map(|l| l.node_name.as_str()),
             node_identity.as_ref(),
         )?;
         let mirror_listen = peer::mirror(
@@ -343,6 +352,10 @@ impl AgentConfig {
             controller.as_deref(),
             node_identity.as_ref(),
         )?;
+        let peer_pace = peer::pace(bytes(
+            peer::PEER_MIN_RATE,
+            args.peer_min_rate.or(file.peer_min_rate),
+        )?)?;
 
         let namespace = args
             .namespace
@@ -400,6 +413,7 @@ impl AgentConfig {
             peer,
             mirror_listen,
             node_identity,
+            peer_pace,
         })
     }
 

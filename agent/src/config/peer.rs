@@ -4,7 +4,7 @@
 
 use rigger_daemon::config::{ConfigError, Setting};
 
-use rigger_pull::peers::PeerIdentity;
+use rigger_pull::peers::{PeerIdentity, PeerPace};
 
 use crate::peers::PeerSettings;
 use crate::peers::serve::server_config;
@@ -30,6 +30,7 @@ pub(super) struct PeerArgs {
 pub(super) fn resolve(
     args: PeerArgs,
     controller: Option<&str>,
+    node_name: Option<&str>,
     identity: Option<&PeerIdentity>,
 ) -> Result<Option<PeerSettings>, ConfigError> {
     let Some(listen) = args.listen else {
@@ -74,7 +75,11 @@ pub(super) fn resolve(
     // The same check the server makes when it starts: a key that does not match its
     // certificate is a configuration error, found before anything binds.
     server_config(&identity).map_err(|e| PEER_LISTEN.invalid(e.to_string()))?;
+    let Some(node) = node_name else {
+        return Err(PEER_LISTEN.invalid(NEEDS_HTTPS));
+    };
     Ok(Some(PeerSettings {
+        node: node.to_owned(),
         listen,
         address,
         max_connections,
@@ -107,6 +112,19 @@ pub(super) fn mirror(
     Ok(Some(listen))
 }
 
+/// The pace peers must keep (`peer_min_rate`), checked: a floor of nothing would let a
+/// peer trickle, and one above what any link carries would leave every peer.
+pub(super) fn pace(min_rate: Option<u64>) -> Result<PeerPace, ConfigError> {
+    let pace = PeerPace::default();
+    let Some(min_rate) = min_rate else {
+        return Ok(pace);
+    };
+    if !(64 << 10..=1 << 30).contains(&min_rate) {
+        return Err(PEER_MIN_RATE.invalid("must be between 64KiB and 1GiB"));
+    }
+    Ok(PeerPace { min_rate, ..pace })
+}
+
 const NEEDS_HTTPS: &str = "needs an https:// controller: peers are served over TLS with the node certificate of the controller link (ca_file, cert_file, key_file), and only to nodes the controller grants";
 
 const MIRROR_LISTEN: Setting = Setting {
@@ -128,6 +146,11 @@ const PEER_MAX_CONNECTIONS: Setting = Setting {
     key: "peer_max_connections",
     flag: "--peer-max-connections",
     env: "RIGGER_AGENT_PEER_MAX_CONNECTIONS",
+};
+pub(super) const PEER_MIN_RATE: Setting = Setting {
+    key: "peer_min_rate",
+    flag: "--peer-min-rate",
+    env: "RIGGER_AGENT_PEER_MIN_RATE",
 };
 const PEER_UPLOAD_RATE: Setting = Setting {
     key: "peer_upload_rate",
@@ -215,13 +238,18 @@ mod tests {
         let (ca, cert, key) = pki(dir.path());
         let identity = identity(&ca, &cert, &key);
         assert!(
-            resolve(PeerArgs::default(), HTTPS, Some(&identity))
+            resolve(PeerArgs::default(), HTTPS, Some("node-a"), Some(&identity))
                 .unwrap()
                 .is_none()
         );
-        let settings = resolve(listen("10.0.0.5:9441"), HTTPS, Some(&identity))
-            .unwrap()
-            .unwrap();
+        let settings = resolve(
+            listen("10.0.0.5:9441"),
+            HTTPS,
+            Some("node-a"),
+            Some(&identity),
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(settings.address, "10.0.0.5:9441");
         assert_eq!(settings.max_connections, DEFAULT_PEER_MAX_CONNECTIONS);
         assert_eq!(settings.upload_rate, DEFAULT_PEER_UPLOAD_RATE);
@@ -230,7 +258,9 @@ mod tests {
             upload_rate: Some("50MiB".to_owned()),
             ..listen("0.0.0.0:9441")
         };
-        let settings = resolve(any, HTTPS, Some(&identity)).unwrap().unwrap();
+        let settings = resolve(any, HTTPS, Some("node-a"), Some(&identity))
+            .unwrap()
+            .unwrap();
         assert_eq!(
             (settings.address.as_str(), settings.upload_rate),
             ("node-a.example:9441", 50 << 20)
@@ -243,7 +273,7 @@ mod tests {
         let (ca, cert, key) = pki(dir.path());
         let good = identity(&ca, &cert, &key);
         let refused = |args: PeerArgs, controller: Option<&str>, identity: &PeerIdentity| {
-            resolve(args, controller, Some(identity))
+            resolve(args, controller, Some("node-a"), Some(identity))
                 .unwrap_err()
                 .to_string()
         };

@@ -19,7 +19,7 @@ use http_body_util::{BodyExt as _, StreamBody};
 use hyper::body::Frame;
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use rigger_pull::peers::{PeerIdentity, PeerSource, Peers};
+use rigger_pull::peers::{PeerIdentity, PeerPace, PeerSource, Peers};
 use sha2::{Digest as _, Sha256};
 
 use super::queries::PeerQueries;
@@ -34,26 +34,55 @@ const MAX_DOCUMENT: u64 = 8 << 20;
 const PATIENCE: Duration = Duration::from_secs(2);
 /// How long an image's peers (and their grants) are used before asking again.
 const PEERS_TTL: Duration = Duration::from_secs(300);
+/// How long "nobody" is remembered: containerd asks for each blob of an image no job
+/// put here, and the controller is not asked each time.
+const NOBODY_TTL: Duration = Duration::from_secs(10);
 /// Images and digests remembered, at most (cleared when full).
 const REMEMBERED: usize = 4096;
-/// A peer silent this long is left for the next.
-const STALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Answers containerd.
 pub struct Mirror {
     queries: Arc<PeerQueries>,
     identity: PeerIdentity,
+    pace: PeerPace,
     metrics: Arc<AgentMetrics>,
-    /// Image → when its peers were named, and the client for them.
-    images: Mutex<HashMap<String, (Instant, Arc<Peers>)>>,
-    /// Digest → the image whose documents named it.
-    owners: Mutex<HashMap<String, String>>,
+    /// Image → when its peers were named, and the client for them (`None`: the
+    /// controller named nobody).
+    images: Mutex<HashMap<ImageKey, Named>>,
+    /// Digest → the image whose documents named it, in the same repository.
+    owners: Mutex<HashMap<ImageKey, String>>,
+}
+
+/// When the controller named an image's peers, and the client for them (`None`:
+/// nobody).
+type Named = (Instant, Option<Arc<Peers>>);
+
+/// A digest in one repository of one registry: what the mirror is asked for, and what
+/// the controller answers for (a job's image is of one repository only).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ImageKey {
+    registry: String,
+    repository: String,
+    digest: String,
 }
 
 impl std::fmt::Debug for Mirror {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Mirror").finish_non_exhaustive()
     }
+}
+
+/// The registry a mirror request's query names (`ns=<host>`), as containerd sends it.
+fn namespace_of(query: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let value = pair.strip_prefix("ns=")?;
+        let valid = !value.is_empty()
+            && value.len() <= 255
+            && value
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'_'));
+        valid.then(|| value.to_ascii_lowercase())
+    })
 }
 
 /// The offset a `Range: bytes=N-` header asks from (containerd resumes so); any other
@@ -70,11 +99,13 @@ impl Mirror {
     pub fn new(
         queries: Arc<PeerQueries>,
         identity: PeerIdentity,
+        pace: PeerPace,
         metrics: Arc<AgentMetrics>,
     ) -> Self {
         Self {
             queries,
             identity,
+            pace,
             metrics,
             images: Mutex::default(),
             owners: Mutex::default(),
@@ -86,6 +117,13 @@ impl Mirror {
         if request.method() != Method::GET && !head {
             return text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD");
         }
+        // containerd names the registry a mirror stands in for (`?ns=`): an answer is
+        // only for a job's image of that registry.
+        let registry = request
+            .uri()
+            .query()
+            .and_then(namespace_of)
+            .unwrap_or_default();
         let response = match wanted(request.uri().path()) {
             Ok(Wanted::Ping) => {
                 let mut response = text(StatusCode::OK, "rigger mirror");
@@ -95,15 +133,19 @@ impl Mirror {
                 );
                 return response;
             }
+            Ok(Wanted::Manifest { .. } | Wanted::Blob { .. }) if registry.is_empty() => text(
+                StatusCode::NOT_FOUND,
+                "the request names no registry (ns=): only containerd's mirror requests are answered",
+            ),
             Ok(Wanted::Manifest { repository, digest }) => {
-                self.manifest(&repository, &digest, head).await
+                self.manifest(&registry, &repository, &digest, head).await
             }
             Ok(Wanted::Blob { repository, digest }) => {
                 let range = request
                     .headers()
                     .get(header::RANGE)
                     .and_then(|v| v.to_str().ok());
-                self.blob(&repository, &digest, range_start(range), head)
+                self.blob(&registry, &repository, &digest, range_start(range), head)
                     .await
             }
             Err(reason) => text(StatusCode::NOT_FOUND, reason),
@@ -121,44 +163,63 @@ impl Mirror {
     }
 
     /// The peers for the image `digest` belongs to (the image itself when no document
-    /// served here named it).
-    async fn peers_for(&self, digest: &str) -> Option<Arc<Peers>> {
+    /// served here named it), in `repository` at `registry`; none when the controller
+    /// names none (remembered for a while, so containerd's next requests are answered
+    /// at once).
+    async fn peers_for(
+        &self,
+        registry: &str,
+        repository: &str,
+        digest: &str,
+    ) -> Option<Arc<Peers>> {
+        let key = |digest: &str| ImageKey {
+            registry: registry.to_owned(),
+            repository: repository.to_owned(),
+            digest: digest.to_owned(),
+        };
         let image = self
             .owners
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(digest)
+            .get(&key(digest))
             .cloned()
             .unwrap_or_else(|| digest.to_owned());
+        let image = key(&image);
         if let Some((at, peers)) = self
             .images
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(&image)
-            && at.elapsed() < PEERS_TTL
         {
-            return Some(peers.clone());
+            let ttl = if peers.is_some() {
+                PEERS_TTL
+            } else {
+                NOBODY_TTL
+            };
+            if at.elapsed() < ttl {
+                return peers.clone();
+            }
         }
         let sources: Vec<PeerSource> = self
             .queries
-            .ask(&image, PATIENCE)
+            .ask(&image.digest, repository, registry, PATIENCE)
             .await
             .into_iter()
             .map(|p| PeerSource {
                 node: p.node,
                 address: p.address,
                 grant: p.grant,
-                image: image.clone(),
             })
             .collect();
-        if sources.is_empty() {
-            return None;
-        }
-        let peers = match Peers::new(sources, &self.identity, STALL_TIMEOUT).await {
-            Ok(peers) => peers,
-            Err(error) => {
-                tracing::warn!(%error, "cannot reach peers for the mirror");
-                return None;
+        let peers = if sources.is_empty() {
+            None
+        } else {
+            match Peers::new(sources, &self.identity, self.pace).await {
+                Ok(peers) => Some(peers),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot reach peers for the mirror");
+                    None
+                }
             }
         };
         let mut images = self.images.lock().unwrap_or_else(PoisonError::into_inner);
@@ -166,36 +227,47 @@ impl Mirror {
             images.clear();
         }
         images.insert(image, (Instant::now(), peers.clone()));
-        Some(peers)
+        peers
     }
 
     /// What `document` (of the image `image` belongs to) names belongs to that image too.
-    fn learn(&self, digest: &str, document: &[u8]) {
+    fn learn(&self, registry: &str, repository: &str, digest: &str, document: &[u8]) {
         let Ok(named) = named(document) else {
             return;
         };
+        let key = |digest: &str| ImageKey {
+            registry: registry.to_owned(),
+            repository: repository.to_owned(),
+            digest: digest.to_owned(),
+        };
         let mut owners = self.owners.lock().unwrap_or_else(PoisonError::into_inner);
         let image = owners
-            .get(digest)
+            .get(&key(digest))
             .cloned()
             .unwrap_or_else(|| digest.to_owned());
         if owners.len() + named.documents.len() + named.blobs.len() > REMEMBERED {
             owners.clear();
         }
         for child in named.documents.into_iter().chain(named.blobs) {
-            owners.insert(child, image.clone());
+            owners.insert(key(&child), image.clone());
         }
     }
 
-    async fn manifest(&self, repository: &str, digest: &str, head: bool) -> Response<Body> {
+    async fn manifest(
+        &self,
+        registry: &str,
+        repository: &str,
+        digest: &str,
+        head: bool,
+    ) -> Response<Body> {
         let not_here = || text(StatusCode::NOT_FOUND, format!("{digest} is not on a peer"));
-        let Some(peers) = self.peers_for(digest).await else {
+        let Some(peers) = self.peers_for(registry, repository, digest).await else {
             return not_here();
         };
         let Some(manifest) = peers.manifest(repository, digest, MAX_DOCUMENT).await else {
             return not_here();
         };
-        self.learn(digest, &manifest.bytes);
+        self.learn(registry, repository, digest, &manifest.bytes);
         self.metrics
             .mirror_bytes
             .inc_by(manifest.bytes.len() as u64);
@@ -210,9 +282,16 @@ impl Mirror {
         response
     }
 
-    async fn blob(&self, repository: &str, digest: &str, start: u64, head: bool) -> Response<Body> {
+    async fn blob(
+        &self,
+        registry: &str,
+        repository: &str,
+        digest: &str,
+        start: u64,
+        head: bool,
+    ) -> Response<Body> {
         let not_here = || text(StatusCode::NOT_FOUND, format!("{digest} is not on a peer"));
-        let Some(peers) = self.peers_for(digest).await else {
+        let Some(peers) = self.peers_for(registry, repository, digest).await else {
             return not_here();
         };
         let Some(blob) = peers.blob(repository, digest, start).await else {
@@ -226,11 +305,15 @@ impl Mirror {
             whole(Bytes::new())
         } else {
             let served = self.metrics.mirror_bytes.clone();
+            let (judged, node, wanted) = (peers.clone(), blob.node.clone(), digest.to_owned());
             let counted = blob.body.map(move |piece| {
-                if let Ok(piece) = &piece {
-                    served.inc_by(piece.len() as u64);
+                match &piece {
+                    Ok(piece) => {
+                        served.inc_by(piece.len() as u64);
+                    }
+                    Err(error) => judged.broke(&node, &wanted, error),
                 }
-                piece
+                piece.map_err(|e| e.to_string())
             });
             let checked = if start == 0 {
                 let suspect = (peers.clone(), blob.node.clone());
@@ -357,6 +440,21 @@ mod tests {
         assert!(wrong[..2].iter().all(Result::is_ok));
         assert!(wrong[2].is_err());
         assert!(called.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn the_registry_is_what_containerd_names_with_ns() {
+        assert_eq!(
+            namespace_of("ns=registry.example:5000").as_deref(),
+            Some("registry.example:5000")
+        );
+        assert_eq!(
+            namespace_of("a=1&ns=Docker.IO").as_deref(),
+            Some("docker.io")
+        );
+        assert_eq!(namespace_of("ns="), None);
+        assert_eq!(namespace_of("ns=a/b"), None);
+        assert_eq!(namespace_of("x=1"), None);
     }
 
     #[test]

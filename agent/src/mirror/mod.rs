@@ -45,6 +45,7 @@ pub struct BindError {
 pub async fn start(
     listen: SocketAddr,
     identity: PeerIdentity,
+    pace: rigger_pull::peers::PeerPace,
     queries: Arc<PeerQueries>,
     metrics: Arc<crate::metrics::AgentMetrics>,
     stop: CancellationToken,
@@ -56,7 +57,7 @@ pub async fn start(
             source,
         })?;
     tracing::info!(%listen, "serving containerd as a registry mirror (blobs from peers)");
-    let mirror = Arc::new(Mirror::new(queries, identity, metrics));
+    let mirror = Arc::new(Mirror::new(queries, identity, pace, metrics));
     Ok(tokio::spawn(serve(listener, mirror, stop)))
 }
 

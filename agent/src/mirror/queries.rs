@@ -64,10 +64,17 @@ impl PeerQueries {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The nodes this node may fetch `image` from, with their grants; none when the
-    /// controller says none, says nothing within `patience`, or is not linked now (then
-    /// at once: containerd goes to the registry without waiting).
-    pub async fn ask(&self, image: &str, patience: Duration) -> Vec<PeerSource> {
+    /// The nodes this node may fetch `image` (of `repository` at `registry`) from, with
+    /// their grants; none when the controller says none, says nothing within
+    /// `patience`, or is not linked now (then at once: containerd goes to the registry
+    /// without waiting).
+    pub async fn ask(
+        &self,
+        image: &str,
+        repository: &str,
+        registry: &str,
+        patience: Duration,
+    ) -> Vec<PeerSource> {
         if !self.linked.load(Ordering::Relaxed) {
             return Vec::new();
         }
@@ -77,6 +84,8 @@ impl PeerQueries {
         let question = PeerQuery {
             id,
             image_digest: image.to_owned(),
+            repository: repository.to_owned(),
+            registry: registry.to_owned(),
         };
         let peers = match self.outbox.try_send(question) {
             Ok(()) => tokio::time::timeout(patience, answered)
@@ -123,7 +132,7 @@ mod tests {
         // Not linked: nothing is asked, and the answer is at once.
         assert!(
             queries
-                .ask("sha256:a", Duration::from_secs(60))
+                .ask("sha256:a", "r", "h", Duration::from_secs(60))
                 .await
                 .is_empty()
         );
@@ -152,10 +161,14 @@ mod tests {
         while !queries.linked.load(Ordering::Relaxed) {
             tokio::task::yield_now().await;
         }
-        let peers = queries.ask("sha256:a", Duration::from_secs(5)).await;
+        let peers = queries
+            .ask("sha256:a", "r", "h", Duration::from_secs(5))
+            .await;
         assert_eq!(peers.len(), 2);
         assert_eq!(peers[0].node, "sha256:a");
-        let unanswered = queries.ask("sha256:b", Duration::from_millis(50)).await;
+        let unanswered = queries
+            .ask("sha256:b", "r", "h", Duration::from_millis(50))
+            .await;
         assert!(unanswered.is_empty());
         assert_eq!(controller.await.unwrap().image_digest, "sha256:b");
         assert!(queries.pending().is_empty());

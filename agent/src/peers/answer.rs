@@ -98,6 +98,8 @@ impl Peer {
 
 /// Answers peers' requests.
 pub struct Answerer {
+    /// This node's name: the server a grant must name.
+    node: String,
     blobs: Arc<dyn Blobs>,
     metrics: Arc<AgentMetrics>,
     /// The controller's grant key, once the link has brought it.
@@ -137,12 +139,14 @@ pub(crate) fn header_value(value: String) -> HeaderValue {
 
 impl Answerer {
     pub fn new(
+        node: String,
         blobs: Arc<dyn Blobs>,
         grants: watch::Receiver<Option<GrantVerifier>>,
         upload: Option<Arc<RateLimit>>,
         metrics: Arc<AgentMetrics>,
     ) -> Self {
         Self {
+            node,
             blobs,
             metrics,
             grants,
@@ -197,7 +201,8 @@ impl Answerer {
                 return Err(refused(StatusCode::BAD_REQUEST, refusal.to_string()));
             }
         };
-        let image = self.granted_image(peer, request)?;
+        let reference = self.granted_image(peer, request)?;
+        let image = self.resolved(&reference).await?;
         let not_here = || refused(StatusCode::NOT_FOUND, format!("{digest} is not held here"));
         if !self.reached_by(&image).await?.contains(&digest) {
             return Err(not_here());
@@ -247,8 +252,29 @@ impl Answerer {
         Ok(response)
     }
 
-    /// The image the request's grant names, once the grant is the controller's, unexpired,
-    /// and for the node whose certificate the peer presented.
+    /// The image (its digest) this node resolved `reference` to itself: the one the
+    /// reference pins, else the one a pull of it running here resolved, else the one
+    /// containerd's record of that name points at.
+    async fn resolved(&self, reference: &str) -> Result<String, Refused> {
+        let (name, pinned) = rigger_pull::normalized_and_pinned(reference).map_err(|e| {
+            refused(
+                StatusCode::FORBIDDEN,
+                format!("the peer grant names no image reference: {e}"),
+            )
+        })?;
+        if let Some(pinned) = pinned {
+            return Ok(pinned);
+        }
+        self.blobs
+            .image(&name)
+            .await
+            .map_err(|e| refused(StatusCode::SERVICE_UNAVAILABLE, e))?
+            .ok_or_else(|| refused(StatusCode::NOT_FOUND, format!("{name} is not held here")))
+    }
+
+    /// The image reference the request's grant names, once the grant is the controller's,
+    /// unexpired, for this node as the server, and for the node whose certificate the
+    /// peer presented.
     fn granted_image<B>(&self, peer: &Peer, request: &Request<B>) -> Result<String, Refused> {
         let token = request
             .headers()
@@ -270,6 +296,15 @@ impl Answerer {
         let claims = verifier
             .verify(token.trim(), SystemTime::now())
             .map_err(|e| refused(StatusCode::FORBIDDEN, e.to_string()))?;
+        if claims.srv != self.node {
+            return Err(refused(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "the peer grant is for fetching from node {:?}, not this one",
+                    claims.srv
+                ),
+            ));
+        }
         if !peer.is_node(&claims.sub) {
             return Err(refused(
                 StatusCode::FORBIDDEN,

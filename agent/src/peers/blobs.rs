@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use containerd_client::services::v1::content_client::ContentClient;
-use containerd_client::services::v1::{InfoRequest, ReadContentRequest};
+use containerd_client::services::v1::images_client::ImagesClient;
+use containerd_client::services::v1::{GetImageRequest, InfoRequest, ReadContentRequest};
 use futures::future::BoxFuture;
 use futures::stream::{BoxStream, StreamExt as _};
 use rigger_pull::arriving::{ArrivalState, Arriving};
@@ -34,6 +35,11 @@ pub trait Blobs: Send + Sync + 'static {
     /// The blobs `image` reaches while a pull of it runs here (before containerd holds
     /// its manifests); `None` without such a pull.
     fn pulling(&self, image: &str) -> Option<Arc<BTreeSet<String>>>;
+
+    /// The digest this node resolved the image named `name` (containerd's record name)
+    /// to: a pull of it running here, else containerd's image record; `None` when
+    /// neither exists.
+    fn image<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<String>, String>>;
 }
 
 /// A whole (small) blob: an image's index or manifest. `None` when it is not held here
@@ -190,6 +196,33 @@ impl Blobs for ContainerdBlobs {
 
     fn pulling(&self, image: &str) -> Option<Arc<BTreeSet<String>>> {
         self.arriving.reached_by(image)
+    }
+
+    fn image<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<String>, String>> {
+        Box::pin(async move {
+            if let Some(digest) = self.arriving.resolved(name) {
+                return Ok(Some(digest));
+            }
+            let request = rigger_runtime::namespaced(
+                GetImageRequest {
+                    name: name.to_owned(),
+                },
+                &self.namespace,
+            )
+            .map_err(|s| s.message().to_owned())?;
+            match ImagesClient::new(self.channel().await?).get(request).await {
+                Ok(image) => Ok(image
+                    .into_inner()
+                    .image
+                    .and_then(|i| i.target)
+                    .map(|t| t.digest)),
+                Err(status) if status.code() == Code::NotFound => Ok(None),
+                Err(status) => {
+                    self.forget_channel(&status).await;
+                    Err(rigger_runtime::describe_status(&status))
+                }
+            }
+        })
     }
 
     fn read<'a>(

@@ -30,6 +30,8 @@ use self::serve::{ServeError, bind, serve, server_config};
 /// How this node serves peers (the `peer_*` settings, checked by `crate::config`).
 #[derive(Debug, Clone)]
 pub struct PeerSettings {
+    /// This node's name: the server its grants must name.
+    pub node: String,
     pub listen: SocketAddr,
     /// What the controller tells other nodes to dial (`host:port`).
     pub address: String,
@@ -65,6 +67,7 @@ pub async fn start(
     let listener = bind(settings.listen).await?;
     tracing::info!(listen = %settings.listen, address = %settings.address, "serving blobs to peers");
     let answerer = Arc::new(Answerer::new(
+        settings.node.clone(),
         Arc::new(ContainerdBlobs::new(
             containerd_address,
             namespace,

@@ -13,7 +13,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose,
 };
-use rigger_proto::peer_grant::{GrantSigner, GrantVerifier};
+use rigger_proto::peer_grant::{GrantFor, GrantSigner, GrantVerifier};
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject as _;
 use sha2::{Digest as _, Sha256};
@@ -26,10 +26,12 @@ use rigger_pull::peers::{PeerIdentity, client_tls};
 
 use super::serve::{bind, serve, server_config};
 
-/// Blobs held in memory, by digest, and images being pulled (the blobs each reaches).
+/// Blobs held in memory, by digest, images being pulled (the blobs each reaches), and
+/// image names with the digest each points at.
 struct FakeBlobs {
     held: Mutex<HashMap<String, Bytes>>,
     pulling: HashMap<String, Arc<BTreeSet<String>>>,
+    names: HashMap<String, String>,
 }
 
 impl FakeBlobs {
@@ -45,6 +47,10 @@ impl Blobs for FakeBlobs {
 
     fn pulling(&self, image: &str) -> Option<Arc<BTreeSet<String>>> {
         self.pulling.get(image).cloned()
+    }
+
+    fn image<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<String>, String>> {
+        Box::pin(async move { Ok(self.names.get(name).cloned()) })
     }
 
     fn read<'a>(
@@ -111,12 +117,14 @@ struct Served {
     address: SocketAddr,
     ca_pem: String,
     signer: GrantSigner,
+    /// The reference node-a holds the image under, and the image's digest.
     image: String,
+    image_digest: String,
     layer: Bytes,
     layer_digest: String,
     other_digest: String,
-    /// An image being pulled by node-a, and its one layer, which begins to arrive 300
-    /// ms after node-a starts.
+    /// An image being pulled by node-a (its reference), and its one layer, which begins
+    /// to arrive 300 ms after node-a starts.
     pulling_image: String,
     late_layer: Bytes,
     stop: CancellationToken,
@@ -137,20 +145,26 @@ async fn node_a(pki: &Pki, max_connections: usize) -> Served {
         }))
         .unwrap(),
     );
-    let image = digest_of(&manifest);
+    let image_digest = digest_of(&manifest);
+    let image = "registry.example/team/app:1".to_owned();
     let late_layer = Bytes::from_static(b"a layer still arriving");
-    let pulling_image = digest_of(b"an image being pulled");
+    let pulling_digest = digest_of(b"an image being pulled");
+    let pulling_image = "registry.example/team/pulling:1".to_owned();
     let blobs = Arc::new(FakeBlobs {
         held: Mutex::new(HashMap::from([
-            (image.clone(), manifest),
+            (image_digest.clone(), manifest),
             (digest_of(&config), config),
             (layer_digest.clone(), layer.clone()),
             (other_digest.clone(), other),
         ])),
         pulling: HashMap::from([(
-            pulling_image.clone(),
+            pulling_digest.clone(),
             Arc::new(BTreeSet::from([digest_of(&late_layer)])),
         )]),
+        names: HashMap::from([
+            (image.clone(), image_digest.clone()),
+            (pulling_image.clone(), pulling_digest),
+        ]),
     });
     let arrives = (blobs.clone(), late_layer.clone());
     tokio::spawn(async move {
@@ -159,10 +173,20 @@ async fn node_a(pki: &Pki, max_connections: usize) -> Served {
         blobs.held.lock().unwrap().insert(digest_of(&layer), layer);
     });
     let grant_key = KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
-    let signer = GrantSigner::from_pem(grant_key.serialize_pem().as_bytes()).unwrap();
-    let verifier = GrantVerifier::from_pem(grant_key.public_key_pem().as_bytes()).unwrap();
+    let signer = GrantSigner::from_pem(
+        grant_key.serialize_pem().as_bytes(),
+        grant_key.public_key_pem().as_bytes(),
+    )
+    .unwrap();
+    let verifier = GrantVerifier::from_pems([grant_key.public_key_pem().as_bytes()]).unwrap();
     let (_, grants) = watch::channel(Some(verifier));
-    let answerer = Arc::new(Answerer::new(blobs, grants, None, Arc::default()));
+    let answerer = Arc::new(Answerer::new(
+        "node-a".to_owned(),
+        blobs,
+        grants,
+        None,
+        Arc::default(),
+    ));
     let (cert_pem, key_pem) = pki.node("node-a", BOTH);
     let tls = server_config(&PeerIdentity {
         ca_pem: pki.ca_pem.clone().into_bytes(),
@@ -185,6 +209,7 @@ async fn node_a(pki: &Pki, max_connections: usize) -> Served {
         ca_pem: pki.ca_pem.clone(),
         signer,
         image,
+        image_digest,
         layer,
         layer_digest,
         other_digest,
@@ -234,9 +259,19 @@ fn blob_url(served: &Served, digest: &str) -> String {
 }
 
 fn grant(served: &Served, node: &str, image: &str) -> String {
+    grant_from(served, node, "node-a", image)
+}
+
+fn grant_from(served: &Served, node: &str, server: &str, image: &str) -> String {
+    let now = SystemTime::now();
+    let what = GrantFor {
+        node,
+        server,
+        image,
+    };
     served
         .signer
-        .sign(node, image, SystemTime::now(), Duration::from_secs(600))
+        .sign(what, now, now + Duration::from_secs(600))
         .unwrap()
 }
 
@@ -332,22 +367,39 @@ async fn nodes_without_a_grant_for_the_image_get_nothing() {
     let (code, reason) = status(node_b.get(&url).bearer_auth(for_c)).await;
     assert_eq!(code, 403, "{reason}");
     assert!(reason.contains("\"node-c\""), "{reason}");
+    let forger_key = KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
     let forger = GrantSigner::from_pem(
-        KeyPair::generate_for(&rcgen::PKCS_ED25519)
-            .unwrap()
-            .serialize_pem()
-            .as_bytes(),
+        forger_key.serialize_pem().as_bytes(),
+        forger_key.public_key_pem().as_bytes(),
     )
     .unwrap();
+    let now = SystemTime::now();
     let forged = forger
         .sign(
-            "node-b",
-            &served.image,
-            SystemTime::now(),
-            Duration::from_secs(600),
+            GrantFor {
+                node: "node-b",
+                server: "node-a",
+                image: &served.image,
+            },
+            now,
+            now + Duration::from_secs(600),
         )
         .unwrap();
     assert_eq!(status(node_b.get(&url).bearer_auth(forged)).await.0, 403);
+    // A grant to fetch from another node is no use here.
+    let elsewhere = grant_from(&served, "node-b", "node-c", &served.image);
+    let (code, reason) = status(node_b.get(&url).bearer_auth(elsewhere)).await;
+    assert_eq!(code, 403, "{reason}");
+    assert!(reason.contains("\"node-c\""), "{reason}");
+    // The image pinned by its digest reaches the same blobs.
+    let pinned = format!("registry.example/team/app@{}", served.image_digest);
+    let (code, reason) = status(
+        node_b
+            .get(&url)
+            .bearer_auth(grant(&served, "node-b", &pinned)),
+    )
+    .await;
+    assert_eq!(code, 200, "{reason}");
     // A grant for this image does not reach another image's blob, nor a manifest by tag.
     let token = grant(&served, "node-b", &served.image);
     let other = blob_url(&served, &served.other_digest);
@@ -357,9 +409,11 @@ async fn nodes_without_a_grant_for_the_image_get_nothing() {
         served.address.port()
     );
     assert_eq!(status(node_b.get(&by_tag).bearer_auth(&token)).await.0, 404);
-    // A grant for an image this node does not hold.
-    let unknown = grant(&served, "node-b", &served.other_digest);
+    // A grant for an image this node does not hold, or for no image reference at all.
+    let unknown = grant(&served, "node-b", "registry.example/team/other:1");
     assert_eq!(status(node_b.get(&url).bearer_auth(unknown)).await.0, 404);
+    let nonsense = grant(&served, "node-b", "Not A Reference");
+    assert_eq!(status(node_b.get(&url).bearer_auth(nonsense)).await.0, 403);
     assert_eq!(status(node_b.post(&url).bearer_auth(&token)).await.0, 405);
     served.stop.cancel();
 }

@@ -182,6 +182,8 @@ pub struct PeerSide {
     pub identity: Option<rigger_pull::peers::PeerIdentity>,
     /// Where pulls announce the blobs they write, when the node serves peers.
     pub arriving: Option<rigger_pull::arriving::Arriving>,
+    /// The pace peers must keep while this node fetches from them.
+    pub pace: rigger_pull::peers::PeerPace,
 }
 
 #[derive(Debug)]
@@ -436,12 +438,6 @@ impl TaskRunner {
                 node: p.node.clone(),
                 address: p.address.clone(),
                 grant: p.grant.clone(),
-                // Asked for by URL: a digest, or nothing.
-                image: if crate::peers::request::is_sha256_digest(&p.image_digest) {
-                    p.image_digest.clone()
-                } else {
-                    String::new()
-                },
             })
             .collect();
         self.spawn(

@@ -26,9 +26,6 @@ struct Pulled {
     peer_bytes: u64,
 }
 
-/// A peer that sends nothing for this long is left for the next source.
-const STALL_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// What a pull's status says about its peers: how much they sent, and who sent bytes
 /// that did not match (empty when no peer was involved).
 fn from_peers(pulled: &PulledImage) -> String {
@@ -272,7 +269,7 @@ impl TaskRunner {
             );
             return None;
         };
-        match Peers::new(sources, identity, STALL_TIMEOUT).await {
+        match Peers::new(sources, identity, self.inner.peer_side.pace).await {
             Ok(peers) => Some(peers),
             Err(error) => {
                 tracing::warn!(%error, "cannot reach peers; using the registry");

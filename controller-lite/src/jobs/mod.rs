@@ -19,6 +19,7 @@ use std::time::{Duration, Instant, SystemTime};
 use rigger_proto::v1::{ControllerMessage, TaskPhase, TaskStatus};
 use tokio::sync::Notify;
 
+mod mirror;
 mod reconcile;
 mod sources;
 mod tasks;
@@ -50,9 +51,10 @@ struct JobState {
     lost_at: HashMap<String, Instant>,
     /// Nodes whose task must be sent again (they reconnected).
     resend: Vec<String>,
-    /// Nodes whose bytes another node of the job found wrong: never planned as a source
-    /// for this job again (not persisted: a controller restart forgets them).
-    suspects: std::collections::BTreeSet<String>,
+    /// Per node: the nodes whose bytes it found wrong, never planned as its sources for
+    /// this job again. Only the reporter's plan changes: a node's word about another is
+    /// not trusted for anyone else (not persisted: a controller restart forgets them).
+    suspects: HashMap<String, std::collections::BTreeSet<String>>,
     /// Per node: the nodes its current task fetches from (not persisted).
     planned: HashMap<String, Vec<String>>,
     dirty: bool,
@@ -76,7 +78,7 @@ impl JobState {
             retry_at: HashMap::new(),
             lost_at: HashMap::new(),
             resend: Vec::new(),
-            suspects: std::collections::BTreeSet::new(),
+            suspects: HashMap::new(),
             planned: HashMap::new(),
             dirty: false,
             written,
@@ -429,10 +431,17 @@ impl JobEngine {
         secrets
     }
 
-    /// The nodes `node`'s containerd may fetch `image` from through its agent's registry
-    /// mirror, with grants: the holders of the image in a job that names `node` (none
-    /// when sharing is off or no such job exists).
-    pub fn mirror_peers(&self, node: &str, image: &str) -> Vec<rigger_proto::v1::PeerSource> {
+    /// The nodes `node`'s containerd may fetch `image` (a digest, asked under
+    /// `repository` for `registry`) from through its agent's registry mirror, with
+    /// grants: the holders of the image in a job that names `node` and whose image
+    /// reference is of that repository (none when sharing is off or no such job exists).
+    pub fn mirror_peers(
+        &self,
+        node: &str,
+        image: &str,
+        repository: &str,
+        registry: &str,
+    ) -> Vec<rigger_proto::v1::PeerSource> {
         let Some(grants) = self.inner.grants.as_deref() else {
             return Vec::new();
         };
@@ -445,18 +454,23 @@ impl JobEngine {
             secrets: &secrets,
             grants: Some(grants),
         };
+        let now = SystemTime::now();
         let state = self.lock();
         for job in state.jobs.values() {
+            if !mirror::same_repository(&job.job.spec.image, repository, registry) {
+                continue;
+            }
             let sources = sources::mirror_sources(
                 &job.status.nodes,
                 &views,
-                &job.suspects,
+                job.suspects.get(node),
                 &job.planned,
                 node,
                 image,
             );
             if !sources.is_empty() {
-                return tasks::peer_sources(&job.job, node, &credentials, &sources);
+                let until = tasks::grants_until(&job.job, now, reconcile::deadline(job));
+                return tasks::peer_sources(&job.job, node, &credentials, &sources, until);
             }
         }
         Vec::new()
@@ -576,18 +590,36 @@ impl JobEngine {
             return;
         }
         let backoff_limit = job.job.spec.pull_policy.backoff_limit;
+        if job
+            .entry(node)
+            .is_none_or(|entry| entry.task_id != status.id)
+        {
+            return; // An earlier attempt (or a node the job no longer has).
+        }
+        // Bounded by the node's own sources: an agent cannot grow this with names, and
+        // its word changes its own plan only.
+        let own_sources = job.planned.get(node).cloned().unwrap_or_default();
         for suspect in &status.suspected_peers {
-            // Bounded by the job's own nodes: an agent cannot grow this with names.
-            if job.index.contains_key(suspect.as_str()) && job.suspects.insert(suspect.clone()) {
-                tracing::warn!(job = %key, %node, peer = %suspect, "a peer sent bytes that did not match their digest; no longer planned as a source for this job");
+            if own_sources.contains(suspect)
+                && job
+                    .suspects
+                    .entry(node.to_owned())
+                    .or_default()
+                    .insert(suspect.clone())
+            {
+                tracing::warn!(job = %key, %node, peer = %suspect, "a peer sent bytes that did not match their digest; no longer planned as a source of this node for this job");
             }
         }
         let Some(entry) = job.entry(node) else {
             return;
         };
-        if entry.task_id != status.id {
-            return; // An earlier attempt.
-        }
+        // A digest is what the node says it resolved: it orders whom the others ask,
+        // never what they take, and only a digest's form is accepted.
+        let status_digest = if rigger_proto::peer_grant::is_sha256_digest(&status.image_digest) {
+            status.image_digest.clone()
+        } else {
+            String::new()
+        };
         let phase = TaskPhase::try_from(status.phase).unwrap_or(TaskPhase::Unspecified);
         let phase_before = entry.phase;
         entry.bytes_done = status.bytes_done;
@@ -604,8 +636,8 @@ impl JobEngine {
                 }
                 // Resolved while pulling: the node serves the image's blobs as they arrive
                 // (nodes waiting for a source may start now).
-                if !status.image_digest.is_empty() && entry.image_digest != status.image_digest {
-                    entry.image_digest.clone_from(&status.image_digest);
+                if !status_digest.is_empty() && entry.image_digest != status_digest {
+                    entry.image_digest = status_digest;
                     resolved = true;
                 }
                 resent = true;
@@ -614,7 +646,7 @@ impl JobEngine {
                 entry.phase = NodePullPhase::Succeeded;
                 entry.node_lost = false;
                 entry.message = status.message;
-                entry.image_digest = status.image_digest;
+                entry.image_digest = status_digest;
                 entry.completion_time = Some(now_rfc3339());
             }
             TaskPhase::Failed => {

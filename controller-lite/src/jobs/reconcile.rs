@@ -18,8 +18,18 @@ use rigger_api::image_pull_job::{
 };
 
 use super::sources::{self, Fanout};
-use super::tasks::{TaskCredentials, pull_task};
+use super::tasks::{self, TaskCredentials, pull_task};
 use super::{Effects, JobState, parse_time};
+
+/// When the job's `activeDeadlineSeconds` ends it (completionPolicy Always only).
+pub(super) fn deadline(job: &JobState) -> Option<SystemTime> {
+    let policy = &job.job.spec.completion_policy;
+    if policy.kind != CompletionPolicyType::Always {
+        return None;
+    }
+    let limit = Duration::from_secs(policy.active_deadline_seconds?);
+    parse_time(job.status.start_time.as_deref())?.checked_add(limit)
+}
 
 pub(super) fn cancel(id: &str, reason: &str) -> ControllerMessage {
     ControllerMessage {
@@ -87,19 +97,15 @@ pub(super) fn reconcile_job(
     }
 
     // The deadline ends everything still open.
-    let deadline_passed = policy.kind == CompletionPolicyType::Always
-        && policy.active_deadline_seconds.is_some_and(|limit| {
-            parse_time(job.status.start_time.as_deref()).is_some_and(|start| {
-                now.duration_since(start)
-                    .is_ok_and(|d| d >= Duration::from_secs(limit))
-            })
-        });
+    let deadline = deadline(job);
+    let deadline_passed = deadline.is_some_and(|deadline| now >= deadline);
+    let grants_until = tasks::grants_until(&job.job, now, deadline);
 
     let timeout = Duration::from_secs(job.job.spec.pull_policy.timeout_seconds);
     let backoff_limit = job.job.spec.pull_policy.backoff_limit;
     // Who holds the image to share, before this pass changes anything.
     let mut holders = if credentials.grants.is_some() {
-        sources::holders(&job.status.nodes, views, &job.suspects)
+        sources::holders(&job.status.nodes, views)
     } else {
         Vec::new()
     };
@@ -136,11 +142,9 @@ pub(super) fn reconcile_job(
                     entry.message = format!("node lost while pulling: {reason}");
                     job.lost_at.insert(entry.name.clone(), Instant::now());
                     job.dirty = true;
-                } else if job
-                    .sent_at
-                    .get(&entry.name)
-                    .is_some_and(|at| at.elapsed() > timeout + Duration::from_secs(30))
-                {
+                } else if job.sent_at.get(&entry.name).is_some_and(|at| {
+                    at.elapsed() > timeout.saturating_add(Duration::from_secs(30))
+                }) {
                     // The agent enforces the timeout; this catches an agent that stopped
                     // reporting without losing its link.
                     effects.messages.push((
@@ -163,6 +167,7 @@ pub(super) fn reconcile_job(
                         &entry.name,
                         entry.attempts as usize,
                         &job.planned,
+                        job.suspects.get(&entry.name),
                     );
                     job.planned.insert(
                         entry.name.clone(),
@@ -175,6 +180,7 @@ pub(super) fn reconcile_job(
                         &entry.task_id,
                         credentials,
                         &sources,
+                        grants_until,
                     ) {
                         Ok(message) => effects.messages.push((entry.name.clone(), message)),
                         Err(reason) => fail(entry, &reason),
@@ -231,11 +237,20 @@ pub(super) fn reconcile_job(
         .count();
     let uid = job.uid().to_owned();
     let instant = Instant::now();
+    let seed_overdue = job.status.nodes.iter().any(|e| {
+        e.phase == NodePullPhase::Pulling
+            && e.image_digest.is_empty()
+            && job
+                .sent_at
+                .get(&e.name)
+                .is_some_and(|at| instant.saturating_duration_since(*at) > sources::SEED_PATIENCE)
+    });
     let mut fanout = sources::fanout(
         credentials.grants.is_some(),
         &job.status.nodes,
         &holders,
         views,
+        seed_overdue,
     );
     let mut turn = 0;
     for entry in &mut job.status.nodes {
@@ -269,13 +284,27 @@ pub(super) fn reconcile_job(
         }
         let attempt = entry.attempts + 1;
         let task_id = format!("{uid}/{}/{attempt}", entry.name);
-        let sources = sources::sources_for(&holders, &entry.name, turn, &job.planned);
+        let sources = sources::sources_for(
+            &holders,
+            &entry.name,
+            turn,
+            &job.planned,
+            job.suspects.get(&entry.name),
+        );
         turn += 1;
         job.planned.insert(
             entry.name.clone(),
             sources.iter().map(|s| s.node.clone()).collect(),
         );
-        match pull_task(&job.job, key, &entry.name, &task_id, credentials, &sources) {
+        match pull_task(
+            &job.job,
+            key,
+            &entry.name,
+            &task_id,
+            credentials,
+            &sources,
+            grants_until,
+        ) {
             Ok(message) => {
                 if let Fanout::Seed { .. } = fanout {
                     fanout = Fanout::Seed { seed_pulling: true };

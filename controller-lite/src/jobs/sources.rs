@@ -7,6 +7,13 @@
 //!
 //! A node is never planned as a source of a node it fetches from (its own task's
 //! sources): two pulls each waiting for the other's bytes would stall.
+//!
+//! Every node is outside input for every other: what a node reports (that it holds
+//! the image, its digest, whom it suspects) only orders whom the others ask, never what
+//! they take. A node's suspects are left out of its own plan only, so a liar naming
+//! every honest holder a suspect costs nobody but itself; a holder claim puts a node
+//! first in some plans, and each pull that asks it and is let down leaves it after one
+//! judged window (the agents' `peer_min_rate`) or one wrong blob.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -23,8 +30,9 @@ const MAX_SOURCES: usize = 3;
 pub(super) struct Source {
     pub(super) node: String,
     pub(super) address: String,
-    /// The digest the image's name pointed at on that node: what the grant names.
-    pub(super) image: String,
+    /// The digest the node says the image's name pointed at: decides nothing for
+    /// another node (grants name the job's reference), only whom a mirror asks.
+    pub(super) reported_digest: String,
     /// The node holds the whole image (else it is pulling it: its blobs arrive).
     pub(super) complete: bool,
 }
@@ -39,11 +47,10 @@ fn serving<'a>(views: &'a HashMap<String, NodeView>, node: &str) -> Option<&'a s
 }
 
 /// The job's nodes that serve peers and hold the image or have resolved it while
-/// pulling, by name, but for `suspects` (nodes whose bytes another node found wrong).
+/// pulling, by name.
 pub(super) fn holders(
     entries: &[NodePullStatus],
     views: &HashMap<String, NodeView>,
-    suspects: &BTreeSet<String>,
 ) -> Vec<Source> {
     entries
         .iter()
@@ -51,12 +58,11 @@ pub(super) fn holders(
             matches!(e.phase, NodePullPhase::Succeeded | NodePullPhase::Pulling)
                 && !e.image_digest.is_empty()
         })
-        .filter(|e| !suspects.contains(&e.name))
         .filter_map(|e| {
             Some(Source {
                 node: e.name.clone(),
                 address: serving(views, &e.name)?.to_owned(),
-                image: e.image_digest.clone(),
+                reported_digest: e.image_digest.clone(),
                 complete: e.phase == NodePullPhase::Succeeded,
             })
         })
@@ -64,17 +70,20 @@ pub(super) fn holders(
 }
 
 /// `node`, just sent its pull, as a source for nodes sent after it: it will hold the
-/// image the holders hold (it fetches from them). `None` when it does not serve peers,
-/// or nobody holds the image yet (then it seeds).
+/// image too (it fetches from the holders). `None` when it does not serve peers, or
+/// nobody holds the image yet (then it seeds).
 pub(super) fn just_sent(
     holders: &[Source],
     views: &HashMap<String, NodeView>,
     node: &str,
 ) -> Option<Source> {
+    if holders.is_empty() {
+        return None;
+    }
     Some(Source {
         node: node.to_owned(),
         address: serving(views, node)?.to_owned(),
-        image: holders.first()?.image.clone(),
+        reported_digest: String::new(),
         complete: false,
     })
 }
@@ -84,8 +93,9 @@ pub(super) fn just_sent(
 const MAX_FANOUT: usize = 8;
 
 /// The sources of the `turn`-th pull dispatched on `node`: up to [`MAX_SOURCES`] of
-/// `holders` other than the node itself and those fetching from it (`planned`: each
-/// node's sources as its task names them). Nodes holding the whole image come first,
+/// `holders` other than the node itself, those fetching from it (`planned`: each
+/// node's sources as its task names them) and those it suspects itself (`suspected`:
+/// its own reports only). Nodes holding the whole image come first,
 /// starting at a different one each turn so the fleet's pulls spread over them; then
 /// nodes still pulling, in `holders`' order (the ones that have resolved the image
 /// before those just sent), the first with room for one more ([`MAX_FANOUT`]) first:
@@ -95,6 +105,7 @@ pub(super) fn sources_for(
     node: &str,
     turn: usize,
     planned: &HashMap<String, Vec<String>>,
+    suspected: Option<&BTreeSet<String>>,
 ) -> Vec<Source> {
     let fetches_from_node = |source: &Source| {
         !source.complete
@@ -102,9 +113,11 @@ pub(super) fn sources_for(
                 .get(&source.node)
                 .is_some_and(|theirs| theirs.iter().any(|n| n == node))
     };
-    let others = holders
-        .iter()
-        .filter(|s| s.node != node && !fetches_from_node(s));
+    let others = holders.iter().filter(|s| {
+        s.node != node
+            && !fetches_from_node(s)
+            && !suspected.is_some_and(|suspects| suspects.contains(&s.node))
+    });
     let (complete, mut arriving): (Vec<&Source>, Vec<&Source>) = others.partition(|s| s.complete);
     let mut sources: Vec<Source> = (0..complete.len())
         .map(|i| complete[(turn + i) % complete.len()].clone())
@@ -133,7 +146,7 @@ pub(super) fn sources_for(
 pub(super) fn mirror_sources(
     entries: &[NodePullStatus],
     views: &HashMap<String, NodeView>,
-    suspects: &BTreeSet<String>,
+    suspected: Option<&BTreeSet<String>>,
     planned: &HashMap<String, Vec<String>>,
     node: &str,
     image: &str,
@@ -141,11 +154,11 @@ pub(super) fn mirror_sources(
     if !entries.iter().any(|e| e.name == node) {
         return Vec::new();
     }
-    let holders: Vec<Source> = holders(entries, views, suspects)
+    let holders: Vec<Source> = holders(entries, views)
         .into_iter()
-        .filter(|s| s.image == image)
+        .filter(|s| s.reported_digest == image)
         .collect();
-    sources_for(&holders, node, 0, planned)
+    sources_for(&holders, node, 0, planned, suspected)
 }
 
 /// How the job's waiting nodes go out, given who holds the image.
@@ -159,14 +172,20 @@ pub(super) enum Fanout {
     Seed { seed_pulling: bool },
 }
 
-/// How the job's waiting nodes may start now.
+/// How long the others wait for a seed to resolve the image: past this, a seed that
+/// says nothing (slow, or lying by silence) holds nobody back.
+pub(super) const SEED_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How the job's waiting nodes may start now; `seed_overdue`: a node has been pulling
+/// for [`SEED_PATIENCE`] without resolving the image.
 pub(super) fn fanout(
     sharing: bool,
     entries: &[NodePullStatus],
     holders: &[Source],
     views: &HashMap<String, NodeView>,
+    seed_overdue: bool,
 ) -> Fanout {
-    if !sharing || !holders.is_empty() || entries.len() < 2 {
+    if !sharing || !holders.is_empty() || entries.len() < 2 || seed_overdue {
         return Fanout::Open;
     }
     // Nodes that could still become the first holder.
@@ -252,21 +271,21 @@ mod tests {
         for (name, address) in [("f", "10.0.0.6:9441"), ("g", "g:1"), ("h", "h:1")] {
             more.insert(name.to_owned(), view(Some(address), true));
         }
-        let holders = holders(&entries, &more, &BTreeSet::new());
+        let holders = holders(&entries, &more);
         assert_eq!(
             holders,
             vec![
                 Source {
                     node: "a".to_owned(),
                     address: "10.0.0.1:9441".to_owned(),
-                    image: "sha256:1".to_owned(),
+                    reported_digest: "sha256:1".to_owned(),
                     complete: true,
                 },
                 // Pulling and resolved: its blobs are served as they arrive.
                 Source {
                     node: "f".to_owned(),
                     address: "10.0.0.6:9441".to_owned(),
-                    image: "sha256:1".to_owned(),
+                    reported_digest: "sha256:1".to_owned(),
                     complete: false,
                 }
             ]
@@ -280,18 +299,39 @@ mod tests {
             .map(|n| source(n, true))
             .collect();
         let none = HashMap::new();
-        assert_eq!(names(sources_for(&holders, "x", 0, &none)), ["a", "b", "c"]);
-        assert_eq!(names(sources_for(&holders, "x", 1, &none)), ["b", "c", "d"]);
-        assert_eq!(names(sources_for(&holders, "x", 3, &none)), ["d", "a", "b"]);
-        assert_eq!(names(sources_for(&holders, "b", 1, &none)), ["c", "d", "a"]);
-        assert!(sources_for(&holders[..1], "a", 0, &none).is_empty());
+        let plan = |node, turn| names(sources_for(&holders, node, turn, &none, None));
+        assert_eq!(plan("x", 0), ["a", "b", "c"]);
+        assert_eq!(plan("x", 1), ["b", "c", "d"]);
+        assert_eq!(plan("x", 3), ["d", "a", "b"]);
+        assert_eq!(plan("b", 1), ["c", "d", "a"]);
+        assert!(sources_for(&holders[..1], "a", 0, &none, None).is_empty());
+    }
+
+    #[test]
+    fn a_nodes_suspects_are_left_out_of_its_own_plan_only() {
+        let holders: Vec<Source> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|n| source(n, true))
+            .collect();
+        let none = HashMap::new();
+        // x (a liar, or a node let down) suspects every holder but d.
+        let suspects = BTreeSet::from(["a".to_owned(), "b".to_owned(), "c".to_owned()]);
+        assert_eq!(
+            names(sources_for(&holders, "x", 0, &none, Some(&suspects))),
+            ["d"]
+        );
+        // Nobody else's plan changes.
+        assert_eq!(
+            names(sources_for(&holders, "y", 0, &none, None)),
+            ["a", "b", "c"]
+        );
     }
 
     fn source(node: &str, complete: bool) -> Source {
         Source {
             node: node.to_owned(),
             address: format!("{node}:9441"),
-            image: "sha256:1".to_owned(),
+            reported_digest: "sha256:1".to_owned(),
             complete,
         }
     }
@@ -309,19 +349,19 @@ mod tests {
         ];
         let none = HashMap::new();
         assert_eq!(
-            names(sources_for(&holders, "x", 1, &none)),
+            names(sources_for(&holders, "x", 1, &none, None)),
             ["done", "seed", "f1"]
         );
         // f1 fetches from x (x's earlier attempt): x may not fetch from f1 while f1 is
         // still pulling; once f1 holds the whole image, it may.
         let planned = HashMap::from([("f1".to_owned(), vec!["x".to_owned()])]);
         assert_eq!(
-            names(sources_for(&holders, "x", 0, &planned)),
+            names(sources_for(&holders, "x", 0, &planned, None)),
             ["done", "seed"]
         );
         let f1_done = vec![source("seed", false), source("f1", true)];
         assert_eq!(
-            names(sources_for(&f1_done, "x", 0, &planned)),
+            names(sources_for(&f1_done, "x", 0, &planned, None)),
             ["f1", "seed"]
         );
     }
@@ -336,7 +376,7 @@ mod tests {
         let waiting = |n| entry(n, NodePullPhase::Waiting, "");
         let mut entries = vec![waiting("a"), waiting("b"), waiting("c")];
         // Nobody holds the image: only a serving node may start.
-        let fan = fanout(true, &entries, &[], &views);
+        let fan = fanout(true, &entries, &[], &views, false);
         assert_eq!(
             fan,
             Fanout::Seed {
@@ -347,31 +387,36 @@ mod tests {
         assert!(may_start(fan, &views, "b"));
         // b pulls: everyone else waits until it has resolved the image.
         entries[1].phase = NodePullPhase::Pulling;
-        let fan = fanout(true, &entries, &[], &views);
+        let fan = fanout(true, &entries, &[], &views, false);
         assert!(!may_start(fan, &views, "c") && !may_start(fan, &views, "a"));
+        // A seed that says nothing for SEED_PATIENCE holds nobody back.
+        assert_eq!(fanout(true, &entries, &[], &views, true), Fanout::Open);
         // b has resolved it: all go (from b, as its blobs arrive).
         entries[1].image_digest = "sha256:1".to_owned();
-        let arriving = holders(&entries, &views, &BTreeSet::new());
-        assert_eq!(fanout(true, &entries, &arriving, &views), Fanout::Open);
+        let arriving = holders(&entries, &views);
+        assert_eq!(
+            fanout(true, &entries, &arriving, &views, false),
+            Fanout::Open
+        );
         // b has it: all go (from b).
         entries[1] = entry("b", NodePullPhase::Succeeded, "sha256:1");
-        let holders = holders(&entries, &views, &BTreeSet::new());
-        assert_eq!(fanout(true, &entries, &holders, &views), Fanout::Open);
-        // Unless the holder's bytes were found wrong: then it is no source.
-        let suspects = BTreeSet::from(["b".to_owned()]);
-        assert!(super::holders(&entries, &views, &suspects).is_empty());
+        let holders = holders(&entries, &views);
+        assert_eq!(
+            fanout(true, &entries, &holders, &views, false),
+            Fanout::Open
+        );
         // Sharing off, or no node serving peers: as before, everyone at once.
         let plain = vec![waiting("a"), waiting("b")];
-        assert_eq!(fanout(false, &plain, &[], &views), Fanout::Open);
+        assert_eq!(fanout(false, &plain, &[], &views, false), Fanout::Open);
         let unserved = views_without_peers();
-        assert_eq!(fanout(true, &plain, &[], &unserved), Fanout::Open);
+        assert_eq!(fanout(true, &plain, &[], &unserved, false), Fanout::Open);
         // The seed failed and no serving node is left to seed: everyone goes.
         let failed = vec![
             waiting("a"),
             entry("b", NodePullPhase::Failed, ""),
             entry("c", NodePullPhase::Failed, ""),
         ];
-        assert_eq!(fanout(true, &failed, &[], &views), Fanout::Open);
+        assert_eq!(fanout(true, &failed, &[], &views, false), Fanout::Open);
     }
 
     #[test]
@@ -385,12 +430,12 @@ mod tests {
         // are their fallbacks.
         for i in 0..MAX_FANOUT {
             let node = format!("n{i}");
-            let sources = sources_for(&holders, &node, i, &planned);
+            let sources = sources_for(&holders, &node, i, &planned, None);
             assert_eq!(names(sources.clone()), ["seed", "f1", "f2"], "{node}");
             planned.insert(node, names(sources));
         }
         // Then the next holder with room.
-        let next = sources_for(&holders, "late", 0, &planned);
+        let next = sources_for(&holders, "late", 0, &planned, None);
         assert_eq!(names(next), ["f1", "seed", "f2"]);
     }
 
@@ -403,7 +448,7 @@ mod tests {
             Some(Source {
                 node: "a".to_owned(),
                 address: "a:1".to_owned(),
-                image: "sha256:1".to_owned(),
+                reported_digest: String::new(),
                 complete: false,
             })
         );
@@ -419,12 +464,8 @@ mod tests {
             entry("b", NodePullPhase::Waiting, ""),
         ];
         let none = HashMap::new();
-        let suspects = BTreeSet::new();
-        let for_node = |node, image| {
-            names(mirror_sources(
-                &entries, &views, &suspects, &none, node, image,
-            ))
-        };
+        let for_node =
+            |node, image| names(mirror_sources(&entries, &views, None, &none, node, image));
         assert_eq!(for_node("b", "sha256:1"), ["a"]);
         // Another image, or a node the job does not name: nothing.
         assert!(for_node("b", "sha256:2").is_empty());

@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use rigger_api::image_pull_job::{ImagePullJob, ImagePullPolicy};
 use rigger_api::secret;
+use rigger_proto::peer_grant::GrantFor;
 use rigger_proto::v1::{ControllerMessage, PullImage, Task, controller_message, task};
 
 use super::sources::Source;
@@ -21,6 +22,20 @@ pub(super) struct TaskCredentials<'a> {
 /// How long a peer grant lasts past the pull's own time limit.
 const GRANT_MARGIN: Duration = Duration::from_secs(300);
 
+/// When the job's grants end: the pull's time limit and a margin from now, never past
+/// the job's deadline (and never past the grants' own maximum, which `sign` keeps).
+pub(super) fn grants_until(
+    job: &ImagePullJob,
+    now: SystemTime,
+    deadline: Option<SystemTime>,
+) -> SystemTime {
+    let lifetime = Duration::from_secs(job.spec.pull_policy.timeout_seconds)
+        .saturating_add(GRANT_MARGIN)
+        .min(rigger_proto::peer_grant::MAX_GRANT_LIFETIME);
+    let until = now.checked_add(lifetime).unwrap_or(now);
+    deadline.map_or(until, |deadline| until.min(deadline))
+}
+
 pub(super) fn pull_task(
     job: &ImagePullJob,
     key: &ObjectKey,
@@ -28,6 +43,7 @@ pub(super) fn pull_task(
     task_id: &str,
     credentials: &TaskCredentials<'_>,
     sources: &[Source],
+    grants_until: SystemTime,
 ) -> Result<ControllerMessage, String> {
     let mut docker_configs = Vec::new();
     for name in &job.spec.pull_secrets {
@@ -50,39 +66,48 @@ pub(super) fn pull_task(
                 timeout_seconds: u32::try_from(job.spec.pull_policy.timeout_seconds)
                     .unwrap_or(u32::MAX),
                 docker_configs,
-                peers: peer_sources(job, node, credentials, sources),
+                peers: peer_sources(job, node, credentials, sources, grants_until),
             })),
         })),
     })
 }
 
-/// The task's peers, each with a grant for `node` and the image as that peer holds it.
-/// A grant that cannot be signed leaves its peer out (the registry remains).
+/// The task's peers, each with a grant for `node` to fetch from it the image the job
+/// names (as that peer resolved it itself), until `until`. A grant that cannot be signed
+/// leaves its peer out (the registry remains).
 pub(super) fn peer_sources(
     job: &ImagePullJob,
     node: &str,
     credentials: &TaskCredentials<'_>,
     sources: &[Source],
+    until: SystemTime,
 ) -> Vec<rigger_proto::v1::PeerSource> {
     let Some(signer) = credentials.grants else {
         return Vec::new();
     };
-    let lifetime = Duration::from_secs(job.spec.pull_policy.timeout_seconds) + GRANT_MARGIN;
+    let now = SystemTime::now();
+    if until <= now {
+        return Vec::new();
+    }
     sources
         .iter()
-        .filter_map(
-            |source| match signer.sign(node, &source.image, SystemTime::now(), lifetime) {
+        .filter_map(|source| {
+            let what = GrantFor {
+                node,
+                server: &source.node,
+                image: &job.spec.image,
+            };
+            match signer.sign(what, now, until) {
                 Ok(grant) => Some(rigger_proto::v1::PeerSource {
                     node: source.node.clone(),
                     address: source.address.clone(),
                     grant,
-                    image_digest: source.image.clone(),
                 }),
                 Err(error) => {
                     tracing::warn!(%error, peer = %source.node, "cannot sign a peer grant");
                     None
                 }
-            },
-        )
+            }
+        })
         .collect()
 }

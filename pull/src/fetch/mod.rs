@@ -297,8 +297,14 @@ impl Transfer {
             // Fetched meanwhile by a concurrent pull: only our labels are missing.
             return self.mark_present(digest, labels, None).await;
         };
-        if let Some(arriving) = &self.arriving {
-            let arrival = arriving.begin(digest, writer.reference(), size, writer.offset());
+        // Peers are served a blob while it arrives only when every byte of its ingest is
+        // this pull's own: bytes another writer (or a run before a crash) left there are
+        // nobody's word until containerd checks the digest, so a resumed blob is served
+        // once committed.
+        if let Some(arriving) = &self.arriving
+            && writer.offset() == 0
+        {
+            let arrival = arriving.begin(digest, writer.reference(), size, 0);
             writer.announce(arrival);
         }
         let labels = self.labels_with_source(labels, None);

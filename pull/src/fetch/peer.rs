@@ -39,8 +39,8 @@ impl Transfer {
             }
             let mut body = match peers.get(&source, &self.repository, digest, start).await {
                 Ok(body) => body,
-                Err(reason) => {
-                    tracing::debug!(%digest, node = %source.node, %reason, "a peer did not serve the blob");
+                Err(refusal) => {
+                    peers.refused(&source.node, digest, &refusal);
                     continue;
                 }
             };
@@ -48,8 +48,8 @@ impl Transfer {
             while let Some(piece) = body.next().await {
                 let piece = match piece {
                     Ok(piece) => piece,
-                    Err(reason) => {
-                        tracing::debug!(%digest, node = %source.node, %reason, "a peer's stream broke");
+                    Err(error) => {
+                        peers.broke(&source.node, digest, &error);
                         break;
                     }
                 };

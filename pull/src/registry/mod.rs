@@ -42,8 +42,9 @@ pub enum RegistryError {
     },
     #[error("{image}: {detail}")]
     Manifest { image: String, detail: String },
-    /// No host answered the manifest request (network errors, error statuses): an
-    /// outage, not an answer about the image.
+    /// No host answered the manifest request (unreachable, or failing with a 5xx): an
+    /// outage, not an answer about the image. A 429 is an answer ("slow down"), not an
+    /// outage.
     #[error("{image}: {detail}")]
     Unanswered { image: String, detail: String },
     #[error("{what} from {endpoint}: {detail}")]
@@ -61,9 +62,11 @@ pub enum RegistryError {
 }
 
 impl RegistryError {
-    /// The registry did not answer (unreachable, failing): someone else may know.
+    /// No registry host answered at all (unreachable, or failing with a 5xx). Only then
+    /// may a document pinned by digest come from elsewhere (it is checked against the
+    /// digest); what a tag points at is never taken from anyone but the registry.
     pub fn is_outage(&self) -> bool {
-        matches!(self, Self::Unanswered { .. }) || self.is_retryable()
+        matches!(self, Self::Unanswered { .. })
     }
 
     pub fn is_retryable(&self) -> bool {
@@ -223,6 +226,9 @@ impl Registry {
         // the upstream's answer after it.
         let mut failures = Vec::new();
         let mut not_found = Vec::new();
+        // A host that answered with a status of its own (429, 4xx) spoke: the registry
+        // is there, so this is not an outage.
+        let mut answered = false;
         for (i, endpoint) in self.endpoints.iter().enumerate() {
             if (by_tag || !endpoint.pull) && !endpoint.resolve {
                 continue;
@@ -270,6 +276,11 @@ impl Registry {
                     tracing::debug!(endpoint = %endpoint.url, error = %detail, "manifest fetch failed");
                     failures.push(format!("{}: {detail}", endpoint.url));
                 }
+                Err(ManifestFailure::Refused(detail)) => {
+                    tracing::debug!(endpoint = %endpoint.url, error = %detail, "manifest fetch refused");
+                    answered = true;
+                    failures.push(format!("{}: {detail}", endpoint.url));
+                }
             }
         }
         if failures.is_empty() {
@@ -282,7 +293,7 @@ impl Registry {
                 endpoints: not_found.join(", "),
             });
         }
-        let unanswered = not_found.is_empty();
+        let unanswered = not_found.is_empty() && !answered;
         failures.extend(not_found.iter().map(|url| format!("{url}: not found")));
         let (image, detail) = (self.image(), failures.join("; "));
         Err(if unanswered {
@@ -328,7 +339,8 @@ impl Registry {
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Err(ManifestFailure::Denied(
                 format!("manifest {name}: HTTP {status}"),
             )),
-            _ => Err(ManifestFailure::Other(format!("HTTP {status}"))),
+            s if s.is_server_error() => Err(ManifestFailure::Other(format!("HTTP {status}"))),
+            _ => Err(ManifestFailure::Refused(format!("HTTP {status}"))),
         }
     }
 
@@ -437,7 +449,10 @@ enum ManifestFailure {
     NotFound,
     Denied(String),
     TooBig(String),
+    /// No answer: the network, or the host failing (5xx).
     Other(String),
+    /// An answer that is not the document: 429 and the other statuses.
+    Refused(String),
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {

@@ -12,7 +12,7 @@ use rigger_integration_tests::{
     Agent, Controller, Lab, LabNode, MountedSnapshot, Proxy, TestNamespace, agent, assert_ok,
     free_port, plain_http_hosts_dir, top_chain_id, tree_listing, unique_image, wait_until,
 };
-use rigger_proto::peer_grant::GrantSigner;
+use rigger_proto::peer_grant::{GrantFor, GrantSigner};
 use rigger_pull::peers::{PeerIdentity, client_tls};
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject as _;
@@ -75,6 +75,14 @@ fn image_and_layers_on(node: &LabNode, ns: &str, reference: &str) -> (String, Ve
     (top, layers)
 }
 
+/// A grant signer with the Ed25519 private key `pem`.
+fn signer_of(pem: &[u8]) -> GrantSigner {
+    let public = rcgen::KeyPair::from_pem(std::str::from_utf8(pem).unwrap())
+        .unwrap()
+        .public_key_pem();
+    GrantSigner::from_pem(pem, public.as_bytes()).unwrap()
+}
+
 fn pull(lab: &Lab, ns: &str, reference: &str) {
     assert_ok(&agent(&[
         "pull",
@@ -118,10 +126,16 @@ fn a_node_serves_the_blobs_of_an_image_it_holds_to_granted_nodes_only() {
     let port = free_port();
     node_a.restart_with_flags(&["--peer-listen", &format!("127.0.0.1:{port}")]);
 
-    let signer = GrantSigner::from_pem(&std::fs::read(&grant_key).unwrap()).unwrap();
+    let signer = signer_of(&std::fs::read(&grant_key).unwrap());
     let grant = |node: &str, image: &str| {
+        let now = SystemTime::now();
+        let what = GrantFor {
+            node,
+            server: "node-a",
+            image,
+        };
         signer
-            .sign(node, image, SystemTime::now(), Duration::from_secs(600))
+            .sign(what, now, now + Duration::from_secs(600))
             .unwrap()
     };
     let (ca, cert_b, key_b) = controller.agent_certs("node-b");
@@ -139,7 +153,8 @@ fn a_node_serves_the_blobs_of_an_image_it_holds_to_granted_nodes_only() {
 
     // Once the agent has registered and holds the controller's grant key, every layer
     // of the image comes whole, and as ranges, with the bytes containerd holds.
-    let token = grant("node-b", &top);
+    // A grant names the job's reference: node-a serves the image it resolved it to.
+    let token = grant("node-b", &image);
     wait_until(
         "node-a to serve its first granted blob",
         Duration::from_secs(30),
@@ -181,19 +196,50 @@ fn a_node_serves_the_blobs_of_an_image_it_holds_to_granted_nodes_only() {
         status(
             node_b
                 .get(url(&layers[0]))
-                .bearer_auth(grant("node-c", &top))
+                .bearer_auth(grant("node-c", &image))
         ),
         Some(403)
     );
-    let forger = GrantSigner::from_pem(
+    // A grant to fetch from another node is no use here.
+    let now = SystemTime::now();
+    let elsewhere = GrantFor {
+        node: "node-b",
+        server: "node-c",
+        image: &image,
+    };
+    let for_c = signer
+        .sign(elsewhere, now, now + Duration::from_secs(600))
+        .unwrap();
+    assert_eq!(
+        status(node_b.get(url(&layers[0])).bearer_auth(for_c)),
+        Some(403)
+    );
+    // The image pinned by digest reaches the same blobs.
+    let pinned = format!("{}@{top}", image.rsplit_once(':').unwrap().0);
+    assert_eq!(
+        status(
+            node_b
+                .get(url(&layers[0]))
+                .bearer_auth(grant("node-b", &pinned))
+        ),
+        Some(200)
+    );
+    let forger = signer_of(
         rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519)
             .unwrap()
             .serialize_pem()
             .as_bytes(),
-    )
-    .unwrap();
+    );
     let forged = forger
-        .sign("node-b", &top, SystemTime::now(), Duration::from_secs(600))
+        .sign(
+            GrantFor {
+                node: "node-b",
+                server: "node-a",
+                image: &image,
+            },
+            now,
+            now + Duration::from_secs(600),
+        )
         .unwrap();
     assert_eq!(
         status(node_b.get(url(&layers[0])).bearer_auth(forged)),

@@ -8,6 +8,8 @@
 //! only (not the system's), and by node name: the name a peer's certificate must carry.
 //! Each request carries the grant the controller signed for this node and image.
 
+mod pace;
+
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,9 +25,14 @@ use reqwest::header::{AUTHORIZATION, RANGE};
 use rustls_pki_types::pem::PemObject as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
+pub use self::pace::{DEFAULT_PEER_MIN_RATE, DEFAULT_PEER_WINDOW, PeerPace};
+use self::pace::{PaceJudge, Verdict};
+
 /// Peers one pull asks at most, whatever a task names (each costs a name lookup, and a
 /// try per blob before the registry).
 const MAX_PEERS: usize = 8;
+/// What is read of a peer's error answer, at most (its reason, for the log).
+const MAX_ERROR_BODY: usize = 4 << 10;
 
 /// A node to ask for blobs, as the controller planned it.
 #[derive(Clone)]
@@ -34,11 +41,8 @@ pub struct PeerSource {
     pub node: String,
     /// `host:port` of its peer endpoint.
     pub address: String,
-    /// The controller's grant for this node (the one pulling) and the image.
+    /// The controller's grant for this node (the one pulling) to fetch from that one.
     pub grant: String,
-    /// The digest the image's name points at on that node (what the grant names): the
-    /// image this pull takes when the registry cannot say what the name points at.
-    pub image: String,
 }
 
 impl std::fmt::Debug for PeerSource {
@@ -46,10 +50,24 @@ impl std::fmt::Debug for PeerSource {
         f.debug_struct("PeerSource")
             .field("node", &self.node)
             .field("address", &self.address)
-            .field("image", &self.image)
             .finish_non_exhaustive()
     }
 }
+
+/// Why a peer's answer stopped before its end.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeerStreamError {
+    /// Slower than the pace a peer must keep (a stall included): not asked again in
+    /// this pull.
+    #[error("slower than the peers' floor ({rate} B/s over the last window)")]
+    TooSlow { rate: u64 },
+    /// The connection broke.
+    #[error("{0}")]
+    Broken(String),
+}
+
+/// A peer's answer body, piece by piece, judged for pace as it comes.
+pub type PeerBody = BoxStream<'static, Result<Bytes, PeerStreamError>>;
 
 /// A blob as a peer answers it.
 pub struct PeerBlob {
@@ -58,7 +76,7 @@ pub struct PeerBlob {
     /// The whole blob's size.
     pub size: u64,
     /// Its bytes from the asked offset on.
-    pub body: BoxStream<'static, Result<Bytes, String>>,
+    pub body: PeerBody,
 }
 
 impl std::fmt::Debug for PeerBlob {
@@ -88,12 +106,35 @@ impl std::fmt::Debug for PeerIdentity {
 #[error("peer TLS: {0}")]
 pub struct PeerSetupError(String);
 
+/// Why a peer did not serve what was asked.
+#[derive(Debug)]
+pub(crate) enum PeerRefusal {
+    /// It could not be reached, or answered outside the protocol (a redirect, a body
+    /// without a size): not asked again in this pull.
+    Unusable(String),
+    /// It answered no (it lacks the blob, the grant is refused): the next blob may be
+    /// there.
+    Declined(String),
+}
+
+impl std::fmt::Display for PeerRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unusable(reason) | Self::Declined(reason) => f.write_str(reason),
+        }
+    }
+}
+
 /// The peers of one pull.
 pub struct Peers {
     client: reqwest::Client,
     sources: Vec<PeerSource>,
+    pace: PeerPace,
     /// Nodes whose bytes went into a blob that did not match its digest.
     suspects: Mutex<BTreeSet<String>>,
+    /// Nodes left for the rest of the pull: too slow, unreachable, or off the protocol.
+    /// Unlike suspects they are not reported: a slow node is not a liar.
+    dropped: Mutex<BTreeSet<String>>,
     received: AtomicU64,
 }
 
@@ -120,17 +161,23 @@ fn is_node_name(name: &str) -> bool {
 
 impl Peers {
     /// A client for `sources` (those whose name or address cannot be used are left out,
-    /// with a warning), giving up on a peer that sends nothing for `stall_timeout`.
+    /// with a warning), leaving a peer that does not keep `pace`.
+    ///
+    /// A peer is another node, so outside input: its answers are read over HTTPS only,
+    /// never followed elsewhere (a redirect could point this node at its own loopback
+    /// or a metadata address), and every body it sends is bounded in size and pace.
     pub async fn new(
         sources: Vec<PeerSource>,
         identity: &PeerIdentity,
-        stall_timeout: Duration,
+        pace: PeerPace,
     ) -> Result<Arc<Self>, PeerSetupError> {
         let config = client_tls(identity)?;
         let mut builder = reqwest::Client::builder()
             .tls_backend_preconfigured(config)
+            .https_only(true)
+            .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(Duration::from_secs(5))
-            .read_timeout(stall_timeout)
+            .read_timeout(pace.window)
             .no_proxy();
         let mut usable = Vec::new();
         if sources.len() > MAX_PEERS {
@@ -157,7 +204,9 @@ impl Peers {
         Ok(Arc::new(Self {
             client,
             sources: usable,
+            pace,
             suspects: Mutex::default(),
+            dropped: Mutex::default(),
             received: AtomicU64::new(0),
         }))
     }
@@ -165,11 +214,48 @@ impl Peers {
     /// The peers still worth asking, in the planned order.
     pub(crate) fn usable(&self) -> Vec<PeerSource> {
         let suspects = self.suspects.lock().map(|s| s.clone()).unwrap_or_default();
+        let dropped = self.dropped.lock().map(|s| s.clone()).unwrap_or_default();
         self.sources
             .iter()
-            .filter(|s| !suspects.contains(&s.node))
+            .filter(|s| !suspects.contains(&s.node) && !dropped.contains(&s.node))
             .cloned()
             .collect()
+    }
+
+    /// `node` is not asked again in this pull (too slow, unreachable, off the protocol).
+    pub fn drop_source(&self, node: &str, reason: &str) {
+        tracing::info!(%node, %reason, "a peer is left for the rest of the pull");
+        if let Ok(mut dropped) = self.dropped.lock() {
+            dropped.insert(node.to_owned());
+        }
+    }
+
+    /// Nodes left for the rest of the pull (not reported: slow is not lying).
+    pub fn dropped(&self) -> Vec<String> {
+        self.dropped
+            .lock()
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// What a failed request says of its peer: an unusable one is not asked again.
+    pub(crate) fn refused(&self, node: &str, digest: &str, refusal: &PeerRefusal) {
+        match refusal {
+            PeerRefusal::Unusable(reason) => self.drop_source(node, reason),
+            PeerRefusal::Declined(reason) => {
+                tracing::debug!(%digest, %node, %reason, "a peer did not serve it");
+            }
+        }
+    }
+
+    /// What a broken stream says of its peer: a slow one is not asked again.
+    pub fn broke(&self, node: &str, digest: &str, error: &PeerStreamError) {
+        match error {
+            PeerStreamError::TooSlow { .. } => self.drop_source(node, &error.to_string()),
+            PeerStreamError::Broken(reason) => {
+                tracing::debug!(%digest, %node, %reason, "a peer's stream broke");
+            }
+        }
     }
 
     /// Bytes of `nodes` went into a blob that did not match its digest.
@@ -196,35 +282,35 @@ impl Peers {
         self.received.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    /// The digest the image's name points at on the first peer that says (all of a
-    /// job's peers hold the same image unless its tag moved meanwhile).
-    pub(crate) fn image(&self) -> Option<&str> {
-        self.sources
-            .iter()
-            .map(|s| s.image.as_str())
-            .find(|i| !i.is_empty())
-    }
-
     /// A document (index, manifest, config) by `digest` from the first usable peer whose
     /// copy matches the digest, up to `limit` bytes; a peer whose copy does not match is
     /// suspected.
     pub async fn document(&self, repository: &str, digest: &str, limit: u64) -> Option<Vec<u8>> {
         for source in self.usable() {
-            let mut body = match self.get(&source, repository, digest, 0).await {
-                Ok(body) => body,
-                Err(reason) => {
-                    tracing::debug!(%digest, node = %source.node, %reason, "a peer did not serve the document");
+            let (size, mut body) = match self.fetch(&source, repository, digest, 0).await {
+                Ok(answer) => answer,
+                Err(refusal) => {
+                    self.refused(&source.node, digest, &refusal);
                     continue;
                 }
             };
+            if size > limit {
+                tracing::debug!(%digest, node = %source.node, size, "a peer's document is bigger than a document may be");
+                continue;
+            }
             let mut document = Vec::new();
             let mut whole = true;
             while let Some(piece) = body.next().await {
                 match piece {
-                    Ok(piece) if document.len() as u64 + piece.len() as u64 <= limit => {
+                    Ok(piece) if document.len() as u64 + piece.len() as u64 <= size => {
                         document.extend_from_slice(&piece);
                     }
-                    _ => {
+                    Ok(_) => {
+                        whole = false;
+                        break;
+                    }
+                    Err(error) => {
+                        self.broke(&source.node, digest, &error);
                         whole = false;
                         break;
                     }
@@ -272,9 +358,7 @@ impl Peers {
                         body,
                     });
                 }
-                Err(reason) => {
-                    tracing::debug!(%digest, node = %source.node, %reason, "a peer did not serve the blob");
-                }
+                Err(refusal) => self.refused(&source.node, digest, &refusal),
             }
         }
         None
@@ -287,7 +371,7 @@ impl Peers {
         repository: &str,
         digest: &str,
         start: u64,
-    ) -> Result<BoxStream<'static, Result<Bytes, String>>, String> {
+    ) -> Result<PeerBody, PeerRefusal> {
         Ok(self.fetch(source, repository, digest, start).await?.1)
     }
 
@@ -299,7 +383,7 @@ impl Peers {
         repository: &str,
         digest: &str,
         start: u64,
-    ) -> Result<(u64, BoxStream<'static, Result<Bytes, String>>), String> {
+    ) -> Result<(u64, PeerBody), PeerRefusal> {
         let port = source
             .address
             .rsplit_once(':')
@@ -316,19 +400,32 @@ impl Peers {
         if start > 0 {
             request = request.header(RANGE, format!("bytes={start}-"));
         }
-        let response = request
-            .send()
+        let response = tokio::time::timeout(self.pace.window, request.send())
             .await
-            .map_err(|e| rigger_daemon::error_chain(&e))?;
+            .map_err(|_| {
+                PeerRefusal::Unusable(format!(
+                    "no answer within {} s",
+                    self.pace.window.as_secs_f32()
+                ))
+            })?
+            .map_err(|e| PeerRefusal::Unusable(rigger_daemon::error_chain(&e)))?;
         let status = response.status();
         let expected = if start > 0 {
             StatusCode::PARTIAL_CONTENT
         } else {
             StatusCode::OK
         };
+        if status.is_redirection() {
+            return Err(PeerRefusal::Unusable(format!(
+                "HTTP {status}: a peer serves what it holds itself, never elsewhere"
+            )));
+        }
         if status != expected {
-            let reason = response.text().await.unwrap_or_default();
-            return Err(format!("HTTP {status}: {}", reason.trim()));
+            let reason = error_reason(response, self.pace).await;
+            return Err(PeerRefusal::Declined(format!(
+                "HTTP {status}: {}",
+                reason.trim()
+            )));
         }
         let size = if start > 0 {
             response
@@ -340,15 +437,74 @@ impl Peers {
         } else {
             response.content_length()
         }
-        .ok_or_else(|| "the answer does not say the blob's size".to_owned())?;
-        Ok((
-            size,
-            response
-                .bytes_stream()
-                .map(|piece| piece.map_err(|e| rigger_daemon::error_chain(&e)))
-                .boxed(),
-        ))
+        .ok_or_else(|| {
+            PeerRefusal::Unusable("the answer does not say the blob's size".to_owned())
+        })?;
+        Ok((size, paced(response, self.pace)))
     }
+}
+
+/// The start of a peer's error answer, for the log: at most `MAX_ERROR_BODY` bytes and
+/// one window of waiting, whatever the peer sends.
+async fn error_reason(response: reqwest::Response, pace: PeerPace) -> String {
+    let mut body = response.bytes_stream();
+    let mut reason = Vec::new();
+    let read = async {
+        while let Some(Ok(piece)) = body.next().await {
+            let room = MAX_ERROR_BODY.saturating_sub(reason.len());
+            reason.extend_from_slice(&piece[..piece.len().min(room)]);
+            if reason.len() >= MAX_ERROR_BODY {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(pace.window, read).await;
+    String::from_utf8_lossy(&reason).into_owned()
+}
+
+/// A response body judged window by window: a peer slower than `pace` (a stall
+/// included) ends it with [`PeerStreamError::TooSlow`].
+fn paced(response: reqwest::Response, pace: PeerPace) -> PeerBody {
+    struct State {
+        body: BoxStream<'static, reqwest::Result<Bytes>>,
+        judge: PaceJudge,
+        done: bool,
+    }
+    let state = State {
+        body: response.bytes_stream().boxed(),
+        judge: PaceJudge::new(pace, tokio::time::Instant::now().into_std()),
+        done: false,
+    };
+    futures::stream::unfold(state, |mut state| async move {
+        if state.done {
+            return None;
+        }
+        loop {
+            let deadline = tokio::time::Instant::from_std(state.judge.window_end());
+            let next = tokio::time::timeout_at(deadline, state.body.next()).await;
+            let now = tokio::time::Instant::now().into_std();
+            let (bytes, piece) = match next {
+                Ok(Some(Ok(piece))) => (piece.len() as u64, Some(piece)),
+                Ok(Some(Err(e))) => {
+                    state.done = true;
+                    return Some((
+                        Err(PeerStreamError::Broken(rigger_daemon::error_chain(&e))),
+                        state,
+                    ));
+                }
+                Ok(None) => return None,
+                Err(_) => (0, None),
+            };
+            if let Verdict::TooSlow { rate } = state.judge.record(now, bytes) {
+                state.done = true;
+                return Some((Err(PeerStreamError::TooSlow { rate }), state));
+            }
+            if let Some(piece) = piece {
+                return Some((Ok(piece), state));
+            }
+        }
+    })
+    .boxed()
 }
 
 /// TLS as a node dialing its peers: the node's certificate for client authentication,
