@@ -71,7 +71,7 @@ pub async fn run(
     match action {
         Action::Exec(exec) => {
             let exit_code = tokio::time::timeout(
-                timeout + Duration::from_secs(1),
+                timeout.saturating_add(Duration::from_secs(1)),
                 cri.exec(container_id, &exec.command, timeout),
             )
             .await

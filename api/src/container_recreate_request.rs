@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use rigger_proto::pod::{ContainerPort, Handler, IntOrName};
 
-use super::{Condition, FieldError, ObjectMeta, ValidateMeta as _};
+use super::{Condition, FieldError, MAX_INT32, ObjectMeta, ValidateMeta as _, check_range};
 
 pub const KIND: &str = "ContainerRecreateRequest";
 /// Kruise's labels naming the request's pod and node (set when the request is applied).
@@ -212,11 +212,31 @@ impl ContainerRecreateRequest {
             }
             container.validate(&format!("spec.containers[{i}]"))?;
         }
-        if spec.active_deadline_seconds.is_some_and(|d| d < 3) {
-            return Err(FieldError::new(
-                "spec.activeDeadlineSeconds",
-                "must be at least 3",
-            ));
+        if let Some(deadline) = spec.active_deadline_seconds {
+            check_range("spec.activeDeadlineSeconds", deadline, 3, MAX_INT32)?;
+        }
+        let strategy = &spec.strategy;
+        for (field, value) in [
+            (
+                "spec.ttlSecondsAfterFinished",
+                spec.ttl_seconds_after_finished,
+            ),
+            (
+                "spec.strategy.terminationGracePeriodSeconds",
+                strategy.termination_grace_period_seconds,
+            ),
+            (
+                "spec.strategy.unreadyGracePeriodSeconds",
+                strategy.unready_grace_period_seconds,
+            ),
+            (
+                "spec.strategy.minStartedSeconds",
+                Some(strategy.min_started_seconds),
+            ),
+        ] {
+            if let Some(value) = value {
+                check_range(field, value, 0, MAX_INT32)?;
+            }
         }
         Ok(())
     }
@@ -257,6 +277,12 @@ impl CrrContainer {
                 .as_ref()
                 .map(|h| &h.port)
                 .or(hook.tcp_socket.as_ref().map(|t| &t.port));
+            if let Some(IntOrName::Int(0)) = named {
+                return Err(FieldError::new(
+                    format!("{at}.preStop"),
+                    "port must be between 1 and 65535, inclusive (got 0)",
+                ));
+            }
             if let Some(IntOrName::Name(name)) = named
                 && !self.ports.is_empty()
                 && !self.ports.iter().any(|p| p.name.as_deref() == Some(name))
@@ -266,6 +292,14 @@ impl CrrContainer {
                     format!("port {name:?} is not among {at}.ports"),
                 ));
             }
+        }
+        if let Some(context) = &self.status_context {
+            check_range(
+                &format!("{at}.statusContext.restartCount"),
+                u64::from(context.restart_count),
+                0,
+                MAX_INT32,
+            )?;
         }
         if let Some(context) = &self.status_context
             && !context.is_containerd()
@@ -372,7 +406,27 @@ mod tests {
             ),
             (
                 serde_json::json!({"podName": "web-0", "containers": [{"name": "a"}], "activeDeadlineSeconds": 1}),
-                "spec.activeDeadlineSeconds: must be at least 3",
+                "spec.activeDeadlineSeconds: must be between 3 and 2147483647",
+            ),
+            (
+                serde_json::json!({"podName": "web-0", "containers": [{"name": "a"}],
+                    "strategy": {"terminationGracePeriodSeconds": 18446744073709551615u64}}),
+                "spec.strategy.terminationGracePeriodSeconds: must be between 0 and 2147483647",
+            ),
+            (
+                serde_json::json!({"podName": "web-0", "containers": [{"name": "a"}],
+                    "strategy": {"minStartedSeconds": 2147483648u64}}),
+                "spec.strategy.minStartedSeconds",
+            ),
+            (
+                serde_json::json!({"podName": "web-0", "containers": [{"name": "a"}],
+                    "ttlSecondsAfterFinished": 9999999999u64}),
+                "spec.ttlSecondsAfterFinished",
+            ),
+            (
+                serde_json::json!({"podName": "web-0", "containers": [{"name": "a",
+                    "preStop": {"tcpSocket": {"port": 0}}}]}),
+                "spec.containers[0].preStop: port must be between 1 and 65535",
             ),
             (
                 serde_json::json!({"podName": "Web_0", "containers": [{"name": "a"}]}),

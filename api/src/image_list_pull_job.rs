@@ -302,7 +302,7 @@ mod tests {
             ),
             (
                 serde_json::json!({"images": ["nginx:1"], "pullPolicy": {"timeoutSeconds": 0}}),
-                "spec.pullPolicy.timeoutSeconds: must be at least 1",
+                "spec.pullPolicy.timeoutSeconds: must be between 1 and 2147483647",
             ),
             (
                 serde_json::json!({"parallelism": 1}),

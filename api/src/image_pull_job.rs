@@ -6,7 +6,9 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{FieldError, IntOrPercent, LabelSelector, ObjectMeta, ValidateMeta as _};
+use super::{
+    FieldError, IntOrPercent, LabelSelector, MAX_INT32, ObjectMeta, ValidateMeta as _, check_range,
+};
 
 pub const KIND: &str = "ImagePullJob";
 
@@ -308,18 +310,34 @@ impl ImagePullJobSpec {
                 "activeDeadlineSeconds and ttlSecondsAfterFinished only apply to type Always",
             ));
         }
-        if policy.active_deadline_seconds == Some(0) {
-            return Err(FieldError::new(
+        if let Some(deadline) = policy.active_deadline_seconds {
+            check_range(
                 "spec.completionPolicy.activeDeadlineSeconds",
-                "must be at least 1",
-            ));
+                deadline,
+                1,
+                MAX_INT32,
+            )?;
         }
-        if self.pull_policy.timeout_seconds == 0 {
-            return Err(FieldError::new(
-                "spec.pullPolicy.timeoutSeconds",
-                "must be at least 1",
-            ));
+        if let Some(ttl) = policy.ttl_seconds_after_finished {
+            check_range(
+                "spec.completionPolicy.ttlSecondsAfterFinished",
+                ttl,
+                0,
+                MAX_INT32,
+            )?;
         }
+        check_range(
+            "spec.pullPolicy.timeoutSeconds",
+            self.pull_policy.timeout_seconds,
+            1,
+            MAX_INT32,
+        )?;
+        check_range(
+            "spec.pullPolicy.backoffLimit",
+            u64::from(self.pull_policy.backoff_limit),
+            0,
+            MAX_INT32,
+        )?;
         if self.pod_selector.is_some() && !self.pull_secrets.is_empty() {
             // Pod labels are what nodes report about themselves; credentials go only
             // to nodes an admin chose (rigger-controller's node_labels).
@@ -494,6 +512,35 @@ mod tests {
             (
                 serde_json::json!({"image": "a:1", "paralelism": 2}),
                 "paralelism",
+            ),
+            // Every number is bounded (Kubernetes' int32), the field named.
+            (
+                serde_json::json!({"image": "a:1", "pullPolicy": {"timeoutSeconds": 18446744073709551615u64}}),
+                "spec.pullPolicy.timeoutSeconds: must be between 1 and 2147483647",
+            ),
+            (
+                serde_json::json!({"image": "a:1", "pullPolicy": {"timeoutSeconds": 0}}),
+                "spec.pullPolicy.timeoutSeconds",
+            ),
+            (
+                serde_json::json!({"image": "a:1", "pullPolicy": {"backoffLimit": 4294967295u32}}),
+                "spec.pullPolicy.backoffLimit",
+            ),
+            (
+                serde_json::json!({"image": "a:1", "completionPolicy": {"activeDeadlineSeconds": 2147483648u64}}),
+                "spec.completionPolicy.activeDeadlineSeconds",
+            ),
+            (
+                serde_json::json!({"image": "a:1", "completionPolicy": {"ttlSecondsAfterFinished": 18446744073709551615u64}}),
+                "spec.completionPolicy.ttlSecondsAfterFinished",
+            ),
+            (
+                serde_json::json!({"image": "a:1", "parallelism": 4294967295u32}),
+                "must be between 0 and 2147483647",
+            ),
+            (
+                serde_json::json!({"image": "a:1", "parallelism": -1}),
+                "must be between 0 and 2147483647",
             ),
         ];
         for (spec, field) in cases {

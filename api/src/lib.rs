@@ -189,6 +189,24 @@ impl FieldError {
     }
 }
 
+/// The largest count or number of seconds any field takes: Kubernetes' and Kruise's
+/// `int32`. Valid Kruise YAML never goes past it, and every deadline made from it stays
+/// far from the end of a clock's range.
+pub const MAX_INT32: u64 = i32::MAX as u64;
+
+/// `value` of the field at `path` within `min..=max`, or the error saying so (Kubernetes'
+/// wording).
+pub fn check_range(path: &str, value: u64, min: u64, max: u64) -> Result<(), FieldError> {
+    if (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(FieldError::new(
+            path,
+            format!("must be between {min} and {max}, inclusive (got {value})"),
+        ))
+    }
+}
+
 pub use rigger_proto::pod::{IntOrName, ObjectMeta};
 
 /// Validation of the shared metadata type.
@@ -420,11 +438,22 @@ impl<'de> Deserialize<'de> for IntOrPercent {
         #[derive(Deserialize)]
         #[serde(untagged)]
         enum Raw {
-            Int(u32),
+            Int(i64),
+            Big(u64),
             Text(String),
         }
+        let out_of_range = |n: &dyn std::fmt::Display| {
+            serde::de::Error::custom(format!(
+                "{n} is not a count: must be between 0 and {MAX_INT32}, inclusive"
+            ))
+        };
         match Raw::deserialize(deserializer)? {
-            Raw::Int(n) => Ok(Self::Int(n)),
+            Raw::Int(n) => u32::try_from(n)
+                .ok()
+                .filter(|n| u64::from(*n) <= MAX_INT32)
+                .map(Self::Int)
+                .ok_or_else(|| out_of_range(&n)),
+            Raw::Big(n) => Err(out_of_range(&n)),
             Raw::Text(text) => {
                 let percent = text
                     .strip_suffix('%')

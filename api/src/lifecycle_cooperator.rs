@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use rigger_proto::lifecycle::{Cooperator, FailurePolicy, NodeExec, Operation, Webhook};
 
-use super::{FieldError, LabelSelector, ObjectMeta, ValidateMeta as _};
+use super::{FieldError, LabelSelector, ObjectMeta, ValidateMeta as _, check_range};
 
 pub const KIND: &str = "LifecycleCooperator";
 pub use super::API_VERSION;
@@ -85,8 +85,9 @@ impl LifecycleCooperator {
                 "a labelsHandler needs operations without Delete (a deleted pod's labels can no longer change: Rigger deletes at once)",
             ));
         }
-        if spec.timeout_seconds == Some(0) {
-            return Err(FieldError::new("spec.timeoutSeconds", "must be at least 1"));
+        if let Some(timeout) = spec.timeout_seconds {
+            // A pod's update waits for its cooperators: a day is longer than any should.
+            check_range("spec.timeoutSeconds", u64::from(timeout), 1, 86_400)?;
         }
         Ok(())
     }

@@ -7,7 +7,9 @@ use std::collections::HashSet;
 
 pub use rigger_proto::pod::*;
 
-use super::{FieldError, ValidateMeta as _, ValidatePort as _, check_dns_subdomain};
+use super::{
+    FieldError, MAX_INT32, ValidateMeta as _, ValidatePort as _, check_dns_subdomain, check_range,
+};
 
 /// The label `get pod` shows an agent-managed pod's lifecycle state in (the agent's;
 /// never stored from an apply).
@@ -30,7 +32,24 @@ pub fn validate(pod: &Pod) -> Result<(), FieldError> {
         ));
     }
     pod.metadata.validate()?;
+    if let Some(grace) = pod
+        .metadata
+        .annotations
+        .get(IN_PLACE_UPDATE_GRACE_ANNOTATION)
+    {
+        let at = format!("metadata.annotations[{IN_PLACE_UPDATE_GRACE_ANNOTATION:?}]");
+        let seconds = grace
+            .parse::<u64>()
+            .map_err(|_| FieldError::new(&at, format!("{grace:?} is not a number of seconds")))?;
+        check_range(&at, seconds, 0, MAX_INT32)?;
+    }
     let spec = &pod.spec;
+    check_range(
+        "spec.terminationGracePeriodSeconds",
+        spec.termination_grace_period_seconds,
+        0,
+        MAX_INT32,
+    )?;
     if !spec.host_network {
         return Err(FieldError::new(
             "spec.hostNetwork",
@@ -149,6 +168,14 @@ fn validate_container(
             )
         },
     )?;
+    for (i, port) in container.ports.iter().enumerate() {
+        if port.container_port == 0 {
+            return Err(FieldError::new(
+                format!("{at}.ports[{i}].containerPort"),
+                "must be between 1 and 65535, inclusive (got 0)",
+            ));
+        }
+    }
     if let Some(dir) = &container.working_dir
         && !dir.starts_with('/')
     {
@@ -268,17 +295,20 @@ fn validate_container(
             probe.http_get.as_ref(),
             probe.tcp_socket.as_ref(),
         )?;
+        check_range(
+            &format!("{here}.initialDelaySeconds"),
+            u64::from(probe.initial_delay_seconds),
+            0,
+            MAX_INT32,
+        )?;
         for (field, value) in [
             ("periodSeconds", probe.period_seconds),
             ("timeoutSeconds", probe.timeout_seconds),
             ("successThreshold", probe.success_threshold),
             ("failureThreshold", probe.failure_threshold),
         ] {
-            if value == Some(0) {
-                return Err(FieldError::new(
-                    format!("{here}.{field}"),
-                    "must be at least 1",
-                ));
+            if let Some(value) = value {
+                check_range(&format!("{here}.{field}"), u64::from(value), 1, MAX_INT32)?;
             }
         }
         if name != "readinessProbe" && probe.success_threshold.is_some_and(|t| t != 1) {

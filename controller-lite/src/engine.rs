@@ -57,6 +57,35 @@ pub async fn run<E: Engine>(engine: &E, token: CancellationToken) {
     engine.finish().await;
 }
 
+/// How long a supervised engine waits after a panic before it runs again.
+const RESTART_DELAY: Duration = Duration::from_secs(1);
+
+/// Run `engine` in a task of its own until `token` is cancelled, running it again after
+/// a panic: a bug one object reaches stops that engine's pass, not the other engines,
+/// and not this one for good.
+pub async fn supervise<E: Engine + Clone + 'static>(engine: E, token: CancellationToken) {
+    loop {
+        let task = tokio::spawn({
+            let (engine, token) = (engine.clone(), token.clone());
+            async move { run(&engine, token).await }
+        });
+        match task.await {
+            Ok(()) => break,
+            Err(error) if error.is_panic() => {
+                tracing::error!(
+                    engine = E::NAME,
+                    "the engine panicked; running it again in 1 s"
+                );
+                tokio::select! {
+                    () = token.cancelled() => break,
+                    () = tokio::time::sleep(RESTART_DELAY) => {}
+                }
+            }
+            Err(_) => break,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -138,6 +167,48 @@ mod tests {
             3,
             "one read per pass"
         );
+    }
+
+    /// Panics in its first two passes.
+    #[derive(Clone, Default)]
+    struct Fragile {
+        wake: std::sync::Arc<Notify>,
+        passes: std::sync::Arc<AtomicUsize>,
+    }
+
+    impl Engine for Fragile {
+        const NAME: &'static str = "fragile";
+        const TICK: Duration = Duration::from_secs(3600);
+        type Snapshot = ();
+
+        fn wake_signal(&self) -> &Notify {
+            &self.wake
+        }
+
+        async fn observe(&self) -> Result<(), StoreError> {
+            Ok(())
+        }
+
+        async fn pass(&self, (): ()) {
+            if self.passes.fetch_add(1, Ordering::SeqCst) < 2 {
+                panic!("a bad object");
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_engine_runs_again_and_stops_when_cancelled() {
+        let engine = Fragile::default();
+        let token = CancellationToken::new();
+        let task = tokio::spawn(supervise(engine.clone(), token.clone()));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(
+            engine.passes.load(Ordering::SeqCst),
+            3,
+            "two panics, then it runs"
+        );
+        token.cancel();
+        task.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]

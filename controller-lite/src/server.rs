@@ -193,9 +193,9 @@ pub async fn run(
                         move |all| nodes.set_admin_labels(all),
                         token.clone()
                     ),
-                    crate::engine::run(&jobs, token.clone()),
-                    crate::engine::run(&recreates, token.clone()),
-                    crate::engine::run(&sidecars, token)
+                    crate::engine::supervise(jobs, token.clone()),
+                    crate::engine::supervise(recreates, token.clone()),
+                    crate::engine::supervise(sidecars, token)
                 );
             }
         })

@@ -302,10 +302,21 @@ pub struct Probe {
     pub failure_threshold: Option<u32>,
 }
 
+/// The pod annotation holding the wait, in seconds, between "not ready" and the first
+/// stop of an in-place update (the agent's `pods/update.rs`).
+pub const IN_PLACE_UPDATE_GRACE_ANNOTATION: &str = "rigger.dev/in-place-update-grace-seconds";
+
+/// The most CPU a quantity may name, in millicores: far past any machine, and small
+/// enough that every quota made from it (CFS periods of 100 000 µs) fits in an i64.
+pub const MAX_CPU_MILLI: u64 = 1_000_000_000_000_000 - 1;
+
 /// CPU as Kubernetes writes it (`500m`, `2`, `0.5`), in millicores.
 pub fn parse_cpu(text: &str) -> Option<u64> {
     if let Some(milli) = text.strip_suffix('m') {
-        return milli.parse::<u64>().ok().filter(|m| *m > 0);
+        return milli
+            .parse::<u64>()
+            .ok()
+            .filter(|m| (1..=MAX_CPU_MILLI).contains(m));
     }
     let cores: f64 = text.parse().ok()?;
     let milli = (cores * 1000.0).round();
@@ -330,9 +341,10 @@ pub fn parse_memory(text: &str) -> Option<u64> {
         .iter()
         .find_map(|(suffix, unit)| text.strip_suffix(suffix).map(|n| (n, *unit)))
         .unwrap_or((text, 1));
+    // CRI carries memory as an i64.
     number
         .parse::<u64>()
         .ok()
         .and_then(|n| n.checked_mul(unit))
-        .filter(|b| *b > 0)
+        .filter(|b| (1..=i64::MAX as u64).contains(b))
 }

@@ -292,7 +292,9 @@ impl PodRunner {
             .and_then(|m| rigger_proto::pod::parse_memory(m));
         let resources = LinuxContainerResources {
             cpu_period: if cpu.is_some() { 100_000 } else { 0 },
-            cpu_quota: cpu.map_or(0, |m| i64::try_from(m * 100).unwrap_or(i64::MAX)),
+            cpu_quota: cpu.map_or(0, |m| {
+                i64::try_from(m.saturating_mul(100)).unwrap_or(i64::MAX)
+            }),
             memory_limit_in_bytes: memory.map_or(0, |m| i64::try_from(m).unwrap_or(i64::MAX)),
             ..LinuxContainerResources::default()
         };

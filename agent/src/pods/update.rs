@@ -29,8 +29,7 @@ use crate::recreate::{ContainerProgress, Phase, Recreate, RecreateWork};
 use rigger_pull::Puller;
 use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 
-/// The pod annotation holding the wait between "not ready" and the first stop.
-pub const GRACE_ANNOTATION: &str = "rigger.dev/in-place-update-grace-seconds";
+pub use rigger_proto::pod::IN_PLACE_UPDATE_GRACE_ANNOTATION as GRACE_ANNOTATION;
 /// A failed update is tried again after this long.
 const RETRY_AFTER: Duration = Duration::from_secs(30);
 

@@ -17,7 +17,11 @@ use rigger_proto::pod::{
     Container, EnvVar, EnvVarSource, FieldRef, LocalObjectReference, Pod, PodSpec, Volume,
 };
 
-use super::{FieldError, LabelSelector, ObjectMeta, ValidateMeta as _, short_hash};
+use super::{FieldError, LabelSelector, ObjectMeta, ValidateMeta as _, check_range, short_hash};
+
+/// The most revisions a SidecarSet keeps: its whole history is one stored record, which
+/// must stay well inside a store's value limit (etcd's is 1.5 MiB).
+pub const MAX_REVISION_HISTORY_LIMIT: u64 = 100;
 
 pub use container::{
     INJECTED_ENV, PodInjectPolicy, ShareVolumePolicy, ShareVolumePolicyType, SidecarContainer,
@@ -207,6 +211,15 @@ impl SidecarSet {
         super::check_kruise_v1beta1_api_version(&self.api_version)?;
         self.metadata.validate()?;
         let spec = &self.spec;
+        if let Some(limit) = spec.revision_history_limit {
+            check_range(
+                "spec.revisionHistoryLimit",
+                u64::from(limit),
+                0,
+                MAX_REVISION_HISTORY_LIMIT,
+            )?;
+        }
+        spec.update_strategy.validate()?;
         let v1beta1 = self.api_version == super::KRUISE_API_VERSION_V1BETA1;
         if spec.selector.is_empty() {
             return Err(FieldError::new(

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{IntOrPercent, LabelSelector};
+use crate::{FieldError, IntOrPercent, LabelSelector, check_range};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -33,6 +33,26 @@ pub struct UpdateStrategy {
     /// Spread the upgrades over the values of these labels.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scatter_strategy: Vec<ScatterTerm>,
+}
+
+impl UpdateStrategy {
+    /// The weights as Kruise bounds them (1 to 100); counts are bounded as they are read.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        for (i, term) in self
+            .priority_strategy
+            .iter()
+            .flat_map(|p| p.weight_priority.iter())
+            .enumerate()
+        {
+            check_range(
+                &format!("spec.updateStrategy.priorityStrategy.weightPriority[{i}].weight"),
+                u64::try_from(term.weight).unwrap_or(0),
+                1,
+                100,
+            )?;
+        }
+        Ok(())
+    }
 }
 
 /// Kruise's `updateStrategy.type`.

@@ -15,7 +15,6 @@ use rigger_api::sidecar_set::{History, SidecarSet, Versioned, injected_revision}
 use rigger_api::{DEFAULT_NAMESPACE, FieldError, Kind, Object, ObjectMeta};
 use rigger_proto::v1::{self as proto, ApplyResponse};
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tonic::Status;
 
 use super::{ControlService, store_status, to_json};
@@ -107,24 +106,10 @@ impl ControlService {
         &self,
         value: serde_json::Value,
     ) -> Result<Draft<T>, Status> {
-        let name = object_name(&value);
-        let mut object: T = decode(value).map_err(|e| refuse(&name, &e))?;
-        object.strip_owned();
+        let (object, what) =
+            rigger_api::object::admit::<T>(value).map_err(|(what, e)| refuse(&what, &e))?;
         let kind = T::KIND.name();
-        let meta = object.metadata_mut();
-        let (namespace, what) = if T::KIND.namespaced() {
-            let namespace = meta
-                .namespace
-                .get_or_insert_with(|| DEFAULT_NAMESPACE.to_owned())
-                .clone();
-            let what = format!("{kind} {namespace}/{}", meta.name);
-            (namespace, what)
-        } else {
-            // Cluster-scoped, as in Kubernetes and Kruise.
-            meta.namespace = None;
-            (String::new(), format!("{kind} {}", meta.name))
-        };
-        object.validate().map_err(|e| refuse(&what, &e))?;
+        let namespace = object.metadata().namespace.clone().unwrap_or_default();
         let key = ObjectKey::new(kind, &namespace, &object.metadata().name);
         let stored = self.store.get(key.clone()).await.map_err(store_status)?;
         // An unreadable stored version is never written over: what it held would be lost.
@@ -136,6 +121,7 @@ impl ControlService {
             })?),
             None => None,
         };
+        let mut object = object;
         if let Some(old) = &old {
             object.keep_filled(old);
             object.check_update(old).map_err(|e| refuse(&what, &e))?;
@@ -499,15 +485,6 @@ pub(super) fn object_name(value: &serde_json::Value) -> String {
 /// Where a SidecarSet's revision history is kept.
 pub(super) fn history_key(set: &str) -> ObjectKey {
     ObjectKey::new(rigger_api::sidecar_set::HISTORY_KIND, "", set)
-}
-
-/// Decode `value` as `T`, naming the field at fault.
-fn decode<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, FieldError> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        let path = if path == "." { String::new() } else { path };
-        FieldError::new(path, e.into_inner().to_string())
-    })
 }
 
 /// A refusal naming the object, then the field.

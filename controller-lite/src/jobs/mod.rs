@@ -282,6 +282,12 @@ impl crate::engine::Engine for JobEngine {
                     continue;
                 }
             };
+            // A job stored before today's bounds (or written around the API) is checked
+            // as an apply would check it: one bad object never reaches the engine.
+            if let Err(error) = job.validate() {
+                tracing::warn!(job = %stored.key, %error, "stored job is not valid; skipped");
+                continue;
+            }
             let loaded = match known.contains_key(&stored.key) {
                 true => None,
                 false => Some(job_status::read(&self.inner.store, &stored.key).await?),
