@@ -141,6 +141,7 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
         (Some(listen), Some(identity), Some(queries)) => Some(
             crate::mirror::start(
                 listen,
+                &config.state_dir.join("mirror"),
                 identity.clone(),
                 config.peer_pace,
                 queries.clone(),

@@ -277,11 +277,16 @@ impl CrrContainer {
                 .as_ref()
                 .map(|h| &h.port)
                 .or(hook.tcp_socket.as_ref().map(|t| &t.port));
-            if let Some(IntOrName::Int(0)) = named {
-                return Err(FieldError::new(
-                    format!("{at}.preStop"),
-                    "port must be between 1 and 65535, inclusive (got 0)",
-                ));
+            for (action, port) in [
+                ("httpGet", hook.http_get.as_ref().map(|h| &h.port)),
+                ("tcpSocket", hook.tcp_socket.as_ref().map(|t| &t.port)),
+            ] {
+                if let Some(IntOrName::Int(0)) = port {
+                    return Err(FieldError::new(
+                        format!("{at}.preStop.{action}.port"),
+                        "must be between 1 and 65535, inclusive (got 0)",
+                    ));
+                }
             }
             if let Some(IntOrName::Name(name)) = named
                 && !self.ports.is_empty()
@@ -426,7 +431,7 @@ mod tests {
             (
                 serde_json::json!({"podName": "web-0", "containers": [{"name": "a",
                     "preStop": {"tcpSocket": {"port": 0}}}]}),
-                "spec.containers[0].preStop: port must be between 1 and 65535",
+                "spec.containers[0].preStop.tcpSocket.port: must be between 1 and 65535",
             ),
             (
                 serde_json::json!({"podName": "Web_0", "containers": [{"name": "a"}]}),

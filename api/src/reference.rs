@@ -82,8 +82,8 @@ fn notes(kind: Kind) -> &'static str {
     }
 }
 
-/// The schema of `kind`'s type.
-fn schema(kind: Kind) -> Option<Value> {
+/// The JSON Schema of `kind`'s type (none for a Node, which is never applied).
+pub fn schema(kind: Kind) -> Option<Value> {
     let schema = match kind {
         Kind::ImagePullJob => schemars::schema_for!(crate::image_pull_job::ImagePullJob),
         Kind::ImageListPullJob => {
@@ -287,10 +287,103 @@ fn walk<'a>(
     }
 }
 
+/// Every number a user can apply in `kind`, as JSON pointers into an object
+/// (`/spec/pullPolicy/timeoutSeconds`; an array's first item as `/0`), read from its
+/// schema: integer fields and the numeric side of int-or-percent and int-or-name ones.
+/// What the status and `metadata.generation` hold is the controller's, not the user's,
+/// and is left out.
+pub fn numeric_fields(kind: Kind) -> Vec<String> {
+    let Some(root) = schema(kind) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    numbers(&root, &root, String::new(), &mut Vec::new(), &mut out);
+    out.retain(|pointer| !pointer.starts_with("/status/") && pointer != "/metadata/generation");
+    out
+}
+
+fn is_number(schema: &Value) -> bool {
+    match &schema["type"] {
+        Value::String(t) => t == "integer" || t == "number",
+        Value::Array(types) => types.iter().any(|t| t == "integer" || t == "number"),
+        _ => false,
+    }
+}
+
+fn numbers<'a>(
+    root: &'a Value,
+    schema: &'a Value,
+    pointer: String,
+    on_path: &mut Vec<&'a str>,
+    out: &mut Vec<String>,
+) {
+    let (schema, name) = resolve(root, unwrap_optional(schema));
+    if let Some(name) = name {
+        if on_path.contains(&name) {
+            return;
+        }
+        on_path.push(name);
+    }
+    let alternatives = schema["anyOf"].as_array().or(schema["oneOf"].as_array());
+    if is_number(schema)
+        || alternatives.is_some_and(|a| a.iter().any(|a| is_number(resolve(root, a).0)))
+    {
+        out.push(pointer);
+    } else if schema["type"] == "array" {
+        numbers(root, &schema["items"], format!("{pointer}/0"), on_path, out);
+    } else if let Some(properties) = schema["properties"].as_object() {
+        for (field, field_schema) in properties {
+            numbers(
+                root,
+                field_schema,
+                format!("{pointer}/{field}"),
+                on_path,
+                out,
+            );
+        }
+    }
+    if name.is_some() {
+        on_path.pop();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn the_numbers_of_a_kind_are_found_in_its_schema() {
+        let job = numeric_fields(Kind::ImagePullJob);
+        for expected in [
+            "/spec/pullPolicy/timeoutSeconds",
+            "/spec/pullPolicy/backoffLimit",
+            "/spec/completionPolicy/activeDeadlineSeconds",
+            "/spec/completionPolicy/ttlSecondsAfterFinished",
+            "/spec/parallelism",
+        ] {
+            assert!(job.contains(&expected.to_owned()), "{expected}: {job:?}");
+        }
+        assert!(!job.iter().any(|p| p.starts_with("/status")), "{job:?}");
+        let pod = numeric_fields(Kind::Pod);
+        for expected in [
+            "/spec/terminationGracePeriodSeconds",
+            "/spec/containers/0/ports/0/containerPort",
+            "/spec/containers/0/readinessProbe/periodSeconds",
+            "/spec/containers/0/lifecycle/preStop/httpGet/port",
+        ] {
+            assert!(pod.contains(&expected.to_owned()), "{expected}: {pod:?}");
+        }
+        let set = numeric_fields(Kind::SidecarSet);
+        for expected in [
+            "/spec/updateStrategy/maxUnavailable",
+            "/spec/updateStrategy/priorityStrategy/weightPriority/0/weight",
+            "/spec/revisionHistoryLimit",
+        ] {
+            assert!(set.contains(&expected.to_owned()), "{expected}: {set:?}");
+        }
+        assert!(numeric_fields(Kind::Secret).is_empty());
+    }
 
     #[test]
     fn pages_list_every_field_with_its_meaning() {

@@ -43,10 +43,12 @@ pub struct PeerSettings {
 
 pub mod answer;
 pub mod blobs;
+pub mod gate;
 pub mod ingest;
 pub mod reach;
 pub mod request;
 pub mod serve;
+pub mod slow_reader;
 
 #[cfg(test)]
 mod tests;

@@ -1,7 +1,8 @@
 //! The HTTPS endpoint peers fetch blobs from: TLS 1.2+ with the node's own certificate,
-//! a client certificate from the fleet's CA required of every peer, HTTP/1.1, a
-//! node-wide cap on connections (one past it is closed at once, and the peer goes to
-//! its next source), and a graceful stop.
+//! a client certificate from the fleet's CA required of every peer, HTTP/1.1, the
+//! [`gate`](super::gate)'s bounds (a serving slot only after the handshake; one past the
+//! cap is closed at once, and the peer goes to its next source), readers that stop
+//! reading let go ([`super::slow_reader`]), and a graceful stop.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,7 +16,6 @@ use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::pem::PemObject as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
@@ -23,9 +23,16 @@ use tracing::Instrument as _;
 use rigger_pull::peers::PeerIdentity;
 
 use super::answer::{Answerer, Peer};
+use super::gate::{Admitted, Gate, HANDSHAKE_TIMEOUT, Limits};
+use super::slow_reader::EvictSlowReaders;
 
-/// A TLS handshake and a request's headers each get this long.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request's headers get this long (an idle kept-alive connection is closed after it).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// However long a connection is kept alive, it ends after this: a node that pings to
+/// hold its slot gives it up, and a peer's next request opens a new connection.
+const MAX_CONNECTION_LIFE: Duration = Duration::from_secs(300);
+/// How long a stopping endpoint lets the requests under way finish.
+const DRAIN: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -87,82 +94,63 @@ pub async fn serve(
     stop: CancellationToken,
 ) {
     let acceptor = TlsAcceptor::from(tls);
-    accept(
+    super::gate::accept(
         listener,
-        max_connections,
+        Gate::new(Limits::for_peers(max_connections)),
         "peer",
         stop,
-        move |stream, remote, stop| {
-            connection(acceptor.clone(), stream, answerer.clone(), stop)
+        move |stream, remote, admitted, stop| {
+            connection(acceptor.clone(), stream, admitted, answerer.clone(), stop)
                 .instrument(tracing::debug_span!("peer", %remote))
         },
     )
     .await;
 }
 
-/// Accept `what` connections on `listener` until `stop`, each handled by `handle` in a
-/// task of its own; one past `max_connections` open is closed at once (the client goes
-/// elsewhere).
-pub async fn accept<H, F>(
-    listener: TcpListener,
-    max_connections: usize,
-    what: &'static str,
-    stop: CancellationToken,
-    handle: H,
-) where
-    H: Fn(tokio::net::TcpStream, SocketAddr, CancellationToken) -> F,
-    F: std::future::Future<Output = ()> + Send + 'static,
-{
-    let connections = Arc::new(Semaphore::new(max_connections.max(1)));
-    loop {
-        let (stream, remote) = tokio::select! {
-            () = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "accepting a {what} connection failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            tracing::debug!(%remote, "{what} connection refused: at the connection limit");
-            continue;
-        };
-        let handled = handle(stream, remote, stop.clone());
-        tokio::spawn(async move {
-            let _permit = permit;
-            handled.await;
-        });
-    }
+/// The TLS handshake of a connection the gate let in, within [`HANDSHAKE_TIMEOUT`], and
+/// its client certificate's leaf; `None` (logged) when it fails.
+pub async fn handshake(
+    acceptor: &TlsAcceptor,
+    stream: tokio::net::TcpStream,
+    what: &str,
+) -> Option<(
+    tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+    CertificateDer<'static>,
+)> {
+    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(error)) => {
+            tracing::info!(%error, "{what} TLS handshake refused");
+            return None;
+        }
+        Err(_) => {
+            tracing::info!("{what} TLS handshake timed out");
+            return None;
+        }
+    };
+    // The verifier requires a certificate; nothing to answer without it.
+    let leaf = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .map(|leaf| leaf.clone().into_owned())?;
+    Some((tls, leaf))
 }
 
 async fn connection(
     acceptor: TlsAcceptor,
     stream: tokio::net::TcpStream,
+    admitted: Admitted,
     answerer: Arc<Answerer>,
     stop: CancellationToken,
 ) {
-    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-        Ok(Ok(tls)) => tls,
-        Ok(Err(error)) => {
-            tracing::info!(%error, "peer TLS handshake refused");
-            return;
-        }
-        Err(_) => {
-            tracing::info!("peer TLS handshake timed out");
-            return;
-        }
+    let Some((tls, leaf)) = handshake(&acceptor, stream, "peer").await else {
+        return;
     };
-    let Some(leaf) = tls
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|chain| chain.first())
-        .map(|leaf| leaf.clone().into_owned())
-    else {
-        return; // the verifier requires one; nothing to answer without it
+    let Some(_served) = admitted.handshaken() else {
+        tracing::debug!("peer connection closed: every serving slot is taken");
+        return;
     };
     let peer = Arc::new(Peer { leaf });
     let service = service_fn(move |request| {
@@ -173,11 +161,12 @@ async fn connection(
             Ok::<_, std::convert::Infallible>(response)
         }
     });
-    serve_http1(tls, service, &stop).await;
+    serve_http1(EvictSlowReaders::new(tls), service, &stop).await;
 }
 
-/// HTTP/1.1 on one connection (`io`), answered by `service`, until it ends or `stop`
-/// (then the request under way finishes). A request's headers get [`HANDSHAKE_TIMEOUT`].
+/// HTTP/1.1 on one connection (`io`), answered by `service`, until it ends, has lasted
+/// [`MAX_CONNECTION_LIFE`] (then the request under way finishes), or `stop` (then it
+/// gets [`DRAIN`] to finish). A request's headers get [`HEADER_TIMEOUT`].
 pub async fn serve_http1<I, S, B>(io: I, service: S, stop: &CancellationToken)
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -193,7 +182,7 @@ where
 {
     let served = http1::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(HANDSHAKE_TIMEOUT)
+        .header_read_timeout(HEADER_TIMEOUT)
         .serve_connection(TokioIo::new(io), service);
     let mut served = std::pin::pin!(served);
     tokio::select! {
@@ -203,6 +192,11 @@ where
             }
         }
         () = stop.cancelled() => {
+            served.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(DRAIN, served).await;
+        }
+        () = tokio::time::sleep(MAX_CONNECTION_LIFE) => {
+            // The answer under way finishes (a reader that stops is let go anyway).
             served.as_mut().graceful_shutdown();
             let _ = served.await;
         }

@@ -441,26 +441,61 @@ async fn peers_without_a_node_certificate_of_the_fleet_are_refused_at_the_handsh
     served.stop.cancel();
 }
 
+/// A bare TCP connection from `source` to `served` (no TLS: it proves nothing).
+async fn bare_connection(source: [u8; 4], served: &Served) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind((source, 0).into()).unwrap();
+    socket.connect(served.address).await.unwrap()
+}
+
 #[tokio::test]
-async fn connections_past_the_limit_are_closed_and_the_rest_served() {
+async fn bare_tcp_connections_take_no_serving_slot() {
+    let pki = Pki::new("fleet CA");
+    let served = node_a(&pki, 8).await;
+    let identity = pki.node("node-b", BOTH);
+    let token = grant(&served, "node-b", &served.image);
+    let url = blob_url(&served, &served.layer_digest);
+    // Anyone who reaches the port opens connections and never handshakes.
+    let mut held = Vec::new();
+    for _ in 0..12 {
+        held.push(bare_connection([127, 0, 0, 2], &served).await);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // An honest peer is served at once, again and again.
+    for _ in 0..3 {
+        let response = client(&served, Some(identity.clone()))
+            .get(&url)
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.bytes().await.unwrap(), served.layer);
+    }
+    drop(held);
+    served.stop.cancel();
+}
+
+#[tokio::test]
+async fn connections_past_the_limit_are_closed_after_their_handshake_and_the_rest_served() {
     let pki = Pki::new("fleet CA");
     let served = node_a(&pki, 1).await;
     let identity = pki.node("node-b", BOTH);
     let token = grant(&served, "node-b", &served.image);
     let url = blob_url(&served, &served.layer_digest);
-    // One connection held open (a handshake in progress) takes the only slot.
-    let held = tokio::net::TcpStream::connect(served.address)
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // One peer's connection, kept alive, takes the only slot.
+    let first = client(&served, Some(identity.clone()));
+    let response = first.get(&url).bearer_auth(&token).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    response.bytes().await.unwrap();
     let refused = client(&served, Some(identity.clone()))
         .get(&url)
         .bearer_auth(&token)
         .send()
         .await;
     assert!(refused.is_err(), "{refused:?}");
-    drop(held);
-    // The slot is free again once the held connection's handshake fails.
+    drop(first);
+    // The slot is free again once the first connection is gone.
     let mut served_again = false;
     for _ in 0..50 {
         let client = client(&served, Some(identity.clone()));

@@ -1,0 +1,229 @@
+//! Who gets to talk to an endpoint that other machines reach (the peer endpoint; the
+//! mirror, on loopback): a connection is outside input until its TLS handshake proves a
+//! certificate, so it is bounded in three ways. Handshakes in flight have a cap of their
+//! own and a short deadline; one address may hold only a few connections, handshaking
+//! or served; and a serving slot (`max_connections`) is taken only once the handshake
+//! is done. So bare TCP connections — from anywhere, no certificate needed — cannot
+//! lock honest peers out of the serving slots, and one address cannot take them all.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+/// A TLS handshake gets this long.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// An endpoint's bounds.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections served at once (after their handshake).
+    pub max_connections: usize,
+    /// Handshakes in flight at once.
+    pub handshakes: usize,
+    /// Connections one address holds at once, handshaking or served.
+    pub per_address: usize,
+}
+
+impl Limits {
+    /// The peer endpoint's, for `max_connections` serving slots: an address may hold
+    /// half of them (at least 2), and handshakes have room for four times the slots.
+    pub fn for_peers(max_connections: usize) -> Self {
+        let max_connections = max_connections.max(1);
+        Self {
+            max_connections,
+            handshakes: (max_connections * 4).max(16),
+            per_address: (max_connections / 2).max(2),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    limits: Limits,
+    slots: Arc<Semaphore>,
+    handshakes: Arc<Semaphore>,
+    per_address: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// A connection let in, still handshaking: holds a handshake permit and its address's
+/// count until it is served or dropped.
+#[derive(Debug)]
+pub struct Admitted {
+    shared: Arc<Shared>,
+    address: IpAddr,
+    handshake: Option<OwnedSemaphorePermit>,
+}
+
+/// A connection being served: holds its serving slot and its address's count.
+#[derive(Debug)]
+pub struct Served {
+    _admitted: Admitted,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Admitted {
+    /// The handshake is done: the connection takes a serving slot, or `None` when all
+    /// are taken (the connection is then closed, and the peer goes to its next source).
+    pub fn handshaken(mut self) -> Option<Served> {
+        self.handshake = None;
+        let slot = self.shared.slots.clone().try_acquire_owned().ok()?;
+        Some(Served {
+            _admitted: self,
+            _slot: slot,
+        })
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut counts = self
+            .shared
+            .per_address
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = counts.get_mut(&self.address) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.address);
+            }
+        }
+    }
+}
+
+/// Decides which accepted connections go on.
+#[derive(Debug, Clone)]
+pub struct Gate(Arc<Shared>);
+
+impl Gate {
+    pub fn new(limits: Limits) -> Self {
+        Self(Arc::new(Shared {
+            limits,
+            slots: Arc::new(Semaphore::new(limits.max_connections.max(1))),
+            handshakes: Arc::new(Semaphore::new(limits.handshakes.max(1))),
+            per_address: Mutex::default(),
+        }))
+    }
+
+    /// A connection from `remote` may handshake, or `None`: too many handshakes in
+    /// flight, or its address holds its share already.
+    pub fn admit(&self, remote: SocketAddr) -> Option<Admitted> {
+        let handshake = self.0.handshakes.clone().try_acquire_owned().ok()?;
+        let address = remote.ip();
+        let mut counts = self
+            .0
+            .per_address
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let count = counts.entry(address).or_insert(0);
+        if *count >= self.0.limits.per_address {
+            return None;
+        }
+        *count += 1;
+        drop(counts);
+        Some(Admitted {
+            shared: self.0.clone(),
+            address,
+            handshake: Some(handshake),
+        })
+    }
+}
+
+/// Accept `what` connections on `listener` until `stop`, each the gate lets in handled
+/// by `handle` in a task of its own (which takes its serving slot after its handshake:
+/// [`Admitted::handshaken`]); the others are closed at once.
+pub async fn accept<H, F>(
+    listener: TcpListener,
+    gate: Gate,
+    what: &'static str,
+    stop: CancellationToken,
+    handle: H,
+) where
+    H: Fn(tokio::net::TcpStream, SocketAddr, Admitted, CancellationToken) -> F,
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    loop {
+        let (stream, remote) = tokio::select! {
+            () = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "accepting a {what} connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Some(admitted) = gate.admit(remote) else {
+            tracing::debug!(%remote, "{what} connection refused: too many handshakes, or its address holds its share");
+            continue;
+        };
+        tokio::spawn(handle(stream, remote, admitted, stop.clone()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn at(ip: [u8; 4]) -> SocketAddr {
+        (ip, 1000).into()
+    }
+
+    #[test]
+    fn handshakes_take_no_serving_slot_and_one_address_takes_its_share_only() {
+        let gate = Gate::new(Limits {
+            max_connections: 2,
+            handshakes: 8,
+            per_address: 2,
+        });
+        // An address holding handshakes open: only its share.
+        let bare: Vec<_> = (0..5)
+            .filter_map(|_| gate.admit(at([10, 0, 0, 9])))
+            .collect();
+        assert_eq!(bare.len(), 2);
+        // Honest peers still handshake and are served: the slots were never taken.
+        let a = gate.admit(at([10, 0, 0, 1])).unwrap().handshaken().unwrap();
+        let b = gate.admit(at([10, 0, 0, 2])).unwrap().handshaken().unwrap();
+        // Past the slots, a handshaken connection is closed.
+        assert!(
+            gate.admit(at([10, 0, 0, 3]))
+                .unwrap()
+                .handshaken()
+                .is_none()
+        );
+        drop(a);
+        assert!(
+            gate.admit(at([10, 0, 0, 3]))
+                .unwrap()
+                .handshaken()
+                .is_some()
+        );
+        drop((b, bare));
+        assert!(gate.0.per_address.lock().unwrap().len() <= 1);
+    }
+
+    #[test]
+    fn handshakes_in_flight_are_capped() {
+        let gate = Gate::new(Limits {
+            max_connections: 8,
+            handshakes: 3,
+            per_address: 100,
+        });
+        let mut held: Vec<_> = (0..10u8)
+            .filter_map(|i| gate.admit(at([10, 0, 1, i])))
+            .collect();
+        assert_eq!(held.len(), 3);
+        assert!(gate.admit(at([10, 0, 2, 1])).is_none());
+        // A finished handshake gives its permit back.
+        let served = held.remove(0).handshaken().unwrap();
+        assert!(gate.admit(at([10, 0, 2, 1])).is_some());
+        drop((served, held));
+    }
+}
