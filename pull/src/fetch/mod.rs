@@ -335,6 +335,17 @@ impl Transfer {
         drop(slot);
         match (result, sink.streaming.take(), &plan) {
             (Ok(()), Some(streaming), Some(plan)) => {
+                // containerd accepted the digest: the bytes are the layer's.
+                streaming.verified();
+                let account = streaming.account();
+                let stopped = || account.as_ref().is_some_and(|a| a.stopped());
+                if stopped() {
+                    // Its unverified bytes inflated past the bound: the layer unpacks
+                    // from the content store (`stack_layer`), verified.
+                    tracing::warn!(%digest, "the layer inflated past what unverified bytes may write; unpacking it from the content store instead");
+                    streaming.abandon(&self.store).await;
+                    return Ok(sink.fetched);
+                }
                 let mut stack = self.stack.subscribe();
                 let below = plan.index;
                 let parent_unpacked = async move {
@@ -343,14 +354,18 @@ impl Transfer {
                         .await
                         .is_ok_and(|s| !s.failed)
                 };
-                streaming
+                match streaming
                     .finish(&self.store, digest, &plan.diff_id, parent_unpacked)
                     .await
-                    .map_err(|source| PullError::Unpack {
+                {
+                    Ok(()) => Ok(sink.fetched),
+                    // Stopped by the bound just before the commit: as above.
+                    Err(_) if stopped() => Ok(sink.fetched),
+                    Err(source) => Err(PullError::Unpack {
                         image: self.image.clone(),
                         source,
-                    })?;
-                Ok(sink.fetched)
+                    }),
+                }
             }
             (Ok(()), _, _) => Ok(sink.fetched),
             (Err(e), streaming, _) => {

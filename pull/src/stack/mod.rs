@@ -4,6 +4,7 @@
 
 mod decompress;
 pub mod unpack;
+pub mod unverified;
 
 use std::collections::HashMap;
 

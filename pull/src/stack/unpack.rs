@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use containerd_client::services::v1::content_client::ContentClient;
@@ -26,6 +27,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::decompress::decompress;
+use super::unverified::{Account, Bounded};
 use crate::media::Compression;
 use containerd_client::services::v1::diff_client::DiffClient;
 use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
@@ -294,10 +296,11 @@ async fn remove(store: &Store, snapshotter: &str, key: &str) {
     }
 }
 
-/// A `Read` over byte pieces sent from async code.
+/// A `Read` over byte pieces sent from async code, counting them into `account`.
 struct ChannelReader {
     rx: mpsc::Receiver<Bytes>,
     current: Bytes,
+    account: Option<Arc<Account>>,
 }
 
 impl std::io::Read for ChannelReader {
@@ -311,23 +314,35 @@ impl std::io::Read for ChannelReader {
         let n = buf.len().min(self.current.len());
         buf[..n].copy_from_slice(&self.current[..n]);
         self.current = self.current.slice(n..);
+        if let Some(account) = &self.account {
+            account.read_compressed(n);
+        }
         Ok(n)
     }
 }
 
 /// Decompress and apply on a blocking thread; returns the diff ID.
+/// With an `account`, the output is held to its bound until the blob is verified.
 fn spawn_applier(
     target: ApplyTarget,
     compression: Compression,
     rx: mpsc::Receiver<Bytes>,
+    account: Option<Arc<Account>>,
 ) -> JoinHandle<Result<Applied, ApplyError>> {
     tokio::task::spawn_blocking(move || {
         let reader = ChannelReader {
             rx,
             current: Bytes::new(),
+            account: account.clone(),
         };
         let decompressed = decompress(compression, reader).map_err(ApplyError::Read)?;
-        apply_layer(decompressed, &target)
+        match account {
+            Some(account) => apply_layer(
+                Bounded::new(decompressed, account, target.root.clone()),
+                &target,
+            ),
+            None => apply_layer(decompressed, &target),
+        }
     })
 }
 
@@ -343,6 +358,8 @@ pub struct StreamingApply {
     staging_root: Option<PathBuf>,
     tx: Option<mpsc::Sender<Bytes>>,
     handle: JoinHandle<Result<Applied, ApplyError>>,
+    /// What its unverified bytes may write (none for bytes containerd verified).
+    account: Option<Arc<Account>>,
 }
 
 impl StreamingApply {
@@ -380,6 +397,7 @@ impl StreamingApply {
             );
         }
         let (tx, rx) = mpsc::channel(FEED_QUEUE);
+        let account = Arc::new(Account::default());
         Ok(Some(Self {
             snapshotter: snapshotter.to_owned(),
             chain_id: chain_id.to_owned(),
@@ -387,8 +405,21 @@ impl StreamingApply {
             key: prepared.key,
             staging_root: staged.then(|| target.root.clone()),
             tx: Some(tx),
-            handle: spawn_applier(target, compression, rx),
+            handle: spawn_applier(target, compression, rx, Some(account.clone())),
+            account: Some(account),
         }))
+    }
+
+    /// containerd accepted the blob's digest: its bytes are no longer bounded.
+    pub fn verified(&self) {
+        if let Some(account) = &self.account {
+            account.verified();
+        }
+    }
+
+    /// The account of what its unverified bytes wrote ([`super::unverified`]).
+    pub fn account(&self) -> Option<Arc<Account>> {
+        self.account.clone()
     }
 
     /// Hand downloaded bytes to the applier, in pieces of at most [`FEED_PIECE`] (cheap
@@ -541,7 +572,9 @@ pub async fn apply_from_store(
         key: prepared.key,
         staging_root: None,
         tx: Some(tx),
-        handle: spawn_applier(target, compression, rx),
+        // Verified bytes: containerd holds the blob.
+        handle: spawn_applier(target, compression, rx, None),
+        account: None,
     };
     let read = async {
         let request = store

@@ -1,0 +1,188 @@
+//! What a layer's bytes may write before containerd has checked them against the
+//! layer's digest. A layer unpacks while it downloads; until the blob is committed,
+//! its bytes are anybody's (a peer's above all: another node, outside input), and a
+//! decompression bomb would fill the disk before the digest check fails. So while
+//! unverified, the unpacked output stays within [`FLOOR`] plus [`RATIO`] times the
+//! compressed bytes read (real layers inflate 2–5 times), and the snapshot's filesystem
+//! keeps [`RESERVE_PERCENT`] free. Past either, the streaming unpack stops, its snapshot
+//! goes, and the layer unpacks from the content store once containerd has verified it
+//! (a legitimate layer that inflates more, say a large file of zeros, costs only that
+//! second unpack). Tar entries cost at least 512 bytes of output each, so the output
+//! bound bounds them too.
+//!
+//! The bound is measured on the applier's own thread, as it reads: nothing is written
+//! past it (the applier stops at its next read).
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Output always allowed before the ratio counts.
+pub const FLOOR: u64 = 64 << 20;
+/// Output allowed per compressed byte.
+pub const RATIO: u64 = 16;
+/// Free space the filesystem keeps, in percent of its size.
+pub const RESERVE_PERCENT: u64 = 5;
+/// How often (in output bytes) the filesystem's free space is read.
+const DISK_CHECK_EVERY: u64 = 32 << 20;
+
+/// Why unverified output was stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum OverBudget {
+    #[error(
+        "the layer inflated to {out} bytes from {compressed} unverified bytes (at most {FLOOR} + {RATIO}x before its digest is checked)"
+    )]
+    Inflation { out: u64, compressed: u64 },
+    #[error(
+        "the snapshot's filesystem has {available} of {total} bytes free, under the {RESERVE_PERCENT}% kept while a layer is unverified"
+    )]
+    Disk { available: u64, total: u64 },
+}
+
+/// The budget decision, pure: `out` bytes written from `compressed` bytes read, and
+/// the filesystem's free and total bytes when just read.
+pub fn check(out: u64, compressed: u64, disk: Option<(u64, u64)>) -> Result<(), OverBudget> {
+    if out > FLOOR.saturating_add(RATIO.saturating_mul(compressed)) {
+        return Err(OverBudget::Inflation { out, compressed });
+    }
+    if let Some((available, total)) = disk
+        && available.saturating_mul(100) < total.saturating_mul(RESERVE_PERCENT)
+    {
+        return Err(OverBudget::Disk { available, total });
+    }
+    Ok(())
+}
+
+/// One streaming unpack's account: compressed bytes read, whether containerd verified
+/// the blob (then nothing is bounded), and whether the bound stopped it.
+#[derive(Debug, Default)]
+pub struct Account {
+    compressed: AtomicU64,
+    verified: AtomicBool,
+    stopped: AtomicBool,
+}
+
+impl Account {
+    pub fn read_compressed(&self, bytes: usize) {
+        self.compressed.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// containerd accepted the blob's digest: its bytes are the layer's.
+    pub fn verified(&self) {
+        self.verified.store(true, Ordering::Relaxed);
+    }
+
+    /// The bound stopped the unpack: it goes, and the layer unpacks from the store.
+    pub fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::Relaxed)
+    }
+}
+
+/// The uncompressed stream, held to the account's bound while unverified.
+#[derive(Debug)]
+pub struct Bounded<R> {
+    inner: R,
+    account: Arc<Account>,
+    /// The snapshot's directory: its filesystem's free space is read.
+    root: PathBuf,
+    out: u64,
+    next_disk_check: u64,
+}
+
+impl<R> Bounded<R> {
+    pub fn new(inner: R, account: Arc<Account>, root: PathBuf) -> Self {
+        Self {
+            inner,
+            account,
+            root,
+            out: 0,
+            next_disk_check: 0,
+        }
+    }
+
+    fn disk(&self) -> Option<(u64, u64)> {
+        let stat = nix::sys::statvfs::statvfs(&self.root).ok()?;
+        let block = stat.fragment_size();
+        Some((
+            stat.blocks_available().saturating_mul(block),
+            stat.blocks().saturating_mul(block),
+        ))
+    }
+}
+
+impl<R: Read> Read for Bounded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.out = self.out.saturating_add(n as u64);
+        if self.account.verified.load(Ordering::Relaxed) {
+            return Ok(n);
+        }
+        let disk = (self.out >= self.next_disk_check).then(|| {
+            self.next_disk_check = self.out.saturating_add(DISK_CHECK_EVERY);
+            self.disk()
+        });
+        let compressed = self.account.compressed.load(Ordering::Relaxed);
+        if let Err(over) = check(self.out, compressed, disk.flatten()) {
+            self.account.stopped.store(true, Ordering::Relaxed);
+            return Err(std::io::Error::other(over));
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unverified_output_stays_within_the_floor_and_the_ratio() {
+        assert!(check(FLOOR, 0, None).is_ok());
+        assert_eq!(
+            check(FLOOR + 1, 0, None),
+            Err(OverBudget::Inflation {
+                out: FLOOR + 1,
+                compressed: 0
+            })
+        );
+        assert!(check(FLOOR + RATIO * 1000, 1000, None).is_ok());
+        assert!(check(FLOOR + RATIO * 1000 + 1, 1000, None).is_err());
+        // Nothing overflows at the edges.
+        assert!(check(u64::MAX, u64::MAX, None).is_ok());
+    }
+
+    #[test]
+    fn a_filling_disk_stops_unverified_output() {
+        assert!(check(1, 1, Some((6, 100))).is_ok());
+        assert_eq!(
+            check(1, 1, Some((4, 100))),
+            Err(OverBudget::Disk {
+                available: 4,
+                total: 100
+            })
+        );
+    }
+
+    #[test]
+    fn a_bomb_is_stopped_at_the_bound_and_a_verified_layer_is_not() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let zeros = std::io::repeat(0).take(FLOOR * 2);
+        let account = Arc::new(Account::default());
+        account.read_compressed(1000);
+        let mut bounded = Bounded::new(zeros, account.clone(), dir.path().to_owned());
+        let read = std::io::copy(&mut bounded, &mut std::io::sink());
+        assert!(read.is_err());
+        assert!(account.stopped());
+        assert!(bounded.out <= FLOOR + RATIO * 1000 + (64 << 10));
+
+        let zeros = std::io::repeat(0).take(FLOOR * 2);
+        let account = Arc::new(Account::default());
+        account.verified();
+        let mut bounded = Bounded::new(zeros, account.clone(), dir.path().to_owned());
+        assert_eq!(
+            std::io::copy(&mut bounded, &mut std::io::sink()).ok(),
+            Some(FLOOR * 2)
+        );
+        assert!(!account.stopped());
+    }
+}
