@@ -155,8 +155,10 @@ pub struct RunArgs {
     )]
     pub peer_upload_rate: Option<String>,
     /// The pace a peer must keep while this node fetches from it, e.g. `4MiB`: a peer
-    /// slower than this over a 2 s window (a stall included) is left for the next source
-    /// or the registry, from the bytes already received [default: 1MiB].
+    /// slower than this over a 5 s window (a stall included) is left for the next source
+    /// or the registry, from the bytes already received. Lower it where the registry
+    /// gives a node less than 16 MiB/s (a node still downloading passes a layer on at a
+    /// sixteenth of its link) [default: 1MiB].
     #[arg(long, env = "RIGGER_AGENT_PEER_MIN_RATE", value_name = "BYTES_PER_S")]
     pub peer_min_rate: Option<String>,
     /// Answer the node's containerd as a registry mirror on this loopback address, e.g.

@@ -74,9 +74,9 @@ impl std::fmt::Debug for Mirror {
 
 /// The registry a mirror request's query names (`ns=<host>`), as containerd sends it.
 fn namespace_of(query: &str) -> Option<String> {
-    query.split('&').find_map(|pair| {
-        let value = pair.strip_prefix("ns=")?;
-        let valid = !value.is_empty()
+    form_urlencoded::parse(query.as_bytes()).find_map(|(key, value)| {
+        let valid = key == "ns"
+            && !value.is_empty()
             && value.len() <= 255
             && value
                 .bytes()
@@ -133,10 +133,13 @@ impl Mirror {
                 );
                 return response;
             }
-            Ok(Wanted::Manifest { .. } | Wanted::Blob { .. }) if registry.is_empty() => text(
-                StatusCode::NOT_FOUND,
-                "the request names no registry (ns=): only containerd's mirror requests are answered",
-            ),
+            Ok(Wanted::Manifest { .. } | Wanted::Blob { .. }) if registry.is_empty() => {
+                tracing::debug!(query = ?request.uri().query(), "a mirror request without ns=: not answered");
+                text(
+                    StatusCode::NOT_FOUND,
+                    "the request names no registry (ns=): only containerd's mirror requests are answered",
+                )
+            }
             Ok(Wanted::Manifest { repository, digest }) => {
                 self.manifest(&registry, &repository, &digest, head).await
             }

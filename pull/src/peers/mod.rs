@@ -421,11 +421,14 @@ impl Peers {
             )));
         }
         if status != expected {
-            let reason = error_reason(response, self.pace).await;
-            return Err(PeerRefusal::Declined(format!(
-                "HTTP {status}: {}",
-                reason.trim()
-            )));
+            return Err(match error_reason(response, self.pace).await {
+                Ok(reason) => PeerRefusal::Declined(format!("HTTP {status}: {}", reason.trim())),
+                // A refusal that does not end: a peer that answers so is not asked again.
+                Err(start) => PeerRefusal::Unusable(format!(
+                    "HTTP {status} with an answer past {MAX_ERROR_BODY} bytes or one window: {}",
+                    start.trim()
+                )),
+            });
         }
         let size = if start > 0 {
             response
@@ -444,22 +447,27 @@ impl Peers {
     }
 }
 
-/// The start of a peer's error answer, for the log: at most `MAX_ERROR_BODY` bytes and
-/// one window of waiting, whatever the peer sends.
-async fn error_reason(response: reqwest::Response, pace: PeerPace) -> String {
+/// A peer's error answer, for the log: whole when it ends within `MAX_ERROR_BODY` bytes
+/// and one window of waiting; else `Err` with its start (the rest is never read).
+async fn error_reason(response: reqwest::Response, pace: PeerPace) -> Result<String, String> {
     let mut body = response.bytes_stream();
     let mut reason = Vec::new();
     let read = async {
         while let Some(Ok(piece)) = body.next().await {
-            let room = MAX_ERROR_BODY.saturating_sub(reason.len());
-            reason.extend_from_slice(&piece[..piece.len().min(room)]);
-            if reason.len() >= MAX_ERROR_BODY {
-                break;
+            if reason.len() + piece.len() > MAX_ERROR_BODY {
+                let room = MAX_ERROR_BODY - reason.len();
+                reason.extend_from_slice(&piece[..room]);
+                return false;
             }
+            reason.extend_from_slice(&piece);
         }
+        true
     };
-    let _ = tokio::time::timeout(pace.window, read).await;
-    String::from_utf8_lossy(&reason).into_owned()
+    let whole = tokio::time::timeout(pace.window, read)
+        .await
+        .unwrap_or(false);
+    let text = String::from_utf8_lossy(&reason).into_owned();
+    if whole { Ok(text) } else { Err(text) }
 }
 
 /// A response body judged window by window: a peer slower than `pace` (a stall

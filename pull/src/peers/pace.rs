@@ -15,11 +15,13 @@ pub struct PeerPace {
 }
 
 /// The default floor: far below what a peer on a LAN serves (hundreds of MiB/s), and
-/// below what a node still downloading from a registry passes on to its followers in
-/// all but the slowest sites; `peer_min_rate` in the agent's configuration.
+/// below what a node still downloading passes on to its followers while its registry
+/// gives it 16 MiB/s or more (the range at its write position gets a sixteenth of its
+/// link); `peer_min_rate` in the agent's configuration, lower for slower registries.
 pub const DEFAULT_PEER_MIN_RATE: u64 = 1 << 20;
-/// The default window.
-pub const DEFAULT_PEER_WINDOW: Duration = Duration::from_secs(2);
+/// The window a peer is judged over: long enough for the bursts a node still
+/// downloading passes on, short enough that a stalled peer costs little.
+pub const DEFAULT_PEER_WINDOW: Duration = Duration::from_secs(5);
 
 impl Default for PeerPace {
     fn default() -> Self {

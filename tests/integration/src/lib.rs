@@ -8,6 +8,7 @@
 
 mod cri_pod;
 mod etcd;
+pub mod fake_node;
 pub mod fidelity;
 mod lab;
 mod pki;
@@ -22,7 +23,10 @@ pub use lab::{
 };
 pub use pki::PrivateCa;
 pub use private_containerd::PrivateContainerd;
-pub use registries::{AuthRegistry, Proxy, TlsRegistry, mirror_hosts_dir, plain_http_hosts_dir};
+pub use registries::{
+    AuthRegistry, Proxy, TlsRegistry, mirror_client, mirror_client_hosts_dir, mirror_hosts_dir,
+    plain_http_hosts_dir,
+};
 pub use relay::TcpRelay;
 
 use std::io::{Read, Write};

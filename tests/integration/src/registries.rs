@@ -354,6 +354,42 @@ pub fn plain_http_hosts_dir(dir: &Path, registries: &[&str]) -> PathBuf {
     hosts
 }
 
+/// A `certs.d` directory in `dir` sending containerd's pulls of `registry` (plain HTTP)
+/// to the agent's mirror at `mirror` first, for pulls only, over TLS with the mirror's
+/// client certificate from the agent's `state_dir` — the operator guide's hosts.toml.
+pub fn mirror_client_hosts_dir(dir: &Path, registry: &str, mirror: &str, state_dir: &Path) {
+    let at = dir.join(registry);
+    std::fs::create_dir_all(&at).unwrap();
+    let files = state_dir.join("mirror");
+    let file = |name: &str| files.join(name).display().to_string();
+    std::fs::write(
+        at.join("hosts.toml"),
+        format!(
+            "server = \"http://{registry}\"\n\n[host.\"https://{mirror}\"]\n  capabilities = [\"pull\"]\n  ca = \"{}\"\n  client = [[\"{}\", \"{}\"]]\n",
+            file("ca.pem"),
+            file("client.pem"),
+            file("client-key.pem"),
+        ),
+    )
+    .unwrap();
+}
+
+/// An HTTPS client as the node's containerd is to the agent's mirror: its CA trusted
+/// and its client certificate presented (from the agent's `state_dir`).
+pub fn mirror_client(state_dir: &Path) -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let files = state_dir.join("mirror");
+    let read = |name: &str| std::fs::read(files.join(name)).unwrap();
+    let mut identity = read("client.pem");
+    identity.extend_from_slice(&read("client-key.pem"));
+    reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&read("ca.pem")).unwrap())
+        .identity(reqwest::Identity::from_pem(&identity).unwrap())
+        .no_proxy()
+        .build()
+        .unwrap()
+}
+
 /// A registry serving the lab registry's images over HTTPS with a certificate from a
 /// private CA (not in the system's roots), optionally requiring client certificates
 /// from that CA. Its files are under [`TlsRegistry::dir`]: `ca.pem`, `client.pem`,

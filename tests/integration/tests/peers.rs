@@ -609,7 +609,15 @@ fn a_source_dying_mid_transfer_is_replaced_by_the_registry_for_what_is_missing()
 /// downloads and fetches the layer from it as it arrives; the registry sends it once.
 #[test]
 fn a_node_fetches_from_a_node_still_downloading_the_image() {
-    let fleet = Fleet::start_behind("peers-arriving", true, &[], &["--total-rate", "2MiB"]);
+    // A registry this slow (2 MiB/s for everyone) passes a layer still arriving on to a
+    // follower in bursts: the range at the seed's write position gets a sixteenth of the
+    // link. An operator with such a link lowers the peers' floor, as here.
+    let fleet = Fleet::start_behind(
+        "peers-arriving",
+        true,
+        &["--peer-min-rate", "64KiB"],
+        &["--total-rate", "2MiB"],
+    );
     let image = unique_image("peers-arriving", 1, 8_000_000);
     let job = fleet.job("together", &image, &[0, 1]);
     let layer = fleet.layers(&image).remove(0);
@@ -653,8 +661,13 @@ fn a_node_fetches_from_a_node_still_downloading_the_image() {
 /// the second goes on from the registry where the peer's bytes ended.
 #[test]
 fn a_source_dying_while_still_downloading_is_replaced_by_the_registry() {
-    let mut fleet =
-        Fleet::start_behind("peers-arriving-dead", true, &[], &["--total-rate", "1MiB"]);
+    let mut fleet = Fleet::start_behind(
+        "peers-arriving-dead",
+        true,
+        // As above: a slow registry link, a lower floor for peers.
+        &["--peer-min-rate", "64KiB"],
+        &["--total-rate", "1MiB"],
+    );
     let image = unique_image("peers-arriving-dead", 1, 6_000_000);
     fleet.start_job("together", &image, &[0, 1]);
     // Whichever node seeds, the other fetches from it: kill the seed once the other has
@@ -713,26 +726,49 @@ fn a_source_dying_while_still_downloading_is_replaced_by_the_registry() {
 
 /// The registry goes down once one node holds the image: a job for both nodes completes,
 /// the second node taking the image (its documents too) from the first.
+/// With the registry down, a job whose image is pinned by digest goes on from the
+/// node that holds it (every document checked against the pin); one by tag does not:
+/// only the registry may say what a tag is, and the node says so.
 #[test]
-fn with_the_registry_down_a_node_takes_the_image_from_a_node_that_holds_it() {
+fn with_the_registry_down_a_pinned_image_comes_from_a_node_that_holds_it_and_a_tag_does_not() {
     let fleet = Fleet::start("peers-registry-down", true);
     let image = unique_image("peers-registry-down", 2, 300_000);
     fleet.job("first", &image, &[0]);
+    let reference = format!("{}/{image}", fleet.proxy.address);
+    let (top, _) = image_and_layers_on(&fleet.nodes[0], &fleet.ns.name, &reference);
+    let repository = image.rsplit_once(':').unwrap().0;
+    let pinned = format!("{repository}@{top}");
+    fleet.job("first-pinned", &pinned, &[0]);
     fleet.proxy.set_faults(&serde_json::json!([
         {"path_contains": "/v2/", "action": {"status": 503}, "times": 1_000_000}
     ]));
-    let job = fleet.job("both", &image, &[0, 1]);
+    // By tag: the node without the image fails (the other holds it), saying why and
+    // what to do.
+    fleet.controller.apply_ok(&format!(
+        "apiVersion: apps.kruise.io/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: by-tag\nspec:\n  image: {reference}\n  parallelism: 2\n  selector:\n    names: [{}, {}]\n  completionPolicy:\n    type: Always\n  pullPolicy:\n    backoffLimit: 0\n",
+        fleet.agents[0].node, fleet.agents[1].node
+    ));
+    let job = wait_until("the tag's job to end", Duration::from_secs(60), || {
+        let job = fleet.controller.get_json(&["imagepulljob", "by-tag"])?;
+        (job["status"]["failed"] == 1).then_some(job)
+    });
+    let message = fleet.entry(&job, 1)["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("only the registry may say what a tag points at")
+            && message.contains("pin the image by digest"),
+        "{job:#}"
+    );
+    // Pinned: the image comes from the node that holds it, documents and all.
+    let job = fleet.job("both", &pinned, &[0, 1]);
     fleet.proxy.set_faults(&serde_json::json!([]));
     let message = fleet.entry(&job, 1)["message"].as_str().unwrap_or_default();
     assert!(
         message.contains("from peers, 0 B from the registry"),
         "{job:#}"
     );
-    // The same image on both nodes.
-    let reference = format!("{}/{image}", fleet.proxy.address);
-    let first = image_and_layers_on(&fleet.nodes[0], &fleet.ns.name, &reference);
-    let second = image_and_layers_on(&fleet.nodes[1], &fleet.ns.name, &reference);
-    assert_eq!(first, second);
+    let pinned_reference = format!("{}/{pinned}", fleet.proxy.address);
+    let second = image_and_layers_on(&fleet.nodes[1], &fleet.ns.name, &pinned_reference);
+    assert_eq!(second.0, top);
     fleet.assert_no_panics();
 }
 
@@ -745,6 +781,10 @@ fn containerd_pulls_through_the_mirror_from_the_node_that_holds_the_image() {
     let mut fleet = Fleet::start("peers-mirror", true);
     let mirror = format!("127.0.0.1:{}", free_port());
     fleet.agents[1].restart_with_flags(&["--mirror-listen", &mirror]);
+    let ca = fleet.agents[1].state_dir.join("mirror/ca.pem");
+    wait_until("the mirror's certificates", Duration::from_secs(30), || {
+        ca.exists().then_some(())
+    });
     let node = fleet.agents[1].node.clone();
     wait_until("the node to be ready", Duration::from_secs(30), || {
         let n = fleet.controller.get_json(&["node", &node])?;
@@ -757,18 +797,15 @@ fn containerd_pulls_through_the_mirror_from_the_node_that_holds_the_image() {
     // The node loses the image (kubelet's image garbage collection).
     let second = &fleet.nodes[1];
     second.ctr(&fleet.ns.name, &["images", "rm", "--sync", &reference]);
-    // containerd's hosts for the registry: the mirror first, for pulls only.
+    // containerd's hosts for the registry: the mirror first, for pulls only, over TLS
+    // with the mirror's client certificate (the operator guide's hosts.toml).
     let dir = tempfile::tempdir().unwrap();
-    let host = dir.path().join(&fleet.proxy.address);
-    std::fs::create_dir_all(&host).unwrap();
-    std::fs::write(
-        host.join("hosts.toml"),
-        format!(
-            "server = \"http://{}\"\n\n[host.\"http://{mirror}\"]\n  capabilities = [\"pull\"]\n",
-            fleet.proxy.address
-        ),
-    )
-    .unwrap();
+    rigger_integration_tests::mirror_client_hosts_dir(
+        dir.path(),
+        &fleet.proxy.address,
+        &mirror,
+        &fleet.agents[1].state_dir,
+    );
     second.ctr(
         &fleet.ns.name,
         &[
@@ -802,12 +839,41 @@ fn containerd_pulls_through_the_mirror_from_the_node_that_holds_the_image() {
     // An image no job put on this node: not on the mirror (containerd goes to the
     // registry), and never a tag.
     let other = format!("sha256:{}", "e".repeat(64));
-    let (status, _) =
-        rigger_integration_tests::http_get(&mirror, &format!("/v2/rigger-lab/x/manifests/{other}"))
-            .unwrap();
-    assert_eq!(status, 404);
-    let (status, _) =
-        rigger_integration_tests::http_get(&mirror, "/v2/rigger-lab/x/manifests/latest").unwrap();
-    assert_eq!(status, 404);
+    let as_containerd = rigger_integration_tests::mirror_client(&fleet.agents[1].state_dir);
+    let get = |path: &str| {
+        let url = format!("https://{mirror}{path}");
+        let client = as_containerd.clone();
+        tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(async move { client.get(url).send().await.map(|r| r.status().as_u16()) })
+    };
+    let ns = fleet.proxy.address.clone();
+    assert_eq!(
+        get(&format!("/v2/rigger-lab/x/manifests/{other}?ns={ns}")).unwrap(),
+        404
+    );
+    assert_eq!(
+        get(&format!("/v2/rigger-lab/x/manifests/latest?ns={ns}")).unwrap(),
+        404
+    );
+    // Another repository than the job's, even for the job's own digest: nothing.
+    let (top, _) = image_and_layers_on(&fleet.nodes[0], &fleet.ns.name, &reference);
+    assert_eq!(
+        get(&format!("/v2/rigger-lab/private/manifests/{top}?ns={ns}")).unwrap(),
+        404
+    );
+    // Without the client certificate (any other process on the node): no answer at all.
+    let anyone = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .build()
+        .unwrap();
+    let refused = tokio::runtime::Runtime::new().unwrap().block_on(
+        anyone
+            .get(format!(
+                "https://{mirror}/v2/rigger-lab/x/manifests/{top}?ns={ns}"
+            ))
+            .send(),
+    );
+    assert!(refused.is_err(), "{refused:?}");
     fleet.assert_no_panics();
 }
