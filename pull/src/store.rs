@@ -464,6 +464,13 @@ impl BlobWriter {
         self.arrival = Some(arrival);
     }
 
+    /// Stop announcing this write: bytes not of this node's own fetching (a peer's)
+    /// are about to go into it, and no other node is served them before containerd
+    /// verified the blob. Readers following it are cut off.
+    pub fn withdraw(&mut self) {
+        self.arrival = None;
+    }
+
     /// The ingest's ref in containerd.
     pub fn reference(&self) -> &str {
         &self.reference

@@ -444,7 +444,7 @@ impl Transfer {
                             last = format!("{digest}: content does not match its digest");
                             tracing::warn!(%digest, "digest mismatch; downloading again");
                             if let Some(peers) = &self.peers {
-                                peers.suspect(&sink.peer_nodes);
+                                peers.blame(&sink.peer_nodes);
                             }
                             self.restart_blob(digest, sink).await?;
                         }

@@ -1,8 +1,8 @@
 //! A blob from the pull's peers, before the registry: each usable peer in turn streams
 //! from the ingest's offset on, so what one peer sent is kept when the next goes on.
-//! containerd checks the digest at commit; when it does not match, every peer that sent
-//! bytes of it is suspected (not asked again, named in the result) and the blob starts
-//! over from the registry.
+//! containerd checks the digest at commit; when it does not match, the blob starts over
+//! from the registry, and the peer that sent its bytes is suspected (not asked again,
+//! named in the result) — when one did: of several, none is (`Peers::blame`).
 
 use std::collections::HashMap;
 
@@ -54,16 +54,18 @@ impl Transfer {
                     }
                 };
                 if sink.writer.offset() + piece.len() as u64 > size {
-                    // More than the manifest promises: the blob is wrong whoever adds
-                    // to it, so it starts over without this peer.
-                    sink.peer_nodes.push(source.node.clone());
-                    peers.suspect(&sink.peer_nodes);
+                    // More than the manifest promises: this peer sent it, whatever the
+                    // others did; the blob starts over without it.
+                    peers.suspect(std::slice::from_ref(&source.node));
                     self.restart_blob(digest, sink).await?;
                     break;
                 }
                 if let Some(rate) = &self.rate {
                     rate.acquire(piece.len()).await;
                 }
+                // A peer's bytes are relayed to nobody before the digest is checked: a
+                // liar's would pass for this node's (and this node be blamed).
+                sink.writer.withdraw();
                 sink.write(piece.clone())
                     .await
                     .map_err(|e| self.store_err(e))?;
@@ -93,7 +95,7 @@ impl Transfer {
             }
             Err(StoreError::DigestMismatch { .. }) => {
                 tracing::warn!(%digest, peers = ?sink.peer_nodes, "bytes from peers did not match the blob's digest; fetching it from the registry");
-                peers.suspect(&sink.peer_nodes);
+                peers.blame(&sink.peer_nodes);
                 self.restart_blob(digest, sink).await?;
                 Ok(FromPeers::Registry)
             }

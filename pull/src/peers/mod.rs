@@ -265,6 +265,20 @@ impl Peers {
         }
     }
 
+    /// Bytes of `contributors` went into a blob that did not match its digest. One alone
+    /// is suspected; of several, none is: any one of them may have sent the wrong bytes,
+    /// and a liar could otherwise frame the honest node that went on after it (the blob
+    /// comes from the registry again either way).
+    pub fn blame(&self, contributors: &[String]) {
+        match contributors {
+            [one] => self.suspect(std::slice::from_ref(one)),
+            [] => {}
+            several => {
+                tracing::warn!(peers = ?several, "bytes from several peers did not match the blob's digest; none is blamed");
+            }
+        }
+    }
+
     /// Nodes whose bytes did not match (what the pull reports).
     pub fn suspects(&self) -> Vec<String> {
         self.suspects

@@ -124,7 +124,9 @@ impl<R: Read> Read for Bounded<R> {
         });
         let compressed = self.account.compressed.load(Ordering::Relaxed);
         if let Err(over) = check(self.out, compressed, disk.flatten()) {
-            self.account.stopped.store(true, Ordering::Relaxed);
+            if !self.account.stopped.swap(true, Ordering::Relaxed) {
+                tracing::warn!(reason = %over, "unverified bytes may write no more: the streaming unpack stops (the layer unpacks from the content store once containerd verified it)");
+            }
             return Err(std::io::Error::other(over));
         }
         Ok(n)
@@ -161,6 +163,64 @@ mod tests {
                 total: 100
             })
         );
+    }
+
+    /// A gzip'd tar whose one file is `zeros` bytes of zeros, cut at `size` bytes.
+    fn bomb(zeros: u64, size: usize) -> Vec<u8> {
+        use std::io::Write as _;
+        let mut header = tar::Header::new_gnu();
+        header.set_path("zeros").unwrap_or_else(|e| panic!("{e}"));
+        header.set_size(zeros);
+        header.set_mode(0o644);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime(0);
+        header.set_cksum();
+        let header = header.as_bytes().to_vec();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        gz.write_all(&header).unwrap_or_else(|e| panic!("{e}"));
+        let block = vec![0u8; 1 << 20];
+        while gz.get_ref().len() < size {
+            gz.write_all(&block).unwrap_or_else(|e| panic!("{e}"));
+        }
+        let mut bytes = gz.finish().unwrap_or_else(|e| panic!("{e}"));
+        bytes.truncate(size);
+        bytes
+    }
+
+    #[test]
+    fn a_bomb_unpacked_into_a_snapshot_stops_at_the_bound() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let root = dir.path().join("fs");
+        std::fs::create_dir(&root).unwrap_or_else(|e| panic!("{e}"));
+        let compressed = bomb(64 << 30, 1 << 20);
+        let account = Arc::new(Account::default());
+        let counted = Counted(std::io::Cursor::new(compressed), account.clone());
+        let inflated =
+            crate::stack::decompress::decompress(crate::media::Compression::Gzip, counted)
+                .unwrap_or_else(|e| panic!("{e}"));
+        let bounded = Bounded::new(inflated, account.clone(), root.clone());
+        let target = rigger_layer::ApplyTarget {
+            root: root.clone(),
+            lowers: Vec::new(),
+        };
+        let applied = rigger_layer::apply_layer(bounded, &target);
+        assert!(account.stopped(), "{applied:?}");
+        let written = std::fs::metadata(root.join("zeros"))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        assert!(written <= FLOOR + RATIO * (1 << 20), "{written}");
+    }
+
+    /// Counts what is read into the account, as the applier's channel does.
+    struct Counted<R>(R, Arc<Account>);
+
+    impl<R: Read> Read for Counted<R> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.0.read(buf)?;
+            self.1.read_compressed(n);
+            Ok(n)
+        }
     }
 
     #[test]

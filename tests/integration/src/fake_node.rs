@@ -283,6 +283,9 @@ pub fn bomb(size: u64) -> Vec<u8> {
     header.set_path("zeros").unwrap_or_else(|e| panic!("{e}"));
     header.set_size(64 << 30);
     header.set_mode(0o644);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_mtime(0);
     header.set_cksum();
     encoder
         .write_all(header.as_bytes())

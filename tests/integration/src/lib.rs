@@ -641,6 +641,14 @@ impl Agent {
     }
 
     /// Start again with more `rigger-agent run` flags (kept for later restarts).
+    /// The running agent's process id.
+    pub fn pid(&self) -> u32 {
+        self.daemon
+            .as_ref()
+            .map(|d| d.child.id())
+            .expect("the agent runs")
+    }
+
     pub fn restart_with_flags(&mut self, flags: &[&str]) {
         self.args.extend(flags.iter().map(|f| (*f).to_owned()));
         self.restart();
