@@ -14,7 +14,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use libfuzzer_sys::arbitrary::{self, Arbitrary, Unstructured};
+use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use rigger_api::Kind;
 use rigger_api::container_recreate_request::ContainerRecreateRequest;
