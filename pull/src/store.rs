@@ -449,10 +449,16 @@ impl BlobWriter {
         drop(std::mem::replace(&mut self.tx, closed));
         while let Ok(Some(_)) = self.responses.message().await {}
         let arrival = self.arrival.take();
+        let ours = self.acked;
         *self = store
             .open_writer(&self.reference, &self.digest, self.size)
             .await?;
-        if let Some(arrival) = arrival {
+        // Announced still only while the ingest holds this write's own bytes: another
+        // writer (containerd's own pull of the same layer, say) may have gone on with
+        // it meanwhile.
+        if let Some(arrival) = arrival
+            && self.acked <= ours
+        {
             self.announce(arrival);
         }
         Ok(())
@@ -462,6 +468,16 @@ impl BlobWriter {
     pub fn announce(&mut self, arrival: ArrivalGuard) {
         arrival.held(self.acked);
         self.arrival = Some(arrival);
+    }
+
+    /// The blob's whole size.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether this write is announced to the peer endpoint.
+    pub fn announced(&self) -> bool {
+        self.arrival.is_some()
     }
 
     /// Stop announcing this write: bytes not of this node's own fetching (a peer's)

@@ -300,7 +300,9 @@ impl Mirror {
         let Some(blob) = peers.blob(repository, digest, start).await else {
             return not_here();
         };
-        if start >= blob.size && blob.size > 0 {
+        // A peer's word on the size is checked before it is used (a resumed request
+        // past the end, or a size of 0, is nothing to serve).
+        if start >= blob.size && (start > 0 || blob.size > 0) {
             return not_here();
         }
         let length = blob.size - start;

@@ -89,12 +89,12 @@ async fn serve(
         let (mirror, acceptor) = (mirror.clone(), acceptor.clone());
         async move {
             // The verifier took only the mirror's client certificate: containerd's.
-            let Some((tls, _leaf)) =
+            let Some((tls, leaf)) =
                 crate::peers::serve::handshake(&acceptor, stream, "mirror").await
             else {
                 return;
             };
-            let Some(_served) = admitted.handshaken() else {
+            let Some(_served) = admitted.handshaken(&leaf) else {
                 return;
             };
             let service = service_fn(move |request| {

@@ -148,8 +148,10 @@ async fn connection(
     let Some((tls, leaf)) = handshake(&acceptor, stream, "peer").await else {
         return;
     };
-    let Some(_served) = admitted.handshaken() else {
-        tracing::debug!("peer connection closed: every serving slot is taken");
+    let Some(_served) = admitted.handshaken(&leaf) else {
+        tracing::debug!(
+            "peer connection closed: every serving slot is taken, or this certificate holds its share"
+        );
         return;
     };
     let peer = Arc::new(Peer { leaf });
@@ -165,8 +167,8 @@ async fn connection(
 }
 
 /// HTTP/1.1 on one connection (`io`), answered by `service`, until it ends, has lasted
-/// [`MAX_CONNECTION_LIFE`] (then the request under way finishes), or `stop` (then it
-/// gets [`DRAIN`] to finish). A request's headers get [`HEADER_TIMEOUT`].
+/// [`MAX_CONNECTION_LIFE`] or `stop` (then the request under way gets [`DRAIN`] to
+/// finish). A request's headers get [`HEADER_TIMEOUT`].
 pub async fn serve_http1<I, S, B>(io: I, service: S, stop: &CancellationToken)
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -196,9 +198,10 @@ where
             let _ = tokio::time::timeout(DRAIN, served).await;
         }
         () = tokio::time::sleep(MAX_CONNECTION_LIFE) => {
-            // The answer under way finishes (a reader that stops is let go anyway).
+            // The answer under way gets DRAIN to finish; a peer still reading then goes
+            // on from its offset on a new connection.
             served.as_mut().graceful_shutdown();
-            let _ = served.await;
+            let _ = tokio::time::timeout(DRAIN, served).await;
         }
     }
 }

@@ -316,9 +316,11 @@ impl Transfer {
         let mut sink = Sink {
             writer,
             streaming: None,
+            store: self.store.clone(),
             fetched: 0,
             fed: 0,
             peer_nodes: Vec::new(),
+            broken_peers: Vec::new(),
         };
         // Unpacking streams along from byte 0 (a resumed download is unpacked from the
         // content store afterwards). Staging costs two more snapshot calls, which small
@@ -444,7 +446,7 @@ impl Transfer {
                             last = format!("{digest}: content does not match its digest");
                             tracing::warn!(%digest, "digest mismatch; downloading again");
                             if let Some(peers) = &self.peers {
-                                peers.blame(&sink.peer_nodes);
+                                peers.blame(&sink.peer_nodes, &sink.broken_peers);
                             }
                             self.restart_blob(digest, sink).await?;
                         }
@@ -499,6 +501,7 @@ impl Transfer {
         self.remove_spool(digest);
         sink.drop_streaming(&self.store).await;
         sink.peer_nodes.clear();
+        sink.broken_peers.clear();
         sink.writer
             .reopen(&self.store)
             .await
@@ -508,6 +511,15 @@ impl Transfer {
                 .truncate()
                 .await
                 .map_err(|e| self.store_err(e))?;
+        }
+        // From byte 0 again, every byte this pull's own: peers may follow it anew.
+        if let Some(arriving) = &self.arriving
+            && sink.writer.offset() == 0
+            && !sink.writer.announced()
+        {
+            let size = sink.writer.size();
+            let arrival = arriving.begin(digest, sink.writer.reference(), size, 0);
+            sink.writer.announce(arrival);
         }
         self.resumed(digest, sink.writer.offset());
         Ok(())
@@ -600,12 +612,17 @@ impl Transfer {
 struct Sink {
     writer: BlobWriter,
     streaming: Option<StreamingApply>,
+    /// Where a streaming unpack's snapshot is removed from.
+    store: Store,
     /// Bytes fetched from registries in this run (not what an earlier run spooled).
     fetched: u64,
     /// Bytes handed to the unpacker (equals the ingest offset while streaming works).
     fed: u64,
     /// Peers whose bytes are in the ingest now: suspected if the digest does not match.
     peer_nodes: Vec<String>,
+    /// Of those, the ones whose answer ended before the blob did (a broken stream, too
+    /// slow): left for the pull when the blob turns out wrong.
+    broken_peers: Vec<String>,
 }
 
 impl Sink {
@@ -623,7 +640,23 @@ impl Sink {
             }
         };
         let (written, ()) = tokio::join!(writer.write(&bytes), feed);
+        // Unverified bytes inflated past their bound: what they wrote goes now, not when
+        // the download ends (a peer could take its time), and the layer unpacks from
+        // the content store once verified.
+        if self
+            .streaming
+            .as_ref()
+            .and_then(StreamingApply::account)
+            .is_some_and(|a| a.stopped())
+        {
+            self.drop_streaming_now().await;
+        }
         written
+    }
+
+    async fn drop_streaming_now(&mut self) {
+        let store = self.store.clone();
+        self.drop_streaming(&store).await;
     }
 
     async fn drop_streaming(&mut self, store: &Store) {

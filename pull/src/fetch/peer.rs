@@ -45,11 +45,13 @@ impl Transfer {
                 }
             };
             let mut sent = 0u64;
+            let mut ended_early = false;
             while let Some(piece) = body.next().await {
                 let piece = match piece {
                     Ok(piece) => piece,
                     Err(error) => {
                         peers.broke(&source.node, digest, &error);
+                        ended_early = true;
                         break;
                     }
                 };
@@ -58,6 +60,8 @@ impl Transfer {
                     // others did; the blob starts over without it.
                     peers.suspect(std::slice::from_ref(&source.node));
                     self.restart_blob(digest, sink).await?;
+                    // Its bytes are gone with the restart: it is no contributor now.
+                    sent = 0;
                     break;
                 }
                 if let Some(rate) = &self.rate {
@@ -79,6 +83,14 @@ impl Transfer {
             if sent > 0 && !sink.peer_nodes.contains(&source.node) {
                 sink.peer_nodes.push(source.node.clone());
             }
+            // An answer that ended before the blob did (the loop above also ends when the
+            // peer's body ends short of the blob).
+            if sent > 0
+                && (ended_early || sink.writer.offset() < size)
+                && !sink.broken_peers.contains(&source.node)
+            {
+                sink.broken_peers.push(source.node.clone());
+            }
         }
         if sink.writer.offset() < size || sink.peer_nodes.is_empty() {
             return Ok(FromPeers::Registry);
@@ -95,7 +107,7 @@ impl Transfer {
             }
             Err(StoreError::DigestMismatch { .. }) => {
                 tracing::warn!(%digest, peers = ?sink.peer_nodes, "bytes from peers did not match the blob's digest; fetching it from the registry");
-                peers.blame(&sink.peer_nodes);
+                peers.blame(&sink.peer_nodes, &sink.broken_peers);
                 self.restart_blob(digest, sink).await?;
                 Ok(FromPeers::Registry)
             }

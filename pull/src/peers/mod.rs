@@ -33,6 +33,8 @@ use self::pace::{PaceJudge, Verdict};
 const MAX_PEERS: usize = 8;
 /// What is read of a peer's error answer, at most (its reason, for the log).
 const MAX_ERROR_BODY: usize = 4 << 10;
+/// Connection failures in a row after which a peer is left for the pull.
+const MAX_CONNECTION_FAILURES: u32 = 3;
 
 /// A node to ask for blobs, as the controller planned it.
 #[derive(Clone)]
@@ -109,9 +111,13 @@ pub struct PeerSetupError(String);
 /// Why a peer did not serve what was asked.
 #[derive(Debug)]
 pub(crate) enum PeerRefusal {
-    /// It could not be reached, or answered outside the protocol (a redirect, a body
-    /// without a size): not asked again in this pull.
+    /// It answered outside the protocol (a redirect, a body without a size, an error
+    /// answer without end) or not at all within a window: not asked again in this pull.
     Unusable(String),
+    /// The connection failed (refused, or closed at the handshake: a peer at its
+    /// connection limit closes new ones): asked again, up to [`MAX_CONNECTION_FAILURES`]
+    /// in a row.
+    Unreachable(String),
     /// It answered no (it lacks the blob, the grant is refused): the next blob may be
     /// there.
     Declined(String),
@@ -120,7 +126,9 @@ pub(crate) enum PeerRefusal {
 impl std::fmt::Display for PeerRefusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Unusable(reason) | Self::Declined(reason) => f.write_str(reason),
+            Self::Unusable(reason) | Self::Unreachable(reason) | Self::Declined(reason) => {
+                f.write_str(reason)
+            }
         }
     }
 }
@@ -135,6 +143,8 @@ pub struct Peers {
     /// Nodes left for the rest of the pull: too slow, unreachable, or off the protocol.
     /// Unlike suspects they are not reported: a slow node is not a liar.
     dropped: Mutex<BTreeSet<String>>,
+    /// Connection failures in a row, per node.
+    failures: Mutex<std::collections::HashMap<String, u32>>,
     received: AtomicU64,
 }
 
@@ -207,6 +217,7 @@ impl Peers {
             pace,
             suspects: Mutex::default(),
             dropped: Mutex::default(),
+            failures: Mutex::default(),
             received: AtomicU64::new(0),
         }))
     }
@@ -240,9 +251,23 @@ impl Peers {
 
     /// What a failed request says of its peer: an unusable one is not asked again.
     pub(crate) fn refused(&self, node: &str, digest: &str, refusal: &PeerRefusal) {
+        let failures = |reset: bool| {
+            let mut failures = self.failures.lock().map_err(|_| ()).ok()?;
+            let count = failures.entry(node.to_owned()).or_insert(0);
+            *count = if reset { 0 } else { *count + 1 };
+            Some(*count)
+        };
         match refusal {
             PeerRefusal::Unusable(reason) => self.drop_source(node, reason),
+            PeerRefusal::Unreachable(reason) => {
+                if failures(false).is_some_and(|n| n >= MAX_CONNECTION_FAILURES) {
+                    self.drop_source(node, reason);
+                } else {
+                    tracing::debug!(%digest, %node, %reason, "a peer could not be reached");
+                }
+            }
             PeerRefusal::Declined(reason) => {
+                failures(true);
                 tracing::debug!(%digest, %node, %reason, "a peer did not serve it");
             }
         }
@@ -266,15 +291,19 @@ impl Peers {
     }
 
     /// Bytes of `contributors` went into a blob that did not match its digest. One alone
-    /// is suspected; of several, none is: any one of them may have sent the wrong bytes,
-    /// and a liar could otherwise frame the honest node that went on after it (the blob
-    /// comes from the registry again either way).
-    pub fn blame(&self, contributors: &[String]) {
+    /// is suspected. Of several, none is (any one may have sent the wrong bytes, and a
+    /// liar could otherwise frame the honest node that went on after it), but those whose
+    /// answer ended before the blob did (`broken`) are left for the rest of the pull: a
+    /// liar that sends wrong bytes and hangs up for another to finish does it once.
+    pub fn blame(&self, contributors: &[String], broken: &[String]) {
         match contributors {
             [one] => self.suspect(std::slice::from_ref(one)),
             [] => {}
             several => {
-                tracing::warn!(peers = ?several, "bytes from several peers did not match the blob's digest; none is blamed");
+                tracing::warn!(peers = ?several, "bytes from several peers did not match the blob's digest; none is blamed, those that hung up are left");
+                for node in broken.iter().filter(|b| several.contains(b)) {
+                    self.drop_source(node, "its part of a blob that did not match ended early");
+                }
             }
         }
     }
@@ -422,7 +451,10 @@ impl Peers {
                     self.pace.window.as_secs_f32()
                 ))
             })?
-            .map_err(|e| PeerRefusal::Unusable(rigger_daemon::error_chain(&e)))?;
+            .map_err(|e| PeerRefusal::Unreachable(rigger_daemon::error_chain(&e)))?;
+        if let Ok(mut failures) = self.failures.lock() {
+            failures.remove(&source.node);
+        }
         let status = response.status();
         let expected = if start > 0 {
             StatusCode::PARTIAL_CONTENT
@@ -553,9 +585,14 @@ pub fn client_tls(identity: &PeerIdentity) -> Result<rustls::ClientConfig, PeerS
         .map_err(|e| setup("certificate and key", e.to_string()))
 }
 
-/// The first address `host:port` resolves to.
+/// The first address `host:port` resolves to, within a second (a node says where it is
+/// reached; a name that resolves slowly must not hold a pull up).
 async fn resolve(address: &str) -> Option<SocketAddr> {
-    tokio::net::lookup_host(address).await.ok()?.next()
+    tokio::time::timeout(Duration::from_secs(1), tokio::net::lookup_host(address))
+        .await
+        .ok()?
+        .ok()?
+        .next()
 }
 
 #[cfg(test)]

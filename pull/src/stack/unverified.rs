@@ -4,7 +4,8 @@
 //! decompression bomb would fill the disk before the digest check fails. So while
 //! unverified, the unpacked output stays within [`FLOOR`] plus [`RATIO`] times the
 //! compressed bytes read (real layers inflate 2–5 times), and the snapshot's filesystem
-//! keeps [`RESERVE_PERCENT`] free. Past either, the streaming unpack stops, its snapshot
+//! keeps [`RESERVE_PERCENT`] of its space and [`INODE_RESERVE_PERCENT`] of its inodes
+//! free (above kubelet's default eviction thresholds, 15 % and 5 %). Past either, the streaming unpack stops, its snapshot
 //! goes, and the layer unpacks from the content store once containerd has verified it
 //! (a legitimate layer that inflates more, say a large file of zeros, costs only that
 //! second unpack). Tar entries cost at least 512 bytes of output each, so the output
@@ -23,9 +24,13 @@ pub const FLOOR: u64 = 64 << 20;
 /// Output allowed per compressed byte.
 pub const RATIO: u64 = 16;
 /// Free space the filesystem keeps, in percent of its size.
-pub const RESERVE_PERCENT: u64 = 5;
-/// How often (in output bytes) the filesystem's free space is read.
-const DISK_CHECK_EVERY: u64 = 32 << 20;
+pub const RESERVE_PERCENT: u64 = 15;
+/// Free inodes the filesystem keeps, in percent of its inodes.
+pub const INODE_RESERVE_PERCENT: u64 = 10;
+/// How often (in output bytes) the filesystem's free space is read: every 32 MiB, or
+/// every 2 MiB of tar headers and small files (each entry costs 512 bytes of output, so
+/// inodes go by the thousand per MiB).
+const DISK_CHECK_EVERY: u64 = 2 << 20;
 
 /// Why unverified output was stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -38,18 +43,43 @@ pub enum OverBudget {
         "the snapshot's filesystem has {available} of {total} bytes free, under the {RESERVE_PERCENT}% kept while a layer is unverified"
     )]
     Disk { available: u64, total: u64 },
+    #[error(
+        "the snapshot's filesystem has {available} of {total} inodes free, under the {INODE_RESERVE_PERCENT}% kept while a layer is unverified"
+    )]
+    Inodes { available: u64, total: u64 },
+}
+
+/// A filesystem's free and total space and inodes, as just read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Room {
+    pub bytes: (u64, u64),
+    pub inodes: (u64, u64),
 }
 
 /// The budget decision, pure: `out` bytes written from `compressed` bytes read, and
-/// the filesystem's free and total bytes when just read.
-pub fn check(out: u64, compressed: u64, disk: Option<(u64, u64)>) -> Result<(), OverBudget> {
+/// the filesystem's room when just read.
+pub fn check(out: u64, compressed: u64, room: Option<Room>) -> Result<(), OverBudget> {
     if out > FLOOR.saturating_add(RATIO.saturating_mul(compressed)) {
         return Err(OverBudget::Inflation { out, compressed });
     }
-    if let Some((available, total)) = disk
-        && available.saturating_mul(100) < total.saturating_mul(RESERVE_PERCENT)
-    {
-        return Err(OverBudget::Disk { available, total });
+    let Some(Room { bytes, inodes }) = room else {
+        return Ok(());
+    };
+    let short = |(available, total): (u64, u64), percent: u64| {
+        available.saturating_mul(100) < total.saturating_mul(percent)
+    };
+    if short(bytes, RESERVE_PERCENT) {
+        return Err(OverBudget::Disk {
+            available: bytes.0,
+            total: bytes.1,
+        });
+    }
+    // A filesystem without inode accounting (some report 0 of 0) has none to keep.
+    if inodes.1 > 0 && short(inodes, INODE_RESERVE_PERCENT) {
+        return Err(OverBudget::Inodes {
+            available: inodes.0,
+            total: inodes.1,
+        });
     }
     Ok(())
 }
@@ -101,13 +131,16 @@ impl<R> Bounded<R> {
         }
     }
 
-    fn disk(&self) -> Option<(u64, u64)> {
+    fn room(&self) -> Option<Room> {
         let stat = nix::sys::statvfs::statvfs(&self.root).ok()?;
         let block = stat.fragment_size();
-        Some((
-            stat.blocks_available().saturating_mul(block),
-            stat.blocks().saturating_mul(block),
-        ))
+        Some(Room {
+            bytes: (
+                stat.blocks_available().saturating_mul(block),
+                stat.blocks().saturating_mul(block),
+            ),
+            inodes: (stat.files_available(), stat.files()),
+        })
     }
 }
 
@@ -120,7 +153,7 @@ impl<R: Read> Read for Bounded<R> {
         }
         let disk = (self.out >= self.next_disk_check).then(|| {
             self.next_disk_check = self.out.saturating_add(DISK_CHECK_EVERY);
-            self.disk()
+            self.room()
         });
         let compressed = self.account.compressed.load(Ordering::Relaxed);
         if let Err(over) = check(self.out, compressed, disk.flatten()) {
@@ -154,15 +187,32 @@ mod tests {
     }
 
     #[test]
-    fn a_filling_disk_stops_unverified_output() {
-        assert!(check(1, 1, Some((6, 100))).is_ok());
+    fn a_filling_disk_or_inode_table_stops_unverified_output() {
+        let room = |bytes: u64, inodes: u64| Room {
+            bytes: (bytes, 100),
+            inodes: (inodes, 100),
+        };
+        assert!(check(1, 1, Some(room(16, 11))).is_ok());
         assert_eq!(
-            check(1, 1, Some((4, 100))),
+            check(1, 1, Some(room(14, 50))),
             Err(OverBudget::Disk {
-                available: 4,
+                available: 14,
                 total: 100
             })
         );
+        assert_eq!(
+            check(1, 1, Some(room(50, 9))),
+            Err(OverBudget::Inodes {
+                available: 9,
+                total: 100
+            })
+        );
+        // No inode accounting: nothing to keep.
+        let no_inodes = Room {
+            bytes: (50, 100),
+            inodes: (0, 0),
+        };
+        assert!(check(1, 1, Some(no_inodes)).is_ok());
     }
 
     /// A gzip'd tar whose one file is `zeros` bytes of zeros, cut at `size` bytes.
