@@ -75,7 +75,7 @@ pub fn admit<T: Object>(value: serde_json::Value) -> Result<(T, String), (String
         let path = if path == "." { String::new() } else { path };
         (
             what_of(namespace.as_deref(), &name),
-            FieldError::new(path, e.into_inner().to_string()),
+            nested(path, e.into_inner().to_string()),
         )
     })?;
     object.strip_owned();
@@ -94,6 +94,24 @@ pub fn admit<T: Object>(value: serde_json::Value) -> Result<(T, String), (String
     match object.validate() {
         Ok(()) => Ok((object, what)),
         Err(error) => Err((what, error)),
+    }
+}
+
+/// A decode error at `path` whose message starts with a path below it (a spec decoded
+/// by hand says `completionPolicy.ttlSecondsAfterFinished: ...`): the whole path named
+/// as the field.
+fn nested(path: String, message: String) -> FieldError {
+    let is_path = |text: &str| {
+        text.starts_with(|c: char| c.is_ascii_alphabetic())
+            && text
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '[' | ']' | '_'))
+    };
+    match message.split_once(": ") {
+        Some((below, reason)) if !path.is_empty() && is_path(below) => {
+            FieldError::new(format!("{path}.{below}"), reason)
+        }
+        _ => FieldError::new(path, message),
     }
 }
 
@@ -278,5 +296,31 @@ impl Object for ImageListPullJob {
 
     fn spec_differs(&self, old: &Self) -> bool {
         self.spec != old.spec
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn admission_names_the_field_even_inside_a_spec_decoded_by_hand() {
+        let list = serde_json::json!({
+            "apiVersion": "apps.kruise.io/v1alpha1", "kind": "ImageListPullJob",
+            "metadata": {"name": "l"},
+            "spec": {"images": ["r.example/a:1"], "completionPolicy": {"type": "Always", "ttlSecondsAfterFinished": ""}},
+        });
+        let (what, error) = admit::<ImageListPullJob>(list).unwrap_err();
+        assert_eq!(what, "ImageListPullJob default/l");
+        assert_eq!(error.path, "spec.completionPolicy.ttlSecondsAfterFinished");
+        let job = serde_json::json!({
+            "apiVersion": "apps.kruise.io/v1alpha1", "kind": "ImagePullJob",
+            "metadata": {"name": "j", "namespace": "team"},
+            "spec": {"image": "r.example/a:1", "pullPolicy": {"timeoutSeconds": -1}},
+        });
+        let (what, error) = admit::<ImagePullJob>(job).unwrap_err();
+        assert_eq!(what, "ImagePullJob team/j");
+        assert_eq!(error.path, "spec.pullPolicy.timeoutSeconds");
     }
 }
