@@ -74,17 +74,17 @@ pub struct Served {
 
 impl Drop for Served {
     fn drop(&mut self) {
-        let mut counts = self
-            .admitted
-            .shared
-            .per_identity
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(count) = counts.get_mut(&self.identity) {
-            *count -= 1;
-            if *count == 0 {
-                counts.remove(&self.identity);
-            }
+        release(&self.admitted.shared.per_identity, &self.identity);
+    }
+}
+
+/// One of `key`'s connections ended.
+fn release<K: std::hash::Hash + Eq>(counts: &Mutex<HashMap<K, usize>>, key: &K) {
+    let mut counts = counts.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(count) = counts.get_mut(key) {
+        *count -= 1;
+        if *count == 0 {
+            counts.remove(key);
         }
     }
 }
@@ -136,17 +136,7 @@ fn address_key(address: IpAddr) -> IpAddr {
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        let mut counts = self
-            .shared
-            .per_address
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(count) = counts.get_mut(&self.address) {
-            *count -= 1;
-            if *count == 0 {
-                counts.remove(&self.address);
-            }
-        }
+        release(&self.shared.per_address, &self.address);
     }
 }
 
