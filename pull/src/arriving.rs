@@ -19,6 +19,9 @@ pub struct Arrival {
     /// Bytes from the start that containerd confirmed writing to its ingest.
     pub held: u64,
     pub state: ArrivalState,
+    /// Some of the bytes came from other nodes (unverified until the commit): a node
+    /// that relays them says so, and is not taken for their author if they are wrong.
+    pub relayed: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +68,7 @@ impl Arriving {
             size,
             held: held.min(size),
             state: ArrivalState::Writing,
+            relayed: false,
         });
         let earlier = self
             .lock()
@@ -170,6 +174,15 @@ impl ArrivalGuard {
         drop(old);
     }
 
+    /// Bytes from other nodes go into this write from now on.
+    pub fn relaying(&self) {
+        self.sender.send_if_modified(|a| {
+            let changed = !a.relayed;
+            a.relayed = true;
+            changed
+        });
+    }
+
     /// containerd holds the whole blob under its digest.
     pub fn committed(&self) {
         self.sender.send_modify(|a| {
@@ -257,7 +270,8 @@ mod tests {
             Arrival {
                 size: 100,
                 held: 0,
-                state: ArrivalState::Writing
+                state: ArrivalState::Writing,
+                relayed: false,
             }
         );
         guard.held(10);

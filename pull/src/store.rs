@@ -480,11 +480,12 @@ impl BlobWriter {
         self.arrival.is_some()
     }
 
-    /// Stop announcing this write: bytes not of this node's own fetching (a peer's)
-    /// are about to go into it, and no other node is served them before containerd
-    /// verified the blob. Readers following it are cut off.
-    pub fn withdraw(&mut self) {
-        self.arrival = None;
+    /// Bytes another node sent are about to go into this write: whoever reads it while
+    /// it arrives is told the bytes are relayed (a relay is not their author).
+    pub fn relaying(&self) {
+        if let Some(arrival) = &self.arrival {
+            arrival.relaying();
+        }
     }
 
     /// The ingest's ref in containerd.

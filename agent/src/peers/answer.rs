@@ -19,6 +19,7 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use rigger_proto::peer_grant::GrantVerifier;
 use rigger_pull::fetch::limit::RateLimit;
+use rigger_pull::peers::RELAYED_HEADER;
 use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::sync::watch;
 
@@ -225,6 +226,8 @@ impl Answerer {
                 });
             }
         };
+        // Asked before the body opens: bytes another node sent are not this node's word.
+        let relayed = self.blobs.relayed(&digest);
         let body = if head || start == end {
             whole(Bytes::new())
         } else {
@@ -233,6 +236,10 @@ impl Answerer {
         let mut response = Response::new(body);
         *response.status_mut() = status;
         let headers = response.headers_mut();
+        if relayed {
+            // The asking node does not take this one for the bytes' author.
+            headers.insert(RELAYED_HEADER, HeaderValue::from_static("true"));
+        }
         headers.insert(
             header::CONTENT_LENGTH,
             header_value((end - start).to_string()),

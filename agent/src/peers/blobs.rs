@@ -36,6 +36,12 @@ pub trait Blobs: Send + Sync + 'static {
     /// its manifests); `None` without such a pull.
     fn pulling(&self, image: &str) -> Option<Arc<BTreeSet<String>>>;
 
+    /// Whether `digest` is arriving here with bytes another node sent (not verified
+    /// yet): an answer that serves it says it relays them.
+    fn relayed(&self, _digest: &str) -> bool {
+        false
+    }
+
     /// The digest this node resolved the image named `name` (containerd's record name)
     /// to: a pull of it running here, else containerd's image record; `None` when
     /// neither exists.
@@ -196,6 +202,13 @@ impl Blobs for ContainerdBlobs {
 
     fn pulling(&self, image: &str) -> Option<Arc<BTreeSet<String>>> {
         self.arriving.reached_by(image)
+    }
+
+    fn relayed(&self, digest: &str) -> bool {
+        self.arriving.follow(digest).is_some_and(|following| {
+            let arrival = following.arrival.borrow();
+            arrival.relayed && arrival.state == ArrivalState::Writing
+        })
     }
 
     fn image<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<String>, String>> {

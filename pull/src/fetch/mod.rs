@@ -321,6 +321,7 @@ impl Transfer {
             fed: 0,
             peer_nodes: Vec::new(),
             broken_peers: Vec::new(),
+            relayed_peers: Vec::new(),
         };
         // Unpacking streams along from byte 0 (a resumed download is unpacked from the
         // content store afterwards). Staging costs two more snapshot calls, which small
@@ -446,7 +447,11 @@ impl Transfer {
                             last = format!("{digest}: content does not match its digest");
                             tracing::warn!(%digest, "digest mismatch; downloading again");
                             if let Some(peers) = &self.peers {
-                                peers.blame(&sink.peer_nodes, &sink.broken_peers);
+                                peers.blame(
+                                    &sink.peer_nodes,
+                                    &sink.broken_peers,
+                                    &sink.relayed_peers,
+                                );
                             }
                             self.restart_blob(digest, sink).await?;
                         }
@@ -502,6 +507,7 @@ impl Transfer {
         sink.drop_streaming(&self.store).await;
         sink.peer_nodes.clear();
         sink.broken_peers.clear();
+        sink.relayed_peers.clear();
         sink.writer
             .reopen(&self.store)
             .await
@@ -623,6 +629,8 @@ struct Sink {
     /// Of those, the ones whose answer ended before the blob did (a broken stream, too
     /// slow): left for the pull when the blob turns out wrong.
     broken_peers: Vec<String>,
+    /// Of those, the ones that said they relayed another node's bytes.
+    relayed_peers: Vec<String>,
 }
 
 impl Sink {

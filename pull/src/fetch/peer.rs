@@ -37,13 +37,14 @@ impl Transfer {
             if start >= size {
                 break;
             }
-            let mut body = match peers.get(&source, &self.repository, digest, start).await {
-                Ok(body) => body,
-                Err(refusal) => {
-                    peers.refused(&source.node, digest, &refusal);
-                    continue;
-                }
-            };
+            let (relayed, mut body) =
+                match peers.get(&source, &self.repository, digest, start).await {
+                    Ok(answer) => answer,
+                    Err(refusal) => {
+                        peers.refused(&source.node, digest, &refusal);
+                        continue;
+                    }
+                };
             let mut sent = 0u64;
             let mut ended_early = false;
             while let Some(piece) = body.next().await {
@@ -67,9 +68,8 @@ impl Transfer {
                 if let Some(rate) = &self.rate {
                     rate.acquire(piece.len()).await;
                 }
-                // A peer's bytes are relayed to nobody before the digest is checked: a
-                // liar's would pass for this node's (and this node be blamed).
-                sink.writer.withdraw();
+                // Whoever follows this write learns it relays another node's bytes.
+                sink.writer.relaying();
                 sink.write(piece.clone())
                     .await
                     .map_err(|e| self.store_err(e))?;
@@ -82,6 +82,9 @@ impl Transfer {
             }
             if sent > 0 && !sink.peer_nodes.contains(&source.node) {
                 sink.peer_nodes.push(source.node.clone());
+            }
+            if sent > 0 && relayed && !sink.relayed_peers.contains(&source.node) {
+                sink.relayed_peers.push(source.node.clone());
             }
             // An answer that ended before the blob did (the loop above also ends when the
             // peer's body ends short of the blob).
@@ -107,7 +110,7 @@ impl Transfer {
             }
             Err(StoreError::DigestMismatch { .. }) => {
                 tracing::warn!(%digest, peers = ?sink.peer_nodes, "bytes from peers did not match the blob's digest; fetching it from the registry");
-                peers.blame(&sink.peer_nodes, &sink.broken_peers);
+                peers.blame(&sink.peer_nodes, &sink.broken_peers, &sink.relayed_peers);
                 self.restart_blob(digest, sink).await?;
                 Ok(FromPeers::Registry)
             }

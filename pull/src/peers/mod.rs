@@ -71,12 +71,17 @@ pub enum PeerStreamError {
 /// A peer's answer body, piece by piece, judged for pace as it comes.
 pub type PeerBody = BoxStream<'static, Result<Bytes, PeerStreamError>>;
 
+/// The header a peer's answer carries when it relays bytes another node sent it.
+pub const RELAYED_HEADER: &str = "rigger-relayed";
+
 /// A blob as a peer answers it.
 pub struct PeerBlob {
     /// Who sends it.
     pub node: String,
     /// The whole blob's size.
     pub size: u64,
+    /// The peer says the bytes are another node's, relayed (so it is no author of them).
+    pub relayed: bool,
     /// Its bytes from the asked offset on.
     pub body: PeerBody,
 }
@@ -290,19 +295,27 @@ impl Peers {
         }
     }
 
-    /// Bytes of `contributors` went into a blob that did not match its digest. One alone
-    /// is suspected. Of several, none is (any one may have sent the wrong bytes, and a
-    /// liar could otherwise frame the honest node that went on after it), but those whose
-    /// answer ended before the blob did (`broken`) are left for the rest of the pull: a
-    /// liar that sends wrong bytes and hangs up for another to finish does it once.
-    pub fn blame(&self, contributors: &[String], broken: &[String]) {
+    /// Bytes of `contributors` went into a blob that did not match its digest. One
+    /// alone is suspected — unless it said it relayed another node's bytes (`relayed`):
+    /// a relay is not their author. Of several, none is (any one may have sent the wrong
+    /// bytes, and a liar could otherwise frame the honest node that went on after it).
+    /// Whoever is not suspected but relayed, or whose answer ended before the blob did
+    /// (`broken`), is left for the rest of the pull: a liar that hides behind either
+    /// does it once.
+    pub fn blame(&self, contributors: &[String], broken: &[String], relayed: &[String]) {
         match contributors {
-            [one] => self.suspect(std::slice::from_ref(one)),
+            [one] if !relayed.contains(one) => self.suspect(std::slice::from_ref(one)),
             [] => {}
             several => {
-                tracing::warn!(peers = ?several, "bytes from several peers did not match the blob's digest; none is blamed, those that hung up are left");
-                for node in broken.iter().filter(|b| several.contains(b)) {
-                    self.drop_source(node, "its part of a blob that did not match ended early");
+                tracing::warn!(peers = ?several, relayed = ?relayed, "bytes from peers did not match the blob's digest; none is blamed, relays and those that hung up are left");
+                for node in several
+                    .iter()
+                    .filter(|n| broken.contains(n) || relayed.contains(n))
+                {
+                    self.drop_source(
+                        node,
+                        "its part of a blob that did not match ended early or was relayed",
+                    );
                 }
             }
         }
@@ -331,7 +344,7 @@ impl Peers {
     pub async fn document(&self, repository: &str, digest: &str, limit: u64) -> Option<Vec<u8>> {
         for source in self.usable() {
             let (size, mut body) = match self.fetch(&source, repository, digest, 0).await {
-                Ok(answer) => answer,
+                Ok(answer) => (answer.size, answer.body),
                 Err(refusal) => {
                     self.refused(&source.node, digest, &refusal);
                     continue;
@@ -394,11 +407,12 @@ impl Peers {
     pub async fn blob(&self, repository: &str, digest: &str, start: u64) -> Option<PeerBlob> {
         for source in self.usable() {
             match self.fetch(&source, repository, digest, start).await {
-                Ok((size, body)) => {
+                Ok(answer) => {
                     return Some(PeerBlob {
                         node: source.node,
-                        size,
-                        body,
+                        size: answer.size,
+                        relayed: answer.relayed,
+                        body: answer.body,
                     });
                 }
                 Err(refusal) => self.refused(&source.node, digest, &refusal),
@@ -407,15 +421,17 @@ impl Peers {
         None
     }
 
-    /// `GET` `digest` from `source`, from byte `start` on.
+    /// `GET` `digest` from `source`, from byte `start` on: whether the peer relays
+    /// them, and the bytes.
     pub(crate) async fn get(
         &self,
         source: &PeerSource,
         repository: &str,
         digest: &str,
         start: u64,
-    ) -> Result<PeerBody, PeerRefusal> {
-        Ok(self.fetch(source, repository, digest, start).await?.1)
+    ) -> Result<(bool, PeerBody), PeerRefusal> {
+        let answer = self.fetch(source, repository, digest, start).await?;
+        Ok((answer.relayed, answer.body))
     }
 
     /// `GET` `digest` from `source`, from byte `start` on: the blob's whole size (as the
@@ -426,7 +442,7 @@ impl Peers {
         repository: &str,
         digest: &str,
         start: u64,
-    ) -> Result<(u64, PeerBody), PeerRefusal> {
+    ) -> Result<PeerAnswer, PeerRefusal> {
         let port = source
             .address
             .rsplit_once(':')
@@ -489,8 +505,21 @@ impl Peers {
         .ok_or_else(|| {
             PeerRefusal::Unusable("the answer does not say the blob's size".to_owned())
         })?;
-        Ok((size, paced(response, self.pace)))
+        let relayed = response.headers().contains_key(RELAYED_HEADER);
+        Ok(PeerAnswer {
+            size,
+            relayed,
+            body: paced(response, self.pace),
+        })
     }
+}
+
+/// A peer's answer to a blob request.
+struct PeerAnswer {
+    /// The whole blob's size, as the answer states it.
+    size: u64,
+    relayed: bool,
+    body: PeerBody,
 }
 
 /// A peer's error answer, for the log: whole when it ends within `MAX_ERROR_BODY` bytes

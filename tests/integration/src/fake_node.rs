@@ -97,10 +97,21 @@ impl FakeNode {
         let trap_address = trap.local_addr().unwrap_or_else(|e| panic!("{e}"));
         runtime.spawn(count_hits(trap, redirect_hits.clone()));
         let tls = server_tls(&cert, &key);
+        // Bombs take a while to make: made before anyone asks (an answer that took its
+        // time would be left for being slow, not stopped for inflating).
+        let bombs: HashMap<u64, Arc<Vec<u8>>> = if lies.answers.contains(&Answer::Bomb) {
+            lies.sizes
+                .values()
+                .map(|size| (*size, Arc::new(bomb(*size))))
+                .collect()
+        } else {
+            HashMap::new()
+        };
         runtime.spawn(serve_peers(
             peer_listener,
             tls,
             lies.clone(),
+            Arc::new(bombs),
             trap_address,
             requests.clone(),
         ));
@@ -151,13 +162,19 @@ async fn serve_peers(
     listener: tokio::net::TcpListener,
     tls: Arc<rustls::ServerConfig>,
     lies: Lies,
+    bombs: Arc<HashMap<u64, Arc<Vec<u8>>>>,
     trap: SocketAddr,
     requests: Arc<AtomicUsize>,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let lies = Arc::new(lies);
     while let Ok((stream, _)) = listener.accept().await {
-        let (acceptor, lies, requests) = (acceptor.clone(), lies.clone(), requests.clone());
+        let (acceptor, lies, requests, bombs) = (
+            acceptor.clone(),
+            lies.clone(),
+            requests.clone(),
+            bombs.clone(),
+        );
         tokio::spawn(async move {
             let Ok(mut tls) = acceptor.accept(stream).await else {
                 return;
@@ -181,7 +198,8 @@ async fn serve_peers(
             let n = requests.fetch_add(1, Ordering::SeqCst);
             let answer = lies.answers[n % lies.answers.len().max(1)];
             let size = lies.sizes.get(&digest).copied().unwrap_or(1 << 20);
-            let _ = answer_with(&mut tls, answer, size, trap, &head).await;
+            let bomb = bombs.get(&size).cloned();
+            let _ = answer_with(&mut tls, answer, size, bomb, trap, &head).await;
         });
     }
 }
@@ -190,6 +208,7 @@ async fn answer_with<W: tokio::io::AsyncWrite + Unpin>(
     out: &mut W,
     answer: Answer,
     size: u64,
+    bomb: Option<Arc<Vec<u8>>>,
     trap: SocketAddr,
     head: &str,
 ) -> std::io::Result<()> {
@@ -268,8 +287,9 @@ async fn answer_with<W: tokio::io::AsyncWrite + Unpin>(
                     .as_bytes(),
             )
             .await?;
-            let bomb = bomb(length);
-            out.write_all(&bomb).await?;
+            let bomb = bomb.unwrap_or_else(|| Arc::new(self::bomb(size)));
+            let from = usize::try_from(start).unwrap_or(usize::MAX).min(bomb.len());
+            out.write_all(&bomb[from..]).await?;
             out.flush().await
         }
     }
@@ -278,7 +298,7 @@ async fn answer_with<W: tokio::io::AsyncWrite + Unpin>(
 /// `size` bytes of a gzip'd tar holding one file of 64 GiB of zeros (cut off at `size`):
 /// each byte inflates to about a thousand.
 pub fn bomb(size: u64) -> Vec<u8> {
-    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     let mut header = tar::Header::new_gnu();
     header.set_path("zeros").unwrap_or_else(|e| panic!("{e}"));
     header.set_size(64 << 30);
