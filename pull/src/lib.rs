@@ -21,6 +21,7 @@
 //! mirrors), [`media`] (media types, platforms), [`progress`], [`options`], [`error`].
 
 pub mod arriving;
+pub mod containerd;
 mod digest;
 pub mod error;
 pub mod fetch;
@@ -59,7 +60,11 @@ use self::store::Store;
 /// The engine; one per agent, shared by all pulls so limits are node-wide.
 #[derive(Debug, Clone)]
 pub struct Puller {
-    runtime: Runtime,
+    /// The connection to containerd's socket, when the engine runs on one (the agent
+    /// uses it for CRI too).
+    runtime: Option<Runtime>,
+    /// containerd, as the pipeline reaches it.
+    containerd: Arc<dyn containerd::Containerd>,
     options: PullOptions,
     connections: Arc<Semaphore>,
     rate: Option<Arc<RateLimit>>,
@@ -74,16 +79,26 @@ pub struct Puller {
 }
 
 impl Puller {
-    /// The containerd connection pulls go through.
-    pub fn runtime(&self) -> &Runtime {
-        &self.runtime
+    /// The containerd connection pulls go through, when they go through one.
+    pub fn runtime(&self) -> Option<&Runtime> {
+        self.runtime.as_ref()
     }
 
+    /// The engine on containerd's socket (`runtime`).
     pub fn new(runtime: Runtime, options: PullOptions) -> Self {
+        let containerd = Arc::new(containerd::grpc::Grpc::new(runtime.channel()));
+        let mut puller = Self::on(containerd, options);
+        puller.runtime = Some(runtime);
+        puller
+    }
+
+    /// The engine on `containerd` (another implementation than the socket: tests).
+    pub fn on(containerd: Arc<dyn containerd::Containerd>, options: PullOptions) -> Self {
         let connections = Arc::new(Semaphore::new(options.max_connections.max(1)));
         let rate = options.limit_rate.map(|r| Arc::new(RateLimit::new(r)));
         Self {
-            runtime,
+            runtime: None,
+            containerd,
             options,
             connections,
             rate,
@@ -91,6 +106,17 @@ impl Puller {
             ranging: presence::Presence::default(),
             arriving: None,
         }
+    }
+
+    /// The digest containerd's record of `image` points at in the engine's namespace;
+    /// `None` without one (or when containerd cannot say).
+    pub async fn image_digest(&self, image: &str) -> Option<String> {
+        let name = normalized_name(image).ok()?;
+        self.containerd
+            .image_get(&self.options.namespace, &name)
+            .await
+            .ok()?
+            .map(|record| record.target.digest)
     }
 
     /// Announce in `arriving` the blobs and images this engine's pulls are fetching, so
@@ -141,7 +167,7 @@ impl Puller {
             &self.options,
         )?);
 
-        let mut store = Store::new(&self.runtime, &self.options.namespace);
+        let mut store = Store::new(self.containerd.clone(), &self.options.namespace);
         if let Err(error) = store.reap_stale_leases().await {
             tracing::warn!(%error, "could not look for leases of interrupted pulls");
         }

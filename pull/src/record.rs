@@ -5,10 +5,10 @@
 
 use std::collections::HashMap;
 
-use containerd_client::types::Descriptor as ContainerdDescriptor;
 use oci_client::Reference;
 use rigger_runtime::CRI_NAMESPACE;
 
+use crate::containerd::Descriptor;
 use crate::error::PullError;
 use crate::fetch::Transfer;
 use crate::media;
@@ -25,7 +25,7 @@ pub(crate) async fn record(
     chains: &[String],
     snapshotter: &str,
     namespace: &str,
-) -> Result<ContainerdDescriptor, PullError> {
+) -> Result<Descriptor, PullError> {
     let name = transfer.image.as_str();
     let store = &transfer.store;
     let image_err = |detail: String| PullError::Image {
@@ -117,11 +117,10 @@ pub(crate) async fn record(
     Ok(target)
 }
 
-fn descriptor(media_type: &str, digest: &str, size: usize) -> ContainerdDescriptor {
-    ContainerdDescriptor {
+fn descriptor(media_type: &str, digest: &str, size: usize) -> Descriptor {
+    Descriptor {
         media_type: media_type.to_owned(),
         digest: digest.to_owned(),
-        size: i64::try_from(size).unwrap_or(i64::MAX),
-        annotations: HashMap::new(),
+        size: size as u64,
     }
 }

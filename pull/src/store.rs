@@ -3,24 +3,15 @@
 //! (resumable under a stable ingest ref), content labels, and image records.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use containerd_client::services::v1::content_client::ContentClient;
-use containerd_client::services::v1::images_client::ImagesClient;
-use containerd_client::services::v1::leases_client::LeasesClient;
-use containerd_client::services::v1::{
-    CreateImageRequest, CreateRequest, DeleteRequest, Image, InfoRequest, UpdateImageRequest,
-    UpdateRequest, WriteAction, WriteContentRequest, WriteContentResponse,
-};
-use containerd_client::types::Descriptor as ContainerdDescriptor;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Channel;
-use tonic::{Code, Request, Status, Streaming};
-
-use rigger_runtime::{CallError, Runtime, describe_status};
+use rigger_runtime::{CallError, describe_status};
 
 use crate::arriving::ArrivalGuard;
+use crate::containerd::{
+    Containerd, Descriptor, ImageRecord, Ingest, IngestMessage, LeaseResource, Scope,
+};
 use crate::presence::{Presence, Present};
 
 /// Bytes per `Content.Write` message, at most: containerd's cost per message shows
@@ -57,7 +48,7 @@ pub enum StoreError {
 /// containerd access for one pull: namespace plus lease on every request.
 #[derive(Debug, Clone)]
 pub struct Store {
-    channel: Channel,
+    containerd: Arc<dyn Containerd>,
     namespace: String,
     lease: Option<String>,
     /// Ingest refs this pull opened: what `abort_opened` frees when the disk is full.
@@ -67,9 +58,9 @@ pub struct Store {
 }
 
 impl Store {
-    pub fn new(runtime: &Runtime, namespace: &str) -> Self {
+    pub fn new(containerd: Arc<dyn Containerd>, namespace: &str) -> Self {
         Self {
-            channel: runtime.channel(),
+            containerd,
             namespace: namespace.to_owned(),
             lease: None,
             opened: std::sync::Arc::default(),
@@ -87,14 +78,8 @@ impl Store {
         };
         let mut aborted = 0;
         for reference in refs {
-            let request = containerd_client::services::v1::AbortRequest {
-                r#ref: reference.clone(),
-            };
-            let Ok(request) = self.request(request) else {
-                continue;
-            };
-            match ContentClient::new(self.channel()).abort(request).await {
-                Ok(_) => aborted += 1,
+            match self.containerd.ingest_abort(self.scope(), &reference).await {
+                Ok(()) => aborted += 1,
                 Err(status) if status.code() == tonic::Code::NotFound => {}
                 Err(status) => {
                     tracing::warn!(%reference, error = %status.message(), "could not abort the ingest");
@@ -108,20 +93,17 @@ impl Store {
         &self.namespace
     }
 
-    pub(crate) fn channel(&self) -> Channel {
-        self.channel.clone()
+    /// containerd, for the stages that use it beyond this store (the snapshotter).
+    pub(crate) fn containerd(&self) -> &dyn Containerd {
+        self.containerd.as_ref()
     }
 
-    /// A request carrying our namespace (and lease, once taken).
-    pub(crate) fn request<T>(&self, message: T) -> Result<Request<T>, Status> {
-        let mut request = rigger_runtime::namespaced(message, &self.namespace)?;
-        if let Some(lease) = &self.lease {
-            let value = lease
-                .parse()
-                .map_err(|_| Status::invalid_argument("invalid lease id"))?;
-            request.metadata_mut().insert("containerd-lease", value);
+    /// Where this pull's calls act: its namespace, and its lease once taken.
+    pub(crate) fn scope(&self) -> Scope<'_> {
+        Scope {
+            namespace: &self.namespace,
+            lease: self.lease.as_deref(),
         }
-        Ok(request)
     }
 
     /// Take a lease; everything written from now on is kept until [`Store::release`].
@@ -133,14 +115,9 @@ impl Store {
         );
         let expire =
             humantime::format_rfc3339_seconds(SystemTime::now() + LEASE_EXPIRY).to_string();
-        let request = self
-            .request(CreateRequest {
-                id: id.clone(),
-                labels: HashMap::from([("containerd.io/gc.expire".to_owned(), expire)]),
-            })
-            .map_err(|s| CallError::new("create lease", s))?;
-        LeasesClient::new(self.channel())
-            .create(request)
+        let labels = HashMap::from([("containerd.io/gc.expire".to_owned(), expire)]);
+        self.containerd
+            .lease_create(&self.namespace, &id, labels)
             .await
             .map_err(|s| CallError::new("create lease", s))?;
         self.lease = Some(id);
@@ -152,20 +129,13 @@ impl Store {
     /// itself, and the ingests it holds, stay until it expires: the bytes already
     /// downloaded are resumed from.
     pub async fn reap_stale_leases(&self) -> Result<(), StoreError> {
-        use containerd_client::services::v1::{
-            DeleteResourceRequest, ListRequest, ListResourcesRequest,
-        };
-        let request = rigger_runtime::namespaced(ListRequest { filters: vec![] }, &self.namespace)
-            .map_err(|s| CallError::new("list leases", s))?;
-        let leases = LeasesClient::new(self.channel())
-            .list(request)
+        let leases = self
+            .containerd
+            .leases(&self.namespace)
             .await
-            .map_err(|s| CallError::new("list leases", s))?
-            .into_inner()
-            .leases;
+            .map_err(|s| CallError::new("list leases", s))?;
         for lease in leases {
             let Some(pid) = lease
-                .id
                 .strip_prefix("rigger-pull-")
                 .and_then(|rest| rest.split('-').next())
                 .and_then(|pid| pid.parse::<i32>().ok())
@@ -176,37 +146,23 @@ impl Store {
             if alive {
                 continue;
             }
-            let request = rigger_runtime::namespaced(
-                ListResourcesRequest {
-                    id: lease.id.clone(),
-                },
-                &self.namespace,
-            )
-            .map_err(|s| CallError::new("list lease resources", s))?;
-            let resources = LeasesClient::new(self.channel())
-                .list_resources(request)
+            let resources = self
+                .containerd
+                .lease_resources(&self.namespace, &lease)
                 .await
-                .map_err(|s| CallError::new("list lease resources", s))?
-                .into_inner()
-                .resources;
+                .map_err(|s| CallError::new("list lease resources", s))?;
             for resource in resources
                 .into_iter()
-                .filter(|r| r.r#type.starts_with("snapshots/"))
+                .filter(|r| r.kind.starts_with("snapshots/"))
             {
-                tracing::info!(lease = %lease.id, snapshot = %resource.id, "releasing a snapshot of an interrupted pull");
-                let request = rigger_runtime::namespaced(
-                    DeleteResourceRequest {
-                        id: lease.id.clone(),
-                        resource: Some(resource),
-                    },
-                    &self.namespace,
-                )
-                .map_err(|s| CallError::new("release lease resource", s))?;
-                if let Err(status) = LeasesClient::new(self.channel())
-                    .delete_resource(request)
+                tracing::info!(%lease, snapshot = %resource.id, "releasing a snapshot of an interrupted pull");
+                let released: LeaseResource = resource;
+                if let Err(status) = self
+                    .containerd
+                    .lease_delete_resource(&self.namespace, &lease, released)
                     .await
                 {
-                    tracing::warn!(lease = %lease.id, error = %describe_status(&status), "could not release a snapshot");
+                    tracing::warn!(%lease, error = %describe_status(&status), "could not release a snapshot");
                 }
             }
         }
@@ -218,11 +174,8 @@ impl Store {
         let Some(id) = self.lease.take() else {
             return Ok(());
         };
-        let request =
-            rigger_runtime::namespaced(DeleteRequest { id, sync: false }, &self.namespace)
-                .map_err(|s| CallError::new("delete lease", s))?;
-        LeasesClient::new(self.channel())
-            .delete(request)
+        self.containerd
+            .lease_delete(&self.namespace, &id)
             .await
             .map_err(|s| CallError::new("delete lease", s))?;
         Ok(())
@@ -233,22 +186,12 @@ impl Store {
         &self,
         digest: &str,
     ) -> Result<Option<HashMap<String, String>>, StoreError> {
-        let request = self
-            .request(InfoRequest {
-                digest: digest.to_owned(),
-            })
-            .map_err(|s| CallError::new("content info", s))?;
-        match ContentClient::new(self.channel()).info(request).await {
-            Ok(response) => Ok(Some(
-                response
-                    .into_inner()
-                    .info
-                    .map(|i| i.labels)
-                    .unwrap_or_default(),
-            )),
-            Err(status) if status.code() == Code::NotFound => Ok(None),
-            Err(status) => Err(CallError::new("content info", status).into()),
-        }
+        Ok(self
+            .containerd
+            .content_info(self.scope(), digest)
+            .await
+            .map_err(|s| CallError::new("content info", s))?
+            .map(|(_, labels)| labels))
     }
 
     /// Add `labels` to a blob already in the store (keeping the others).
@@ -260,19 +203,8 @@ impl Store {
         if labels.is_empty() {
             return Ok(());
         }
-        let paths = labels.keys().map(|k| format!("labels.{k}")).collect();
-        let request = self
-            .request(UpdateRequest {
-                info: Some(containerd_client::services::v1::Info {
-                    digest: digest.to_owned(),
-                    labels,
-                    ..Default::default()
-                }),
-                update_mask: Some(prost_types::FieldMask { paths }),
-            })
-            .map_err(|s| CallError::new("content update", s))?;
-        ContentClient::new(self.channel())
-            .update(request)
+        self.containerd
+            .content_add_labels(self.scope(), digest, labels)
             .await
             .map_err(|s| CallError::new("content update", s))?;
         Ok(())
@@ -289,30 +221,14 @@ impl Store {
         if let Ok(mut opened) = self.opened.lock() {
             opened.insert(reference.to_owned());
         }
-        let (tx, rx) = mpsc::channel::<WriteContentRequest>(16);
-        let stat = WriteContentRequest {
-            action: WriteAction::Stat as i32,
-            r#ref: reference.to_owned(),
-            total: i64::try_from(size).unwrap_or(i64::MAX),
-            expected: digest.to_owned(),
-            ..Default::default()
-        };
-        tx.send(stat)
+        let mut ingest = self
+            .containerd
+            .ingest_open(self.scope(), reference, size, digest)
             .await
-            .map_err(|_| StoreError::Lost { what: what.clone() })?;
-        let request = self
-            .request(ReceiverStream::new(rx))
             .map_err(|s| CallError::new("content write", s))?;
-        let mut responses = ContentClient::new(self.channel())
-            .write(request)
-            .await
-            .map_err(|s| CallError::new("content write", s))?
-            .into_inner();
-        let status = next_response(&mut responses, &what).await?;
-        let offset = u64::try_from(status.offset).unwrap_or(0);
+        let offset = next_response(ingest.as_mut(), &what).await?;
         Ok(BlobWriter {
-            tx,
-            responses,
+            ingest,
             reference: reference.to_owned(),
             digest: digest.to_owned(),
             size,
@@ -330,40 +246,19 @@ impl Store {
     pub async fn put_image(
         &self,
         name: &str,
-        target: &ContainerdDescriptor,
+        target: &Descriptor,
         labels: &HashMap<String, String>,
     ) -> Result<(), StoreError> {
-        let image = Image {
+        let image = ImageRecord {
             name: name.to_owned(),
+            target: target.clone(),
             labels: labels.clone(),
-            target: Some(target.clone()),
-            created_at: None,
-            updated_at: None,
         };
-        let create = self
-            .request(CreateImageRequest {
-                image: Some(image.clone()),
-                source_date_epoch: None,
-            })
-            .map_err(|s| CallError::new("create image", s))?;
-        match ImagesClient::new(self.channel()).create(create).await {
-            Ok(_) => Ok(()),
-            Err(status) if status.code() == Code::AlreadyExists => {
-                let update = self
-                    .request(UpdateImageRequest {
-                        image: Some(image),
-                        update_mask: None,
-                        source_date_epoch: None,
-                    })
-                    .map_err(|s| CallError::new("update image", s))?;
-                ImagesClient::new(self.channel())
-                    .update(update)
-                    .await
-                    .map_err(|s| CallError::new("update image", s))?;
-                Ok(())
-            }
-            Err(status) => Err(CallError::new("create image", status).into()),
-        }
+        self.containerd
+            .image_put(self.scope(), image)
+            .await
+            .map_err(|s| CallError::new("put image", s))?;
+        Ok(())
     }
 }
 
@@ -387,12 +282,10 @@ impl StoreError {
     }
 }
 
-async fn next_response(
-    responses: &mut Streaming<WriteContentResponse>,
-    what: &str,
-) -> Result<WriteContentResponse, StoreError> {
-    match responses.message().await {
-        Ok(Some(r)) => Ok(r),
+/// The next offset an ingest's stream confirms.
+async fn next_response(ingest: &mut dyn Ingest, what: &str) -> Result<u64, StoreError> {
+    match ingest.next().await {
+        Ok(Some(offset)) => Ok(offset),
         Ok(None) => Err(StoreError::Lost {
             what: what.to_owned(),
         }),
@@ -415,8 +308,7 @@ async fn next_response(
 /// it.
 #[derive(Debug)]
 pub struct BlobWriter {
-    tx: mpsc::Sender<WriteContentRequest>,
-    responses: Streaming<WriteContentResponse>,
+    ingest: Box<dyn Ingest>,
     reference: String,
     digest: String,
     size: u64,
@@ -445,9 +337,8 @@ impl BlobWriter {
     /// containerd really holds (after a failed transfer, say). containerd keeps the
     /// ingest locked until it sees the old stream end, so that comes first.
     pub async fn reopen(&mut self, store: &Store) -> Result<(), StoreError> {
-        let (closed, _) = mpsc::channel(1);
-        drop(std::mem::replace(&mut self.tx, closed));
-        while let Ok(Some(_)) = self.responses.message().await {}
+        self.ingest.close();
+        while let Ok(Some(_)) = self.ingest.next().await {}
         let arrival = self.arrival.take();
         let ours = self.acked;
         *self = store
@@ -507,11 +398,9 @@ impl BlobWriter {
     pub async fn truncate(&mut self) -> Result<(), StoreError> {
         self.pending.clear();
         self.drain(0).await?;
-        self.send(WriteContentRequest {
-            action: WriteAction::Write as i32,
-            r#ref: self.reference.clone(),
+        self.send(IngestMessage::Write {
             offset: 0,
-            ..Default::default()
+            data: Vec::new(),
         })
         .await?;
         self.offset = 0;
@@ -556,16 +445,12 @@ impl BlobWriter {
 
     async fn send_data(&mut self, data: Vec<u8>) -> Result<(), StoreError> {
         let at = self.offset - (self.pending.len() + data.len()) as u64;
-        let request = WriteContentRequest {
-            action: WriteAction::Write as i32,
-            r#ref: self.reference.clone(),
-            offset: i64::try_from(at).unwrap_or(i64::MAX),
-            data,
-            ..Default::default()
-        };
-        self.tx.send(request).await.map_err(|_| StoreError::Lost {
-            what: self.what.clone(),
-        })?;
+        self.ingest
+            .send(IngestMessage::Write { offset: at, data })
+            .await
+            .map_err(|()| StoreError::Lost {
+                what: self.what.clone(),
+            })?;
         self.in_flight += 1;
         self.drain(WRITES_IN_FLIGHT).await
     }
@@ -573,9 +458,9 @@ impl BlobWriter {
     /// Read acknowledgements until at most `left` messages are unacknowledged.
     async fn drain(&mut self, left: usize) -> Result<(), StoreError> {
         while self.in_flight > left {
-            let response = next_response(&mut self.responses, &self.what).await?;
+            let offset = next_response(self.ingest.as_mut(), &self.what).await?;
             self.in_flight -= 1;
-            self.acked = u64::try_from(response.offset).unwrap_or(self.acked);
+            self.acked = offset;
             if let Some(arrival) = &self.arrival {
                 arrival.held(self.acked);
             }
@@ -587,14 +472,11 @@ impl BlobWriter {
     /// pull finished the same blob) counts as success.
     pub async fn commit(&mut self, labels: HashMap<String, String>) -> Result<(), StoreError> {
         self.flush().await?;
-        let request = WriteContentRequest {
-            action: WriteAction::Commit as i32,
-            r#ref: self.reference.clone(),
-            total: i64::try_from(self.size).unwrap_or(i64::MAX),
+        let request = IngestMessage::Commit {
+            total: self.size,
+            offset: self.offset,
             expected: self.digest.clone(),
-            offset: i64::try_from(self.offset).unwrap_or(i64::MAX),
             labels,
-            ..Default::default()
         };
         let committed = match self.send(request).await {
             Ok(_) => Ok(()),
@@ -617,14 +499,14 @@ impl BlobWriter {
         committed
     }
 
-    async fn send(
-        &mut self,
-        request: WriteContentRequest,
-    ) -> Result<WriteContentResponse, StoreError> {
-        self.tx.send(request).await.map_err(|_| StoreError::Lost {
-            what: self.what.clone(),
-        })?;
-        next_response(&mut self.responses, &self.what).await
+    async fn send(&mut self, message: IngestMessage) -> Result<u64, StoreError> {
+        self.ingest
+            .send(message)
+            .await
+            .map_err(|()| StoreError::Lost {
+                what: self.what.clone(),
+            })?;
+        next_response(self.ingest.as_mut(), &self.what).await
     }
 }
 

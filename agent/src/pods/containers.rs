@@ -207,8 +207,11 @@ impl PodRunner {
         let policy = container
             .image_pull_policy
             .unwrap_or_else(|| default_pull_policy(image));
-        let mut images =
-            k8s_cri::v1::image_service_client::ImageServiceClient::new(puller.runtime().channel());
+        let channel = puller
+            .runtime()
+            .map(rigger_runtime::Runtime::channel)
+            .ok_or("the pull engine has no CRI connection")?;
+        let mut images = k8s_cri::v1::image_service_client::ImageServiceClient::new(channel);
         let present = images
             .image_status(k8s_cri::v1::ImageStatusRequest {
                 image: Some(ImageSpec {

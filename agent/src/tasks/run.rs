@@ -4,11 +4,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use containerd_client::services::v1::GetImageRequest;
-use containerd_client::services::v1::images_client::ImagesClient;
 use rigger_pull::peers::{PeerSource, Peers};
 use rigger_pull::{LayerBytes, Progress, ProgressEvent, PulledImage, Puller};
-use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime, namespaced};
+use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 
 use tokio_util::sync::CancellationToken;
 
@@ -280,16 +278,7 @@ impl TaskRunner {
 
     /// The digest of `image` when containerd has a record of it.
     pub(super) async fn present(&self, puller: &Puller, image: &str) -> Option<String> {
-        let name = rigger_pull::normalized_name(image).ok()?;
-        let request =
-            namespaced(GetImageRequest { name }, &self.inner.pull_options.namespace).ok()?;
-        let image = ImagesClient::new(puller.runtime().channel())
-            .get(request)
-            .await
-            .ok()?
-            .into_inner()
-            .image?;
-        image.target.map(|t| t.digest)
+        puller.image_digest(image).await
     }
 }
 

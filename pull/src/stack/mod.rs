@@ -6,9 +6,6 @@ mod decompress;
 pub mod unpack;
 pub mod unverified;
 
-use std::collections::HashMap;
-
-use containerd_client::types::Descriptor as ContainerdDescriptor;
 use oci_spec::image::Descriptor;
 
 use self::unpack::UnpackError;
@@ -62,11 +59,10 @@ pub(crate) async fn stack_layer(
     .await
 }
 
-fn containerd_descriptor(d: &Descriptor) -> ContainerdDescriptor {
-    ContainerdDescriptor {
+fn containerd_descriptor(d: &Descriptor) -> crate::containerd::Descriptor {
+    crate::containerd::Descriptor {
         media_type: d.media_type().to_string(),
         digest: d.digest().to_string(),
-        size: i64::try_from(d.size()).unwrap_or(i64::MAX),
-        annotations: HashMap::new(),
+        size: d.size(),
     }
 }

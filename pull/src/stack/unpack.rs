@@ -20,21 +20,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use containerd_client::services::v1::content_client::ContentClient;
-use containerd_client::services::v1::{ApplyRequest, ReadContentRequest};
 use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::decompress::decompress;
 use super::unverified::{Account, Bounded};
+use crate::containerd::{Descriptor, Mount};
 use crate::media::Compression;
-use containerd_client::services::v1::diff_client::DiffClient;
-use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
-use containerd_client::services::v1::snapshots::{
-    CommitSnapshotRequest, PrepareSnapshotRequest, RemoveSnapshotRequest, StatSnapshotRequest,
-};
-use containerd_client::types::Descriptor as ContainerdDescriptor;
 use rigger_layer::{Applied, ApplyError, ApplyTarget, adopt_lowers, apply_layer};
 use sha2::{Digest as _, Sha256};
 use tonic::Code;
@@ -90,15 +83,12 @@ pub fn chain_ids(diff_ids: &[String]) -> Vec<String> {
 /// is one Rigger applies to itself: overlayfs' bind mount (the base layer) or overlay
 /// mount (its `upperdir` and `lowerdir`s). `None` for anything else, which containerd's
 /// diff service unpacks.
-fn apply_target(
-    snapshotter: &str,
-    mounts: &[containerd_client::types::Mount],
-) -> Option<ApplyTarget> {
+fn apply_target(snapshotter: &str, mounts: &[Mount]) -> Option<ApplyTarget> {
     if snapshotter != "overlayfs" {
         return None;
     }
     let [mount] = mounts else { return None };
-    match mount.r#type.as_str() {
+    match mount.kind.as_str() {
         "bind" => Some(ApplyTarget {
             root: PathBuf::from(&mount.source),
             lowers: Vec::new(),
@@ -127,17 +117,11 @@ pub async fn is_unpacked(
     snapshotter: &str,
     chain_id: &str,
 ) -> Result<bool, UnpackError> {
-    let request = store
-        .request(StatSnapshotRequest {
-            snapshotter: snapshotter.to_owned(),
-            key: chain_id.to_owned(),
-        })
-        .map_err(|s| CallError::new("stat snapshot", s))?;
-    match SnapshotsClient::new(store.channel()).stat(request).await {
-        Ok(_) => Ok(true),
-        Err(status) if status.code() == Code::NotFound => Ok(false),
-        Err(status) => Err(CallError::new("stat snapshot", status).into()),
-    }
+    Ok(store
+        .containerd()
+        .snapshot_exists(store.scope(), snapshotter, chain_id)
+        .await
+        .map_err(|s| CallError::new("stat snapshot", s))?)
 }
 
 /// Apply `layer` into the prepared snapshot through containerd's diff service (for
@@ -147,30 +131,19 @@ async fn apply_with_diff_service(
     store: &Store,
     snapshotter: &str,
     prepared: Prepared,
-    layer: &ContainerdDescriptor,
+    layer: &Descriptor,
     diff_id: &str,
     chain_id: &str,
 ) -> Result<(), UnpackError> {
     let applied = async {
-        let apply = store
-            .request(ApplyRequest {
-                diff: Some(layer.clone()),
-                mounts: prepared.mounts,
-                payloads: HashMap::new(),
-                sync_fs: false,
-            })
-            .map_err(|s| CallError::new("apply layer", s))?;
-        let applied = DiffClient::new(store.channel())
-            .apply(apply)
+        let applied = store
+            .containerd()
+            .diff_apply(store.scope(), layer, prepared.mounts)
             .await
             .map_err(|status| UnpackError::Refused {
                 digest: layer.digest.clone(),
                 detail: describe_status(&status),
-            })?
-            .into_inner()
-            .applied
-            .map(|d| d.digest)
-            .unwrap_or_default();
+            })?;
         if applied != diff_id {
             return Err(UnpackError::DiffIdMismatch {
                 digest: layer.digest.clone(),
@@ -191,7 +164,7 @@ async fn apply_with_diff_service(
 #[derive(Debug)]
 struct Prepared {
     key: String,
-    mounts: Vec<containerd_client::types::Mount>,
+    mounts: Vec<Mount>,
 }
 
 /// Prepare the snapshot `chain_id` is unpacked into; `None` when it exists already:
@@ -243,20 +216,11 @@ async fn prepare_key(
     key: String,
     labels: HashMap<String, String>,
 ) -> Result<Prepared, UnpackError> {
-    let request = store
-        .request(PrepareSnapshotRequest {
-            snapshotter: snapshotter.to_owned(),
-            key: key.clone(),
-            parent: parent.unwrap_or_default().to_owned(),
-            labels,
-        })
-        .map_err(|s| CallError::new("prepare snapshot", s))?;
-    let mounts = SnapshotsClient::new(store.channel())
-        .prepare(request)
+    let mounts = store
+        .containerd()
+        .snapshot_prepare(store.scope(), snapshotter, &key, parent, labels)
         .await
-        .map_err(|s| CallError::new("prepare snapshot", s))?
-        .into_inner()
-        .mounts;
+        .map_err(|s| CallError::new("prepare snapshot", s))?;
     Ok(Prepared { key, mounts })
 }
 
@@ -268,16 +232,12 @@ async fn commit(
     chain_id: &str,
 ) -> Result<(), UnpackError> {
     let labels = HashMap::from([(SNAPSHOT_REF_LABEL.to_owned(), chain_id.to_owned())]);
-    let request = store
-        .request(CommitSnapshotRequest {
-            snapshotter: snapshotter.to_owned(),
-            name: chain_id.to_owned(),
-            key: key.to_owned(),
-            labels,
-        })
-        .map_err(|s| CallError::new("commit snapshot", s))?;
-    match SnapshotsClient::new(store.channel()).commit(request).await {
-        Ok(_) => Ok(()),
+    match store
+        .containerd()
+        .snapshot_commit(store.scope(), snapshotter, chain_id, key, labels)
+        .await
+    {
+        Ok(()) => Ok(()),
         Err(status) if status.code() == Code::AlreadyExists => {
             remove(store, snapshotter, key).await;
             Ok(())
@@ -287,10 +247,10 @@ async fn commit(
 }
 
 async fn remove(store: &Store, snapshotter: &str, key: &str) {
-    if let Ok(request) = store.request(RemoveSnapshotRequest {
-        snapshotter: snapshotter.to_owned(),
-        key: key.to_owned(),
-    }) && let Err(status) = SnapshotsClient::new(store.channel()).remove(request).await
+    if let Err(status) = store
+        .containerd()
+        .snapshot_remove(store.scope(), snapshotter, key)
+        .await
     {
         tracing::warn!(%key, error = %describe_status(&status), "could not remove a half-unpacked snapshot");
     }
@@ -551,7 +511,7 @@ impl StreamingApply {
 pub async fn apply_from_store(
     store: &Store,
     snapshotter: &str,
-    layer: &ContainerdDescriptor,
+    layer: &Descriptor,
     compression: Compression,
     diff_id: &str,
     parent: Option<&str>,
@@ -577,22 +537,15 @@ pub async fn apply_from_store(
         account: None,
     };
     let read = async {
-        let request = store
-            .request(ReadContentRequest {
-                digest: layer.digest.clone(),
-                offset: 0,
-                size: 0,
-            })
-            .map_err(|s| CallError::new("read content", s))?;
-        let mut stream = ContentClient::new(store.channel())
-            .read(request)
+        let mut stream = store
+            .containerd()
+            .content_read(store.scope(), &layer.digest, 0, 0)
             .await
-            .map_err(|s| CallError::new("read content", s))?
-            .into_inner();
+            .map_err(|s| CallError::new("read content", s))?;
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|s| CallError::new("read content", s))?;
-            let len = chunk.data.len() as u64;
-            if streaming.feed(Bytes::from(chunk.data)).await < len {
+            let len = chunk.len() as u64;
+            if streaming.feed(chunk).await < len {
                 break; // the applier failed; finish() reports why
             }
         }
