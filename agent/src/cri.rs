@@ -16,7 +16,7 @@ use k8s_cri::v1::{
 };
 use tonic::transport::Channel;
 
-use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
+use rigger_runtime::Connection;
 
 /// What the agent's container operations ask of the runtime.
 pub trait ContainerRuntime: Send + Sync {
@@ -56,12 +56,13 @@ pub trait ContainerRuntime: Send + Sync {
     ) -> impl Future<Output = Result<i32, String>> + Send;
 }
 
-/// A CRI client on the containerd socket at `address`.
-pub async fn connect(address: &std::path::Path) -> Result<RuntimeServiceClient<Channel>, String> {
-    let runtime = Runtime::connect(address, DEFAULT_CONNECT_TIMEOUT)
+/// A CRI client on the node's containerd connection.
+pub async fn connect(connection: &Connection) -> Result<RuntimeServiceClient<Channel>, String> {
+    connection
+        .channel()
         .await
-        .map_err(|e| e.to_string())?;
-    Ok(RuntimeServiceClient::new(runtime.channel()))
+        .map(RuntimeServiceClient::new)
+        .map_err(|status| status.message().to_owned())
 }
 
 /// The newest attempt among `containers` (highest attempt, then latest created).

@@ -26,7 +26,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::AgentConfig;
 use crate::inventory::{self, InventoryOptions, SharedInventory};
 use rigger_daemon::backoff::Backoff;
-use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
+use rigger_pull::Puller;
+use rigger_runtime::{Connection, DEFAULT_CONNECT_TIMEOUT};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -75,13 +76,22 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
     let token = CancellationToken::new();
     let metrics = Arc::new(crate::metrics::AgentMetrics::new());
     let registry = Arc::new(metrics.registry());
+    // One connection to containerd and one pull engine for everything on the node: the
+    // pull limits (connections, rate) hold for jobs, pods and updates together.
+    let connection = Arc::new(Connection::new(
+        config.containerd_address(),
+        DEFAULT_CONNECT_TIMEOUT,
+    ));
+    let puller = Puller::new(
+        connection.clone(),
+        config.pull.pull_options(&config.state_dir),
+    );
     // Pods come from a controller: without one, there are none to run.
     let pods = crate::pods::PodRunner::start(
         config.link.as_ref().map_or("", |l| l.node_name.as_str()),
         &config.state_dir,
-        config.containerd_address(),
-        // The pod runner pulls into CRI's namespace whatever the tasks' one is.
-        &config.pull.pull_options(&config.state_dir),
+        connection.clone(),
+        &puller,
         metrics.clone(),
         token.child_token(),
     )?;
@@ -90,14 +100,18 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
         .peer
         .is_some()
         .then(rigger_pull::arriving::Arriving::default);
+    // Only the tasks' pulls are announced: the peer endpoint serves the tasks' namespace.
+    let task_puller = match &arriving {
+        Some(arriving) => puller.announcing(arriving.clone()),
+        None => puller,
+    };
     // Tasks accepted before a restart are loaded (and resumed) before anything binds.
     let tasks = crate::tasks::TaskRunner::start(
         &config.state_dir,
-        config.containerd_address(),
-        &config.pull,
+        connection.clone(),
+        task_puller,
         crate::tasks::PeerSide {
             identity: config.node_identity.clone(),
-            arriving: arriving.clone(),
             pace: config.peer_pace,
         },
         pods.clone(),
@@ -120,7 +134,7 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
         (Some(peer), Some(arriving)) => Some(
             crate::peers::start(
                 peer,
-                config.containerd_address(),
+                connection.clone(),
                 &config.pull.namespace,
                 arriving,
                 grants_seen,
@@ -175,6 +189,7 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
     let (first_round_tx, mut first_round) = watch::channel(false);
     let refresher = tokio::spawn(refresh_inventory(
         config.clone(),
+        connection.clone(),
         readiness.clone(),
         shared.clone(),
         token.clone(),
@@ -251,15 +266,16 @@ async fn get_inventory(State(state): State<AppState>) -> Response {
 /// Keep the inventory fresh; reconnect to containerd with backoff when it goes away.
 async fn refresh_inventory(
     config: AgentConfig,
+    connection: Arc<Connection>,
     readiness: Readiness,
     shared: SharedInventory,
     token: CancellationToken,
     first_round: watch::Sender<bool>,
 ) {
-    let mut runtime: Option<Runtime> = None;
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    let mut connected = false;
     loop {
-        let wait = match refresh_once(&config, &mut runtime, &shared).await {
+        let wait = match refresh_once(&connection, &mut connected, &shared).await {
             Ok(()) => {
                 readiness.set_ready();
                 backoff.reset();
@@ -268,7 +284,7 @@ async fn refresh_inventory(
             Err(reason) => {
                 tracing::warn!(%reason, "containerd unavailable");
                 readiness.set_not_ready(reason);
-                runtime = None;
+                connected = false;
                 backoff.next_delay().min(config.inventory_interval)
             }
         };
@@ -282,23 +298,24 @@ async fn refresh_inventory(
 
 #[tracing::instrument(level = "debug", skip_all)]
 async fn refresh_once(
-    config: &AgentConfig,
-    runtime: &mut Option<Runtime>,
+    connection: &Connection,
+    connected: &mut bool,
     shared: &SharedInventory,
 ) -> Result<(), String> {
-    if runtime.is_none() {
-        let connected = Runtime::connect(config.containerd_address(), DEFAULT_CONNECT_TIMEOUT)
-            .await
-            .map_err(|e| e.to_string())?;
-        tracing::info!(version = %connected.version().version, "connected to containerd");
-        *runtime = Some(connected);
+    let runtime = connection.runtime().await.map_err(|e| e.to_string())?;
+    if !*connected {
+        tracing::info!(version = %runtime.version().version, "connected to containerd");
+        *connected = true;
     }
-    let Some(rt) = runtime.as_ref() else {
-        return Err("not connected".to_owned());
+    let collected = match inventory::collect(&runtime, &InventoryOptions::default()).await {
+        Ok(collected) => collected,
+        Err(error) => {
+            if let inventory::InventoryError::Call(call) = &error {
+                connection.failed(&call.status).await;
+            }
+            return Err(error.to_string());
+        }
     };
-    let collected = inventory::collect(rt, &InventoryOptions::default())
-        .await
-        .map_err(|e| e.to_string())?;
     tracing::debug!(
         images = collected.images.len(),
         pods = collected.pods.len(),

@@ -12,7 +12,9 @@ use rigger_agent::render::{self, OutputFormat};
 use rigger_pull::media::Platform;
 use rigger_pull::registry::hosts::DEFAULT_HOSTS_DIR;
 use rigger_pull::{DEFAULT_MAX_CONNECTIONS, Progress, PullOptions, Puller};
-use rigger_runtime::{CRI_NAMESPACE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONTAINERD_ADDRESS, Runtime};
+use rigger_runtime::{
+    CRI_NAMESPACE, Connection, DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONTAINERD_ADDRESS, Runtime,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -214,8 +216,10 @@ fn pull(args: &PullArgs) -> anyhow::Result<()> {
         ))
     };
     runtime()?.block_on(async {
-        let rt = Runtime::connect(&args.address, DEFAULT_CONNECT_TIMEOUT).await?;
-        let puller = Puller::new(rt, options);
+        // Checked before anything is fetched: without containerd nothing can land.
+        let connection = Connection::new(&args.address, DEFAULT_CONNECT_TIMEOUT);
+        connection.runtime().await?;
+        let puller = Puller::new(std::sync::Arc::new(connection), options);
         let pulls = args.images.iter().map(|image| {
             let puller = puller.clone();
             let progress = progress.clone();

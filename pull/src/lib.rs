@@ -42,7 +42,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use oci_client::Reference;
-use rigger_runtime::Runtime;
 use tokio::sync::{Mutex, Semaphore};
 
 pub use self::error::PullError;
@@ -60,9 +59,6 @@ use self::store::Store;
 /// The engine; one per agent, shared by all pulls so limits are node-wide.
 #[derive(Debug, Clone)]
 pub struct Puller {
-    /// The connection to containerd's socket, when the engine runs on one (the agent
-    /// uses it for CRI too).
-    runtime: Option<Runtime>,
     /// containerd, as the pipeline reaches it.
     containerd: Arc<dyn containerd::Containerd>,
     options: PullOptions,
@@ -79,17 +75,9 @@ pub struct Puller {
 }
 
 impl Puller {
-    /// The containerd connection pulls go through, when they go through one.
-    pub fn runtime(&self) -> Option<&Runtime> {
-        self.runtime.as_ref()
-    }
-
-    /// The engine on containerd's socket (`runtime`).
-    pub fn new(runtime: Runtime, options: PullOptions) -> Self {
-        let containerd = Arc::new(containerd::grpc::Grpc::new(runtime.channel()));
-        let mut puller = Self::on(containerd, options);
-        puller.runtime = Some(runtime);
-        puller
+    /// The engine on containerd's socket, through the node's `connection`.
+    pub fn new(connection: Arc<rigger_runtime::Connection>, options: PullOptions) -> Self {
+        Self::on(Arc::new(containerd::grpc::Grpc::new(connection)), options)
     }
 
     /// The engine on `containerd` (another implementation than the socket: tests).
@@ -97,7 +85,6 @@ impl Puller {
         let connections = Arc::new(Semaphore::new(options.max_connections.max(1)));
         let rate = options.limit_rate.map(|r| Arc::new(RateLimit::new(r)));
         Self {
-            runtime: None,
             containerd,
             options,
             connections,
@@ -106,6 +93,20 @@ impl Puller {
             ranging: presence::Presence::default(),
             arriving: None,
         }
+    }
+
+    /// The same engine — the same limits, in-flight blobs and announcements — pulling
+    /// into `namespace` (a node's pods pull into CRI's, its jobs where configured).
+    #[must_use]
+    pub fn for_namespace(&self, namespace: &str) -> Self {
+        let mut puller = self.clone();
+        puller.options.namespace = namespace.to_owned();
+        puller
+    }
+
+    /// The namespace this engine pulls into.
+    pub fn namespace(&self) -> &str {
+        &self.options.namespace
     }
 
     /// The digest containerd's record of `image` points at in the engine's namespace;

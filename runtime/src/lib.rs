@@ -17,7 +17,10 @@ use containerd_client::services::v1::version_client::VersionClient;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
 
+mod connection;
 pub mod socket;
+
+pub use self::connection::Connection;
 
 /// Where containerd listens on a standard install.
 pub const DEFAULT_CONTAINERD_ADDRESS: &str = "/run/containerd/containerd.sock";

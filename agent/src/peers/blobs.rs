@@ -4,7 +4,7 @@
 //! is tested against a fake.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -14,7 +14,7 @@ use containerd_client::services::v1::{GetImageRequest, InfoRequest, ReadContentR
 use futures::future::BoxFuture;
 use futures::stream::{BoxStream, StreamExt as _};
 use rigger_pull::arriving::{ArrivalState, Arriving};
-use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
+use rigger_runtime::{Connection, Runtime};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -77,34 +77,25 @@ pub async fn document(
 /// `arriving`.
 #[derive(Debug)]
 pub struct ContainerdBlobs {
-    address: PathBuf,
+    connection: Arc<Connection>,
     namespace: String,
-    runtime: tokio::sync::Mutex<Option<Runtime>>,
     arriving: Arriving,
     /// Where containerd keeps content (its ingests among it), once asked.
     content_root: tokio::sync::OnceCell<Option<PathBuf>>,
 }
 
 impl ContainerdBlobs {
-    pub fn new(address: &Path, namespace: &str, arriving: Arriving) -> Self {
+    pub fn new(connection: Arc<Connection>, namespace: &str, arriving: Arriving) -> Self {
         Self {
-            address: address.to_owned(),
+            connection,
             namespace: namespace.to_owned(),
-            runtime: tokio::sync::Mutex::default(),
             arriving,
             content_root: tokio::sync::OnceCell::new(),
         }
     }
 
     async fn runtime(&self) -> Result<Runtime, String> {
-        let mut runtime = self.runtime.lock().await;
-        if let Some(runtime) = runtime.as_ref() {
-            return Ok(runtime.clone());
-        }
-        let connected = Runtime::connect(&self.address, DEFAULT_CONNECT_TIMEOUT)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(runtime.insert(connected).clone())
+        self.connection.runtime().await.map_err(|e| e.to_string())
     }
 
     async fn channel(&self) -> Result<Channel, String> {
@@ -113,9 +104,7 @@ impl ContainerdBlobs {
 
     /// containerd failed a call in a way that says the connection is gone.
     async fn forget_channel(&self, status: &tonic::Status) {
-        if status.code() == Code::Unavailable {
-            *self.runtime.lock().await = None;
-        }
+        self.connection.failed(status).await;
     }
 
     /// Bytes `start..end` of `digest` from its ingest, when a pull here writes it now

@@ -151,7 +151,7 @@ impl PodRunner {
         timeout: u32,
     ) -> Result<(Vec<u8>, Vec<u8>, i32), String> {
         let name = self.container_name(uid, container)?;
-        let mut cri = crate::cri::connect(&self.inner.containerd_address).await?;
+        let mut cri = crate::cri::connect(&self.inner.connection).await?;
         let running = cri
             .list_containers(ListContainersRequest {
                 filter: Some(ContainerFilter {

@@ -18,7 +18,7 @@ use tonic::transport::Channel;
 use super::{BACKOFF_BASE, BACKOFF_MAX, HOT_UPGRADE_ENV, PodRunner, lock};
 use crate::handlers::{self, Action};
 use crate::labels;
-use rigger_pull::{NoProgress, Puller};
+use rigger_pull::NoProgress;
 
 impl PodRunner {
     /// Make one container run (or, for init containers, run to completion); its status,
@@ -27,7 +27,6 @@ impl PodRunner {
     pub(super) async fn ensure_container(
         &self,
         cri: &mut RuntimeServiceClient<Channel>,
-        puller: &Puller,
         pod: &Pod,
         uid: &str,
         sandbox: &str,
@@ -80,7 +79,7 @@ impl PodRunner {
             Some(_) => None,
         };
         if let Some(next) = start_next {
-            if let Err(reason) = self.ensure_image(puller, uid, container).await {
+            if let Err(reason) = self.ensure_image(uid, container).await {
                 let status = serde_json::json!({
                     "name": container.name, "image": container.image, "ready": false,
                     "restartCount": attempt,
@@ -199,7 +198,6 @@ impl PodRunner {
     /// default: Always for `:latest` or no tag, IfNotPresent otherwise).
     pub(super) async fn ensure_image(
         &self,
-        puller: &Puller,
         uid: &str,
         container: &Container,
     ) -> Result<(), String> {
@@ -207,10 +205,12 @@ impl PodRunner {
         let policy = container
             .image_pull_policy
             .unwrap_or_else(|| default_pull_policy(image));
-        let channel = puller
-            .runtime()
-            .map(rigger_runtime::Runtime::channel)
-            .ok_or("the pull engine has no CRI connection")?;
+        let channel = self
+            .inner
+            .connection
+            .channel()
+            .await
+            .map_err(|status| status.message().to_owned())?;
         let mut images = k8s_cri::v1::image_service_client::ImageServiceClient::new(channel);
         let present = images
             .image_status(k8s_cri::v1::ImageStatusRequest {
@@ -242,9 +242,13 @@ impl PodRunner {
                 .cloned()
                 .unwrap_or_default();
             // Boxed: a pull is a large future, and most reconciles never start one.
-            Box::pin(puller.pull_with_credentials(image, &secrets.0, Arc::new(NoProgress)))
-                .await
-                .map_err(|e| e.to_string())?;
+            Box::pin(self.inner.puller.pull_with_credentials(
+                image,
+                &secrets.0,
+                Arc::new(NoProgress),
+            ))
+            .await
+            .map_err(|e| e.to_string())?;
         }
         Ok(())
     }

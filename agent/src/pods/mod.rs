@@ -42,8 +42,8 @@ mod update;
 pub use crate::lifecycle::LifecycleState;
 
 use crate::labels;
-use rigger_pull::{PullOptions, Puller};
-use rigger_runtime::{CRI_NAMESPACE, DEFAULT_CONNECT_TIMEOUT, Runtime};
+use rigger_pull::Puller;
+use rigger_runtime::{CRI_NAMESPACE, Connection};
 
 /// Env a SidecarSet hot upgrade changes without restarting the container.
 const HOT_UPGRADE_ENV: [&str; 2] = ["SIDECARSET_VERSION", "SIDECARSET_VERSION_ALT"];
@@ -79,8 +79,10 @@ impl std::fmt::Debug for PullSecrets {
 struct Inner {
     node: String,
     dir: PathBuf,
-    containerd_address: PathBuf,
-    pull_options: PullOptions,
+    /// The node's containerd connection (CRI calls go through it).
+    connection: Arc<Connection>,
+    /// The node's pull engine, pulling into CRI's namespace.
+    puller: Puller,
     desired: Mutex<Vec<Pod>>,
     wake: Notify,
     /// Per pod uid: the last status (JSON) and the version it changed at.
@@ -150,8 +152,8 @@ impl PodRunner {
     pub fn start(
         node: &str,
         state_dir: &Path,
-        containerd_address: &Path,
-        pull_options: &PullOptions,
+        connection: Arc<Connection>,
+        puller: &Puller,
         metrics: Arc<crate::metrics::AgentMetrics>,
         token: CancellationToken,
     ) -> Result<Self, PodError> {
@@ -166,12 +168,9 @@ impl PodRunner {
             inner: Arc::new(Inner {
                 node: node.to_owned(),
                 dir,
-                containerd_address: containerd_address.to_owned(),
+                connection,
                 // Pods run through CRI, whose images live in kubelet's namespace.
-                pull_options: PullOptions {
-                    namespace: CRI_NAMESPACE.to_owned(),
-                    ..pull_options.clone()
-                },
+                puller: puller.for_namespace(CRI_NAMESPACE),
                 desired: Mutex::new(desired),
                 wake: Notify::new(),
                 statuses: Mutex::default(),
@@ -355,24 +354,19 @@ impl PodRunner {
     }
 
     async fn run(self, token: CancellationToken) {
-        let mut session: Option<(RuntimeServiceClient<Channel>, Puller)> = None;
+        let mut session: Option<RuntimeServiceClient<Channel>> = None;
         loop {
             if session.is_none() {
-                match Runtime::connect(&self.inner.containerd_address, DEFAULT_CONNECT_TIMEOUT)
-                    .await
-                {
-                    Ok(runtime) => {
-                        let cri = RuntimeServiceClient::new(runtime.channel());
-                        session =
-                            Some((cri, Puller::new(runtime, self.inner.pull_options.clone())));
-                    }
+                match self.inner.connection.channel().await {
+                    Ok(channel) => session = Some(RuntimeServiceClient::new(channel)),
                     Err(error) => tracing::debug!(%error, "pods wait for containerd"),
                 }
             }
-            if let Some((cri, puller)) = session.as_mut()
-                && let Err(error) = self.reconcile(cri, puller).await
+            if let Some(cri) = session.as_mut()
+                && let Err(error) = self.reconcile(cri).await
             {
                 tracing::warn!(%error, "pods: CRI call failed; retrying");
+                self.inner.connection.failed(&error).await;
                 session = None;
             }
             tokio::select! {
@@ -386,7 +380,6 @@ impl PodRunner {
     async fn reconcile(
         &self,
         cri: &mut RuntimeServiceClient<Channel>,
-        puller: &Puller,
     ) -> Result<(), tonic::Status> {
         let desired = lock(&self.inner.desired).clone();
         {
@@ -425,7 +418,7 @@ impl PodRunner {
                 .iter()
                 .find(|(owner, s)| *owner == uid && s.state == PodSandboxState::SandboxReady as i32)
                 .map(|(_, s)| s.id.clone());
-            let status = self.ensure(cri, puller, pod, &uid, sandbox).await?;
+            let status = self.ensure(cri, pod, &uid, sandbox).await?;
             self.publish(PodStatus {
                 uid,
                 namespace: pod.metadata.namespace.clone().unwrap_or_default(),

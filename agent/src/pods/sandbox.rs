@@ -18,7 +18,6 @@ use super::{PodRunner, lock, ownership};
 use crate::handlers::{self, Action};
 use crate::labels;
 use crate::lifecycle::LifecycleState;
-use rigger_pull::Puller;
 
 impl PodRunner {
     /// Stop and remove a pod no longer placed here: cooperators (Delete), preStop, stop
@@ -140,7 +139,6 @@ impl PodRunner {
     pub(super) async fn ensure(
         &self,
         cri: &mut RuntimeServiceClient<Channel>,
-        puller: &Puller,
         pod: &Pod,
         uid: &str,
         sandbox: Option<String>,
@@ -166,9 +164,9 @@ impl PodRunner {
         let mut init_statuses = Vec::new();
         let mut initialized = true;
         for container in &pod.spec.init_containers {
-            let (status, done) = Box::pin(self.ensure_container(
-                cri, puller, pod, uid, &sandbox, &config, container, &existing, true,
-            ))
+            let (status, done) = Box::pin(
+                self.ensure_container(cri, pod, uid, &sandbox, &config, container, &existing, true),
+            )
             .await?;
             init_statuses.push(status);
             if !done {
@@ -180,7 +178,7 @@ impl PodRunner {
         if initialized {
             for container in &pod.spec.containers {
                 let (status, _) = Box::pin(self.ensure_container(
-                    cri, puller, pod, uid, &sandbox, &config, container, &existing, false,
+                    cri, pod, uid, &sandbox, &config, container, &existing, false,
                 ))
                 .await?;
                 statuses.push(status);

@@ -15,7 +15,6 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use k8s_cri::v1::ContainerState;
-use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use rigger_proto::lifecycle::{Operation, Stage};
 use rigger_proto::pod::Pod;
 use tokio_util::sync::CancellationToken;
@@ -26,8 +25,6 @@ use crate::cri::{self, ContainerRuntime};
 use crate::labels;
 use crate::lifecycle::{LifecycleState, PodRef, call_all};
 use crate::recreate::{ContainerProgress, Phase, Recreate, RecreateWork};
-use rigger_pull::Puller;
-use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 
 pub use rigger_proto::pod::IN_PLACE_UPDATE_GRACE_ANNOTATION as GRACE_ANNOTATION;
 /// A failed update is tried again after this long.
@@ -171,13 +168,9 @@ impl PodRunner {
 
         // The new images are on the node before anything stops: the gap between the old
         // container and the new one never includes a pull.
-        let runtime = Runtime::connect(&self.inner.containerd_address, DEFAULT_CONNECT_TIMEOUT)
-            .await
-            .map_err(|e| e.to_string())?;
-        let puller = Puller::new(runtime.clone(), self.inner.pull_options.clone());
         for name in changed {
             if let Some(container) = pod.spec.containers.iter().find(|c| &c.name == name) {
-                Box::pin(self.ensure_image(&puller, uid, container))
+                Box::pin(self.ensure_image(uid, container))
                     .await
                     .map_err(|e| format!("pre-download of {}: {e}", container.image))?;
             }
@@ -192,7 +185,7 @@ impl PodRunner {
         }
 
         self.set_lifecycle(uid, LifecycleState::Updating, "");
-        let cri = RuntimeServiceClient::new(runtime.channel());
+        let cri = cri::connect(&self.inner.connection).await?;
         let mut before = HashMap::new();
         for name in changed {
             before.insert(name.clone(), image_of(&cri, uid, name).await?);

@@ -21,13 +21,13 @@ use sha2::Digest as _;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::PullSettings;
 use crate::metrics::AgentMetrics;
 use crate::pods::PodRunner;
 use crate::recreate::RecreateWork;
 
 mod run;
-use rigger_pull::{PullOptions, Puller};
+use rigger_pull::Puller;
+use rigger_runtime::Connection;
 
 /// Finished tasks are kept (and reported on every reconnect) this long.
 const KEEP_FINISHED: Duration = Duration::from_secs(24 * 3600);
@@ -180,8 +180,6 @@ pub(super) struct TaskSecrets {
 pub struct PeerSide {
     /// This node's identity for fetching from peers (an https:// controller's).
     pub identity: Option<rigger_pull::peers::PeerIdentity>,
-    /// Where pulls announce the blobs they write, when the node serves peers.
-    pub arriving: Option<rigger_pull::arriving::Arriving>,
     /// The pace peers must keep while this node fetches from them.
     pub pace: rigger_pull::peers::PeerPace,
 }
@@ -190,9 +188,10 @@ pub struct PeerSide {
 struct Inner {
     dir: PathBuf,
     peer_side: PeerSide,
-    containerd_address: PathBuf,
-    pull_options: PullOptions,
-    puller: tokio::sync::Mutex<Option<Puller>>,
+    /// The node's containerd connection (recreates call CRI on it).
+    connection: Arc<Connection>,
+    /// The node's pull engine, pulling into the tasks' namespace.
+    puller: Puller,
     /// Recreates of agent-managed pods go through the pod runner.
     pods: PodRunner,
     metrics: Arc<AgentMetrics>,
@@ -211,8 +210,8 @@ impl TaskRunner {
     /// Load what an earlier run of the agent accepted and resume the unfinished tasks.
     pub fn start(
         state_dir: &Path,
-        containerd_address: &Path,
-        settings: &PullSettings,
+        connection: Arc<Connection>,
+        puller: Puller,
         peer_side: PeerSide,
         pods: PodRunner,
         metrics: Arc<AgentMetrics>,
@@ -224,14 +223,12 @@ impl TaskRunner {
             source,
         };
         std::fs::create_dir_all(&dir).map_err(directory_error)?;
-        let pull_options = settings.pull_options(state_dir);
         let runner = Self {
             inner: Arc::new(Inner {
                 dir: dir.clone(),
-                containerd_address: containerd_address.to_owned(),
+                connection,
                 peer_side,
-                pull_options,
-                puller: tokio::sync::Mutex::new(None),
+                puller,
                 pods,
                 metrics,
                 tasks: Mutex::new(HashMap::new()),
@@ -528,6 +525,7 @@ impl TaskRunner {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::PullSettings;
 
     fn settings() -> PullSettings {
         PullSettings {
@@ -553,13 +551,24 @@ mod tests {
         }
     }
 
+    /// A connection to a containerd that is not there, and an engine on it.
+    fn nowhere(state: &Path) -> (Arc<Connection>, Puller) {
+        let connection = Arc::new(Connection::new(
+            Path::new("/nonexistent.sock"),
+            Duration::from_secs(1),
+        ));
+        let puller = Puller::new(connection.clone(), settings().pull_options(state));
+        (connection, puller)
+    }
+
     /// A pod runner with no containerd behind it (pull tasks never use it).
     fn pods(state: &Path) -> PodRunner {
+        let (connection, puller) = nowhere(state);
         PodRunner::start(
             "test-node",
             state,
-            Path::new("/nonexistent.sock"),
-            &PullOptions::default(),
+            connection,
+            &puller,
             Arc::default(),
             CancellationToken::new(),
         )
@@ -568,10 +577,11 @@ mod tests {
 
     /// A task runner on `state` with no containerd behind it.
     fn runner_in(state: &Path, token: CancellationToken) -> TaskRunner {
+        let (connection, puller) = nowhere(state);
         TaskRunner::start(
             state,
-            Path::new("/nonexistent.sock"),
-            &settings(),
+            connection,
+            puller,
             PeerSide::default(),
             pods(state),
             Arc::default(),

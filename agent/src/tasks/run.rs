@@ -6,7 +6,6 @@ use std::time::{Duration, SystemTime};
 
 use rigger_pull::peers::{PeerSource, Peers};
 use rigger_pull::{LayerBytes, Progress, ProgressEvent, PulledImage, Puller};
-use rigger_runtime::{DEFAULT_CONNECT_TIMEOUT, Runtime};
 
 use tokio_util::sync::CancellationToken;
 
@@ -79,9 +78,9 @@ impl TaskRunner {
             }
         };
         let pulled = async {
-            let puller = self.puller().await?;
+            let puller = self.puller();
             if !work.always
-                && let Some(digest) = self.present(&puller, &work.image).await
+                && let Some(digest) = self.present(puller, &work.image).await
             {
                 return Ok(Pulled {
                     digest,
@@ -179,7 +178,7 @@ impl TaskRunner {
                 entry.record.work = Work::Recreate(progress.clone())
             });
         };
-        let outcome = match crate::cri::connect(&self.inner.containerd_address).await {
+        let outcome = match crate::cri::connect(&self.inner.connection).await {
             Ok(runtime) => {
                 let recreate = Recreate {
                     pods: &self.inner.pods,
@@ -239,20 +238,9 @@ impl TaskRunner {
         }
     }
 
-    pub(super) async fn puller(&self) -> Result<Puller, String> {
-        let mut slot = self.inner.puller.lock().await;
-        if let Some(puller) = slot.as_ref() {
-            return Ok(puller.clone());
-        }
-        let runtime = Runtime::connect(&self.inner.containerd_address, DEFAULT_CONNECT_TIMEOUT)
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut puller = Puller::new(runtime, self.inner.pull_options.clone());
-        if let Some(arriving) = &self.inner.peer_side.arriving {
-            puller = puller.announcing(arriving.clone());
-        }
-        *slot = Some(puller.clone());
-        Ok(puller)
+    /// The node's pull engine, pulling into the tasks' namespace.
+    pub(super) fn puller(&self) -> &Puller {
+        &self.inner.puller
     }
 
     /// A client for the peers a task names; none without them, or without this node's

@@ -17,8 +17,11 @@ use containerd_client::services::v1::{
     ReadContentRequest, Resource, UpdateImageRequest, UpdateRequest, WriteAction,
     WriteContentRequest, WriteContentResponse,
 };
+use std::sync::Arc;
+
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
+use rigger_runtime::Connection;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
@@ -29,15 +32,34 @@ use super::{
     Scope,
 };
 
-/// containerd on a channel to its socket (`rigger_runtime::Runtime::channel`).
+/// containerd on the node's connection to its socket.
 #[derive(Debug, Clone)]
 pub struct Grpc {
-    channel: Channel,
+    connection: Arc<Connection>,
 }
 
 impl Grpc {
-    pub fn new(channel: Channel) -> Self {
-        Self { channel }
+    pub fn new(connection: Arc<Connection>) -> Self {
+        Self { connection }
+    }
+
+    /// The channel, dialled now if containerd was away.
+    async fn channel(&self) -> Result<Channel, Status> {
+        self.connection.channel().await
+    }
+
+    /// `call`, telling the connection when it failed (containerd gone: dial again).
+    fn watched<'a, T: Send + 'a>(
+        &'a self,
+        call: impl std::future::Future<Output = Result<T, Status>> + Send + 'a,
+    ) -> Call<'a, T> {
+        Box::pin(async move {
+            let result = call.await;
+            if let Err(status) = &result {
+                self.connection.failed(status).await;
+            }
+            result
+        })
     }
 }
 
@@ -79,7 +101,7 @@ fn from_containerd(d: containerd_client::types::Descriptor) -> Descriptor {
 
 impl Containerd for Grpc {
     fn lease_create<'a>(&'a self, namespace: &'a str, id: &'a str, labels: Labels) -> Call<'a, ()> {
-        Box::pin(async move {
+        self.watched(async move {
             let request = scoped(
                 CreateRequest {
                     id: id.to_owned(),
@@ -87,7 +109,7 @@ impl Containerd for Grpc {
                 },
                 unleased(namespace),
             )?;
-            LeasesClient::new(self.channel.clone())
+            LeasesClient::new(self.channel().await?)
                 .create(request)
                 .await?;
             Ok(())
@@ -95,7 +117,7 @@ impl Containerd for Grpc {
     }
 
     fn lease_delete<'a>(&'a self, namespace: &'a str, id: &'a str) -> Call<'a, ()> {
-        Box::pin(async move {
+        self.watched(async move {
             let request = scoped(
                 DeleteRequest {
                     id: id.to_owned(),
@@ -103,7 +125,7 @@ impl Containerd for Grpc {
                 },
                 unleased(namespace),
             )?;
-            LeasesClient::new(self.channel.clone())
+            LeasesClient::new(self.channel().await?)
                 .delete(request)
                 .await?;
             Ok(())
@@ -111,9 +133,9 @@ impl Containerd for Grpc {
     }
 
     fn leases<'a>(&'a self, namespace: &'a str) -> Call<'a, Vec<String>> {
-        Box::pin(async move {
+        self.watched(async move {
             let request = scoped(ListRequest { filters: vec![] }, unleased(namespace))?;
-            Ok(LeasesClient::new(self.channel.clone())
+            Ok(LeasesClient::new(self.channel().await?)
                 .list(request)
                 .await?
                 .into_inner()
@@ -129,12 +151,12 @@ impl Containerd for Grpc {
         namespace: &'a str,
         id: &'a str,
     ) -> Call<'a, Vec<LeaseResource>> {
-        Box::pin(async move {
+        self.watched(async move {
             let request = scoped(
                 ListResourcesRequest { id: id.to_owned() },
                 unleased(namespace),
             )?;
-            Ok(LeasesClient::new(self.channel.clone())
+            Ok(LeasesClient::new(self.channel().await?)
                 .list_resources(request)
                 .await?
                 .into_inner()
@@ -154,7 +176,7 @@ impl Containerd for Grpc {
         id: &'a str,
         resource: LeaseResource,
     ) -> Call<'a, ()> {
-        Box::pin(async move {
+        self.watched(async move {
             let request = scoped(
                 DeleteResourceRequest {
                     id: id.to_owned(),
@@ -165,7 +187,7 @@ impl Containerd for Grpc {
                 },
                 unleased(namespace),
             )?;
-            LeasesClient::new(self.channel.clone())
+            LeasesClient::new(self.channel().await?)
                 .delete_resource(request)
                 .await?;
             Ok(())
@@ -177,14 +199,17 @@ impl Containerd for Grpc {
         scope: Scope<'a>,
         digest: &'a str,
     ) -> Call<'a, Option<(u64, Labels)>> {
-        Box::pin(async move {
+        self.watched(async move {
             let request = scoped(
                 InfoRequest {
                     digest: digest.to_owned(),
                 },
                 scope,
             )?;
-            match ContentClient::new(self.channel.clone()).info(request).await {
+            match ContentClient::new(self.channel().await?)
+                .info(request)
+                .await
+            {
                 Ok(response) => Ok(response
                     .into_inner()
                     .info
@@ -202,7 +227,7 @@ impl Containerd for Grpc {
         digest: &'a str,
         labels: Labels,
     ) -> Call<'a, ()> {
-        Box::pin(async move {
+        self.watched(async move {
             let paths = labels.keys().map(|k| format!("labels.{k}")).collect();
             let request = scoped(
                 UpdateRequest {
@@ -215,7 +240,7 @@ impl Containerd for Grpc {
                 },
                 scope,
             )?;
-            ContentClient::new(self.channel.clone())
+            ContentClient::new(self.channel().await?)
                 .update(request)
                 .await?;
             Ok(())
@@ -229,7 +254,7 @@ impl Containerd for Grpc {
         offset: u64,
         size: u64,
     ) -> Call<'a, futures::stream::BoxStream<'static, Result<Bytes, Status>>> {
-        Box::pin(async move {
+        self.watched(async move {
             let request = scoped(
                 ReadContentRequest {
                     digest: digest.to_owned(),
@@ -238,7 +263,7 @@ impl Containerd for Grpc {
                 },
                 scope,
             )?;
-            let stream = ContentClient::new(self.channel.clone())
+            let stream = ContentClient::new(self.channel().await?)
                 .read(request)
                 .await?
                 .into_inner();
@@ -255,7 +280,7 @@ impl Containerd for Grpc {
         total: u64,
         expected: &'a str,
     ) -> Call<'a, Box<dyn Ingest>> {
-        Box::pin(async move {
+        self.watched(async move {
             let (tx, rx) = mpsc::channel::<WriteContentRequest>(16);
             let stat = WriteContentRequest {
                 action: WriteAction::Stat as i32,
@@ -268,7 +293,7 @@ impl Containerd for Grpc {
                 .await
                 .map_err(|_| Status::unavailable("the write stream closed"))?;
             let request = scoped(ReceiverStream::new(rx), scope)?;
-            let responses = ContentClient::new(self.channel.clone())
+            let responses = ContentClient::new(self.channel().await?)
                 .write(request)
                 .await?
                 .into_inner();
@@ -281,14 +306,14 @@ impl Containerd for Grpc {
     }
 
     fn ingest_abort<'a>(&'a self, scope: Scope<'a>, reference: &'a str) -> Call<'a, ()> {
-        Box::pin(async move {
+        self.watched(async move {
             let request = scoped(
                 AbortRequest {
                     r#ref: reference.to_owned(),
                 },
                 scope,
             )?;
-            ContentClient::new(self.channel.clone())
+            ContentClient::new(self.channel().await?)
                 .abort(request)
                 .await?;
             Ok(())
@@ -296,14 +321,14 @@ impl Containerd for Grpc {
     }
 
     fn image_get<'a>(&'a self, namespace: &'a str, name: &'a str) -> Call<'a, Option<ImageRecord>> {
-        Box::pin(async move {
+        self.watched(async move {
             let request = scoped(
                 GetImageRequest {
                     name: name.to_owned(),
                 },
                 unleased(namespace),
             )?;
-            match ImagesClient::new(self.channel.clone()).get(request).await {
+            match ImagesClient::new(self.channel().await?).get(request).await {
                 Ok(response) => Ok(response.into_inner().image.and_then(|image| {
                     Some(ImageRecord {
                         name: image.name,
@@ -318,7 +343,7 @@ impl Containerd for Grpc {
     }
 
     fn image_put<'a>(&'a self, scope: Scope<'a>, image: ImageRecord) -> Call<'a, ()> {
-        Box::pin(async move {
+        self.watched(async move {
             let image = Image {
                 name: image.name,
                 labels: image.labels,
@@ -333,7 +358,10 @@ impl Containerd for Grpc {
                 },
                 scope,
             )?;
-            match ImagesClient::new(self.channel.clone()).create(create).await {
+            match ImagesClient::new(self.channel().await?)
+                .create(create)
+                .await
+            {
                 Ok(_) => Ok(()),
                 Err(status) if status.code() == Code::AlreadyExists => {
                     let update = scoped(
@@ -344,7 +372,7 @@ impl Containerd for Grpc {
                         },
                         scope,
                     )?;
-                    ImagesClient::new(self.channel.clone())
+                    ImagesClient::new(self.channel().await?)
                         .update(update)
                         .await?;
                     Ok(())
@@ -362,7 +390,7 @@ impl Containerd for Grpc {
         parent: Option<&'a str>,
         labels: Labels,
     ) -> Call<'a, Vec<Mount>> {
-        Box::pin(async move {
+        self.watched(async move {
             let request = scoped(
                 PrepareSnapshotRequest {
                     snapshotter: snapshotter.to_owned(),
@@ -372,7 +400,7 @@ impl Containerd for Grpc {
                 },
                 scope,
             )?;
-            Ok(SnapshotsClient::new(self.channel.clone())
+            Ok(SnapshotsClient::new(self.channel().await?)
                 .prepare(request)
                 .await?
                 .into_inner()
@@ -395,7 +423,7 @@ impl Containerd for Grpc {
         key: &'a str,
         labels: Labels,
     ) -> Call<'a, ()> {
-        Box::pin(async move {
+        self.watched(async move {
             let request = scoped(
                 CommitSnapshotRequest {
                     snapshotter: snapshotter.to_owned(),
@@ -405,7 +433,7 @@ impl Containerd for Grpc {
                 },
                 scope,
             )?;
-            SnapshotsClient::new(self.channel.clone())
+            SnapshotsClient::new(self.channel().await?)
                 .commit(request)
                 .await?;
             Ok(())
@@ -418,7 +446,7 @@ impl Containerd for Grpc {
         snapshotter: &'a str,
         key: &'a str,
     ) -> Call<'a, bool> {
-        Box::pin(async move {
+        self.watched(async move {
             let request = scoped(
                 StatSnapshotRequest {
                     snapshotter: snapshotter.to_owned(),
@@ -426,7 +454,7 @@ impl Containerd for Grpc {
                 },
                 scope,
             )?;
-            match SnapshotsClient::new(self.channel.clone())
+            match SnapshotsClient::new(self.channel().await?)
                 .stat(request)
                 .await
             {
@@ -443,7 +471,7 @@ impl Containerd for Grpc {
         snapshotter: &'a str,
         key: &'a str,
     ) -> Call<'a, ()> {
-        Box::pin(async move {
+        self.watched(async move {
             let request = scoped(
                 RemoveSnapshotRequest {
                     snapshotter: snapshotter.to_owned(),
@@ -451,7 +479,7 @@ impl Containerd for Grpc {
                 },
                 scope,
             )?;
-            SnapshotsClient::new(self.channel.clone())
+            SnapshotsClient::new(self.channel().await?)
                 .remove(request)
                 .await?;
             Ok(())
@@ -464,7 +492,7 @@ impl Containerd for Grpc {
         layer: &'a Descriptor,
         mounts: Vec<Mount>,
     ) -> Call<'a, String> {
-        Box::pin(async move {
+        self.watched(async move {
             let request = scoped(
                 ApplyRequest {
                     diff: Some(to_containerd(layer)),
@@ -482,7 +510,7 @@ impl Containerd for Grpc {
                 },
                 scope,
             )?;
-            Ok(DiffClient::new(self.channel.clone())
+            Ok(DiffClient::new(self.channel().await?)
                 .apply(request)
                 .await?
                 .into_inner()
