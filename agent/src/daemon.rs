@@ -27,6 +27,7 @@ use crate::config::AgentConfig;
 use crate::inventory::{self, InventoryOptions, SharedInventory};
 use rigger_daemon::backoff::Backoff;
 use rigger_pull::Puller;
+use rigger_pull::containerd::{Containerd, grpc::Grpc};
 use rigger_runtime::{Connection, DEFAULT_CONNECT_TIMEOUT};
 
 #[derive(Debug, thiserror::Error)]
@@ -82,8 +83,9 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
         config.containerd_address(),
         DEFAULT_CONNECT_TIMEOUT,
     ));
-    let puller = Puller::new(
-        connection.clone(),
+    let containerd: Arc<dyn Containerd> = Arc::new(Grpc::new(connection.clone()));
+    let puller = Puller::on(
+        containerd.clone(),
         config.pull.pull_options(&config.state_dir),
     );
     // Pods come from a controller: without one, there are none to run.
@@ -134,7 +136,7 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
         (Some(peer), Some(arriving)) => Some(
             crate::peers::start(
                 peer,
-                connection.clone(),
+                containerd,
                 &config.pull.namespace,
                 arriving,
                 grants_seen,

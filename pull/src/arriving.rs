@@ -168,8 +168,14 @@ impl ArrivalGuard {
     /// The ingest starts over from byte 0: readers of the bytes so far are cut off (the
     /// bytes were wrong), and later readers follow the new write.
     pub fn restart(&mut self) {
-        let size = self.sender.borrow().size;
+        let (size, relayed) = {
+            let arrival = self.sender.borrow();
+            (arrival.size, arrival.relayed)
+        };
         let replacement = self.arriving.begin(&self.digest, &self.ingest_ref, size, 0);
+        if relayed {
+            replacement.relaying();
+        }
         let old = std::mem::replace(self, replacement);
         drop(old);
     }
@@ -281,6 +287,18 @@ mod tests {
         assert!(arriving.follow("sha256:a").is_none());
         // Held bytes no longer move once abandoned.
         assert_eq!(after.arrival.borrow().held, 10);
+    }
+
+    #[test]
+    fn a_relaying_write_says_so_again_when_it_starts_over() {
+        // A reader that starts after the restart must still learn that the bytes it
+        // gets may be another node's (else a relay is blamed for a liar's bytes).
+        let arriving = Arriving::default();
+        let mut guard = arriving.begin("sha256:a", "r", 100, 0);
+        guard.relaying();
+        guard.restart();
+        let after = arriving.follow("sha256:a").unwrap();
+        assert!(after.arrival.borrow().relayed);
     }
 
     #[test]

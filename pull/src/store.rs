@@ -371,14 +371,6 @@ impl BlobWriter {
         self.arrival.is_some()
     }
 
-    /// Bytes another node sent are about to go into this write: whoever reads it while
-    /// it arrives is told the bytes are relayed (a relay is not their author).
-    pub fn relaying(&self) {
-        if let Some(arrival) = &self.arrival {
-            arrival.relaying();
-        }
-    }
-
     /// The ingest's ref in containerd.
     pub fn reference(&self) -> &str {
         &self.reference

@@ -18,6 +18,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Status};
 
 mod connection;
+pub mod listing;
 pub mod socket;
 
 pub use self::connection::Connection;

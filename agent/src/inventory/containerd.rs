@@ -1,36 +1,17 @@
 //! The containerd side of the inventory: namespaces, images, plain containers, root dir.
 
-use containerd_client::services::v1::{
-    Container, ListContainersRequest, ListImagesRequest, ListNamespacesRequest, ListTasksRequest,
-    ReadContentRequest, containers_client::ContainersClient, content_client::ContentClient,
-    images_client::ImagesClient, namespaces_client::NamespacesClient, tasks_client::TasksClient,
-};
-use containerd_client::types::v1::Status as TaskStatus;
-use futures::StreamExt;
 use oci_spec::image::{ImageIndex, ImageManifest};
-use tonic::Request;
 
 use rigger_proto::time::rfc3339_from_timestamp;
 
 use super::{ContainerInfo, ImageInfo};
-use rigger_runtime::{CallError, Runtime, describe_status, namespaced};
+use rigger_runtime::{CallError, Runtime};
 
 /// Manifests and indexes bigger than this are not ours to parse for a size column.
 const MAX_MANIFEST_BYTES: i64 = 4 << 20;
 
 pub(super) async fn namespaces(runtime: &Runtime) -> Result<Vec<String>, CallError> {
-    let response = NamespacesClient::new(runtime.channel())
-        .list(Request::new(ListNamespacesRequest::default()))
-        .await
-        .map_err(|s| CallError::new("list containerd namespaces", s))?;
-    let mut names: Vec<String> = response
-        .into_inner()
-        .namespaces
-        .into_iter()
-        .map(|n| n.name)
-        .collect();
-    names.sort();
-    Ok(names)
+    runtime.namespaces().await
 }
 
 /// Image records of `namespaces`, with sizes where the content store has the blobs.
@@ -41,28 +22,19 @@ pub(super) async fn images(
     let mut images = Vec::new();
     let mut warnings = Vec::new();
     for namespace in namespaces {
-        let request = namespaced(ListImagesRequest::default(), namespace)
-            .map_err(|s| CallError::new("list images", s))?;
-        let records = ImagesClient::new(runtime.channel())
-            .list(request)
-            .await
-            .map_err(|s| CallError::new("list images", s))?
-            .into_inner()
-            .images;
+        let (records, targetless) = runtime.image_records(namespace).await?;
+        warnings.extend(
+            targetless
+                .into_iter()
+                .map(|name| format!("image {name} in {namespace} has no target")),
+        );
         for record in records {
-            let Some(target) = record.target else {
-                warnings.push(format!(
-                    "image {} in {namespace} has no target",
-                    record.name
-                ));
-                continue;
-            };
             let size = match image_size(
                 runtime,
                 namespace,
-                &target.media_type,
-                &target.digest,
-                target.size,
+                &record.media_type,
+                &record.digest,
+                record.size,
             )
             .await
             {
@@ -75,8 +47,8 @@ pub(super) async fn images(
             images.push(ImageInfo {
                 namespace: namespace.clone(),
                 name: record.name,
-                digest: target.digest,
-                media_type: target.media_type,
+                digest: record.digest,
+                media_type: record.media_type,
                 size,
             });
         }
@@ -159,29 +131,9 @@ async fn read_blob(
     if size > MAX_MANIFEST_BYTES {
         return Err(format!("{digest} is {size} bytes, too big for a manifest"));
     }
-    let request = namespaced(
-        ReadContentRequest {
-            digest: digest.to_owned(),
-            offset: 0,
-            size: 0,
-        },
-        namespace,
-    )
-    .map_err(|s| describe_status(&s))?;
-    let mut stream = ContentClient::new(runtime.channel())
-        .read(request)
+    runtime
+        .read_small(namespace, digest, MAX_MANIFEST_BYTES.unsigned_abs())
         .await
-        .map_err(|s| format!("read {digest}: {}", describe_status(&s)))?
-        .into_inner();
-    let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|s| format!("read {digest}: {}", describe_status(&s)))?;
-        data.extend_from_slice(&chunk.data);
-        if data.len() as i64 > MAX_MANIFEST_BYTES {
-            return Err(format!("{digest} is bigger than a manifest may be"));
-        }
-    }
-    Ok(data)
 }
 
 /// containerd containers (not only CRI's) with the state of their task.
@@ -191,33 +143,7 @@ pub(super) async fn containers(
 ) -> Result<Vec<ContainerInfo>, CallError> {
     let mut found = Vec::new();
     for namespace in namespaces {
-        let request = namespaced(ListContainersRequest::default(), namespace)
-            .map_err(|s| CallError::new("list containers", s))?;
-        let containers: Vec<Container> = ContainersClient::new(runtime.channel())
-            .list(request)
-            .await
-            .map_err(|s| CallError::new("list containers", s))?
-            .into_inner()
-            .containers;
-        if containers.is_empty() {
-            continue;
-        }
-        let request = namespaced(ListTasksRequest::default(), namespace)
-            .map_err(|s| CallError::new("list tasks", s))?;
-        let tasks = TasksClient::new(runtime.channel())
-            .list(request)
-            .await
-            .map_err(|s| CallError::new("list tasks", s))?
-            .into_inner()
-            .tasks;
-        for container in containers {
-            let task = tasks.iter().find(|t| t.id == container.id);
-            let state = match task {
-                None => "no task".to_owned(),
-                Some(t) => TaskStatus::try_from(t.status)
-                    .map(|s| s.as_str_name().to_ascii_lowercase())
-                    .unwrap_or_else(|_| "unknown".to_owned()),
-            };
+        for container in runtime.container_records(namespace).await? {
             found.push(ContainerInfo {
                 namespace: namespace.clone(),
                 pod_sandbox_id: None,
@@ -225,7 +151,7 @@ pub(super) async fn containers(
                 pod_name: None,
                 name: container.id.clone(),
                 image: container.image,
-                state,
+                state: container.task_state,
                 attempt: 0,
                 restart_count: 0,
                 created_at: rfc3339_from_timestamp(container.created_at.as_ref()),

@@ -8,15 +8,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use containerd_client::services::v1::content_client::ContentClient;
-use containerd_client::services::v1::images_client::ImagesClient;
-use containerd_client::services::v1::{GetImageRequest, InfoRequest, ReadContentRequest};
 use futures::future::BoxFuture;
 use futures::stream::{BoxStream, StreamExt as _};
 use rigger_pull::arriving::{ArrivalState, Arriving};
-use rigger_runtime::{Connection, Runtime};
-use tonic::Code;
-use tonic::transport::Channel;
+use rigger_pull::containerd::{Containerd, Scope};
+use rigger_runtime::describe_status;
 
 /// Blobs this node holds or is fetching, by digest.
 pub trait Blobs: Send + Sync + 'static {
@@ -72,12 +68,11 @@ pub async fn document(
     Ok(Some(document))
 }
 
-/// containerd's content store, in one namespace, connected to when first needed (and
-/// again after containerd went away), and the blobs this node's pulls announce in
-/// `arriving`.
+/// containerd's content store, in one namespace, and the blobs this node's pulls
+/// announce in `arriving`.
 #[derive(Debug)]
 pub struct ContainerdBlobs {
-    connection: Arc<Connection>,
+    containerd: Arc<dyn Containerd>,
     namespace: String,
     arriving: Arriving,
     /// Where containerd keeps content (its ingests among it), once asked.
@@ -85,26 +80,20 @@ pub struct ContainerdBlobs {
 }
 
 impl ContainerdBlobs {
-    pub fn new(connection: Arc<Connection>, namespace: &str, arriving: Arriving) -> Self {
+    pub fn new(containerd: Arc<dyn Containerd>, namespace: &str, arriving: Arriving) -> Self {
         Self {
-            connection,
+            containerd,
             namespace: namespace.to_owned(),
             arriving,
             content_root: tokio::sync::OnceCell::new(),
         }
     }
 
-    async fn runtime(&self) -> Result<Runtime, String> {
-        self.connection.runtime().await.map_err(|e| e.to_string())
-    }
-
-    async fn channel(&self) -> Result<Channel, String> {
-        Ok(self.runtime().await?.channel())
-    }
-
-    /// containerd failed a call in a way that says the connection is gone.
-    async fn forget_channel(&self, status: &tonic::Status) {
-        self.connection.failed(status).await;
+    fn scope(&self) -> Scope<'_> {
+        Scope {
+            namespace: &self.namespace,
+            lease: None,
+        }
     }
 
     /// Bytes `start..end` of `digest` from its ingest, when a pull here writes it now
@@ -126,11 +115,10 @@ impl ContainerdBlobs {
             .content_root
             .get_or_try_init(|| async {
                 let root = self
-                    .runtime()
-                    .await?
+                    .containerd
                     .content_root()
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|s| describe_status(&s))?;
                 if root.is_none() {
                     tracing::info!("containerd does not say where its content store is: blobs still arriving are not served to peers");
                 }
@@ -162,29 +150,13 @@ impl ContainerdBlobs {
 impl Blobs for ContainerdBlobs {
     fn size<'a>(&'a self, digest: &'a str) -> BoxFuture<'a, Result<Option<u64>, String>> {
         Box::pin(async move {
-            let request = rigger_runtime::namespaced(
-                InfoRequest {
-                    digest: digest.to_owned(),
-                },
-                &self.namespace,
-            )
-            .map_err(|s| s.message().to_owned())?;
-            match ContentClient::new(self.channel().await?)
-                .info(request)
-                .await
-            {
-                Ok(info) => Ok(info
-                    .into_inner()
-                    .info
-                    .and_then(|i| u64::try_from(i.size).ok())),
-                Err(status) if status.code() == Code::NotFound => Ok(self
+            match self.containerd.content_info(self.scope(), digest).await {
+                Ok(Some((size, _))) => Ok(Some(size)),
+                Ok(None) => Ok(self
                     .arriving
                     .follow(digest)
                     .map(|following| following.arrival.borrow().size)),
-                Err(status) => {
-                    self.forget_channel(&status).await;
-                    Err(rigger_runtime::describe_status(&status))
-                }
+                Err(status) => Err(describe_status(&status)),
             }
         })
     }
@@ -205,25 +177,11 @@ impl Blobs for ContainerdBlobs {
             if let Some(digest) = self.arriving.resolved(name) {
                 return Ok(Some(digest));
             }
-            let request = rigger_runtime::namespaced(
-                GetImageRequest {
-                    name: name.to_owned(),
-                },
-                &self.namespace,
-            )
-            .map_err(|s| s.message().to_owned())?;
-            match ImagesClient::new(self.channel().await?).get(request).await {
-                Ok(image) => Ok(image
-                    .into_inner()
-                    .image
-                    .and_then(|i| i.target)
-                    .map(|t| t.digest)),
-                Err(status) if status.code() == Code::NotFound => Ok(None),
-                Err(status) => {
-                    self.forget_channel(&status).await;
-                    Err(rigger_runtime::describe_status(&status))
-                }
-            }
+            self.containerd
+                .image_get(&self.namespace, name)
+                .await
+                .map(|record| record.map(|r| r.target.digest))
+                .map_err(|s| describe_status(&s))
         })
     }
 
@@ -237,33 +195,13 @@ impl Blobs for ContainerdBlobs {
             if let Some(arriving) = self.read_arriving(digest, start, end).await? {
                 return Ok(arriving);
             }
-            let offset = i64::try_from(start).map_err(|e| e.to_string())?;
-            let size = i64::try_from(end.saturating_sub(start)).map_err(|e| e.to_string())?;
-            let request = rigger_runtime::namespaced(
-                ReadContentRequest {
-                    digest: digest.to_owned(),
-                    offset,
-                    size,
-                },
-                &self.namespace,
-            )
-            .map_err(|s| s.message().to_owned())?;
-            let stream = match ContentClient::new(self.channel().await?)
-                .read(request)
+            let stream = self
+                .containerd
+                .content_read(self.scope(), digest, start, end.saturating_sub(start))
                 .await
-            {
-                Ok(stream) => stream.into_inner(),
-                Err(status) => {
-                    self.forget_channel(&status).await;
-                    return Err(rigger_runtime::describe_status(&status));
-                }
-            };
+                .map_err(|s| describe_status(&s))?;
             Ok(stream
-                .map(|piece| {
-                    piece
-                        .map(|p| Bytes::from(p.data))
-                        .map_err(|s| rigger_runtime::describe_status(&s))
-                })
+                .map(|piece| piece.map_err(|s| describe_status(&s)))
                 .boxed())
         })
     }

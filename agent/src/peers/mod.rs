@@ -58,7 +58,7 @@ mod tests;
 /// grant key the controller link puts in `grants`.
 pub async fn start(
     settings: &PeerSettings,
-    connection: Arc<rigger_runtime::Connection>,
+    containerd: Arc<dyn rigger_pull::containerd::Containerd>,
     namespace: &str,
     arriving: Arriving,
     grants: watch::Receiver<Option<GrantVerifier>>,
@@ -70,7 +70,7 @@ pub async fn start(
     tracing::info!(listen = %settings.listen, address = %settings.address, "serving blobs to peers");
     let answerer = Arc::new(Answerer::new(
         settings.node.clone(),
-        Arc::new(ContainerdBlobs::new(connection, namespace, arriving)),
+        Arc::new(ContainerdBlobs::new(containerd, namespace, arriving)),
         grants,
         Some(Arc::new(RateLimit::new(settings.upload_rate))),
         metrics,

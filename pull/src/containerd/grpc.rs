@@ -320,6 +320,17 @@ impl Containerd for Grpc {
         })
     }
 
+    fn content_root(&self) -> Call<'_, Option<std::path::PathBuf>> {
+        self.watched(async move {
+            let runtime = self
+                .connection
+                .runtime()
+                .await
+                .map_err(|e| Status::unavailable(e.to_string()))?;
+            runtime.content_root().await.map_err(|e| e.status)
+        })
+    }
+
     fn image_get<'a>(&'a self, namespace: &'a str, name: &'a str) -> Call<'a, Option<ImageRecord>> {
         self.watched(async move {
             let request = scoped(

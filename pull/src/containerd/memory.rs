@@ -293,6 +293,11 @@ impl Containerd for Memory {
         Self::ready(result)
     }
 
+    fn content_root(&self) -> Call<'_, Option<std::path::PathBuf>> {
+        // Its ingests are not containerd's files.
+        Self::ready(Ok(None))
+    }
+
     fn image_get<'a>(&'a self, namespace: &'a str, name: &'a str) -> Call<'a, Option<ImageRecord>> {
         let state = lock(&self.state);
         Self::ready(Ok(state.held.images.get(&key(namespace, name)).cloned()))

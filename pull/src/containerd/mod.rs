@@ -143,6 +143,9 @@ pub trait Containerd: Send + Sync + std::fmt::Debug + 'static {
     fn ingest_abort<'a>(&'a self, scope: Scope<'a>, reference: &'a str) -> Call<'a, ()>;
 
     fn image_get<'a>(&'a self, namespace: &'a str, name: &'a str) -> Call<'a, Option<ImageRecord>>;
+    /// The directory of containerd's content store as this process sees it (its
+    /// ingests are read there while they arrive); `None` when containerd does not say.
+    fn content_root(&self) -> Call<'_, Option<std::path::PathBuf>>;
     /// Create the record, or replace the one of that name.
     fn image_put<'a>(&'a self, scope: Scope<'a>, image: ImageRecord) -> Call<'a, ()>;
 

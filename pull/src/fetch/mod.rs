@@ -304,7 +304,7 @@ impl Transfer {
         if let Some(arriving) = &self.arriving
             && writer.offset() == 0
         {
-            let arrival = arriving.begin(digest, writer.reference(), size, 0);
+            let arrival = self.begin_arrival(arriving, digest, writer.reference(), size);
             writer.announce(arrival);
         }
         let labels = self.labels_with_source(labels, None);
@@ -524,11 +524,28 @@ impl Transfer {
             && !sink.writer.announced()
         {
             let size = sink.writer.size();
-            let arrival = arriving.begin(digest, sink.writer.reference(), size, 0);
+            let arrival = self.begin_arrival(arriving, digest, sink.writer.reference(), size);
             sink.writer.announce(arrival);
         }
         self.resumed(digest, sink.writer.offset());
         Ok(())
+    }
+
+    /// Announce a write of `digest` from byte 0. When this pull has peers, their bytes
+    /// may go into it: that is said before any is written, so no answer that began
+    /// earlier passes them on as this node's own.
+    fn begin_arrival(
+        &self,
+        arriving: &crate::arriving::Arriving,
+        digest: &str,
+        reference: &str,
+        size: u64,
+    ) -> crate::arriving::ArrivalGuard {
+        let arrival = arriving.begin(digest, reference, size, 0);
+        if self.peers.is_some() {
+            arrival.relaying();
+        }
+        arrival
     }
 
     fn stalled(&self, digest: &str, reason: &str) {

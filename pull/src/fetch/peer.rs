@@ -58,8 +58,13 @@ impl Transfer {
                 };
                 if sink.writer.offset() + piece.len() as u64 > size {
                     // More than the manifest promises: this peer sent it, whatever the
-                    // others did; the blob starts over without it.
-                    peers.suspect(std::slice::from_ref(&source.node));
+                    // others did (a relay passed it on: it is only left); the blob
+                    // starts over without it.
+                    if relayed {
+                        peers.drop_source(&source.node, "its answer ran past the blob's size");
+                    } else {
+                        peers.suspect(std::slice::from_ref(&source.node));
+                    }
                     self.restart_blob(digest, sink).await?;
                     // Its bytes are gone with the restart: it is no contributor now.
                     sent = 0;
@@ -68,8 +73,6 @@ impl Transfer {
                 if let Some(rate) = &self.rate {
                     rate.acquire(piece.len()).await;
                 }
-                // Whoever follows this write learns it relays another node's bytes.
-                sink.writer.relaying();
                 sink.write(piece.clone())
                     .await
                     .map_err(|e| self.store_err(e))?;
