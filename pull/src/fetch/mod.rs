@@ -42,7 +42,8 @@ const RANGE_WINDOW: usize = 16;
 const SPOOL_PIECE: usize = 64 << 10;
 /// A single connection slower than this (bytes/s) is supplemented by parallel ranges.
 const SLOW_STREAM_RATE: u64 = 48 << 20;
-/// How long a single connection is watched before judging its speed: long enough that
+/// How long the agent waits on a single connection's bytes (not its own work, not the
+/// rate cap) before judging its speed: long enough that
 /// the bytes a connection's buffers gathered while the headers came do not pass for
 /// speed (the lab's proxy lets 50 ms of its rate through at once), short because a
 /// slow registry's ranges wait for it (100 ms cost ~5 % of a 128 MiB pull at 16 MiB/s
@@ -173,6 +174,10 @@ impl Transfer {
                         loop {
                             match body.next().await {
                                 Ok(Some(piece)) => {
+                                    // `limit_rate` is for all downloads, configs too.
+                                    if let Some(rate) = &self.rate {
+                                        rate.acquire(piece.len()).await;
+                                    }
                                     data.extend_from_slice(&piece);
                                     if data.len() as u64 > self.registry.max_document_size() {
                                         return Err(PullError::Image {

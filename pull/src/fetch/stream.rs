@@ -34,9 +34,11 @@ impl Transfer {
             // A server that ignores Range sends from byte 0: skip what we hold.
             let mut skip = if partial { 0 } else { start };
             // The connection is judged by the time spent waiting for its bytes, not by
-            // the time spent storing and unpacking them: a busy agent is no reason for
-            // more connections.
-            let probe_start = std::time::Instant::now();
+            // the time spent storing and unpacking them or waiting for the node's
+            // `limit_rate` (shared with the node's other pulls): a busy agent or a
+            // capped node is no reason for more connections — judged on wall time, a
+            // capped stream was left for ranges after 50 ms with its body in the
+            // socket's buffers, and the node fetched it twice.
             let mut waited = Duration::ZERO;
             let mut probed = 0u64;
             loop {
@@ -76,7 +78,7 @@ impl Transfer {
                         });
                         probed += piece.len() as u64;
                         if probe
-                            && probe_start.elapsed() >= PROBE_TIME
+                            && waited >= PROBE_TIME
                             && (probed as f64 / waited.as_secs_f64()) < SLOW_STREAM_RATE as f64
                             && size - sink.writer.offset() > 2 * self.chunk_size
                         {

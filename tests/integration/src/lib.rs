@@ -656,8 +656,15 @@ impl Agent {
 
     /// Start again, reporting `labels` (`k=v,k2=v2`) about its node.
     pub fn restart_with_node_labels(&mut self, labels: &str) {
-        let at = self.args.iter().position(|a| a == "--node-labels").unwrap();
-        self.args[at + 1] = labels.to_owned();
+        self.restart_with_flag("--node-labels", labels);
+    }
+
+    /// Start again with `flag` set to `value` (replacing the value it had).
+    pub fn restart_with_flag(&mut self, flag: &str, value: &str) {
+        match self.args.iter().position(|a| a == flag) {
+            Some(at) => value.clone_into(&mut self.args[at + 1]),
+            None => self.args.extend([flag.to_owned(), value.to_owned()]),
+        }
         self.restart();
     }
 }

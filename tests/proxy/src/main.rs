@@ -127,6 +127,12 @@ struct Served {
     fault: Option<String>,
     /// Body bytes handed to the client's connection so far.
     sent: u64,
+    /// When the request arrived, in microseconds since the Unix epoch.
+    arrived_us: u64,
+    /// When the last body byte so far was handed to the client's connection (µs since
+    /// the epoch; the request's arrival until one was): a request was in flight from
+    /// `arrived_us` to this, whoever else's overlapped.
+    last_sent_us: u64,
     /// The scheme of the `Authorization` header, when one came.
     authorization: Option<String>,
     /// The other request headers (names lowercase).
@@ -268,6 +274,7 @@ async fn handle(
         })
         .collect();
     let fault = take_rule(&state, &path);
+    let arrived_us = unix_micros();
     let record = |status: u16, fault: Option<&Action>| {
         let mut served = state.served.lock().ok()?;
         served.push(Served {
@@ -277,6 +284,8 @@ async fn handle(
             status,
             fault: fault.map(|f| format!("{f:?}")),
             sent: 0,
+            arrived_us,
+            last_sent_us: arrived_us,
             authorization: authorization.clone(),
             headers: headers.clone(),
         });
@@ -384,6 +393,7 @@ async fn handle(
             && let Some(record) = served.get_mut(i)
         {
             record.sent += n;
+            record.last_sent_us = unix_micros();
         }
     };
     let buckets: Vec<_> = std::iter::once(bucket).chain(state.total.clone()).collect();
@@ -469,6 +479,12 @@ fn faulty_body(
             Some((Ok(piece), (upstream, sent, corrupt, limit, next)))
         }
     })
+}
+
+fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// Find (and count down) the first rule matching `path`.
