@@ -1,21 +1,32 @@
 //! What a pull reports when it fails: every error names the image.
 
-use crate::fetch::spool::SpoolError;
+use crate::reference::InvalidReference;
+use crate::registry::credentials::CredentialsError;
 use crate::registry::{RegistryError, hosts};
 use crate::stack::unpack::UnpackError;
 use crate::store::StoreError;
 
+/// A blob's spool (the fetch stage's reorder buffer on disk) failed.
+#[derive(Debug, thiserror::Error)]
+#[error("spool {}: {action}: {source}", path.display())]
+pub struct SpoolError {
+    pub path: std::path::PathBuf,
+    pub action: &'static str,
+    #[source]
+    pub source: std::io::Error,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum PullError {
-    #[error("image reference {image:?} is invalid: {detail}")]
-    InvalidReference { image: String, detail: String },
+    #[error(transparent)]
+    InvalidReference(#[from] InvalidReference),
     #[error("registry hosts for {image}: {source}")]
     Hosts {
         image: String,
         source: hosts::HostsError,
     },
-    #[error("credentials for {registry}: {detail}")]
-    Credentials { registry: String, detail: String },
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
     #[error(transparent)]
     Registry(#[from] RegistryError),
     #[error("{image}: {detail}")]

@@ -38,11 +38,10 @@ mod resolve;
 pub mod stack;
 pub mod store;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use oci_client::Reference;
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Semaphore;
 
 pub use self::error::PullError;
 use self::error::is_disk_full;
@@ -62,16 +61,8 @@ pub struct Puller {
     /// containerd, as the pipeline reaches it.
     containerd: Arc<dyn containerd::Containerd>,
     options: PullOptions,
-    connections: Arc<Semaphore>,
-    rate: Option<Arc<RateLimit>>,
-    /// One fetch per blob at a time in this agent; concurrent pulls wait and reuse it.
-    in_flight: Arc<Mutex<HashMap<String, Arc<Mutex<()>>>>>,
-    /// Blobs being fetched as parallel ranges now, in all pulls: they share the
-    /// connections, which decides how long their requests should be.
-    ranging: presence::Presence,
-    /// Where the node's peer endpoint follows blobs still being written (`None`: the
-    /// node serves no peers).
-    arriving: Option<arriving::Arriving>,
+    /// The node's connections and rate, the blobs in flight: what all pulls share.
+    shared: fetch::Shared,
 }
 
 impl Puller {
@@ -82,16 +73,17 @@ impl Puller {
 
     /// The engine on `containerd` (another implementation than the socket: tests).
     pub fn on(containerd: Arc<dyn containerd::Containerd>, options: PullOptions) -> Self {
-        let connections = Arc::new(Semaphore::new(options.max_connections.max(1)));
-        let rate = options.limit_rate.map(|r| Arc::new(RateLimit::new(r)));
-        Self {
-            containerd,
-            options,
-            connections,
-            rate,
+        let shared = fetch::Shared {
+            connections: Arc::new(Semaphore::new(options.max_connections.max(1))),
+            rate: options.limit_rate.map(|r| Arc::new(RateLimit::new(r))),
             in_flight: Arc::default(),
             ranging: presence::Presence::default(),
             arriving: None,
+        };
+        Self {
+            containerd,
+            options,
+            shared,
         }
     }
 
@@ -124,7 +116,7 @@ impl Puller {
     /// they can be served to peers while they arrive.
     #[must_use]
     pub fn announcing(mut self, arriving: arriving::Arriving) -> Self {
-        self.arriving = Some(arriving);
+        self.shared.arriving = Some(arriving);
         self
     }
 
@@ -224,7 +216,7 @@ impl Puller {
         .await?;
         let layers = manifests.manifest.layers().clone();
         // Peers may fetch this image's blobs from here while they arrive.
-        let _resolving = self.arriving.as_ref().map(|arriving| {
+        let _resolving = self.shared.arriving.as_ref().map(|arriving| {
             let mut blobs: std::collections::BTreeSet<String> =
                 layers.iter().map(|l| l.digest().to_string()).collect();
             blobs.insert(manifests.top_digest().to_owned());
@@ -246,7 +238,8 @@ impl Puller {
             registry,
             store,
             progress.clone(),
-            self,
+            &self.shared,
+            &self.options,
             peers.clone(),
         );
         let config = resolve::config(&transfer, &manifests, &self.options).await?;

@@ -25,7 +25,7 @@ pub struct PullOptions {
     pub platform: Platform,
     /// containerd's `certs.d` directory of `hosts.toml` files.
     pub hosts_dir: PathBuf,
-    /// Where ranges wait for containerd's ingest (see [`crate::fetch::spool`]).
+    /// Where ranges wait for containerd's ingest (the fetch stage's spool).
     pub spool_dir: PathBuf,
     /// Talk plain HTTP to registries that have no `hosts.toml`.
     pub plain_http: bool,

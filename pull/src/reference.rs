@@ -7,7 +7,13 @@
 
 use oci_client::Reference;
 
-use crate::error::PullError;
+/// An image reference a pull refuses.
+#[derive(Debug, thiserror::Error)]
+#[error("image reference {image:?} is invalid: {detail}")]
+pub struct InvalidReference {
+    pub image: String,
+    pub detail: String,
+}
 
 const DOCKER_HUB: &str = "docker.io";
 const DOCKER_HUB_LEGACY: &str = "index.docker.io";
@@ -18,8 +24,8 @@ const REPOSITORY_MAX: usize = 255;
 const TAG_MAX: usize = 128;
 
 /// Parse an image reference the way pulls do (repository names must be lowercase).
-pub(crate) fn parse_reference(image: &str) -> Result<Reference, PullError> {
-    parse(image).map_err(|detail| PullError::InvalidReference {
+pub(crate) fn parse_reference(image: &str) -> Result<Reference, InvalidReference> {
+    parse(image).map_err(|detail| InvalidReference {
         image: image.to_owned(),
         detail: detail.to_owned(),
     })

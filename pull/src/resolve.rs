@@ -43,7 +43,7 @@ pub(crate) fn registry(
                 None => credentials(host, options.docker_config.as_deref()),
             }
         })
-        .collect::<Result<Vec<_>, PullError>>()?;
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Registry::new(
         reference.clone(),
         endpoints,

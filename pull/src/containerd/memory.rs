@@ -330,7 +330,7 @@ impl Containerd for Memory {
         };
         // containerd's unpacker: a snapshot whose ref label names one that exists.
         let target_exists = labels
-            .get(crate::stack::unpack::SNAPSHOT_REF_LABEL)
+            .get(super::SNAPSHOT_REF_LABEL)
             .is_some_and(|target| state.held.snapshots.contains_key(&at(target)));
         if target_exists || state.held.snapshots.contains_key(&at(key)) {
             return Self::ready(Err(Status::already_exists(format!(

@@ -19,6 +19,9 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use tonic::Status;
 
+/// The label containerd puts on every unpacked layer snapshot.
+pub const SNAPSHOT_REF_LABEL: &str = "containerd.io/snapshot.ref";
+
 /// An answer of containerd's.
 pub type Call<'a, T> = BoxFuture<'a, Result<T, Status>>;
 

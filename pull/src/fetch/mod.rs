@@ -23,7 +23,7 @@ use self::limit::RateLimit;
 use self::spool::SpoolError;
 use oci_client::Reference;
 
-use crate::Puller;
+use crate::options::PullOptions;
 use crate::error::PullError;
 use crate::progress::{Progress, ProgressEvent};
 use crate::reference::distribution_source;
@@ -49,6 +49,21 @@ const SLOW_STREAM_RATE: u64 = 48 << 20;
 /// slow registry's ranges wait for it (100 ms cost ~5 % of a 128 MiB pull at 16 MiB/s
 /// per connection).
 const PROBE_TIME: Duration = Duration::from_millis(50);
+
+/// What every pull of one engine shares, so the limits are the node's.
+#[derive(Debug, Clone)]
+pub(crate) struct Shared {
+    pub(crate) connections: Arc<tokio::sync::Semaphore>,
+    pub(crate) rate: Option<Arc<RateLimit>>,
+    /// One fetch per blob at a time in this agent; concurrent pulls wait and reuse it.
+    pub(crate) in_flight: Arc<Mutex<HashMap<String, Arc<Mutex<()>>>>>,
+    /// Blobs being fetched as parallel ranges now, in all pulls: they share the
+    /// connections, which decides how long their requests should be.
+    pub(crate) ranging: crate::presence::Presence,
+    /// Where the node's peer endpoint follows blobs still being written (`None`: the
+    /// node serves no peers).
+    pub(crate) arriving: Option<crate::arriving::Arriving>,
+}
 
 /// Everything one blob transfer needs, cheap to clone into a task.
 #[derive(Clone)]
@@ -82,26 +97,27 @@ pub(crate) struct Transfer {
 }
 
 impl Transfer {
-    /// The transfers of one pull of `image`, sharing `puller`'s node-wide limits.
+    /// The transfers of one pull of `image`, sharing the engine's node-wide limits.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         image: &str,
         reference: &Reference,
         registry: Arc<Registry>,
         store: &Store,
         progress: Arc<dyn Progress>,
-        puller: &Puller,
+        shared: &Shared,
+        options: &PullOptions,
         peers: Option<Arc<crate::peers::Peers>>,
     ) -> Self {
-        let options = &puller.options;
         Self {
             image: image.to_owned(),
             registry,
             store: store.clone(),
             progress,
-            connections: puller.connections.clone(),
-            rate: puller.rate.clone(),
-            in_flight: puller.in_flight.clone(),
-            ranging: puller.ranging.clone(),
+            connections: shared.connections.clone(),
+            rate: shared.rate.clone(),
+            in_flight: shared.in_flight.clone(),
+            ranging: shared.ranging.clone(),
             max_connections: options.max_connections.max(1),
             chunk_size: options.chunk_size.clamp(1 << 20, 64 << 20),
             attempts: options.attempts.max(1),
@@ -112,7 +128,7 @@ impl Transfer {
             stack: Arc::new(tokio::sync::watch::Sender::new(Stack::default())),
             peers,
             repository: reference.repository().to_owned(),
-            arriving: puller.arriving.clone(),
+            arriving: shared.arriving.clone(),
         }
     }
 

@@ -24,14 +24,7 @@ const PAGE: u64 = 4096;
 /// lease (and so the ingest they continue) has expired too.
 pub const STALE_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
 
-#[derive(Debug, thiserror::Error)]
-#[error("spool {}: {action}: {source}", path.display())]
-pub struct SpoolError {
-    pub path: PathBuf,
-    pub action: &'static str,
-    #[source]
-    pub source: std::io::Error,
-}
+pub use crate::error::SpoolError;
 
 /// The spool of one blob, locked by this process while open.
 #[derive(Debug)]

@@ -2,13 +2,19 @@
 //! They are only looked up here; `auth` decides when and where they are sent.
 
 use super::auth::Credential;
-use crate::error::PullError;
+/// A registry's credentials that cannot be read (never their content: they are secrets).
+#[derive(Debug, thiserror::Error)]
+#[error("credentials for {registry}: {detail}")]
+pub struct CredentialsError {
+    pub registry: String,
+    pub detail: String,
+}
 
 /// The first credentials for `registry` in the given docker config documents.
 pub(crate) fn secret_credentials(
     registry: &str,
     docker_configs: &[String],
-) -> Result<Option<Credential>, PullError> {
+) -> Result<Option<Credential>, CredentialsError> {
     for (i, document) in docker_configs.iter().enumerate() {
         let found = docker_credential::get_credential_from_reader(
             std::io::Cursor::new(document.as_bytes()),
@@ -24,7 +30,7 @@ pub(crate) fn secret_credentials(
             Err(docker_credential::CredentialRetrievalError::NoCredentialConfigured) => {}
             // The document's content never goes into the message: it holds secrets.
             Err(e) => {
-                return Err(PullError::Credentials {
+                return Err(CredentialsError {
                     registry: registry.to_owned(),
                     detail: format!("pull secret {} is not a usable docker config: {e}", i + 1),
                 });
@@ -47,11 +53,11 @@ fn docker_server(registry: &str) -> &str {
 pub(crate) fn credentials(
     registry: &str,
     docker_config: Option<&std::path::Path>,
-) -> Result<Credential, PullError> {
+) -> Result<Credential, CredentialsError> {
     let server = docker_server(registry);
     let found = match docker_config {
         Some(path) => {
-            let file = std::fs::File::open(path).map_err(|e| PullError::Credentials {
+            let file = std::fs::File::open(path).map_err(|e| CredentialsError {
                 registry: registry.to_owned(),
                 detail: format!("{}: {e}", path.display()),
             })?;
@@ -74,7 +80,7 @@ pub(crate) fn credentials(
         Err(docker_credential::CredentialRetrievalError::NoCredentialConfigured) => {
             Ok(Credential::Anonymous)
         }
-        Err(e) => Err(PullError::Credentials {
+        Err(e) => Err(CredentialsError {
             registry: registry.to_owned(),
             detail: e.to_string(),
         }),

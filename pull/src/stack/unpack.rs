@@ -26,6 +26,7 @@ use tokio::task::JoinHandle;
 
 use super::decompress::decompress;
 use super::unverified::{Account, Bounded};
+use crate::containerd::SNAPSHOT_REF_LABEL;
 use crate::containerd::{Descriptor, Mount};
 use crate::media::Compression;
 use rigger_layer::{Applied, ApplyError, ApplyTarget, adopt_lowers, apply_layer};
@@ -40,8 +41,6 @@ use rigger_runtime::{CallError, describe_status};
 const FEED_PIECE: usize = 256 << 10;
 const FEED_QUEUE: usize = 2;
 
-/// The label containerd puts on every unpacked layer snapshot.
-pub const SNAPSHOT_REF_LABEL: &str = "containerd.io/snapshot.ref";
 
 #[derive(Debug, thiserror::Error)]
 pub enum UnpackError {
