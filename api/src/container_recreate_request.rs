@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use rigger_proto::pod::{ContainerPort, Handler, IntOrName};
 
-use super::{Condition, FieldError, MAX_INT32, ObjectMeta, ValidateMeta as _, check_range};
+use crate::fields::{Condition, FieldError, MAX_INT32, ObjectMeta, ValidateMeta as _, check_range};
 
 pub const KIND: &str = "ContainerRecreateRequest";
 /// Kruise's labels naming the request's pod and node (set when the request is applied).
@@ -182,13 +182,13 @@ impl ContainerRecreateRequest {
     /// Refuse what cannot run, naming the field; Kruise's API group is accepted too.
     pub fn validate(&self) -> Result<(), FieldError> {
         // v1beta1's spec is v1alpha1's (its status adds conditions and a snapshot).
-        super::check_kruise_v1beta1_api_version(&self.api_version)?;
+        crate::fields::check_kruise_v1beta1_api_version(&self.api_version)?;
         self.metadata.validate()?;
         let spec = &self.spec;
         if spec.pod_name.is_empty() {
             return Err(FieldError::new("spec.podName", "is required"));
         }
-        super::check_dns_subdomain(&spec.pod_name)
+        crate::fields::check_dns_subdomain(&spec.pod_name)
             .map_err(|r| FieldError::new("spec.podName", r))?;
         if spec.containers.is_empty() {
             return Err(FieldError::new(
@@ -325,12 +325,12 @@ impl CrrContainer {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::KRUISE_API_VERSION;
+    use crate::fields::KRUISE_API_VERSION;
 
     #[test]
     fn kruise_v1beta1_applies_and_keeps_its_version() {
         let value = serde_json::json!({
-            "apiVersion": crate::KRUISE_API_VERSION_V1BETA1,
+            "apiVersion": crate::fields::KRUISE_API_VERSION_V1BETA1,
             "kind": KIND,
             "metadata": {"name": "restart-app", "namespace": "default"},
             "spec": {
@@ -342,7 +342,10 @@ mod tests {
         let crr: ContainerRecreateRequest = serde_json::from_value(value).unwrap();
         crr.validate().unwrap();
         let round = serde_json::to_value(&crr).unwrap();
-        assert_eq!(round["apiVersion"], crate::KRUISE_API_VERSION_V1BETA1);
+        assert_eq!(
+            round["apiVersion"],
+            crate::fields::KRUISE_API_VERSION_V1BETA1
+        );
     }
 
     fn crr(spec: &serde_json::Value) -> Result<ContainerRecreateRequest, String> {

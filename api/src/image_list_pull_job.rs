@@ -10,7 +10,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::image_pull_job::{ImagePullJob, ImagePullJobSpec};
-use super::{FieldError, ObjectMeta, ValidateMeta as _, short_hash};
+use crate::fields::{FieldError, ObjectMeta, ValidateMeta as _, short_hash};
 
 pub const KIND: &str = "ImageListPullJob";
 /// The label an ImageListPullJob's ImagePullJobs carry: the list's name. Set only by the
@@ -69,7 +69,7 @@ pub struct FailedImageStatus {
 impl ImageListPullJob {
     /// Refuse what cannot run, naming the field: the list, then each image's job.
     pub fn validate(&self) -> Result<(), FieldError> {
-        super::check_kruise_v1beta1_api_version(&self.api_version)?;
+        crate::fields::check_kruise_v1beta1_api_version(&self.api_version)?;
         self.metadata.validate()?;
         let images = &self.spec.images;
         if images.is_empty() {
@@ -232,7 +232,7 @@ mod tests {
 
     fn list(spec: &serde_json::Value) -> Result<ImageListPullJob, String> {
         let list: ImageListPullJob = serde_path_to_error::deserialize(serde_json::json!({
-            "apiVersion": crate::KRUISE_API_VERSION_V1BETA1, "kind": KIND,
+            "apiVersion": crate::fields::KRUISE_API_VERSION_V1BETA1, "kind": KIND,
             "metadata": {"name": "warm", "namespace": "default"}, "spec": spec,
         }))
         .map_err(|e| format!("{}: {}", e.path(), e.inner()))?;

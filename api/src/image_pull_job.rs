@@ -6,7 +6,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{
+use crate::fields::{
     FieldError, IntOrPercent, LabelSelector, MAX_INT32, ObjectMeta, ValidateMeta as _, check_range,
 };
 
@@ -81,7 +81,7 @@ struct NodeSelectorFields {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     match_labels: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    match_expressions: Vec<crate::LabelSelectorRequirement>,
+    match_expressions: Vec<crate::fields::LabelSelectorRequirement>,
 }
 
 impl From<NodeSelectorFields> for NodeSelector {
@@ -186,7 +186,7 @@ pub struct ImagePullJobStatus {
     pub message: String,
     /// `Complete` once the job finished (completionPolicy Always).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub conditions: Vec<super::Condition>,
+    pub conditions: Vec<crate::fields::Condition>,
     /// Each selected node's pull (Rigger's addition to Kruise's status).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<NodePullStatus>,
@@ -238,7 +238,7 @@ pub enum NodePullPhase {
 impl ImagePullJob {
     /// Refuse what cannot run, naming the field; Kruise's API group is accepted too.
     pub fn validate(&self) -> Result<(), FieldError> {
-        super::check_kruise_v1beta1_api_version(&self.api_version)?;
+        crate::fields::check_kruise_v1beta1_api_version(&self.api_version)?;
         if self.kind != KIND {
             return Err(FieldError::new(
                 "kind",
@@ -290,12 +290,12 @@ impl ImagePullJobSpec {
         }
         if let Some(sandbox) = &self.sandbox_config {
             for (key, value) in &sandbox.labels {
-                super::check_label(key, value).map_err(|why| {
+                crate::fields::check_label(key, value).map_err(|why| {
                     FieldError::new(format!("spec.sandboxConfig.labels[{key:?}]"), why)
                 })?;
             }
             for key in sandbox.annotations.keys() {
-                super::check_label_key(key).map_err(|why| {
+                crate::fields::check_label_key(key).map_err(|why| {
                     FieldError::new(format!("spec.sandboxConfig.annotations[{key:?}]"), why)
                 })?;
             }
@@ -347,7 +347,7 @@ impl ImagePullJobSpec {
             ));
         }
         for (i, secret) in self.pull_secrets.iter().enumerate() {
-            if super::check_dns_subdomain(secret).is_err() {
+            if crate::fields::check_dns_subdomain(secret).is_err() {
                 return Err(FieldError::new(
                     format!("spec.pullSecrets[{i}]"),
                     format!("{secret:?} is not a Secret name"),
@@ -380,7 +380,7 @@ impl ImagePullJobSpec {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::KRUISE_API_VERSION;
+    use crate::fields::KRUISE_API_VERSION;
 
     fn job(spec: &serde_json::Value) -> Result<ImagePullJob, String> {
         let value = serde_json::json!({
@@ -429,7 +429,7 @@ mod tests {
     #[test]
     fn kruise_v1beta1_applies_and_keeps_its_version() {
         let value = serde_json::json!({
-            "apiVersion": crate::KRUISE_API_VERSION_V1BETA1,
+            "apiVersion": crate::fields::KRUISE_API_VERSION_V1BETA1,
             "kind": "ImagePullJob",
             "metadata": {"name": "warm", "namespace": "default"},
             "spec": {
@@ -448,7 +448,10 @@ mod tests {
         assert!(job.spec.paused());
         assert_eq!(job.spec.parallelism_for(10), 0);
         let round = serde_json::to_value(&job).unwrap();
-        assert_eq!(round["apiVersion"], crate::KRUISE_API_VERSION_V1BETA1);
+        assert_eq!(
+            round["apiVersion"],
+            crate::fields::KRUISE_API_VERSION_V1BETA1
+        );
         assert_eq!(
             round["spec"]["sandboxConfig"]["labels"]["app.kubernetes.io/name"],
             "warm"

@@ -8,10 +8,10 @@ use serde::{Deserialize, Serialize};
 
 use rigger_proto::lifecycle::{Cooperator, FailurePolicy, NodeExec, Operation, Webhook};
 
-use super::{FieldError, LabelSelector, ObjectMeta, ValidateMeta as _, check_range};
+use crate::fields::{FieldError, LabelSelector, ObjectMeta, ValidateMeta as _, check_range};
 
 pub const KIND: &str = "LifecycleCooperator";
-pub use super::API_VERSION;
+pub use crate::fields::API_VERSION;
 const DEFAULT_TIMEOUT_SECONDS: u32 = 30;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]

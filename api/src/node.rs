@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ObjectMeta;
+use crate::fields::ObjectMeta;
 
 pub const KIND: &str = "Node";
 

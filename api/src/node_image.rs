@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::ObjectMeta;
 use super::image_pull_job::{ImagePullJob, NodePullPhase, NodePullStatus};
 use super::node::Node;
+use crate::fields::ObjectMeta;
 
 pub const KIND: &str = "NodeImage";
 
@@ -139,7 +139,7 @@ pub fn split_reference(reference: &str) -> (&str, &str) {
 /// each with the node's entry.
 pub fn node_image(node: &Node, pulls: &[(&ImagePullJob, &NodePullStatus)]) -> NodeImage {
     let mut out = NodeImage {
-        api_version: super::KRUISE_API_VERSION_V1BETA1.to_owned(),
+        api_version: crate::fields::KRUISE_API_VERSION_V1BETA1.to_owned(),
         kind: KIND.to_owned(),
         metadata: ObjectMeta {
             name: node.metadata.name.clone(),

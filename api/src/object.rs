@@ -7,14 +7,15 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::container_recreate_request::ContainerRecreateRequest;
+use crate::fields::{FieldError, ObjectMeta};
 use crate::image_list_pull_job::{self, ImageListPullJob};
 use crate::image_pull_job::ImagePullJob;
+use crate::kind::Kind;
 use crate::lifecycle_cooperator::LifecycleCooperator;
 use crate::pod::{LIFECYCLE_STATE_LABEL, Pod};
 use crate::secret::Secret;
 use crate::sidecar_set::SidecarSet;
 use crate::table::Columns;
-use crate::{FieldError, Kind, ObjectMeta};
 
 /// A kind users apply.
 pub trait Object:
@@ -67,7 +68,7 @@ pub fn admit<T: Object>(value: serde_json::Value) -> Result<(T, String), (String
         value
             .pointer("/metadata/namespace")
             .and_then(serde_json::Value::as_str)
-            .unwrap_or(crate::DEFAULT_NAMESPACE)
+            .unwrap_or(crate::fields::DEFAULT_NAMESPACE)
             .to_owned()
     });
     let mut object: T = serde_path_to_error::deserialize(value).map_err(|e| {
@@ -83,7 +84,7 @@ pub fn admit<T: Object>(value: serde_json::Value) -> Result<(T, String), (String
     let what = if T::KIND.namespaced() {
         let namespace = meta
             .namespace
-            .get_or_insert_with(|| crate::DEFAULT_NAMESPACE.to_owned())
+            .get_or_insert_with(|| crate::fields::DEFAULT_NAMESPACE.to_owned())
             .clone();
         what_of(Some(&namespace), &meta.name)
     } else {

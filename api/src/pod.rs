@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 pub use rigger_proto::pod::*;
 
-use super::{
+use crate::fields::{
     FieldError, MAX_INT32, ValidateMeta as _, ValidatePort as _, check_dns_subdomain, check_range,
 };
 

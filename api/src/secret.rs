@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
-use super::{FieldError, ObjectMeta, ValidateMeta as _};
+use crate::fields::{FieldError, ObjectMeta, ValidateMeta as _};
 
 pub const KIND: &str = "Secret";
 pub const API_VERSION: &str = "v1";

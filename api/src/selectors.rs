@@ -3,7 +3,7 @@
 //! `metadata.name=warm,metadata.namespace!=kube-system`. The controller applies them
 //! when it lists, so only what matches crosses the wire.
 
-use super::{
+use crate::fields::{
     LabelSelector, LabelSelectorRequirement, SelectorOperator, check_label_key, check_label_value,
 };
 

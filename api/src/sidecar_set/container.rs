@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use rigger_proto::pod::{Container, FieldRef};
 
-use crate::FieldError;
+use crate::fields::FieldError;
 
 /// The env var Kruise adds to every injected container (how an injected container is
 /// told from the pod's own).

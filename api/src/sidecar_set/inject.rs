@@ -12,7 +12,7 @@ use super::{
     PatchPolicy, PodInjectPolicy, SidecarContainer, SidecarSet, VERSION_ALT_ANNOTATION,
     VERSION_ANNOTATION, WORKING_ANNOTATION, container::label_or_annotation, slots_of,
 };
-use crate::FieldError;
+use crate::fields::FieldError;
 
 /// A SidecarSet as a new pod gets it: the version chosen for it (see
 /// `injected_revision`) and that version's revision name.

@@ -17,7 +17,9 @@ use rigger_proto::pod::{
     Container, EnvVar, EnvVarSource, FieldRef, LocalObjectReference, Pod, PodSpec, Volume,
 };
 
-use super::{FieldError, LabelSelector, ObjectMeta, ValidateMeta as _, check_range, short_hash};
+use crate::fields::{
+    FieldError, LabelSelector, ObjectMeta, ValidateMeta as _, check_range, short_hash,
+};
 
 /// The most revisions a SidecarSet keeps: its whole history is one stored record, which
 /// must stay well inside a store's value limit (etcd's is 1.5 MiB).
@@ -208,7 +210,7 @@ impl SidecarSet {
     /// Refuse what cannot run, naming the field; Kruise's API group (both versions) is
     /// accepted too.
     pub fn validate(&self) -> Result<(), FieldError> {
-        super::check_kruise_v1beta1_api_version(&self.api_version)?;
+        crate::fields::check_kruise_v1beta1_api_version(&self.api_version)?;
         self.metadata.validate()?;
         let spec = &self.spec;
         if let Some(limit) = spec.revision_history_limit {
@@ -220,7 +222,7 @@ impl SidecarSet {
             )?;
         }
         spec.update_strategy.validate()?;
-        let v1beta1 = self.api_version == super::KRUISE_API_VERSION_V1BETA1;
+        let v1beta1 = self.api_version == crate::fields::KRUISE_API_VERSION_V1BETA1;
         if spec.selector.is_empty() {
             return Err(FieldError::new(
                 "spec.selector",
@@ -290,7 +292,7 @@ impl SidecarSet {
                         "is kept by the sidecar injection and rollout themselves; a SidecarSet may not set it",
                     ));
                 }
-                super::check_label_key(key)
+                crate::fields::check_label_key(key)
                     .map_err(|reason| FieldError::new(at.clone(), reason))?;
                 if patch.patch_policy == Some(PatchPolicy::MergePatchJson)
                     && !serde_json::from_str::<serde_json::Value>(value)
@@ -428,7 +430,7 @@ fn containers_of(sidecars: &[SidecarContainer]) -> Vec<Container> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::KRUISE_API_VERSION;
+    use crate::fields::KRUISE_API_VERSION;
 
     #[test]
     fn ordered_keys_are_read_as_kruise_reads_them() {
@@ -577,7 +579,7 @@ mod tests {
             .unwrap();
             set.validate().map(|()| set).map_err(|e| e.to_string())
         };
-        let beta = crate::KRUISE_API_VERSION_V1BETA1;
+        let beta = crate::fields::KRUISE_API_VERSION_V1BETA1;
         let set = decode(
             beta,
             spec(serde_json::json!({"customVersion": "v2"})),

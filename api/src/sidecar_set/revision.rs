@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use rigger_proto::pod::Volume;
 
 use super::{InjectRevisionPolicy, PatchPodMetadata, SidecarContainer, SidecarSet};
-use crate::IntOrPercent;
+use crate::fields::IntOrPercent;
 
 /// The store kind a SidecarSet's history is kept under (one record per SidecarSet,
 /// named as it; internal, never applied).
@@ -219,7 +219,7 @@ mod tests {
 
     fn set(image: &str, extra: serde_json::Value) -> SidecarSet {
         let mut value = serde_json::json!({
-            "apiVersion": crate::KRUISE_API_VERSION_V1BETA1, "kind": "SidecarSet",
+            "apiVersion": crate::fields::KRUISE_API_VERSION_V1BETA1, "kind": "SidecarSet",
             "metadata": {"name": "mesh"},
             "spec": {"selector": {"matchLabels": {"app": "web"}},
                 "containers": [{"name": "proxy", "image": image}]},

@@ -3,7 +3,7 @@
 use serde_json::json;
 
 use super::*;
-use crate::KRUISE_API_VERSION_V1BETA1;
+use crate::fields::KRUISE_API_VERSION_V1BETA1;
 
 fn set(name: &str, spec: serde_json::Value) -> Versioned {
     let mut full = json!({"selector": {"matchLabels": {"app": "web"}}});
