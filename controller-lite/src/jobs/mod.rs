@@ -11,133 +11,29 @@
 //! again (after a reconnect) is recognized by the agent and never runs twice. Parallelism
 //! counts nodes in `Pulling` only — waiting, finished and lost nodes hold no slot.
 
-use rigger_proto::time::now_rfc3339;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
-use rigger_proto::v1::{ControllerMessage, TaskPhase, TaskStatus};
+use rigger_proto::v1::{ControllerMessage, TaskStatus};
 use tokio::sync::Notify;
 
 mod mirror;
 mod reconcile;
+mod report;
 mod sources;
+mod state;
 mod tasks;
 
-use self::reconcile::{cancel, reconcile_job};
+use self::reconcile::{Out, Pass, cancel, reconcile_job};
+use self::state::{JobState, Now};
 use crate::job_status;
-use crate::nodes::{NodeRegistry, NodeView};
+use crate::nodes::NodeRegistry;
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
-use rigger_api::image_pull_job::{
-    self, ImagePullJob, ImagePullJobStatus, NodePullPhase, NodePullStatus,
-};
+use rigger_api::image_pull_job::{self, ImagePullJob, ImagePullJobStatus, NodePullPhase};
 use rigger_api::secret::{self, Secret};
 
 const TICK: Duration = Duration::from_millis(500);
-/// Longest wait before a failed node's next attempt.
-const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
-
-#[derive(Debug)]
-struct JobState {
-    spec_revision: u64,
-    job: ImagePullJob,
-    status: ImagePullJobStatus,
-    /// Position of each node in `status.nodes`.
-    index: HashMap<String, usize>,
-    /// Per node: when the current attempt was sent / may be retried (not persisted).
-    sent_at: HashMap<String, Instant>,
-    retry_at: HashMap<String, Instant>,
-    /// Since when a node counted as lost; after `timeoutSeconds` its failure is final.
-    lost_at: HashMap<String, Instant>,
-    /// Nodes whose task must be sent again (they reconnected).
-    resend: Vec<String>,
-    /// Per node: the nodes whose bytes it found wrong, never planned as its sources for
-    /// this job again. Only the reporter's plan changes: a node's word about another is
-    /// not trusted for anyone else (not persisted: a controller restart forgets them).
-    suspects: HashMap<String, std::collections::BTreeSet<String>>,
-    /// Per node: the nodes its current task fetches from (not persisted).
-    planned: HashMap<String, Vec<String>>,
-    dirty: bool,
-    /// What of the status is in the store (which shards to write again).
-    written: job_status::Written,
-}
-
-impl JobState {
-    fn new(
-        spec_revision: u64,
-        job: ImagePullJob,
-        status: ImagePullJobStatus,
-        written: job_status::Written,
-    ) -> Self {
-        let mut state = Self {
-            spec_revision,
-            job,
-            status,
-            index: HashMap::new(),
-            sent_at: HashMap::new(),
-            retry_at: HashMap::new(),
-            lost_at: HashMap::new(),
-            resend: Vec::new(),
-            suspects: HashMap::new(),
-            planned: HashMap::new(),
-            dirty: false,
-            written,
-        };
-        state.reindex();
-        state
-    }
-
-    fn reindex(&mut self) {
-        self.index = self
-            .status
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.name.clone(), i))
-            .collect();
-    }
-
-    fn finished(&self) -> bool {
-        self.status.completion_time.is_some()
-    }
-
-    fn uid(&self) -> &str {
-        self.job
-            .metadata
-            .uid
-            .as_deref()
-            .unwrap_or(&self.job.metadata.name)
-    }
-
-    fn entry(&mut self, node: &str) -> Option<&mut NodePullStatus> {
-        let i = *self.index.get(node)?;
-        self.status.nodes.get_mut(i)
-    }
-
-    /// Whether the job wants `node`.
-    fn selects(&self, name: &str, node: &NodeView) -> bool {
-        let spec = &self.job.spec;
-        match (&spec.selector, &spec.pod_selector) {
-            (Some(selector), _) if !selector.names.is_empty() => {
-                selector.names.iter().any(|n| n == name)
-            }
-            // Credentials go only where an admin's labels point (crate::node_labels).
-            (Some(selector), _) if !spec.pull_secrets.is_empty() => {
-                selector.labels.matches(&node.admin_labels)
-            }
-            (Some(selector), _) => selector.labels.matches(&node.labels),
-            // As in Kruise, only pods in the job's namespace count.
-            (None, Some(pods)) => {
-                let job_namespace = (self.job.metadata.namespace.as_deref())
-                    .unwrap_or(rigger_api::DEFAULT_NAMESPACE);
-                node.pod_labels.iter().any(|(namespace, labels)| {
-                    **namespace == *job_namespace && pods.matches(labels)
-                })
-            }
-            (None, None) => true,
-        }
-    }
-}
 
 #[derive(Debug, Default)]
 struct EngineState {
@@ -340,13 +236,16 @@ impl JobEngine {
                         JobState::new(changed.revision, changed.job, status, written);
                     // Attempts in flight when the controller stopped: their timers
                     // restart now; agents report or get the task again on reconnect.
-                    for entry in &job_state.status.nodes {
+                    let now = Instant::now();
+                    let JobState { status, runs, .. } = &mut job_state;
+                    for entry in &status.nodes {
+                        let run = runs.entry(entry.name.clone()).or_default();
                         if entry.phase == NodePullPhase::Pulling {
-                            job_state.sent_at.insert(entry.name.clone(), Instant::now());
-                            job_state.resend.push(entry.name.clone());
+                            run.sent_at = Some(now);
+                            run.resend = true;
                         }
                         if entry.node_lost {
-                            job_state.lost_at.insert(entry.name.clone(), Instant::now());
+                            run.lost_at = Some(now);
                         }
                         if !entry.task_id.is_empty() {
                             state.tasks.insert(
@@ -451,16 +350,13 @@ impl JobEngine {
         let Some(grants) = self.inner.grants.as_deref() else {
             return Vec::new();
         };
-        let views = self
-            .inner
-            .nodes
-            .views(SystemTime::now(), self.inner.node_timeout);
+        let now = SystemTime::now();
+        let views = self.inner.nodes.views(now, self.inner.node_timeout);
         let secrets = HashMap::new();
         let credentials = tasks::TaskCredentials {
             secrets: &secrets,
             grants: Some(grants),
         };
-        let now = SystemTime::now();
         let state = self.lock();
         for job in state.jobs.values() {
             if !mirror::same_repository(&job.job.spec.image, repository, registry) {
@@ -469,25 +365,32 @@ impl JobEngine {
             let sources = sources::mirror_sources(
                 &job.status.nodes,
                 &views,
-                job.suspects.get(node),
-                &job.planned,
+                job.runs.get(node).map(|r| &r.suspects),
+                &job.runs,
                 node,
                 image,
             );
             if !sources.is_empty() {
-                let until = tasks::grants_until(&job.job, now, reconcile::deadline(job));
-                return tasks::peer_sources(&job.job, node, &credentials, &sources, until);
+                let window = tasks::grant_window(&job.job, now, reconcile::deadline(job));
+                return tasks::peer_sources(&job.job, node, &credentials, &sources, window);
             }
         }
         Vec::new()
     }
 
     fn reconcile(&self, secrets: &HashMap<ObjectKey, Result<String, String>>) -> Effects {
-        let views = self
-            .inner
-            .nodes
-            .views(SystemTime::now(), self.inner.node_timeout);
-        let starting = self.inner.started.elapsed() < self.inner.node_timeout;
+        self.reconcile_at(secrets, Now::read())
+    }
+
+    /// One pass over every job at `now`: the clock is read by the caller only.
+    fn reconcile_at(
+        &self,
+        secrets: &HashMap<ObjectKey, Result<String, String>>,
+        now: Now,
+    ) -> Effects {
+        let views = self.inner.nodes.views(now.wall, self.inner.node_timeout);
+        let starting =
+            now.mono.saturating_duration_since(self.inner.started) < self.inner.node_timeout;
         let mut effects = Effects::default();
         let credentials = tasks::TaskCredentials {
             secrets,
@@ -495,16 +398,19 @@ impl JobEngine {
         };
         let mut state = self.lock();
         let EngineState { jobs, tasks } = &mut *state;
+        let mut out = Out {
+            tasks,
+            effects: &mut effects,
+        };
         for (key, job) in jobs.iter_mut() {
-            reconcile_job(
+            let pass = Pass {
                 key,
-                job,
-                &views,
-                &credentials,
+                views: &views,
+                credentials: &credentials,
                 starting,
-                tasks,
-                &mut effects,
-            );
+                now,
+            };
+            reconcile_job(&pass, job, &mut out);
         }
         effects
     }
@@ -568,7 +474,7 @@ impl JobEngine {
             let EngineState { jobs, .. } = &mut *state;
             for job in jobs.values_mut() {
                 if job.index.contains_key(node) && !job.finished() {
-                    job.resend.push(node.to_owned());
+                    job.run(node).resend = true;
                 }
             }
         }
@@ -592,99 +498,9 @@ impl JobEngine {
         let Some(job) = jobs.get_mut(key) else {
             return;
         };
-        if job.finished() {
-            return;
-        }
-        let backoff_limit = job.job.spec.pull_policy.backoff_limit;
-        if job
-            .entry(node)
-            .is_none_or(|entry| entry.task_id != status.id)
-        {
-            return; // An earlier attempt (or a node the job no longer has).
-        }
-        // Bounded by the node's own sources: an agent cannot grow this with names, and
-        // its word changes its own plan only.
-        let own_sources = job.planned.get(node).cloned().unwrap_or_default();
-        for suspect in &status.suspected_peers {
-            if own_sources.contains(suspect)
-                && job
-                    .suspects
-                    .entry(node.to_owned())
-                    .or_default()
-                    .insert(suspect.clone())
-            {
-                tracing::warn!(job = %key, %node, peer = %suspect, "a peer sent bytes that did not match their digest; no longer planned as a source of this node for this job");
-            }
-        }
-        let Some(entry) = job.entry(node) else {
-            return;
-        };
-        // A digest is what the node says it resolved: it orders whom the others ask,
-        // never what they take, and only a digest's form is accepted.
-        let status_digest = if rigger_proto::peer_grant::is_sha256_digest(&status.image_digest) {
-            status.image_digest.clone()
-        } else {
-            String::new()
-        };
-        let phase = TaskPhase::try_from(status.phase).unwrap_or(TaskPhase::Unspecified);
-        let phase_before = entry.phase;
-        entry.bytes_done = status.bytes_done;
-        entry.bytes_total = status.bytes_total;
-        let mut resent = false;
-        let mut resolved = false;
-        match phase {
-            TaskPhase::Accepted | TaskPhase::Running => {
-                if entry.phase != NodePullPhase::Pulling {
-                    // The node kept pulling while it was away.
-                    entry.phase = NodePullPhase::Pulling;
-                    entry.node_lost = false;
-                    entry.message.clear();
-                }
-                // Resolved while pulling: the node serves the image's blobs as they arrive
-                // (nodes waiting for a source may start now).
-                if !status_digest.is_empty() && entry.image_digest != status_digest {
-                    entry.image_digest = status_digest;
-                    resolved = true;
-                }
-                resent = true;
-            }
-            TaskPhase::Succeeded => {
-                entry.phase = NodePullPhase::Succeeded;
-                entry.node_lost = false;
-                entry.message = status.message;
-                entry.image_digest = status_digest;
-                entry.completion_time = Some(now_rfc3339());
-            }
-            TaskPhase::Failed => {
-                entry.node_lost = false;
-                entry.completion_time = Some(now_rfc3339());
-                if entry.attempts <= backoff_limit {
-                    entry.phase = NodePullPhase::Waiting;
-                    entry.message =
-                        format!("attempt {} failed: {}", entry.attempts, status.message);
-                    let delay =
-                        Duration::from_secs(1 << entry.attempts.min(6)).min(MAX_RETRY_DELAY);
-                    job.retry_at.insert(node.to_owned(), Instant::now() + delay);
-                } else {
-                    entry.phase = NodePullPhase::Failed;
-                    entry.message = status.message;
-                }
-            }
-            TaskPhase::Unspecified => return,
-        }
-        if resent && status.phase == TaskPhase::Running as i32 {
-            // Running on the agent: nothing to send again.
-            job.resend.retain(|n| n != node);
-        }
-        // The summary agrees with the nodes at every read, not only after the next pass
-        // (recounted only when the node changed phase: progress reports are the many).
-        if job.entry(node).is_some_and(|e| e.phase != phase_before) {
-            reconcile::count_nodes(&mut job.status);
-            job.status.message = reconcile::progress_message(&job.status);
-        }
-        job.dirty = true;
+        let wake = report::fold(key, job, node, status, Now::read());
         drop(state);
-        if resolved || (phase != TaskPhase::Running && phase != TaskPhase::Accepted) {
+        if wake {
             self.wake();
         }
     }
@@ -695,6 +511,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::reconcile::tests::{job, key};
     use super::*;
+    use rigger_proto::v1::TaskPhase;
 
     /// A job stored past today's bounds (written around the API, or by an older
     /// version) never reaches the engine; the valid one beside it does.
@@ -767,10 +584,16 @@ mod tests {
         assert_eq!(first.phase, NodePullPhase::Waiting);
         assert_eq!(first.message, "attempt 1 failed: registry said no");
         assert!(
-            engine.lock().jobs[&key()].retry_at.contains_key("n1"),
+            engine.lock().jobs[&key()].runs["n1"].retry_at.is_some(),
             "retried after a delay"
         );
-        engine.lock().jobs.get_mut(&key()).unwrap().retry_at.clear();
+        engine
+            .lock()
+            .jobs
+            .get_mut(&key())
+            .unwrap()
+            .run("n1")
+            .retry_at = None;
 
         engine.reconcile(&HashMap::new());
         assert_eq!(entry(&engine).task_id, "u1/n1/2", "a retry is a new task");

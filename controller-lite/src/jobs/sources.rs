@@ -19,6 +19,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use rigger_api::image_pull_job::{NodePullPhase, NodePullStatus};
 
+use super::state::NodeRun;
 use crate::nodes::NodeView;
 
 /// Peers one task names at most (each one more the pull can fall back on before the
@@ -93,8 +94,8 @@ pub(super) fn just_sent(
 const MAX_FANOUT: usize = 8;
 
 /// The sources of the `turn`-th pull dispatched on `node`: up to [`MAX_SOURCES`] of
-/// `holders` other than the node itself, those fetching from it (`planned`: each
-/// node's sources as its task names them) and those it suspects itself (`suspected`:
+/// `holders` other than the node itself, those fetching from it (`runs`: each
+/// node's planned sources, as its task names them) and those it suspects itself (`suspected`:
 /// its own reports only). Nodes holding the whole image come first,
 /// starting at a different one each turn so the fleet's pulls spread over them; then
 /// nodes still pulling, in `holders`' order (the ones that have resolved the image
@@ -104,14 +105,14 @@ pub(super) fn sources_for(
     holders: &[Source],
     node: &str,
     turn: usize,
-    planned: &HashMap<String, Vec<String>>,
+    runs: &HashMap<String, NodeRun>,
     suspected: Option<&BTreeSet<String>>,
 ) -> Vec<Source> {
     let fetches_from_node = |source: &Source| {
         !source.complete
-            && planned
+            && runs
                 .get(&source.node)
-                .is_some_and(|theirs| theirs.iter().any(|n| n == node))
+                .is_some_and(|theirs| theirs.planned.iter().any(|n| n == node))
     };
     let others = holders.iter().filter(|s| {
         s.node != node
@@ -123,10 +124,9 @@ pub(super) fn sources_for(
         .map(|i| complete[(turn + i) % complete.len()].clone())
         .collect();
     let fanout = |source: &Source| {
-        planned
-            .iter()
+        runs.iter()
             .filter(|(planned_node, theirs)| {
-                planned_node.as_str() != node && theirs.first() == Some(&source.node)
+                planned_node.as_str() != node && theirs.planned.first() == Some(&source.node)
             })
             .count()
     };
@@ -147,7 +147,7 @@ pub(super) fn mirror_sources(
     entries: &[NodePullStatus],
     views: &HashMap<String, NodeView>,
     suspected: Option<&BTreeSet<String>>,
-    planned: &HashMap<String, Vec<String>>,
+    runs: &HashMap<String, NodeRun>,
     node: &str,
     image: &str,
 ) -> Vec<Source> {
@@ -158,7 +158,7 @@ pub(super) fn mirror_sources(
         .into_iter()
         .filter(|s| s.reported_digest == image)
         .collect();
-    sources_for(&holders, node, 0, planned, suspected)
+    sources_for(&holders, node, 0, runs, suspected)
 }
 
 /// How the job's waiting nodes go out, given who holds the image.
@@ -298,7 +298,7 @@ mod tests {
             .iter()
             .map(|n| source(n, true))
             .collect();
-        let none = HashMap::new();
+        let none: HashMap<String, NodeRun> = HashMap::new();
         let plan = |node, turn| names(sources_for(&holders, node, turn, &none, None));
         assert_eq!(plan("x", 0), ["a", "b", "c"]);
         assert_eq!(plan("x", 1), ["b", "c", "d"]);
@@ -313,7 +313,7 @@ mod tests {
             .iter()
             .map(|n| source(n, true))
             .collect();
-        let none = HashMap::new();
+        let none: HashMap<String, NodeRun> = HashMap::new();
         // x (a liar, or a node let down) suspects every holder but d.
         let suspects = BTreeSet::from(["a".to_owned(), "b".to_owned(), "c".to_owned()]);
         assert_eq!(
@@ -347,14 +347,20 @@ mod tests {
             source("f1", false),
             source("done", true),
         ];
-        let none = HashMap::new();
+        let none: HashMap<String, NodeRun> = HashMap::new();
         assert_eq!(
             names(sources_for(&holders, "x", 1, &none, None)),
             ["done", "seed", "f1"]
         );
         // f1 fetches from x (x's earlier attempt): x may not fetch from f1 while f1 is
         // still pulling; once f1 holds the whole image, it may.
-        let planned = HashMap::from([("f1".to_owned(), vec!["x".to_owned()])]);
+        let planned = HashMap::from([(
+            "f1".to_owned(),
+            NodeRun {
+                planned: vec!["x".to_owned()],
+                ..NodeRun::default()
+            },
+        )]);
         assert_eq!(
             names(sources_for(&holders, "x", 0, &planned, None)),
             ["done", "seed"]
@@ -425,14 +431,20 @@ mod tests {
             .iter()
             .map(|n| source(n, false))
             .collect();
-        let mut planned = HashMap::new();
+        let mut planned: HashMap<String, NodeRun> = HashMap::new();
         // The seed serves the first MAX_FANOUT nodes first; the rest of the holders
         // are their fallbacks.
         for i in 0..MAX_FANOUT {
             let node = format!("n{i}");
             let sources = sources_for(&holders, &node, i, &planned, None);
             assert_eq!(names(sources.clone()), ["seed", "f1", "f2"], "{node}");
-            planned.insert(node, names(sources));
+            planned.insert(
+                node,
+                NodeRun {
+                    planned: names(sources),
+                    ..NodeRun::default()
+                },
+            );
         }
         // Then the next holder with room.
         let next = sources_for(&holders, "late", 0, &planned, None);
@@ -463,7 +475,7 @@ mod tests {
             entry("a", NodePullPhase::Succeeded, "sha256:1"),
             entry("b", NodePullPhase::Waiting, ""),
         ];
-        let none = HashMap::new();
+        let none: HashMap<String, NodeRun> = HashMap::new();
         let for_node =
             |node, image| names(mirror_sources(&entries, &views, None, &none, node, image));
         assert_eq!(for_node("b", "sha256:1"), ["a"]);

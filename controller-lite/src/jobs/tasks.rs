@@ -22,18 +22,29 @@ pub(super) struct TaskCredentials<'a> {
 /// How long a peer grant lasts past the pull's own time limit.
 const GRANT_MARGIN: Duration = Duration::from_secs(300);
 
-/// When the job's grants end: the pull's time limit and a margin from now, never past
-/// the job's deadline (and never past the grants' own maximum, which `sign` keeps).
-pub(super) fn grants_until(
+/// When the grants a pass signs for a job are valid.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct GrantWindow {
+    /// Now: when they are issued.
+    pub(super) from: SystemTime,
+    pub(super) until: SystemTime,
+}
+
+/// The job's grants from `now`: the pull's time limit and a margin, never past the
+/// job's deadline (and never past the grants' own maximum, which `sign` keeps).
+pub(super) fn grant_window(
     job: &ImagePullJob,
     now: SystemTime,
     deadline: Option<SystemTime>,
-) -> SystemTime {
+) -> GrantWindow {
     let lifetime = Duration::from_secs(job.spec.pull_policy.timeout_seconds)
         .saturating_add(GRANT_MARGIN)
         .min(rigger_proto::peer_grant::MAX_GRANT_LIFETIME);
     let until = now.checked_add(lifetime).unwrap_or(now);
-    deadline.map_or(until, |deadline| until.min(deadline))
+    GrantWindow {
+        from: now,
+        until: deadline.map_or(until, |deadline| until.min(deadline)),
+    }
 }
 
 pub(super) fn pull_task(
@@ -43,7 +54,7 @@ pub(super) fn pull_task(
     task_id: &str,
     credentials: &TaskCredentials<'_>,
     sources: &[Source],
-    grants_until: SystemTime,
+    window: GrantWindow,
 ) -> Result<ControllerMessage, String> {
     let mut docker_configs = Vec::new();
     for name in &job.spec.pull_secrets {
@@ -66,27 +77,26 @@ pub(super) fn pull_task(
                 timeout_seconds: u32::try_from(job.spec.pull_policy.timeout_seconds)
                     .unwrap_or(u32::MAX),
                 docker_configs,
-                peers: peer_sources(job, node, credentials, sources, grants_until),
+                peers: peer_sources(job, node, credentials, sources, window),
             })),
         })),
     })
 }
 
 /// The task's peers, each with a grant for `node` to fetch from it the image the job
-/// names (as that peer resolved it itself), until `until`. A grant that cannot be signed
+/// names (as that peer resolved it itself), for `window`. A grant that cannot be signed
 /// leaves its peer out (the registry remains).
 pub(super) fn peer_sources(
     job: &ImagePullJob,
     node: &str,
     credentials: &TaskCredentials<'_>,
     sources: &[Source],
-    until: SystemTime,
+    window: GrantWindow,
 ) -> Vec<rigger_proto::v1::PeerSource> {
     let Some(signer) = credentials.grants else {
         return Vec::new();
     };
-    let now = SystemTime::now();
-    if until <= now {
+    if window.until <= window.from {
         return Vec::new();
     }
     sources
@@ -97,7 +107,7 @@ pub(super) fn peer_sources(
                 server: &source.node,
                 image: &job.spec.image,
             };
-            match signer.sign(what, now, until) {
+            match signer.sign(what, window.from, window.until) {
                 Ok(grant) => Some(rigger_proto::v1::PeerSource {
                     node: source.node.clone(),
                     address: source.address.clone(),

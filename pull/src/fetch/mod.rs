@@ -23,8 +23,8 @@ use self::limit::RateLimit;
 use self::spool::SpoolError;
 use oci_client::Reference;
 
-use crate::options::PullOptions;
 use crate::error::PullError;
+use crate::options::PullOptions;
 use crate::progress::{Progress, ProgressEvent};
 use crate::reference::distribution_source;
 use crate::registry::Registry;

@@ -41,7 +41,6 @@ use rigger_runtime::{CallError, describe_status};
 const FEED_PIECE: usize = 256 << 10;
 const FEED_QUEUE: usize = 2;
 
-
 #[derive(Debug, thiserror::Error)]
 pub enum UnpackError {
     #[error(transparent)]

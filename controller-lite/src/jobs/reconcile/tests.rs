@@ -1,0 +1,462 @@
+#![allow(clippy::unwrap_used)]
+use super::*;
+use rigger_api::image_pull_job::ImagePullJob;
+use rigger_api::secret;
+use std::collections::BTreeMap;
+
+use crate::job_status;
+use rigger_proto::time::rfc3339;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+pub(crate) fn job(spec: &serde_json::Value) -> JobState {
+    let job: ImagePullJob = serde_json::from_value(serde_json::json!({
+        "apiVersion": "rigger.dev/v1alpha1",
+        "kind": "ImagePullJob",
+        "metadata": {"name": "j", "namespace": "default", "uid": "u1"},
+        "spec": spec,
+    }))
+    .unwrap();
+    job.validate().unwrap();
+    JobState::new(
+        1,
+        job,
+        ImagePullJobStatus::default(),
+        job_status::Written::default(),
+    )
+}
+
+fn nodes(names: &[&str]) -> HashMap<String, NodeView> {
+    names
+        .iter()
+        .map(|n| {
+            (
+                (*n).to_owned(),
+                NodeView {
+                    labels: [("zone".to_owned(), "a".to_owned())].into(),
+                    admin_labels: BTreeMap::new(),
+                    not_ready: None,
+                    pod_labels: Vec::new(),
+                    images: None,
+                    peer_address: None,
+                },
+            )
+        })
+        .collect()
+}
+
+fn no_credentials() -> TaskCredentials<'static> {
+    static NONE: std::sync::LazyLock<HashMap<ObjectKey, Result<String, String>>> =
+        std::sync::LazyLock::new(HashMap::new);
+    TaskCredentials {
+        secrets: &NONE,
+        grants: None,
+    }
+}
+
+pub(crate) fn key() -> ObjectKey {
+    ObjectKey::new("ImagePullJob", "default", "j")
+}
+
+/// `seconds` into a test: a wall time and a monotonic instant that move together (the
+/// instant from one origin the tests share; only its offsets matter).
+pub(crate) fn at(seconds: u64) -> Now {
+    static ORIGIN: std::sync::LazyLock<std::time::Instant> =
+        std::sync::LazyLock::new(std::time::Instant::now);
+    Now {
+        wall: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + seconds),
+        mono: *ORIGIN + Duration::from_secs(seconds),
+    }
+}
+
+/// One pass at `now` with `credentials`; its effects.
+fn pass_with(
+    job: &mut JobState,
+    views: &HashMap<String, NodeView>,
+    credentials: &TaskCredentials<'_>,
+    now: Now,
+) -> Effects {
+    let mut effects = Effects::default();
+    let mut tasks = HashMap::new();
+    let key = key();
+    let pass = Pass {
+        key: &key,
+        views,
+        credentials,
+        starting: false,
+        now,
+    };
+    reconcile_job(
+        &pass,
+        job,
+        &mut Out {
+            tasks: &mut tasks,
+            effects: &mut effects,
+        },
+    );
+    effects
+}
+
+/// One pass at `now`; its effects.
+fn pass_at(job: &mut JobState, views: &HashMap<String, NodeView>, now: Now) -> Effects {
+    pass_with(job, views, &no_credentials(), now)
+}
+
+/// The nodes `effects` send a task (or, with `cancels`, a cancellation).
+fn sent_to(effects: &Effects, cancels: bool) -> Vec<String> {
+    effects
+        .messages
+        .iter()
+        .filter(|(_, m)| match m.message {
+            Some(controller_message::Message::Task(_)) => !cancels,
+            Some(controller_message::Message::CancelTask(_)) => cancels,
+            _ => false,
+        })
+        .map(|(node, _)| node.clone())
+        .collect()
+}
+
+/// One pass at the start of the test's time; the nodes that were sent a task.
+fn step(job: &mut JobState, views: &HashMap<String, NodeView>) -> Vec<String> {
+    sent_to(&pass_at(job, views, at(0)), false)
+}
+
+/// The nodes a job of `spec` takes, after one reconcile over `views`.
+fn selected(spec: &serde_json::Value, views: &HashMap<String, NodeView>) -> Vec<String> {
+    let mut j = job(spec);
+    step(&mut j, views);
+    j.status.nodes.iter().map(|n| n.name.clone()).collect()
+}
+
+fn finish(job: &mut JobState, node: &str, phase: NodePullPhase) {
+    let entry = job.entry(node).unwrap();
+    entry.phase = phase;
+}
+
+#[test]
+fn parallelism_counts_only_nodes_pulling() {
+    let views = nodes(&["n1", "n2", "n3", "n4", "n5"]);
+    let mut j = job(&serde_json::json!({"image": "r.example/a:1", "parallelism": "40%"}));
+    assert_eq!(
+        step(&mut j, &views),
+        ["n1", "n2"],
+        "40% of 5 rounds up to 2"
+    );
+    assert_eq!(
+        step(&mut j, &views),
+        Vec::<String>::new(),
+        "both slots are taken"
+    );
+    finish(&mut j, "n1", NodePullPhase::Succeeded);
+    finish(&mut j, "n2", NodePullPhase::Failed);
+    // Finished nodes, failed or not, hold no slot (kruise #1271).
+    assert_eq!(step(&mut j, &views), ["n3", "n4"]);
+    assert_eq!(j.status.active, 2);
+    assert_eq!((j.status.succeeded, j.status.failed), (1, 1));
+    assert_eq!(j.status.failed_nodes, ["n2"]);
+    assert!(j.status.completion_time.is_none());
+}
+
+#[test]
+fn parallelism_zero_pauses_until_raised() {
+    let views = nodes(&["n1", "n2"]);
+    let mut j = job(&serde_json::json!({"image": "r.example/a:1", "parallelism": 0}));
+    assert_eq!(step(&mut j, &views), Vec::<String>::new());
+    assert_eq!(step(&mut j, &views), Vec::<String>::new());
+    assert_eq!(j.status.desired, 2, "the nodes are chosen, none started");
+    assert!(
+        j.status.message.starts_with("paused"),
+        "{}",
+        j.status.message
+    );
+    assert!(j.status.completion_time.is_none());
+    j.job.spec.parallelism = Some(rigger_api::IntOrPercent::Int(1));
+    assert_eq!(step(&mut j, &views), ["n1"]);
+    assert!(!j.status.message.starts_with("paused"));
+}
+
+#[test]
+fn always_fixes_the_nodes_at_the_start_and_never_takes_newcomers() {
+    let mut always = job(&serde_json::json!({"image": "r.example/a:1", "parallelism": 10}));
+    step(&mut always, &nodes(&["n1"]));
+    step(&mut always, &nodes(&["n1", "n2"]));
+    assert_eq!(always.status.desired, 1);
+    finish(&mut always, "n1", NodePullPhase::Succeeded);
+    step(&mut always, &nodes(&["n1", "n2"]));
+    assert!(always.status.completion_time.is_some());
+    assert_eq!(always.status.conditions[0].kind, "Complete");
+
+    let mut never = job(&serde_json::json!({
+        "image": "r.example/a:1", "parallelism": 10, "completionPolicy": {"type": "Never"}
+    }));
+    step(&mut never, &nodes(&["n1"]));
+    finish(&mut never, "n1", NodePullPhase::Succeeded);
+    assert_eq!(
+        step(&mut never, &nodes(&["n1", "n2"])),
+        ["n2"],
+        "a node that joins later pulls"
+    );
+    finish(&mut never, "n2", NodePullPhase::Succeeded);
+    step(&mut never, &nodes(&["n1", "n2"]));
+    assert!(
+        never.status.completion_time.is_none(),
+        "Never jobs never complete"
+    );
+}
+
+#[test]
+fn never_pulls_again_when_the_image_left_the_node() {
+    let mut never = job(&serde_json::json!({
+        "image": "r.example/a:1", "parallelism": 10, "completionPolicy": {"type": "Never"}
+    }));
+    let mut views = nodes(&["n1"]);
+    step(&mut never, &views);
+    let done = at(0).wall;
+    let entry = never.entry("n1").unwrap();
+    entry.phase = NodePullPhase::Succeeded;
+    entry.completion_time = Some(rfc3339(done));
+    let names = |list: &[&str]| Arc::new(list.iter().map(|n| Arc::<str>::from(*n)).collect());
+    // An inventory from before the pull proves nothing; one after it with the image is fine.
+    views.get_mut("n1").unwrap().images = Some((done - Duration::from_secs(5), names(&[])));
+    assert!(step(&mut never, &views).is_empty());
+    views.get_mut("n1").unwrap().images = Some((at(60).wall, names(&["r.example/a:1"])));
+    assert!(step(&mut never, &views).is_empty());
+    // The image is gone: pulled again.
+    views.get_mut("n1").unwrap().images = Some((at(70).wall, names(&["r.example/b:1"])));
+    assert_eq!(step(&mut never, &views), ["n1"]);
+}
+
+#[test]
+fn selectors_pick_nodes_by_label_name_or_pods() {
+    let mut views = nodes(&["n1", "n2", "n3"]);
+    views
+        .get_mut("n2")
+        .unwrap()
+        .labels
+        .insert("disk".to_owned(), "ssd".to_owned());
+    let web = || [("app".to_owned(), "web".to_owned())].into();
+    views
+        .get_mut("n3")
+        .unwrap()
+        .pod_labels
+        .push(("default".into(), web()));
+    // The same labels in another namespace choose nothing (Kruise's podSelector
+    // looks in the job's namespace only).
+    views
+        .get_mut("n1")
+        .unwrap()
+        .pod_labels
+        .push(("other".into(), web()));
+    let by_label = |spec| selected(&spec, &views);
+    assert_eq!(
+        by_label(
+            serde_json::json!({"image": "r.example/a:1", "selector": {"matchLabels": {"disk": "ssd"}}})
+        ),
+        ["n2"]
+    );
+    assert_eq!(
+        by_label(
+            serde_json::json!({"image": "r.example/a:1", "selector": {"names": ["n1", "gone"]}})
+        ),
+        ["gone", "n1"],
+        "named nodes are part of the job even when unknown"
+    );
+    assert_eq!(
+        by_label(
+            serde_json::json!({"image": "r.example/a:1", "podSelector": {"matchLabels": {"app": "web"}}})
+        ),
+        ["n3"]
+    );
+}
+
+#[test]
+fn a_job_with_pull_secrets_believes_only_the_labels_an_admin_set() {
+    let mut views = nodes(&["claims", "chosen"]);
+    let team = || [("team".to_owned(), "payments".to_owned())].into();
+    // "claims" reports the label itself; "chosen" was labelled by an admin.
+    views.get_mut("claims").unwrap().labels = team();
+    let chosen = views.get_mut("chosen").unwrap();
+    chosen.labels = team();
+    chosen.admin_labels = team();
+    let selected = |spec| selected(&spec, &views);
+    let selector = serde_json::json!({"matchLabels": {"team": "payments"}});
+    assert_eq!(
+        selected(serde_json::json!({"image": "r.example/a:1", "selector": selector})),
+        ["chosen", "claims"]
+    );
+    assert_eq!(
+        selected(
+            serde_json::json!({"image": "r.example/a:1", "selector": selector, "pullSecrets": ["creds"]})
+        ),
+        ["chosen"]
+    );
+}
+
+#[test]
+fn an_unknown_node_fails_as_lost_and_the_job_waits_for_it() {
+    let mut j =
+        job(&serde_json::json!({"image": "r.example/a:1", "selector": {"names": ["gone"]}}));
+    step(&mut j, &HashMap::new());
+    let entry = &j.status.nodes[0];
+    assert_eq!(entry.phase, NodePullPhase::Failed);
+    assert!(entry.node_lost);
+    assert_eq!(entry.message, "node not ready: node is not registered");
+    assert!(
+        j.status.completion_time.is_none(),
+        "a lost node may come back"
+    );
+    // It registers: the work resumes at once.
+    assert_eq!(step(&mut j, &nodes(&["gone"])), ["gone"]);
+    assert_eq!(j.status.nodes[0].phase, NodePullPhase::Pulling);
+    assert!(!j.status.nodes[0].node_lost);
+}
+
+#[test]
+fn the_deadline_fails_what_is_open_and_the_ttl_deletes_the_job() {
+    let mut j = job(&serde_json::json!({
+        "image": "r.example/a:1", "parallelism": 1,
+        "completionPolicy": {"type": "Always", "activeDeadlineSeconds": 60, "ttlSecondsAfterFinished": 30}
+    }));
+    let views = nodes(&["n1", "n2"]);
+    assert_eq!(step(&mut j, &views), ["n1"]);
+    // A minute and a second later (the job started at 0).
+    let effects = pass_at(&mut j, &views, at(61));
+    assert_eq!(
+        sent_to(&effects, true),
+        ["n1"],
+        "the pull in flight is cancelled"
+    );
+    assert_eq!(j.status.failed, 2);
+    assert_eq!(j.status.conditions[0].reason, "DeadlineExceeded");
+    assert!(
+        j.status
+            .message
+            .starts_with("activeDeadlineSeconds exceeded"),
+        "{}",
+        j.status.message
+    );
+
+    // Finished at 61 with a TTL of 30 s: kept at 90, gone at 91.
+    assert!(pass_at(&mut j, &views, at(90)).expired.is_empty());
+    let effects = pass_at(&mut j, &views, at(91));
+    assert_eq!(effects.expired, [key()]);
+}
+
+#[test]
+fn a_missing_pull_secret_fails_the_node_with_the_reason() {
+    let mut j = job(&serde_json::json!({"image": "r.example/a:1", "pullSecrets": ["creds"]}));
+    let secrets: HashMap<ObjectKey, Result<String, String>> = [(
+        ObjectKey::new(secret::KIND, "default", "creds"),
+        Err("does not exist".to_owned()),
+    )]
+    .into();
+    let credentials = TaskCredentials {
+        secrets: &secrets,
+        grants: None,
+    };
+    let effects = pass_with(&mut j, &nodes(&["n1"]), &credentials, at(0));
+    assert!(effects.messages.is_empty());
+    assert_eq!(
+        j.status.nodes[0].message,
+        "pull secret \"creds\" does not exist"
+    );
+    assert!(j.status.completion_time.is_some());
+}
+
+fn failed(id: &str) -> rigger_proto::v1::TaskStatus {
+    rigger_proto::v1::TaskStatus {
+        id: id.to_owned(),
+        phase: rigger_proto::v1::TaskPhase::Failed.into(),
+        message: "registry said no".to_owned(),
+        ..rigger_proto::v1::TaskStatus::default()
+    }
+}
+
+#[test]
+fn a_failed_attempt_waits_out_its_back_off_on_the_clock() {
+    let mut j =
+        job(&serde_json::json!({"image": "r.example/a:1", "pullPolicy": {"backoffLimit": 2}}));
+    let views = nodes(&["n1"]);
+    assert_eq!(sent_to(&pass_at(&mut j, &views, at(0)), false), ["n1"]);
+    assert!(super::super::report::fold(
+        &key(),
+        &mut j,
+        "n1",
+        failed("u1/n1/1"),
+        at(10)
+    ));
+    // After the first failure, 2 s.
+    assert!(sent_to(&pass_at(&mut j, &views, at(11)), false).is_empty());
+    assert_eq!(sent_to(&pass_at(&mut j, &views, at(12)), false), ["n1"]);
+    assert_eq!(j.status.nodes[0].task_id, "u1/n1/2");
+    // After the second, 4 s.
+    super::super::report::fold(&key(), &mut j, "n1", failed("u1/n1/2"), at(20));
+    assert!(sent_to(&pass_at(&mut j, &views, at(23)), false).is_empty());
+    assert_eq!(sent_to(&pass_at(&mut j, &views, at(24)), false), ["n1"]);
+    // The third failure is past backoffLimit 2: the node fails, the job completes.
+    super::super::report::fold(&key(), &mut j, "n1", failed("u1/n1/3"), at(30));
+    pass_at(&mut j, &views, at(30));
+    assert_eq!(j.status.nodes[0].phase, NodePullPhase::Failed);
+    assert!(j.status.completion_time.is_some());
+}
+
+#[test]
+fn a_node_lost_while_pulling_has_its_timeout_to_come_back() {
+    let mut j = job(&serde_json::json!({
+        "image": "r.example/a:1", "parallelism": 2, "pullPolicy": {"timeoutSeconds": 60}
+    }));
+    let mut views = nodes(&["n1", "n2"]);
+    assert_eq!(step(&mut j, &views), ["n1", "n2"]);
+    views.get_mut("n1").unwrap().not_ready = Some("its link is down".to_owned());
+    pass_at(&mut j, &views, at(5));
+    let lost = j.status.nodes[0].clone();
+    assert_eq!(lost.phase, NodePullPhase::Failed);
+    assert!(lost.node_lost);
+    assert_eq!(lost.message, "node lost while pulling: its link is down");
+    let done = rigger_proto::v1::TaskStatus {
+        id: "u1/n2/1".to_owned(),
+        phase: rigger_proto::v1::TaskPhase::Succeeded.into(),
+        ..rigger_proto::v1::TaskStatus::default()
+    };
+    super::super::report::fold(&key(), &mut j, "n2", done, at(6));
+    // Lost 60 s at 65: it may still come back, the job waits.
+    pass_at(&mut j, &views, at(65));
+    assert!(j.status.nodes[0].node_lost);
+    assert!(j.status.completion_time.is_none());
+    // Past its timeout, the loss is final and the job completes.
+    pass_at(&mut j, &views, at(66));
+    let final_entry = &j.status.nodes[0];
+    assert!(!final_entry.node_lost);
+    assert!(
+        final_entry
+            .message
+            .ends_with("not back within pullPolicy.timeoutSeconds (60s)"),
+        "{}",
+        final_entry.message
+    );
+    pass_at(&mut j, &views, at(66));
+    assert_eq!(j.status.conditions[0].reason, "CompletedWithFailures");
+}
+
+#[test]
+fn a_silent_node_is_given_up_after_its_timeout_and_a_margin() {
+    let mut j = job(&serde_json::json!({
+        "image": "r.example/a:1", "pullPolicy": {"timeoutSeconds": 60, "backoffLimit": 1}
+    }));
+    let views = nodes(&["n1"]);
+    assert_eq!(step(&mut j, &views), ["n1"]);
+    // The agent enforces the timeout; the controller waits 30 s more for its word.
+    assert!(sent_to(&pass_at(&mut j, &views, at(90)), true).is_empty());
+    // Then its attempt is cancelled and the next one goes out in the same pass.
+    let effects = pass_at(&mut j, &views, at(91));
+    assert_eq!(sent_to(&effects, true), ["n1"]);
+    assert_eq!(sent_to(&effects, false), ["n1"]);
+    assert_eq!(j.status.nodes[0].task_id, "u1/n1/2");
+    // Silent again, past backoffLimit 1: the node fails with the reason.
+    pass_at(&mut j, &views, at(182));
+    assert_eq!(j.status.nodes[0].phase, NodePullPhase::Failed);
+    assert_eq!(
+        j.status.nodes[0].message,
+        "no result within pullPolicy.timeoutSeconds (60s)"
+    );
+}

@@ -1,0 +1,147 @@
+//! What the engine holds of one job: the job, its status, and per node what the status
+//! does not say (when its attempt went out, when it may try again, since when it is
+//! lost, whom it fetches from and whom it suspects), in one struct per node.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Instant, SystemTime};
+
+use rigger_api::image_pull_job::{ImagePullJob, ImagePullJobStatus, NodePullStatus};
+
+use crate::job_status;
+use crate::nodes::NodeView;
+
+/// The moment a pass decides at, read once by the engine and handed down: the wall
+/// clock (what statuses record; deadlines and TTLs are RFC 3339 times) and the
+/// monotonic one (how long a node has had: immune to the wall clock's steps). Tests
+/// set it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Now {
+    pub(super) wall: SystemTime,
+    pub(super) mono: Instant,
+}
+
+impl Now {
+    /// The clocks now: the engine's edge is the only caller.
+    pub(super) fn read() -> Self {
+        Self {
+            wall: SystemTime::now(),
+            mono: Instant::now(),
+        }
+    }
+
+    /// The wall time, as statuses record it.
+    pub(super) fn rfc3339(self) -> String {
+        rigger_proto::time::rfc3339(self.wall)
+    }
+}
+
+/// A node's part of a job beyond its status entry (not persisted: a controller restart
+/// restarts the timers and forgets plans and suspects).
+#[derive(Debug, Default)]
+pub(super) struct NodeRun {
+    /// When the current attempt was sent.
+    pub(super) sent_at: Option<Instant>,
+    /// A failed attempt's next one goes out no earlier.
+    pub(super) retry_at: Option<Instant>,
+    /// Since when the node counts as lost; after `timeoutSeconds` its failure is final.
+    pub(super) lost_at: Option<Instant>,
+    /// Its task must be sent again (the node reconnected).
+    pub(super) resend: bool,
+    /// The nodes its current task fetches from.
+    pub(super) planned: Vec<String>,
+    /// The nodes whose bytes it found wrong, never planned as its sources for this job
+    /// again. Only the reporter's plan changes: a node's word about another is not
+    /// trusted for anyone else.
+    pub(super) suspects: BTreeSet<String>,
+}
+
+#[derive(Debug)]
+pub(super) struct JobState {
+    pub(super) spec_revision: u64,
+    pub(super) job: ImagePullJob,
+    pub(super) status: ImagePullJobStatus,
+    /// Position of each node in `status.nodes`.
+    pub(super) index: HashMap<String, usize>,
+    /// Per node, what the status does not hold.
+    pub(super) runs: HashMap<String, NodeRun>,
+    pub(super) dirty: bool,
+    /// What of the status is in the store (which shards to write again).
+    pub(super) written: job_status::Written,
+}
+
+impl JobState {
+    pub(super) fn new(
+        spec_revision: u64,
+        job: ImagePullJob,
+        status: ImagePullJobStatus,
+        written: job_status::Written,
+    ) -> Self {
+        let mut state = Self {
+            spec_revision,
+            job,
+            status,
+            index: HashMap::new(),
+            runs: HashMap::new(),
+            dirty: false,
+            written,
+        };
+        state.reindex();
+        state
+    }
+
+    pub(super) fn reindex(&mut self) {
+        self.index = self
+            .status
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.clone(), i))
+            .collect();
+    }
+
+    pub(super) fn finished(&self) -> bool {
+        self.status.completion_time.is_some()
+    }
+
+    pub(super) fn uid(&self) -> &str {
+        self.job
+            .metadata
+            .uid
+            .as_deref()
+            .unwrap_or(&self.job.metadata.name)
+    }
+
+    pub(super) fn entry(&mut self, node: &str) -> Option<&mut NodePullStatus> {
+        let i = *self.index.get(node)?;
+        self.status.nodes.get_mut(i)
+    }
+
+    /// `node`'s run, made when first needed.
+    pub(super) fn run(&mut self, node: &str) -> &mut NodeRun {
+        self.runs.entry(node.to_owned()).or_default()
+    }
+
+    /// Whether the job wants `node`.
+    pub(super) fn selects(&self, name: &str, node: &NodeView) -> bool {
+        let spec = &self.job.spec;
+        match (&spec.selector, &spec.pod_selector) {
+            (Some(selector), _) if !selector.names.is_empty() => {
+                selector.names.iter().any(|n| n == name)
+            }
+            // Credentials go only where an admin's labels point (crate::node_labels).
+            (Some(selector), _) if !spec.pull_secrets.is_empty() => {
+                selector.labels.matches(&node.admin_labels)
+            }
+            (Some(selector), _) => selector.labels.matches(&node.labels),
+            // As in Kruise, only pods in the job's namespace count.
+            (None, Some(pods)) => {
+                let job_namespace = (self.job.metadata.namespace.as_deref())
+                    .unwrap_or(rigger_api::DEFAULT_NAMESPACE);
+                node.pod_labels.iter().any(|(namespace, labels)| {
+                    **namespace == *job_namespace && pods.matches(labels)
+                })
+            }
+            (None, None) => true,
+        }
+    }
+}
