@@ -217,6 +217,7 @@ fn store_status(e: StoreError) -> Status {
         StoreError::NotFound { .. } => Status::not_found(e.to_string()),
         StoreError::Conflict { .. } => Status::aborted(e.to_string()),
         StoreError::Backend { .. } => Status::unavailable(e.to_string()),
+        StoreError::Undecodable { .. } => Status::data_loss(e.to_string()),
     }
 }
 

@@ -9,9 +9,11 @@
 
 mod embedded;
 pub mod etcd;
+pub mod typed;
 
 pub use embedded::EmbeddedStore;
 pub use etcd::EtcdStore;
+pub use typed::{Versioned, key_of};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -25,6 +27,10 @@ pub enum StoreError {
     },
     #[error("{key}: not found")]
     NotFound { key: String },
+    /// A stored object that is not what its kind says (written around the API, or by
+    /// another version).
+    #[error("{key}: stored object does not decode: {detail}")]
+    Undecodable { key: String, detail: String },
 }
 
 /// One stored object.

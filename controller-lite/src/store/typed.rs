@@ -1,0 +1,146 @@
+//! The store's objects as typed values: the one place stored JSON is decoded. A user's
+//! kind comes back as its `rigger_api` type (`Object::KIND` names where it lives), the
+//! controller's own records (statuses, histories, node labels) as whatever type their
+//! module keeps, each with its key and the revision to write against.
+//!
+//! An object that does not decode (written around the API, or by another version) is
+//! refused where it is read: `get` says which key and why; `list` leaves it out with a
+//! warning, so one bad object never stops an engine's pass.
+
+use rigger_api::Object;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::{ObjectKey, Precondition, Store, StoreError, Stored};
+
+/// A stored value decoded, with its key and the revision of its last change.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Versioned<T> {
+    pub key: ObjectKey,
+    pub revision: u64,
+    pub value: T,
+}
+
+/// `stored`, decoded as `T`.
+pub fn decode<T: DeserializeOwned>(stored: Stored) -> Result<Versioned<T>, StoreError> {
+    match serde_json::from_slice(&stored.object) {
+        Ok(value) => Ok(Versioned {
+            key: stored.key,
+            revision: stored.revision,
+            value,
+        }),
+        Err(error) => Err(StoreError::Undecodable {
+            key: stored.key.to_string(),
+            detail: error.to_string(),
+        }),
+    }
+}
+
+/// `value` as the store keeps it.
+pub fn encode<T: Serialize>(key: &ObjectKey, value: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(value).map_err(|error| StoreError::Undecodable {
+        key: key.to_string(),
+        detail: format!("cannot be encoded: {error}"),
+    })
+}
+
+/// The key of the user's object `name` of kind `T` in `namespace` (none for a
+/// cluster-wide kind).
+pub fn key_of<T: Object>(namespace: &str, name: &str) -> ObjectKey {
+    let namespace = if T::KIND.namespaced() { namespace } else { "" };
+    ObjectKey::new(T::KIND.name(), namespace, name)
+}
+
+impl Store {
+    /// The record under `key`, decoded as `T`.
+    pub async fn get_as<T: DeserializeOwned>(
+        &self,
+        key: ObjectKey,
+    ) -> Result<Option<Versioned<T>>, StoreError> {
+        self.get(key).await?.map(decode).transpose()
+    }
+
+    /// Every record of `kind`, decoded as `T`, in namespace and name order; those that
+    /// do not decode are left out with a warning.
+    pub async fn list_as<T: DeserializeOwned>(
+        &self,
+        kind: &str,
+    ) -> Result<Vec<Versioned<T>>, StoreError> {
+        Ok(self
+            .list(kind)
+            .await?
+            .into_iter()
+            .filter_map(|stored| match decode(stored) {
+                Ok(versioned) => Some(versioned),
+                Err(error) => {
+                    tracing::warn!(%error, "a stored object does not decode; left out");
+                    None
+                }
+            })
+            .collect())
+    }
+
+    /// The user's object `name` of kind `T`.
+    pub async fn get_object<T: Object>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Versioned<T>>, StoreError> {
+        self.get_as(key_of::<T>(namespace, name)).await
+    }
+
+    /// Every object of kind `T` (those that do not decode left out).
+    pub async fn list_objects<T: Object>(&self) -> Result<Vec<Versioned<T>>, StoreError> {
+        self.list_as(T::KIND.name()).await
+    }
+
+    /// Write `value` under `key` if `precondition` holds; its new revision.
+    pub async fn put_as<T: Serialize>(
+        &self,
+        key: ObjectKey,
+        value: &T,
+        precondition: Precondition,
+    ) -> Result<u64, StoreError> {
+        let object = encode(&key, value)?;
+        self.put(key, object, precondition).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use rigger_api::secret::Secret;
+
+    #[tokio::test]
+    async fn objects_come_back_typed_and_a_bad_one_is_named_or_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::Embedded(super::super::EmbeddedStore::open(dir.path()).unwrap());
+        let secret: Secret = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "good", "namespace": "default"},
+            "type": "Opaque", "stringData": {"a": "b"},
+        }))
+        .unwrap();
+        let revision = store
+            .put_as(key_of::<Secret>("default", "good"), &secret, Precondition::Absent)
+            .await
+            .unwrap();
+        let bad = key_of::<Secret>("default", "bad");
+        store
+            .put(bad.clone(), b"{\"metadata\": 7}".to_vec(), Precondition::Any)
+            .await
+            .unwrap();
+
+        let good = store
+            .get_object::<Secret>("default", "good")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((good.revision, good.value), (revision, secret));
+        let refused = store.get_as::<Secret>(bad).await.unwrap_err().to_string();
+        assert!(refused.starts_with("Secret/default/bad: "), "{refused}");
+        let listed = store.list_objects::<Secret>().await.unwrap();
+        assert_eq!(listed.len(), 1, "the bad one is left out");
+    }
+}
