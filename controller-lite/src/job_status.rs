@@ -119,12 +119,14 @@ pub async fn read(
     store: &Store,
     job: &ObjectKey,
 ) -> Result<Option<(ImagePullJobStatus, Written)>, StoreError> {
-    let Some(stored) = store.get(summary_key(job)).await? else {
-        return Ok(None);
-    };
-    let Ok(mut status) = serde_json::from_slice::<ImagePullJobStatus>(&stored.object) else {
-        tracing::warn!(%job, "stored job status unreadable; starting afresh");
-        return Ok(None);
+    let mut status = match store.get_as::<ImagePullJobStatus>(summary_key(job)).await {
+        Ok(Some(summary)) => summary.value,
+        Ok(None) => return Ok(None),
+        Err(StoreError::Undecodable { .. }) => {
+            tracing::warn!(%job, "stored job status unreadable; starting afresh");
+            return Ok(None);
+        }
+        Err(error) => return Err(error),
     };
     let mut written = Written {
         shards: Vec::new(),
@@ -135,10 +137,11 @@ pub async fn read(
         let Some(stored) = store.get(shard_key(job, index)).await? else {
             break;
         };
-        match serde_json::from_slice::<Shard>(&stored.object) {
+        let print = fingerprint(&stored.object);
+        match crate::store::typed::decode::<Shard>(stored) {
             Ok(shard) => {
-                written.shards.push(fingerprint(&stored.object));
-                shard_nodes.extend(shard.nodes);
+                written.shards.push(print);
+                shard_nodes.extend(shard.value.nodes);
             }
             Err(error) => {
                 // The entries from here on are lost; the engine selects those nodes

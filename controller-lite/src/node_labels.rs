@@ -123,14 +123,15 @@ fn key(node: &str) -> ObjectKey {
 pub async fn load(store: &Store) -> Result<HashMap<String, BTreeMap<String, String>>, StoreError> {
     let mut all = HashMap::new();
     for stored in store.list(KIND).await? {
-        match serde_json::from_slice::<Stored>(&stored.object) {
+        let node = stored.key.name.clone();
+        match crate::store::typed::decode::<Stored>(stored) {
             Ok(labels) => {
-                all.insert(stored.key.name, labels.labels);
+                all.insert(node, labels.value.labels);
             }
             // Not dropped silently: until fixed, selectors that need the admin's labels
             // do not choose this node, which is the safe side.
             Err(error) => {
-                tracing::warn!(node = %stored.key.name, %error, "stored node labels unreadable; the node has no admin labels until they are set again")
+                tracing::warn!(%node, %error, "stored node labels unreadable; the node has no admin labels until they are set again")
             }
         }
     }
@@ -145,16 +146,18 @@ pub async fn save(
     change: &LabelChange,
 ) -> Result<Result<BTreeMap<String, String>, String>, StoreError> {
     let stored = store.get(key(node)).await?;
-    let current = stored
+    let precondition = stored
         .as_ref()
-        .and_then(|s| serde_json::from_slice::<Stored>(&s.object).ok())
-        .unwrap_or_default()
-        .labels;
+        .map_or(Precondition::Absent, |s| Precondition::Revision(s.revision));
+    // Unreadable labels are replaced (conditionally on their revision all the same).
+    let current = stored
+        .and_then(|s| crate::store::typed::decode::<Stored>(s).ok())
+        .map(|s| s.value.labels)
+        .unwrap_or_default();
     let labels = match edit(node, &current, change) {
         Ok(labels) => labels,
         Err(reason) => return Ok(Err(reason)),
     };
-    let precondition = stored.map_or(Precondition::Absent, |s| Precondition::Revision(s.revision));
     if labels.is_empty() {
         match store.delete(key(node), precondition).await {
             Ok(()) | Err(StoreError::NotFound { .. }) => {}

@@ -8,7 +8,7 @@ use rigger_proto::v1::{AssignedPod, ControllerMessage, PodSet, PodStatus, contro
 use crate::nodes::NodeRegistry;
 use crate::relay::Relay;
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
-use rigger_api::lifecycle_cooperator::{self, LifecycleCooperator};
+use rigger_api::lifecycle_cooperator::LifecycleCooperator;
 use rigger_api::pod::{self, Pod};
 use rigger_api::secret;
 
@@ -63,16 +63,14 @@ impl PodSync {
     async fn pods_of(&self, node: &str) -> Result<Vec<AssignedPod>, StoreError> {
         let cooperators: Vec<LifecycleCooperator> = self
             .store
-            .list(lifecycle_cooperator::KIND)
+            .list_objects::<LifecycleCooperator>()
             .await?
-            .iter()
-            .filter_map(|s| serde_json::from_slice(&s.object).ok())
+            .into_iter()
+            .map(|c| c.value)
             .collect();
         let mut assigned = Vec::new();
-        for stored in self.store.list(pod::KIND).await? {
-            let Ok(pod) = serde_json::from_slice::<Pod>(&stored.object) else {
-                continue;
-            };
+        for pod in self.store.list_objects::<Pod>().await? {
+            let pod = pod.value;
             if pod.spec.node_name.as_deref() == Some(node) {
                 let matching: Vec<_> = cooperators
                     .iter()
@@ -85,7 +83,7 @@ impl PodSync {
                 let docker_configs = self.pull_secrets_of(&pod).await?;
                 assigned.push(AssignedPod {
                     uid: pod.metadata.uid.clone().unwrap_or_default(),
-                    json: String::from_utf8_lossy(&stored.object).into_owned(),
+                    json: serde_json::to_string(&pod).unwrap_or_default(),
                     cooperators: serde_json::to_string(&matching).unwrap_or_default(),
                     docker_configs,
                 });
@@ -101,14 +99,23 @@ impl PodSync {
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
         let mut configs = Vec::new();
         for reference in &pod.spec.image_pull_secrets {
-            let key = ObjectKey::new(secret::KIND, namespace, &reference.name);
-            let Some(stored) = self.store.get(key).await? else {
-                tracing::warn!(pod = %pod.metadata.name, secret = %reference.name, "an imagePullSecret of the pod does not exist");
-                continue;
+            let found = self
+                .store
+                .get_object::<secret::Secret>(namespace, &reference.name)
+                .await;
+            let secret = match found {
+                Ok(Some(secret)) => secret.value,
+                Ok(None) => {
+                    tracing::warn!(pod = %pod.metadata.name, secret = %reference.name, "an imagePullSecret of the pod does not exist");
+                    continue;
+                }
+                Err(StoreError::Undecodable { .. }) => {
+                    tracing::warn!(pod = %pod.metadata.name, secret = %reference.name, "an imagePullSecret of the pod is unreadable");
+                    continue;
+                }
+                Err(error) => return Err(error),
             };
-            let config = serde_json::from_slice::<secret::Secret>(&stored.object)
-                .ok()
-                .and_then(|s| s.docker_config());
+            let config = secret.docker_config();
             match config {
                 Some(Ok(document)) => configs.push(document),
                 _ => {
@@ -121,11 +128,10 @@ impl PodSync {
 
     /// Send every node with pods its set again (a cooperator changed).
     pub async fn send_to_all(&self) {
-        let mut nodes: Vec<String> = match self.store.list(pod::KIND).await {
+        let mut nodes: Vec<String> = match self.store.list_objects::<Pod>().await {
             Ok(pods) => pods
-                .iter()
-                .filter_map(|s| serde_json::from_slice::<Pod>(&s.object).ok())
-                .filter_map(|p| p.spec.node_name)
+                .into_iter()
+                .filter_map(|p| p.value.spec.node_name)
                 .collect(),
             Err(error) => {
                 tracing::warn!(%error, "cannot read pods");
@@ -158,11 +164,11 @@ impl PodSync {
     /// Store a status `node` reported, if the pod is still placed there.
     pub async fn report(&self, node: &str, status: PodStatus) {
         let key = ObjectKey::new(pod::KIND, &status.namespace, &status.name);
-        let placed = match self.store.get(key.clone()).await {
-            Ok(Some(stored)) => serde_json::from_slice::<Pod>(&stored.object)
-                .ok()
-                .filter(|p| p.metadata.uid.as_deref() == Some(status.uid.as_str()))
-                .is_some_and(|p| p.spec.node_name.as_deref() == Some(node)),
+        let placed = match self.store.get_as::<Pod>(key.clone()).await {
+            Ok(Some(pod)) => {
+                pod.value.metadata.uid.as_deref() == Some(status.uid.as_str())
+                    && pod.value.spec.node_name.as_deref() == Some(node)
+            }
             _ => false,
         };
         if !placed {

@@ -30,9 +30,9 @@ use tokio::sync::Notify;
 
 use crate::pods::{PodSync, is_ready};
 use crate::predownload::{self, PreDownload, RolloutPod};
-use crate::store::{ObjectKey, Precondition, Store, StoreError, Stored};
+use crate::store::{ObjectKey, Precondition, Store, StoreError, Versioned};
 use rigger_api::image_pull_job;
-use rigger_api::pod::{self, Pod};
+use rigger_api::pod::Pod;
 use rigger_api::sidecar_set::{self, InjectedVersion, SidecarSet, UpdateStrategyType, UpgradeType};
 
 const TICK: Duration = Duration::from_secs(1);
@@ -40,7 +40,10 @@ const TICK: Duration = Duration::from_secs(1);
 /// One pod of a SidecarSet, as the rollout sees it.
 #[derive(Debug, Clone)]
 struct Member {
-    stored: Stored,
+    /// The pod's key and the revision the rollout read it at (its write is conditional
+    /// on it).
+    key: ObjectKey,
+    revision: u64,
     pod: Pod,
     version: InjectedVersion,
     ready: bool,
@@ -97,7 +100,7 @@ impl SidecarRollout {
 #[derive(Debug)]
 pub struct RolloutSnapshot {
     sets: Vec<SidecarSet>,
-    pods: Vec<(Stored, Pod, serde_json::Value)>,
+    pods: Vec<(Versioned<Pod>, serde_json::Value)>,
 }
 
 impl crate::engine::Engine for SidecarRollout {
@@ -112,25 +115,26 @@ impl crate::engine::Engine for SidecarRollout {
     async fn observe(&self) -> Result<RolloutSnapshot, StoreError> {
         let store = &self.inner.store;
         let sets: Vec<SidecarSet> = store
-            .list(sidecar_set::KIND)
+            .list_objects::<SidecarSet>()
             .await?
-            .iter()
-            .filter_map(|s| serde_json::from_slice(&s.object).ok())
+            .into_iter()
+            .map(|s| s.value)
             .collect();
         let mut pods = Vec::new();
         if sets.is_empty() {
             return Ok(RolloutSnapshot { sets, pods });
         }
-        for stored in store.list(pod::KIND).await? {
-            let Ok(pod) = serde_json::from_slice::<Pod>(&stored.object) else {
-                continue;
+        for pod in store.list_objects::<Pod>().await? {
+            let status = match store
+                .get_as::<serde_json::Value>(crate::pods::status_key(&pod.key))
+                .await
+            {
+                Ok(status) => status.map(|s| s.value).unwrap_or_default(),
+                // An unreadable status is no status: the pod is not ready.
+                Err(StoreError::Undecodable { .. }) => serde_json::Value::Null,
+                Err(error) => return Err(error),
             };
-            let status = store
-                .get(crate::pods::status_key(&stored.key))
-                .await?
-                .and_then(|s| serde_json::from_slice::<serde_json::Value>(&s.object).ok())
-                .unwrap_or_default();
-            pods.push((stored, pod, status));
+            pods.push((pod, status));
         }
         Ok(RolloutSnapshot { sets, pods })
     }
@@ -143,7 +147,7 @@ impl crate::engine::Engine for SidecarRollout {
 }
 
 impl SidecarRollout {
-    async fn roll(&self, set: &SidecarSet, pods: &[(Stored, Pod, serde_json::Value)]) {
+    async fn roll(&self, set: &SidecarSet, pods: &[(Versioned<Pod>, serde_json::Value)]) {
         let hash = set.hash();
         let members = members(set, &hash, pods);
         if members.iter().all(|m| m.updated(&hash)) {
@@ -163,15 +167,11 @@ impl SidecarRollout {
         let Ok(bytes) = serde_json::to_vec(&pod) else {
             return;
         };
-        let key = member.stored.key.clone();
+        let key = member.key.clone();
         match self
             .inner
             .store
-            .put(
-                key.clone(),
-                bytes,
-                Precondition::Revision(member.stored.revision),
-            )
+            .put(key.clone(), bytes, Precondition::Revision(member.revision))
             .await
         {
             Ok(_) => {
@@ -234,13 +234,19 @@ impl SidecarRollout {
 }
 
 /// The pods the set was injected into, with what the rollout needs to know of each.
-fn members(set: &SidecarSet, hash: &str, pods: &[(Stored, Pod, serde_json::Value)]) -> Vec<Member> {
+fn members(
+    set: &SidecarSet,
+    hash: &str,
+    pods: &[(Versioned<Pod>, serde_json::Value)],
+) -> Vec<Member> {
     let name = &set.metadata.name;
     pods.iter()
-        .filter_map(|(stored, pod, status)| {
+        .filter_map(|(stored, status)| {
+            let pod = &stored.value;
             let version = sidecar_set::injected(pod).remove(name)?;
             Some(Member {
-                stored: stored.clone(),
+                key: stored.key.clone(),
+                revision: stored.revision,
                 pod: pod.clone(),
                 ready: is_ready(status),
                 running_spec: runs_spec(pod, status, &version.sidecar_list),
@@ -535,11 +541,8 @@ mod tests {
     /// Pod `name` on the set's previous version (same sidecars, other images).
     fn member(set: &SidecarSet, name: &str, ready: bool) -> Member {
         Member {
-            stored: Stored {
-                key: ObjectKey::new(pod::KIND, "default", name),
-                revision: 1,
-                object: Vec::new(),
-            },
+            key: ObjectKey::new(rigger_api::pod::KIND, "default", name),
+            revision: 1,
             pod: serde_json::from_value(serde_json::json!({
                 "apiVersion": "v1",
                 "kind": "Pod",
@@ -609,7 +612,7 @@ mod tests {
         other.version.hash_without_image = "different".to_owned();
         let members = vec![other, member(&set, "b", true)];
         let chosen = to_upgrade(&set, &set.hash(), &members);
-        let names: Vec<&str> = chosen.iter().map(|m| m.stored.key.name.as_str()).collect();
+        let names: Vec<&str> = chosen.iter().map(|m| m.key.name.as_str()).collect();
         assert_eq!(names, ["b"]);
     }
 

@@ -18,14 +18,15 @@ use serde::Serialize;
 use tonic::Status;
 
 use super::{ControlService, store_status, to_json};
-use crate::store::{ObjectKey, Precondition, Stored};
+use crate::store::{ObjectKey, Precondition, StoreError};
 
 /// An object on its way to the store: validated, with the version it replaces.
 pub(super) struct Draft<T> {
     pub(super) object: T,
     /// The stored version, decoded.
     pub(super) old: Option<T>,
-    stored: Option<Stored>,
+    /// The stored version's revision: the write is conditional on it.
+    old_revision: Option<u64>,
     key: ObjectKey,
     pub(super) namespace: String,
     /// `Kind namespace/name` (or `Kind name`), for refusals and logs.
@@ -111,16 +112,19 @@ impl ControlService {
         let kind = T::KIND.name();
         let namespace = object.metadata().namespace.clone().unwrap_or_default();
         let key = ObjectKey::new(kind, &namespace, &object.metadata().name);
-        let stored = self.store.get(key.clone()).await.map_err(store_status)?;
         // An unreadable stored version is never written over: what it held would be lost.
-        let old = match &stored {
-            Some(s) => Some(serde_json::from_slice::<T>(&s.object).map_err(|e| {
-                Status::internal(format!(
-                    "{key}: stored object unreadable ({e}); delete it to replace it"
-                ))
-            })?),
-            None => None,
-        };
+        let stored = self
+            .store
+            .get_as::<T>(key.clone())
+            .await
+            .map_err(|e| match e {
+                StoreError::Undecodable { detail, .. } => Status::internal(format!(
+                    "{key}: stored object unreadable ({detail}); delete it to replace it"
+                )),
+                e => store_status(e),
+            })?;
+        let (old, old_revision) =
+            stored.map_or((None, None), |s| (Some(s.value), Some(s.revision)));
         let mut object = object;
         if let Some(old) = &old {
             object.keep_filled(old);
@@ -129,7 +133,7 @@ impl ControlService {
         Ok(Draft {
             object,
             old,
-            stored,
+            old_revision,
             key,
             namespace,
             what,
@@ -155,7 +159,7 @@ impl ControlService {
             return Ok(Committed {
                 outcome: Outcome::Unchanged,
                 dry_run,
-                revision: draft.stored.as_ref().map_or(0, |s| s.revision),
+                revision: draft.old_revision.unwrap_or(0),
                 written: false,
             });
         }
@@ -173,16 +177,11 @@ impl ControlService {
             });
         }
         let precondition = draft
-            .stored
-            .as_ref()
-            .map_or(Precondition::Absent, |s| Precondition::Revision(s.revision));
+            .old_revision
+            .map_or(Precondition::Absent, Precondition::Revision);
         let revision = self
             .store
-            .put(
-                draft.key.clone(),
-                to_json(&draft.object)?.into_bytes(),
-                precondition,
-            )
+            .put_as(draft.key.clone(), &draft.object, precondition)
             .await
             .map_err(store_status)?;
         Ok(Committed {
@@ -245,13 +244,11 @@ impl ControlService {
         let mut out = Vec::new();
         for stored in self
             .store
-            .list(rigger_api::sidecar_set::KIND)
+            .list_objects::<SidecarSet>()
             .await
             .map_err(store_status)?
         {
-            let Ok(set) = serde_json::from_slice::<SidecarSet>(&stored.object) else {
-                continue;
-            };
+            let set = stored.value;
             if !set.matches(namespace, &pod.metadata.labels) {
                 continue;
             }
@@ -292,13 +289,13 @@ impl ControlService {
             .get(history_key(set))
             .await
             .map_err(store_status)?;
-        let history = stored
-            .as_ref()
-            .and_then(|s| serde_json::from_slice(&s.object).ok())
-            .unwrap_or_default();
         let precondition = stored
             .as_ref()
             .map_or(Precondition::Absent, |s| Precondition::Revision(s.revision));
+        let history = stored
+            .and_then(|s| crate::store::typed::decode::<History>(s).ok())
+            .map(|h| h.value)
+            .unwrap_or_default();
         Ok((history, precondition))
     }
 
@@ -433,13 +430,7 @@ impl ControlService {
             return Ok(());
         }
         let pod_key = ObjectKey::new(rigger_api::pod::KIND, namespace, &request.spec.pod_name);
-        let Some(status) = self
-            .store
-            .get(crate::pods::status_key(&pod_key))
-            .await
-            .map_err(store_status)?
-            .and_then(|s| serde_json::from_slice::<serde_json::Value>(&s.object).ok())
-        else {
+        let Some(status) = self.record_of(crate::pods::status_key(&pod_key)).await? else {
             return Ok(());
         };
         let statuses = status["containerStatuses"]

@@ -3,17 +3,17 @@
 //! with the list). Only jobs carrying the list's owner label are ever touched: a job of
 //! that name made by someone else is reported, not taken over.
 
+use rigger_api::Object as _;
 use rigger_api::image_list_pull_job::{
     FailedImageStatus, ImageListPullJob, ImageListPullJobStatus, OWNER_LABEL, TEMPLATE_HASH_LABEL,
 };
 use rigger_api::image_pull_job::{self, ImagePullJob};
-use rigger_api::{Kind, Object as _};
 use rigger_proto::v1::ApplyResponse;
 use tonic::Status;
 
 use super::apply::applied;
 use super::{ControlService, store_status};
-use crate::store::{ObjectKey, Precondition, Stored};
+use crate::store::{ObjectKey, Precondition, Versioned};
 
 impl ControlService {
     pub(super) async fn apply_image_list_pull_job(
@@ -42,19 +42,19 @@ impl ControlService {
             let job = list.job_for(image);
             let current = owned
                 .iter()
-                .find(|(_, j)| j.metadata.name == job.metadata.name);
-            if let Some((stored, current)) = current {
-                if current.metadata.labels.get(TEMPLATE_HASH_LABEL) == Some(&hash) {
+                .find(|j| j.value.metadata.name == job.metadata.name);
+            if let Some(current) = current {
+                if current.value.metadata.labels.get(TEMPLATE_HASH_LABEL) == Some(&hash) {
                     continue;
                 }
                 // Another template: replaced, as Kruise recreates the job.
-                self.delete_job(&stored.key).await?;
+                self.delete_job(&current.key).await?;
             }
             self.create_job(job).await?;
         }
-        for (stored, job) in &owned {
-            if !list.spec.images.contains(&job.spec.image) {
-                self.delete_job(&stored.key).await?;
+        for job in &owned {
+            if !list.spec.images.contains(&job.value.spec.image) {
+                self.delete_job(&job.key).await?;
             }
         }
         self.jobs.wake();
@@ -66,18 +66,22 @@ impl ControlService {
         &self,
         namespace: &str,
         list: &str,
-    ) -> Result<Vec<(Stored, ImagePullJob)>, Status> {
+    ) -> Result<Vec<Versioned<ImagePullJob>>, Status> {
         Ok(self
             .store
-            .list(image_pull_job::KIND)
+            .list_objects::<ImagePullJob>()
             .await
             .map_err(store_status)?
             .into_iter()
-            .filter(|s| s.key.namespace == namespace)
-            .filter_map(|s| {
-                let job: ImagePullJob = serde_json::from_slice(&s.object).ok()?;
-                (job.metadata.labels.get(OWNER_LABEL).map(String::as_str) == Some(list))
-                    .then_some((s, job))
+            .filter(|job| {
+                job.key.namespace == namespace
+                    && job
+                        .value
+                        .metadata
+                        .labels
+                        .get(OWNER_LABEL)
+                        .map(String::as_str)
+                        == Some(list)
             })
             .collect())
     }
@@ -107,8 +111,8 @@ impl ControlService {
 
     /// Deleting a list deletes its jobs.
     pub(super) async fn delete_list_jobs(&self, namespace: &str, list: &str) -> Result<(), Status> {
-        for (stored, _) in self.list_jobs(namespace, list).await? {
-            self.delete_job(&stored.key).await?;
+        for job in self.list_jobs(namespace, list).await? {
+            self.delete_job(&job.key).await?;
         }
         self.jobs.wake();
         Ok(())
@@ -129,7 +133,7 @@ impl ControlService {
         let mut last_completion: Option<String> = None;
         for image in &list.spec.images {
             let name = list.job_name(image);
-            let Some((stored, _)) = owned.iter().find(|(_, j)| j.metadata.name == name) else {
+            let Some(owned_job) = owned.iter().find(|j| j.value.metadata.name == name) else {
                 status.failed_image_statuses.push(FailedImageStatus {
                     image_pull_job: name.clone(),
                     name: image.clone(),
@@ -139,9 +143,7 @@ impl ControlService {
                 });
                 continue;
             };
-            let shown = self.show(Kind::ImagePullJob, stored.clone()).await?;
-            let job: ImagePullJob = serde_json::from_str(&shown.json)
-                .map_err(|e| Status::internal(format!("{}: {e}", stored.key)))?;
+            let job = self.job_with_status(owned_job.clone()).await?;
             let job_status = job.status.unwrap_or_default();
             if job_status.active > 0 {
                 status.active += 1;

@@ -221,6 +221,13 @@ fn store_status(e: StoreError) -> Status {
     }
 }
 
+/// `stored`, decoded as `T`; one that does not decode is the store's loss, named.
+fn decoded<T: serde::de::DeserializeOwned>(
+    stored: crate::store::Stored,
+) -> Result<crate::store::Versioned<T>, Status> {
+    crate::store::typed::decode(stored).map_err(store_status)
+}
+
 fn kind_of(text: &str) -> Result<Kind, Status> {
     Kind::parse(text).map_err(|e| Status::invalid_argument(e.to_string()))
 }
@@ -438,13 +445,12 @@ impl Control for ControlService {
         let key = ObjectKey::new(kind.name(), namespace, &request.name);
         // A pod's node is told once it is gone, so its agent stops it.
         let pod_node = match kind {
-            Kind::Pod => self
-                .store
-                .get(key.clone())
-                .await
-                .map_err(store_status)?
-                .and_then(|s| serde_json::from_slice::<Pod>(&s.object).ok())
-                .and_then(|p| p.spec.node_name),
+            // One that does not decode is deleted all the same.
+            Kind::Pod => match self.store.get_as::<Pod>(key.clone()).await {
+                Ok(pod) => pod.and_then(|p| p.value.spec.node_name),
+                Err(StoreError::Undecodable { .. }) => None,
+                Err(error) => return Err(store_status(error)),
+            },
             _ => None,
         };
         self.store

@@ -4,8 +4,7 @@
 use std::collections::HashMap;
 use std::time::SystemTime;
 
-use rigger_api::Kind;
-use rigger_api::image_pull_job::{self, ImagePullJob};
+use rigger_api::image_pull_job::ImagePullJob;
 use rigger_api::node::Node;
 use rigger_api::node_image::node_image;
 use rigger_proto::v1::Object;
@@ -31,16 +30,13 @@ impl ControlService {
         }
         // Each job as `get` shows it: its status holds every node's entry.
         let mut jobs = Vec::new();
-        for stored in self
+        for job in self
             .store
-            .list(image_pull_job::KIND)
+            .list_objects::<ImagePullJob>()
             .await
             .map_err(store_status)?
         {
-            let shown = self.show(Kind::ImagePullJob, stored).await?;
-            if let Ok(job) = serde_json::from_str::<ImagePullJob>(&shown.json) {
-                jobs.push(job);
-            }
+            jobs.push(self.job_with_status(job).await?);
         }
         let mut by_node: HashMap<&str, Vec<_>> = HashMap::new();
         for job in &jobs {

@@ -19,13 +19,12 @@ impl ControlService {
     ) -> Result<std::collections::BTreeMap<String, String>, FieldError> {
         use crate::recreates::{NODE_NAME_LABEL, POD_OWNER_LABEL, POD_UID_LABEL};
         let pod_name = &request.spec.pod_name;
-        let pod_key = ObjectKey::new(rigger_api::pod::KIND, namespace, pod_name);
         let stored = self
             .store
-            .get(pod_key)
+            .get_object::<Pod>(namespace, pod_name)
             .await
             .map_err(|e| FieldError::new("spec.podName", format!("cannot read pods: {e}")))?
-            .and_then(|s| serde_json::from_slice::<Pod>(&s.object).ok());
+            .map(|pod| pod.value);
         let (owner, node, uid, containers) = match stored {
             Some(pod) => {
                 let (Some(node), Some(uid)) =
@@ -74,13 +73,13 @@ impl ControlService {
         name: &str,
     ) -> Result<(String, String), Status> {
         let key = ObjectKey::new(rigger_api::pod::KIND, namespace_or_default(namespace), name);
-        let pod: Pod = self
+        let pod = self
             .store
-            .get(key.clone())
+            .get_as::<Pod>(key.clone())
             .await
             .map_err(store_status)?
-            .and_then(|s| serde_json::from_slice(&s.object).ok())
-            .ok_or_else(|| Status::not_found(format!("{key}: not found")))?;
+            .ok_or_else(|| Status::not_found(format!("{key}: not found")))?
+            .value;
         match (pod.spec.node_name, pod.metadata.uid) {
             (Some(node), Some(uid)) => Ok((node, uid)),
             _ => Err(Status::failed_precondition(format!(
@@ -93,16 +92,12 @@ impl ControlService {
     pub(super) async fn place(&self, pod: &Pod) -> Result<String, FieldError> {
         let mut pods_per_node: std::collections::HashMap<String, usize> =
             std::collections::HashMap::new();
-        let stored =
-            self.store.list(rigger_api::pod::KIND).await.map_err(|e| {
+        let others =
+            self.store.list_objects::<Pod>().await.map_err(|e| {
                 FieldError::new("spec.nodeName", format!("cannot place the pod: {e}"))
             })?;
-        for other in stored {
-            if let Ok(other) = serde_json::from_slice::<Pod>(&other.object)
-                && let Some(node) = other.spec.node_name
-            {
-                *pods_per_node.entry(node).or_default() += 1;
-            }
+        for node in others.into_iter().filter_map(|p| p.value.spec.node_name) {
+            *pods_per_node.entry(node).or_default() += 1;
         }
         let selector = rigger_api::LabelSelector {
             match_labels: pod.spec.node_selector.clone(),

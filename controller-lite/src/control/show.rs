@@ -8,7 +8,7 @@ use rigger_api::pod::Pod;
 use rigger_proto::v1::Object;
 use tonic::Status;
 
-use super::{ControlService, store_status, to_json};
+use super::{ControlService, decoded, store_status, to_json};
 use crate::store::ObjectKey;
 use rigger_api::image_pull_job::ImagePullJob;
 use rigger_api::pod::LIFECYCLE_STATE_LABEL;
@@ -22,35 +22,14 @@ impl ControlService {
         stored: crate::store::Stored,
     ) -> Result<Object, Status> {
         let json = match kind {
-            Kind::ImagePullJob => {
-                let mut job: ImagePullJob = serde_json::from_slice(&stored.object)
-                    .map_err(|e| Status::internal(format!("{}: unreadable: {e}", stored.key)))?;
-                let held = self.jobs.status_of(&stored.key, stored.revision);
-                job.status = Some(match held {
-                    Some(status) => status,
-                    None => crate::job_status::read(&self.store, &stored.key)
-                        .await
-                        .map_err(store_status)?
-                        .map(|(status, _)| status)
-                        .unwrap_or_default(),
-                });
-                to_json(&job)?
-            }
+            Kind::ImagePullJob => to_json(&self.job_with_status(decoded(stored.clone())?).await?)?,
             Kind::Secret => {
-                let secret: Secret = serde_json::from_slice(&stored.object)
-                    .map_err(|e| Status::internal(format!("{}: unreadable: {e}", stored.key)))?;
+                let secret = decoded::<Secret>(stored.clone())?.value;
                 to_json(&secret.redacted())?
             }
             Kind::Pod => {
-                let mut pod: serde_json::Value = serde_json::from_slice(&stored.object)
-                    .map_err(|e| Status::internal(format!("{}: unreadable: {e}", stored.key)))?;
-                if let Some(status) = self
-                    .store
-                    .get(crate::pods::status_key(&stored.key))
-                    .await
-                    .map_err(store_status)?
-                    .and_then(|s| serde_json::from_slice::<serde_json::Value>(&s.object).ok())
-                {
+                let mut pod = decoded::<serde_json::Value>(stored.clone())?.value;
+                if let Some(status) = self.record_of(crate::pods::status_key(&stored.key)).await? {
                     // The agent's lifecycle state shows as a label, as Kruise shows its own.
                     if let Some(state) = status.pointer("/lifecycle/state").and_then(|s| s.as_str())
                     {
@@ -61,14 +40,10 @@ impl ControlService {
                 pod.to_string()
             }
             Kind::ContainerRecreateRequest => {
-                let mut request: serde_json::Value = serde_json::from_slice(&stored.object)
-                    .map_err(|e| Status::internal(format!("{}: unreadable: {e}", stored.key)))?;
+                let mut request = decoded::<serde_json::Value>(stored.clone())?.value;
                 request["status"] = self
-                    .store
-                    .get(crate::recreates::status_key(&stored.key))
-                    .await
-                    .map_err(store_status)?
-                    .and_then(|s| serde_json::from_slice::<serde_json::Value>(&s.object).ok())
+                    .record_of(crate::recreates::status_key(&stored.key))
+                    .await?
                     .unwrap_or_else(|| serde_json::json!({"phase": "Pending"}));
                 // Kruise's v1alpha1 status has no conditions (v1beta1's has).
                 if request["apiVersion"] == rigger_api::KRUISE_API_VERSION
@@ -79,18 +54,14 @@ impl ControlService {
                 request.to_string()
             }
             Kind::ImageListPullJob => {
-                let mut list: rigger_api::image_list_pull_job::ImageListPullJob =
-                    serde_json::from_slice(&stored.object).map_err(|e| {
-                        Status::internal(format!("{}: unreadable: {e}", stored.key))
-                    })?;
+                let mut list =
+                    decoded::<rigger_api::image_list_pull_job::ImageListPullJob>(stored.clone())?
+                        .value;
                 list.status = Some(Box::pin(self.image_list_status(&list)).await?);
                 to_json(&list)?
             }
             Kind::SidecarSet => {
-                let mut set: rigger_api::sidecar_set::SidecarSet =
-                    serde_json::from_slice(&stored.object).map_err(|e| {
-                        Status::internal(format!("{}: unreadable: {e}", stored.key))
-                    })?;
+                let mut set = decoded::<rigger_api::sidecar_set::SidecarSet>(stored.clone())?.value;
                 set.status = Some(self.sidecar_set_status(&set).await?);
                 to_json(&set)?
             }
@@ -140,6 +111,39 @@ impl ControlService {
         self.show(kind, stored).await
     }
 
+    /// A job with its status: the engine's (ahead of the store) when it holds the job
+    /// at this revision, else the stored one.
+    pub(super) async fn job_with_status(
+        &self,
+        job: crate::store::Versioned<ImagePullJob>,
+    ) -> Result<ImagePullJob, Status> {
+        let held = self.jobs.status_of(&job.key, job.revision);
+        let status = match held {
+            Some(status) => status,
+            None => crate::job_status::read(&self.store, &job.key)
+                .await
+                .map_err(store_status)?
+                .map(|(status, _)| status)
+                .unwrap_or_default(),
+        };
+        let mut job = job.value;
+        job.status = Some(status);
+        Ok(job)
+    }
+
+    /// A record the controller keeps beside an object (a pod's or a recreate's status
+    /// as reported), as JSON; `None` when there is none or it does not decode.
+    pub(super) async fn record_of(
+        &self,
+        key: ObjectKey,
+    ) -> Result<Option<serde_json::Value>, Status> {
+        match self.store.get_as::<serde_json::Value>(key).await {
+            Ok(record) => Ok(record.map(|r| r.value)),
+            Err(crate::store::StoreError::Undecodable { .. }) => Ok(None),
+            Err(error) => Err(store_status(error)),
+        }
+    }
+
     /// Kruise's SidecarSet counts, from the pods it was injected into.
     async fn sidecar_set_status(
         &self,
@@ -153,25 +157,20 @@ impl ControlService {
             collision_count: Some(history.collision_count),
             ..Default::default()
         };
-        for stored in self
+        for pod in self
             .store
-            .list(rigger_api::pod::KIND)
+            .list_objects::<Pod>()
             .await
             .map_err(store_status)?
         {
-            let Ok(pod) = serde_json::from_slice::<Pod>(&stored.object) else {
-                continue;
-            };
-            let Some(version) = rigger_api::sidecar_set::injected(&pod).remove(&set.metadata.name)
+            let Some(version) =
+                rigger_api::sidecar_set::injected(&pod.value).remove(&set.metadata.name)
             else {
                 continue;
             };
             let ready = self
-                .store
-                .get(crate::pods::status_key(&stored.key))
-                .await
-                .map_err(store_status)?
-                .and_then(|s| serde_json::from_slice::<serde_json::Value>(&s.object).ok())
+                .record_of(crate::pods::status_key(&pod.key))
+                .await?
                 .is_some_and(|status| crate::pods::is_ready(&status));
             let updated = version.hash == hash;
             status.matched_pods += 1;

@@ -30,7 +30,7 @@ use self::state::{JobState, Now};
 use crate::job_status;
 use crate::nodes::NodeRegistry;
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
-use rigger_api::image_pull_job::{self, ImagePullJob, ImagePullJobStatus, NodePullPhase};
+use rigger_api::image_pull_job::{ImagePullJob, ImagePullJobStatus, NodePullPhase};
 use rigger_api::secret::{self, Secret};
 
 const TICK: Duration = Duration::from_millis(500);
@@ -157,7 +157,7 @@ impl crate::engine::Engine for JobEngine {
     }
 
     async fn observe(&self) -> Result<JobSnapshot, StoreError> {
-        let specs = self.inner.store.list(image_pull_job::KIND).await?;
+        let specs = self.inner.store.list_objects::<ImagePullJob>().await?;
         let known: HashMap<ObjectKey, u64> = self
             .lock()
             .jobs
@@ -171,13 +171,7 @@ impl crate::engine::Engine for JobEngine {
             if known.get(&stored.key) == Some(&stored.revision) {
                 continue;
             }
-            let job: ImagePullJob = match serde_json::from_slice(&stored.object) {
-                Ok(job) => job,
-                Err(error) => {
-                    tracing::warn!(job = %stored.key, %error, "stored job unreadable; skipped");
-                    continue;
-                }
-            };
+            let job = stored.value;
             // A job stored before today's bounds (or written around the API) is checked
             // as an apply would check it: one bad object never reaches the engine.
             if let Err(error) = job.validate() {
@@ -321,14 +315,15 @@ impl JobEngine {
             if secrets.contains_key(&key) {
                 continue;
             }
-            let document = match self.inner.store.get(key.clone()).await {
-                Ok(Some(stored)) => serde_json::from_slice::<Secret>(&stored.object)
-                    .map_err(|e| format!("is unreadable: {e}"))
-                    .and_then(|s| {
-                        s.docker_config()
-                            .unwrap_or_else(|| Err("is empty".to_owned()))
-                    }),
+            let document = match self.inner.store.get_as::<Secret>(key.clone()).await {
+                Ok(Some(secret)) => secret
+                    .value
+                    .docker_config()
+                    .unwrap_or_else(|| Err("is empty".to_owned())),
                 Ok(None) => Err("does not exist".to_owned()),
+                Err(StoreError::Undecodable { detail, .. }) => {
+                    Err(format!("is unreadable: {detail}"))
+                }
                 Err(e) => Err(format!("cannot be read: {e}")),
             };
             secrets.insert(key, document);
@@ -534,7 +529,7 @@ mod tests {
             });
             store
                 .put(
-                    ObjectKey::new(image_pull_job::KIND, "default", name),
+                    ObjectKey::new(rigger_api::image_pull_job::KIND, "default", name),
                     serde_json::to_vec(&job).unwrap(),
                     Precondition::Any,
                 )

@@ -196,7 +196,7 @@ impl crate::engine::Engine for RecreateEngine {
 
     async fn observe(&self) -> Result<RecreateSnapshot, StoreError> {
         let store = &self.inner.store;
-        let specs = store.list(crr::KIND).await?;
+        let specs = store.list_objects::<ContainerRecreateRequest>().await?;
         let (known, mut pod_keys): (HashSet<ObjectKey>, Vec<ObjectKey>) = {
             let state = self.lock();
             let pods = state
@@ -213,27 +213,24 @@ impl crate::engine::Engine for RecreateEngine {
             if known.contains(&stored.key) {
                 continue;
             }
-            let request: ContainerRecreateRequest = match serde_json::from_slice(&stored.object) {
-                Ok(request) => request,
-                Err(error) => {
-                    tracing::warn!(request = %stored.key, %error, "stored recreate request unreadable; skipped");
-                    continue;
-                }
+            let request = stored.value;
+            // An unreadable status starts the request afresh.
+            let status = match store.get_as::<CrrStatus>(status_key(&stored.key)).await {
+                Ok(status) => status.map(|s| s.value),
+                Err(StoreError::Undecodable { .. }) => None,
+                Err(error) => return Err(error),
             };
-            let status = store
-                .get(status_key(&stored.key))
-                .await?
-                .and_then(|s| serde_json::from_slice(&s.object).ok());
             pod_keys.extend(pod_key(&stored.key, &request));
             new.push((stored.key, request, status));
         }
         let mut pods = HashMap::new();
         for key in pod_keys {
-            let uid = store
-                .get(key.clone())
-                .await?
-                .and_then(|s| serde_json::from_slice::<Pod>(&s.object).ok())
-                .and_then(|p| p.metadata.uid);
+            let uid = match store.get_as::<Pod>(key.clone()).await {
+                Ok(pod) => pod.and_then(|p| p.value.metadata.uid),
+                // A pod that does not decode is no pod to recreate in.
+                Err(StoreError::Undecodable { .. }) => None,
+                Err(error) => return Err(error),
+            };
             pods.insert(key, uid);
         }
         Ok(RecreateSnapshot { present, new, pods })

@@ -123,12 +123,20 @@ mod tests {
         }))
         .unwrap();
         let revision = store
-            .put_as(key_of::<Secret>("default", "good"), &secret, Precondition::Absent)
+            .put_as(
+                key_of::<Secret>("default", "good"),
+                &secret,
+                Precondition::Absent,
+            )
             .await
             .unwrap();
         let bad = key_of::<Secret>("default", "bad");
         store
-            .put(bad.clone(), b"{\"metadata\": 7}".to_vec(), Precondition::Any)
+            .put(
+                bad.clone(),
+                b"{\"metadata\": 7}".to_vec(),
+                Precondition::Any,
+            )
             .await
             .unwrap();
 
