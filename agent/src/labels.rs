@@ -22,3 +22,7 @@ pub const GRACE_SECONDS: &str = "rigger.dev/termination-grace-seconds";
 /// On sandboxes: the node (agent) that runs the pod. An agent manages only its own, so
 /// agents sharing a containerd (a lab) never remove each other's pods.
 pub const NODE: &str = "rigger.dev/node";
+/// On containers (an annotation): the image reference the container was created from,
+/// as the pod spec wrote it. containerd 1.6's CRI reports the first of the image's tags
+/// instead, which may be any other name the same image was pulled under.
+pub const IMAGE: &str = "rigger.dev/image";

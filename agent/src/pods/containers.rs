@@ -171,12 +171,7 @@ impl PodRunner {
             init && status.state == ContainerState::ContainerExited as i32 && status.exit_code == 0;
         // The image this container was created from (as Kubernetes reports it), which
         // differs from the spec's while an in-place update is under way.
-        let image = status
-            .image
-            .as_ref()
-            .map(|i| i.image.clone())
-            .filter(|i| !i.is_empty())
-            .unwrap_or_else(|| container.image.clone());
+        let image = created_from(&status).unwrap_or_else(|| container.image.clone());
         Ok((
             serde_json::json!({
                 "name": container.name,
@@ -312,8 +307,10 @@ impl PodRunner {
             }),
             image: Some(ImageSpec {
                 image: container.image.clone(),
+                user_specified_image: container.image.clone(),
                 ..ImageSpec::default()
             }),
+            annotations: [(labels::IMAGE.to_owned(), container.image.clone())].into(),
             command: container.command.clone(),
             args: container.args.clone(),
             working_dir: container.working_dir.clone().unwrap_or_default(),
@@ -484,4 +481,18 @@ mod tests {
         b.image = "r.example/app:2".to_owned();
         assert_ne!(spec_hash(&a), spec_hash(&b));
     }
+}
+
+/// The image reference a container was created from: the one the agent wrote on it, else
+/// what CRI says (containerd 2.x: the reference as given; 1.6: the image's first tag).
+pub(super) fn created_from(status: &k8s_cri::v1::ContainerStatus) -> Option<String> {
+    let spec = status.image.as_ref();
+    [
+        status.annotations.get(labels::IMAGE).cloned(),
+        spec.map(|i| i.user_specified_image.clone()),
+        spec.map(|i| i.image.clone()),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|image| !image.is_empty())
 }

@@ -288,7 +288,7 @@ async fn image_of(cri: &impl ContainerRuntime, uid: &str, name: &str) -> Result<
         .unwrap_or_default();
     Ok(Running {
         id: newest.id,
-        image: status.image.map(|i| i.image).unwrap_or_default(),
+        image: super::containers::created_from(&status).unwrap_or_default(),
         image_ref: status.image_ref,
     })
 }

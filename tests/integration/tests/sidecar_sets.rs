@@ -328,6 +328,20 @@ fn a_hot_upgrade_swaps_slots_and_a_broken_image_leaves_the_old_slot_serving(node
     let dir = tempfile::tempdir().unwrap();
     let (controller, agent) = controller_with_agent_on(node, dir.path(), "hot-node", "itest-hot");
     let empty = lab.image("rigger-lab/busybox:1");
+    // The same image under a name sorting before the lab's: containerd 1.6's CRI reports
+    // a container's image as the image's first tag, so the pod's status must come from
+    // what the container was created from, not from CRI's pick.
+    node.ctr_pull("k8s.io", &empty);
+    node.ctr(
+        "k8s.io",
+        &[
+            "images",
+            "tag",
+            "--force",
+            &empty,
+            "0.invalid/rigger-lab/busybox:1",
+        ],
+    );
     let first = busybox_variant("hot-a");
     let second = busybox_variant("hot-b");
     let pid = std::process::id();
