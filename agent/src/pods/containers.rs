@@ -446,6 +446,20 @@ pub(super) fn rfc3339_nanos(nanos: i64) -> String {
     rfc3339_from_nanos(nanos).unwrap_or_else(|| rfc3339(SystemTime::UNIX_EPOCH))
 }
 
+/// The image reference a container was created from: the one the agent wrote on it, else
+/// what CRI says (containerd 2.x: the reference as given; 1.6: the image's first tag).
+pub(super) fn created_from(status: &k8s_cri::v1::ContainerStatus) -> Option<String> {
+    let spec = status.image.as_ref();
+    [
+        status.annotations.get(labels::IMAGE).cloned(),
+        spec.map(|i| i.user_specified_image.clone()),
+        spec.map(|i| i.image.clone()),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|image| !image.is_empty())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -481,18 +495,30 @@ mod tests {
         b.image = "r.example/app:2".to_owned();
         assert_ne!(spec_hash(&a), spec_hash(&b));
     }
-}
 
-/// The image reference a container was created from: the one the agent wrote on it, else
-/// what CRI says (containerd 2.x: the reference as given; 1.6: the image's first tag).
-pub(super) fn created_from(status: &k8s_cri::v1::ContainerStatus) -> Option<String> {
-    let spec = status.image.as_ref();
-    [
-        status.annotations.get(labels::IMAGE).cloned(),
-        spec.map(|i| i.user_specified_image.clone()),
-        spec.map(|i| i.image.clone()),
-    ]
-    .into_iter()
-    .flatten()
-    .find(|image| !image.is_empty())
+    #[test]
+    fn a_container_names_the_image_it_was_created_from_not_crs_pick() {
+        use k8s_cri::v1::{ContainerStatus, ImageSpec};
+        let status = |annotation: Option<&str>, user: &str, first_tag: &str| ContainerStatus {
+            annotations: annotation
+                .map(|a| (crate::labels::IMAGE.to_owned(), a.to_owned()))
+                .into_iter()
+                .collect(),
+            image: Some(ImageSpec {
+                image: first_tag.to_owned(),
+                user_specified_image: user.to_owned(),
+                ..ImageSpec::default()
+            }),
+            ..ContainerStatus::default()
+        };
+        // containerd 1.6: the image's first tag, whatever the pod asked for.
+        let ours = status(Some("registry/app:1"), "", "0.invalid/app:1");
+        assert_eq!(created_from(&ours).as_deref(), Some("registry/app:1"));
+        // Created before the annotation: containerd 2.x's user-specified image, then CRI's.
+        let older = status(None, "registry/app:1", "0.invalid/app:1");
+        assert_eq!(created_from(&older).as_deref(), Some("registry/app:1"));
+        let oldest = status(None, "", "0.invalid/app:1");
+        assert_eq!(created_from(&oldest).as_deref(), Some("0.invalid/app:1"));
+        assert_eq!(created_from(&ContainerStatus::default()), None);
+    }
 }
