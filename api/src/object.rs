@@ -6,22 +6,16 @@
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::container_recreate_request::ContainerRecreateRequest;
 use crate::fields::{FieldError, ObjectMeta};
-use crate::image_list_pull_job::{self, ImageListPullJob};
-use crate::image_pull_job::ImagePullJob;
-use crate::kind::Kind;
-use crate::lifecycle_cooperator::LifecycleCooperator;
-use crate::pod::{LIFECYCLE_STATE_LABEL, Pod};
-use crate::secret::Secret;
-use crate::sidecar_set::SidecarSet;
+use crate::kind::KindInfo;
 use crate::table::Columns;
 
 /// A kind users apply.
 pub trait Object:
     Columns + Serialize + DeserializeOwned + PartialEq + Send + Sync + 'static
 {
-    const KIND: Kind;
+    /// The kind's description (its `INFO`, beside its types).
+    const INFO: &'static KindInfo;
 
     fn metadata(&self) -> &ObjectMeta;
     fn metadata_mut(&mut self) -> &mut ObjectMeta;
@@ -53,7 +47,7 @@ pub trait Object:
 /// targets both go through it.
 pub fn admit<T: Object>(value: serde_json::Value) -> Result<(T, String), (String, FieldError)> {
     let what_of = |namespace: Option<&str>, name: &str| {
-        let kind = T::KIND.name();
+        let kind = T::INFO.name;
         match namespace {
             Some(namespace) => format!("{kind} {namespace}/{name}"),
             None => format!("{kind} {name}"),
@@ -64,7 +58,7 @@ pub fn admit<T: Object>(value: serde_json::Value) -> Result<(T, String), (String
         .and_then(serde_json::Value::as_str)
         .unwrap_or("")
         .to_owned();
-    let namespace = T::KIND.namespaced().then(|| {
+    let namespace = T::INFO.namespaced.then(|| {
         value
             .pointer("/metadata/namespace")
             .and_then(serde_json::Value::as_str)
@@ -81,7 +75,7 @@ pub fn admit<T: Object>(value: serde_json::Value) -> Result<(T, String), (String
     })?;
     object.strip_owned();
     let meta = object.metadata_mut();
-    let what = if T::KIND.namespaced() {
+    let what = if T::INFO.namespaced {
         let namespace = meta
             .namespace
             .get_or_insert_with(|| crate::fields::DEFAULT_NAMESPACE.to_owned())
@@ -119,209 +113,12 @@ fn nested(path: String, message: String) -> FieldError {
 /// `metadata`/`metadata_mut` for a kind whose metadata is its `metadata` field.
 macro_rules! metadata_field {
     () => {
-        fn metadata(&self) -> &ObjectMeta {
+        fn metadata(&self) -> &$crate::fields::ObjectMeta {
             &self.metadata
         }
-        fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        fn metadata_mut(&mut self) -> &mut $crate::fields::ObjectMeta {
             &mut self.metadata
         }
     };
 }
-
-impl Object for ImagePullJob {
-    const KIND: Kind = Kind::ImagePullJob;
-    metadata_field!();
-
-    /// The owner label of an ImageListPullJob's jobs is the controller's to set: a job
-    /// applied with it does not become a list's (to be replaced or deleted with it).
-    fn strip_owned(&mut self) {
-        self.status = None;
-        self.metadata
-            .labels
-            .remove(image_list_pull_job::OWNER_LABEL);
-    }
-
-    /// A list's job applied again stays the list's.
-    fn keep_filled(&mut self, old: &Self) {
-        if let Some(owner) = old.metadata.labels.get(image_list_pull_job::OWNER_LABEL) {
-            self.metadata
-                .labels
-                .insert(image_list_pull_job::OWNER_LABEL.to_owned(), owner.clone());
-        }
-    }
-
-    fn validate(&mut self) -> Result<(), FieldError> {
-        ImagePullJob::validate(self)
-    }
-
-    fn spec_differs(&self, old: &Self) -> bool {
-        self.spec != old.spec
-    }
-
-    fn check_update(&self, old: &Self) -> Result<(), FieldError> {
-        let immutable = [
-            ("spec.image", old.spec.image != self.spec.image),
-            ("spec.selector", old.spec.selector != self.spec.selector),
-            (
-                "spec.podSelector",
-                old.spec.pod_selector != self.spec.pod_selector,
-            ),
-        ];
-        match immutable.iter().find(|(_, changed)| *changed) {
-            Some((field, _)) => Err(FieldError::new(
-                *field,
-                "cannot change on an existing job; delete it and apply again",
-            )),
-            None => Ok(()),
-        }
-    }
-}
-
-impl Object for ContainerRecreateRequest {
-    const KIND: Kind = Kind::ContainerRecreateRequest;
-    metadata_field!();
-
-    fn strip_owned(&mut self) {
-        self.status = None;
-    }
-
-    fn validate(&mut self) -> Result<(), FieldError> {
-        ContainerRecreateRequest::validate(self)
-    }
-
-    fn spec_differs(&self, old: &Self) -> bool {
-        self.spec != old.spec
-    }
-
-    /// The statusContext filled in from the pod's status at creation.
-    fn keep_filled(&mut self, old: &Self) {
-        for container in &mut self.spec.containers {
-            if container.status_context.is_none()
-                && let Some(stored) = old
-                    .spec
-                    .containers
-                    .iter()
-                    .find(|c| c.name == container.name)
-            {
-                container.status_context.clone_from(&stored.status_context);
-            }
-        }
-    }
-
-    /// Like Kruise's, a request cannot change once created.
-    fn check_update(&self, old: &Self) -> Result<(), FieldError> {
-        if self.spec == old.spec {
-            Ok(())
-        } else {
-            Err(FieldError::new(
-                "spec",
-                "cannot change once created; delete the request and apply a new one",
-            ))
-        }
-    }
-}
-
-impl Object for Secret {
-    const KIND: Kind = Kind::Secret;
-    metadata_field!();
-
-    fn validate(&mut self) -> Result<(), FieldError> {
-        self.validate_and_normalize()
-    }
-
-    fn spec_differs(&self, old: &Self) -> bool {
-        self.data != old.data || self.secret_type != old.secret_type
-    }
-}
-
-impl Object for Pod {
-    const KIND: Kind = Kind::Pod;
-    metadata_field!();
-
-    fn strip_owned(&mut self) {
-        self.status = None;
-        // Shown on reads, owned by the agent: a re-applied copy must not store it.
-        self.metadata.labels.remove(LIFECYCLE_STATE_LABEL);
-    }
-
-    fn validate(&mut self) -> Result<(), FieldError> {
-        crate::pod::validate(self)
-    }
-
-    fn spec_differs(&self, old: &Self) -> bool {
-        self.spec != old.spec
-    }
-}
-
-impl Object for LifecycleCooperator {
-    const KIND: Kind = Kind::LifecycleCooperator;
-    metadata_field!();
-
-    fn validate(&mut self) -> Result<(), FieldError> {
-        LifecycleCooperator::validate(self)
-    }
-
-    fn spec_differs(&self, old: &Self) -> bool {
-        self.spec != old.spec
-    }
-}
-
-impl Object for SidecarSet {
-    const KIND: Kind = Kind::SidecarSet;
-    metadata_field!();
-
-    fn strip_owned(&mut self) {
-        self.status = None;
-    }
-
-    fn validate(&mut self) -> Result<(), FieldError> {
-        SidecarSet::validate(self)
-    }
-
-    fn spec_differs(&self, old: &Self) -> bool {
-        self.spec != old.spec
-    }
-}
-
-impl Object for ImageListPullJob {
-    const KIND: Kind = Kind::ImageListPullJob;
-    metadata_field!();
-
-    fn strip_owned(&mut self) {
-        self.status = None;
-    }
-
-    fn validate(&mut self) -> Result<(), FieldError> {
-        ImageListPullJob::validate(self)
-    }
-
-    fn spec_differs(&self, old: &Self) -> bool {
-        self.spec != old.spec
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    #[test]
-    fn admission_names_the_field_even_inside_a_spec_decoded_by_hand() {
-        let list = serde_json::json!({
-            "apiVersion": "apps.kruise.io/v1alpha1", "kind": "ImageListPullJob",
-            "metadata": {"name": "l"},
-            "spec": {"images": ["r.example/a:1"], "completionPolicy": {"type": "Always", "ttlSecondsAfterFinished": ""}},
-        });
-        let (what, error) = admit::<ImageListPullJob>(list).unwrap_err();
-        assert_eq!(what, "ImageListPullJob default/l");
-        assert_eq!(error.path, "spec.completionPolicy.ttlSecondsAfterFinished");
-        let job = serde_json::json!({
-            "apiVersion": "apps.kruise.io/v1alpha1", "kind": "ImagePullJob",
-            "metadata": {"name": "j", "namespace": "team"},
-            "spec": {"image": "r.example/a:1", "pullPolicy": {"timeoutSeconds": -1}},
-        });
-        let (what, error) = admit::<ImagePullJob>(job).unwrap_err();
-        assert_eq!(what, "ImagePullJob team/j");
-        assert_eq!(error.path, "spec.pullPolicy.timeoutSeconds");
-    }
-}
+pub(crate) use metadata_field;

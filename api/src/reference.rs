@@ -9,99 +9,15 @@ use crate::kind::Kind;
 
 /// The kinds with a reference page: every kind users apply or read but Node (whose
 /// shape is Kubernetes' and which is never applied).
-pub const DOCUMENTED: [Kind; 8] = [
-    Kind::ImagePullJob,
-    Kind::ImageListPullJob,
-    Kind::ContainerRecreateRequest,
-    Kind::SidecarSet,
-    Kind::NodeImage,
-    Kind::Pod,
-    Kind::Secret,
-    Kind::LifecycleCooperator,
-];
-
-/// What a kind's page says before its fields: versions, and what differs from Kruise.
-fn notes(kind: Kind) -> &'static str {
-    match kind {
-        Kind::ImagePullJob => {
-            "Pre-download one image on a set of nodes, at most `parallelism` at a time. \
-             Accepted as `apps.kruise.io/v1alpha1`, `apps.kruise.io/v1beta1` and \
-             `rigger.dev/v1alpha1`, kept in the version applied.\n\n\
-             Differs from Kruise: `sandboxConfig` is kept on the job but sent nowhere (Rigger \
-             pulls through containerd's API, where a pull has no sandbox); a job choosing \
-             nodes by `podSelector` cannot carry `pullSecrets` (nodes report their pods' \
-             labels themselves); `status.nodes` adds each node's phase and bytes."
-        }
-        Kind::ImageListPullJob => {
-            "Several images with one job template, carried out as in Kruise by one \
-             ImagePullJob per image (`<list>-<hash>`, labelled \
-             `imagelistpulljob.rigger.dev/name`). Both Kruise versions.\n\n\
-             Differs from Kruise: the jobs are made when the list is applied (a job deleted \
-             by hand comes back on the next apply, and the status says it is missing); a \
-             job of that name that is not the list's is left alone and reported."
-        }
-        Kind::ContainerRecreateRequest => {
-            "Restart some containers of one pod in place. Both Kruise versions; \
-             v1beta1's status has the `PreRecreateGrace` condition.\n\n\
-             Differs from Kruise: `containers[].preStop` and `ports` may be given (Kruise \
-             makes them read-only); `statusContext` is filled in from the pod's status for \
-             Rigger's pods; preStop may also be `tcpSocket`; kubelet's pods are found in the \
-             nodes' inventories."
-        }
-        Kind::SidecarSet => {
-            "Sidecar containers injected into matching pods created after it, and upgraded \
-             in place. Both Kruise versions: `spec.namespace` is v1alpha1's, \
-             `spec.customVersion` v1beta1's.\n\n\
-             Differs from Kruise (refused, naming the field): `resourcesPolicy`, \
-             `patchPodMetadata` keys the injection keeps itself, HotUpgrade on init containers, and a sidecar named like \
-             a container of the pod (Kruise would replace the pod's container). \
-             `shareVolumeDevicePolicy` shares nothing (Rigger's pods have no block devices)."
-        }
-        Kind::Pod => {
-            "Kubernetes' Pod, the subset the agent runs on hosts without kubelet \
-             (`apiVersion: v1`). What is not listed here is refused, naming the field: host \
-             networking is required, volumes are `hostPath` and `emptyDir`. Not a Kruise \
-             kind; SidecarSets inject into these."
-        }
-        Kind::Secret => {
-            "Kubernetes' Secret of type `kubernetes.io/dockerconfigjson` (`apiVersion: v1`), \
-             for ImagePullJobs' `pullSecrets` and pods' `imagePullSecrets`. Values are never \
-             shown by reads and go only to the nodes that pull with them."
-        }
-        Kind::LifecycleCooperator => {
-            "Rigger's own (`rigger.dev/v1alpha1`), in the spirit of Kuperator's \
-             PodOpsLifecycle: outside systems asked at the Preparing and Completing steps of \
-             in-place updates, recreates and deletions of the pods it selects."
-        }
-        Kind::NodeImage => {
-            "Read-only, one per node: the pulls the ImagePullJobs that include the node ask \
-             of it, their state, and the images the node holds. Never applied or deleted \
-             (Kruise's daemon writes these; here each is built when read)."
-        }
-        Kind::Node => "",
-    }
+pub fn documented() -> impl Iterator<Item = Kind> {
+    Kind::ALL
+        .into_iter()
+        .filter(|kind| kind.info().notes.is_some())
 }
 
 /// The JSON Schema of `kind`'s type (none for a Node, which is never applied).
 pub fn schema(kind: Kind) -> Option<Value> {
-    let schema = match kind {
-        Kind::ImagePullJob => schemars::schema_for!(crate::image_pull_job::ImagePullJob),
-        Kind::ImageListPullJob => {
-            schemars::schema_for!(crate::image_list_pull_job::ImageListPullJob)
-        }
-        Kind::ContainerRecreateRequest => {
-            schemars::schema_for!(crate::container_recreate_request::ContainerRecreateRequest)
-        }
-        Kind::SidecarSet => schemars::schema_for!(crate::sidecar_set::SidecarSet),
-        Kind::NodeImage => schemars::schema_for!(crate::node_image::NodeImage),
-        Kind::Pod => schemars::schema_for!(crate::pod::Pod),
-        Kind::Secret => schemars::schema_for!(crate::secret::Secret),
-        Kind::LifecycleCooperator => {
-            schemars::schema_for!(crate::lifecycle_cooperator::LifecycleCooperator)
-        }
-        Kind::Node => return None,
-    };
-    Some(schema.to_value())
+    kind.info().schema.map(|schema| schema())
 }
 
 /// `kind`'s reference page as Markdown; `None` for kinds without one.
@@ -112,7 +28,7 @@ pub fn page(kind: Kind) -> Option<String> {
     let mut out = format!(
         "# {kind}\n\n<!-- Generated from the types by `riggerctl explain {}` (`make docs`); a test fails when it is stale. -->\n\n{}\n\n| field | type | default | description |\n|---|---|---|---|\n",
         kind.name().to_ascii_lowercase(),
-        notes(kind)
+        kind.info().notes.unwrap_or_default()
     );
     for row in rows {
         out.push_str(&format!(
@@ -417,7 +333,7 @@ mod tests {
     #[test]
     fn the_committed_pages_are_current() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/reference");
-        for kind in DOCUMENTED {
+        for kind in documented() {
             let path = dir.join(format!("{}.md", kind.name().to_ascii_lowercase()));
             let committed = std::fs::read_to_string(&path).unwrap_or_default();
             assert!(

@@ -15,8 +15,7 @@ pub struct Args {
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let kind = Kind::parse(&args.kind)?;
     let page = rigger_api::reference::page(kind).ok_or_else(|| {
-        let documented: Vec<String> = rigger_api::reference::DOCUMENTED
-            .iter()
+        let documented: Vec<String> = rigger_api::reference::documented()
             .map(|k| k.name().to_ascii_lowercase())
             .collect();
         anyhow::anyhow!(

@@ -93,11 +93,11 @@ impl ControlService {
             Kind::LifecycleCooperator => self.apply_cooperator(value, dry_run).await,
             Kind::SidecarSet => self.apply_sidecar_set(value, dry_run).await,
             Kind::ImageListPullJob => self.apply_image_list_pull_job(value, dry_run).await,
-            Kind::Node => Err(Status::invalid_argument(
-                "Node objects are not applied: a node exists while its agent is registered",
-            )),
-            Kind::NodeImage => Err(Status::invalid_argument(
-                "NodeImage objects are not applied: each node's is read from its inventory and the ImagePullJobs that include it; pre-download with an ImagePullJob",
+            // The registry says why users never apply these.
+            Kind::Node | Kind::NodeImage => Err(Status::invalid_argument(
+                kind.info()
+                    .not_applied
+                    .unwrap_or("this kind is not applied"),
             )),
         }
     }
@@ -109,7 +109,7 @@ impl ControlService {
     ) -> Result<Draft<T>, Status> {
         let (object, what) =
             rigger_api::object::admit::<T>(value).map_err(|(what, e)| refuse(&what, &e))?;
-        let kind = T::KIND.name();
+        let kind = T::INFO.name;
         let namespace = object.metadata().namespace.clone().unwrap_or_default();
         let key = ObjectKey::new(kind, &namespace, &object.metadata().name);
         // An unreadable stored version is never written over: what it held would be lost.
@@ -391,9 +391,9 @@ impl ControlService {
                 .await?;
         }
         for label in [
-            crate::recreates::POD_UID_LABEL,
-            crate::recreates::NODE_NAME_LABEL,
-            crate::recreates::POD_OWNER_LABEL,
+            crate::recreate_requests::POD_UID_LABEL,
+            crate::recreate_requests::NODE_NAME_LABEL,
+            crate::recreate_requests::POD_OWNER_LABEL,
         ] {
             if let Some(value) = target.get(label) {
                 draft

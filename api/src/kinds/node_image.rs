@@ -12,6 +12,11 @@ use super::image_pull_job::{ImagePullJob, NodePullPhase, NodePullStatus};
 use super::node::Node;
 use crate::fields::ObjectMeta;
 
+use std::time::SystemTime;
+
+use crate::kind::{Kind, KindInfo};
+use crate::table::Columns;
+
 pub const KIND: &str = "NodeImage";
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -264,6 +269,48 @@ fn rank(phase: NodePullPhase) -> u8 {
         NodePullPhase::Pulling => 2,
         NodePullPhase::Failed => 1,
         NodePullPhase::Waiting => 0,
+    }
+}
+
+/// NodeImage, as the registry (`kinds/mod.rs`) lists it.
+pub const INFO: KindInfo = KindInfo {
+    kind: Kind::NodeImage,
+    name: KIND,
+    spellings: &["nodeimages"],
+    namespaced: false,
+    not_applied: Some(
+        "NodeImage objects are not applied: each node's is read from its inventory and the ImagePullJobs that include it; pre-download with an ImagePullJob",
+    ),
+    notes: Some(
+        "Read-only, one per node: the pulls the ImagePullJobs that include the node ask \
+             of it, their state, and the images the node holds. Never applied or deleted \
+             (Kruise's daemon writes these; here each is built when read).",
+    ),
+    schema: Some(json_schema),
+    table: crate::table::table_of::<NodeImage>,
+};
+
+fn json_schema() -> serde_json::Value {
+    schemars::schema_for!(NodeImage).to_value()
+}
+
+/// Kruise's columns: DESIRED, PULLING, SUCCEED, FAILED.
+impl Columns for NodeImage {
+    fn header(_wide: bool) -> Vec<&'static str> {
+        vec!["NAME", "DESIRED", "PULLING", "SUCCEED", "FAILED", "HELD"]
+    }
+
+    fn row(&self, _wide: bool, _now: SystemTime) -> Vec<String> {
+        let status = &self.status;
+        let held: usize = status.image_statuses.values().map(|i| i.tags.len()).sum();
+        vec![
+            self.metadata.name.clone(),
+            status.desired.to_string(),
+            status.pulling.to_string(),
+            status.succeeded.to_string(),
+            status.failed.to_string(),
+            held.to_string(),
+        ]
     }
 }
 

@@ -10,6 +10,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::fields::ObjectMeta;
 
+use std::time::SystemTime;
+
+use crate::kind::{Kind, KindInfo};
+use crate::table::{Columns, age, join_labels};
+
 pub const KIND: &str = "Node";
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -75,4 +80,62 @@ pub struct ContainerImage {
     pub namespace: String,
     pub digest: String,
     pub size_bytes: u64,
+}
+
+/// Node, as the registry (`kinds/mod.rs`) lists it.
+pub const INFO: KindInfo = KindInfo {
+    kind: Kind::Node,
+    name: KIND,
+    spellings: &["nodes", "no"],
+    namespaced: false,
+    not_applied: Some("Node objects are not applied: a node exists while its agent is registered"),
+    notes: None,
+    schema: None,
+    table: crate::table::table_of::<Node>,
+};
+
+impl Columns for Node {
+    fn header(wide: bool) -> Vec<&'static str> {
+        let mut header = vec![
+            "NAME",
+            "STATUS",
+            "AGENT",
+            "CONTAINERD",
+            "IMAGES",
+            "PODS",
+            "LAST HEARTBEAT",
+        ];
+        if wide {
+            header.extend(["LABELS", "REASON"]);
+        }
+        header
+    }
+
+    fn row(&self, wide: bool, now: SystemTime) -> Vec<String> {
+        let ready = self.status.conditions.first();
+        let info = &self.status.node_info;
+        let mut row = vec![
+            self.metadata.name.clone(),
+            match ready.is_some_and(|c| c.status == "True") {
+                true => "Ready",
+                false => "NotReady",
+            }
+            .to_owned(),
+            info.agent_version.clone(),
+            info.container_runtime_version
+                .trim_start_matches("containerd://")
+                .to_owned(),
+            self.status.images.len().to_string(),
+            self.status.pods.to_string(),
+            format!(
+                "{} ago",
+                age(ready.map(|c| c.last_heartbeat_time.as_str()), now)
+            ),
+        ];
+        if wide {
+            row.push(join_labels(&self.metadata.labels));
+            row.push(ready.map(|c| c.message.clone()).unwrap_or_default());
+        }
+        row
+    }
 }

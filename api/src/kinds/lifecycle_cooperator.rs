@@ -10,6 +10,12 @@ use rigger_proto::lifecycle::{Cooperator, FailurePolicy, NodeExec, Operation, We
 
 use crate::fields::{FieldError, LabelSelector, ObjectMeta, ValidateMeta as _, check_range};
 
+use std::time::SystemTime;
+
+use crate::kind::{Kind, KindInfo};
+use crate::object::{Object, metadata_field};
+use crate::table::{Columns, age, or_dash};
+
 pub const KIND: &str = "LifecycleCooperator";
 pub use crate::fields::API_VERSION;
 const DEFAULT_TIMEOUT_SECONDS: u32 = 30;
@@ -126,6 +132,67 @@ fn check_url(text: &str) -> Result<(), String> {
         return Err(format!("{text:?} has no host"));
     }
     Ok(())
+}
+
+/// LifecycleCooperator, as the registry (`kinds/mod.rs`) lists it.
+pub const INFO: KindInfo = KindInfo {
+    kind: Kind::LifecycleCooperator,
+    name: KIND,
+    spellings: &["lifecyclecooperators", "lc"],
+    namespaced: true,
+    not_applied: None,
+    notes: Some(
+        "Rigger's own (`rigger.dev/v1alpha1`), in the spirit of Kuperator's \
+             PodOpsLifecycle: outside systems asked at the Preparing and Completing steps of \
+             in-place updates, recreates and deletions of the pods it selects.",
+    ),
+    schema: Some(json_schema),
+    table: crate::table::table_of::<LifecycleCooperator>,
+};
+
+fn json_schema() -> serde_json::Value {
+    schemars::schema_for!(LifecycleCooperator).to_value()
+}
+
+impl Object for LifecycleCooperator {
+    const INFO: &'static KindInfo = &INFO;
+    metadata_field!();
+
+    fn validate(&mut self) -> Result<(), FieldError> {
+        LifecycleCooperator::validate(self)
+    }
+
+    fn spec_differs(&self, old: &Self) -> bool {
+        self.spec != old.spec
+    }
+}
+
+impl Columns for LifecycleCooperator {
+    fn header(_wide: bool) -> Vec<&'static str> {
+        vec!["NAME", "OPERATIONS", "CALLS", "AGE"]
+    }
+
+    fn row(&self, _wide: bool, now: SystemTime) -> Vec<String> {
+        let operations: Vec<String> = self
+            .spec
+            .operations
+            .iter()
+            .filter_map(|o| serde_json::to_value(o).ok())
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect();
+        let calls = match (&self.spec.webhook, &self.spec.exec) {
+            (Some(_), Some(_)) => "webhook,exec",
+            (Some(_), None) => "webhook",
+            (None, Some(_)) => "exec",
+            (None, None) => "-",
+        };
+        vec![
+            self.metadata.name.clone(),
+            or_dash(&operations.join(",")),
+            calls.to_owned(),
+            age(self.metadata.creation_timestamp.as_deref(), now),
+        ]
+    }
 }
 
 #[cfg(test)]

@@ -12,10 +12,14 @@ use serde::{Deserialize, Serialize, Serializer};
 use super::image_pull_job::{ImagePullJob, ImagePullJobSpec};
 use crate::fields::{FieldError, ObjectMeta, ValidateMeta as _, short_hash};
 
+use std::time::SystemTime;
+
+use crate::kind::{Kind, KindInfo};
+use crate::object::{Object, metadata_field};
+use crate::table::{Columns, age};
+
 pub const KIND: &str = "ImageListPullJob";
-/// The label an ImageListPullJob's ImagePullJobs carry: the list's name. Set only by the
-/// controller (an apply never keeps it), so that a list manages only its own jobs.
-pub const OWNER_LABEL: &str = "imagelistpulljob.rigger.dev/name";
+pub use super::image_pull_job::OWNER_LABEL;
 /// Kubernetes' label for the version of the template a job was made from (Kruise's).
 pub const TEMPLATE_HASH_LABEL: &str = "controller-revision-hash";
 
@@ -222,6 +226,74 @@ impl<'de> Visitor<'de> for SpecVisitor {
                 }
             })?;
         Ok(ImageListPullJobSpec { images, template })
+    }
+}
+
+/// ImageListPullJob, as the registry (`kinds/mod.rs`) lists it.
+pub const INFO: KindInfo = KindInfo {
+    kind: Kind::ImageListPullJob,
+    name: KIND,
+    spellings: &["imagelistpulljobs"],
+    namespaced: true,
+    not_applied: None,
+    notes: Some(
+        "Several images with one job template, carried out as in Kruise by one \
+             ImagePullJob per image (`<list>-<hash>`, labelled \
+             `imagelistpulljob.rigger.dev/name`). Both Kruise versions.\n\n\
+             Differs from Kruise: the jobs are made when the list is applied (a job deleted \
+             by hand comes back on the next apply, and the status says it is missing); a \
+             job of that name that is not the list's is left alone and reported.",
+    ),
+    schema: Some(json_schema),
+    table: crate::table::table_of::<ImageListPullJob>,
+};
+
+fn json_schema() -> serde_json::Value {
+    schemars::schema_for!(ImageListPullJob).to_value()
+}
+
+impl Object for ImageListPullJob {
+    const INFO: &'static KindInfo = &INFO;
+    metadata_field!();
+
+    fn strip_owned(&mut self) {
+        self.status = None;
+    }
+
+    fn validate(&mut self) -> Result<(), FieldError> {
+        ImageListPullJob::validate(self)
+    }
+
+    fn spec_differs(&self, old: &Self) -> bool {
+        self.spec != old.spec
+    }
+}
+
+/// Kruise's columns: TOTAL, ACTIVE, SUCCEEDED, COMPLETED.
+impl Columns for ImageListPullJob {
+    fn header(wide: bool) -> Vec<&'static str> {
+        let mut header = vec!["NAME", "TOTAL", "ACTIVE", "SUCCEEDED", "COMPLETED", "AGE"];
+        if wide {
+            header.push("IMAGES");
+        }
+        header
+    }
+
+    fn row(&self, wide: bool, now: SystemTime) -> Vec<String> {
+        let none = ImageListPullJobStatus::default();
+        let status = self.status.as_ref().unwrap_or(&none);
+        let mut row = vec![
+            self.metadata.name.clone(),
+            status.desired.to_string(),
+            status.active.to_string(),
+            status.succeeded.to_string(),
+            status.completed.to_string(),
+            age(self.metadata.creation_timestamp.as_deref(), now),
+        ];
+        if wide {
+            row.push(self.spec.images.join(","));
+        }
+        row
     }
 }
 

@@ -21,6 +21,12 @@ use crate::fields::{
     FieldError, LabelSelector, ObjectMeta, ValidateMeta as _, check_range, short_hash,
 };
 
+use std::time::SystemTime;
+
+use crate::kind::{Kind, KindInfo};
+use crate::object::{Object, metadata_field};
+use crate::table::{Columns, age};
+
 /// The most revisions a SidecarSet keeps: its whole history is one stored record, which
 /// must stay well inside a store's value limit (etcd's is 1.5 MiB).
 pub const MAX_REVISION_HISTORY_LIMIT: u64 = 100;
@@ -424,6 +430,65 @@ pub fn slots_of(sidecar: &SidecarContainer, container: Container) -> Vec<Contain
 
 fn containers_of(sidecars: &[SidecarContainer]) -> Vec<Container> {
     sidecars.iter().map(|s| s.container.clone()).collect()
+}
+
+/// SidecarSet, as the registry (`kinds/mod.rs`) lists it.
+pub const INFO: KindInfo = KindInfo {
+    kind: Kind::SidecarSet,
+    name: KIND,
+    spellings: &["sidecarsets"],
+    namespaced: false,
+    not_applied: None,
+    notes: Some(
+        "Sidecar containers injected into matching pods created after it, and upgraded \
+             in place. Both Kruise versions: `spec.namespace` is v1alpha1's, \
+             `spec.customVersion` v1beta1's.\n\n\
+             Differs from Kruise (refused, naming the field): `resourcesPolicy`, \
+             `patchPodMetadata` keys the injection keeps itself, HotUpgrade on init containers, and a sidecar named like \
+             a container of the pod (Kruise would replace the pod's container). \
+             `shareVolumeDevicePolicy` shares nothing (Rigger's pods have no block devices).",
+    ),
+    schema: Some(json_schema),
+    table: crate::table::table_of::<SidecarSet>,
+};
+
+fn json_schema() -> serde_json::Value {
+    schemars::schema_for!(SidecarSet).to_value()
+}
+
+impl Object for SidecarSet {
+    const INFO: &'static KindInfo = &INFO;
+    metadata_field!();
+
+    fn strip_owned(&mut self) {
+        self.status = None;
+    }
+
+    fn validate(&mut self) -> Result<(), FieldError> {
+        SidecarSet::validate(self)
+    }
+
+    fn spec_differs(&self, old: &Self) -> bool {
+        self.spec != old.spec
+    }
+}
+
+impl Columns for SidecarSet {
+    fn header(_wide: bool) -> Vec<&'static str> {
+        vec!["NAME", "MATCHED", "UPDATED", "READY", "AGE"]
+    }
+
+    fn row(&self, _wide: bool, now: SystemTime) -> Vec<String> {
+        let none = SidecarSetStatus::default();
+        let status = self.status.as_ref().unwrap_or(&none);
+        vec![
+            self.metadata.name.clone(),
+            status.matched_pods.to_string(),
+            status.updated_pods.to_string(),
+            status.ready_pods.to_string(),
+            age(self.metadata.creation_timestamp.as_deref(), now),
+        ]
+    }
 }
 
 #[cfg(test)]

@@ -110,7 +110,7 @@ fn containers_and_init_containers_go_where_their_policy_says() {
         pod.metadata.annotations[INJECTED_LIST_ANNOTATION],
         "hot,mesh"
     );
-    crate::pod::validate(&pod).unwrap();
+    crate::kinds::pod::validate(&pod).unwrap();
 }
 
 #[test]
@@ -165,7 +165,7 @@ fn shared_volumes_and_transferred_env_come_from_the_pods_own_containers() {
         ["data", "logs", "certs", "mine"],
         "only what is mounted"
     );
-    crate::pod::validate(&pod).unwrap();
+    crate::kinds::pod::validate(&pod).unwrap();
 }
 
 #[test]
@@ -297,7 +297,7 @@ fn a_reapplied_pod_keeps_its_sidecars_where_they_stood() {
     assert_eq!(again.spec.containers[1].image, "r.example/app:2");
     assert!(again.spec.volumes.iter().any(|v| v.name == "certs"));
     assert_eq!(injected(&again), injected(&stored));
-    crate::pod::check_in_place_change(&stored.spec, &again.spec).unwrap();
+    crate::kinds::pod::check_in_place_change(&stored.spec, &again.spec).unwrap();
 }
 
 #[test]

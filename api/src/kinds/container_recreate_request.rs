@@ -10,6 +10,12 @@ use rigger_proto::pod::{ContainerPort, Handler, IntOrName};
 
 use crate::fields::{Condition, FieldError, MAX_INT32, ObjectMeta, ValidateMeta as _, check_range};
 
+use std::time::SystemTime;
+
+use crate::kind::{Kind, KindInfo};
+use crate::object::{Object, metadata_field};
+use crate::table::{Columns, age};
+
 pub const KIND: &str = "ContainerRecreateRequest";
 /// Kruise's labels naming the request's pod and node (set when the request is applied).
 pub const POD_UID_LABEL: &str = "crr.apps.kruise.io/pod-uid";
@@ -318,6 +324,111 @@ impl CrrContainer {
             ));
         }
         Ok(())
+    }
+}
+
+/// ContainerRecreateRequest, as the registry (`kinds/mod.rs`) lists it.
+pub const INFO: KindInfo = KindInfo {
+    kind: Kind::ContainerRecreateRequest,
+    name: KIND,
+    spellings: &["containerrecreaterequests", "crr"],
+    namespaced: true,
+    not_applied: None,
+    notes: Some(
+        "Restart some containers of one pod in place. Both Kruise versions; \
+             v1beta1's status has the `PreRecreateGrace` condition.\n\n\
+             Differs from Kruise: `containers[].preStop` and `ports` may be given (Kruise \
+             makes them read-only); `statusContext` is filled in from the pod's status for \
+             Rigger's pods; preStop may also be `tcpSocket`; kubelet's pods are found in the \
+             nodes' inventories.",
+    ),
+    schema: Some(json_schema),
+    table: crate::table::table_of::<ContainerRecreateRequest>,
+};
+
+fn json_schema() -> serde_json::Value {
+    schemars::schema_for!(ContainerRecreateRequest).to_value()
+}
+
+impl Object for ContainerRecreateRequest {
+    const INFO: &'static KindInfo = &INFO;
+    metadata_field!();
+
+    fn strip_owned(&mut self) {
+        self.status = None;
+    }
+
+    fn validate(&mut self) -> Result<(), FieldError> {
+        ContainerRecreateRequest::validate(self)
+    }
+
+    fn spec_differs(&self, old: &Self) -> bool {
+        self.spec != old.spec
+    }
+
+    /// The statusContext filled in from the pod's status at creation.
+    fn keep_filled(&mut self, old: &Self) {
+        for container in &mut self.spec.containers {
+            if container.status_context.is_none()
+                && let Some(stored) = old
+                    .spec
+                    .containers
+                    .iter()
+                    .find(|c| c.name == container.name)
+            {
+                container.status_context.clone_from(&stored.status_context);
+            }
+        }
+    }
+
+    /// Like Kruise's, a request cannot change once created.
+    fn check_update(&self, old: &Self) -> Result<(), FieldError> {
+        if self.spec == old.spec {
+            Ok(())
+        } else {
+            Err(FieldError::new(
+                "spec",
+                "cannot change once created; delete the request and apply a new one",
+            ))
+        }
+    }
+}
+
+impl Columns for ContainerRecreateRequest {
+    fn header(wide: bool) -> Vec<&'static str> {
+        let mut header = vec!["NAME", "POD", "PHASE", "CONTAINERS", "AGE"];
+        if wide {
+            header.extend(["NODE", "MESSAGE"]);
+        }
+        header
+    }
+
+    fn row(&self, wide: bool, now: SystemTime) -> Vec<String> {
+        let none = CrrStatus::default();
+        let status = self.status.as_ref().unwrap_or(&none);
+        let phase = match status.phase {
+            CrrPhase::Pending => "Pending",
+            CrrPhase::Recreating => "Recreating",
+            CrrPhase::Completed => "Completed",
+        };
+        let containers: Vec<String> = status
+            .container_recreate_states
+            .iter()
+            .map(|s| format!("{}={:?}", s.name, s.phase))
+            .collect();
+        let mut row = vec![
+            self.metadata.name.clone(),
+            self.spec.pod_name.clone(),
+            phase.to_owned(),
+            containers.join(","),
+            age(self.metadata.creation_timestamp.as_deref(), now),
+        ];
+        if wide {
+            let node = self.metadata.labels.get(NODE_NAME_LABEL);
+            row.push(node.cloned().unwrap_or_default());
+            row.push(status.message.clone());
+        }
+        row
     }
 }
 

@@ -11,6 +11,12 @@ use crate::fields::{
     FieldError, MAX_INT32, ValidateMeta as _, ValidatePort as _, check_dns_subdomain, check_range,
 };
 
+use std::time::SystemTime;
+
+use crate::kind::{Kind, KindInfo};
+use crate::object::{Object, metadata_field};
+use crate::table::{Columns, age, or_dash};
+
 /// The label `get pod` shows an agent-managed pod's lifecycle state in (the agent's;
 /// never stored from an apply).
 pub const LIFECYCLE_STATE_LABEL: &str = "lifecycle.rigger.dev/state";
@@ -425,6 +431,106 @@ fn first_difference(
             .enumerate()
             .find_map(|(i, (x, y))| first_difference(&format!("{path}[{i}]"), x, y)),
         _ => Some(path.to_owned()),
+    }
+}
+
+/// Kruise's annotation naming, per hot-upgrade sidecar, the slot that serves.
+const HOT_UPGRADE_WORKING: &str = "kruise.io/sidecarset-working-hotupgrade-container";
+
+/// Pod, as the registry (`kinds/mod.rs`) lists it.
+pub const INFO: KindInfo = KindInfo {
+    kind: Kind::Pod,
+    name: KIND,
+    spellings: &["pods", "po"],
+    namespaced: true,
+    not_applied: None,
+    notes: Some(
+        "Kubernetes' Pod, the subset the agent runs on hosts without kubelet \
+             (`apiVersion: v1`). What is not listed here is refused, naming the field: host \
+             networking is required, volumes are `hostPath` and `emptyDir`. Not a Kruise \
+             kind; SidecarSets inject into these.",
+    ),
+    schema: Some(json_schema),
+    table: crate::table::table_of::<Pod>,
+};
+
+fn json_schema() -> serde_json::Value {
+    schemars::schema_for!(Pod).to_value()
+}
+
+impl Object for Pod {
+    const INFO: &'static KindInfo = &INFO;
+    metadata_field!();
+
+    fn strip_owned(&mut self) {
+        self.status = None;
+        // Shown on reads, owned by the agent: a re-applied copy must not store it.
+        self.metadata.labels.remove(LIFECYCLE_STATE_LABEL);
+    }
+
+    fn validate(&mut self) -> Result<(), FieldError> {
+        validate(self)
+    }
+
+    fn spec_differs(&self, old: &Self) -> bool {
+        self.spec != old.spec
+    }
+}
+
+impl Columns for Pod {
+    fn header(wide: bool) -> Vec<&'static str> {
+        let mut header = vec!["NAME", "READY", "STATUS", "RESTARTS", "LIFECYCLE", "AGE"];
+        if wide {
+            header.extend(["NODE", "IMAGES", "WORKING SIDECARS"]);
+        }
+        header
+    }
+
+    fn row(&self, wide: bool, now: SystemTime) -> Vec<String> {
+        // The status is the agent's report, kept as it came: read leniently.
+        let status = self.status.as_ref().unwrap_or(&serde_json::Value::Null);
+        let statuses = status["containerStatuses"]
+            .as_array()
+            .map_or(&[][..], Vec::as_slice);
+        let ready = statuses.iter().filter(|c| c["ready"] == true).count();
+        let restarts: u64 = statuses
+            .iter()
+            .filter_map(|c| c["restartCount"].as_u64())
+            .sum();
+        let phase = match status["phase"].as_str().unwrap_or_default() {
+            "" => "Pending",
+            phase => phase,
+        };
+        let lifecycle = self.metadata.labels.get(LIFECYCLE_STATE_LABEL);
+        let mut row = vec![
+            self.metadata.name.clone(),
+            format!("{ready}/{}", self.spec.containers.len()),
+            phase.to_owned(),
+            restarts.to_string(),
+            or_dash(lifecycle.map_or("", String::as_str)),
+            age(self.metadata.creation_timestamp.as_deref(), now),
+        ];
+        if wide {
+            row.push(self.spec.node_name.clone().unwrap_or_default());
+            let images: Vec<&str> = self
+                .spec
+                .containers
+                .iter()
+                .map(|c| c.image.as_str())
+                .collect();
+            row.push(images.join(","));
+            // Hot-upgrade sidecars: which slot serves.
+            let working: std::collections::BTreeMap<String, String> = self
+                .metadata
+                .annotations
+                .get(HOT_UPGRADE_WORKING)
+                .and_then(|w| serde_json::from_str(w).ok())
+                .unwrap_or_default();
+            row.push(or_dash(
+                &working.into_values().collect::<Vec<_>>().join(","),
+            ));
+        }
+        row
     }
 }
 

@@ -10,7 +10,16 @@ use crate::fields::{
     FieldError, IntOrPercent, LabelSelector, MAX_INT32, ObjectMeta, ValidateMeta as _, check_range,
 };
 
+use std::time::SystemTime;
+
+use crate::kind::{Kind, KindInfo};
+use crate::object::{Object, metadata_field};
+use crate::table::{Columns, age, bytes};
+
 pub const KIND: &str = "ImagePullJob";
+/// The label an ImageListPullJob's ImagePullJobs carry: the list's name. Set only by the
+/// controller (an apply never keeps it), so that a list manages only its own jobs.
+pub const OWNER_LABEL: &str = "imagelistpulljob.rigger.dev/name";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -373,6 +382,124 @@ impl ImagePullJobSpec {
             self.parallelism,
             Some(IntOrPercent::Int(0) | IntOrPercent::Percent(0))
         )
+    }
+}
+
+/// ImagePullJob, as the registry (`kinds/mod.rs`) lists it.
+pub const INFO: KindInfo = KindInfo {
+    kind: Kind::ImagePullJob,
+    name: KIND,
+    spellings: &["imagepulljobs", "ipj"],
+    namespaced: true,
+    not_applied: None,
+    notes: Some(
+        "Pre-download one image on a set of nodes, at most `parallelism` at a time. \
+             Accepted as `apps.kruise.io/v1alpha1`, `apps.kruise.io/v1beta1` and \
+             `rigger.dev/v1alpha1`, kept in the version applied.\n\n\
+             Differs from Kruise: `sandboxConfig` is kept on the job but sent nowhere (Rigger \
+             pulls through containerd's API, where a pull has no sandbox); a job choosing \
+             nodes by `podSelector` cannot carry `pullSecrets` (nodes report their pods' \
+             labels themselves); `status.nodes` adds each node's phase and bytes.",
+    ),
+    schema: Some(json_schema),
+    table: crate::table::table_of::<ImagePullJob>,
+};
+
+fn json_schema() -> serde_json::Value {
+    schemars::schema_for!(ImagePullJob).to_value()
+}
+
+impl Object for ImagePullJob {
+    const INFO: &'static KindInfo = &INFO;
+    metadata_field!();
+
+    /// The owner label of an ImageListPullJob's jobs is the controller's to set: a job
+    /// applied with it does not become a list's (to be replaced or deleted with it).
+    fn strip_owned(&mut self) {
+        self.status = None;
+        self.metadata.labels.remove(OWNER_LABEL);
+    }
+
+    /// A list's job applied again stays the list's.
+    fn keep_filled(&mut self, old: &Self) {
+        if let Some(owner) = old.metadata.labels.get(OWNER_LABEL) {
+            self.metadata
+                .labels
+                .insert(OWNER_LABEL.to_owned(), owner.clone());
+        }
+    }
+
+    fn validate(&mut self) -> Result<(), FieldError> {
+        ImagePullJob::validate(self)
+    }
+
+    fn spec_differs(&self, old: &Self) -> bool {
+        self.spec != old.spec
+    }
+
+    fn check_update(&self, old: &Self) -> Result<(), FieldError> {
+        let immutable = [
+            ("spec.image", old.spec.image != self.spec.image),
+            ("spec.selector", old.spec.selector != self.spec.selector),
+            (
+                "spec.podSelector",
+                old.spec.pod_selector != self.spec.pod_selector,
+            ),
+        ];
+        match immutable.iter().find(|(_, changed)| *changed) {
+            Some((field, _)) => Err(FieldError::new(
+                *field,
+                "cannot change on an existing job; delete it and apply again",
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Columns for ImagePullJob {
+    fn header(wide: bool) -> Vec<&'static str> {
+        let mut header = vec![
+            "NAME",
+            "TOTAL",
+            "ACTIVE",
+            "SUCCEEDED",
+            "FAILED",
+            "PROGRESS",
+            "AGE",
+            "MESSAGE",
+        ];
+        if wide {
+            header.push("IMAGE");
+        }
+        header
+    }
+
+    fn row(&self, wide: bool, now: SystemTime) -> Vec<String> {
+        // Borrowed, not cloned: a job's status holds an entry per node.
+        let none = ImagePullJobStatus::default();
+        let status = self.status.as_ref().unwrap_or(&none);
+        let (done, total) = status
+            .nodes
+            .iter()
+            .fold((0, 0), |(d, t), n| (d + n.bytes_done, t + n.bytes_total));
+        let progress = match total {
+            0 => "-".to_owned(),
+            _ => format!("{}/{}", bytes(done), bytes(total)),
+        };
+        let mut row = vec![
+            self.metadata.name.clone(),
+            status.desired.to_string(),
+            status.active.to_string(),
+            status.succeeded.to_string(),
+            status.failed.to_string(),
+            progress,
+            age(self.metadata.creation_timestamp.as_deref(), now),
+            status.message.clone(),
+        ];
+        if wide {
+            row.push(self.spec.image.clone());
+        }
+        row
     }
 }
 

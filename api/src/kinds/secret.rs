@@ -10,6 +10,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::fields::{FieldError, ObjectMeta, ValidateMeta as _};
 
+use std::time::SystemTime;
+
+use crate::kind::{Kind, KindInfo};
+use crate::object::{Object, metadata_field};
+use crate::table::{Columns, age};
+
 pub const KIND: &str = "Secret";
 pub const API_VERSION: &str = "v1";
 pub const DOCKER_CONFIG_JSON_TYPE: &str = "kubernetes.io/dockerconfigjson";
@@ -126,6 +132,54 @@ impl Secret {
             *value = REDACTED.to_owned();
         }
         shown
+    }
+}
+
+/// Secret, as the registry (`kinds/mod.rs`) lists it.
+pub const INFO: KindInfo = KindInfo {
+    kind: Kind::Secret,
+    name: KIND,
+    spellings: &["secrets"],
+    namespaced: true,
+    not_applied: None,
+    notes: Some(
+        "Kubernetes' Secret of type `kubernetes.io/dockerconfigjson` (`apiVersion: v1`), \
+             for ImagePullJobs' `pullSecrets` and pods' `imagePullSecrets`. Values are never \
+             shown by reads and go only to the nodes that pull with them.",
+    ),
+    schema: Some(json_schema),
+    table: crate::table::table_of::<Secret>,
+};
+
+fn json_schema() -> serde_json::Value {
+    schemars::schema_for!(Secret).to_value()
+}
+
+impl Object for Secret {
+    const INFO: &'static KindInfo = &INFO;
+    metadata_field!();
+
+    fn validate(&mut self) -> Result<(), FieldError> {
+        self.validate_and_normalize()
+    }
+
+    fn spec_differs(&self, old: &Self) -> bool {
+        self.data != old.data || self.secret_type != old.secret_type
+    }
+}
+
+impl Columns for Secret {
+    fn header(_wide: bool) -> Vec<&'static str> {
+        vec!["NAME", "TYPE", "DATA", "AGE"]
+    }
+
+    fn row(&self, _wide: bool, now: SystemTime) -> Vec<String> {
+        vec![
+            self.metadata.name.clone(),
+            self.secret_type.clone(),
+            self.data.len().to_string(),
+            age(self.metadata.creation_timestamp.as_deref(), now),
+        ]
     }
 }
 
