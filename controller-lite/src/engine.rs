@@ -2,7 +2,7 @@
 //! engine reads from the store, then reconcile, act, write), then wait for a wake-up (an
 //! apply, a report, a node coming or going), the next tick, or cancellation; after the
 //! last pass, a final flush. Each engine's decisions are its own pure reconcile
-//! functions (`jobs::reconcile_job`, `recreates::decide`, `sidecars::to_upgrade`); this
+//! functions (`jobs::reconcile_job`, `recreate_requests::decide`, `sidecars::to_upgrade`); this
 //! module only schedules them.
 
 use std::future::Future;

@@ -212,7 +212,7 @@ mod tests {
 
     fn store() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::Embedded(EmbeddedStore::open(dir.path()).unwrap());
+        let store = Store::new(EmbeddedStore::open(dir.path()).unwrap());
         (dir, store)
     }
 

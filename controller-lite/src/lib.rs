@@ -35,7 +35,7 @@ pub mod peer_queries;
 pub mod pods;
 pub mod predownload;
 pub mod rate_limit;
-pub mod recreates;
+pub mod recreate_requests;
 pub mod relay;
 pub mod report_limits;
 pub mod server;

@@ -27,7 +27,7 @@ use crate::jobs::JobEngine;
 use crate::leader::Leadership;
 use crate::nodes::{NodeRegistry, SessionId};
 use crate::pods::PodSync;
-use crate::recreates::{RecreateEngine, is_recreate_task};
+use crate::recreate_requests::{RecreateEngine, is_recreate_task};
 
 /// Messages queued for one agent before the engine holds back (and offers them again).
 const AGENT_QUEUE: usize = 64;

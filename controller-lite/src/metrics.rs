@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::jobs::JobEngine;
 use crate::leader::Leadership;
 use crate::nodes::NodeRegistry;
-use crate::recreates::RecreateEngine;
+use crate::recreate_requests::RecreateEngine;
 
 const REFRESH: Duration = Duration::from_secs(2);
 

@@ -270,7 +270,7 @@ mod tests {
     #[tokio::test]
     async fn saved_labels_load_and_an_emptied_set_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::Embedded(crate::store::EmbeddedStore::open(dir.path()).unwrap());
+        let store = Store::new(crate::store::EmbeddedStore::open(dir.path()).unwrap());
         let change = LabelChange {
             set: labels(&[("node-restriction.rigger.dev/team", "payments")]),
             ..LabelChange::default()

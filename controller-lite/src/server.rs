@@ -85,11 +85,15 @@ pub async fn run(
 ) -> Result<(), ServerError> {
     // The store opens first: a data directory that cannot be used stops the controller
     // before it accepts anyone.
-    let store = match &config.store {
-        StoreConfig::Embedded => Store::Embedded(EmbeddedStore::open(&config.data_dir)?),
-        StoreConfig::Etcd { endpoints, tls } => Store::Etcd(Box::new(
-            EtcdStore::connect(endpoints, crate::store::etcd::DEFAULT_PREFIX, tls.as_ref()).await?,
-        )),
+    let (store, etcd) = match &config.store {
+        StoreConfig::Embedded => (Store::new(EmbeddedStore::open(&config.data_dir)?), None),
+        StoreConfig::Etcd { endpoints, tls } => {
+            let etcd =
+                EtcdStore::connect(endpoints, crate::store::etcd::DEFAULT_PREFIX, tls.as_ref())
+                    .await?;
+            // Leader election runs on the same etcd, beside the store.
+            (Store::new(etcd.clone()), Some(etcd))
+        }
     };
     let tls = config.tls.as_ref().map(server_tls).transpose()?;
     let users = match &config.tokens_file {
@@ -107,9 +111,9 @@ pub async fn run(
     let health_address = health_listener.local_addr().ok();
 
     let token = CancellationToken::new();
-    let (leadership, mut campaign) = match &store {
-        Store::Embedded(_) => (Leadership::sole(), None),
-        Store::Etcd(etcd) => {
+    let (leadership, mut campaign) = match &etcd {
+        None => (Leadership::sole(), None),
+        Some(etcd) => {
             let identity = format!(
                 "{}/{}",
                 nix::unistd::gethostname()
@@ -137,8 +141,11 @@ pub async fn run(
         None => None,
     };
     let jobs = JobEngine::new(store.clone(), nodes.clone(), config.node_timeout, grants);
-    let recreates =
-        crate::recreates::RecreateEngine::new(store.clone(), nodes.clone(), config.node_timeout);
+    let recreates = crate::recreate_requests::RecreateEngine::new(
+        store.clone(),
+        nodes.clone(),
+        config.node_timeout,
+    );
     let pods = crate::pods::PodSync::new(store.clone(), nodes.clone());
     let metrics_sources = crate::metrics::Sources {
         nodes: nodes.clone(),

@@ -32,7 +32,7 @@ use crate::leader::Leadership;
 use crate::nodes::NodeRegistry;
 use crate::pods::PodSync;
 use crate::rate_limit::{ApiRate, ClientLimiter};
-use crate::recreates::RecreateEngine;
+use crate::recreate_requests::RecreateEngine;
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
 use rigger_api::pod::Pod;
 use rigger_api::{DEFAULT_NAMESPACE, Kind};

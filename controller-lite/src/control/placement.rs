@@ -17,7 +17,7 @@ impl ControlService {
         namespace: &str,
         request: &rigger_api::container_recreate_request::ContainerRecreateRequest,
     ) -> Result<std::collections::BTreeMap<String, String>, FieldError> {
-        use crate::recreates::{NODE_NAME_LABEL, POD_OWNER_LABEL, POD_UID_LABEL};
+        use crate::recreate_requests::{NODE_NAME_LABEL, POD_OWNER_LABEL, POD_UID_LABEL};
         let pod_name = &request.spec.pod_name;
         let stored = self
             .store

@@ -42,7 +42,7 @@ impl ControlService {
             Kind::ContainerRecreateRequest => {
                 let mut request = decoded::<serde_json::Value>(stored.clone())?.value;
                 request["status"] = self
-                    .record_of(crate::recreates::status_key(&stored.key))
+                    .record_of(crate::recreate_requests::status_key(&stored.key))
                     .await?
                     .unwrap_or_else(|| serde_json::json!({"phase": "Pending"}));
                 // Kruise's v1alpha1 status has no conditions (v1beta1's has).

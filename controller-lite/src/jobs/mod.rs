@@ -514,7 +514,7 @@ mod tests {
     async fn a_stored_job_past_its_bounds_is_skipped_when_loaded() {
         use crate::engine::Engine as _;
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::Embedded(crate::store::EmbeddedStore::open(dir.path()).unwrap());
+        let store = Store::new(crate::store::EmbeddedStore::open(dir.path()).unwrap());
         let engine = JobEngine::new(
             store.clone(),
             NodeRegistry::default(),
@@ -548,7 +548,7 @@ mod tests {
     #[tokio::test]
     async fn failed_attempts_retry_up_to_the_backoff_limit_and_reports_need_the_right_node() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::Embedded(crate::store::EmbeddedStore::open(dir.path()).unwrap());
+        let store = Store::new(crate::store::EmbeddedStore::open(dir.path()).unwrap());
         let registry = NodeRegistry::default();
         let (tx, _rx) = tokio::sync::mpsc::channel(8);
         let register = rigger_proto::v1::Register {

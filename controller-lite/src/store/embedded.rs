@@ -255,7 +255,7 @@ mod tests {
     #[tokio::test]
     async fn meets_the_store_contract() {
         let dir = tempfile::tempdir().unwrap();
-        let store = super::super::Store::Embedded(EmbeddedStore::open(dir.path()).unwrap());
+        let store = super::super::Store::new(EmbeddedStore::open(dir.path()).unwrap());
         super::super::conformance(&store).await.unwrap();
     }
 

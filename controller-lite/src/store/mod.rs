@@ -3,9 +3,10 @@
 //! updates can be made conditional (nothing overwritten by a stale read) and a
 //! restarted controller continues from exactly what was committed.
 //!
-//! Two backends behind the same calls: the embedded store (the default, [`EmbeddedStore`]:
-//! a redb file in the data directory) and etcd ([`EtcdStore`], for several controller
-//! replicas, with leader election in [`crate::leader`]).
+//! Backends sit behind one interface ([`Backend`]; the controller holds a [`Store`]): the
+//! embedded store (the default, [`EmbeddedStore`]: a redb file in the data directory) and
+//! etcd ([`EtcdStore`], for several controller replicas, with leader election in
+//! [`crate::leader`]).
 
 mod embedded;
 pub mod etcd;
@@ -112,15 +113,42 @@ pub(crate) fn check(
     }
 }
 
-/// The store the controller runs on.
-#[derive(Debug, Clone)]
-pub enum Store {
-    Embedded(EmbeddedStore),
-    // Boxed: the etcd client is kilobytes, and the store is cloned into every task.
-    Etcd(Box<EtcdStore>),
+/// What a store backend does: objects by key with revisions, conditional writes. The
+/// embedded store and etcd implement it; a Kubernetes API is the next to sit behind it.
+/// Everything above the store reaches a backend through [`Store`] only.
+#[async_trait::async_trait]
+pub trait Backend: std::fmt::Debug + Send + Sync + 'static {
+    /// Write `object` under `key` if `precondition` holds; returns the new revision.
+    async fn put(
+        &self,
+        key: ObjectKey,
+        object: Vec<u8>,
+        precondition: Precondition,
+    ) -> Result<u64, StoreError>;
+
+    /// Write every object whatever is there, in order, in as few requests as the
+    /// backend allows (one transaction for the embedded store).
+    async fn put_all(&self, objects: Vec<(ObjectKey, Vec<u8>)>) -> Result<(), StoreError>;
+
+    async fn get(&self, key: ObjectKey) -> Result<Option<Stored>, StoreError>;
+
+    /// Every object of `kind`, ordered by namespace and name.
+    async fn list(&self, kind: &str) -> Result<Vec<Stored>, StoreError>;
+
+    /// Delete `key` if `precondition` holds; deleting what is not there is `NotFound`.
+    async fn delete(&self, key: ObjectKey, precondition: Precondition) -> Result<(), StoreError>;
 }
 
+/// The store the controller runs on: one backend, shared by every task (cheap to clone).
+/// Typed reads and writes are in [`typed`].
+#[derive(Debug, Clone)]
+pub struct Store(std::sync::Arc<dyn Backend>);
+
 impl Store {
+    pub fn new(backend: impl Backend) -> Self {
+        Self(std::sync::Arc::new(backend))
+    }
+
     /// Write `object` under `key` if `precondition` holds; returns the new revision.
     pub async fn put(
         &self,
@@ -128,34 +156,21 @@ impl Store {
         object: Vec<u8>,
         precondition: Precondition,
     ) -> Result<u64, StoreError> {
-        match self {
-            Self::Embedded(s) => s.put(key, object, precondition).await,
-            Self::Etcd(s) => s.put(key, object, precondition).await,
-        }
+        self.0.put(key, object, precondition).await
     }
 
-    /// Write every object whatever is there, in order, in as few requests as the
-    /// backend allows (one transaction for the embedded store).
+    /// Write every object whatever is there, in order (see [`Backend::put_all`]).
     pub async fn put_all(&self, objects: Vec<(ObjectKey, Vec<u8>)>) -> Result<(), StoreError> {
-        match self {
-            Self::Embedded(s) => s.put_all(objects).await,
-            Self::Etcd(s) => s.put_all(objects).await,
-        }
+        self.0.put_all(objects).await
     }
 
     pub async fn get(&self, key: ObjectKey) -> Result<Option<Stored>, StoreError> {
-        match self {
-            Self::Embedded(s) => s.get(key).await,
-            Self::Etcd(s) => s.get(key).await,
-        }
+        self.0.get(key).await
     }
 
     /// Every object of `kind`, ordered by namespace and name.
     pub async fn list(&self, kind: &str) -> Result<Vec<Stored>, StoreError> {
-        match self {
-            Self::Embedded(s) => s.list(kind).await,
-            Self::Etcd(s) => s.list(kind).await,
-        }
+        self.0.list(kind).await
     }
 
     /// Delete `key` if `precondition` holds; deleting what is not there is `NotFound`.
@@ -164,12 +179,49 @@ impl Store {
         key: ObjectKey,
         precondition: Precondition,
     ) -> Result<(), StoreError> {
-        match self {
-            Self::Embedded(s) => s.delete(key, precondition).await,
-            Self::Etcd(s) => s.delete(key, precondition).await,
-        }
+        self.0.delete(key, precondition).await
     }
 }
+
+/// A backend's inherent calls, as the [`Backend`] trait's.
+macro_rules! backend_by_inherent_calls {
+    ($backend:ty) => {
+        #[async_trait::async_trait]
+        impl Backend for $backend {
+            async fn put(
+                &self,
+                key: ObjectKey,
+                object: Vec<u8>,
+                precondition: Precondition,
+            ) -> Result<u64, StoreError> {
+                <$backend>::put(self, key, object, precondition).await
+            }
+
+            async fn put_all(&self, objects: Vec<(ObjectKey, Vec<u8>)>) -> Result<(), StoreError> {
+                <$backend>::put_all(self, objects).await
+            }
+
+            async fn get(&self, key: ObjectKey) -> Result<Option<Stored>, StoreError> {
+                <$backend>::get(self, key).await
+            }
+
+            async fn list(&self, kind: &str) -> Result<Vec<Stored>, StoreError> {
+                <$backend>::list(self, kind).await
+            }
+
+            async fn delete(
+                &self,
+                key: ObjectKey,
+                precondition: Precondition,
+            ) -> Result<(), StoreError> {
+                <$backend>::delete(self, key, precondition).await
+            }
+        }
+    };
+}
+
+backend_by_inherent_calls!(EmbeddedStore);
+backend_by_inherent_calls!(EtcdStore);
 
 /// The behaviour every backend must show (revisions grow, conditional writes and deletes,
 /// listing by kind in order), checked against a store the caller provides empty. Run by

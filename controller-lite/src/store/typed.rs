@@ -1,5 +1,5 @@
 //! The store's objects as typed values: the one place stored JSON is decoded. A user's
-//! kind comes back as its `rigger_api` type (`Object::KIND` names where it lives), the
+//! kind comes back as its `rigger_api` type (`Object::INFO` names where it lives), the
 //! controller's own records (statuses, histories, node labels) as whatever type their
 //! module keeps, each with its key and the revision to write against.
 //!
@@ -47,8 +47,8 @@ pub fn encode<T: Serialize>(key: &ObjectKey, value: &T) -> Result<Vec<u8>, Store
 /// The key of the user's object `name` of kind `T` in `namespace` (none for a
 /// cluster-wide kind).
 pub fn key_of<T: Object>(namespace: &str, name: &str) -> ObjectKey {
-    let namespace = if T::KIND.namespaced() { namespace } else { "" };
-    ObjectKey::new(T::KIND.name(), namespace, name)
+    let namespace = if T::INFO.namespaced { namespace } else { "" };
+    ObjectKey::new(T::INFO.name, namespace, name)
 }
 
 impl Store {
@@ -91,7 +91,7 @@ impl Store {
 
     /// Every object of kind `T` (those that do not decode left out).
     pub async fn list_objects<T: Object>(&self) -> Result<Vec<Versioned<T>>, StoreError> {
-        self.list_as(T::KIND.name()).await
+        self.list_as(T::INFO.name).await
     }
 
     /// Write `value` under `key` if `precondition` holds; its new revision.
@@ -115,7 +115,7 @@ mod tests {
     #[tokio::test]
     async fn objects_come_back_typed_and_a_bad_one_is_named_or_left_out() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::Embedded(super::super::EmbeddedStore::open(dir.path()).unwrap());
+        let store = Store::new(super::super::EmbeddedStore::open(dir.path()).unwrap());
         let secret: Secret = serde_json::from_value(serde_json::json!({
             "apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": "good", "namespace": "default"},

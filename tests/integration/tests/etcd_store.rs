@@ -13,7 +13,7 @@ async fn etcd_store_meets_the_store_contract() {
     let store = EtcdStore::connect(std::slice::from_ref(&etcd.endpoint), "/itest/", None)
         .await
         .unwrap();
-    conformance(&Store::Etcd(Box::new(store))).await.unwrap();
+    conformance(&Store::new(store)).await.unwrap();
 }
 
 #[tokio::test]
@@ -26,7 +26,7 @@ async fn a_ten_thousand_node_job_status_round_trips_through_etcd() {
     let store = EtcdStore::connect(std::slice::from_ref(&etcd.endpoint), "/itest-big/", None)
         .await
         .unwrap();
-    let store = Store::Etcd(Box::new(store));
+    let store = Store::new(store);
     let job = ObjectKey::new("ImagePullJob", "default", "fleet");
     let node = |i: usize| NodePullStatus {
         name: format!("node-{i:05}.pool-a.example.internal"),
@@ -119,7 +119,7 @@ async fn an_etcd_requiring_tls_and_client_certificates_is_a_store() {
     let store = EtcdStore::connect(endpoints, "/itest-tls/", Some(&etcd_tls(&etcd, true)))
         .await
         .unwrap();
-    conformance(&Store::Etcd(Box::new(store))).await.unwrap();
+    conformance(&Store::new(store)).await.unwrap();
 
     // Without the client certificate, or without TLS at all: refused, one line.
     for tls in [Some(etcd_tls(&etcd, false)), None] {

@@ -551,7 +551,7 @@ mod tests {
     #[tokio::test]
     async fn reports_count_only_from_the_requests_node() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::Embedded(crate::store::EmbeddedStore::open(dir.path()).unwrap());
+        let store = Store::new(crate::store::EmbeddedStore::open(dir.path()).unwrap());
         let engine = RecreateEngine::new(store, NodeRegistry::default(), Duration::from_secs(30));
         let request: ContainerRecreateRequest = serde_json::from_value(serde_json::json!({
             "apiVersion": "apps.kruise.io/v1alpha1",
