@@ -1,5 +1,5 @@
 //! The CRI runtime service as the agent's container operations use it: the handful of
-//! calls a recreate and a handler make ([`ContainerRuntime`]), implemented by the CRI
+//! calls a recreate and a handler make ([`Cri`]), implemented by the CRI
 //! client and, in unit tests, by a fake that plays kubelet and containerd.
 //!
 //! Errors are one-line causes naming the call, ready to be a request's message.
@@ -19,7 +19,7 @@ use tonic::transport::Channel;
 use rigger_runtime::Connection;
 
 /// What the agent's container operations ask of the runtime.
-pub trait ContainerRuntime: Send + Sync {
+pub trait Cri: Send + Sync {
     /// The sandboxes whose label `label` is `value`.
     fn sandboxes(
         &self,
@@ -74,7 +74,7 @@ pub fn newest(containers: Vec<Container>) -> Option<Container> {
 
 // The client is a cheap handle on one channel: each call clones it, so the trait's
 // methods take `&self`. (Distinct method names keep the client's own calls unambiguous.)
-impl ContainerRuntime for RuntimeServiceClient<Channel> {
+impl Cri for RuntimeServiceClient<Channel> {
     async fn sandboxes(&self, label: &str, value: &str) -> Result<Vec<PodSandbox>, String> {
         let request = ListPodSandboxRequest {
             filter: Some(PodSandboxFilter {

@@ -9,7 +9,7 @@ use rigger_proto::pod::{
     Container, ExecAction, Handler, HttpGetAction, IntOrName, Probe, TcpSocketAction,
 };
 
-use crate::cri::ContainerRuntime;
+use crate::cri::Cri;
 
 /// One of a handler's three kinds.
 #[derive(Debug, Clone, Copy)]
@@ -62,7 +62,7 @@ fn port(container: &Container, port: &IntOrName) -> Result<u16, String> {
 
 /// Run `action` against `container_id` within `timeout`; `Err` says why it failed.
 pub async fn run(
-    cri: &impl ContainerRuntime,
+    cri: &impl Cri,
     container: &Container,
     container_id: &str,
     action: Action<'_>,

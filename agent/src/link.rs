@@ -41,7 +41,7 @@ pub struct PeerLink {
     pub address: Option<String>,
     pub grants: tokio::sync::watch::Sender<Option<GrantVerifier>>,
     /// The registry mirror's questions for the controller (`None`: no mirror).
-    pub queries: Option<std::sync::Arc<crate::mirror::queries::PeerQueries>>,
+    pub queries: Option<std::sync::Arc<crate::sharing::mirror::queries::PeerQueries>>,
 }
 
 impl PeerLink {

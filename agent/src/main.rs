@@ -263,7 +263,7 @@ fn run(args: &RunArgs) -> ExitCode {
                 let signal = stop.await;
                 tracing::info!(%signal, "stop requested");
             };
-            rigger_agent::daemon::run(config, stop).await?;
+            rigger_agent::service::run(config, stop).await?;
             Ok(())
         })
     }))

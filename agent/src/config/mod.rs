@@ -19,7 +19,7 @@ mod peer;
 mod tls;
 
 use self::tls::{TlsSettings, controller_endpoint};
-pub use crate::peers::PeerSettings;
+pub use crate::sharing::peers::PeerSettings;
 use rigger_runtime::DEFAULT_CONTAINERD_ADDRESS;
 use rigger_runtime::socket::AUTO;
 

@@ -6,8 +6,8 @@ use rigger_daemon::config::{ConfigError, Setting};
 
 use rigger_pull::peers::{PeerIdentity, PeerPace};
 
-use crate::peers::PeerSettings;
-use crate::peers::serve::server_config;
+use crate::sharing::peers::PeerSettings;
+use crate::sharing::peers::serve::server_config;
 
 /// Peer connections served at once by default: enough for a fan-out of a few nodes
 /// fetching with ranges, few enough that the node's own work keeps its CPU.

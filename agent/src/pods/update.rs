@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::containers::desired_hash;
 use super::{PodRunner, lock};
-use crate::cri::{self, ContainerRuntime};
+use crate::cri::{self, Cri};
 use crate::labels;
 use crate::lifecycle::{LifecycleState, PodRef, call_all};
 use crate::recreate::{ContainerProgress, Phase, Recreate, RecreateWork};
@@ -274,7 +274,7 @@ struct Running {
 }
 
 /// The newest container `name` of pod `uid`.
-async fn image_of(cri: &impl ContainerRuntime, uid: &str, name: &str) -> Result<Running, String> {
+async fn image_of(cri: &impl Cri, uid: &str, name: &str) -> Result<Running, String> {
     let labels = HashMap::from([
         (labels::POD_UID.to_owned(), uid.to_owned()),
         (labels::CONTAINER_NAME.to_owned(), name.to_owned()),

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::cri::ContainerRuntime;
+use crate::cri::Cri;
 use crate::labels;
 use crate::lifecycle::{LifecycleState, call_all};
 use rigger_proto::lifecycle::Stage;
@@ -109,7 +109,7 @@ pub(crate) struct Recreate<'a, R> {
     pub(crate) operation: Option<rigger_proto::lifecycle::Operation>,
 }
 
-impl<R: ContainerRuntime> Recreate<'_, R> {
+impl<R: Cri> Recreate<'_, R> {
     /// `Ok` with a summary when every container was handled (some may have failed under
     /// failurePolicy Ignore); `Err` with the reason the request failed (the containers
     /// still open are left for the caller to fail, or to resume after a restart). A pod

@@ -19,7 +19,7 @@ use rigger_proto::v1 as proto;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::cri::ContainerRuntime;
+use crate::cri::Cri;
 
 /// containerd as the recreate sees it; with `kubelet`, a stopped container gets its
 /// next attempt at once, as kubelet would start it.
@@ -120,7 +120,7 @@ impl FakeRuntime {
     }
 }
 
-impl ContainerRuntime for FakeRuntime {
+impl Cri for FakeRuntime {
     async fn sandboxes(&self, label: &str, value: &str) -> Result<Vec<PodSandbox>, String> {
         Ok(self
             .world()

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use k8s_cri::v1::ContainerState;
 use rigger_proto::pod::{Container, ContainerPort, Handler};
 
-use crate::cri::ContainerRuntime;
+use crate::cri::Cri;
 use crate::handlers::{self, Action};
 
 use super::wait::latest_container;
@@ -17,7 +17,7 @@ use super::{
     Recreate, RecreateWork, Target,
 };
 
-impl<R: ContainerRuntime> Recreate<'_, R> {
+impl<R: Cri> Recreate<'_, R> {
     /// preStop and stop of container `i` (nothing if it was stopped before).
     pub(super) async fn stop(
         &self,
@@ -313,7 +313,7 @@ pub(super) fn unix_seconds() -> u64 {
 
 /// Until container `id` is no longer running, or `within` has passed.
 pub(super) async fn wait_for_exit(
-    cri: &impl ContainerRuntime,
+    cri: &impl Cri,
     id: &str,
     within: Duration,
 ) -> Result<(), String> {

@@ -7,12 +7,12 @@ use std::time::{Duration, SystemTime};
 use k8s_cri::v1::{ContainerState, PodSandboxState};
 use tokio_util::sync::CancellationToken;
 
-use crate::cri::{self, ContainerRuntime};
+use crate::cri::{self, Cri};
 use crate::labels;
 
 use super::{POLL, Phase, Recreate, RecreateWork, Target};
 
-impl<R: ContainerRuntime> Recreate<'_, R> {
+impl<R: Cri> Recreate<'_, R> {
     /// Wait until each container in `which` has a new attempt that has run
     /// `minStartedSeconds` (and is ready, for agent pods), or failed.
     pub(super) async fn wait(
@@ -145,7 +145,7 @@ pub(super) fn kubelets(sandbox: &k8s_cri::v1::PodSandbox, uid: &str) -> bool {
 
 /// The ready sandbox whose `label` is `uid` and that `owned` accepts.
 pub(super) async fn ready_sandbox(
-    cri: &impl ContainerRuntime,
+    cri: &impl Cri,
     label: &str,
     uid: &str,
     owned: &(dyn Fn(&k8s_cri::v1::PodSandbox) -> bool + Sync),
@@ -160,7 +160,7 @@ pub(super) async fn ready_sandbox(
 
 /// The newest attempt of container `name` in the target's sandbox.
 pub(super) async fn latest_container(
-    cri: &impl ContainerRuntime,
+    cri: &impl Cri,
     target: &Target,
     name: &str,
 ) -> Result<Option<k8s_cri::v1::Container>, String> {

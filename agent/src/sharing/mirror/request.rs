@@ -3,7 +3,7 @@
 //! keeps containerd resolving names at the registry, and a mirror that answered tags
 //! could tell a node what an image is.
 
-use crate::peers::request::{is_repository, is_sha256_digest};
+use crate::sharing::peers::request::{is_repository, is_sha256_digest};
 
 /// What a request asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]

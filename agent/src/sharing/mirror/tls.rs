@@ -92,7 +92,7 @@ fn load(dir: &Path, listen: IpAddr) -> Result<Arc<rustls::ServerConfig>, String>
         cert_pem: read(dir, SERVER_FILE)?,
         key_pem: read(dir, SERVER_KEY_FILE)?,
     };
-    crate::peers::serve::server_config(&identity).map_err(|e| e.to_string())
+    crate::sharing::peers::serve::server_config(&identity).map_err(|e| e.to_string())
 }
 
 /// A new CA, server certificate (for `listen`, `localhost` and the loopback addresses)

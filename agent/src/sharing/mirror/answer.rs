@@ -25,8 +25,8 @@ use sha2::{Digest as _, Sha256};
 use super::queries::PeerQueries;
 use super::request::{Wanted, wanted};
 use crate::metrics::{AgentMetrics, Outcome};
-use crate::peers::answer::{Body, header_value, text, whole};
-use crate::peers::reach::named;
+use crate::sharing::peers::answer::{Body, header_value, text, whole};
+use crate::sharing::peers::reach::named;
 
 /// Largest document served (as a pull reads them).
 const MAX_DOCUMENT: u64 = 8 << 20;

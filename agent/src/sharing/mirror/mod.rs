@@ -34,8 +34,8 @@ pub mod tls;
 use self::answer::Mirror;
 use self::queries::PeerQueries;
 use self::tls::MirrorTls;
-use crate::peers::gate::{Gate, Limits};
-use crate::peers::slow_reader::EvictSlowReaders;
+use crate::sharing::peers::gate::{Gate, Limits};
+use crate::sharing::peers::slow_reader::EvictSlowReaders;
 
 /// containerd's connections at once, at most.
 const MAX_CONNECTIONS: usize = 64;
@@ -84,13 +84,13 @@ async fn serve(
     let acceptor = TlsAcceptor::from(tls.server);
     let answer = move |stream,
                        remote,
-                       admitted: crate::peers::gate::Admitted,
+                       admitted: crate::sharing::peers::gate::Admitted,
                        stop: CancellationToken| {
         let (mirror, acceptor) = (mirror.clone(), acceptor.clone());
         async move {
             // The verifier took only the mirror's client certificate: containerd's.
             let Some((tls, leaf)) =
-                crate::peers::serve::handshake(&acceptor, stream, "mirror").await
+                crate::sharing::peers::serve::handshake(&acceptor, stream, "mirror").await
             else {
                 return;
             };
@@ -105,7 +105,7 @@ async fn serve(
                     Ok::<_, std::convert::Infallible>(response)
                 }
             });
-            crate::peers::serve::serve_http1(EvictSlowReaders::new(tls), service, &stop).await;
+            crate::sharing::peers::serve::serve_http1(EvictSlowReaders::new(tls), service, &stop).await;
         }
         .instrument(tracing::debug_span!("mirror", %remote))
     };
@@ -114,5 +114,5 @@ async fn serve(
         handshakes: MAX_CONNECTIONS,
         per_address: MAX_CONNECTIONS,
     });
-    crate::peers::gate::accept(listener, gate, "mirror", stop, answer).await;
+    crate::sharing::peers::gate::accept(listener, gate, "mirror", stop, answer).await;
 }

@@ -49,9 +49,9 @@ pub enum DaemonError {
     #[error(transparent)]
     Pods(#[from] crate::pods::PodError),
     #[error(transparent)]
-    Peers(#[from] crate::peers::serve::ServeError),
+    Peers(#[from] crate::sharing::peers::serve::ServeError),
     #[error(transparent)]
-    Mirror(#[from] crate::mirror::BindError),
+    Mirror(#[from] crate::sharing::mirror::BindError),
 }
 
 #[derive(Debug, Clone)]
@@ -134,7 +134,7 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
     let (grants, grants_seen) = watch::channel(None);
     let peers = match (&config.peer, arriving) {
         (Some(peer), Some(arriving)) => Some(
-            crate::peers::start(
+            crate::sharing::peers::start(
                 peer,
                 containerd,
                 &config.pull.namespace,
@@ -152,10 +152,10 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
     // controller over the link.
     let queries = config
         .mirror_listen
-        .map(|_| Arc::new(crate::mirror::queries::PeerQueries::default()));
+        .map(|_| Arc::new(crate::sharing::mirror::queries::PeerQueries::default()));
     let mirror = match (config.mirror_listen, &config.node_identity, &queries) {
         (Some(listen), Some(identity), Some(queries)) => Some(
-            crate::mirror::start(
+            crate::sharing::mirror::start(
                 listen,
                 &config.state_dir.join("mirror"),
                 identity.clone(),
