@@ -34,8 +34,8 @@ pub struct KindInfo {
     /// Nodes, NodeImages and SidecarSets (as in Kubernetes and Kruise) belong to no
     /// namespace.
     pub namespaced: bool,
-    /// Why users never apply it (`None`: they do).
-    pub not_applied: Option<&'static str>,
+    /// Why users never apply or delete it (`None`: they do).
+    pub read_only: Option<&'static str>,
     /// What its reference page says before the fields (`None`: it has no page).
     pub notes: Option<&'static str>,
     /// Its type's JSON Schema (`None` for a kind whose shape is Kubernetes' own).

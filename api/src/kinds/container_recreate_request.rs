@@ -333,7 +333,7 @@ pub const INFO: KindInfo = KindInfo {
     name: KIND,
     spellings: &["containerrecreaterequests", "crr"],
     namespaced: true,
-    not_applied: None,
+    read_only: None,
     notes: Some(
         "Restart some containers of one pod in place. Both Kruise versions; \
              v1beta1's status has the `PreRecreateGrace` condition.\n\n\

@@ -235,7 +235,7 @@ pub const INFO: KindInfo = KindInfo {
     name: KIND,
     spellings: &["imagelistpulljobs"],
     namespaced: true,
-    not_applied: None,
+    read_only: None,
     notes: Some(
         "Several images with one job template, carried out as in Kruise by one \
              ImagePullJob per image (`<list>-<hash>`, labelled \

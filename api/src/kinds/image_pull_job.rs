@@ -391,7 +391,7 @@ pub const INFO: KindInfo = KindInfo {
     name: KIND,
     spellings: &["imagepulljobs", "ipj"],
     namespaced: true,
-    not_applied: None,
+    read_only: None,
     notes: Some(
         "Pre-download one image on a set of nodes, at most `parallelism` at a time. \
              Accepted as `apps.kruise.io/v1alpha1`, `apps.kruise.io/v1beta1` and \

@@ -140,7 +140,7 @@ pub const INFO: KindInfo = KindInfo {
     name: KIND,
     spellings: &["lifecyclecooperators", "lc"],
     namespaced: true,
-    not_applied: None,
+    read_only: None,
     notes: Some(
         "Rigger's own (`rigger.dev/v1alpha1`), in the spirit of Kuperator's \
              PodOpsLifecycle: outside systems asked at the Preparing and Completing steps of \

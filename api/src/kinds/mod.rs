@@ -12,6 +12,18 @@ pub mod secret;
 pub mod sidecar_set;
 
 use crate::kind::{Kind, KindInfo, UnknownKind};
+use crate::object::Object;
+
+/// Code generic over a kind's type, run for a [`Kind`] known only at run time
+/// ([`Kind::visit`]): what the controller does alike for every kind (apply, show) is
+/// written once, and a new kind reaches it through the registry alone.
+pub trait KindVisitor {
+    type Output;
+    /// A kind users apply, as its type.
+    fn applied<T: Object>(self) -> Self::Output;
+    /// A kind users never apply or delete (Node, NodeImage).
+    fn read_only(self, info: &'static KindInfo) -> Self::Output;
+}
 
 impl Kind {
     pub const ALL: [Self; 9] = [
@@ -38,6 +50,24 @@ impl Kind {
             Self::ImageListPullJob => &image_list_pull_job::INFO,
             Self::NodeImage => &node_image::INFO,
             Self::Node => &node::INFO,
+        }
+    }
+
+    /// Run `visitor` with this kind's type.
+    pub fn visit<V: KindVisitor>(self, visitor: V) -> V::Output {
+        match self {
+            Self::ImagePullJob => visitor.applied::<image_pull_job::ImagePullJob>(),
+            Self::ContainerRecreateRequest => {
+                visitor.applied::<container_recreate_request::ContainerRecreateRequest>()
+            }
+            Self::Secret => visitor.applied::<secret::Secret>(),
+            Self::Pod => visitor.applied::<pod::Pod>(),
+            Self::LifecycleCooperator => {
+                visitor.applied::<lifecycle_cooperator::LifecycleCooperator>()
+            }
+            Self::SidecarSet => visitor.applied::<sidecar_set::SidecarSet>(),
+            Self::ImageListPullJob => visitor.applied::<image_list_pull_job::ImageListPullJob>(),
+            Self::NodeImage | Self::Node => visitor.read_only(self.info()),
         }
     }
 
@@ -120,7 +150,7 @@ mod tests {
             }
             // A kind users apply has a reference page and a schema; one they never apply
             // says why.
-            if info.not_applied.is_none() {
+            if info.read_only.is_none() {
                 assert!(info.notes.is_some() && info.schema.is_some(), "{kind}");
             }
             let table = (info.table)(
@@ -142,6 +172,33 @@ mod tests {
         spellings.sort_unstable();
         spellings.dedup();
         assert_eq!(spellings.len(), all, "two kinds share a spelling");
+    }
+
+    /// What the visitor sees of a kind is its INFO.
+    struct InfoOf;
+
+    impl KindVisitor for InfoOf {
+        type Output = &'static KindInfo;
+        fn applied<T: Object>(self) -> Self::Output {
+            T::INFO
+        }
+        fn read_only(self, info: &'static KindInfo) -> Self::Output {
+            info
+        }
+    }
+
+    #[test]
+    fn a_kind_is_visited_as_its_own_type_and_read_only_kinds_as_read_only() {
+        for kind in Kind::ALL {
+            let seen = kind.visit(InfoOf);
+            assert_eq!(seen.kind, kind);
+            assert_eq!(seen.name, kind.info().name);
+            let applied_by_type = kind.info().read_only.is_none();
+            assert_eq!(
+                applied_by_type,
+                !matches!(kind, Kind::Node | Kind::NodeImage)
+            );
+        }
     }
 
     #[test]

@@ -88,7 +88,9 @@ pub const INFO: KindInfo = KindInfo {
     name: KIND,
     spellings: &["nodes", "no"],
     namespaced: false,
-    not_applied: Some("Node objects are not applied: a node exists while its agent is registered"),
+    read_only: Some(
+        "Node objects are read-only: a node exists while its agent is registered and leaves when it stops",
+    ),
     notes: None,
     schema: None,
     table: crate::table::table_of::<Node>,

@@ -278,8 +278,8 @@ pub const INFO: KindInfo = KindInfo {
     name: KIND,
     spellings: &["nodeimages"],
     namespaced: false,
-    not_applied: Some(
-        "NodeImage objects are not applied: each node's is read from its inventory and the ImagePullJobs that include it; pre-download with an ImagePullJob",
+    read_only: Some(
+        "NodeImage objects are read-only: each node's is read from its inventory and the ImagePullJobs that include it; pre-download with an ImagePullJob",
     ),
     notes: Some(
         "Read-only, one per node: the pulls the ImagePullJobs that include the node ask \

@@ -443,7 +443,7 @@ pub const INFO: KindInfo = KindInfo {
     name: KIND,
     spellings: &["pods", "po"],
     namespaced: true,
-    not_applied: None,
+    read_only: None,
     notes: Some(
         "Kubernetes' Pod, the subset the agent runs on hosts without kubelet \
              (`apiVersion: v1`). What is not listed here is refused, naming the field: host \

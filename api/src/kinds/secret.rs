@@ -141,7 +141,7 @@ pub const INFO: KindInfo = KindInfo {
     name: KIND,
     spellings: &["secrets"],
     namespaced: true,
-    not_applied: None,
+    read_only: None,
     notes: Some(
         "Kubernetes' Secret of type `kubernetes.io/dockerconfigjson` (`apiVersion: v1`), \
              for ImagePullJobs' `pullSecrets` and pods' `imagePullSecrets`. Values are never \

@@ -8,11 +8,12 @@
 
 use rigger_api::container_recreate_request::{ContainerRecreateRequest, StatusContext};
 use rigger_api::image_pull_job::ImagePullJob;
+use rigger_api::kinds::KindVisitor;
 use rigger_api::lifecycle_cooperator::LifecycleCooperator;
 use rigger_api::pod::Pod;
 use rigger_api::secret::Secret;
 use rigger_api::sidecar_set::{History, SidecarSet, Versioned, injected_revision};
-use rigger_api::{DEFAULT_NAMESPACE, FieldError, Kind, Object, ObjectMeta};
+use rigger_api::{DEFAULT_NAMESPACE, FieldError, Kind, KindInfo, Object, ObjectMeta};
 use rigger_proto::v1::{self as proto, ApplyResponse};
 use serde::Serialize;
 use tonic::Status;
@@ -61,6 +62,43 @@ impl Outcome {
     }
 }
 
+/// The apply of a kind with nothing of its own to add: draft, commit, answer.
+struct PlainApply<'a> {
+    service: &'a ControlService,
+    value: serde_json::Value,
+    dry_run: bool,
+}
+
+type Applying<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<ApplyResponse, Status>> + Send + 'a>>;
+
+impl<'a> KindVisitor for PlainApply<'a> {
+    type Output = Applying<'a>;
+
+    fn applied<T: Object>(self) -> Self::Output {
+        Box::pin(async move {
+            let mut draft = self.service.draft::<T>(self.value).await?;
+            let committed = self.service.commit(&mut draft, self.dry_run).await?;
+            if committed.written {
+                tracing::info!(object = %draft.what, outcome = ?committed.outcome, "applied");
+            }
+            applied(&draft.object, committed)
+        })
+    }
+
+    fn read_only(self, info: &'static KindInfo) -> Self::Output {
+        Box::pin(std::future::ready(Err(read_only(info))))
+    }
+}
+
+/// The refusal of a write to a kind users never apply or delete.
+pub(super) fn read_only(info: &KindInfo) -> Status {
+    Status::invalid_argument(
+        info.read_only
+            .unwrap_or("objects of this kind are read-only"),
+    )
+}
+
 /// How an apply ended and the object's revision.
 #[derive(Clone, Copy)]
 pub(super) struct Committed {
@@ -93,12 +131,16 @@ impl ControlService {
             Kind::LifecycleCooperator => self.apply_cooperator(value, dry_run).await,
             Kind::SidecarSet => self.apply_sidecar_set(value, dry_run).await,
             Kind::ImageListPullJob => self.apply_image_list_pull_job(value, dry_run).await,
-            // The registry says why users never apply these.
-            Kind::Node | Kind::NodeImage => Err(Status::invalid_argument(
-                kind.info()
-                    .not_applied
-                    .unwrap_or("this kind is not applied"),
-            )),
+            // Every other kind is stored as applied, with no engine to tell; one that
+            // users never apply is refused with the registry's reason.
+            _ => {
+                kind.visit(PlainApply {
+                    service: self,
+                    value,
+                    dry_run,
+                })
+                .await
+            }
         }
     }
 

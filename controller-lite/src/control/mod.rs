@@ -427,15 +427,8 @@ impl Control for ControlService {
     ) -> Result<Response<DeleteResponse>, Status> {
         let (user, request) = self.admit(request, Role::Admin)?;
         let kind = kind_of(&request.kind)?;
-        if kind == Kind::Node {
-            return Err(Status::invalid_argument(
-                "Node objects are not deleted: a node leaves when its agent stops",
-            ));
-        }
-        if kind == Kind::NodeImage {
-            return Err(Status::invalid_argument(
-                "NodeImage objects are not deleted: each node's is read from its inventory and jobs",
-            ));
+        if kind.info().read_only.is_some() {
+            return Err(apply::read_only(kind.info()));
         }
         let namespace = if kind.namespaced() {
             namespace_or_default(&request.namespace)

@@ -65,9 +65,8 @@ impl ControlService {
                 set.status = Some(self.sidecar_set_status(&set).await?);
                 to_json(&set)?
             }
-            Kind::Node | Kind::NodeImage | Kind::LifecycleCooperator => {
-                String::from_utf8_lossy(&stored.object).into_owned()
-            }
+            // Every other kind as stored.
+            _ => String::from_utf8_lossy(&stored.object).into_owned(),
         };
         Ok(Object {
             json,

@@ -272,6 +272,42 @@ fn dry_runs_show_the_object_as_it_would_be_stored() {
     assert!(controller.get_json(&["imagepulljob", "planned"]).is_some());
 }
 
+/// Nodes and NodeImages are the controller's to show: an apply or a delete of one is
+/// refused with the reason, and nothing is stored.
+#[test]
+fn read_only_kinds_are_neither_applied_nor_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let controller = Controller::start(&dir.path().join("controller"));
+    for (kind, api_version, why) in [
+        ("Node", "v1", "a node exists while its agent is registered"),
+        (
+            "NodeImage",
+            "apps.kruise.io/v1alpha1",
+            "each node's is read from its inventory",
+        ),
+    ] {
+        let file = dir.path().join(format!("{kind}.yaml"));
+        std::fs::write(
+            &file,
+            format!("apiVersion: {api_version}\nkind: {kind}\nmetadata:\n  name: node-a\n"),
+        )
+        .unwrap();
+        let out = controller.ctl(&["apply", "-f", file.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{kind} applied");
+        assert!(
+            stderr.contains(&format!("{kind} objects are read-only")) && stderr.contains(why),
+            "{stderr}"
+        );
+        let out = controller.ctl(&["delete", &kind.to_ascii_lowercase(), "node-a"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{kind} deleted");
+        assert!(stderr.contains("read-only"), "{stderr}");
+    }
+    let nodes = controller.get_json(&["nodes"]).unwrap();
+    assert_eq!(nodes["items"].as_array().unwrap().len(), 0, "{nodes}");
+}
+
 /// `get -w` follows the controller's Watch: the objects there are, then each change as
 /// it happens (a re-applied spec, a deletion), without listing everything again.
 #[test]

@@ -438,7 +438,7 @@ pub const INFO: KindInfo = KindInfo {
     name: KIND,
     spellings: &["sidecarsets"],
     namespaced: false,
-    not_applied: None,
+    read_only: None,
     notes: Some(
         "Sidecar containers injected into matching pods created after it, and upgraded \
              in place. Both Kruise versions: `spec.namespace` is v1alpha1's, \
