@@ -61,7 +61,10 @@ pub async fn connect(connection: &Connection) -> Result<RuntimeServiceClient<Cha
     connection
         .channel()
         .await
-        .map(RuntimeServiceClient::new)
+        .map(|channel| {
+            RuntimeServiceClient::new(channel)
+                .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE)
+        })
         .map_err(|status| status.message().to_owned())
 }
 

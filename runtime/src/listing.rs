@@ -34,6 +34,7 @@ impl Runtime {
     /// containerd's namespaces, sorted.
     pub async fn namespaces(&self) -> Result<Vec<String>, CallError> {
         let mut names: Vec<String> = NamespacesClient::new(self.channel())
+            .max_decoding_message_size(crate::MAX_RECEIVE_MESSAGE_SIZE)
             .list(ListNamespacesRequest::default())
             .await
             .map_err(|s| CallError::new("list containerd namespaces", s))?
@@ -57,6 +58,7 @@ impl Runtime {
         let mut records = Vec::new();
         let mut targetless = Vec::new();
         for image in ImagesClient::new(self.channel())
+            .max_decoding_message_size(crate::MAX_RECEIVE_MESSAGE_SIZE)
             .list(request)
             .await
             .map_err(|s| CallError::new("list images", s))?
@@ -94,6 +96,7 @@ impl Runtime {
         )
         .map_err(|s| describe_status(&s))?;
         let mut stream = ContentClient::new(self.channel())
+            .max_decoding_message_size(crate::MAX_RECEIVE_MESSAGE_SIZE)
             .read(request)
             .await
             .map_err(|s| format!("read {digest}: {}", describe_status(&s)))?
@@ -118,6 +121,7 @@ impl Runtime {
         let request = namespaced(ListContainersRequest::default(), namespace)
             .map_err(|s| CallError::new("list containers", s))?;
         let containers = ContainersClient::new(self.channel())
+            .max_decoding_message_size(crate::MAX_RECEIVE_MESSAGE_SIZE)
             .list(request)
             .await
             .map_err(|s| CallError::new("list containers", s))?
@@ -129,6 +133,7 @@ impl Runtime {
         let request = namespaced(ListTasksRequest::default(), namespace)
             .map_err(|s| CallError::new("list tasks", s))?;
         let tasks = TasksClient::new(self.channel())
+            .max_decoding_message_size(crate::MAX_RECEIVE_MESSAGE_SIZE)
             .list(request)
             .await
             .map_err(|s| CallError::new("list tasks", s))?

@@ -35,7 +35,8 @@ pub(super) async fn collect(
     runtime: &Runtime,
     namespaces: &[String],
 ) -> Result<CriInventory, String> {
-    let mut client = RuntimeServiceClient::new(runtime.channel());
+    let mut client = RuntimeServiceClient::new(runtime.channel())
+        .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE);
     let version = client
         .version(Request::new(VersionRequest {
             version: String::new(),

@@ -206,7 +206,8 @@ impl PodRunner {
             .channel()
             .await
             .map_err(|status| status.message().to_owned())?;
-        let mut images = k8s_cri::v1::image_service_client::ImageServiceClient::new(channel);
+        let mut images = k8s_cri::v1::image_service_client::ImageServiceClient::new(channel)
+            .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE);
         let present = images
             .image_status(k8s_cri::v1::ImageStatusRequest {
                 image: Some(ImageSpec {

@@ -358,7 +358,13 @@ impl PodRunner {
         loop {
             if session.is_none() {
                 match self.inner.connection.channel().await {
-                    Ok(channel) => session = Some(RuntimeServiceClient::new(channel)),
+                    Ok(channel) => {
+                        session = Some(
+                            RuntimeServiceClient::new(channel).max_decoding_message_size(
+                                rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE,
+                            ),
+                        )
+                    }
                     Err(error) => tracing::debug!(%error, "pods wait for containerd"),
                 }
             }

@@ -110,6 +110,7 @@ impl Containerd for Grpc {
                 unleased(namespace),
             )?;
             LeasesClient::new(self.channel().await?)
+                .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE)
                 .create(request)
                 .await?;
             Ok(())
@@ -126,6 +127,7 @@ impl Containerd for Grpc {
                 unleased(namespace),
             )?;
             LeasesClient::new(self.channel().await?)
+                .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE)
                 .delete(request)
                 .await?;
             Ok(())
@@ -136,6 +138,7 @@ impl Containerd for Grpc {
         self.watched(async move {
             let request = scoped(ListRequest { filters: vec![] }, unleased(namespace))?;
             Ok(LeasesClient::new(self.channel().await?)
+                .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE)
                 .list(request)
                 .await?
                 .into_inner()
@@ -157,6 +160,7 @@ impl Containerd for Grpc {
                 unleased(namespace),
             )?;
             Ok(LeasesClient::new(self.channel().await?)
+                .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE)
                 .list_resources(request)
                 .await?
                 .into_inner()
@@ -188,6 +192,7 @@ impl Containerd for Grpc {
                 unleased(namespace),
             )?;
             LeasesClient::new(self.channel().await?)
+                .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE)
                 .delete_resource(request)
                 .await?;
             Ok(())
@@ -207,6 +212,7 @@ impl Containerd for Grpc {
                 scope,
             )?;
             match ContentClient::new(self.channel().await?)
+                .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE)
                 .info(request)
                 .await
             {
@@ -241,6 +247,7 @@ impl Containerd for Grpc {
                 scope,
             )?;
             ContentClient::new(self.channel().await?)
+                .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE)
                 .update(request)
                 .await?;
             Ok(())
@@ -264,6 +271,7 @@ impl Containerd for Grpc {
                 scope,
             )?;
             let stream = ContentClient::new(self.channel().await?)
+                .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE)
                 .read(request)
                 .await?
                 .into_inner();
@@ -294,6 +302,7 @@ impl Containerd for Grpc {
                 .map_err(|_| Status::unavailable("the write stream closed"))?;
             let request = scoped(ReceiverStream::new(rx), scope)?;
             let responses = ContentClient::new(self.channel().await?)
+                .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE)
                 .write(request)
                 .await?
                 .into_inner();
@@ -314,6 +323,7 @@ impl Containerd for Grpc {
                 scope,
             )?;
             ContentClient::new(self.channel().await?)
+                .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE)
                 .abort(request)
                 .await?;
             Ok(())
@@ -339,7 +349,11 @@ impl Containerd for Grpc {
                 },
                 unleased(namespace),
             )?;
-            match ImagesClient::new(self.channel().await?).get(request).await {
+            match ImagesClient::new(self.channel().await?)
+                .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE)
+                .get(request)
+                .await
+            {
                 Ok(response) => Ok(response.into_inner().image.and_then(|image| {
                     Some(ImageRecord {
                         name: image.name,
@@ -370,6 +384,7 @@ impl Containerd for Grpc {
                 scope,
             )?;
             match ImagesClient::new(self.channel().await?)
+                .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE)
                 .create(create)
                 .await
             {
@@ -384,6 +399,7 @@ impl Containerd for Grpc {
                         scope,
                     )?;
                     ImagesClient::new(self.channel().await?)
+                        .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE)
                         .update(update)
                         .await?;
                     Ok(())
@@ -412,6 +428,7 @@ impl Containerd for Grpc {
                 scope,
             )?;
             Ok(SnapshotsClient::new(self.channel().await?)
+                .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE)
                 .prepare(request)
                 .await?
                 .into_inner()
@@ -445,6 +462,7 @@ impl Containerd for Grpc {
                 scope,
             )?;
             SnapshotsClient::new(self.channel().await?)
+                .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE)
                 .commit(request)
                 .await?;
             Ok(())
@@ -466,6 +484,7 @@ impl Containerd for Grpc {
                 scope,
             )?;
             match SnapshotsClient::new(self.channel().await?)
+                .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE)
                 .stat(request)
                 .await
             {
@@ -491,6 +510,7 @@ impl Containerd for Grpc {
                 scope,
             )?;
             SnapshotsClient::new(self.channel().await?)
+                .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE)
                 .remove(request)
                 .await?;
             Ok(())
@@ -522,6 +542,7 @@ impl Containerd for Grpc {
                 scope,
             )?;
             Ok(DiffClient::new(self.channel().await?)
+                .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE)
                 .apply(request)
                 .await?
                 .into_inner()
