@@ -541,8 +541,71 @@ pub struct Agent {
     pub log: PathBuf,
     /// `127.0.0.1:PORT` of `/healthz`, `/readyz`, `/inventory` and `/metrics`.
     pub health: String,
+    /// The node's containerd socket.
+    containerd: PathBuf,
     args: Vec<String>,
     daemon: Option<Daemon>,
+}
+
+/// A test leaves no pods behind: the lab's containerds live across runs, and every
+/// sandbox left there lengthens the listings of every later test.
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+        remove_agent_pods(&self.containerd, &self.node);
+    }
+}
+
+/// Stop and remove the sandboxes (with their containers) agent `node` made on
+/// `containerd`; best effort.
+fn remove_agent_pods(containerd: &Path, node: &str) {
+    use k8s_cri::v1::{
+        ListPodSandboxRequest, PodSandboxFilter, RemovePodSandboxRequest, StopPodSandboxRequest,
+        runtime_service_client::RuntimeServiceClient,
+    };
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return;
+    };
+    runtime.block_on(async {
+        let Ok(connected) =
+            rigger_runtime::Runtime::connect(containerd, rigger_runtime::DEFAULT_CONNECT_TIMEOUT)
+                .await
+        else {
+            return;
+        };
+        let mut cri = RuntimeServiceClient::new(connected.channel())
+            .max_decoding_message_size(rigger_runtime::MAX_RECEIVE_MESSAGE_SIZE);
+        let filter = PodSandboxFilter {
+            label_selector: [
+                ("rigger.dev/managed".to_owned(), "true".to_owned()),
+                ("rigger.dev/node".to_owned(), node.to_owned()),
+            ]
+            .into(),
+            ..PodSandboxFilter::default()
+        };
+        let Ok(listed) = cri
+            .list_pod_sandbox(ListPodSandboxRequest {
+                filter: Some(filter),
+            })
+            .await
+        else {
+            return;
+        };
+        for sandbox in listed.into_inner().items {
+            let id = sandbox.id;
+            let _ = cri
+                .stop_pod_sandbox(StopPodSandboxRequest {
+                    pod_sandbox_id: id.clone(),
+                })
+                .await;
+            let _ = cri
+                .remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id })
+                .await;
+        }
+    });
 }
 
 impl Agent {
@@ -606,6 +669,7 @@ impl Agent {
             state_dir: state_dir.to_owned(),
             log: state_dir.join("agent.log"),
             health: format!("127.0.0.1:{}", free_port()),
+            containerd: containerd.to_owned(),
             args,
             daemon: None,
         };

@@ -110,6 +110,92 @@ fn all_namespaces_are_listed_by_default() {
     assert!(inventory["runtime"]["root_bytes_used"].is_null());
 }
 
+/// A node with a few thousand containers answers a container listing bigger than
+/// tonic's default 4 MiB: the inventory reads it whole, as containerd's own client and
+/// kubelet do (up to 16 MiB).
+#[test]
+fn a_container_listing_past_four_mib_is_read_whole() {
+    use containerd_client::services::v1::containers_client::ContainersClient;
+    use containerd_client::services::v1::{
+        Container, CreateContainerRequest, DeleteContainerRequest,
+    };
+
+    const CONTAINERS: usize = 1100;
+    let lab = Lab::get();
+    let ns = TestNamespace::new("status-many");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let connected = runtime
+        .block_on(rigger_runtime::Runtime::connect(
+            &lab.containerd_address,
+            rigger_runtime::DEFAULT_CONNECT_TIMEOUT,
+        ))
+        .unwrap();
+    let mut containers = ContainersClient::new(connected.channel());
+    let ids: Vec<String> = (0..CONTAINERS).map(|i| format!("many-{i}")).collect();
+    // Removed at the end whatever happens: a namespace with containers outlives its test.
+    struct Remove<'a> {
+        runtime: &'a tokio::runtime::Runtime,
+        client: ContainersClient<tonic::transport::Channel>,
+        namespace: String,
+        ids: &'a [String],
+    }
+    impl Drop for Remove<'_> {
+        fn drop(&mut self) {
+            for id in self.ids {
+                let request = rigger_runtime::namespaced(
+                    DeleteContainerRequest { id: id.clone() },
+                    &self.namespace,
+                )
+                .unwrap();
+                let _ = self.runtime.block_on(self.client.delete(request));
+            }
+        }
+    }
+    let _remove = Remove {
+        runtime: &runtime,
+        client: containers.clone(),
+        namespace: ns.name.clone(),
+        ids: &ids,
+    };
+    // Labels are containerd's largest field (4 KiB a label): about 4 KiB a record.
+    let pad = "x".repeat(3900);
+    for id in &ids {
+        let container = Container {
+            id: id.clone(),
+            image: "rigger-lab/none:1".to_owned(),
+            labels: [("pad".to_owned(), pad.clone())].into(),
+            runtime: Some(containerd_client::services::v1::container::Runtime {
+                name: "io.containerd.runc.v2".to_owned(),
+                options: None,
+            }),
+            spec: Some(prost_types::Any {
+                type_url: "types.containerd.io/opencontainers/runtime-spec/1/Spec".to_owned(),
+                value: b"{}".to_vec(),
+            }),
+            ..Container::default()
+        };
+        let request = rigger_runtime::namespaced(
+            CreateContainerRequest {
+                container: Some(container),
+            },
+            &ns.name,
+        )
+        .unwrap();
+        runtime.block_on(containers.create(request)).unwrap();
+    }
+    let inventory = status_json(&["--namespace", &ns.name, "--no-disk-usage"]);
+    let listed = inventory["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["namespace"] == ns.name.as_str())
+        .count();
+    assert_eq!(listed, CONTAINERS);
+}
+
 /// A one-line error on stderr, a non-zero exit, nothing on stdout, no panic.
 fn assert_clean_failure(out: &std::process::Output, expected: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
