@@ -1,32 +1,15 @@
 //! What a kind is, as data: its name, kubectl's spellings of it, its scope, how it is
 //! shown and documented. Each kind declares its own [`KindInfo`] beside its types
-//! (`kinds/<kind>.rs`); the registry (`kinds/mod.rs`) lists them. Nothing here knows
-//! any kind, so every layer of the crate may use it.
+//! (`kinds/<kind>.rs`); the registry (`kinds/mod.rs`, with the `Kind` enum) lists them.
+//! Nothing here knows any kind, so every layer of the crate may use it.
 
 use serde_json::Value;
 
 use crate::table::{Table, TableOptions, UnreadableRow};
 
-/// The kinds the API serves (their descriptions: [`Kind::info`], in `kinds/mod.rs`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
-    ImagePullJob,
-    ContainerRecreateRequest,
-    Secret,
-    Pod,
-    LifecycleCooperator,
-    SidecarSet,
-    ImageListPullJob,
-    /// Read-only: each node's, built from its inventory and its jobs.
-    NodeImage,
-    /// Nodes are not applied: they exist while their agents register.
-    Node,
-}
-
 /// Everything the crate's users need to know about a kind without its type.
 #[derive(Debug)]
 pub struct KindInfo {
-    pub kind: Kind,
     /// As in `kind:` (`ImagePullJob`).
     pub name: &'static str,
     /// kubectl's other spellings, lowercase: the plural first, then short names.
@@ -43,9 +26,3 @@ pub struct KindInfo {
     /// `get`'s table of objects of this kind.
     pub table: fn(&[Value], TableOptions) -> Result<Table, UnreadableRow>,
 }
-
-/// A kind name that is none of Rigger's.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnknownKind(pub String);
-
-impl std::error::Error for UnknownKind {}

@@ -13,7 +13,8 @@ pub mod selectors;
 pub mod table;
 
 pub use fields::*;
-pub use kind::{Kind, KindInfo, UnknownKind};
+pub use kind::KindInfo;
+pub use kinds::{Kind, UnknownKind};
 // Each kind's module at the crate's top (`rigger_api::image_pull_job`), as users name it.
 pub use kinds::*;
 pub use object::Object;

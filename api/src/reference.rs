@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::kind::Kind;
+use crate::kinds::Kind;
 
 /// The kinds with a reference page: every kind users apply or read but Node (whose
 /// shape is Kubernetes' and which is never applied).

@@ -12,7 +12,7 @@ use crate::fields::{Condition, FieldError, MAX_INT32, ObjectMeta, ValidateMeta a
 
 use std::time::SystemTime;
 
-use crate::kind::{Kind, KindInfo};
+use crate::kind::KindInfo;
 use crate::object::{Object, metadata_field};
 use crate::table::{Columns, age};
 
@@ -329,7 +329,6 @@ impl CrrContainer {
 
 /// ContainerRecreateRequest, as the registry (`kinds/mod.rs`) lists it.
 pub const INFO: KindInfo = KindInfo {
-    kind: Kind::ContainerRecreateRequest,
     name: KIND,
     spellings: &["containerrecreaterequests", "crr"],
     namespaced: true,

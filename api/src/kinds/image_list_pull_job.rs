@@ -14,7 +14,7 @@ use crate::fields::{FieldError, ObjectMeta, ValidateMeta as _, short_hash};
 
 use std::time::SystemTime;
 
-use crate::kind::{Kind, KindInfo};
+use crate::kind::KindInfo;
 use crate::object::{Object, metadata_field};
 use crate::table::{Columns, age};
 
@@ -231,7 +231,6 @@ impl<'de> Visitor<'de> for SpecVisitor {
 
 /// ImageListPullJob, as the registry (`kinds/mod.rs`) lists it.
 pub const INFO: KindInfo = KindInfo {
-    kind: Kind::ImageListPullJob,
     name: KIND,
     spellings: &["imagelistpulljobs"],
     namespaced: true,

@@ -12,7 +12,7 @@ use crate::fields::{
 
 use std::time::SystemTime;
 
-use crate::kind::{Kind, KindInfo};
+use crate::kind::KindInfo;
 use crate::object::{Object, metadata_field};
 use crate::table::{Columns, age, bytes};
 
@@ -387,7 +387,6 @@ impl ImagePullJobSpec {
 
 /// ImagePullJob, as the registry (`kinds/mod.rs`) lists it.
 pub const INFO: KindInfo = KindInfo {
-    kind: Kind::ImagePullJob,
     name: KIND,
     spellings: &["imagepulljobs", "ipj"],
     namespaced: true,

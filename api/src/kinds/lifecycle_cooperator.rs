@@ -12,7 +12,7 @@ use crate::fields::{FieldError, LabelSelector, ObjectMeta, ValidateMeta as _, ch
 
 use std::time::SystemTime;
 
-use crate::kind::{Kind, KindInfo};
+use crate::kind::KindInfo;
 use crate::object::{Object, metadata_field};
 use crate::table::{Columns, age, or_dash};
 
@@ -136,7 +136,6 @@ fn check_url(text: &str) -> Result<(), String> {
 
 /// LifecycleCooperator, as the registry (`kinds/mod.rs`) lists it.
 pub const INFO: KindInfo = KindInfo {
-    kind: Kind::LifecycleCooperator,
     name: KIND,
     spellings: &["lifecyclecooperators", "lc"],
     namespaced: true,

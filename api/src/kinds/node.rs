@@ -12,7 +12,7 @@ use crate::fields::ObjectMeta;
 
 use std::time::SystemTime;
 
-use crate::kind::{Kind, KindInfo};
+use crate::kind::KindInfo;
 use crate::table::{Columns, age, join_labels};
 
 pub const KIND: &str = "Node";
@@ -84,7 +84,6 @@ pub struct ContainerImage {
 
 /// Node, as the registry (`kinds/mod.rs`) lists it.
 pub const INFO: KindInfo = KindInfo {
-    kind: Kind::Node,
     name: KIND,
     spellings: &["nodes", "no"],
     namespaced: false,

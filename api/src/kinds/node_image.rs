@@ -14,7 +14,7 @@ use crate::fields::ObjectMeta;
 
 use std::time::SystemTime;
 
-use crate::kind::{Kind, KindInfo};
+use crate::kind::KindInfo;
 use crate::table::Columns;
 
 pub const KIND: &str = "NodeImage";
@@ -274,7 +274,6 @@ fn rank(phase: NodePullPhase) -> u8 {
 
 /// NodeImage, as the registry (`kinds/mod.rs`) lists it.
 pub const INFO: KindInfo = KindInfo {
-    kind: Kind::NodeImage,
     name: KIND,
     spellings: &["nodeimages"],
     namespaced: false,

@@ -13,7 +13,7 @@ use crate::fields::{
 
 use std::time::SystemTime;
 
-use crate::kind::{Kind, KindInfo};
+use crate::kind::KindInfo;
 use crate::object::{Object, metadata_field};
 use crate::table::{Columns, age, or_dash};
 
@@ -439,7 +439,6 @@ const HOT_UPGRADE_WORKING: &str = "kruise.io/sidecarset-working-hotupgrade-conta
 
 /// Pod, as the registry (`kinds/mod.rs`) lists it.
 pub const INFO: KindInfo = KindInfo {
-    kind: Kind::Pod,
     name: KIND,
     spellings: &["pods", "po"],
     namespaced: true,

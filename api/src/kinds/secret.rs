@@ -12,7 +12,7 @@ use crate::fields::{FieldError, ObjectMeta, ValidateMeta as _};
 
 use std::time::SystemTime;
 
-use crate::kind::{Kind, KindInfo};
+use crate::kind::KindInfo;
 use crate::object::{Object, metadata_field};
 use crate::table::{Columns, age};
 
@@ -137,7 +137,6 @@ impl Secret {
 
 /// Secret, as the registry (`kinds/mod.rs`) lists it.
 pub const INFO: KindInfo = KindInfo {
-    kind: Kind::Secret,
     name: KIND,
     spellings: &["secrets"],
     namespaced: true,

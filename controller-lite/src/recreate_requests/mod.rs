@@ -337,16 +337,18 @@ impl RecreateEngine {
         &self,
         pods: &HashMap<ObjectKey, Option<String>>,
     ) -> (Vec<(String, ControllerMessage)>, Vec<ObjectKey>) {
+        // The clock is read once per pass: readiness and the decisions see the same time.
+        let now = SystemTime::now();
         // Each node's readiness: `None` ready, else why not.
         let readiness: HashMap<String, Option<String>> = self
             .inner
             .nodes
-            .views(SystemTime::now(), self.inner.node_timeout)
+            .views(now, self.inner.node_timeout)
             .into_iter()
             .map(|(name, view)| (name, view.not_ready))
             .collect();
         let mut state = self.lock();
-        let decided = decide(&mut state.requests, pods, &readiness, SystemTime::now());
+        let decided = decide(&mut state.requests, pods, &readiness, now);
         for (key, node, task) in decided.dispatch {
             if self.inner.nodes.send(&node, task)
                 && let Some(tracked) = state.requests.get_mut(&key)

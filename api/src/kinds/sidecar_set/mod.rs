@@ -23,7 +23,7 @@ use crate::fields::{
 
 use std::time::SystemTime;
 
-use crate::kind::{Kind, KindInfo};
+use crate::kind::KindInfo;
 use crate::object::{Object, metadata_field};
 use crate::table::{Columns, age};
 
@@ -434,7 +434,6 @@ fn containers_of(sidecars: &[SidecarContainer]) -> Vec<Container> {
 
 /// SidecarSet, as the registry (`kinds/mod.rs`) lists it.
 pub const INFO: KindInfo = KindInfo {
-    kind: Kind::SidecarSet,
     name: KIND,
     spellings: &["sidecarsets"],
     namespaced: false,
