@@ -363,7 +363,7 @@ fn controller() -> &'static Controller {
             .build()
             .expect("a runtime");
         let dir = tempfile::tempdir().expect("a directory");
-        let store = Store::Embedded(EmbeddedStore::open(dir.path()).expect("a store"));
+        let store = Store::new(EmbeddedStore::open(dir.path()).expect("a store"));
         let nodes = NodeRegistry::default();
         let (tx, agent) = tokio::sync::mpsc::channel(1024);
         let register = Register {
