@@ -24,7 +24,7 @@ use super::{PodRunner, lock};
 use crate::cri::{self, Cri};
 use crate::labels;
 use crate::lifecycle::{LifecycleState, PodRef, call_all};
-use crate::recreate::{ContainerProgress, Phase, Recreate, RecreateWork};
+use crate::recreate::{ContainerProgress, Phase, Recreate, RecreateWork, ready_sandbox};
 
 pub use rigger_proto::pod::IN_PLACE_UPDATE_GRACE_ANNOTATION as GRACE_ANNOTATION;
 /// A failed update is tried again after this long.
@@ -186,9 +186,16 @@ impl PodRunner {
 
         self.set_lifecycle(uid, LifecycleState::Updating, "");
         let cri = cri::connect(&self.inner.connection).await?;
+        // The containers are looked for in the pod's sandbox, proven this agent's: labels
+        // alone are anybody's to wear.
+        let sandbox = ready_sandbox(&cri, labels::POD_UID, uid, &|s| {
+            self.owner_of(s).as_deref() == Some(uid)
+        })
+        .await?
+        .ok_or_else(|| format!("pod {uid} has no running sandbox of this agent's"))?;
         let mut before = HashMap::new();
         for name in changed {
-            before.insert(name.clone(), image_of(&cri, uid, name).await?);
+            before.insert(name.clone(), image_of(&cri, &sandbox, uid, name).await?);
         }
         let mut work = RecreateWork {
             pod_uid: uid.to_owned(),
@@ -228,7 +235,7 @@ impl PodRunner {
                 .map(|c| c.image.as_str())
                 .unwrap_or_default();
             let old: &Running = &before[name];
-            let new = image_of(&cri, uid, name).await?;
+            let new = image_of(&cri, &sandbox, uid, name).await?;
             if new.id == old.id {
                 return Err(format!("container {name:?} was not replaced"));
             }
@@ -273,13 +280,13 @@ struct Running {
     image_ref: String,
 }
 
-/// The newest container `name` of pod `uid`.
-async fn image_of(cri: &impl Cri, uid: &str, name: &str) -> Result<Running, String> {
+/// The newest container `name` of pod `uid` in its sandbox `sandbox`.
+async fn image_of(cri: &impl Cri, sandbox: &str, uid: &str, name: &str) -> Result<Running, String> {
     let labels = HashMap::from([
         (labels::POD_UID.to_owned(), uid.to_owned()),
         (labels::CONTAINER_NAME.to_owned(), name.to_owned()),
     ]);
-    let newest = cri::newest(cri.containers("", labels).await?)
+    let newest = cri::newest(cri.containers(sandbox, labels).await?)
         .ok_or_else(|| format!("container {name:?} is gone"))?;
     let status = cri
         .status_of(&newest.id)
@@ -291,4 +298,79 @@ async fn image_of(cri: &impl Cri, uid: &str, name: &str) -> Result<Running, Stri
         image: super::containers::created_from(&status).unwrap_or_default(),
         image_ref: status.image_ref,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use k8s_cri::v1::{Container, ContainerMetadata, ContainerStatus, PodSandbox};
+
+    use super::*;
+
+    /// Two containers wearing the pod's labels: its own in its sandbox, and a newer one a
+    /// tenant made elsewhere with the same labels.
+    struct Forged;
+
+    fn container(id: &str, sandbox: &str, attempt: u32) -> Container {
+        Container {
+            id: id.to_owned(),
+            pod_sandbox_id: sandbox.to_owned(),
+            metadata: Some(ContainerMetadata {
+                name: "app".to_owned(),
+                attempt,
+            }),
+            labels: [
+                (labels::POD_UID.to_owned(), "uid-1".to_owned()),
+                (labels::CONTAINER_NAME.to_owned(), "app".to_owned()),
+            ]
+            .into(),
+            ..Container::default()
+        }
+    }
+
+    impl Cri for Forged {
+        async fn sandboxes(&self, _: &str, _: &str) -> Result<Vec<PodSandbox>, String> {
+            Ok(Vec::new())
+        }
+
+        async fn containers(
+            &self,
+            sandbox: &str,
+            labels: HashMap<String, String>,
+        ) -> Result<Vec<Container>, String> {
+            Ok([
+                container("ours", "sandbox-ours", 1),
+                container("forged", "elsewhere", 9),
+            ]
+            .into_iter()
+            .filter(|c| sandbox.is_empty() || c.pod_sandbox_id == sandbox)
+            .filter(|c| labels.iter().all(|(k, v)| c.labels.get(k) == Some(v)))
+            .collect())
+        }
+
+        async fn status_of(&self, id: &str) -> Result<Option<ContainerStatus>, String> {
+            Ok(Some(ContainerStatus {
+                id: id.to_owned(),
+                image_ref: format!("sha256:{id}"),
+                ..ContainerStatus::default()
+            }))
+        }
+
+        async fn stop(&self, _: &str, _: u64) -> Result<(), String> {
+            Ok(())
+        }
+
+        async fn exec(&self, _: &str, _: &[String], _: Duration) -> Result<i32, String> {
+            Ok(0)
+        }
+    }
+
+    #[tokio::test]
+    async fn an_update_reads_the_pods_own_container_not_one_wearing_its_labels() {
+        let running = image_of(&Forged, "sandbox-ours", "uid-1", "app")
+            .await
+            .unwrap();
+        assert_eq!(running.id, "ours");
+        assert_eq!(running.image_ref, "sha256:ours");
+    }
 }

@@ -21,7 +21,8 @@ mod stop;
 mod wait;
 mod work;
 
-use self::wait::{kubelets, ready_sandbox};
+use self::wait::kubelets;
+pub(crate) use self::wait::ready_sandbox;
 pub use self::work::{ContainerProgress, Phase, RecreateWork};
 
 use std::time::Duration;

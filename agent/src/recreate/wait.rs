@@ -144,7 +144,7 @@ pub(super) fn kubelets(sandbox: &k8s_cri::v1::PodSandbox, uid: &str) -> bool {
 }
 
 /// The ready sandbox whose `label` is `uid` and that `owned` accepts.
-pub(super) async fn ready_sandbox(
+pub(crate) async fn ready_sandbox(
     cri: &impl Cri,
     label: &str,
     uid: &str,
