@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 
-use super::{ObjectKey, Precondition, StoreError, Stored, check};
+use super::{Backend, ObjectKey, Precondition, StoreError, Stored, check};
 
 /// `kind/namespace/name` → `revision (8 bytes, big endian) ++ object JSON`.
 const OBJECTS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("objects");
@@ -60,22 +60,6 @@ impl EmbeddedStore {
         tokio::task::spawn_blocking(move || work(&store))
             .await
             .map_err(|e| self.backend(e))?
-    }
-
-    /// Write `object` under `key` if `precondition` holds; returns the new revision.
-    pub async fn put(
-        &self,
-        key: ObjectKey,
-        object: Vec<u8>,
-        precondition: Precondition,
-    ) -> Result<u64, StoreError> {
-        self.blocking(move |s| s.put_now(&key, &object, precondition))
-            .await
-    }
-
-    /// Write every object, unconditionally, in one transaction (one fsync).
-    pub async fn put_all(&self, objects: Vec<(ObjectKey, Vec<u8>)>) -> Result<(), StoreError> {
-        self.blocking(move |s| s.put_all_now(&objects)).await
     }
 
     fn put_all_now(&self, objects: &[(ObjectKey, Vec<u8>)]) -> Result<(), StoreError> {
@@ -134,8 +118,27 @@ impl EmbeddedStore {
         txn.commit().map_err(|e| self.backend(e))?;
         Ok(revision)
     }
+}
 
-    pub async fn get(&self, key: ObjectKey) -> Result<Option<Stored>, StoreError> {
+#[async_trait::async_trait]
+impl Backend for EmbeddedStore {
+    /// Write `object` under `key` if `precondition` holds; returns the new revision.
+    async fn put(
+        &self,
+        key: ObjectKey,
+        object: Vec<u8>,
+        precondition: Precondition,
+    ) -> Result<u64, StoreError> {
+        self.blocking(move |s| s.put_now(&key, &object, precondition))
+            .await
+    }
+
+    /// Write every object, unconditionally, in one transaction (one fsync).
+    async fn put_all(&self, objects: Vec<(ObjectKey, Vec<u8>)>) -> Result<(), StoreError> {
+        self.blocking(move |s| s.put_all_now(&objects)).await
+    }
+
+    async fn get(&self, key: ObjectKey) -> Result<Option<Stored>, StoreError> {
         self.blocking(move |s| {
             let txn = s.db.begin_read().map_err(|e| s.backend(e))?;
             let objects = txn.open_table(OBJECTS).map_err(|e| s.backend(e))?;
@@ -155,7 +158,7 @@ impl EmbeddedStore {
     }
 
     /// Every object of `kind`, ordered by namespace and name.
-    pub async fn list(&self, kind: &str) -> Result<Vec<Stored>, StoreError> {
+    async fn list(&self, kind: &str) -> Result<Vec<Stored>, StoreError> {
         let prefix = format!("{kind}/");
         self.blocking(move |s| {
             let txn = s.db.begin_read().map_err(|e| s.backend(e))?;
@@ -183,11 +186,7 @@ impl EmbeddedStore {
 
     /// Delete `key` if `precondition` holds (`Absent` makes no sense here and is refused
     /// as a conflict). Deleting what is not there is `NotFound`.
-    pub async fn delete(
-        &self,
-        key: ObjectKey,
-        precondition: Precondition,
-    ) -> Result<(), StoreError> {
+    async fn delete(&self, key: ObjectKey, precondition: Precondition) -> Result<(), StoreError> {
         self.blocking(move |s| {
             let encoded = key.encode();
             let txn = s.db.begin_write().map_err(|e| s.backend(e))?;

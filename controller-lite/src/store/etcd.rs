@@ -6,7 +6,7 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp, TxnOpResponse,
 };
 
-use super::{ObjectKey, Precondition, StoreError, Stored, check};
+use super::{Backend, ObjectKey, Precondition, StoreError, Stored, check};
 
 /// Keys of a Rigger installation start with this (several could share an etcd).
 pub const DEFAULT_PREFIX: &str = "/rigger/";
@@ -113,7 +113,19 @@ impl EtcdStore {
         Ok(self.get(key.clone()).await?.map(|s| s.revision))
     }
 
-    pub async fn put(
+    async fn commit_all(&self, ops: Vec<TxnOp>) -> Result<(), StoreError> {
+        self.client
+            .clone()
+            .txn(Txn::new().and_then(ops))
+            .await
+            .map_err(|e| self.backend(&e))?;
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for EtcdStore {
+    async fn put(
         &self,
         key: ObjectKey,
         object: Vec<u8>,
@@ -157,7 +169,7 @@ impl EtcdStore {
 
     /// Write every object, unconditionally, in as few transactions as etcd takes: each
     /// within its default limits (128 operations, 1.5 MiB per request), in order.
-    pub async fn put_all(&self, objects: Vec<(ObjectKey, Vec<u8>)>) -> Result<(), StoreError> {
+    async fn put_all(&self, objects: Vec<(ObjectKey, Vec<u8>)>) -> Result<(), StoreError> {
         const MAX_OPS: usize = 64;
         const MAX_BYTES: usize = 1 << 20;
         let mut batch: Vec<TxnOp> = Vec::new();
@@ -176,16 +188,7 @@ impl EtcdStore {
         Ok(())
     }
 
-    async fn commit_all(&self, ops: Vec<TxnOp>) -> Result<(), StoreError> {
-        self.client
-            .clone()
-            .txn(Txn::new().and_then(ops))
-            .await
-            .map_err(|e| self.backend(&e))?;
-        Ok(())
-    }
-
-    pub async fn get(&self, key: ObjectKey) -> Result<Option<Stored>, StoreError> {
+    async fn get(&self, key: ObjectKey) -> Result<Option<Stored>, StoreError> {
         let response = self
             .client
             .clone()
@@ -199,7 +202,7 @@ impl EtcdStore {
         }))
     }
 
-    pub async fn list(&self, kind: &str) -> Result<Vec<Stored>, StoreError> {
+    async fn list(&self, kind: &str) -> Result<Vec<Stored>, StoreError> {
         let prefix = format!("{}objects/{kind}/", self.prefix);
         let response = self
             .client
@@ -222,11 +225,7 @@ impl EtcdStore {
             .collect())
     }
 
-    pub async fn delete(
-        &self,
-        key: ObjectKey,
-        precondition: Precondition,
-    ) -> Result<(), StoreError> {
+    async fn delete(&self, key: ObjectKey, precondition: Precondition) -> Result<(), StoreError> {
         let path = self.path(&key);
         let mut compare = vec![Compare::create_revision(
             path.clone(),

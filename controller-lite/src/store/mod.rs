@@ -183,46 +183,6 @@ impl Store {
     }
 }
 
-/// A backend's inherent calls, as the [`Backend`] trait's.
-macro_rules! backend_by_inherent_calls {
-    ($backend:ty) => {
-        #[async_trait::async_trait]
-        impl Backend for $backend {
-            async fn put(
-                &self,
-                key: ObjectKey,
-                object: Vec<u8>,
-                precondition: Precondition,
-            ) -> Result<u64, StoreError> {
-                <$backend>::put(self, key, object, precondition).await
-            }
-
-            async fn put_all(&self, objects: Vec<(ObjectKey, Vec<u8>)>) -> Result<(), StoreError> {
-                <$backend>::put_all(self, objects).await
-            }
-
-            async fn get(&self, key: ObjectKey) -> Result<Option<Stored>, StoreError> {
-                <$backend>::get(self, key).await
-            }
-
-            async fn list(&self, kind: &str) -> Result<Vec<Stored>, StoreError> {
-                <$backend>::list(self, kind).await
-            }
-
-            async fn delete(
-                &self,
-                key: ObjectKey,
-                precondition: Precondition,
-            ) -> Result<(), StoreError> {
-                <$backend>::delete(self, key, precondition).await
-            }
-        }
-    };
-}
-
-backend_by_inherent_calls!(EmbeddedStore);
-backend_by_inherent_calls!(EtcdStore);
-
 /// The behaviour every backend must show (revisions grow, conditional writes and deletes,
 /// listing by kind in order), checked against a store the caller provides empty. Run by
 /// the embedded store's tests and, against a real etcd, by the integration tests.
