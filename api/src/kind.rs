@@ -26,3 +26,8 @@ pub struct KindInfo {
     /// `get`'s table of objects of this kind.
     pub table: fn(&[Value], TableOptions) -> Result<Table, UnreadableRow>,
 }
+
+/// A type's JSON Schema: a kind's [`KindInfo::schema`] is `schema_of::<ItsType>`.
+pub fn schema_of<T: schemars::JsonSchema>() -> Value {
+    schemars::schema_for!(T).to_value()
+}

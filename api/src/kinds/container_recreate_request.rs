@@ -341,13 +341,9 @@ pub const INFO: KindInfo = KindInfo {
              Rigger's pods; preStop may also be `tcpSocket`; kubelet's pods are found in the \
              nodes' inventories.",
     ),
-    schema: Some(json_schema),
+    schema: Some(crate::kind::schema_of::<ContainerRecreateRequest>),
     table: crate::table::table_of::<ContainerRecreateRequest>,
 };
-
-fn json_schema() -> serde_json::Value {
-    schemars::schema_for!(ContainerRecreateRequest).to_value()
-}
 
 impl Object for ContainerRecreateRequest {
     const INFO: &'static KindInfo = &INFO;

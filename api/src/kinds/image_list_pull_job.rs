@@ -243,13 +243,9 @@ pub const INFO: KindInfo = KindInfo {
              by hand comes back on the next apply, and the status says it is missing); a \
              job of that name that is not the list's is left alone and reported.",
     ),
-    schema: Some(json_schema),
+    schema: Some(crate::kind::schema_of::<ImageListPullJob>),
     table: crate::table::table_of::<ImageListPullJob>,
 };
-
-fn json_schema() -> serde_json::Value {
-    schemars::schema_for!(ImageListPullJob).to_value()
-}
 
 impl Object for ImageListPullJob {
     const INFO: &'static KindInfo = &INFO;

@@ -400,13 +400,9 @@ pub const INFO: KindInfo = KindInfo {
              nodes by `podSelector` cannot carry `pullSecrets` (nodes report their pods' \
              labels themselves); `status.nodes` adds each node's phase and bytes.",
     ),
-    schema: Some(json_schema),
+    schema: Some(crate::kind::schema_of::<ImagePullJob>),
     table: crate::table::table_of::<ImagePullJob>,
 };
-
-fn json_schema() -> serde_json::Value {
-    schemars::schema_for!(ImagePullJob).to_value()
-}
 
 impl Object for ImagePullJob {
     const INFO: &'static KindInfo = &INFO;

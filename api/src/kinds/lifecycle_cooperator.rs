@@ -145,13 +145,9 @@ pub const INFO: KindInfo = KindInfo {
              PodOpsLifecycle: outside systems asked at the Preparing and Completing steps of \
              in-place updates, recreates and deletions of the pods it selects.",
     ),
-    schema: Some(json_schema),
+    schema: Some(crate::kind::schema_of::<LifecycleCooperator>),
     table: crate::table::table_of::<LifecycleCooperator>,
 };
-
-fn json_schema() -> serde_json::Value {
-    schemars::schema_for!(LifecycleCooperator).to_value()
-}
 
 impl Object for LifecycleCooperator {
     const INFO: &'static KindInfo = &INFO;

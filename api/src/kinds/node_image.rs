@@ -285,13 +285,9 @@ pub const INFO: KindInfo = KindInfo {
              of it, their state, and the images the node holds. Never applied or deleted \
              (Kruise's daemon writes these; here each is built when read).",
     ),
-    schema: Some(json_schema),
+    schema: Some(crate::kind::schema_of::<NodeImage>),
     table: crate::table::table_of::<NodeImage>,
 };
-
-fn json_schema() -> serde_json::Value {
-    schemars::schema_for!(NodeImage).to_value()
-}
 
 /// Kruise's columns: DESIRED, PULLING, SUCCEED, FAILED.
 impl Columns for NodeImage {

@@ -449,13 +449,9 @@ pub const INFO: KindInfo = KindInfo {
              networking is required, volumes are `hostPath` and `emptyDir`. Not a Kruise \
              kind; SidecarSets inject into these.",
     ),
-    schema: Some(json_schema),
+    schema: Some(crate::kind::schema_of::<Pod>),
     table: crate::table::table_of::<Pod>,
 };
-
-fn json_schema() -> serde_json::Value {
-    schemars::schema_for!(Pod).to_value()
-}
 
 impl Object for Pod {
     const INFO: &'static KindInfo = &INFO;

@@ -146,13 +146,9 @@ pub const INFO: KindInfo = KindInfo {
              for ImagePullJobs' `pullSecrets` and pods' `imagePullSecrets`. Values are never \
              shown by reads and go only to the nodes that pull with them.",
     ),
-    schema: Some(json_schema),
+    schema: Some(crate::kind::schema_of::<Secret>),
     table: crate::table::table_of::<Secret>,
 };
-
-fn json_schema() -> serde_json::Value {
-    schemars::schema_for!(Secret).to_value()
-}
 
 impl Object for Secret {
     const INFO: &'static KindInfo = &INFO;

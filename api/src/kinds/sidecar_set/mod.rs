@@ -447,13 +447,9 @@ pub const INFO: KindInfo = KindInfo {
              a container of the pod (Kruise would replace the pod's container). \
              `shareVolumeDevicePolicy` shares nothing (Rigger's pods have no block devices).",
     ),
-    schema: Some(json_schema),
+    schema: Some(crate::kind::schema_of::<SidecarSet>),
     table: crate::table::table_of::<SidecarSet>,
 };
-
-fn json_schema() -> serde_json::Value {
-    schemars::schema_for!(SidecarSet).to_value()
-}
 
 impl Object for SidecarSet {
     const INFO: &'static KindInfo = &INFO;
