@@ -230,16 +230,21 @@ impl CriPod {
 impl Drop for CriPod {
     fn drop(&mut self) {
         let id = self.sandbox_id.clone();
-        let client = &mut self.client;
-        self.runtime.block_on(async {
-            let _ = client
-                .stop_pod_sandbox(k8s_cri::v1::StopPodSandboxRequest {
-                    pod_sandbox_id: id.clone(),
-                })
-                .await;
-            let _ = client
-                .remove_pod_sandbox(k8s_cri::v1::RemovePodSandboxRequest { pod_sandbox_id: id })
-                .await;
-        });
+        self.runtime.block_on(remove_sandbox(&mut self.client, id));
     }
+}
+
+/// Stop sandbox `id` and remove it with its containers; best effort.
+pub(crate) async fn remove_sandbox(
+    cri: &mut k8s_cri::v1::runtime_service_client::RuntimeServiceClient<tonic::transport::Channel>,
+    id: String,
+) {
+    let _ = cri
+        .stop_pod_sandbox(k8s_cri::v1::StopPodSandboxRequest {
+            pod_sandbox_id: id.clone(),
+        })
+        .await;
+    let _ = cri
+        .remove_pod_sandbox(k8s_cri::v1::RemovePodSandboxRequest { pod_sandbox_id: id })
+        .await;
 }

@@ -560,8 +560,7 @@ impl Drop for Agent {
 /// `containerd`; best effort.
 fn remove_agent_pods(containerd: &Path, node: &str) {
     use k8s_cri::v1::{
-        ListPodSandboxRequest, PodSandboxFilter, RemovePodSandboxRequest, StopPodSandboxRequest,
-        runtime_service_client::RuntimeServiceClient,
+        ListPodSandboxRequest, PodSandboxFilter, runtime_service_client::RuntimeServiceClient,
     };
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -595,15 +594,7 @@ fn remove_agent_pods(containerd: &Path, node: &str) {
             return;
         };
         for sandbox in listed.into_inner().items {
-            let id = sandbox.id;
-            let _ = cri
-                .stop_pod_sandbox(StopPodSandboxRequest {
-                    pod_sandbox_id: id.clone(),
-                })
-                .await;
-            let _ = cri
-                .remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id })
-                .await;
+            cri_pod::remove_sandbox(&mut cri, sandbox.id).await;
         }
     });
 }
