@@ -23,6 +23,9 @@ pub struct KindInfo {
     pub notes: Option<&'static str>,
     /// Its type's JSON Schema (`None` for a kind whose shape is Kubernetes' own).
     pub schema: Option<fn() -> Value>,
+    /// How it is served as a Kubernetes custom resource (`None`: the kind is the
+    /// cluster's own, such as Pod, Node and Secret).
+    pub crd: Option<&'static crate::crd::CrdInfo>,
     /// `get`'s table of objects of this kind.
     pub table: fn(&[Value], TableOptions) -> Result<Table, UnreadableRow>,
 }

@@ -4,6 +4,7 @@
 //! Each kind validates itself whole before anything is stored; an error names the field
 //! path (`spec.parallelism`) and why, as `kubectl` users expect.
 
+pub mod crd;
 pub mod fields;
 pub mod kind;
 pub mod kinds;

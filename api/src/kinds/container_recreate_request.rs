@@ -342,6 +342,35 @@ pub const INFO: KindInfo = KindInfo {
              nodes' inventories.",
     ),
     schema: Some(crate::kind::schema_of::<ContainerRecreateRequest>),
+    crd: Some(&crate::crd::CrdInfo {
+        group: crate::crd::KRUISE_GROUP,
+        versions: &["v1alpha1", "v1beta1"],
+        short_names: &["crr"],
+        columns: &[
+            crate::crd::PrinterColumn {
+                name: "PHASE",
+                kind: "string",
+                json_path: ".status.phase",
+                description: "Where the request is.",
+                only_in: None,
+            },
+            crate::crd::PrinterColumn {
+                name: "POD",
+                kind: "string",
+                json_path: ".spec.podName",
+                description: "The pod whose containers are recreated.",
+                only_in: None,
+            },
+            crate::crd::PrinterColumn {
+                name: "NODE",
+                kind: "string",
+                json_path: ".metadata.labels.crr\\.apps\\.kruise\\.io/node-name",
+                description: "The pod's node.",
+                only_in: None,
+            },
+            crate::crd::AGE,
+        ],
+    }),
     table: crate::table::table_of::<ContainerRecreateRequest>,
 };
 

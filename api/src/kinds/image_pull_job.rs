@@ -401,6 +401,49 @@ pub const INFO: KindInfo = KindInfo {
              labels themselves); `status.nodes` adds each node's phase and bytes.",
     ),
     schema: Some(crate::kind::schema_of::<ImagePullJob>),
+    crd: Some(&crate::crd::CrdInfo {
+        group: crate::crd::KRUISE_GROUP,
+        versions: &["v1alpha1", "v1beta1"],
+        short_names: &[],
+        columns: &[
+            crate::crd::PrinterColumn {
+                name: "TOTAL",
+                kind: "integer",
+                json_path: ".status.desired",
+                description: "Nodes the job selected.",
+                only_in: None,
+            },
+            crate::crd::PrinterColumn {
+                name: "ACTIVE",
+                kind: "integer",
+                json_path: ".status.active",
+                description: "Nodes pulling now.",
+                only_in: None,
+            },
+            crate::crd::PrinterColumn {
+                name: "SUCCEED",
+                kind: "integer",
+                json_path: ".status.succeeded",
+                description: "Nodes that pulled the image.",
+                only_in: None,
+            },
+            crate::crd::PrinterColumn {
+                name: "FAILED",
+                kind: "integer",
+                json_path: ".status.failed",
+                description: "Nodes whose pull failed.",
+                only_in: None,
+            },
+            crate::crd::AGE,
+            crate::crd::PrinterColumn {
+                name: "MESSAGE",
+                kind: "string",
+                json_path: ".status.message",
+                description: "Why the job failed, if it did.",
+                only_in: Some("v1alpha1"),
+            },
+        ],
+    }),
     table: crate::table::table_of::<ImagePullJob>,
 };
 

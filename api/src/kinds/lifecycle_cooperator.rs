@@ -146,6 +146,12 @@ pub const INFO: KindInfo = KindInfo {
              in-place updates, recreates and deletions of the pods it selects.",
     ),
     schema: Some(crate::kind::schema_of::<LifecycleCooperator>),
+    crd: Some(&crate::crd::CrdInfo {
+        group: crate::crd::RIGGER_GROUP,
+        versions: &["v1alpha1"],
+        short_names: &["lc"],
+        columns: &[crate::crd::AGE],
+    }),
     table: crate::table::table_of::<LifecycleCooperator>,
 };
 

@@ -92,6 +92,7 @@ pub const INFO: KindInfo = KindInfo {
     ),
     notes: None,
     schema: None,
+    crd: None,
     table: crate::table::table_of::<Node>,
 };
 

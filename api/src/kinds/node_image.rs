@@ -286,6 +286,42 @@ pub const INFO: KindInfo = KindInfo {
              (Kruise's daemon writes these; here each is built when read).",
     ),
     schema: Some(crate::kind::schema_of::<NodeImage>),
+    crd: Some(&crate::crd::CrdInfo {
+        group: crate::crd::KRUISE_GROUP,
+        versions: &["v1alpha1", "v1beta1"],
+        short_names: &[],
+        columns: &[
+            crate::crd::PrinterColumn {
+                name: "DESIRED",
+                kind: "integer",
+                json_path: ".status.desired",
+                description: "Image tags asked of the node.",
+                only_in: None,
+            },
+            crate::crd::PrinterColumn {
+                name: "PULLING",
+                kind: "integer",
+                json_path: ".status.pulling",
+                description: "Tags pulling now.",
+                only_in: None,
+            },
+            crate::crd::PrinterColumn {
+                name: "SUCCEED",
+                kind: "integer",
+                json_path: ".status.succeeded",
+                description: "Tags pulled.",
+                only_in: None,
+            },
+            crate::crd::PrinterColumn {
+                name: "FAILED",
+                kind: "integer",
+                json_path: ".status.failed",
+                description: "Tags whose pull failed.",
+                only_in: None,
+            },
+            crate::crd::AGE,
+        ],
+    }),
     table: crate::table::table_of::<NodeImage>,
 };
 

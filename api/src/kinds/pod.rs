@@ -450,6 +450,7 @@ pub const INFO: KindInfo = KindInfo {
              kind; SidecarSets inject into these.",
     ),
     schema: Some(crate::kind::schema_of::<Pod>),
+    crd: None,
     table: crate::table::table_of::<Pod>,
 };
 

@@ -147,6 +147,7 @@ pub const INFO: KindInfo = KindInfo {
              shown by reads and go only to the nodes that pull with them.",
     ),
     schema: Some(crate::kind::schema_of::<Secret>),
+    crd: None,
     table: crate::table::table_of::<Secret>,
 };
 

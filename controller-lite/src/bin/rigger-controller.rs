@@ -40,6 +40,9 @@ enum Command {
     /// Print the configuration reference (Markdown): every key of the file with its flag,
     /// environment variable and meaning.
     ConfigReference,
+    /// Print the CustomResourceDefinitions of Rigger's kinds (YAML), generated from its
+    /// types: what `deploy/kubernetes/crds.yaml` holds, for `kubectl apply -f -`.
+    Crds,
     #[command(flatten)]
     Docs(rigger_daemon::cli::DocsCommand),
 }
@@ -62,6 +65,18 @@ fn main() -> ExitCode {
             "/etc/rigger/controller.toml",
             rigger_controller::config::NOT_CONFIG_KEYS,
         );
+    }
+    if let Some(Command::Crds) = &cli.command {
+        return match rigger_api::crd::manifests_yaml() {
+            Ok(yaml) => {
+                print!("{yaml}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("rigger-controller: error: the CustomResourceDefinitions do not render: {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
     if let Some(Command::Certs { out, hosts, nodes }) = cli.command {
         return match create(&CertsRequest { out, hosts, nodes }) {

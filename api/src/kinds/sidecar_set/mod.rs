@@ -448,6 +448,35 @@ pub const INFO: KindInfo = KindInfo {
              `shareVolumeDevicePolicy` shares nothing (Rigger's pods have no block devices).",
     ),
     schema: Some(crate::kind::schema_of::<SidecarSet>),
+    crd: Some(&crate::crd::CrdInfo {
+        group: crate::crd::KRUISE_GROUP,
+        versions: &["v1alpha1", "v1beta1"],
+        short_names: &[],
+        columns: &[
+            crate::crd::PrinterColumn {
+                name: "MATCHED",
+                kind: "integer",
+                json_path: ".status.matchedPods",
+                description: "Pods the SidecarSet matches.",
+                only_in: None,
+            },
+            crate::crd::PrinterColumn {
+                name: "UPDATED",
+                kind: "integer",
+                json_path: ".status.updatedPods",
+                description: "Matched pods at the latest revision.",
+                only_in: None,
+            },
+            crate::crd::PrinterColumn {
+                name: "READY",
+                kind: "integer",
+                json_path: ".status.readyPods",
+                description: "Matched pods that are ready.",
+                only_in: None,
+            },
+            crate::crd::AGE,
+        ],
+    }),
     table: crate::table::table_of::<SidecarSet>,
 };
 

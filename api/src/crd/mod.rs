@@ -1,0 +1,262 @@
+//! Rigger's kinds as Kubernetes CustomResourceDefinitions, generated from the types
+//! themselves (never copied from Kruise's files): in a cluster, the API server stores
+//! and validates what users apply, `kubectl get` shows Kruise's columns, and status lives
+//! in the status subresource.
+//!
+//! Each kind says how it is served in its [`KindInfo::crd`]; [`custom_resource_definition`]
+//! turns that and the kind's JSON Schema ([`structural::structural_schema`]) into the
+//! object `kubectl apply` takes. `deploy/kubernetes/crds.yaml` is this module's output
+//! (`rigger-controller crds`), checked current by a test.
+
+pub mod structural;
+
+use serde_json::{Value, json};
+
+use crate::kind::KindInfo;
+use crate::kinds::Kind;
+
+/// Kruise's API group, where its kinds are served.
+pub const KRUISE_GROUP: &str = "apps.kruise.io";
+/// The group of Rigger's own kinds (LifecycleCooperator).
+pub const RIGGER_GROUP: &str = "rigger.dev";
+
+/// How a kind is served as a custom resource.
+#[derive(Debug)]
+pub struct CrdInfo {
+    pub group: &'static str,
+    /// The versions served, oldest first; the last is the one stored (Kruise stores
+    /// v1beta1 since 1.9). Every version has the kind's one schema: Rigger's types
+    /// accept each version's fields, so no conversion is needed between them.
+    pub versions: &'static [&'static str],
+    /// kubectl's short names, as Kruise declares them (only `crr`).
+    pub short_names: &'static [&'static str],
+    /// `kubectl get`'s columns (Kruise's), besides NAME.
+    pub columns: &'static [PrinterColumn],
+}
+
+/// One column of `kubectl get`.
+#[derive(Debug)]
+pub struct PrinterColumn {
+    pub name: &'static str,
+    /// `integer`, `string` or `date`.
+    pub kind: &'static str,
+    pub json_path: &'static str,
+    pub description: &'static str,
+    /// Shown in this version only (Kruise's v1alpha1 ImagePullJob has MESSAGE).
+    pub only_in: Option<&'static str>,
+}
+
+/// The AGE column every kind ends with.
+pub const AGE: PrinterColumn = PrinterColumn {
+    name: "AGE",
+    kind: "date",
+    json_path: ".metadata.creationTimestamp",
+    description: "When the object was created.",
+    only_in: None,
+};
+
+impl CrdInfo {
+    /// The version the API server stores.
+    pub fn storage_version(&self) -> &'static str {
+        self.versions.last().copied().unwrap_or("v1alpha1")
+    }
+
+    /// `group/version` of the stored version, as in an object's `apiVersion`.
+    pub fn storage_api_version(&self) -> String {
+        format!("{}/{}", self.group, self.storage_version())
+    }
+}
+
+/// The plural resource name of a kind (`imagepulljobs`): its first spelling.
+pub fn plural(info: &KindInfo) -> String {
+    info.spellings.first().map_or_else(
+        || format!("{}s", info.name.to_lowercase()),
+        |s| (*s).to_owned(),
+    )
+}
+
+/// The CustomResourceDefinition of `info`'s kind (`None`: the kind is the cluster's own,
+/// such as Pod or Node, or has no schema).
+pub fn custom_resource_definition(info: &KindInfo) -> Option<Value> {
+    let crd = info.crd?;
+    let schema = structural::structural_schema(&(info.schema?)());
+    let plural = plural(info);
+    let versions: Vec<Value> = crd
+        .versions
+        .iter()
+        .map(|version| {
+            let columns: Vec<Value> = crd
+                .columns
+                .iter()
+                .filter(|column| column.only_in.is_none_or(|only| only == *version))
+                .map(|column| {
+                    json!({
+                        "name": column.name,
+                        "type": column.kind,
+                        "jsonPath": column.json_path,
+                        "description": column.description,
+                    })
+                })
+                .collect();
+            json!({
+                "name": version,
+                "served": true,
+                "storage": *version == crd.storage_version(),
+                "schema": {"openAPIV3Schema": schema},
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": columns,
+            })
+        })
+        .collect();
+    let mut names = json!({
+        "kind": info.name,
+        "listKind": format!("{}List", info.name),
+        "plural": plural,
+        "singular": info.name.to_lowercase(),
+    });
+    if !crd.short_names.is_empty() {
+        names["shortNames"] = json!(crd.short_names);
+    }
+    Some(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": format!("{plural}.{}", crd.group),
+            "labels": {"app.kubernetes.io/part-of": "rigger"},
+        },
+        "spec": {
+            "group": crd.group,
+            "names": names,
+            "scope": if info.namespaced { "Namespaced" } else { "Cluster" },
+            "versions": versions,
+        },
+    }))
+}
+
+/// Every kind's CustomResourceDefinition, in the registry's order.
+pub fn all() -> Vec<Value> {
+    Kind::ALL
+        .iter()
+        .filter_map(|kind| custom_resource_definition(kind.info()))
+        .collect()
+}
+
+/// [`all`] as one YAML stream, the way `deploy/kubernetes/crds.yaml` holds it.
+pub fn manifests_yaml() -> Result<String, serde_yaml_ng::Error> {
+    let mut out = String::from(
+        "# Generated by `rigger-controller crds` from Rigger's API types; do not edit.\n",
+    );
+    for crd in all() {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml_ng::to_string(&crd)?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Every node of a structural schema has a type, or says why it needs none.
+    fn assert_structural(schema: &Value, path: &str) {
+        let node = schema.as_object().unwrap();
+        let open = node.contains_key("x-kubernetes-preserve-unknown-fields")
+            || node.contains_key("x-kubernetes-int-or-string");
+        assert!(open || node.contains_key("type"), "{path}: no type");
+        for forbidden in [
+            "$ref", "anyOf", "oneOf", "allOf", "$defs", "default", "const",
+        ] {
+            assert!(!node.contains_key(forbidden), "{path}: {forbidden}");
+        }
+        assert!(
+            !(node.contains_key("properties") && node.contains_key("additionalProperties")),
+            "{path}: properties beside additionalProperties"
+        );
+        if let Some(properties) = node.get("properties").and_then(Value::as_object) {
+            for (name, property) in properties {
+                assert_structural(property, &format!("{path}.{name}"));
+            }
+        }
+        for key in ["items", "additionalProperties"] {
+            if let Some(child) = node.get(key).filter(|child| child.is_object()) {
+                assert_structural(child, &format!("{path}[{key}]"));
+            }
+        }
+    }
+
+    #[test]
+    fn kruises_kinds_are_served_in_both_versions_with_v1beta1_stored() {
+        let crds = all();
+        let names: Vec<&str> = crds
+            .iter()
+            .map(|crd| crd["metadata"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "imagepulljobs.apps.kruise.io",
+                "containerrecreaterequests.apps.kruise.io",
+                "lifecyclecooperators.rigger.dev",
+                "sidecarsets.apps.kruise.io",
+                "imagelistpulljobs.apps.kruise.io",
+                "nodeimages.apps.kruise.io",
+            ]
+        );
+        for crd in &crds {
+            let versions = crd["spec"]["versions"].as_array().unwrap();
+            let stored: Vec<&str> = versions
+                .iter()
+                .filter(|v| v["storage"] == json!(true))
+                .map(|v| v["name"].as_str().unwrap())
+                .collect();
+            assert_eq!(stored.len(), 1, "{}", crd["metadata"]["name"]);
+            if crd["spec"]["group"] == KRUISE_GROUP {
+                assert_eq!(stored, ["v1beta1"]);
+                assert_eq!(versions.len(), 2);
+            }
+            for version in versions {
+                assert_structural(&version["schema"]["openAPIV3Schema"], "");
+                assert_eq!(version["subresources"], json!({"status": {}}));
+            }
+        }
+    }
+
+    #[test]
+    fn columns_are_kruises() {
+        let crd = custom_resource_definition(Kind::ImagePullJob.info()).unwrap();
+        let columns = |version: usize| -> Vec<String> {
+            crd["spec"]["versions"][version]["additionalPrinterColumns"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["name"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        assert_eq!(
+            columns(0),
+            ["TOTAL", "ACTIVE", "SUCCEED", "FAILED", "AGE", "MESSAGE"]
+        );
+        assert_eq!(columns(1), ["TOTAL", "ACTIVE", "SUCCEED", "FAILED", "AGE"]);
+        let crr = custom_resource_definition(Kind::ContainerRecreateRequest.info()).unwrap();
+        assert_eq!(crr["spec"]["names"]["shortNames"], json!(["crr"]));
+        assert_eq!(
+            crr["spec"]["versions"][1]["additionalPrinterColumns"][2]["jsonPath"],
+            ".metadata.labels.crr\\.apps\\.kruise\\.io/node-name"
+        );
+    }
+
+    #[test]
+    fn the_shipped_manifests_are_current() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/kubernetes/crds.yaml"
+        );
+        let shipped = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            shipped == manifests_yaml().unwrap(),
+            "deploy/kubernetes/crds.yaml is not current: run \
+             `cargo run -p rigger-controller -- crds > deploy/kubernetes/crds.yaml`"
+        );
+    }
+}
