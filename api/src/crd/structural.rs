@@ -109,10 +109,12 @@ impl Converter<'_> {
         if let Some(constant) = node.get("const") {
             out.insert("enum".into(), json!([constant]));
         }
-        if let Some(format) = node.get("format").and_then(Value::as_str) {
-            if let Some(format) = kubernetes_format(format) {
-                out.insert("format".into(), format.into());
-            }
+        if let Some(format) = node
+            .get("format")
+            .and_then(Value::as_str)
+            .and_then(kubernetes_format)
+        {
+            out.insert("format".into(), format.into());
         }
         if let Some(properties) = node.get("properties").and_then(Value::as_object) {
             let converted: Map<String, Value> = properties
@@ -190,10 +192,8 @@ impl Converter<'_> {
             _ if is_int_or_string(&others) => json!({"x-kubernetes-int-or-string": true}),
             _ => open(),
         };
-        if nullable {
-            if let Value::Object(out) = &mut out {
-                out.insert("nullable".into(), Value::Bool(true));
-            }
+        if let (true, Value::Object(out)) = (nullable, &mut out) {
+            out.insert("nullable".into(), Value::Bool(true));
         }
         out
     }
@@ -259,6 +259,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    #[allow(clippy::needless_pass_by_value)]
     fn convert(schema: Value) -> Value {
         structural_schema(&schema)
     }

@@ -73,7 +73,9 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("rigger-controller: error: the CustomResourceDefinitions do not render: {e}");
+                eprintln!(
+                    "rigger-controller: error: the CustomResourceDefinitions do not render: {e}"
+                );
                 ExitCode::FAILURE
             }
         };
