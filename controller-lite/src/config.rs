@@ -37,6 +37,8 @@ pub struct ControllerConfigFile {
     pub etcd_cert_file: Option<PathBuf>,
     pub etcd_key_file: Option<PathBuf>,
     pub leader_lease: Option<String>,
+    pub kubeconfig: Option<PathBuf>,
+    pub kubernetes_namespace: Option<String>,
     pub api_requests_per_second: Option<u32>,
     pub api_burst: Option<u32>,
     pub peer_grant_key: Option<PathBuf>,
@@ -107,8 +109,10 @@ pub struct ControllerArgs {
     /// Serve without TLS: agents are not authenticated (trusted networks only; logged).
     #[arg(long, env = "RIGGER_CONTROLLER_INSECURE_PLAINTEXT")]
     pub insecure_plaintext: bool,
-    /// `embedded` (a redb file in data_dir), or `etcd://h1:2379,h2:2379` for several
-    /// replicas with leader election [default: embedded].
+    /// `embedded` (a redb file in data_dir), `etcd://h1:2379,h2:2379` for several
+    /// replicas with leader election, or `kubernetes`: the cluster's API server, where
+    /// Kruise's kinds are CRDs users drive with kubectl (replicas elect a leader on a
+    /// Lease) [default: embedded].
     #[arg(long, env = "RIGGER_CONTROLLER_STORE", value_name = "STORE")]
     pub store: Option<String>,
     /// With etcd: the CA (PEM) that signed etcd's server certificate; etcd is then
@@ -125,6 +129,18 @@ pub struct ControllerArgs {
     /// With etcd: how long a leader that stopped renewing stays leader [default: 15s].
     #[arg(long, env = "RIGGER_CONTROLLER_LEADER_LEASE", value_name = "DURATION")]
     pub leader_lease: Option<String>,
+    /// With the kubernetes store: the kubeconfig to reach the API server with [default:
+    /// in-cluster (the pod's ServiceAccount), else $KUBECONFIG or ~/.kube/config].
+    #[arg(long, env = "RIGGER_CONTROLLER_KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// With the kubernetes store: the namespace of the controller's own records and its
+    /// leader Lease [default: $POD_NAMESPACE, else rigger-system].
+    #[arg(
+        long,
+        env = "RIGGER_CONTROLLER_KUBERNETES_NAMESPACE",
+        value_name = "NAME"
+    )]
+    pub kubernetes_namespace: Option<String>,
     /// Requests per second each API client (user, or address without tokens) may send;
     /// more are refused with RESOURCE_EXHAUSTED and riggerctl waits and retries [default: 50].
     #[arg(
@@ -155,6 +171,8 @@ pub enum StoreConfig {
         endpoints: Vec<String>,
         tls: Option<EtcdTls>,
     },
+    /// A Kubernetes API server; replicas elect a leader on a Lease.
+    Kubernetes(crate::store::KubernetesSettings),
 }
 
 /// How the controller reaches etcd over TLS (paths; checked when the config is resolved).
@@ -343,6 +361,16 @@ const ETCD_KEY_FILE: Setting = Setting {
     flag: "--etcd-key-file",
     env: "RIGGER_CONTROLLER_ETCD_KEY_FILE",
 };
+const KUBECONFIG: Setting = Setting {
+    key: "kubeconfig",
+    flag: "--kubeconfig",
+    env: "RIGGER_CONTROLLER_KUBECONFIG",
+};
+const KUBERNETES_NAMESPACE: Setting = Setting {
+    key: "kubernetes_namespace",
+    flag: "--kubernetes-namespace",
+    env: "RIGGER_CONTROLLER_KUBERNETES_NAMESPACE",
+};
 const LEADER_LEASE: Setting = Setting {
     key: "leader_lease",
     flag: "--leader-lease",
@@ -379,9 +407,15 @@ fn parse_store(text: Option<String>) -> Result<StoreConfig, ConfigError> {
     if text == "embedded" {
         return Ok(StoreConfig::Embedded);
     }
+    if text == "kubernetes" {
+        return Ok(StoreConfig::Kubernetes(crate::store::KubernetesSettings {
+            kubeconfig: None,
+            namespace: String::new(),
+        }));
+    }
     let hosts = text.strip_prefix("etcd://").ok_or_else(|| {
         STORE.invalid(format!(
-            "{text:?}: expected embedded or etcd://host:port[,host:port...]"
+            "{text:?}: expected embedded, kubernetes or etcd://host:port[,host:port...]"
         ))
     })?;
     let endpoints: Vec<String> = hosts
@@ -407,6 +441,51 @@ fn parse_store(text: Option<String>) -> Result<StoreConfig, ConfigError> {
     })
 }
 
+/// The kubernetes store's settings, which need that store: a kubeconfig that exists,
+/// a namespace that is a DNS label.
+fn kubernetes_settings(
+    store: &mut StoreConfig,
+    kubeconfig: Option<PathBuf>,
+    namespace: Option<String>,
+) -> Result<(), ConfigError> {
+    let StoreConfig::Kubernetes(settings) = store else {
+        if kubeconfig.is_some() {
+            return Err(
+                KUBECONFIG.invalid("applies to the kubernetes store only (store = \"kubernetes\")")
+            );
+        }
+        if namespace.is_some() {
+            return Err(KUBERNETES_NAMESPACE
+                .invalid("applies to the kubernetes store only (store = \"kubernetes\")"));
+        }
+        return Ok(());
+    };
+    if let Some(path) = &kubeconfig {
+        if !path.is_file() {
+            return Err(KUBECONFIG.invalid(format!("{}: no such file", path.display())));
+        }
+    }
+    let namespace = namespace
+        .or_else(|| {
+            std::env::var("POD_NAMESPACE")
+                .ok()
+                .filter(|n| !n.is_empty())
+        })
+        .unwrap_or_else(|| "rigger-system".to_owned());
+    let label = namespace.len() <= 63
+        && namespace
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !namespace.starts_with('-')
+        && !namespace.ends_with('-');
+    if !label {
+        return Err(KUBERNETES_NAMESPACE.invalid(format!("{namespace:?} is not a namespace name")));
+    }
+    settings.kubeconfig = kubeconfig;
+    settings.namespace = namespace;
+    Ok(())
+}
+
 /// etcd's TLS settings, which need an etcd store and go together.
 fn etcd_tls(
     store: &StoreConfig,
@@ -423,7 +502,7 @@ fn etcd_tls(
         }
         return Ok(None);
     };
-    if matches!(store, StoreConfig::Embedded) {
+    if !matches!(store, StoreConfig::Etcd { .. }) {
         return Err(ETCD_CA_FILE.invalid("applies to an etcd store only (store = \"etcd://...\")"));
     }
     check_pem(ETCD_CA_FILE, &ca, "CERTIFICATE")?;
@@ -563,6 +642,13 @@ impl ControllerConfig {
         if let StoreConfig::Etcd { tls, .. } = &mut store {
             *tls = tls_for_etcd;
         }
+        kubernetes_settings(
+            &mut store,
+            args.kubeconfig.clone().or(file.kubeconfig),
+            args.kubernetes_namespace
+                .clone()
+                .or(file.kubernetes_namespace),
+        )?;
         let leader_lease = LEADER_LEASE.duration(
             args.leader_lease.or(file.leader_lease),
             Duration::from_secs(15),

@@ -25,7 +25,7 @@ use crate::jobs::JobEngine;
 use crate::leader::Leadership;
 use crate::link::AgentLinkService;
 use crate::nodes::NodeRegistry;
-use crate::store::{EmbeddedStore, EtcdStore, Store};
+use crate::store::{EmbeddedStore, EtcdStore, KubernetesStore, Store};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -73,6 +73,12 @@ async fn bind(setting: &'static str, address: SocketAddr) -> Result<TcpListener,
         })
 }
 
+/// Where replicas elect their leader: beside the store.
+enum Elector {
+    Etcd(EtcdStore),
+    Kubernetes(KubernetesStore),
+}
+
 /// Largest message from an agent (a Register with a big inventory).
 const MAX_AGENT_MESSAGE: usize = 64 << 20;
 /// Largest request from a user (one object, well below this).
@@ -85,14 +91,22 @@ pub async fn run(
 ) -> Result<(), ServerError> {
     // The store opens first: a data directory that cannot be used stops the controller
     // before it accepts anyone.
-    let (store, etcd) = match &config.store {
+    let (store, elector) = match &config.store {
         StoreConfig::Embedded => (Store::new(EmbeddedStore::open(&config.data_dir)?), None),
         StoreConfig::Etcd { endpoints, tls } => {
             let etcd =
                 EtcdStore::connect(endpoints, crate::store::etcd::DEFAULT_PREFIX, tls.as_ref())
                     .await?;
             // Leader election runs on the same etcd, beside the store.
-            (Store::new(etcd.clone()), Some(etcd))
+            (Store::new(etcd.clone()), Some(Elector::Etcd(etcd)))
+        }
+        StoreConfig::Kubernetes(settings) => {
+            let kubernetes = KubernetesStore::connect(settings).await?;
+            // ... and on a Lease of the same API server.
+            (
+                Store::new(kubernetes.clone()),
+                Some(Elector::Kubernetes(kubernetes)),
+            )
         }
     };
     let tls = config.tls.as_ref().map(server_tls).transpose()?;
@@ -111,20 +125,30 @@ pub async fn run(
     let health_address = health_listener.local_addr().ok();
 
     let token = CancellationToken::new();
-    let (leadership, mut campaign) = match &etcd {
+    let identity = format!(
+        "{}/{}",
+        nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_default(),
+        grpc_address.map_or_else(|| config.listen.to_string(), |a| a.to_string())
+    );
+    let (leadership, mut campaign) = match &elector {
         None => (Leadership::sole(), None),
-        Some(etcd) => {
-            let identity = format!(
-                "{}/{}",
-                nix::unistd::gethostname()
-                    .ok()
-                    .and_then(|h| h.into_string().ok())
-                    .unwrap_or_default(),
-                grpc_address.map_or_else(|| config.listen.to_string(), |a| a.to_string())
-            );
+        Some(Elector::Etcd(etcd)) => {
             let (leadership, task) = crate::leader::campaign(
                 etcd.client(),
                 format!("{}leader", etcd.prefix()),
+                identity,
+                config.leader_lease,
+                token.clone(),
+            );
+            (leadership, Some(task))
+        }
+        Some(Elector::Kubernetes(kubernetes)) => {
+            let (leadership, task) = crate::leader::lease::campaign(
+                kubernetes.client(),
+                kubernetes.namespace(),
                 identity,
                 config.leader_lease,
                 token.clone(),

@@ -20,6 +20,11 @@ pub const KRUISE_GROUP: &str = "apps.kruise.io";
 /// The group of Rigger's own kinds (LifecycleCooperator).
 pub const RIGGER_GROUP: &str = "rigger.dev";
 
+/// The kind of the controller's own records on a Kubernetes store (per-node job
+/// status shards, node labels, SidecarSet histories): its bookkeeping, never applied
+/// by users, in the controller's namespace.
+pub const RECORD_KIND: &str = "ControllerRecord";
+
 /// How a kind is served as a custom resource.
 #[derive(Debug)]
 pub struct CrdInfo {
@@ -133,11 +138,69 @@ pub fn custom_resource_definition(info: &KindInfo) -> Option<Value> {
     }))
 }
 
-/// Every kind's CustomResourceDefinition, in the registry's order.
+/// The CustomResourceDefinition of [`RECORD_KIND`]: a key (the record's store kind,
+/// namespace and name) and the record as the controller wrote it.
+pub fn record_definition() -> Value {
+    let text = || json!({"type": "string"});
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": format!("controllerrecords.{RIGGER_GROUP}"),
+            "labels": {"app.kubernetes.io/part-of": "rigger"},
+        },
+        "spec": {
+            "group": RIGGER_GROUP,
+            "names": {
+                "kind": RECORD_KIND,
+                "listKind": format!("{RECORD_KIND}List"),
+                "plural": "controllerrecords",
+                "singular": "controllerrecord",
+            },
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1alpha1",
+                "served": true,
+                "storage": true,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "description": "The Rigger controller's own bookkeeping; not for users to edit.",
+                    "properties": {
+                        "apiVersion": text(),
+                        "kind": text(),
+                        "metadata": {"type": "object"},
+                        "spec": {
+                            "type": "object",
+                            "required": ["kind", "namespace", "name", "object"],
+                            "properties": {
+                                "kind": text(),
+                                "namespace": text(),
+                                "name": text(),
+                                "object": {"x-kubernetes-preserve-unknown-fields": true},
+                            },
+                        },
+                    },
+                }},
+                "additionalPrinterColumns": [
+                    {"name": "RECORD", "type": "string", "jsonPath": ".spec.kind",
+                     "description": "What the record is."},
+                    {"name": "OF", "type": "string", "jsonPath": ".spec.name",
+                     "description": "The object it belongs to."},
+                    {"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp",
+                     "description": AGE.description},
+                ],
+            }],
+        },
+    })
+}
+
+/// Every kind's CustomResourceDefinition, in the registry's order, then the
+/// controller's records.
 pub fn all() -> Vec<Value> {
     Kind::ALL
         .iter()
         .filter_map(|kind| custom_resource_definition(kind.info()))
+        .chain([record_definition()])
         .collect()
 }
 
@@ -201,6 +264,7 @@ mod tests {
                 "sidecarsets.apps.kruise.io",
                 "imagelistpulljobs.apps.kruise.io",
                 "nodeimages.apps.kruise.io",
+                "controllerrecords.rigger.dev",
             ]
         );
         for crd in &crds {

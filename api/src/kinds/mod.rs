@@ -97,6 +97,11 @@ impl Kind {
         self.info().name
     }
 
+    /// The kind named exactly `name` (as in `kind:`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
     /// kubectl's spellings: the kind, lowercase, plural, or short name.
     pub fn resolve(text: &str) -> Option<Self> {
         let text = text.to_ascii_lowercase();

@@ -10,10 +10,12 @@
 
 mod embedded;
 pub mod etcd;
+pub mod kubernetes;
 pub mod typed;
 
 pub use embedded::EmbeddedStore;
 pub use etcd::EtcdStore;
+pub use kubernetes::{KubernetesSettings, KubernetesStore};
 pub use typed::{Versioned, key_of};
 
 #[derive(Debug, thiserror::Error)]
@@ -114,7 +116,7 @@ pub(crate) fn check(
 }
 
 /// What a store backend does: objects by key with revisions, conditional writes. The
-/// embedded store and etcd implement it; a Kubernetes API is the next to sit behind it.
+/// embedded store, etcd and a Kubernetes API server ([`KubernetesStore`]) implement it.
 /// Everything above the store reaches a backend through [`Store`] only.
 #[async_trait::async_trait]
 pub trait Backend: std::fmt::Debug + Send + Sync + 'static {

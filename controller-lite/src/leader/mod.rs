@@ -5,6 +5,11 @@
 //!
 //! A leader that cannot renew its lease stops the process: another replica takes over
 //! within the lease's TTL, and an old leader never keeps acting on stale beliefs.
+//!
+//! On a Kubernetes store the election is a `coordination.k8s.io` Lease ([`lease`]), as
+//! Kubernetes' own controllers elect theirs.
+
+pub mod lease;
 
 use std::time::Duration;
 
@@ -19,12 +24,21 @@ pub enum LeaderError {
     Etcd(#[from] etcd_client::Error),
     #[error("lost the etcd lease ({0}); stopping so another replica takes over")]
     LeaseLost(String),
+    #[error("lost the Lease {lease} ({detail}); stopping so another replica takes over")]
+    KubernetesLeaseLost { lease: String, detail: String },
 }
 
 /// Whether this replica leads, as every request handler sees it.
 #[derive(Debug, Clone)]
 pub struct Leadership {
     leading: watch::Receiver<bool>,
+}
+
+impl Leadership {
+    /// Leadership as `leading` tells it (a campaign's sender).
+    pub(crate) fn following(leading: watch::Receiver<bool>) -> Self {
+        Self { leading }
+    }
 }
 
 impl Leadership {

@@ -1,0 +1,546 @@
+//! The Kubernetes API as the controller's store: in a cluster, what users apply with
+//! kubectl is what the engines act on, and what they report is the objects' status.
+//! Where each key lives is [`route`]'s decision; this module is the client side of it.
+//!
+//! Revisions are resourceVersions (etcd's revisions under every API server), so the
+//! engines' conditional writes become the API server's optimistic concurrency: a stale
+//! write is its 409, a [`StoreError::Conflict`].
+
+pub mod route;
+
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams, Preconditions,
+};
+use kube::{Client, Config};
+use serde_json::Value;
+
+use route::{Resource, Route};
+
+use super::{Backend, ObjectKey, Precondition, StoreError, Stored};
+
+/// How the controller reaches its API server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubernetesSettings {
+    /// A kubeconfig file (`None`: in-cluster, from the ServiceAccount the pod runs as,
+    /// or `$KUBECONFIG`/`~/.kube/config` as kubectl finds them).
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// Where the controller keeps its records (its own namespace).
+    pub namespace: String,
+}
+
+/// The controller's store on a Kubernetes API server.
+#[derive(Clone)]
+pub struct KubernetesStore {
+    client: Client,
+    records_namespace: String,
+    location: String,
+}
+
+impl std::fmt::Debug for KubernetesStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubernetesStore")
+            .field("location", &self.location)
+            .field("records_namespace", &self.records_namespace)
+            .finish()
+    }
+}
+
+impl KubernetesStore {
+    /// Connect as `settings` say, and check the API server serves Rigger's kinds (the
+    /// CRDs from `deploy/kubernetes/crds.yaml`): a missing CRD is named now, not at the
+    /// first write.
+    pub async fn connect(settings: &KubernetesSettings) -> Result<Self, StoreError> {
+        let config = match &settings.kubeconfig {
+            Some(path) => {
+                let kubeconfig =
+                    kube::config::Kubeconfig::read_from(path).map_err(|e| StoreError::Backend {
+                        location: path.display().to_string(),
+                        detail: format!("cannot read the kubeconfig: {e}"),
+                    })?;
+                Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                    .await
+                    .map_err(|e| StoreError::Backend {
+                        location: path.display().to_string(),
+                        detail: format!("kubeconfig: {e}"),
+                    })?
+            }
+            None => Config::infer().await.map_err(|e| StoreError::Backend {
+                location: "in-cluster".into(),
+                detail: format!("no Kubernetes API to use: {e}"),
+            })?,
+        };
+        let location = config.cluster_url.to_string();
+        let client = Client::try_from(config).map_err(|e| StoreError::Backend {
+            location: location.clone(),
+            detail: format!("cannot make a client: {e}"),
+        })?;
+        let store = Self {
+            client,
+            records_namespace: settings.namespace.clone(),
+            location,
+        };
+        store.check_definitions().await?;
+        Ok(store)
+    }
+
+    /// The client, for what runs beside the store on the same API server (the leader
+    /// Lease, the cluster's Nodes).
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// The controller's own namespace (records, Lease).
+    pub fn namespace(&self) -> &str {
+        &self.records_namespace
+    }
+
+    /// Every CRD the controller uses is served.
+    async fn check_definitions(&self) -> Result<(), StoreError> {
+        let definitions = ApiResource {
+            group: "apiextensions.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "apiextensions.k8s.io/v1".into(),
+            kind: "CustomResourceDefinition".into(),
+            plural: "customresourcedefinitions".into(),
+        };
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &definitions);
+        for crd in rigger_api::crd::all() {
+            let name = crd["metadata"]["name"].as_str().unwrap_or_default();
+            let found = api
+                .get_opt(name)
+                .await
+                .map_err(|e| self.error(&format!("CustomResourceDefinition {name}"), e))?;
+            if found.is_none() {
+                return Err(StoreError::Backend {
+                    location: self.location.clone(),
+                    detail: format!(
+                        "the API server does not serve {name}: apply Rigger's CRDs first \
+                         (kubectl apply -f deploy/kubernetes/crds.yaml)"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn api(&self, resource: &Resource, namespace: &str) -> Api<DynamicObject> {
+        let api_resource = ApiResource {
+            group: resource.group.into(),
+            version: resource.version.into(),
+            api_version: resource.api_version(),
+            kind: resource.kind.into(),
+            plural: resource.plural.clone(),
+        };
+        if resource.namespaced {
+            Api::namespaced_with(self.client.clone(), namespace, &api_resource)
+        } else {
+            Api::all_with(self.client.clone(), &api_resource)
+        }
+    }
+
+    fn records(&self) -> Api<DynamicObject> {
+        self.api(&route::record_resource(), &self.records_namespace)
+    }
+
+    fn error(&self, what: &str, error: kube::Error) -> StoreError {
+        StoreError::Backend {
+            location: self.location.clone(),
+            detail: format!("{what}: {error}"),
+        }
+    }
+
+    /// `object`'s resourceVersion as a revision.
+    fn revision(&self, key: &ObjectKey, object: &DynamicObject) -> Result<u64, StoreError> {
+        route::revision_of(object.metadata.resource_version.as_deref()).ok_or_else(|| {
+            StoreError::Undecodable {
+                key: key.to_string(),
+                detail: format!(
+                    "resourceVersion {:?} is not a number: this API server is not one Rigger \
+                     can keep revisions on",
+                    object.metadata.resource_version
+                ),
+            }
+        })
+    }
+
+    async fn get_object(
+        &self,
+        api: &Api<DynamicObject>,
+        key: &ObjectKey,
+        name: &str,
+    ) -> Result<Option<DynamicObject>, StoreError> {
+        api.get_opt(name)
+            .await
+            .map_err(|e| self.error(&key.to_string(), e))
+    }
+
+    /// A write refused as stale (409) or aimed at an object that is gone (404, for a
+    /// conditional write) is a conflict; anything else is the backend's.
+    async fn write_error(
+        &self,
+        api: &Api<DynamicObject>,
+        key: &ObjectKey,
+        name: &str,
+        expected: u64,
+        error: kube::Error,
+    ) -> StoreError {
+        match status_code(&error) {
+            Some(409 | 404) => {
+                let actual = match api.get_opt(name).await {
+                    Ok(Some(object)) => self.revision(key, &object).unwrap_or(0),
+                    _ => 0,
+                };
+                StoreError::Conflict {
+                    key: key.to_string(),
+                    expected,
+                    actual,
+                }
+            }
+            _ => self.error(&key.to_string(), error),
+        }
+    }
+
+    /// Write `body` (a whole object) under `name`: create, or replace at a revision.
+    async fn write(
+        &self,
+        api: &Api<DynamicObject>,
+        key: &ObjectKey,
+        name: &str,
+        body: Value,
+        precondition: Precondition,
+    ) -> Result<u64, StoreError> {
+        let at = match precondition {
+            Precondition::Absent => None,
+            Precondition::Revision(revision) => Some(revision),
+            Precondition::Any => match self.get_object(api, key, name).await? {
+                Some(current) => Some(self.revision(key, &current)?),
+                None => None,
+            },
+        };
+        let object: DynamicObject = decode_dynamic(key, body)?;
+        let mut object = object;
+        object.metadata.resource_version = at.map(|revision| revision.to_string());
+        let written = match at {
+            None => api.create(&PostParams::default(), &object).await,
+            Some(_) => api.replace(name, &PostParams::default(), &object).await,
+        };
+        match written {
+            Ok(written) => self.revision(key, &written),
+            Err(error) => Err(self
+                .write_error(api, key, name, at.unwrap_or(0), error)
+                .await),
+        }
+    }
+
+    async fn put_object(
+        &self,
+        resource: &Resource,
+        key: ObjectKey,
+        object: Vec<u8>,
+        precondition: Precondition,
+    ) -> Result<u64, StoreError> {
+        let value = parse(&key, &object)?;
+        let api = self.api(resource, &key.namespace);
+        let body = route::to_server(value, resource, &key, None);
+        self.write(&api, &key, &key.name, body, precondition).await
+    }
+
+    async fn put_status(
+        &self,
+        resource: &Resource,
+        key: ObjectKey,
+        status: Vec<u8>,
+        precondition: Precondition,
+    ) -> Result<u64, StoreError> {
+        let status = parse(&key, &status)?;
+        let api = self.api(resource, &key.namespace);
+        let Some(mut current) = self.get_object(&api, &key, &key.name).await? else {
+            return Err(StoreError::NotFound {
+                key: key.to_string(),
+            });
+        };
+        let revision = self.revision(&key, &current)?;
+        match precondition {
+            Precondition::Revision(expected) if expected != revision => {
+                return Err(StoreError::Conflict {
+                    key: key.to_string(),
+                    expected,
+                    actual: revision,
+                });
+            }
+            Precondition::Absent if current.data.get("status").is_some() => {
+                return Err(StoreError::Conflict {
+                    key: key.to_string(),
+                    expected: 0,
+                    actual: revision,
+                });
+            }
+            _ => {}
+        }
+        if let Value::Object(data) = &mut current.data {
+            data.insert("status".into(), status);
+        }
+        // The resourceVersion read above makes the write conditional on it.
+        match api
+            .replace_status(&key.name, &PostParams::default(), &current)
+            .await
+        {
+            Ok(written) => self.revision(&key, &written),
+            Err(error) => Err(self
+                .write_error(&api, &key, &key.name, revision, error)
+                .await),
+        }
+    }
+
+    async fn put_record(
+        &self,
+        key: ObjectKey,
+        object: Vec<u8>,
+        precondition: Precondition,
+    ) -> Result<u64, StoreError> {
+        let value = parse(&key, &object)?;
+        let body = route::record_object(&key, &self.records_namespace, value);
+        let name = route::record_name(&key);
+        self.write(&self.records(), &key, &name, body, precondition)
+            .await
+    }
+}
+
+fn parse(key: &ObjectKey, bytes: &[u8]) -> Result<Value, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Undecodable {
+        key: key.to_string(),
+        detail: format!("not JSON: {e}"),
+    })
+}
+
+fn decode_dynamic(key: &ObjectKey, value: Value) -> Result<DynamicObject, StoreError> {
+    serde_json::from_value(value).map_err(|e| StoreError::Undecodable {
+        key: key.to_string(),
+        detail: format!("not an object the API server takes: {e}"),
+    })
+}
+
+fn encode(key: &ObjectKey, value: &Value) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(value).map_err(|e| StoreError::Undecodable {
+        key: key.to_string(),
+        detail: e.to_string(),
+    })
+}
+
+fn status_code(error: &kube::Error) -> Option<u16> {
+    match error {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+/// A read object as a stored one: revision from its resourceVersion, JSON in Rigger's shape.
+fn stored_object(
+    store: &KubernetesStore,
+    key: ObjectKey,
+    object: &DynamicObject,
+) -> Result<Stored, StoreError> {
+    let revision = store.revision(&key, object)?;
+    let value = serde_json::to_value(object).map_err(|e| StoreError::Undecodable {
+        key: key.to_string(),
+        detail: e.to_string(),
+    })?;
+    let object = encode(&key, &route::from_server(value))?;
+    Ok(Stored {
+        key,
+        revision,
+        object,
+    })
+}
+
+/// An object's status as a stored record (`None`: it has none yet).
+fn stored_status(
+    store: &KubernetesStore,
+    key: ObjectKey,
+    object: &DynamicObject,
+) -> Result<Option<Stored>, StoreError> {
+    let Some(status) = object.data.get("status").filter(|s| !s.is_null()) else {
+        return Ok(None);
+    };
+    let revision = store.revision(&key, object)?;
+    let object = encode(&key, status)?;
+    Ok(Some(Stored {
+        key,
+        revision,
+        object,
+    }))
+}
+
+#[async_trait::async_trait]
+impl Backend for KubernetesStore {
+    async fn put(
+        &self,
+        key: ObjectKey,
+        object: Vec<u8>,
+        precondition: Precondition,
+    ) -> Result<u64, StoreError> {
+        match route::route(&key.kind) {
+            Route::Object(resource) => self.put_object(&resource, key, object, precondition).await,
+            Route::Status(resource) => self.put_status(&resource, key, object, precondition).await,
+            Route::Record => self.put_record(key, object, precondition).await,
+        }
+    }
+
+    /// One request per object: the API server has no multi-object transaction. The
+    /// engines write a job's shards before its summary, so a crash midway leaves the
+    /// summary behind the shards, which the next write corrects.
+    async fn put_all(&self, objects: Vec<(ObjectKey, Vec<u8>)>) -> Result<(), StoreError> {
+        for (key, object) in objects {
+            self.put(key, object, Precondition::Any).await?;
+        }
+        Ok(())
+    }
+
+    async fn get(&self, key: ObjectKey) -> Result<Option<Stored>, StoreError> {
+        match route::route(&key.kind) {
+            Route::Object(resource) => {
+                let api = self.api(&resource, &key.namespace);
+                match self.get_object(&api, &key, &key.name).await? {
+                    Some(object) => Ok(Some(stored_object(self, key, &object)?)),
+                    None => Ok(None),
+                }
+            }
+            Route::Status(resource) => {
+                let api = self.api(&resource, &key.namespace);
+                match self.get_object(&api, &key, &key.name).await? {
+                    Some(object) => stored_status(self, key, &object),
+                    None => Ok(None),
+                }
+            }
+            Route::Record => {
+                let name = route::record_name(&key);
+                let Some(record) = self.get_object(&self.records(), &key, &name).await? else {
+                    return Ok(None);
+                };
+                let revision = self.revision(&key, &record)?;
+                let value = serde_json::to_value(&record).unwrap_or(Value::Null);
+                let Some((held, object)) = route::record_contents(&value) else {
+                    return Err(StoreError::Undecodable {
+                        key: key.to_string(),
+                        detail: format!("record {name} has no key and object"),
+                    });
+                };
+                if held != key {
+                    return Err(StoreError::Undecodable {
+                        key: key.to_string(),
+                        detail: format!("record {name} holds {held}"),
+                    });
+                }
+                Ok(Some(Stored {
+                    object: encode(&key, &object)?,
+                    key,
+                    revision,
+                }))
+            }
+        }
+    }
+
+    async fn list(&self, kind: &str) -> Result<Vec<Stored>, StoreError> {
+        let mut listed = Vec::new();
+        match route::route(kind) {
+            Route::Object(resource) | Route::Status(resource) => {
+                let status = matches!(route::route(kind), Route::Status(_));
+                let api: Api<DynamicObject> = {
+                    let all = Resource {
+                        namespaced: false,
+                        ..resource.clone()
+                    };
+                    // Every namespace: `all_with` on a namespaced resource lists them all.
+                    self.api(&all, "")
+                };
+                let objects = api
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| self.error(&format!("list {kind}"), e))?;
+                for object in &objects.items {
+                    let key = ObjectKey::new(
+                        kind,
+                        object.metadata.namespace.as_deref().unwrap_or_default(),
+                        object.metadata.name.as_deref().unwrap_or_default(),
+                    );
+                    let stored = if status {
+                        stored_status(self, key, object)?
+                    } else {
+                        Some(stored_object(self, key, object)?)
+                    };
+                    listed.extend(stored);
+                }
+            }
+            Route::Record => {
+                let selector = format!("{}={}", route::RECORD_KIND_LABEL, route::label_value(kind));
+                let records = self
+                    .records()
+                    .list(&ListParams::default().labels(&selector))
+                    .await
+                    .map_err(|e| self.error(&format!("list {kind} records"), e))?;
+                for record in &records.items {
+                    let value = serde_json::to_value(record).unwrap_or(Value::Null);
+                    let Some((key, object)) = route::record_contents(&value) else {
+                        tracing::warn!(record = ?record.metadata.name, "a record without its key; left out");
+                        continue;
+                    };
+                    if key.kind != kind {
+                        continue;
+                    }
+                    let revision = self.revision(&key, record)?;
+                    listed.push(Stored {
+                        object: encode(&key, &object)?,
+                        key,
+                        revision,
+                    });
+                }
+            }
+        }
+        listed.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(listed)
+    }
+
+    async fn delete(&self, key: ObjectKey, precondition: Precondition) -> Result<(), StoreError> {
+        let (api, name) = match route::route(&key.kind) {
+            Route::Object(resource) => (self.api(&resource, &key.namespace), key.name.clone()),
+            Route::Status(resource) => {
+                // A status goes with its object; clearing it is writing none.
+                let api = self.api(&resource, &key.namespace);
+                let Some(mut current) = self.get_object(&api, &key, &key.name).await? else {
+                    return Err(StoreError::NotFound {
+                        key: key.to_string(),
+                    });
+                };
+                if let Value::Object(data) = &mut current.data {
+                    data.remove("status");
+                }
+                return api
+                    .replace_status(&key.name, &PostParams::default(), &current)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| self.error(&key.to_string(), e));
+            }
+            Route::Record => (self.records(), route::record_name(&key)),
+        };
+        let mut params = DeleteParams::default();
+        if let Precondition::Revision(revision) = precondition {
+            params.preconditions = Some(Preconditions {
+                resource_version: Some(revision.to_string()),
+                uid: None,
+            });
+        }
+        match api.delete(&name, &params).await {
+            Ok(_) => Ok(()),
+            Err(error) if status_code(&error) == Some(404) => Err(StoreError::NotFound {
+                key: key.to_string(),
+            }),
+            Err(error) => {
+                let expected = match precondition {
+                    Precondition::Revision(revision) => revision,
+                    _ => 0,
+                };
+                Err(self.write_error(&api, &key, &name, expected, error).await)
+            }
+        }
+    }
+}
