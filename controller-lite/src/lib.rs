@@ -8,6 +8,7 @@
 //! - [`certs`]: `rigger-controller certs`, a CA and certificates for labs;
 //! - [`nodes`]: the registry of nodes, fed by agents' registrations and heartbeats;
 //! - [`node_labels`]: admin-set and agent-reported node labels, and whom selectors trust;
+//! - [`cluster_nodes`]: in a cluster, the Nodes' labels (one watch) are the only ones;
 //! - [`link`]: the agent link (`rigger.v1.AgentLink`), one stream per agent;
 //! - [`engine`]: the loop every engine runs (pass, wake or tick, cancel, flush);
 //! - [`jobs`]: the ImagePullJob engine (who pulls when, status from reports);
@@ -15,12 +16,14 @@
 //! - [`pods`]: agent-managed pods: each node's set to its agent, statuses back;
 //! - [`relay`]: users' questions to agents (logs, exec) and their answers;
 //! - [`control`]: the user API (`rigger.v1.Control`) that riggerctl speaks;
-//! - [`store`]: the object store (embedded redb, or etcd), conditional writes by revision;
-//! - [`leader`]: leader election among replicas sharing an etcd;
+//! - [`store`]: the object store (embedded redb, etcd, or a Kubernetes API server),
+//!   conditional writes by revision;
+//! - [`leader`]: leader election among replicas (an etcd election, or a Lease);
 //! - [`server`]: wiring, health endpoints, graceful shutdown.
 
 pub mod auth;
 pub mod certs;
+pub mod cluster_nodes;
 pub mod config;
 pub mod control;
 pub mod engine;

@@ -189,6 +189,9 @@ pub struct NodeRegistry {
     /// Labels admins set, by node (kept in the store; see [`crate::node_labels`]).
     admin_labels: Arc<RwLock<HashMap<String, BTreeMap<String, String>>>>,
     strings: Arc<Mutex<Interner>>,
+    /// In a cluster the Nodes' labels are the only ones (`admin_labels` holds them):
+    /// what agents report about themselves is not taken.
+    cluster_labels_only: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl NodeRegistry {
@@ -200,8 +203,16 @@ impl NodeRegistry {
         sender: AgentSender,
         now: SystemTime,
     ) {
-        let (reported_labels, refused_labels) =
+        let (mut reported_labels, refused_labels) =
             crate::node_labels::take_reported(register.labels.clone());
+        if self
+            .cluster_labels_only
+            .load(std::sync::atomic::Ordering::Relaxed)
+            && !reported_labels.is_empty()
+        {
+            tracing::info!(node = %register.node_name, "the agent reports labels; in a cluster the Node's labels are used instead (kubectl label node)");
+            reported_labels.clear();
+        }
         if !refused_labels.is_empty() {
             tracing::warn!(node = %register.node_name, labels = ?refused_labels, "the agent reports labels under a reserved prefix; ignored (only an admin sets those: riggerctl label node)");
         }
@@ -221,6 +232,13 @@ impl NodeRegistry {
         if let Ok(mut nodes) = self.nodes.write() {
             nodes.insert(register.node_name.clone(), record);
         }
+    }
+
+    /// From now on, only the labels set through [`Self::set_admin_labels`] count (the
+    /// cluster's Nodes'), not what agents report.
+    pub fn use_cluster_labels_only(&self) {
+        self.cluster_labels_only
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Every node's admin labels, as the store has them.

@@ -207,23 +207,40 @@ pub async fn run(
         config.api_rate,
     );
     control.spawn_limiter_cleanup(token.clone());
+    let cluster = match &elector {
+        Some(Elector::Kubernetes(kubernetes)) => Some(kubernetes.client()),
+        _ => None,
+    };
     // The engines run on the leader only (at once with the embedded store).
     let engine = {
         let (mut leadership, token) = (leadership.clone(), token.clone());
         tokio::spawn(async move {
             if leadership.elected().await {
                 // Admin labels first: until they are read, a job would see only what
-                // agents say about themselves.
-                match crate::node_labels::load(&store).await {
-                    Ok(all) => nodes.set_admin_labels(all),
-                    Err(error) => tracing::warn!(%error, "cannot read node labels yet"),
-                }
+                // agents say about themselves. In a cluster, the Nodes' labels.
+                let labels = match cluster {
+                    Some(client) => {
+                        nodes.use_cluster_labels_only();
+                        futures::future::Either::Left(crate::cluster_nodes::keep_loaded(
+                            client,
+                            move |all| nodes.set_admin_labels(all),
+                            token.clone(),
+                        ))
+                    }
+                    None => {
+                        match crate::node_labels::load(&store).await {
+                            Ok(all) => nodes.set_admin_labels(all),
+                            Err(error) => tracing::warn!(%error, "cannot read node labels yet"),
+                        }
+                        futures::future::Either::Right(crate::node_labels::keep_loaded(
+                            store,
+                            move |all| nodes.set_admin_labels(all),
+                            token.clone(),
+                        ))
+                    }
+                };
                 tokio::join!(
-                    crate::node_labels::keep_loaded(
-                        store,
-                        move |all| nodes.set_admin_labels(all),
-                        token.clone()
-                    ),
+                    labels,
                     crate::engine::supervise(jobs, token.clone()),
                     crate::engine::supervise(recreates, token.clone()),
                     crate::engine::supervise(sidecars, token)

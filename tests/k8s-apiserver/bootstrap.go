@@ -54,6 +54,11 @@ func createDefaultNamespaces(ctx genericapiserver.PostStartHookContext) error {
 // (an APIService per CRD group); clients that read the plain APIGroupList,
 // such as kube-rs's Discovery, would otherwise never see CRD groups.
 func watchCRDGroups(s *apiextensionsapiserver.CustomResourceDefinitions, groups discovery.GroupManager) {
+	// apiextensions.k8s.io itself is served by the front server, which leaves
+	// /apis to the core one
+	groups.AddGroup(metav1.APIGroup{Name: apiextensionsv1.GroupName,
+		Versions:         []metav1.GroupVersionForDiscovery{{GroupVersion: apiextensionsv1.SchemeGroupVersion.String(), Version: "v1"}},
+		PreferredVersion: metav1.GroupVersionForDiscovery{GroupVersion: apiextensionsv1.SchemeGroupVersion.String(), Version: "v1"}})
 	informer := s.Informers.Apiextensions().V1().CustomResourceDefinitions()
 	var mu sync.Mutex
 	added := map[string]bool{}
