@@ -42,7 +42,7 @@ deny:
 # Unit and integration tests against the real lab (containerd 1.6, 1.7 and 2.1); the lab
 # is stopped afterwards.
 test: deps fmt-check clippy deny build
-	@$(LAB) up --containerd $(TEST_CONTAINERDS)
+	@$(LAB) up --containerd $(TEST_CONTAINERDS) --k8s
 	@set +e; RIGGER_LAB_CONTAINERD=$(TEST_CONTAINERDS) $(TEST_CMD); rc=$$?; $(LAB) down; exit $$rc
 
 demo: build

@@ -7,7 +7,7 @@
 // AlwaysAllow authorization and the admission webhooks. There is no
 // kubelet, scheduler or controller-manager behind it.
 //
-// See README.md for flags, kubeconfig and what it does not do.
+// See README.md beside this file for flags, kubeconfig and limits.
 package main
 
 import (

@@ -34,9 +34,9 @@ type strategy struct {
 	k *kindInfo
 }
 
-func (s strategy) NamespaceScoped() bool          { return s.k.namespaced }
-func (s strategy) AllowCreateOnUpdate() bool      { return s.k.allowCreateOnUpdate }
-func (s strategy) AllowUnconditionalUpdate() bool { return true }
+func (s strategy) NamespaceScoped() bool           { return s.k.namespaced }
+func (s strategy) AllowCreateOnUpdate() bool       { return s.k.allowCreateOnUpdate }
+func (s strategy) AllowUnconditionalUpdate() bool  { return true }
 func (s strategy) Canonicalize(obj runtime.Object) {}
 func (s strategy) WarningsOnCreate(ctx context.Context, obj runtime.Object) []string {
 	return nil

@@ -19,11 +19,10 @@ import (
 )
 
 type column struct {
-	name  string
-	cell  func(obj runtime.Object) interface{}
-	wide  bool // shown only with -o wide
-	typ   string
-	descr string
+	name string
+	cell func(obj runtime.Object) interface{}
+	wide bool // shown only with -o wide
+	typ  string
 }
 
 var extraColumns = map[string][]column{

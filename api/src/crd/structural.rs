@@ -34,7 +34,13 @@ pub fn structural_schema(schema: &Value) -> Value {
         }
     }
     if let Some(required) = root.get_mut("required").and_then(Value::as_array_mut) {
-        required.retain(|name| !matches!(name.as_str(), Some("apiVersion" | "kind" | "metadata")));
+        // Status is written through its subresource, after the object exists.
+        required.retain(|name| {
+            !matches!(
+                name.as_str(),
+                Some("apiVersion" | "kind" | "metadata" | "status")
+            )
+        });
     }
     root
 }
@@ -350,7 +356,7 @@ mod tests {
     fn metadata_api_version_and_kind_are_the_api_servers() {
         let out = convert(json!({
             "type": "object",
-            "required": ["apiVersion", "kind", "metadata", "spec"],
+            "required": ["apiVersion", "kind", "metadata", "spec", "status"],
             "properties": {
                 "apiVersion": {"type": "string"},
                 "kind": {"type": "string"},

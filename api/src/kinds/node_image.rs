@@ -26,6 +26,8 @@ pub struct NodeImage {
     pub kind: String,
     pub metadata: ObjectMeta,
     pub spec: NodeImageSpec,
+    /// Empty until the node's pulls are reported (a NodeImage is created spec first).
+    #[serde(default)]
     pub status: NodeImageStatus,
 }
 
@@ -58,7 +60,10 @@ pub struct ImageTagSpec {
     /// The tag, or the digest of a reference by digest.
     pub tag: String,
     pub pull_policy: TagPullPolicy,
+    /// Kruise's manager always writes these; its Go type lets them be left out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub owner_references: Vec<ObjectReference>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub image_pull_policy: String,
 }
 

@@ -24,7 +24,9 @@ pub struct SidecarContainer {
     /// for initContainers, as Kruise defaults them].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pod_inject_policy: Option<PodInjectPolicy>,
-    // Always written: the version hash covers it, and stored sets hashed it so.
+    // Always written: the version hash covers it, and stored sets hashed it so. (The
+    // hand-written decoder defaults it, as it does `transferEnv`.)
+    #[schemars(default)]
     pub upgrade_strategy: UpgradeStrategy,
     /// `enabled`: the sidecar also mounts every volume the pod's containers mount.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -35,6 +37,7 @@ pub struct SidecarContainer {
     pub share_volume_device_policy: Option<ShareVolumePolicy>,
     /// Env vars copied from the pod's containers.
     #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schemars(default)]
     pub transfer_env: Vec<TransferEnvVar>,
     /// Kept only to be refused with its path (see `validate`).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -1,0 +1,183 @@
+//! The lab's Kubernetes API (`scripts/lab-k8s`): a real API server built from
+//! Kubernetes' own libraries, on etcd, with kubectl. Started on first use. Tests share
+//! it, so each works in a namespace of its own ([`Cluster::namespace`]) and names the
+//! cluster-wide objects it makes (Nodes) uniquely.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+use crate::repo_root;
+
+/// The lab's API server, as kubectl reaches it.
+#[derive(Debug)]
+pub struct Cluster {
+    pub kubeconfig: PathBuf,
+    pub kubectl: PathBuf,
+    /// Where the lab's Kubernetes CA lives (`ca.pem`, `ca-key.pem`).
+    pub dir: PathBuf,
+}
+
+fn read_env(path: &std::path::Path) -> Option<std::collections::HashMap<String, String>> {
+    let text = std::fs::read_to_string(path).ok()?;
+    Some(
+        text.lines()
+            .filter_map(|line| line.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+    )
+}
+
+impl Cluster {
+    /// The lab's API server, started if it is not running, with Rigger's CRDs applied
+    /// and established.
+    pub fn get() -> &'static Cluster {
+        static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+        CLUSTER.get_or_init(|| {
+            let out = Command::new(repo_root().join("scripts/lab-k8s"))
+                .arg("up")
+                .stderr(Stdio::inherit())
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "scripts/lab-k8s up failed");
+            let env_file = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+            let env = read_env(&env_file).expect("scripts/lab-k8s wrote no env file");
+            let cluster = Cluster {
+                kubeconfig: env["RIGGER_LAB_KUBECONFIG"].clone().into(),
+                kubectl: env["RIGGER_LAB_KUBECTL"].clone().into(),
+                dir: env["RIGGER_LAB_K8S_DIR"].clone().into(),
+            };
+            cluster.install_crds();
+            cluster
+        })
+    }
+
+    /// kubectl with the admin kubeconfig.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(&self.kubectl);
+        command.arg("--kubeconfig").arg(&self.kubeconfig).args(args);
+        command
+    }
+
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.command(args).output().unwrap()
+    }
+
+    /// kubectl's standard output; panics with its error when it fails.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// `kubectl ARGS -f -` with `stdin`.
+    pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
+        use std::io::Write as _;
+        let mut child = self
+            .command(args)
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    }
+
+    /// `kubectl get ARGS -o json`, parsed.
+    pub fn get_json(&self, args: &[&str]) -> Option<serde_json::Value> {
+        let mut all = vec!["get"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-o", "json"]);
+        let out = self.kubectl(&all);
+        out.status
+            .success()
+            .then(|| serde_json::from_slice(&out.stdout).unwrap())
+    }
+
+    /// Rigger's CRDs (`deploy/kubernetes/crds.yaml`), applied and established.
+    fn install_crds(&self) {
+        let crds = repo_root().join("deploy/kubernetes/crds.yaml");
+        self.kubectl_ok(&["apply", "--server-side", "--force-conflicts", "-f", crds.to_str().unwrap()]);
+        self.kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=30s",
+            "-f",
+            crds.to_str().unwrap(),
+        ]);
+    }
+
+    /// A fresh namespace for one test (deleted objects and all when dropped).
+    pub fn namespace(&'static self, prefix: &str) -> Namespace {
+        let name = format!("{prefix}-{}-{}", std::process::id(), fastrand_suffix());
+        self.kubectl_ok(&["create", "namespace", &name]);
+        Namespace {
+            cluster: self,
+            name,
+        }
+    }
+
+    /// A Node object named `name` with `labels` (no kubelet: nothing else about it is real).
+    pub fn create_node(&self, name: &str, labels: &[(&str, &str)]) {
+        let labels: serde_json::Map<String, serde_json::Value> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(*v)))
+            .collect();
+        let node = serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": labels},
+        });
+        let out = self.kubectl_stdin(&["create"], &node.to_string());
+        assert!(out.status.success(), "create node {name}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+fn fastrand_suffix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    format!("{:x}", nanos % 0xfffff)
+}
+
+/// A namespace of one test.
+#[derive(Debug)]
+pub struct Namespace {
+    cluster: &'static Cluster,
+    pub name: String,
+}
+
+/// The API server has no namespace controller to empty a deleted namespace: the test's
+/// objects are deleted first, then the namespace (best effort).
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        for kind in [
+            "imagepulljobs.apps.kruise.io",
+            "imagelistpulljobs.apps.kruise.io",
+            "containerrecreaterequests.apps.kruise.io",
+            "controllerrecords.rigger.dev",
+            "leases",
+            "pods",
+            "secrets",
+        ] {
+            let _ = self
+                .cluster
+                .kubectl(&["delete", kind, "--all", "-n", &self.name, "--wait=false"]);
+        }
+        let _ = self
+            .cluster
+            .kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
+    }
+}
