@@ -460,10 +460,10 @@ fn kubernetes_settings(
         }
         return Ok(());
     };
-    if let Some(path) = &kubeconfig {
-        if !path.is_file() {
-            return Err(KUBECONFIG.invalid(format!("{}: no such file", path.display())));
-        }
+    if let Some(path) = &kubeconfig
+        && !path.is_file()
+    {
+        return Err(KUBECONFIG.invalid(format!("{}: no such file", path.display())));
     }
     let namespace = namespace
         .or_else(|| {

@@ -75,7 +75,7 @@ async fn bind(setting: &'static str, address: SocketAddr) -> Result<TcpListener,
 
 /// Where replicas elect their leader: beside the store.
 enum Elector {
-    Etcd(EtcdStore),
+    Etcd(Box<EtcdStore>),
     Kubernetes(KubernetesStore),
 }
 
@@ -98,7 +98,7 @@ pub async fn run(
                 EtcdStore::connect(endpoints, crate::store::etcd::DEFAULT_PREFIX, tls.as_ref())
                     .await?;
             // Leader election runs on the same etcd, beside the store.
-            (Store::new(etcd.clone()), Some(Elector::Etcd(etcd)))
+            (Store::new(etcd.clone()), Some(Elector::Etcd(Box::new(etcd))))
         }
         StoreConfig::Kubernetes(settings) => {
             let kubernetes = KubernetesStore::connect(settings).await?;

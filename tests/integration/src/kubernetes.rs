@@ -109,7 +109,13 @@ impl Cluster {
     /// Rigger's CRDs (`deploy/kubernetes/crds.yaml`), applied and established.
     fn install_crds(&self) {
         let crds = repo_root().join("deploy/kubernetes/crds.yaml");
-        self.kubectl_ok(&["apply", "--server-side", "--force-conflicts", "-f", crds.to_str().unwrap()]);
+        self.kubectl_ok(&[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "-f",
+            crds.to_str().unwrap(),
+        ]);
         self.kubectl_ok(&[
             "wait",
             "--for=condition=Established",
@@ -140,7 +146,11 @@ impl Cluster {
             "metadata": {"name": name, "labels": labels},
         });
         let out = self.kubectl_stdin(&["create"], &node.to_string());
-        assert!(out.status.success(), "create node {name}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "create node {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 
@@ -172,9 +182,9 @@ impl Drop for Namespace {
             "pods",
             "secrets",
         ] {
-            let _ = self
-                .cluster
-                .kubectl(&["delete", kind, "--all", "-n", &self.name, "--wait=false"]);
+            let _ =
+                self.cluster
+                    .kubectl(&["delete", kind, "--all", "-n", &self.name, "--wait=false"]);
         }
         let _ = self
             .cluster

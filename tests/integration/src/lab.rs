@@ -196,6 +196,16 @@ impl Lab {
             })
     }
 
+    /// The lab's second containerd 1.6 node (`node2`), for tests of more than one node.
+    pub fn second_node(&self) -> LabNode {
+        LabNode {
+            address: self.node2_containerd_address.clone(),
+            hosts_dir: self.node2_hosts_dir.clone(),
+            root: self.node2_containerd_root.clone(),
+            ..self.first_node().clone()
+        }
+    }
+
     /// The lab's first node (containerd 1.6).
     pub fn first_node(&self) -> &LabNode {
         self.node(Containerd::V1_6)

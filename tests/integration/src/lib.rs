@@ -10,6 +10,7 @@ mod cri_pod;
 mod etcd;
 pub mod fake_node;
 pub mod fidelity;
+pub mod kubernetes;
 mod lab;
 mod pki;
 mod private_containerd;

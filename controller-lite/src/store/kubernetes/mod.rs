@@ -109,7 +109,7 @@ impl KubernetesStore {
             let found = api
                 .get_opt(name)
                 .await
-                .map_err(|e| self.error(&format!("CustomResourceDefinition {name}"), e))?;
+                .map_err(|e| self.error(&format!("CustomResourceDefinition {name}"), &e))?;
             if found.is_none() {
                 return Err(StoreError::Backend {
                     location: self.location.clone(),
@@ -142,7 +142,7 @@ impl KubernetesStore {
         self.api(&route::record_resource(), &self.records_namespace)
     }
 
-    fn error(&self, what: &str, error: kube::Error) -> StoreError {
+    fn error(&self, what: &str, error: &kube::Error) -> StoreError {
         StoreError::Backend {
             location: self.location.clone(),
             detail: format!("{what}: {error}"),
@@ -171,7 +171,7 @@ impl KubernetesStore {
     ) -> Result<Option<DynamicObject>, StoreError> {
         api.get_opt(name)
             .await
-            .map_err(|e| self.error(&key.to_string(), e))
+            .map_err(|e| self.error(&key.to_string(), &e))
     }
 
     /// A write refused as stale (409) or aimed at an object that is gone (404, for a
@@ -196,7 +196,7 @@ impl KubernetesStore {
                     actual,
                 }
             }
-            _ => self.error(&key.to_string(), error),
+            _ => self.error(&key.to_string(), &error),
         }
     }
 
@@ -299,7 +299,7 @@ impl KubernetesStore {
         precondition: Precondition,
     ) -> Result<u64, StoreError> {
         let value = parse(&key, &object)?;
-        let body = route::record_object(&key, &self.records_namespace, value);
+        let body = route::record_object(&key, &self.records_namespace, &value);
         let name = route::record_name(&key);
         self.write(&self.records(), &key, &name, body, precondition)
             .await
@@ -456,7 +456,7 @@ impl Backend for KubernetesStore {
                 let objects = api
                     .list(&ListParams::default())
                     .await
-                    .map_err(|e| self.error(&format!("list {kind}"), e))?;
+                    .map_err(|e| self.error(&format!("list {kind}"), &e))?;
                 for object in &objects.items {
                     let key = ObjectKey::new(
                         kind,
@@ -477,7 +477,7 @@ impl Backend for KubernetesStore {
                     .records()
                     .list(&ListParams::default().labels(&selector))
                     .await
-                    .map_err(|e| self.error(&format!("list {kind} records"), e))?;
+                    .map_err(|e| self.error(&format!("list {kind} records"), &e))?;
                 for record in &records.items {
                     let value = serde_json::to_value(record).unwrap_or(Value::Null);
                     let Some((key, object)) = route::record_contents(&value) else {
@@ -518,7 +518,7 @@ impl Backend for KubernetesStore {
                     .replace_status(&key.name, &PostParams::default(), &current)
                     .await
                     .map(|_| ())
-                    .map_err(|e| self.error(&key.to_string(), e));
+                    .map_err(|e| self.error(&key.to_string(), &e));
             }
             Route::Record => (self.records(), route::record_name(&key)),
         };

@@ -104,7 +104,7 @@ pub fn record_name(key: &ObjectKey) -> String {
 }
 
 /// A record as the API server keeps it.
-pub fn record_object(key: &ObjectKey, namespace: &str, object: Value) -> Value {
+pub fn record_object(key: &ObjectKey, namespace: &str, object: &Value) -> Value {
     json!({
         "apiVersion": record_resource().api_version(),
         "kind": RECORD_KIND,
@@ -262,7 +262,7 @@ mod tests {
                 .chars()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
         );
-        let record = record_object(&a, "rigger-system", json!({"nodes": []}));
+        let record = record_object(&a, "rigger-system", &json!({"nodes": []}));
         assert_eq!(
             record["metadata"]["labels"][RECORD_KIND_LABEL],
             "ImagePullJob.nodes"

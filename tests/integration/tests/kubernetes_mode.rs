@@ -1,0 +1,297 @@
+//! Kubernetes mode on a real API server (the lab's, `scripts/lab-k8s`): Rigger's CRDs
+//! take Kruise's examples in both versions, the controller keeps its store on the API
+//! server with the same guarantees as the embedded store and etcd, and a job applied
+//! with kubectl is carried out by the lab's containerd nodes registered as Nodes,
+//! chosen by labels set with `kubectl label node`.
+//!
+//! No kubelet runs here: Nodes are objects the test creates, and the agents are real
+//! agents on the lab's containerd nodes, named as those Nodes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::path::Path;
+use std::time::Duration;
+
+use rigger_controller::store::{
+    KubernetesSettings, KubernetesStore, Precondition, Store, StoreError,
+};
+use rigger_integration_tests::kubernetes::Cluster;
+use rigger_integration_tests::{
+    Agent, Controller, Lab, TestNamespace, repo_root, unique_image, wait_until,
+};
+
+fn corpus(file: &str, id: &str, node: &str, image: &str) -> String {
+    std::fs::read_to_string(
+        repo_root()
+            .join("tests/integration/kruise-corpus")
+            .join(file),
+    )
+    .unwrap()
+    .replace("${ID}", id)
+    .replace("${NODE}", node)
+    .replace("${IMAGE1}", image)
+    .replace("${IMAGE2}", image)
+    .replace("${IMAGE}", image)
+    .replace("${POD}", "web")
+    .replace("${GONE}", &"0".repeat(64))
+}
+
+#[test]
+fn every_kruise_example_applies_with_kubectl_in_both_versions() {
+    let cluster = Cluster::get();
+    let namespace = cluster.namespace("corpus");
+    let node = format!("corpus-node-{}", std::process::id());
+    for file in [
+        "imagepulljob-v1alpha1.yaml",
+        "imagepulljob-v1beta1.yaml",
+        "imagelistpulljob-v1alpha1.yaml",
+        "imagelistpulljob-v1beta1.yaml",
+        "containerrecreaterequest-v1alpha1.yaml",
+        "containerrecreaterequest-v1beta1.yaml",
+        "sidecarset-v1alpha1.yaml",
+        "sidecarset-v1beta1.yaml",
+        "nodeimage-v1alpha1.yaml",
+        "nodeimage-v1beta1.yaml",
+    ] {
+        let document = corpus(file, "c1", &node, "registry.invalid/app:1");
+        let out = cluster.kubectl_stdin(
+            &["apply", "--dry-run=server", "-n", &namespace.name],
+            &document,
+        );
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // The API server refuses what Kruise's refuses, with the field named.
+    let typo = corpus(
+        "sidecarset-refused.yaml",
+        "c2",
+        &node,
+        "registry.invalid/app:1",
+    );
+    let out = cluster.kubectl_stdin(&["apply", "--dry-run=server"], &typo);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("podInjectPolcy"),
+        "{stderr}"
+    );
+    let bad = "apiVersion: apps.kruise.io/v1beta1\nkind: ImagePullJob\nmetadata: {name: bad}\n\
+               spec: {image: a, parallelism: {x: 1}}\n";
+    let out = cluster.kubectl_stdin(&["apply", "--dry-run=server", "-n", &namespace.name], bad);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("spec.parallelism"),
+        "{stderr}"
+    );
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The store on the lab's API server, its client on `rt` (a kube client lives on the
+/// runtime that made it).
+fn connect(rt: &tokio::runtime::Runtime, cluster: &Cluster, namespace: &str) -> Store {
+    rt.block_on(async {
+        Store::new(
+            KubernetesStore::connect(&KubernetesSettings {
+                kubeconfig: Some(cluster.kubeconfig.clone()),
+                namespace: namespace.to_owned(),
+            })
+            .await
+            .unwrap(),
+        )
+    })
+}
+
+#[test]
+fn the_store_keeps_its_promises_on_the_api_server() {
+    let cluster = Cluster::get();
+    let namespace = cluster.namespace("store");
+    let rt = runtime();
+    let store = connect(&rt, cluster, &namespace.name);
+    // The controller's records: the same behaviour as the embedded store and etcd.
+    rt.block_on(rigger_controller::store::conformance_of(
+        &store,
+        "ImagePullJob.nodes",
+        "Node.labels",
+        &namespace.name,
+    ))
+    .unwrap();
+
+    // A user's kind is its custom resource; its status the status subresource.
+    let job = serde_json::json!({
+        "apiVersion": "apps.kruise.io/v1alpha1", "kind": "ImagePullJob",
+        "metadata": {"name": "warm", "namespace": namespace.name},
+        "spec": {"image": "registry.invalid/app:1", "selector": {"names": ["n1"]},
+                 "completionPolicy": {"type": "Never"}},
+    });
+    let key = rigger_controller::store::ObjectKey::new("ImagePullJob", &namespace.name, "warm");
+    let status_key =
+        rigger_controller::store::ObjectKey::new("ImagePullJob.status", &namespace.name, "warm");
+    let created = rt
+        .block_on(store.put(
+            key.clone(),
+            job.to_string().into_bytes(),
+            Precondition::Absent,
+        ))
+        .unwrap();
+    let read = rt
+        .block_on(
+            store.get_object::<rigger_api::image_pull_job::ImagePullJob>(&namespace.name, "warm"),
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(read.revision, created);
+    assert_eq!(read.value.spec.image, "registry.invalid/app:1");
+    let status = serde_json::json!({"desired": 1, "active": 0, "succeeded": 1, "failed": 0});
+    let with_status = rt
+        .block_on(store.put(
+            status_key.clone(),
+            status.to_string().into_bytes(),
+            Precondition::Any,
+        ))
+        .unwrap();
+    assert!(with_status > created);
+    let shown = cluster.kubectl_ok(&["get", "imagepulljobs", "-n", &namespace.name]);
+    let header: Vec<&str> = shown.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "TOTAL", "ACTIVE", "SUCCEED", "FAILED", "AGE"],
+        "{shown}"
+    );
+    let row: Vec<&str> = shown.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(&row[..5], ["warm", "1", "0", "1", "0"], "{shown}");
+    // A write at the revision before the status is stale.
+    let stale = rt.block_on(store.put(
+        key.clone(),
+        job.to_string().into_bytes(),
+        Precondition::Revision(created),
+    ));
+    assert!(
+        matches!(stale, Err(StoreError::Conflict { .. })),
+        "{stale:?}"
+    );
+    // Bytes that are not an object the API server takes are refused, naming the key.
+    let refused = rt
+        .block_on(store.put(key.clone(), b"{\"spec\": 7}".to_vec(), Precondition::Any))
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("ImagePullJob"), "{refused}");
+    rt.block_on(store.delete(key, Precondition::Any))
+        .unwrap();
+    assert!(rt.block_on(store.get(status_key)).unwrap().is_none());
+}
+
+/// A controller on the lab's API server, its agents on lab containerd nodes named as the
+/// cluster's Nodes.
+fn controller_on_cluster(dir: &Path, cluster: &Cluster, namespace: &str) -> Controller {
+    Controller::start_with(
+        &dir.join("controller"),
+        &[
+            "--store",
+            "kubernetes",
+            "--kubeconfig",
+            cluster.kubeconfig.to_str().unwrap(),
+            "--kubernetes-namespace",
+            namespace,
+            "--leader-lease",
+            "3s",
+        ],
+    )
+}
+
+#[test]
+fn a_job_applied_with_kubectl_runs_on_the_nodes_kubectl_labelled() {
+    let cluster = Cluster::get();
+    let lab = Lab::get();
+    let namespace = cluster.namespace("job");
+    let (first, second) = (lab.first_node().clone(), lab.second_node());
+    let ns = TestNamespace::on(&first, "k8s-job");
+    let _ns2 = TestNamespace::on(&second, "k8s-job");
+    let dir = tempfile::tempdir().unwrap();
+    let id = std::process::id();
+    let (chosen, other) = (format!("k8s-a-{id}"), format!("k8s-b-{id}"));
+    cluster.create_node(&chosen, &[]);
+    cluster.create_node(&other, &[]);
+    let controller = controller_on_cluster(dir.path(), cluster, &namespace.name);
+    let start = |node: &str, lab_node: &rigger_integration_tests::LabNode, labels: &str| {
+        let state = dir.path().join(node);
+        std::fs::create_dir_all(&state).unwrap();
+        let mut agent = Agent::start(
+            &controller,
+            node,
+            &lab_node.address,
+            &lab_node.hosts_dir,
+            &ns.name,
+            &state,
+        );
+        agent.restart_with_node_labels(labels);
+        agent
+    };
+    // The other node's agent claims the label: in a cluster, that is not believed.
+    let _a = start(&chosen, &first, "team=x");
+    let _b = start(&other, &second, "pool=warm");
+    cluster.kubectl_ok(&["label", "node", &chosen, "pool=warm"]);
+    let image = lab.image(&unique_image("k8s-job", 2, 64 << 10));
+    let job = format!(
+        "apiVersion: apps.kruise.io/v1beta1\nkind: ImagePullJob\nmetadata:\n  name: warm\n\
+         spec:\n  image: {image}\n  selector:\n    matchLabels: {{pool: warm}}\n  \
+         completionPolicy: {{type: Always}}\n"
+    );
+    let out = cluster.kubectl_stdin(&["apply", "-n", &namespace.name], &job);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let waited = cluster.kubectl(&[
+        "wait",
+        "-n",
+        &namespace.name,
+        "imagepulljob/warm",
+        "--for=jsonpath={.status.succeeded}=1",
+        "--timeout=60s",
+    ]);
+    assert!(
+        waited.status.success(),
+        "{}\ncontroller log:\n{}",
+        String::from_utf8_lossy(&waited.stderr),
+        rigger_integration_tests::log_tail(&controller.log, 40)
+    );
+    let job = cluster
+        .get_json(&["imagepulljob", "warm", "-n", &namespace.name])
+        .unwrap();
+    assert_eq!(job["status"]["desired"], 1, "{job}");
+    let shown = cluster.kubectl_ok(&["get", "imagepulljobs", "-n", &namespace.name]);
+    assert!(
+        shown
+            .lines()
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .collect::<Vec<_>>()[..5]
+            == ["warm", "1", "0", "1", "0"],
+        "{shown}"
+    );
+    // Pulled where kubectl's label said, and only there.
+    assert!(
+        first
+            .ctr(&ns.name, &["images", "ls", "-q"])
+            .contains(&image)
+    );
+    assert!(
+        !second
+            .ctr(&ns.name, &["images", "ls", "-q"])
+            .contains(&image)
+    );
+    wait_until("the job's completion", Duration::from_secs(30), || {
+        let job = cluster.get_json(&["imagepulljob", "warm", "-n", &namespace.name])?;
+        job["status"]["completionTime"].is_string().then_some(())
+    });
+}
