@@ -98,7 +98,10 @@ pub async fn run(
                 EtcdStore::connect(endpoints, crate::store::etcd::DEFAULT_PREFIX, tls.as_ref())
                     .await?;
             // Leader election runs on the same etcd, beside the store.
-            (Store::new(etcd.clone()), Some(Elector::Etcd(Box::new(etcd))))
+            (
+                Store::new(etcd.clone()),
+                Some(Elector::Etcd(Box::new(etcd))),
+            )
         }
         StoreConfig::Kubernetes(settings) => {
             let kubernetes = KubernetesStore::connect(settings).await?;

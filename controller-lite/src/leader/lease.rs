@@ -130,7 +130,7 @@ async fn run(
     let renew_deadline = duration * 2 / 3;
     let mut observed: Option<Observed> = None;
     let mut last_renewal = Instant::now();
-    tracing::info!(lease = %name, %identity, ?duration, "campaigning for the Lease");
+    tracing::info!(lease = %name, %identity, ?duration, "campaigning for leadership");
     loop {
         let held = *leading.borrow();
         match attempt(&api, &identity, duration, &mut observed).await {

@@ -354,18 +354,20 @@ impl Controller {
     /// `count` replicas on `etcd` sharing one lab PKI (made in `dir/pki`), with a short
     /// leader lease (3 s); each one's `endpoints` lists them all.
     pub fn replicas(dir: &Path, etcd: &Etcd, count: usize) -> Vec<Self> {
+        let store = format!("etcd://{}", etcd.endpoint);
+        Self::replicas_with(dir, count, &["--store", &store, "--leader-lease", "3s"])
+    }
+
+    /// `count` replicas started with `flags` (a shared store and lease), sharing one lab
+    /// PKI (made in `dir/pki`); each one's `endpoints` lists them all.
+    pub fn replicas_with(dir: &Path, count: usize, flags: &[&str]) -> Vec<Self> {
         let pki = dir.join("pki");
         controller_certs(&pki, &[]);
         let mut replicas: Vec<Self> = (0..count)
             .map(|i| {
                 let data = dir.join(format!("controller-{}", i + 1));
                 std::fs::create_dir_all(&data).unwrap();
-                let extra = vec![
-                    "--store".to_owned(),
-                    format!("etcd://{}", etcd.endpoint),
-                    "--leader-lease".to_owned(),
-                    "3s".to_owned(),
-                ];
+                let extra = flags.iter().map(|f| (*f).to_owned()).collect();
                 Self::new(&data, &pki, extra)
             })
             .collect();

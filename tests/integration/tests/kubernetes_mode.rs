@@ -183,8 +183,7 @@ fn the_store_keeps_its_promises_on_the_api_server() {
         .unwrap_err()
         .to_string();
     assert!(refused.contains("ImagePullJob"), "{refused}");
-    rt.block_on(store.delete(key, Precondition::Any))
-        .unwrap();
+    rt.block_on(store.delete(key, Precondition::Any)).unwrap();
     assert!(rt.block_on(store.get(status_key)).unwrap().is_none());
 }
 
@@ -294,4 +293,111 @@ fn a_job_applied_with_kubectl_runs_on_the_nodes_kubectl_labelled() {
         let job = cluster.get_json(&["imagepulljob", "warm", "-n", &namespace.name])?;
         job["status"]["completionTime"].is_string().then_some(())
     });
+}
+
+#[test]
+fn killing_the_leader_mid_job_hands_the_lease_over_and_nothing_is_pulled_twice() {
+    let cluster = Cluster::get();
+    let lab = Lab::get();
+    let namespace = cluster.namespace("ha");
+    let (first, second) = (lab.first_node().clone(), lab.second_node());
+    let ns = TestNamespace::on(&first, "k8s-ha");
+    let _ns2 = TestNamespace::on(&second, "k8s-ha");
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = cluster.kubeconfig.to_str().unwrap().to_owned();
+    let mut replicas = Controller::replicas_with(
+        dir.path(),
+        2,
+        &[
+            "--store",
+            "kubernetes",
+            "--kubeconfig",
+            &kubeconfig,
+            "--kubernetes-namespace",
+            &namespace.name,
+            "--leader-lease",
+            "3s",
+        ],
+    );
+    wait_until("a leader", Duration::from_secs(20), || {
+        (replicas.iter().filter(|r| r.is_leader()).count() == 1).then_some(())
+    });
+    let id = std::process::id();
+    let names = [format!("k8s-ha-a-{id}"), format!("k8s-ha-b-{id}")];
+    let mut agents = Vec::new();
+    for (name, node) in names.iter().zip([&first, &second]) {
+        cluster.create_node(name, &[]);
+        let state = dir.path().join(name);
+        std::fs::create_dir_all(&state).unwrap();
+        agents.push(Agent::start(
+            &replicas[0],
+            name,
+            &node.address,
+            &node.hosts_dir,
+            &ns.name,
+            &state,
+        ));
+    }
+    // Big enough to be mid-pull when the leader dies; one node at a time.
+    let image = lab.image(&unique_image("k8s-ha", 2, 3 << 20));
+    let job = format!(
+        "apiVersion: apps.kruise.io/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: warm\n\
+         spec:\n  image: {image}\n  parallelism: 1\n  selector:\n    names: [{}, {}]\n  \
+         completionPolicy: {{type: Always}}\n",
+        names[0], names[1]
+    );
+    let out = cluster.kubectl_stdin(&["apply", "-n", &namespace.name], &job);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_until("a node to pull", Duration::from_secs(60), || {
+        let job = cluster.get_json(&["imagepulljob", "warm", "-n", &namespace.name])?;
+        (job["status"]["active"] == 1 || job["status"]["succeeded"] == 1).then_some(())
+    });
+    let leader = replicas.iter_mut().find(|r| r.is_leader()).unwrap();
+    leader.kill();
+    let waited = cluster.kubectl(&[
+        "wait",
+        "-n",
+        &namespace.name,
+        "imagepulljob/warm",
+        "--for=jsonpath={.status.succeeded}=2",
+        "--timeout=90s",
+    ]);
+    let logs = || {
+        replicas
+            .iter()
+            .map(|r| rigger_integration_tests::log_tail(&r.log, 30))
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    };
+    assert!(
+        waited.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&waited.stderr),
+        logs()
+    );
+    let successor = replicas
+        .iter()
+        .find(|r| r.is_leader())
+        .expect("a replica took over");
+    // Each node pulled once: the successor continued from what the API server holds.
+    let job = successor
+        .get_json(&["imagepulljob", "warm", "-n", &namespace.name])
+        .unwrap();
+    for node in job["status"]["nodes"].as_array().unwrap() {
+        assert_eq!(
+            node["attempts"],
+            1,
+            "no node pulled twice: {node:#}\n{}",
+            logs()
+        );
+    }
+    let lease = cluster
+        .get_json(&["lease", "rigger-controller", "-n", &namespace.name])
+        .unwrap();
+    assert_eq!(lease["spec"]["leaseTransitions"], 1, "{lease:#}");
+    drop(agents);
 }
