@@ -8,7 +8,7 @@
 //! - [`certs`]: `rigger-controller certs`, a CA and certificates for labs;
 //! - [`nodes`]: the registry of nodes, fed by agents' registrations and heartbeats;
 //! - [`node_labels`]: admin-set and agent-reported node labels, and whom selectors trust;
-//! - [`cluster_nodes`]: in a cluster, the Nodes' labels (one watch) are the only ones;
+//! - [`cluster`]: in a cluster, its Nodes' labels and Pods are the truth;
 //! - [`link`]: the agent link (`rigger.v1.AgentLink`), one stream per agent;
 //! - [`engine`]: the loop every engine runs (pass, wake or tick, cancel, flush);
 //! - [`jobs`]: the ImagePullJob engine (who pulls when, status from reports);
@@ -23,7 +23,7 @@
 
 pub mod auth;
 pub mod certs;
-pub mod cluster_nodes;
+pub mod cluster;
 pub mod config;
 pub mod control;
 pub mod engine;

@@ -168,11 +168,21 @@ pub async fn run(
         None => None,
     };
     let jobs = JobEngine::new(store.clone(), nodes.clone(), config.node_timeout, grants);
-    let recreates = crate::recreate_requests::RecreateEngine::new(
-        store.clone(),
-        nodes.clone(),
-        config.node_timeout,
-    );
+    let recreates = match &elector {
+        Some(Elector::Kubernetes(kubernetes)) => {
+            crate::recreate_requests::RecreateEngine::in_cluster(
+                store.clone(),
+                nodes.clone(),
+                config.node_timeout,
+                crate::cluster::pods::KubePods::new(kubernetes.client()),
+            )
+        }
+        _ => crate::recreate_requests::RecreateEngine::new(
+            store.clone(),
+            nodes.clone(),
+            config.node_timeout,
+        ),
+    };
     let pods = crate::pods::PodSync::new(store.clone(), nodes.clone());
     let metrics_sources = crate::metrics::Sources {
         nodes: nodes.clone(),
@@ -224,7 +234,7 @@ pub async fn run(
                 let labels = match cluster {
                     Some(client) => {
                         nodes.use_cluster_labels_only();
-                        futures::future::Either::Left(crate::cluster_nodes::keep_loaded(
+                        futures::future::Either::Left(crate::cluster::nodes::keep_loaded(
                             client,
                             move |all| nodes.set_admin_labels(all),
                             token.clone(),

@@ -33,7 +33,10 @@ use rigger_api::pod::{self, Pod};
 pub const STATUS_KIND: &str = "ContainerRecreateRequest.status";
 pub use rigger_api::container_recreate_request::{NODE_NAME_LABEL, POD_UID_LABEL};
 
+mod admission;
 mod decide;
+
+pub use admission::{ACTIVE_LABEL, ClusterPods, PodFacts};
 
 use decide::decide;
 /// Who runs the pod: `rigger` (an agent-managed Pod object) or `kubelet`.
@@ -119,6 +122,8 @@ struct Inner {
     node_timeout: Duration,
     state: Mutex<State>,
     wake: Notify,
+    /// In a cluster: where requests created on the API server find their pod.
+    cluster_pods: Option<Arc<dyn ClusterPods>>,
 }
 
 /// The engine; cheap to clone.
@@ -136,8 +141,24 @@ impl RecreateEngine {
                 node_timeout,
                 state: Mutex::default(),
                 wake: Notify::new(),
+                cluster_pods: None,
             }),
         }
+    }
+
+    /// An engine for a cluster: requests created on the API server (without Rigger's
+    /// apply) are admitted as Kruise's webhook admits them, from the cluster's Pods.
+    pub fn in_cluster(
+        store: Store,
+        nodes: NodeRegistry,
+        node_timeout: Duration,
+        pods: impl ClusterPods,
+    ) -> Self {
+        let mut engine = Self::new(store, nodes, node_timeout);
+        if let Some(inner) = Arc::get_mut(&mut engine.inner) {
+            inner.cluster_pods = Some(Arc::new(pods));
+        }
+        engine
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -179,6 +200,8 @@ pub struct RecreateSnapshot {
     new: Vec<(ObjectKey, ContainerRecreateRequest, Option<CrrStatus>)>,
     /// The uid of each agent-managed pod an unfinished request targets (`None`: gone).
     pods: HashMap<ObjectKey, Option<String>>,
+    /// New requests that cannot run, and why (their pod is missing, say).
+    refused: Vec<(ObjectKey, String)>,
 }
 
 impl crate::engine::Engine for RecreateEngine {
@@ -208,12 +231,48 @@ impl crate::engine::Engine for RecreateEngine {
         };
         let mut present = HashSet::with_capacity(specs.len());
         let mut new = Vec::new();
+        let mut refused = Vec::new();
         for stored in specs {
             present.insert(stored.key.clone());
             if known.contains(&stored.key) {
                 continue;
             }
-            let request = stored.value;
+            let mut request = stored.value;
+            if let Some(cluster) = &self.inner.cluster_pods
+                && admission::needs_admission(&request)
+            {
+                let pod = cluster
+                    .pod(&stored.key.namespace, &request.spec.pod_name)
+                    .await
+                    .map_err(|detail| StoreError::Backend {
+                        location: stored.key.to_string(),
+                        detail,
+                    })?;
+                match admission::admit(&mut request, pod.as_ref()) {
+                    Ok(()) => {
+                        // Labelled where users and Kruise's tools look for them; a
+                        // request changed meanwhile is read again next pass.
+                        let bytes = crate::store::typed::encode(&stored.key, &request)?;
+                        match store
+                            .put(
+                                stored.key.clone(),
+                                bytes,
+                                Precondition::Revision(stored.revision),
+                            )
+                            .await
+                        {
+                            Ok(_) => {}
+                            Err(StoreError::Conflict { .. }) => {
+                                present.remove(&stored.key);
+                                continue;
+                            }
+                            Err(error) => return Err(error),
+                        }
+                        tracing::info!(request = %stored.key, pod = %request.spec.pod_name, node = %request.metadata.labels.get(NODE_NAME_LABEL).map_or("", String::as_str), "recreate request admitted");
+                    }
+                    Err(reason) => refused.push((stored.key.clone(), reason)),
+                }
+            }
             // An unreadable status starts the request afresh.
             let status = match store.get_as::<CrrStatus>(status_key(&stored.key)).await {
                 Ok(status) => status.map(|s| s.value),
@@ -233,11 +292,24 @@ impl crate::engine::Engine for RecreateEngine {
             };
             pods.insert(key, uid);
         }
-        Ok(RecreateSnapshot { present, new, pods })
+        Ok(RecreateSnapshot {
+            present,
+            new,
+            pods,
+            refused,
+        })
     }
 
     async fn pass(&self, snapshot: RecreateSnapshot) {
         self.sync(snapshot.present, snapshot.new).await;
+        for (key, reason) in snapshot.refused {
+            if let Some(tracked) = self.lock().requests.get_mut(&key)
+                && !tracked.finished()
+            {
+                tracing::info!(request = %key, %reason, "recreate request failed");
+                tracked.complete(&reason);
+            }
+        }
         let (messages, expired) = self.reconcile(&snapshot.pods);
         for (node, message) in messages {
             self.inner.nodes.send(&node, message);

@@ -401,3 +401,203 @@ fn killing_the_leader_mid_job_hands_the_lease_over_and_nothing_is_pulled_twice()
     assert_eq!(lease["spec"]["leaseTransitions"], 1, "{lease:#}");
     drop(agents);
 }
+
+/// A loop that ends at once on SIGTERM (shells as PID 1 ignore it otherwise).
+const IDLE: &str = "trap 'exit 0' TERM; while true; do sleep 0.2; done";
+
+#[test]
+fn a_recreate_request_made_with_kubectl_restarts_a_kubelet_pods_container_with_its_pre_stop() {
+    use rigger_integration_tests::{CriPod, CriPodSpec};
+    use std::collections::HashMap;
+    let cluster = Cluster::get();
+    let lab = Lab::get();
+    let namespace = cluster.namespace("crr");
+    let node = lab.first_node().clone();
+    let dir = tempfile::tempdir().unwrap();
+    let node_name = format!("k8s-crr-{}", std::process::id());
+    cluster.create_node(&node_name, &[]);
+    let controller = controller_on_cluster(dir.path(), cluster, &namespace.name);
+    let state = dir.path().join("agent");
+    std::fs::create_dir_all(&state).unwrap();
+    let agent = Agent::start(
+        &controller,
+        &node_name,
+        &node.address,
+        &node.hosts_dir,
+        "k8s.io",
+        &state,
+    );
+    let image = lab.image("rigger-lab/busybox:1");
+    let pulled =
+        std::process::Command::new(rigger_integration_tests::binary("rigger-bench-cri-pull"))
+            .arg(&node.address)
+            .arg(&image)
+            .output()
+            .unwrap();
+    assert!(
+        pulled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pulled.stderr)
+    );
+
+    // The Pod as the API server has it (kubelet is not here: the test writes its status).
+    let pod_name = "web";
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod_name, "namespace": namespace.name},
+        "spec": {"nodeName": node_name, "terminationGracePeriodSeconds": 3,
+                 "containers": [{"name": "app", "image": image}]},
+    });
+    let out = cluster.kubectl_stdin(&["create"], &pod.to_string());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let uid = cluster
+        .get_json(&["pod", pod_name, "-n", &namespace.name])
+        .unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // Its containers, as kubelet runs them through CRI, with kubelet's labels.
+    let out_dir = dir.path().join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let labels = HashMap::from([
+        (
+            "io.kubernetes.pod.namespace".to_owned(),
+            namespace.name.clone(),
+        ),
+        ("io.kubernetes.pod.name".to_owned(), pod_name.to_owned()),
+        ("io.kubernetes.pod.uid".to_owned(), uid.clone()),
+    ]);
+    let mut container_labels = labels.clone();
+    container_labels.insert("io.kubernetes.container.name".into(), "app".into());
+    let mut spec = CriPodSpec::on(
+        &node,
+        &format!("{pod_name}-{}", std::process::id()),
+        &image,
+        &["sh", "-c", IDLE],
+    );
+    spec.name = pod_name.to_owned();
+    spec.namespace = namespace.name.clone();
+    spec.uid = uid.clone();
+    spec.labels = labels;
+    spec.container = "app".to_owned();
+    spec.container_labels = container_labels;
+    spec.container_annotations = HashMap::from([
+        (
+            "io.kubernetes.container.restartCount".to_owned(),
+            "0".to_owned(),
+        ),
+        (
+            "io.kubernetes.pod.terminationGracePeriod".to_owned(),
+            "3".to_owned(),
+        ),
+        (
+            "io.kubernetes.container.preStopHandler".to_owned(),
+            r#"{"exec":{"command":["sh","-c","echo prestop > /out/prestop"]}}"#.to_owned(),
+        ),
+    ]);
+    spec.mounts = vec![(out_dir.clone(), "/out".to_owned())];
+    let mut cri_pod = CriPod::run_spec(&spec);
+    let old_container = cri_pod.container_id.clone();
+    let status = serde_json::json!({"status": {"phase": "Running", "containerStatuses": [{
+        "name": "app", "image": image, "imageID": "", "ready": true, "restartCount": 0,
+        "containerID": format!("containerd://{old_container}"),
+        "state": {"running": {}},
+    }]}});
+    cluster.kubectl_ok(&[
+        "patch",
+        "pod",
+        pod_name,
+        "-n",
+        &namespace.name,
+        "--subresource",
+        "status",
+        "--type",
+        "merge",
+        "-p",
+        &status.to_string(),
+    ]);
+
+    // Created with kubectl in Kruise's own shape: no labels, no statusContext.
+    let request = "apiVersion: apps.kruise.io/v1beta1\nkind: ContainerRecreateRequest\n\
+                   metadata:\n  name: restart-app\nspec:\n  podName: web\n  containers:\n  \
+                   - name: app\n  strategy:\n    failurePolicy: Fail\n  activeDeadlineSeconds: 120\n";
+    let out = cluster.kubectl_stdin(&["apply", "-n", &namespace.name], request);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let crr = wait_until(
+        "the recreate, kubelet restarting",
+        Duration::from_secs(60),
+        || {
+            cri_pod.restart_if_exited();
+            let crr = cluster.get_json(&["crr", "restart-app", "-n", &namespace.name])?;
+            if crr["status"]["phase"] == "Completed" {
+                return Some(crr);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            None
+        },
+    );
+    let logs = format!(
+        "{crr:#}\n{}\n{}",
+        rigger_integration_tests::log_tail(&controller.log, 30),
+        rigger_integration_tests::log_tail(&agent.log, 30)
+    );
+    // Labelled as Kruise's webhook labels it, the instance recorded from the Pod's status.
+    let labels = &crr["metadata"]["labels"];
+    assert_eq!(
+        labels["crr.apps.kruise.io/node-name"],
+        node_name.as_str(),
+        "{logs}"
+    );
+    assert_eq!(labels["crr.apps.kruise.io/pod-uid"], uid.as_str(), "{logs}");
+    assert_eq!(
+        crr["spec"]["containers"][0]["statusContext"]["containerID"],
+        format!("containerd://{old_container}")
+    );
+    let state = &crr["status"]["containerRecreateStates"][0];
+    assert_eq!(
+        (state["name"].as_str(), state["phase"].as_str()),
+        (Some("app"), Some("Succeeded")),
+        "{logs}"
+    );
+    assert_eq!(state["isKilled"], true, "{logs}");
+    assert_eq!(
+        std::fs::read_to_string(out_dir.join("prestop"))
+            .unwrap()
+            .trim(),
+        "prestop",
+        "kubelet's preStop handler ran"
+    );
+    assert_ne!(
+        cri_pod.container_id, old_container,
+        "kubelet started the next attempt"
+    );
+    let shown = cluster.kubectl_ok(&["get", "crr", "-n", &namespace.name]);
+    let header: Vec<&str> = shown.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "PHASE", "POD", "NODE", "AGE"], "{shown}");
+    assert!(shown.contains(&node_name), "{shown}");
+
+    // A request for a pod that does not exist completes at once, saying so.
+    let missing = request
+        .replace("restart-app", "restart-missing")
+        .replace("podName: web", "podName: nowhere");
+    let out = cluster.kubectl_stdin(&["apply", "-n", &namespace.name], &missing);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let crr = wait_until("the refusal", Duration::from_secs(20), || {
+        let crr = cluster.get_json(&["crr", "restart-missing", "-n", &namespace.name])?;
+        (crr["status"]["phase"] == "Completed").then_some(crr)
+    });
+    assert_eq!(crr["status"]["message"], "pod nowhere not found", "{crr:#}");
+}

@@ -1,0 +1,154 @@
+//! What Kruise's webhook does to a new ContainerRecreateRequest, for requests created
+//! on a Kubernetes API server (kubectl, GitOps): find the pod, name its node and uid in
+//! the request's labels, and record which instance of each container is to be
+//! recreated (`statusContext`, from the Pod's status). Rigger's own `apply` does the same
+//! when a request reaches it directly.
+//!
+//! [`admit`] is the decision, pure; [`ClusterPods`] is the one question it needs asked of
+//! the cluster.
+
+use rigger_api::container_recreate_request::{
+    CONTAINERD_ID_PREFIX, ContainerRecreateRequest, NODE_NAME_LABEL, POD_UID_LABEL, StatusContext,
+};
+
+use super::POD_OWNER_LABEL;
+
+/// Kruise's label that marks a request not yet finished.
+pub const ACTIVE_LABEL: &str = "crr.apps.kruise.io/active";
+
+/// What the cluster says about a pod.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodFacts {
+    pub uid: String,
+    /// `spec.nodeName` (`None`: not scheduled yet).
+    pub node: Option<String>,
+    /// `status.containerStatuses`: name, container ID (`containerd://…`), restarts.
+    pub containers: Vec<(String, String, u32)>,
+}
+
+/// Where pods are, in a cluster.
+#[async_trait::async_trait]
+pub trait ClusterPods: std::fmt::Debug + Send + Sync + 'static {
+    /// The pod `name` in `namespace` (`None`: there is none).
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodFacts>, String>;
+}
+
+/// Whether `request` still needs admitting (no node named yet).
+pub fn needs_admission(request: &ContainerRecreateRequest) -> bool {
+    request
+        .metadata
+        .labels
+        .get(NODE_NAME_LABEL)
+        .is_none_or(String::is_empty)
+}
+
+/// Admit `request` for `pod`: the labels and status contexts set, or why it cannot run.
+pub fn admit(request: &mut ContainerRecreateRequest, pod: Option<&PodFacts>) -> Result<(), String> {
+    let name = &request.spec.pod_name;
+    let Some(pod) = pod else {
+        return Err(format!("pod {name} not found"));
+    };
+    let Some(node) = pod.node.as_deref().filter(|n| !n.is_empty()) else {
+        return Err(format!("pod {name} is not scheduled to a node yet"));
+    };
+    for container in &request.spec.containers {
+        if !pod
+            .containers
+            .iter()
+            .any(|(known, ..)| *known == container.name)
+        {
+            return Err(format!(
+                "pod {name} has no running container {:?} in its status",
+                container.name
+            ));
+        }
+    }
+    let labels = &mut request.metadata.labels;
+    labels.insert(NODE_NAME_LABEL.to_owned(), node.to_owned());
+    labels.insert(POD_UID_LABEL.to_owned(), pod.uid.clone());
+    labels.insert(POD_OWNER_LABEL.to_owned(), "kubelet".to_owned());
+    labels.insert(ACTIVE_LABEL.to_owned(), "true".to_owned());
+    for container in &mut request.spec.containers {
+        if container.status_context.is_some() {
+            continue;
+        }
+        let found = pod
+            .containers
+            .iter()
+            .find(|(known, ..)| *known == container.name);
+        if let Some((_, id, restarts)) = found
+            && id.starts_with(CONTAINERD_ID_PREFIX)
+        {
+            container.status_context = Some(StatusContext {
+                container_id: id.clone(),
+                restart_count: *restarts,
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn request() -> ContainerRecreateRequest {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps.kruise.io/v1alpha1", "kind": "ContainerRecreateRequest",
+            "metadata": {"name": "r", "namespace": "shop"},
+            "spec": {"podName": "web", "containers": [{"name": "app"}]},
+        }))
+        .unwrap()
+    }
+
+    fn pod(node: Option<&str>) -> PodFacts {
+        PodFacts {
+            uid: "u1".into(),
+            node: node.map(str::to_owned),
+            containers: vec![("app".into(), "containerd://abc".into(), 2)],
+        }
+    }
+
+    #[test]
+    fn a_request_is_labelled_with_the_pods_node_and_uid_and_its_running_instance() {
+        let mut r = request();
+        assert!(needs_admission(&r));
+        admit(&mut r, Some(&pod(Some("n1")))).unwrap();
+        assert!(!needs_admission(&r));
+        assert_eq!(r.metadata.labels[NODE_NAME_LABEL], "n1");
+        assert_eq!(r.metadata.labels[POD_UID_LABEL], "u1");
+        assert_eq!(r.metadata.labels[ACTIVE_LABEL], "true");
+        let context = r.spec.containers[0].status_context.as_ref().unwrap();
+        assert_eq!(
+            (context.container_id.as_str(), context.restart_count),
+            ("containerd://abc", 2)
+        );
+    }
+
+    #[test]
+    fn a_missing_unscheduled_or_mismatched_pod_is_refused_by_name() {
+        assert_eq!(admit(&mut request(), None), Err("pod web not found".into()));
+        assert!(
+            admit(&mut request(), Some(&pod(None)))
+                .unwrap_err()
+                .contains("not scheduled")
+        );
+        let mut other = request();
+        other.spec.containers[0].name = "db".into();
+        assert!(
+            admit(&mut other, Some(&pod(Some("n1"))))
+                .unwrap_err()
+                .contains("\"db\"")
+        );
+    }
+
+    #[test]
+    fn a_context_given_is_kept_and_a_foreign_runtime_is_not_taken() {
+        let mut r = request();
+        let mut facts = pod(Some("n1"));
+        facts.containers[0].1 = "cri-o://abc".into();
+        admit(&mut r, Some(&facts)).unwrap();
+        assert!(r.spec.containers[0].status_context.is_none());
+    }
+}
