@@ -13,6 +13,7 @@
 //! - [`engine`]: the loop every engine runs (pass, wake or tick, cancel, flush);
 //! - [`jobs`]: the ImagePullJob engine (who pulls when, status from reports);
 //! - [`job_status`]: a job's status in the store, its nodes in shards;
+//! - [`node_images`]: in a cluster, NodeImages' tags pulled (Kruise's daemon's part);
 //! - [`pods`]: agent-managed pods: each node's set to its agent, statuses back;
 //! - [`relay`]: users' questions to agents (logs, exec) and their answers;
 //! - [`control`]: the user API (`rigger.v1.Control`) that riggerctl speaks;
@@ -32,6 +33,7 @@ pub mod jobs;
 pub mod leader;
 pub mod link;
 pub mod metrics;
+pub mod node_images;
 pub mod node_labels;
 pub mod nodes;
 pub mod peer_queries;

@@ -25,6 +25,7 @@ use crate::peer_queries::{Admission, PeerQueryGate, Question};
 
 use crate::jobs::JobEngine;
 use crate::leader::Leadership;
+use crate::node_images::{NodeImageEngine, is_node_image_task};
 use crate::nodes::{NodeRegistry, SessionId};
 use crate::pods::PodSync;
 use crate::recreate_requests::{RecreateEngine, is_recreate_task};
@@ -37,6 +38,8 @@ pub struct AgentLinkService {
     nodes: NodeRegistry,
     jobs: JobEngine,
     recreates: RecreateEngine,
+    /// In a cluster: NodeImages' pulls (Kruise's daemon's part).
+    node_images: Option<NodeImageEngine>,
     pods: PodSync,
     leadership: Leadership,
     /// Agents must present a client certificate valid for the node they register.
@@ -53,6 +56,13 @@ pub struct AgentLinkService {
 }
 
 impl AgentLinkService {
+    /// Route NodeImage tasks' reports to `engine` (in a cluster).
+    #[must_use]
+    pub fn with_node_images(mut self, engine: NodeImageEngine) -> Self {
+        self.node_images = Some(engine);
+        self
+    }
+
     #[allow(clippy::too_many_arguments)] // the link's collaborators, each used once
     pub fn new(
         nodes: NodeRegistry,
@@ -70,6 +80,7 @@ impl AgentLinkService {
             nodes,
             jobs,
             recreates,
+            node_images: None,
             pods,
             leadership,
             mtls,
@@ -182,12 +193,17 @@ impl AgentLink for AgentLinkService {
         self.nodes
             .register(&register, session, tx.clone(), SystemTime::now());
         tracing::info!(%node, %peer, session, agent_version = %register.agent_version, tasks = register.tasks.len(), "agent registered");
-        let (recreates, pulls) = register
+        let (recreates, pulls): (Vec<_>, Vec<_>) = register
             .tasks
             .into_iter()
             .partition(|t| is_recreate_task(&t.id));
+        let (node_image_pulls, pulls): (Vec<_>, Vec<_>) =
+            pulls.into_iter().partition(|t| is_node_image_task(&t.id));
         self.jobs.node_connected(&node, pulls);
         self.recreates.node_connected(&node, &recreates);
+        if let Some(engine) = &self.node_images {
+            engine.node_connected(&node, &node_image_pulls);
+        }
         {
             let (pods, node) = (self.pods.clone(), node.clone());
             tokio::spawn(async move { pods.send_to(&node).await });
@@ -245,6 +261,10 @@ impl AgentLinkService {
                     let status = crate::report_limits::bound_task_status(status);
                     if is_recreate_task(&status.id) {
                         self.recreates.report(node, &status);
+                    } else if is_node_image_task(&status.id) {
+                        if let Some(engine) = &self.node_images {
+                            engine.report(node, &status);
+                        }
                     } else {
                         self.jobs.report(node, status);
                     }

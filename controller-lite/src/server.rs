@@ -192,7 +192,11 @@ pub async fn run(
         node_timeout: config.node_timeout,
     };
     let sidecars = crate::sidecars::SidecarRollout::new(store.clone(), pods.clone());
-    let link = AgentLinkService::new(
+    // In a cluster, NodeImages written by Kruise's manager (or anyone) are pulled.
+    let node_images = matches!(elector, Some(Elector::Kubernetes(_))).then(|| {
+        crate::node_images::NodeImageEngine::new(store.clone(), nodes.clone(), config.node_timeout)
+    });
+    let mut link = AgentLinkService::new(
         nodes.clone(),
         jobs.clone(),
         recreates.clone(),
@@ -208,6 +212,9 @@ pub async fn run(
             .unwrap_or_default(),
         token.clone(),
     );
+    if let Some(engine) = &node_images {
+        link = link.with_node_images(engine.clone());
+    }
     let control = ControlService::new(
         store.clone(),
         nodes.clone(),
@@ -252,11 +259,17 @@ pub async fn run(
                         ))
                     }
                 };
+                let node_images = async {
+                    if let Some(engine) = node_images {
+                        crate::engine::supervise(engine, token.clone()).await;
+                    }
+                };
                 tokio::join!(
                     labels,
                     crate::engine::supervise(jobs, token.clone()),
                     crate::engine::supervise(recreates, token.clone()),
-                    crate::engine::supervise(sidecars, token)
+                    crate::engine::supervise(sidecars, token.clone()),
+                    node_images
                 );
             }
         })

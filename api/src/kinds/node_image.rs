@@ -45,6 +45,10 @@ pub struct ImageSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pull_secrets: Vec<ReferenceObject>,
     pub tags: Vec<ImageTagSpec>,
+    /// Kruise passes it to CRI's PullImage; Rigger pulls through containerd's API, where
+    /// a pull has no sandbox: kept, sent nowhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_config: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -52,6 +56,9 @@ pub struct ImageSpec {
 pub struct ReferenceObject {
     pub namespace: String,
     pub name: String,
+    /// v1beta1: how the secret is used (Kruise's `mode`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -59,19 +66,34 @@ pub struct ReferenceObject {
 pub struct ImageTagSpec {
     /// The tag, or the digest of a reference by digest.
     pub tag: String,
+    /// When the tag was asked for (Kruise's manager writes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<String>,
+    #[serde(default)]
     pub pull_policy: TagPullPolicy,
     /// Kruise's manager always writes these; its Go type lets them be left out.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub owner_references: Vec<ObjectReference>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub image_pull_policy: String,
+    /// Bumped by the writer to ask for the tag again; the status echoes the version pulled.
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub version: i64,
+}
+
+fn is_zero_i64(n: &i64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TagPullPolicy {
-    pub timeout_seconds: u64,
-    pub backoff_limit: u32,
+    /// Per attempt [default: 600, as Kruise's daemon].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+    /// Retries after the first attempt [default: 3].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff_limit: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_seconds_after_finished: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -126,6 +148,9 @@ pub struct ImageTagStatus {
     pub image_id: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// The spec version this status is for.
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub version: i64,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -167,6 +192,7 @@ pub fn node_image(node: &Node, pulls: &[(&ImagePullJob, &NodePullStatus)]) -> No
             let reference = ReferenceObject {
                 namespace: namespace.clone(),
                 name: secret.clone(),
+                mode: None,
             };
             if !image.pull_secrets.contains(&reference) {
                 image.pull_secrets.push(reference);
@@ -184,8 +210,8 @@ pub fn node_image(node: &Node, pulls: &[(&ImagePullJob, &NodePullStatus)]) -> No
             None => image.tags.push(ImageTagSpec {
                 tag: tag.to_owned(),
                 pull_policy: TagPullPolicy {
-                    timeout_seconds: job.spec.pull_policy.timeout_seconds,
-                    backoff_limit: job.spec.pull_policy.backoff_limit,
+                    timeout_seconds: Some(job.spec.pull_policy.timeout_seconds),
+                    backoff_limit: Some(job.spec.pull_policy.backoff_limit),
                     ttl_seconds_after_finished: job
                         .spec
                         .completion_policy
@@ -194,6 +220,8 @@ pub fn node_image(node: &Node, pulls: &[(&ImagePullJob, &NodePullStatus)]) -> No
                 },
                 owner_references: vec![owner],
                 image_pull_policy: format!("{:?}", job.spec.image_pull_policy),
+                created_at: job.metadata.creation_timestamp.clone(),
+                version: 0,
             }),
         }
         let progress = match entry.phase {
@@ -216,6 +244,7 @@ pub fn node_image(node: &Node, pulls: &[(&ImagePullJob, &NodePullStatus)]) -> No
                 format!("{name}@{}", entry.image_digest)
             },
             message: entry.message.clone(),
+            version: 0,
         };
         let tags = &mut out
             .status

@@ -601,3 +601,112 @@ fn a_recreate_request_made_with_kubectl_restarts_a_kubelet_pods_container_with_i
     });
     assert_eq!(crr["status"]["message"], "pod nowhere not found", "{crr:#}");
 }
+
+#[test]
+fn a_node_image_written_as_kruises_manager_writes_it_is_pulled_and_its_status_reads_as_kruises_daemon_writes_it()
+ {
+    let cluster = Cluster::get();
+    let lab = Lab::get();
+    let namespace = cluster.namespace("nodeimage");
+    let node = lab.first_node().clone();
+    let ns = TestNamespace::on(&node, "k8s-nodeimage");
+    let dir = tempfile::tempdir().unwrap();
+    let node_name = format!("k8s-ni-{}", std::process::id());
+    cluster.create_node(&node_name, &[]);
+    let controller = controller_on_cluster(dir.path(), cluster, &namespace.name);
+    let state = dir.path().join("agent");
+    std::fs::create_dir_all(&state).unwrap();
+    let agent = Agent::start(
+        &controller,
+        &node_name,
+        &node.address,
+        &node.hosts_dir,
+        &ns.name,
+        &state,
+    );
+    let reference = lab.image(&unique_image("k8s-nodeimage", 2, 64 << 10));
+    let (repository, tag) = reference.rsplit_once(':').unwrap();
+    // As Kruise's manager writes it for an ImagePullJob (owner, createdAt, version).
+    let node_image = serde_json::json!({
+        "apiVersion": "apps.kruise.io/v1beta1", "kind": "NodeImage",
+        "metadata": {"name": node_name, "labels": {"kubernetes.io/hostname": node_name}},
+        "spec": {"images": {
+            repository: {"tags": [{
+                "tag": tag, "createdAt": "2026-11-26T10:00:00Z", "version": 2,
+                "pullPolicy": {"timeoutSeconds": 600, "backoffLimit": 3, "ttlSecondsAfterFinished": 300},
+                "imagePullPolicy": "IfNotPresent",
+                "ownerReferences": [{"apiVersion": "apps.kruise.io/v1beta1", "kind": "ImagePullJob",
+                                     "namespace": "default", "name": "warm", "uid": "0f4c6c1e"}],
+            }]},
+            "registry.invalid/secret-elsewhere": {
+                "pullSecrets": [{"namespace": "default", "name": "stolen"}],
+                "tags": [{"tag": "1"}],
+            },
+        }},
+    });
+    let out = cluster.kubectl_stdin(&["create"], &node_image.to_string());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read = wait_until("the NodeImage's status", Duration::from_secs(60), || {
+        let read = cluster.get_json(&["nodeimage", &node_name])?;
+        (read["status"]["succeeded"] == 1 && read["status"]["failed"] == 1).then_some(read)
+    });
+    let logs = format!(
+        "{read:#}\n{}\n{}",
+        rigger_integration_tests::log_tail(&controller.log, 20),
+        rigger_integration_tests::log_tail(&agent.log, 20)
+    );
+    let status = &read["status"];
+    assert_eq!(
+        (
+            status["desired"].as_u64(),
+            status["pulling"].as_u64(),
+            status["waiting"].as_u64()
+        ),
+        (Some(2), Some(0), Some(0)),
+        "{logs}"
+    );
+    let pulled = &status["imageStatuses"][repository]["tags"][0];
+    assert_eq!(pulled["tag"], tag, "{logs}");
+    assert_eq!(pulled["phase"], "Succeeded", "{logs}");
+    assert_eq!(pulled["progress"], 100, "{logs}");
+    assert_eq!(pulled["version"], 2, "{logs}");
+    assert!(
+        pulled["imageID"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{repository}@sha256:")),
+        "{logs}"
+    );
+    assert!(
+        pulled["startTime"].is_string() && pulled["completionTime"].is_string(),
+        "{logs}"
+    );
+    // A secret outside Kruise's daemon namespace is never sent to a node.
+    let refused = &status["imageStatuses"]["registry.invalid/secret-elsewhere"]["tags"][0];
+    assert_eq!(refused["phase"], "Failed", "{logs}");
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap()
+            .contains("kruise-daemon-config"),
+        "{logs}"
+    );
+    // The image is on the node, as containerd's own pull leaves it.
+    assert!(
+        node.ctr(&ns.name, &["images", "ls", "-q"])
+            .contains(&reference),
+        "{logs}"
+    );
+    let shown = cluster.kubectl_ok(&["get", "nodeimage", &node_name]);
+    let header: Vec<&str> = shown.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "DESIRED", "PULLING", "SUCCEED", "FAILED", "AGE"],
+        "{shown}"
+    );
+    let _ = cluster.kubectl(&["delete", "nodeimage", &node_name, "--wait=false"]);
+}

@@ -1,0 +1,388 @@
+//! Kruise's daemon's part, done by Rigger's agents: each node's NodeImage (written by
+//! Kruise's manager, or anyone with the right to) asks for image tags; the node's agent
+//! pulls them, and the NodeImage's status is written as Kruise's daemon writes it
+//! (counts, and each tag's phase, progress, imageID, times and version).
+//!
+//! The decisions are in [`decide`]; this module reads NodeImages and secrets from the
+//! store, sends the agents their tasks, takes their reports and writes the statuses.
+//!
+//! Pull secrets are read from [`DAEMON_SECRETS_NAMESPACE`] only, where Kruise's manager
+//! copies a job's secrets for its daemon (the fix of CVE-2024-36532): a NodeImage that
+//! names a secret elsewhere cannot make a node's agent receive it.
+
+pub mod decide;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use rigger_api::node_image::{self, NodeImage, NodeImageSpec, NodeImageStatus};
+use rigger_api::secret::{self, Secret};
+use rigger_proto::v1::{
+    CancelTask, ControllerMessage, PullImage, Task, TaskStatus, controller_message, task,
+};
+use tokio::sync::Notify;
+
+use crate::nodes::NodeRegistry;
+use crate::store::{ObjectKey, Precondition, Store, StoreError};
+use decide::{PullKey, TagPull};
+
+pub use decide::TASK_PREFIX;
+
+/// Where Kruise's manager puts the pull secrets its daemon may read.
+pub const DAEMON_SECRETS_NAMESPACE: &str = "kruise-daemon-config";
+/// The store kind of a NodeImage's status (its status subresource in a cluster).
+pub const STATUS_KIND: &str = "NodeImage.status";
+/// Tags pulled at once on one node.
+const PER_NODE: usize = 4;
+const TICK: Duration = Duration::from_millis(500);
+
+pub fn is_node_image_task(id: &str) -> bool {
+    id.starts_with(TASK_PREFIX)
+}
+
+#[derive(Debug, Default)]
+struct State {
+    pulls: BTreeMap<PullKey, TagPull>,
+    /// Task id → its tag.
+    tasks: HashMap<String, PullKey>,
+    /// Nodes whose status is to be written.
+    dirty: BTreeSet<String>,
+    /// Nodes whose stored status was read (once, after a start).
+    loaded: HashSet<String>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    store: Store,
+    nodes: NodeRegistry,
+    node_timeout: Duration,
+    state: Mutex<State>,
+    wake: Notify,
+}
+
+/// The engine; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct NodeImageEngine {
+    inner: Arc<Inner>,
+}
+
+/// What one pass reads.
+#[derive(Debug)]
+pub struct NodeImageSnapshot {
+    specs: Vec<(String, NodeImageSpec)>,
+    /// Stored statuses of nodes seen for the first time.
+    previous: BTreeMap<String, NodeImageStatus>,
+    /// Docker config documents of the secrets the specs name.
+    secrets: HashMap<(String, String), Result<String, String>>,
+}
+
+impl NodeImageEngine {
+    pub fn new(store: Store, nodes: NodeRegistry, node_timeout: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                nodes,
+                node_timeout,
+                state: Mutex::default(),
+                wake: Notify::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every change under the lock is a field write; a panic cannot leave it torn.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn wake(&self) {
+        self.inner.wake.notify_one();
+    }
+
+    /// An agent (re)registered: its NodeImage tasks are sent again (it knows them by id
+    /// and reports their outcome), and the statuses it holds are taken.
+    pub fn node_connected(&self, node: &str, statuses: &[TaskStatus]) {
+        {
+            let mut state = self.lock();
+            for ((owner, ..), pull) in &mut state.pulls {
+                if owner == node && pull.task.is_some() {
+                    pull.sent = false;
+                }
+            }
+        }
+        for status in statuses {
+            self.report(node, status);
+        }
+        self.wake();
+    }
+
+    /// A task status from `node`'s agent.
+    pub fn report(&self, node: &str, status: &TaskStatus) {
+        let mut state = self.lock();
+        let State {
+            pulls,
+            tasks,
+            dirty,
+            ..
+        } = &mut *state;
+        let Some(key) = tasks.get(&status.id) else {
+            return;
+        };
+        if key.0 != node {
+            tracing::warn!(%node, task = %status.id, "report for a task of another node refused");
+            return;
+        }
+        let key = key.clone();
+        let Some(pull) = pulls.get_mut(&key) else {
+            return;
+        };
+        if decide::fold(pull, &key.1, status, SystemTime::now()) {
+            dirty.insert(key.0.clone());
+            if pull.task.is_none() {
+                tasks.remove(&status.id);
+            }
+            drop(state);
+            self.wake();
+        }
+    }
+
+    async fn read_secrets(
+        &self,
+        specs: &[(String, NodeImageSpec)],
+    ) -> HashMap<(String, String), Result<String, String>> {
+        let mut secrets = HashMap::new();
+        let named = specs
+            .iter()
+            .flat_map(|(_, spec)| spec.images.values())
+            .flat_map(|image| image.pull_secrets.iter());
+        for reference in named {
+            let id = (reference.namespace.clone(), reference.name.clone());
+            if secrets.contains_key(&id) {
+                continue;
+            }
+            let document = if reference.namespace == DAEMON_SECRETS_NAMESPACE {
+                match self
+                    .inner
+                    .store
+                    .get_as::<Secret>(ObjectKey::new(secret::KIND, &id.0, &id.1))
+                    .await
+                {
+                    Ok(Some(found)) => found
+                        .value
+                        .docker_config()
+                        .unwrap_or_else(|| Err("is empty".to_owned())),
+                    Ok(None) => Err("does not exist".to_owned()),
+                    Err(error) => Err(format!("cannot be read: {error}")),
+                }
+            } else {
+                Err(format!(
+                    "is outside {DAEMON_SECRETS_NAMESPACE}, the only namespace node pulls take secrets from"
+                ))
+            };
+            secrets.insert(id, document);
+        }
+        secrets
+    }
+
+    /// Send every tag due to start, and again those whose node reconnected.
+    fn dispatch(&self, secrets: &HashMap<(String, String), Result<String, String>>) {
+        let now = SystemTime::now();
+        let ready: HashSet<String> = self
+            .inner
+            .nodes
+            .views(now, self.inner.node_timeout)
+            .into_iter()
+            .filter(|(_, view)| view.not_ready.is_none())
+            .map(|(name, _)| name)
+            .collect();
+        let mut state = self.lock();
+        let State {
+            pulls,
+            tasks,
+            dirty,
+            ..
+        } = &mut *state;
+        let starting = decide::to_start(pulls, &ready, now, PER_NODE);
+        for key in starting {
+            let Some(pull) = pulls.get_mut(&key) else {
+                continue;
+            };
+            let mut configs = Vec::new();
+            let mut refused = None;
+            for reference in &pull.secrets {
+                match secrets.get(&(reference.namespace.clone(), reference.name.clone())) {
+                    Some(Ok(document)) => configs.push(document.clone()),
+                    Some(Err(reason)) => {
+                        refused = Some(format!(
+                            "pull secret {}/{} {reason}",
+                            reference.namespace, reference.name
+                        ));
+                    }
+                    None => refused = Some("pull secrets not read yet".to_owned()),
+                }
+            }
+            if let Some(reason) = refused {
+                pull.status.phase = rigger_api::image_pull_job::NodePullPhase::Failed;
+                pull.status.message = reason;
+                dirty.insert(key.0.clone());
+                continue;
+            }
+            let id = decide::task_id(&key, pull.version, pull.attempts + 1);
+            let message = pull_message(&key, pull, &id, configs);
+            if self.inner.nodes.send(&key.0, message) {
+                decide::started(pull, id.clone(), now);
+                tasks.insert(id, key.clone());
+                dirty.insert(key.0.clone());
+            }
+        }
+        // Tasks in flight whose node came back: sent again under the same id (the
+        // agent runs a task id once, and reports it again).
+        for (key, pull) in pulls.iter_mut() {
+            if let (Some(id), false) = (pull.task.clone(), pull.sent)
+                && ready.contains(&key.0)
+            {
+                let message = pull_message(key, pull, &id, Vec::new());
+                pull.sent = self.inner.nodes.send(&key.0, message);
+            }
+        }
+    }
+
+    /// Write the statuses of nodes that changed; a failed write is tried next pass.
+    async fn flush(&self) {
+        let writes: Vec<(String, NodeImageStatus)> = {
+            let mut state = self.lock();
+            let dirty = std::mem::take(&mut state.dirty);
+            dirty
+                .into_iter()
+                .map(|node| {
+                    let status = decide::node_status(&state.pulls, &node);
+                    (node, status)
+                })
+                .collect()
+        };
+        for (node, status) in writes {
+            let key = ObjectKey::new(STATUS_KIND, "", &node);
+            let result = match crate::store::typed::encode(&key, &status) {
+                Ok(bytes) => self.inner.store.put(key, bytes, Precondition::Any).await,
+                Err(error) => Err(error),
+            };
+            match result {
+                Ok(_) => {}
+                // Its NodeImage was deleted meanwhile: nothing to write to.
+                Err(StoreError::NotFound { .. }) => {}
+                Err(error) => {
+                    tracing::warn!(%node, %error, "cannot write the NodeImage's status");
+                    self.lock().dirty.insert(node);
+                }
+            }
+        }
+    }
+}
+
+fn pull_message(
+    key: &PullKey,
+    pull: &TagPull,
+    id: &str,
+    docker_configs: Vec<String>,
+) -> ControllerMessage {
+    ControllerMessage {
+        message: Some(controller_message::Message::Task(Task {
+            id: id.to_owned(),
+            node_name: key.0.clone(),
+            work: Some(task::Work::PullImage(PullImage {
+                image: decide::reference(&key.1, &key.2),
+                always: false,
+                timeout_seconds: u32::try_from(pull.timeout().as_secs()).unwrap_or(u32::MAX),
+                docker_configs,
+                peers: Vec::new(),
+            })),
+        })),
+    }
+}
+
+fn cancel(id: &str, reason: &str) -> ControllerMessage {
+    ControllerMessage {
+        message: Some(controller_message::Message::CancelTask(CancelTask {
+            id: id.to_owned(),
+            reason: reason.to_owned(),
+        })),
+    }
+}
+
+impl crate::engine::Engine for NodeImageEngine {
+    const NAME: &'static str = "node images";
+    const TICK: Duration = TICK;
+    type Snapshot = NodeImageSnapshot;
+
+    fn wake_signal(&self) -> &Notify {
+        &self.inner.wake
+    }
+
+    async fn observe(&self) -> Result<NodeImageSnapshot, StoreError> {
+        // Read-only to Rigger's own API (no `Object`), so listed by kind.
+        let images = self
+            .inner
+            .store
+            .list_as::<NodeImage>(node_image::KIND)
+            .await?;
+        let specs: Vec<(String, NodeImageSpec)> = images
+            .into_iter()
+            .map(|stored| (stored.key.name, stored.value.spec))
+            .collect();
+        let unseen: Vec<String> = {
+            let state = self.lock();
+            specs
+                .iter()
+                .map(|(node, _)| node.clone())
+                .filter(|node| !state.loaded.contains(node))
+                .collect()
+        };
+        let mut previous = BTreeMap::new();
+        for node in unseen {
+            let key = ObjectKey::new(STATUS_KIND, "", &node);
+            match self.inner.store.get_as::<NodeImageStatus>(key).await {
+                Ok(Some(status)) => {
+                    previous.insert(node, status.value);
+                }
+                Ok(None) | Err(StoreError::Undecodable { .. }) => {
+                    previous.insert(node, NodeImageStatus::default());
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        let secrets = self.read_secrets(&specs).await;
+        Ok(NodeImageSnapshot {
+            specs,
+            previous,
+            secrets,
+        })
+    }
+
+    async fn pass(&self, snapshot: NodeImageSnapshot) {
+        let cancels = {
+            let mut state = self.lock();
+            state.loaded.extend(snapshot.previous.keys().cloned());
+            let synced = decide::sync(&mut state.pulls, &snapshot.specs, &snapshot.previous);
+            state.dirty.extend(synced.dirty);
+            for (_, task) in &synced.cancel {
+                state.tasks.remove(task);
+            }
+            synced.cancel
+        };
+        for (node, task) in cancels {
+            self.inner.nodes.send(
+                &node,
+                cancel(&task, "the NodeImage no longer asks for this tag"),
+            );
+        }
+        self.dispatch(&snapshot.secrets);
+        self.flush().await;
+    }
+
+    async fn finish(&self) {
+        self.flush().await;
+    }
+}
