@@ -50,6 +50,8 @@ struct State {
     dirty: BTreeSet<String>,
     /// Nodes whose stored status was read (once, after a start).
     loaded: HashSet<String>,
+    /// Nodes that have a NodeImage (as of the last pass): only theirs get a status.
+    with_node_image: HashSet<String>,
 }
 
 #[derive(Debug)]
@@ -111,6 +113,10 @@ impl NodeImageEngine {
                 if owner == node && pull.task.is_some() {
                     pull.sent = false;
                 }
+            }
+            // Its status is written from now on (see `flush`), if it has a NodeImage.
+            if state.with_node_image.contains(node) {
+                state.dirty.insert(node.to_owned());
             }
         }
         for status in statuses {
@@ -250,13 +256,19 @@ impl NodeImageEngine {
         }
     }
 
-    /// Write the statuses of nodes that changed; a failed write is tried next pass.
+    /// Write the statuses of nodes that changed; a failed write is tried next pass. As
+    /// Kruise's daemon writes only its own node's, only nodes whose agent ever registered
+    /// here get a status: a NodeImage of a node without Rigger is left to whoever
+    /// serves it.
     async fn flush(&self) {
         let writes: Vec<(String, NodeImageStatus)> = {
             let mut state = self.lock();
             let dirty = std::mem::take(&mut state.dirty);
             dirty
                 .into_iter()
+                .filter(|node| {
+                    state.with_node_image.contains(node) && self.inner.nodes.knows(node)
+                })
                 .map(|node| {
                     let status = decide::node_status(&state.pulls, &node);
                     (node, status)
@@ -365,6 +377,7 @@ impl crate::engine::Engine for NodeImageEngine {
         let cancels = {
             let mut state = self.lock();
             state.loaded.extend(snapshot.previous.keys().cloned());
+            state.with_node_image = snapshot.specs.iter().map(|(node, _)| node.clone()).collect();
             let synced = decide::sync(&mut state.pulls, &snapshot.specs, &snapshot.previous);
             state.dirty.extend(synced.dirty);
             for (_, task) in &synced.cancel {

@@ -2,6 +2,11 @@
 //! Kubernetes' own libraries, on etcd, with kubectl. Started on first use. Tests share
 //! it, so each works in a namespace of its own ([`Cluster::namespace`]) and names the
 //! cluster-wide objects it makes (Nodes) uniquely.
+//!
+//! A controller on a cluster acts on every namespace's objects, as one Rigger per cluster
+//! does; two tests' controllers on one API server would each take the other's jobs. So a
+//! test that runs a controller holds [`Cluster::exclusive`] (a file lock: nextest runs
+//! tests in separate processes).
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -50,6 +55,18 @@ impl Cluster {
             cluster.install_crds();
             cluster
         })
+    }
+
+    /// The cluster to this test alone while the guard lives (a controller acts on every
+    /// namespace).
+    pub fn exclusive(&self) -> Exclusive {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.dir.join("tests.lock"))
+            .unwrap();
+        Exclusive(nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).unwrap())
     }
 
     /// kubectl with the admin kubeconfig.
@@ -161,6 +178,10 @@ fn fastrand_suffix() -> String {
         .unwrap_or_default();
     format!("{:x}", nanos % 0xfffff)
 }
+
+/// Holds the cluster for one test (see [`Cluster::exclusive`]).
+#[derive(Debug)]
+pub struct Exclusive(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
 
 /// A namespace of one test.
 #[derive(Debug)]

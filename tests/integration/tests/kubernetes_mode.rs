@@ -112,6 +112,7 @@ fn connect(rt: &tokio::runtime::Runtime, cluster: &Cluster, namespace: &str) -> 
 #[test]
 fn the_store_keeps_its_promises_on_the_api_server() {
     let cluster = Cluster::get();
+    let _exclusive = cluster.exclusive();
     let namespace = cluster.namespace("store");
     let rt = runtime();
     let store = connect(&rt, cluster, &namespace.name);
@@ -208,6 +209,7 @@ fn controller_on_cluster(dir: &Path, cluster: &Cluster, namespace: &str) -> Cont
 #[test]
 fn a_job_applied_with_kubectl_runs_on_the_nodes_kubectl_labelled() {
     let cluster = Cluster::get();
+    let _exclusive = cluster.exclusive();
     let lab = Lab::get();
     let namespace = cluster.namespace("job");
     let (first, second) = (lab.first_node().clone(), lab.second_node());
@@ -298,6 +300,7 @@ fn a_job_applied_with_kubectl_runs_on_the_nodes_kubectl_labelled() {
 #[test]
 fn killing_the_leader_mid_job_hands_the_lease_over_and_nothing_is_pulled_twice() {
     let cluster = Cluster::get();
+    let _exclusive = cluster.exclusive();
     let lab = Lab::get();
     let namespace = cluster.namespace("ha");
     let (first, second) = (lab.first_node().clone(), lab.second_node());
@@ -410,6 +413,7 @@ fn a_recreate_request_made_with_kubectl_restarts_a_kubelet_pods_container_with_i
     use rigger_integration_tests::{CriPod, CriPodSpec};
     use std::collections::HashMap;
     let cluster = Cluster::get();
+    let _exclusive = cluster.exclusive();
     let lab = Lab::get();
     let namespace = cluster.namespace("crr");
     let node = lab.first_node().clone();
@@ -606,6 +610,7 @@ fn a_recreate_request_made_with_kubectl_restarts_a_kubelet_pods_container_with_i
 fn a_node_image_written_as_kruises_manager_writes_it_is_pulled_and_its_status_reads_as_kruises_daemon_writes_it()
  {
     let cluster = Cluster::get();
+    let _exclusive = cluster.exclusive();
     let lab = Lab::get();
     let namespace = cluster.namespace("nodeimage");
     let node = lab.first_node().clone();

@@ -6,14 +6,16 @@
 //! engines' conditional writes become the API server's optimistic concurrency: a stale
 //! write is its 409, a [`StoreError::Conflict`].
 
+pub mod cache;
 pub mod route;
 
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams, Preconditions,
+    Api, ApiResource, DeleteParams, DynamicObject, PostParams, Preconditions,
 };
 use kube::{Client, Config};
 use serde_json::Value;
 
+use cache::{ListCache, Written};
 use route::{Resource, Route};
 
 use super::{Backend, ObjectKey, Precondition, StoreError, Stored};
@@ -34,6 +36,8 @@ pub struct KubernetesStore {
     client: Client,
     records_namespace: String,
     location: String,
+    /// Lists come from watches (one per resource), with this store's own writes.
+    cache: std::sync::Arc<ListCache>,
 }
 
 impl std::fmt::Debug for KubernetesStore {
@@ -78,6 +82,7 @@ impl KubernetesStore {
             client,
             records_namespace: settings.namespace.clone(),
             location,
+            cache: std::sync::Arc::default(),
         };
         store.check_definitions().await?;
         Ok(store)
@@ -124,13 +129,7 @@ impl KubernetesStore {
     }
 
     fn api(&self, resource: &Resource, namespace: &str) -> Api<DynamicObject> {
-        let api_resource = ApiResource {
-            group: resource.group.into(),
-            version: resource.version.into(),
-            api_version: resource.api_version(),
-            kind: resource.kind.into(),
-            plural: resource.plural.clone(),
-        };
+        let api_resource = api_resource(resource);
         if resource.namespaced {
             Api::namespaced_with(self.client.clone(), namespace, &api_resource)
         } else {
@@ -204,6 +203,7 @@ impl KubernetesStore {
     async fn write(
         &self,
         api: &Api<DynamicObject>,
+        scope: Scope<'_>,
         key: &ObjectKey,
         name: &str,
         body: Value,
@@ -225,11 +225,29 @@ impl KubernetesStore {
             Some(_) => api.replace(name, &PostParams::default(), &object).await,
         };
         match written {
-            Ok(written) => self.revision(key, &written),
+            Ok(written) => {
+                let revision = self.revision(key, &written)?;
+                self.remember(scope, written);
+                Ok(revision)
+            }
             Err(error) => Err(self
                 .write_error(api, key, name, at.unwrap_or(0), error)
                 .await),
         }
+    }
+
+    /// A write of this store's, for its lists until their watch shows it.
+    fn remember(&self, scope: Scope<'_>, written: DynamicObject) {
+        let name = (
+            written.metadata.namespace.clone().unwrap_or_default(),
+            written.metadata.name.clone().unwrap_or_default(),
+        );
+        self.cache.wrote(
+            &api_resource(scope.resource),
+            scope.namespace,
+            name,
+            Written::Present(std::sync::Arc::new(written)),
+        );
     }
 
     async fn put_object(
@@ -242,7 +260,12 @@ impl KubernetesStore {
         let value = parse(&key, &object)?;
         let api = self.api(resource, &key.namespace);
         let body = route::to_server(value, resource, &key, None);
-        self.write(&api, &key, &key.name, body, precondition).await
+        let scope = Scope {
+            resource,
+            namespace: None,
+        };
+        self.write(&api, scope, &key, &key.name, body, precondition)
+            .await
     }
 
     async fn put_status(
@@ -285,7 +308,15 @@ impl KubernetesStore {
             .replace_status(&key.name, &PostParams::default(), &current)
             .await
         {
-            Ok(written) => self.revision(&key, &written),
+            Ok(written) => {
+                let revision = self.revision(&key, &written)?;
+                let scope = Scope {
+                    resource,
+                    namespace: None,
+                };
+                self.remember(scope, written);
+                Ok(revision)
+            }
             Err(error) => Err(self
                 .write_error(&api, &key, &key.name, revision, error)
                 .await),
@@ -301,9 +332,32 @@ impl KubernetesStore {
         let value = parse(&key, &object)?;
         let body = route::record_object(&key, &self.records_namespace, &value);
         let name = route::record_name(&key);
-        self.write(&self.records(), &key, &name, body, precondition)
+        let resource = route::record_resource();
+        let scope = Scope {
+            resource: &resource,
+            namespace: Some(&self.records_namespace),
+        };
+        self.write(&self.records(), scope, &key, &name, body, precondition)
             .await
     }
+}
+
+fn api_resource(resource: &Resource) -> ApiResource {
+    ApiResource {
+        group: resource.group.into(),
+        version: resource.version.into(),
+        api_version: resource.api_version(),
+        kind: resource.kind.into(),
+        plural: resource.plural.clone(),
+    }
+}
+
+/// Where a resource's list is cached: records in the controller's namespace, every other
+/// resource across all namespaces.
+#[derive(Clone, Copy)]
+struct Scope<'a> {
+    resource: &'a Resource,
+    namespace: Option<&'a str>,
 }
 
 fn parse(key: &ObjectKey, bytes: &[u8]) -> Result<Value, StoreError> {
@@ -443,43 +497,56 @@ impl Backend for KubernetesStore {
     async fn list(&self, kind: &str) -> Result<Vec<Stored>, StoreError> {
         let mut listed = Vec::new();
         match route::route(kind) {
-            Route::Object(resource) | Route::Status(resource) => {
-                let status = matches!(route::route(kind), Route::Status(_));
-                let api: Api<DynamicObject> = {
-                    let all = Resource {
-                        namespaced: false,
-                        ..resource.clone()
-                    };
-                    // Every namespace: `all_with` on a namespaced resource lists them all.
-                    self.api(&all, "")
+            route @ (Route::Object(_) | Route::Status(_)) => {
+                let (Route::Object(resource) | Route::Status(resource)) = &route else {
+                    return Ok(listed);
                 };
-                let objects = api
-                    .list(&ListParams::default())
+                let objects = self
+                    .cache
+                    .list(&self.client, &api_resource(resource), None)
                     .await
-                    .map_err(|e| self.error(&format!("list {kind}"), &e))?;
-                for object in &objects.items {
+                    .map_err(|detail| StoreError::Backend {
+                        location: self.location.clone(),
+                        detail: format!("list {kind}: {detail}"),
+                    })?;
+                for object in &objects {
                     let key = ObjectKey::new(
                         kind,
                         object.metadata.namespace.as_deref().unwrap_or_default(),
                         object.metadata.name.as_deref().unwrap_or_default(),
                     );
-                    let stored = if status {
-                        stored_status(self, key, object)?
-                    } else {
-                        Some(stored_object(self, key, object)?)
+                    let stored = match route {
+                        Route::Status(_) => stored_status(self, key, object)?,
+                        _ => Some(stored_object(self, key, object)?),
                     };
                     listed.extend(stored);
                 }
             }
             Route::Record => {
-                let selector = format!("{}={}", route::RECORD_KIND_LABEL, route::label_value(kind));
+                let label = route::label_value(kind);
                 let records = self
-                    .records()
-                    .list(&ListParams::default().labels(&selector))
+                    .cache
+                    .list(
+                        &self.client,
+                        &api_resource(&route::record_resource()),
+                        Some(&self.records_namespace),
+                    )
                     .await
-                    .map_err(|e| self.error(&format!("list {kind} records"), &e))?;
-                for record in &records.items {
-                    let value = serde_json::to_value(record).unwrap_or(Value::Null);
+                    .map_err(|detail| StoreError::Backend {
+                        location: self.location.clone(),
+                        detail: format!("list {kind} records: {detail}"),
+                    })?;
+                for record in &records {
+                    let labelled = record
+                        .metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(route::RECORD_KIND_LABEL))
+                        .is_some_and(|l| *l == label);
+                    if !labelled {
+                        continue;
+                    }
+                    let value = serde_json::to_value(record.as_ref()).unwrap_or(Value::Null);
                     let Some((key, object)) = route::record_contents(&value) else {
                         tracing::warn!(record = ?record.metadata.name, "a record without its key; left out");
                         continue;
@@ -501,8 +568,14 @@ impl Backend for KubernetesStore {
     }
 
     async fn delete(&self, key: ObjectKey, precondition: Precondition) -> Result<(), StoreError> {
-        let (api, name) = match route::route(&key.kind) {
-            Route::Object(resource) => (self.api(&resource, &key.namespace), key.name.clone()),
+        let records = route::record_resource();
+        let (api, name, scope_resource, scope_namespace) = match route::route(&key.kind) {
+            Route::Object(resource) => (
+                self.api(&resource, &key.namespace),
+                key.name.clone(),
+                resource,
+                None,
+            ),
             Route::Status(resource) => {
                 // A status goes with its object; clearing it is writing none.
                 let api = self.api(&resource, &key.namespace);
@@ -514,13 +587,23 @@ impl Backend for KubernetesStore {
                 if let Value::Object(data) = &mut current.data {
                     data.remove("status");
                 }
-                return api
+                let written = api
                     .replace_status(&key.name, &PostParams::default(), &current)
                     .await
-                    .map(|_| ())
-                    .map_err(|e| self.error(&key.to_string(), &e));
+                    .map_err(|e| self.error(&key.to_string(), &e))?;
+                let scope = Scope {
+                    resource: &resource,
+                    namespace: None,
+                };
+                self.remember(scope, written);
+                return Ok(());
             }
-            Route::Record => (self.records(), route::record_name(&key)),
+            Route::Record => (
+                self.records(),
+                route::record_name(&key),
+                records,
+                Some(self.records_namespace.as_str()),
+            ),
         };
         let mut params = DeleteParams::default();
         if let Precondition::Revision(revision) = precondition {
@@ -530,7 +613,23 @@ impl Backend for KubernetesStore {
             });
         }
         match api.delete(&name, &params).await {
-            Ok(_) => Ok(()),
+            Ok(deleted) => {
+                // Gone at the revision of its deletion (known when the API server
+                // returns the object; a deletion still pending returns a Status).
+                if let Some(object) = deleted.left()
+                    && let Some(revision) =
+                        route::revision_of(object.metadata.resource_version.as_deref())
+                {
+                    let namespace = object.metadata.namespace.clone().unwrap_or_default();
+                    self.cache.wrote(
+                        &api_resource(&scope_resource),
+                        scope_namespace,
+                        (namespace, name.clone()),
+                        Written::Deleted(revision),
+                    );
+                }
+                Ok(())
+            }
             Err(error) if status_code(&error) == Some(404) => Err(StoreError::NotFound {
                 key: key.to_string(),
             }),

@@ -1,0 +1,270 @@
+//! Lists served from watches: each resource the engines list is watched once (all
+//! namespaces) and held in memory, so an engine's pass costs the API server nothing and
+//! the controller's load does not grow with how often it looks, or with the fleet.
+//!
+//! A watch lags the writes it reports. So that the controller reads its own writes, each
+//! write's result (the object, with its new resourceVersion, or a deletion) is kept in
+//! an overlay until the watch has caught up with it: a list shows, per object, whichever
+//! of the two is newer. [`merge`] is that rule, pure.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
+
+use super::route;
+
+/// How long the first listing of a resource may take before a list fails.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// This controller's own write of one object, until the watch shows it.
+#[derive(Debug, Clone)]
+pub enum Written {
+    Present(Arc<DynamicObject>),
+    /// Deleted at this resourceVersion.
+    Deleted(u64),
+}
+
+impl Written {
+    fn revision(&self) -> u64 {
+        match self {
+            Self::Present(object) => {
+                route::revision_of(object.metadata.resource_version.as_deref()).unwrap_or(0)
+            }
+            Self::Deleted(revision) => *revision,
+        }
+    }
+}
+
+/// `(namespace, name)` of an object.
+pub type Name = (String, String);
+
+fn name_of(object: &DynamicObject) -> Name {
+    (
+        object.metadata.namespace.clone().unwrap_or_default(),
+        object.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// The watch's objects with this controller's newer writes over them; the overlay
+/// entries the watch has caught up with are dropped.
+pub fn merge(
+    watched: Vec<Arc<DynamicObject>>,
+    overlay: &mut HashMap<Name, Written>,
+) -> Vec<Arc<DynamicObject>> {
+    let mut out: HashMap<Name, Arc<DynamicObject>> = HashMap::with_capacity(watched.len());
+    let mut in_watch = std::collections::HashSet::with_capacity(watched.len());
+    let mut caught_up = Vec::new();
+    for object in watched {
+        let name = name_of(&object);
+        in_watch.insert(name.clone());
+        let seen = route::revision_of(object.metadata.resource_version.as_deref()).unwrap_or(0);
+        match overlay.get(&name) {
+            Some(written) if written.revision() > seen => continue,
+            Some(_) => caught_up.push(name.clone()),
+            None => {}
+        }
+        out.insert(name, object);
+    }
+    for (name, written) in overlay.iter() {
+        if out.contains_key(name) {
+            continue;
+        }
+        match written {
+            Written::Present(object) => {
+                out.insert(name.clone(), object.clone());
+            }
+            // Gone from the watch too: the deletion has been seen.
+            Written::Deleted(_) if !in_watch.contains(name) => caught_up.push(name.clone()),
+            Written::Deleted(_) => {}
+        }
+    }
+    for name in caught_up {
+        overlay.remove(&name);
+    }
+    out.into_values().collect()
+}
+
+struct Watched {
+    reader: Store<DynamicObject>,
+    overlay: HashMap<Name, Written>,
+    _watch: AbortOnDrop,
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The watches, by resource (`group/version/plural` and namespace).
+#[derive(Default)]
+pub struct ListCache {
+    watched: Mutex<HashMap<String, Watched>>,
+}
+
+impl std::fmt::Debug for ListCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ListCache")
+    }
+}
+
+fn cache_key(resource: &ApiResource, namespace: Option<&str>) -> String {
+    format!(
+        "{}/{}/{}",
+        resource.api_version,
+        resource.plural,
+        namespace.unwrap_or("")
+    )
+}
+
+impl ListCache {
+    /// Every object of `resource` (in `namespace`, or all), as watched, with this
+    /// controller's writes over them. The first call starts the watch and waits for its
+    /// first listing.
+    pub async fn list(
+        &self,
+        client: &kube::Client,
+        resource: &ApiResource,
+        namespace: Option<&str>,
+    ) -> Result<Vec<Arc<DynamicObject>>, String> {
+        let key = cache_key(resource, namespace);
+        let reader = self.reader(client, resource, namespace, &key);
+        tokio::time::timeout(SYNC_TIMEOUT, reader.wait_until_ready())
+            .await
+            .map_err(|_| {
+                format!(
+                    "the watch of {} listed nothing within {SYNC_TIMEOUT:?}",
+                    resource.plural
+                )
+            })?
+            .map_err(|e| format!("the watch of {} stopped: {e}", resource.plural))?;
+        let mut watched = self
+            .watched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(entry) = watched.get_mut(&key) else {
+            return Ok(reader.state());
+        };
+        Ok(merge(reader.state(), &mut entry.overlay))
+    }
+
+    fn reader(
+        &self,
+        client: &kube::Client,
+        resource: &ApiResource,
+        namespace: Option<&str>,
+        key: &str,
+    ) -> Store<DynamicObject> {
+        let mut watched = self
+            .watched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(entry) = watched.get(key) {
+            return entry.reader.clone();
+        }
+        let api: Api<DynamicObject> = match namespace {
+            Some(namespace) => Api::namespaced_with(client.clone(), namespace, resource),
+            None => Api::all_with(client.clone(), resource),
+        };
+        let writer = reflector::store::Writer::new(resource.clone());
+        let reader = writer.as_reader();
+        let plural = resource.plural.clone();
+        let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+            .default_backoff();
+        let task = tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                if let Err(error) = event {
+                    tracing::warn!(resource = %plural, %error, "watch interrupted; resuming");
+                }
+            }
+        });
+        watched.insert(
+            key.to_owned(),
+            Watched {
+                reader: reader.clone(),
+                overlay: HashMap::new(),
+                _watch: AbortOnDrop(task),
+            },
+        );
+        reader
+    }
+
+    /// Remember this controller's write of an object (for resources listed through the
+    /// cache; others need nothing).
+    pub fn wrote(
+        &self,
+        resource: &ApiResource,
+        namespace: Option<&str>,
+        name: Name,
+        written: Written,
+    ) {
+        let key = cache_key(resource, namespace);
+        let mut watched = self
+            .watched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(entry) = watched.get_mut(&key) {
+            let newer = entry
+                .overlay
+                .get(&name)
+                .is_none_or(|old| old.revision() <= written.revision());
+            if newer {
+                entry.overlay.insert(name, written);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn object(name: &str, revision: u64) -> Arc<DynamicObject> {
+        let mut object = DynamicObject::new(name, &ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()));
+        object.metadata.namespace = Some("ns".into());
+        object.metadata.resource_version = Some(revision.to_string());
+        Arc::new(object)
+    }
+
+    fn names(objects: &[Arc<DynamicObject>]) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = objects
+            .iter()
+            .map(|o| (o.metadata.name.clone().unwrap(), o.metadata.resource_version.clone().unwrap()))
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn own_writes_show_until_the_watch_catches_up_and_no_longer() {
+        let key = |n: &str| ("ns".to_owned(), n.to_owned());
+        let mut overlay = HashMap::new();
+        overlay.insert(key("a"), Written::Present(object("a", 10)));
+        overlay.insert(key("new"), Written::Present(object("new", 11)));
+        overlay.insert(key("gone"), Written::Deleted(12));
+        // The watch still shows a at 5 and gone at 7, and not yet new.
+        let listed = merge(vec![object("a", 5), object("gone", 7), object("b", 3)], &mut overlay);
+        assert_eq!(
+            names(&listed),
+            [("a".into(), "10".into()), ("b".into(), "3".into()), ("new".into(), "11".into())]
+        );
+        assert_eq!(overlay.len(), 3, "nothing caught up yet");
+        // The watch catches up: a at 10, new at 11, gone gone.
+        let listed = merge(vec![object("a", 10), object("new", 11), object("b", 3)], &mut overlay);
+        assert_eq!(listed.len(), 3);
+        assert!(overlay.is_empty(), "{overlay:?}");
+        // Someone else recreated what we deleted: newer than our deletion, shown.
+        overlay.insert(key("gone"), Written::Deleted(12));
+        let listed = merge(vec![object("gone", 20)], &mut overlay);
+        assert_eq!(names(&listed), [("gone".into(), "20".into())]);
+    }
+}
