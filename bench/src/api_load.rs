@@ -32,7 +32,10 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 use simulated::{Lab, Shared, agent, control_client, wait_registered};
 
 #[derive(Debug, Parser)]
-#[command(name = "rigger-bench-api-load", about = "Rigger's load on a Kubernetes API server")]
+#[command(
+    name = "rigger-bench-api-load",
+    about = "Rigger's load on a Kubernetes API server"
+)]
 struct Args {
     /// Fleet sizes to measure.
     #[arg(long, value_delimiter = ',', default_value = "100,1000")]
@@ -73,8 +76,12 @@ struct Kubectl {
 
 impl Kubectl {
     fn from_env(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("{}: is the lab's API server up (scripts/lab-k8s up)?", path.display()))?;
+        let text = std::fs::read_to_string(path).with_context(|| {
+            format!(
+                "{}: is the lab's API server up (scripts/lab-k8s up)?",
+                path.display()
+            )
+        })?;
         let value = |key: &str| {
             text.lines()
                 .find_map(|l| l.strip_prefix(&format!("{key}=")))
@@ -104,7 +111,11 @@ impl Kubectl {
         drop(child.stdin.take());
         let out = child.wait_with_output()?;
         if !out.status.success() {
-            bail!("kubectl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         Ok(String::from_utf8(out.stdout)?)
     }
@@ -133,7 +144,9 @@ impl Kubectl {
                     "" => label("resource"),
                     sub => format!("{}/{sub}", label("resource")),
                 };
-                *counts.entry(format!("{} {resource}", label("verb"))).or_default() += value as u64;
+                *counts
+                    .entry(format!("{} {resource}", label("verb")))
+                    .or_default() += value as u64;
             } else if series.starts_with("apiserver_longrunning_requests{")
                 && label("verb") == "WATCH"
             {
@@ -147,7 +160,12 @@ impl Kubectl {
 fn difference(after: &Counts, before: &Counts) -> Counts {
     after
         .iter()
-        .map(|(verb, n)| (verb.clone(), n.saturating_sub(before.get(verb).copied().unwrap_or(0))))
+        .map(|(verb, n)| {
+            (
+                verb.clone(),
+                n.saturating_sub(before.get(verb).copied().unwrap_or(0)),
+            )
+        })
         .filter(|(_, n)| *n > 0)
         .collect()
 }
@@ -208,7 +226,10 @@ fn write_section(path: &Path, table: &str) -> anyhow::Result<()> {
 }
 
 fn show(counts: &Counts) -> String {
-    let parts: Vec<String> = counts.iter().map(|(verb, n)| format!("{n} {verb}")).collect();
+    let parts: Vec<String> = counts
+        .iter()
+        .map(|(verb, n)| format!("{n} {verb}"))
+        .collect();
     format!("{} ({})", total(counts), parts.join(", "))
 }
 
@@ -237,7 +258,12 @@ fn render(rows: &[Row], args: &Args) -> String {
     out
 }
 
-async fn run(controller: &Path, kubectl: &Kubectl, nodes: usize, args: &Args) -> anyhow::Result<Row> {
+async fn run(
+    controller: &Path,
+    kubectl: &Kubectl,
+    nodes: usize,
+    args: &Args,
+) -> anyhow::Result<Row> {
     let namespace = format!("api-load-{}-{nodes}", std::process::id());
     kubectl.run(&["create", "namespace", &namespace], None)?;
     // The cluster's Nodes, labelled as the job selects them (agents' own labels are not
@@ -249,7 +275,10 @@ async fn run(controller: &Path, kubectl: &Kubectl, nodes: usize, args: &Args) ->
         })
         .collect();
     let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
-    kubectl.run(&["apply", "--server-side", "-f", "-"], Some(&list.to_string()))?;
+    kubectl.run(
+        &["apply", "--server-side", "-f", "-"],
+        Some(&list.to_string()),
+    )?;
 
     let (before, watches_before) = kubectl.counts()?;
     let extra: Vec<String> = [
@@ -339,7 +368,10 @@ async fn run(controller: &Path, kubectl: &Kubectl, nodes: usize, args: &Args) ->
     let (job_after, _) = kubectl.counts()?;
     agents.abort_all();
     drop(lab);
-    let _ = kubectl.run(&["delete", "nodes", "-l", "bench=fleet", "--wait=false"], None);
+    let _ = kubectl.run(
+        &["delete", "nodes", "-l", "bench=fleet", "--wait=false"],
+        None,
+    );
     Ok(Row {
         nodes,
         register: difference(&registered, &before),

@@ -42,7 +42,12 @@ pub trait Engine: Send + Sync {
 /// Run `engine` until `token` is cancelled.
 pub async fn run<E: Engine>(engine: &E, token: CancellationToken) {
     loop {
-        match engine.observe().await {
+        let started = std::time::Instant::now();
+        let observed = engine.observe().await;
+        if started.elapsed() > Duration::from_secs(5) {
+            tracing::warn!(engine = E::NAME, took = ?started.elapsed(), "reading the store for a pass was slow");
+        }
+        match observed {
             Ok(snapshot) => engine.pass(snapshot).await,
             Err(error) => {
                 tracing::warn!(engine = E::NAME, %error, "cannot read the store; pass skipped");

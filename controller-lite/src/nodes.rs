@@ -37,6 +37,8 @@ struct NodeRecord {
 
 /// One pod's namespace and labels, as its node reported them.
 pub type PodLabels = (Arc<str>, BTreeMap<String, String>);
+/// Pods' namespaces and labels, by node.
+pub type PodsByNode = HashMap<String, Vec<PodLabels>>;
 
 /// What the controller keeps of a node's inventory: what Node objects show and what
 /// selectors need. Strings that repeat across a fleet (image names, digests, versions)
@@ -192,6 +194,8 @@ pub struct NodeRegistry {
     /// In a cluster the Nodes' labels are the only ones (`admin_labels` holds them):
     /// what agents report about themselves is not taken.
     cluster_labels_only: Arc<std::sync::atomic::AtomicBool>,
+    /// In a cluster, the Pods each node runs (`None`: as agents report them).
+    cluster_pods: Arc<RwLock<Option<PodsByNode>>>,
 }
 
 impl NodeRegistry {
@@ -239,6 +243,14 @@ impl NodeRegistry {
     pub fn use_cluster_labels_only(&self) {
         self.cluster_labels_only
             .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The cluster's Pods by node: from now on what `podSelector` sees, instead of what
+    /// agents report.
+    pub fn set_cluster_pods(&self, pods: PodsByNode) {
+        if let Ok(mut held) = self.cluster_pods.write() {
+            *held = Some(pods);
+        }
     }
 
     /// Every node's admin labels, as the store has them.
@@ -337,18 +349,25 @@ impl NodeRegistry {
     /// Every node as jobs see it.
     pub fn views(&self, now: SystemTime, timeout: Duration) -> HashMap<String, NodeView> {
         // Read, not copied: this runs on every engine tick. No writer holds both locks.
-        let (Ok(admin), Ok(nodes)) = (self.admin_labels.read(), self.nodes.read()) else {
+        let (Ok(admin), Ok(nodes), Ok(cluster_pods)) = (
+            self.admin_labels.read(),
+            self.nodes.read(),
+            self.cluster_pods.read(),
+        ) else {
             return HashMap::new();
         };
         nodes
             .iter()
             .map(|(name, r)| {
                 let reason = not_ready_reason(r, now, timeout);
-                let pod_labels = r
-                    .inventory
-                    .as_ref()
-                    .map(|i| i.pod_labels.to_vec())
-                    .unwrap_or_default();
+                let pod_labels = match &*cluster_pods {
+                    Some(by_node) => by_node.get(name).cloned().unwrap_or_default(),
+                    None => r
+                        .inventory
+                        .as_ref()
+                        .map(|i| i.pod_labels.to_vec())
+                        .unwrap_or_default(),
+                };
                 let admin_labels = admin.get(name).cloned().unwrap_or_default();
                 (
                     name.clone(),

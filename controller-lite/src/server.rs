@@ -226,11 +226,18 @@ pub async fn run(
         config.node_timeout,
         config.api_rate,
     );
+    let control = if matches!(elector, Some(Elector::Kubernetes(_))) {
+        control.in_cluster()
+    } else {
+        control
+    };
     control.spawn_limiter_cleanup(token.clone());
     let cluster = match &elector {
         Some(Elector::Kubernetes(kubernetes)) => Some(kubernetes.client()),
         _ => None,
     };
+    // In a cluster, image lists made with kubectl are carried out by a pass of their own.
+    let lists = cluster.is_some().then(|| control.clone());
     // The engines run on the leader only (at once with the embedded store).
     let engine = {
         let (mut leadership, token) = (leadership.clone(), token.clone());
@@ -241,11 +248,21 @@ pub async fn run(
                 let labels = match cluster {
                     Some(client) => {
                         nodes.use_cluster_labels_only();
-                        futures::future::Either::Left(crate::cluster::nodes::keep_loaded(
-                            client,
-                            move |all| nodes.set_admin_labels(all),
-                            token.clone(),
-                        ))
+                        let placed = nodes.clone();
+                        futures::future::Either::Left(async {
+                            tokio::join!(
+                                crate::cluster::nodes::keep_loaded(
+                                    client.clone(),
+                                    move |all| nodes.set_admin_labels(all),
+                                    token.clone(),
+                                ),
+                                crate::cluster::pods::keep_placed(
+                                    client,
+                                    move |pods| placed.set_cluster_pods(pods),
+                                    token.clone(),
+                                )
+                            );
+                        })
                     }
                     None => {
                         match crate::node_labels::load(&store).await {
@@ -259,17 +276,26 @@ pub async fn run(
                         ))
                     }
                 };
-                let node_images = async {
-                    if let Some(engine) = node_images {
-                        crate::engine::supervise(engine, token.clone()).await;
-                    }
+                // In a cluster only: NodeImages' pulls, and image lists made with kubectl.
+                let cluster_only = async {
+                    let node_images = async {
+                        if let Some(engine) = node_images {
+                            crate::engine::supervise(engine, token.clone()).await;
+                        }
+                    };
+                    let lists = async {
+                        if let Some(control) = lists {
+                            crate::control::lists::keep_in_cluster(control, token.clone()).await;
+                        }
+                    };
+                    tokio::join!(node_images, lists);
                 };
                 tokio::join!(
                     labels,
                     crate::engine::supervise(jobs, token.clone()),
                     crate::engine::supervise(recreates, token.clone()),
                     crate::engine::supervise(sidecars, token.clone()),
-                    node_images
+                    cluster_only
                 );
             }
         })

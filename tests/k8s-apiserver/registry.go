@@ -60,6 +60,8 @@ func (s strategy) PrepareForCreate(ctx context.Context, obj runtime.Object) {
 		m.SetGeneration(1)
 	}
 	switch o := obj.(type) {
+	case *corev1.Secret:
+		foldStringData(o)
 	case *corev1.Pod:
 		// as Kubernetes: a new pod's status is written by its kubelet, never by its creator
 		o.Status = corev1.PodStatus{Phase: corev1.PodPending}
@@ -82,12 +84,30 @@ func (s strategy) PrepareForUpdate(ctx context.Context, obj, old runtime.Object)
 		om, _ := meta.Accessor(old)
 		m.SetGeneration(om.GetGeneration() + 1)
 	}
+	if secret, ok := obj.(*corev1.Secret); ok {
+		foldStringData(secret)
+	}
 	if ns, ok := obj.(*corev1.Namespace); ok {
 		if ns.Labels == nil {
 			ns.Labels = map[string]string{}
 		}
 		ns.Labels[corev1.LabelMetadataName] = ns.Name
 	}
+}
+
+// foldStringData does what Kubernetes' Secret conversion does: stringData is write-only,
+// merged into data (over keys data already has) and never stored.
+func foldStringData(secret *corev1.Secret) {
+	if len(secret.StringData) == 0 {
+		return
+	}
+	if secret.Data == nil {
+		secret.Data = map[string][]byte{}
+	}
+	for key, value := range secret.StringData {
+		secret.Data[key] = []byte(value)
+	}
+	secret.StringData = nil
 }
 
 func (s strategy) Validate(ctx context.Context, obj runtime.Object) field.ErrorList {

@@ -359,7 +359,11 @@ pub async fn session(
 }
 
 /// Until `shared` counts `target` registrations; how long that took.
-pub async fn wait_registered(shared: &Shared, target: usize, nodes: usize) -> anyhow::Result<Duration> {
+pub async fn wait_registered(
+    shared: &Shared,
+    target: usize,
+    nodes: usize,
+) -> anyhow::Result<Duration> {
     let started = Instant::now();
     while shared.registered.load(Ordering::Relaxed) < target {
         if shared.failures.load(Ordering::Relaxed) > 0 {
@@ -397,4 +401,3 @@ pub async fn control_client(
         .max_decoding_message_size(1 << 30),
     )
 }
-

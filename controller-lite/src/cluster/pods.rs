@@ -1,8 +1,15 @@
-//! The cluster's Pods, asked one at a time (a request's pod, when the request is new):
-//! [`ClusterPods`] on kube's client.
+//! The cluster's Pods: asked one at a time for a recreate request's pod
+//! ([`ClusterPods`] on kube's client), and watched for where they run (a job's
+//! `podSelector`, [`keep_placed`]).
 
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
+use kube::runtime::watcher::{self, Event};
+use tokio_util::sync::CancellationToken;
 
 use crate::recreate_requests::{ClusterPods, PodFacts};
 
@@ -58,5 +65,145 @@ impl ClusterPods for KubePods {
             .await
             .map(|pod| pod.as_ref().map(facts_of))
             .map_err(|e| format!("pod {namespace}/{name}: {e}"))
+    }
+}
+
+/// Where each scheduled Pod runs, with its namespace and labels: an ImagePullJob's
+/// `podSelector` picks the nodes of the cluster's Pods (one watch on every Pod).
+#[derive(Debug, Default)]
+pub struct PodPlaces {
+    /// By uid.
+    pods: HashMap<String, Place>,
+    listing: Option<HashMap<String, Place>>,
+}
+
+/// Where a Pod runs: its node, namespace and labels.
+type Place = (String, Arc<str>, BTreeMap<String, String>);
+
+pub use crate::nodes::PodsByNode;
+
+fn place_of(pod: &Pod) -> Option<(String, Place)> {
+    let uid = pod.metadata.uid.clone()?;
+    let node = pod
+        .spec
+        .as_ref()?
+        .node_name
+        .clone()
+        .filter(|n| !n.is_empty())?;
+    let namespace: Arc<str> = pod.metadata.namespace.as_deref().unwrap_or_default().into();
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    Some((uid, (node, namespace, labels)))
+}
+
+impl PodPlaces {
+    /// Take in one watch event; `true` when what jobs see changed.
+    pub fn apply(&mut self, event: Event<Pod>) -> bool {
+        match event {
+            Event::Init => {
+                self.listing = Some(HashMap::new());
+                false
+            }
+            Event::InitApply(pod) => {
+                if let (Some(listing), Some((uid, place))) = (&mut self.listing, place_of(&pod)) {
+                    listing.insert(uid, place);
+                }
+                false
+            }
+            Event::InitDone => {
+                self.pods = self.listing.take().unwrap_or_default();
+                true
+            }
+            Event::Apply(pod) => match place_of(&pod) {
+                Some((uid, place)) => self.pods.insert(uid, place.clone()) != Some(place),
+                None => pod
+                    .metadata
+                    .uid
+                    .as_ref()
+                    .is_some_and(|uid| self.pods.remove(uid).is_some()),
+            },
+            Event::Delete(pod) => pod
+                .metadata
+                .uid
+                .as_ref()
+                .is_some_and(|uid| self.pods.remove(uid).is_some()),
+        }
+    }
+
+    pub fn by_node(&self) -> PodsByNode {
+        let mut out = PodsByNode::new();
+        for (node, namespace, labels) in self.pods.values() {
+            out.entry(node.clone())
+                .or_default()
+                .push((namespace.clone(), labels.clone()));
+        }
+        out
+    }
+}
+
+/// Watch every Pod until `token` is cancelled, publishing the pods by node whenever
+/// they change.
+pub async fn keep_placed(
+    client: kube::Client,
+    publish: impl Fn(PodsByNode) + Send,
+    token: CancellationToken,
+) {
+    let api: Api<Pod> = Api::all(client);
+    let stream = watcher::watcher(api, watcher::Config::default());
+    futures::pin_mut!(stream);
+    let mut places = PodPlaces::default();
+    loop {
+        let event = tokio::select! {
+            () = token.cancelled() => return,
+            event = stream.next() => event,
+        };
+        match event {
+            Some(Ok(event)) => {
+                if places.apply(event) {
+                    publish(places.by_node());
+                }
+            }
+            Some(Err(error)) => {
+                tracing::warn!(%error, "watching the cluster's Pods; retrying");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            None => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn pod(uid: &str, node: Option<&str>, app: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"uid": uid, "namespace": "shop", "name": uid, "labels": {"app": app}},
+            "spec": {"nodeName": node, "containers": []},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn scheduled_pods_are_placed_by_node_and_follow_moves_and_deletions() {
+        let mut places = PodPlaces::default();
+        places.apply(Event::Init);
+        places.apply(Event::InitApply(pod("a", Some("n1"), "web")));
+        places.apply(Event::InitApply(pod("b", None, "web")));
+        assert!(places.apply(Event::InitDone));
+        assert_eq!(places.by_node()["n1"].len(), 1);
+        assert!(
+            !places.apply(Event::Apply(pod("a", Some("n1"), "web"))),
+            "unchanged"
+        );
+        assert!(
+            places.apply(Event::Apply(pod("b", Some("n2"), "web"))),
+            "scheduled"
+        );
+        assert!(places.apply(Event::Delete(pod("a", Some("n1"), "web"))));
+        let by_node = places.by_node();
+        assert!(!by_node.contains_key("n1"));
+        assert_eq!(by_node["n2"][0].1["app"], "web");
+        assert_eq!(&*by_node["n2"][0].0, "shop");
     }
 }

@@ -176,3 +176,95 @@ impl ControlService {
         Ok(status)
     }
 }
+
+/// In a cluster, lists are created with kubectl, never through apply: this pass does what
+/// apply does for each stored list (its jobs made, replaced, removed), deletes the jobs
+/// of lists that are gone (the cluster's garbage collector knows nothing of Rigger's
+/// owner label), and writes each list's status where `kubectl get` shows it, when it
+/// changed (`written`: what was last written, by list).
+pub async fn reconcile_in_cluster(
+    control: &ControlService,
+    written: &mut std::collections::HashMap<ObjectKey, ImageListPullJobStatus>,
+) -> Result<(), Status> {
+    let lists = control
+        .store
+        .list_objects::<ImageListPullJob>()
+        .await
+        .map_err(store_status)?;
+    let mut present = std::collections::HashSet::new();
+    for stored in &lists {
+        let list = &stored.value;
+        // An invalid list keeps the jobs it has; it makes no more.
+        present.insert((stored.key.namespace.clone(), list.metadata.name.clone()));
+        if let Err(error) = list.validate() {
+            tracing::warn!(list = %stored.key, %error, "stored image list is not valid; skipped");
+            continue;
+        }
+        // One list's trouble (deleted meanwhile, say) is logged, not every list's.
+        if let Err(error) = reconcile_list(control, &stored.key, list, written).await {
+            tracing::warn!(list = %stored.key, %error, "image list: not reconciled this pass");
+        }
+    }
+    written.retain(|key, _| present.contains(&(key.namespace.clone(), key.name.clone())));
+    let orphans: Vec<ObjectKey> = control
+        .store
+        .list_objects::<ImagePullJob>()
+        .await
+        .map_err(store_status)?
+        .into_iter()
+        .filter(|job| {
+            job.value
+                .metadata
+                .labels
+                .get(OWNER_LABEL)
+                .is_some_and(|list| !present.contains(&(job.key.namespace.clone(), list.clone())))
+        })
+        .map(|job| job.key)
+        .collect();
+    for key in orphans {
+        tracing::info!(job = %key, "the job's image list is gone; deleted");
+        control.delete_job(&key).await?;
+    }
+    Ok(())
+}
+
+/// One list's jobs made, and its status written when it changed.
+async fn reconcile_list(
+    control: &ControlService,
+    key: &ObjectKey,
+    list: &ImageListPullJob,
+    written: &mut std::collections::HashMap<ObjectKey, ImageListPullJobStatus>,
+) -> Result<(), Status> {
+    control.sync_list_jobs(list).await?;
+    let status = control.image_list_status(list).await?;
+    if written.get(key) == Some(&status) {
+        return Ok(());
+    }
+    let status_key = ObjectKey::new(
+        &format!("{}.status", rigger_api::image_list_pull_job::KIND),
+        &key.namespace,
+        &key.name,
+    );
+    let bytes = serde_json::to_vec(&status).map_err(|e| Status::internal(e.to_string()))?;
+    control
+        .store
+        .put(status_key, bytes, Precondition::Any)
+        .await
+        .map_err(store_status)?;
+    written.insert(key.clone(), status);
+    Ok(())
+}
+
+/// Run [`reconcile_in_cluster`] every second until `token` is cancelled.
+pub async fn keep_in_cluster(control: ControlService, token: tokio_util::sync::CancellationToken) {
+    let mut written = std::collections::HashMap::new();
+    loop {
+        if let Err(error) = reconcile_in_cluster(&control, &mut written).await {
+            tracing::warn!(%error, "image lists: pass skipped");
+        }
+        tokio::select! {
+            () = token.cancelled() => return,
+            () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+        }
+    }
+}

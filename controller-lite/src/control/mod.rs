@@ -6,7 +6,7 @@
 //! overwrite each other.
 
 mod apply;
-mod lists;
+pub mod lists;
 mod logs;
 mod node_images;
 mod placement;
@@ -52,6 +52,9 @@ pub struct ControlService {
     leadership: Leadership,
     node_timeout: Duration,
     watches: Arc<watch::WatchHub>,
+    /// On a Kubernetes store, writes go through the API server (kubectl), where its RBAC
+    /// and admission decide: riggerctl's writes would act with the controller's rights.
+    writes_through_kubernetes: bool,
 }
 
 impl ControlService {
@@ -78,7 +81,16 @@ impl ControlService {
             leadership,
             node_timeout,
             watches: Arc::new(watch::WatchHub::default()),
+            writes_through_kubernetes: false,
         }
+    }
+
+    /// On a Kubernetes store: refuse writes (apply, delete, label, recreate), naming
+    /// kubectl; reads are served as ever.
+    #[must_use]
+    pub fn in_cluster(mut self) -> Self {
+        self.writes_through_kubernetes = true;
+        self
     }
 
     /// Who sent `request`, and its message, if this replica leads, the sender may act
@@ -86,6 +98,11 @@ impl ControlService {
     /// are no tokens).
     fn admit<T>(&self, request: Request<T>, needed: Role) -> Result<(String, T), Status> {
         self.leadership.require()?;
+        if self.writes_through_kubernetes && needed == Role::Admin {
+            return Err(Status::failed_precondition(
+                "this controller keeps its objects in Kubernetes: write them with kubectl (the API server's RBAC decides who may); riggerctl reads",
+            ));
+        }
         let user = self.users.authorize(&request, needed)?;
         let client = match (&self.users, request.remote_addr()) {
             (UserAuth::Open, Some(address)) => address.ip().to_string(),

@@ -266,9 +266,7 @@ impl NodeImageEngine {
             let dirty = std::mem::take(&mut state.dirty);
             dirty
                 .into_iter()
-                .filter(|node| {
-                    state.with_node_image.contains(node) && self.inner.nodes.knows(node)
-                })
+                .filter(|node| state.with_node_image.contains(node) && self.inner.nodes.knows(node))
                 .map(|node| {
                     let status = decide::node_status(&state.pulls, &node);
                     (node, status)
@@ -377,7 +375,11 @@ impl crate::engine::Engine for NodeImageEngine {
         let cancels = {
             let mut state = self.lock();
             state.loaded.extend(snapshot.previous.keys().cloned());
-            state.with_node_image = snapshot.specs.iter().map(|(node, _)| node.clone()).collect();
+            state.with_node_image = snapshot
+                .specs
+                .iter()
+                .map(|(node, _)| node.clone())
+                .collect();
             let synced = decide::sync(&mut state.pulls, &snapshot.specs, &snapshot.previous);
             state.dirty.extend(synced.dirty);
             for (_, task) in &synced.cancel {

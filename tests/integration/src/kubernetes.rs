@@ -18,6 +18,11 @@ use crate::repo_root;
 #[derive(Debug)]
 pub struct Cluster {
     pub kubeconfig: PathBuf,
+    /// The identity Rigger's controller runs as in tests (`CN=rigger-controller`): its
+    /// calls are told apart in the audit log.
+    pub controller_kubeconfig: PathBuf,
+    /// Every request the API server served, with who made it (JSON lines).
+    pub audit_log: PathBuf,
     pub kubectl: PathBuf,
     /// Where the lab's Kubernetes CA lives (`ca.pem`, `ca-key.pem`).
     pub dir: PathBuf,
@@ -49,6 +54,8 @@ impl Cluster {
             let env = read_env(&env_file).expect("scripts/lab-k8s wrote no env file");
             let cluster = Cluster {
                 kubeconfig: env["RIGGER_LAB_KUBECONFIG"].clone().into(),
+                controller_kubeconfig: env["RIGGER_LAB_CONTROLLER_KUBECONFIG"].clone().into(),
+                audit_log: env["RIGGER_LAB_K8S_AUDIT_LOG"].clone().into(),
                 kubectl: env["RIGGER_LAB_KUBECTL"].clone().into(),
                 dir: env["RIGGER_LAB_K8S_DIR"].clone().into(),
             };
@@ -177,6 +184,43 @@ fn fastrand_suffix() -> String {
         .map(|d| d.subsec_nanos())
         .unwrap_or_default();
     format!("{:x}", nanos % 0xfffff)
+}
+
+/// One kind of call to the API server: API group, resource (with `/subresource`), verb.
+pub type Call = (String, String, String);
+
+impl Cluster {
+    /// Where the audit log ends now: [`Cluster::calls_since`] reads what comes after.
+    pub fn audit_mark(&self) -> u64 {
+        std::fs::metadata(&self.audit_log).map_or(0, |m| m.len())
+    }
+
+    /// The calls `user` made after `mark` (all of the log with 0).
+    pub fn calls_since(&self, user: &str, mark: u64) -> std::collections::BTreeSet<Call> {
+        use std::io::{BufRead as _, Seek as _};
+        let mut file = std::fs::File::open(&self.audit_log).unwrap();
+        file.seek(std::io::SeekFrom::Start(mark)).unwrap();
+        let mut calls = std::collections::BTreeSet::new();
+        for line in std::io::BufReader::new(file).lines() {
+            let Ok(event) = serde_json::from_str::<serde_json::Value>(&line.unwrap()) else {
+                continue;
+            };
+            if event["user"]["username"] != user || event["objectRef"].is_null() {
+                continue;
+            }
+            let object = &event["objectRef"];
+            let mut resource = object["resource"].as_str().unwrap_or_default().to_owned();
+            if let Some(sub) = object["subresource"].as_str() {
+                resource = format!("{resource}/{sub}");
+            }
+            calls.insert((
+                object["apiGroup"].as_str().unwrap_or_default().to_owned(),
+                resource,
+                event["verb"].as_str().unwrap_or_default().to_owned(),
+            ));
+        }
+        calls
+    }
 }
 
 /// Holds the cluster for one test (see [`Cluster::exclusive`]).

@@ -100,7 +100,7 @@ fn connect(rt: &tokio::runtime::Runtime, cluster: &Cluster, namespace: &str) -> 
     rt.block_on(async {
         Store::new(
             KubernetesStore::connect(&KubernetesSettings {
-                kubeconfig: Some(cluster.kubeconfig.clone()),
+                kubeconfig: Some(cluster.controller_kubeconfig.clone()),
                 namespace: namespace.to_owned(),
             })
             .await
@@ -197,7 +197,7 @@ fn controller_on_cluster(dir: &Path, cluster: &Cluster, namespace: &str) -> Cont
             "--store",
             "kubernetes",
             "--kubeconfig",
-            cluster.kubeconfig.to_str().unwrap(),
+            cluster.controller_kubeconfig.to_str().unwrap(),
             "--kubernetes-namespace",
             namespace,
             "--leader-lease",
@@ -307,7 +307,7 @@ fn killing_the_leader_mid_job_hands_the_lease_over_and_nothing_is_pulled_twice()
     let ns = TestNamespace::on(&first, "k8s-ha");
     let _ns2 = TestNamespace::on(&second, "k8s-ha");
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = cluster.kubeconfig.to_str().unwrap().to_owned();
+    let kubeconfig = cluster.controller_kubeconfig.to_str().unwrap().to_owned();
     let mut replicas = Controller::replicas_with(
         dir.path(),
         2,
@@ -714,4 +714,147 @@ fn a_node_image_written_as_kruises_manager_writes_it_is_pulled_and_its_status_re
         "{shown}"
     );
     let _ = cluster.kubectl(&["delete", "nodeimage", &node_name, "--wait=false"]);
+}
+
+#[test]
+fn kruises_pull_job_examples_applied_with_kubectl_are_carried_out_on_the_lab_nodes() {
+    let cluster = Cluster::get();
+    let _exclusive = cluster.exclusive();
+    let lab = Lab::get();
+    let namespace = cluster.namespace("corpus-run");
+    let node = lab.first_node().clone();
+    let ns = TestNamespace::on(&node, "k8s-corpus");
+    let dir = tempfile::tempdir().unwrap();
+    let id = format!("{}", std::process::id());
+    let node_name = format!("k8s-corpus-{id}");
+    // The Node as the examples select it: by name, and by kubectl's labels.
+    cluster.create_node(&node_name, &[("pool", &format!("corpus-{id}"))]);
+    let controller = controller_on_cluster(dir.path(), cluster, &namespace.name);
+    let state = dir.path().join("agent");
+    std::fs::create_dir_all(&state).unwrap();
+    let agent = Agent::start(
+        &controller,
+        &node_name,
+        &node.address,
+        &node.hosts_dir,
+        &ns.name,
+        &state,
+    );
+    // A Pod of the cluster on the node, for the podSelector example.
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "namespace": namespace.name, "labels": {"app": format!("corpus-{id}")}},
+        "spec": {"nodeName": node_name, "containers": [{"name": "app", "image": "busybox"}]},
+    });
+    let out = cluster.kubectl_stdin(&["create"], &pod.to_string());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let images: Vec<String> = (1..=4)
+        .map(|i| lab.image(&unique_image(&format!("k8s-corpus-{i}"), 1, 32 << 10)))
+        .collect();
+    let fill = |file: &str, image: &str| {
+        std::fs::read_to_string(
+            repo_root()
+                .join("tests/integration/kruise-corpus")
+                .join(file),
+        )
+        .unwrap()
+        .replace("${ID}", &id)
+        .replace("${NODE}", &node_name)
+        .replace("${IMAGE1}", &images[2])
+        .replace("${IMAGE2}", &images[3])
+        .replace("${IMAGE}", image)
+    };
+    for (file, image) in [
+        ("imagepulljob-v1alpha1.yaml", &images[0]),
+        ("imagepulljob-v1beta1.yaml", &images[1]),
+        ("imagelistpulljob-v1alpha1.yaml", &images[2]),
+        ("imagelistpulljob-v1beta1.yaml", &images[3]),
+    ] {
+        let out = cluster.kubectl_stdin(&["apply", "-n", &namespace.name], &fill(file, image));
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let logs = || {
+        format!(
+            "{}\n{}",
+            rigger_integration_tests::log_tail(&controller.log, 200),
+            rigger_integration_tests::log_tail(&agent.log, 200)
+        )
+    };
+    // Each job pulled on the node: by the Pod's labels, the Node's labels, its name.
+    for job in [
+        format!("by-pods-{id}"),
+        format!("by-labels-{id}"),
+        format!("job-{id}"),
+    ] {
+        wait_until(&format!("{job} to pull"), Duration::from_secs(60), || {
+            let job = cluster.get_json(&["imagepulljob", &job, "-n", &namespace.name])?;
+            (job["status"]["succeeded"] == 1).then_some(())
+        });
+    }
+    // Each list made its jobs and reports them, as Kruise's columns show.
+    for (list, count) in [(format!("keep-{id}"), 1), (format!("warm-{id}"), 2)] {
+        let status = wait_until(&format!("{list} to pull"), Duration::from_secs(60), || {
+            let list = cluster.get_json(&["imagelistpulljob", &list, "-n", &namespace.name])?;
+            (list["status"]["succeeded"] == count).then_some(list["status"].clone())
+        });
+        assert_eq!(status["desired"], count, "{status:#}\n{}", logs());
+    }
+    let shown = cluster.kubectl_ok(&["get", "imagelistpulljobs", "-n", &namespace.name]);
+    let header: Vec<&str> = shown.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "TOTAL", "SUCCEEDED", "COMPLETED", "AGE"],
+        "{shown}"
+    );
+    let listed = node.ctr(&ns.name, &["images", "ls", "-q"]);
+    for image in &images {
+        assert!(
+            listed.contains(image.as_str()),
+            "{image} not on the node:\n{listed}\n{}",
+            logs()
+        );
+    }
+    // A list deleted with kubectl takes its jobs with it.
+    cluster.kubectl_ok(&[
+        "delete",
+        "imagelistpulljob",
+        &format!("warm-{id}"),
+        "-n",
+        &namespace.name,
+    ]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let jobs = cluster
+            .get_json(&["imagepulljobs", "-n", &namespace.name])
+            .unwrap();
+        let left = jobs["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|j| {
+                j["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .starts_with(&format!("warm-{id}-"))
+            })
+            .count();
+        if left == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the list's {left} jobs stay\n{}",
+            logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

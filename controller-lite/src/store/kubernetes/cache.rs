@@ -51,10 +51,13 @@ fn name_of(object: &DynamicObject) -> Name {
 }
 
 /// The watch's objects with this controller's newer writes over them; the overlay
-/// entries the watch has caught up with are dropped.
+/// entries the watch has caught up with are dropped. `seen` is the newest
+/// resourceVersion the watch has delivered: a write at or below it that the watch does
+/// not hold was deleted since (watches deliver in resourceVersion order).
 pub fn merge(
     watched: Vec<Arc<DynamicObject>>,
     overlay: &mut HashMap<Name, Written>,
+    seen: u64,
 ) -> Vec<Arc<DynamicObject>> {
     let mut out: HashMap<Name, Arc<DynamicObject>> = HashMap::with_capacity(watched.len());
     let mut in_watch = std::collections::HashSet::with_capacity(watched.len());
@@ -75,6 +78,7 @@ pub fn merge(
             continue;
         }
         match written {
+            Written::Present(_) if written.revision() <= seen => caught_up.push(name.clone()),
             Written::Present(object) => {
                 out.insert(name.clone(), object.clone());
             }
@@ -91,6 +95,11 @@ pub fn merge(
 
 struct Watched {
     reader: Store<DynamicObject>,
+    /// True once the watch listed everything. (Its own, not the reflector store's
+    /// `wait_until_ready`: that one wakes only one of several waiters.)
+    ready: tokio::sync::watch::Receiver<bool>,
+    /// The newest resourceVersion the watch delivered.
+    seen: Arc<std::sync::atomic::AtomicU64>,
     overlay: HashMap<Name, Written>,
     _watch: AbortOnDrop,
 }
@@ -135,8 +144,8 @@ impl ListCache {
         namespace: Option<&str>,
     ) -> Result<Vec<Arc<DynamicObject>>, String> {
         let key = cache_key(resource, namespace);
-        let reader = self.reader(client, resource, namespace, &key);
-        tokio::time::timeout(SYNC_TIMEOUT, reader.wait_until_ready())
+        let (reader, mut ready) = self.reader(client, resource, namespace, &key);
+        tokio::time::timeout(SYNC_TIMEOUT, ready.wait_for(|ready| *ready))
             .await
             .map_err(|_| {
                 format!(
@@ -144,7 +153,7 @@ impl ListCache {
                     resource.plural
                 )
             })?
-            .map_err(|e| format!("the watch of {} stopped: {e}", resource.plural))?;
+            .map_err(|_| format!("the watch of {} stopped", resource.plural))?;
         let mut watched = self
             .watched
             .lock()
@@ -152,7 +161,8 @@ impl ListCache {
         let Some(entry) = watched.get_mut(&key) else {
             return Ok(reader.state());
         };
-        Ok(merge(reader.state(), &mut entry.overlay))
+        let seen = entry.seen.load(std::sync::atomic::Ordering::Acquire);
+        Ok(merge(reader.state(), &mut entry.overlay, seen))
     }
 
     fn reader(
@@ -161,13 +171,13 @@ impl ListCache {
         resource: &ApiResource,
         namespace: Option<&str>,
         key: &str,
-    ) -> Store<DynamicObject> {
+    ) -> (Store<DynamicObject>, tokio::sync::watch::Receiver<bool>) {
         let mut watched = self
             .watched
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(entry) = watched.get(key) {
-            return entry.reader.clone();
+            return (entry.reader.clone(), entry.ready.clone());
         }
         let api: Api<DynamicObject> = match namespace {
             Some(namespace) => Api::namespaced_with(client.clone(), namespace, resource),
@@ -176,13 +186,32 @@ impl ListCache {
         let writer = reflector::store::Writer::new(resource.clone());
         let reader = writer.as_reader();
         let plural = resource.plural.clone();
+        let (ready_tx, ready) = tokio::sync::watch::channel(false);
+        let seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let seen_by_watch = seen.clone();
         let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
             .default_backoff();
         let task = tokio::spawn(async move {
             futures::pin_mut!(stream);
             while let Some(event) = stream.next().await {
-                if let Err(error) = event {
-                    tracing::warn!(resource = %plural, %error, "watch interrupted; resuming");
+                match event {
+                    Ok(watcher::Event::InitDone) => {
+                        ready_tx.send_replace(true);
+                    }
+                    Ok(
+                        watcher::Event::Apply(object)
+                        | watcher::Event::Delete(object)
+                        | watcher::Event::InitApply(object),
+                    ) => {
+                        let revision =
+                            route::revision_of(object.metadata.resource_version.as_deref());
+                        seen_by_watch
+                            .fetch_max(revision.unwrap_or(0), std::sync::atomic::Ordering::AcqRel);
+                    }
+                    Ok(watcher::Event::Init) => {}
+                    Err(error) => {
+                        tracing::warn!(resource = %plural, %error, "watch interrupted; resuming");
+                    }
                 }
             }
         });
@@ -190,11 +219,13 @@ impl ListCache {
             key.to_owned(),
             Watched {
                 reader: reader.clone(),
+                ready: ready.clone(),
+                seen,
                 overlay: HashMap::new(),
                 _watch: AbortOnDrop(task),
             },
         );
-        reader
+        (reader, ready)
     }
 
     /// Remember this controller's write of an object (for resources listed through the
@@ -229,7 +260,10 @@ mod tests {
     use super::*;
 
     fn object(name: &str, revision: u64) -> Arc<DynamicObject> {
-        let mut object = DynamicObject::new(name, &ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()));
+        let mut object = DynamicObject::new(
+            name,
+            &ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+        );
         object.metadata.namespace = Some("ns".into());
         object.metadata.resource_version = Some(revision.to_string());
         Arc::new(object)
@@ -238,7 +272,12 @@ mod tests {
     fn names(objects: &[Arc<DynamicObject>]) -> Vec<(String, String)> {
         let mut out: Vec<(String, String)> = objects
             .iter()
-            .map(|o| (o.metadata.name.clone().unwrap(), o.metadata.resource_version.clone().unwrap()))
+            .map(|o| {
+                (
+                    o.metadata.name.clone().unwrap(),
+                    o.metadata.resource_version.clone().unwrap(),
+                )
+            })
             .collect();
         out.sort();
         out
@@ -252,19 +291,40 @@ mod tests {
         overlay.insert(key("new"), Written::Present(object("new", 11)));
         overlay.insert(key("gone"), Written::Deleted(12));
         // The watch still shows a at 5 and gone at 7, and not yet new.
-        let listed = merge(vec![object("a", 5), object("gone", 7), object("b", 3)], &mut overlay);
+        let listed = merge(
+            vec![object("a", 5), object("gone", 7), object("b", 3)],
+            &mut overlay,
+            7,
+        );
         assert_eq!(
             names(&listed),
-            [("a".into(), "10".into()), ("b".into(), "3".into()), ("new".into(), "11".into())]
+            [
+                ("a".into(), "10".into()),
+                ("b".into(), "3".into()),
+                ("new".into(), "11".into())
+            ]
         );
         assert_eq!(overlay.len(), 3, "nothing caught up yet");
         // The watch catches up: a at 10, new at 11, gone gone.
-        let listed = merge(vec![object("a", 10), object("new", 11), object("b", 3)], &mut overlay);
+        let listed = merge(
+            vec![object("a", 10), object("new", 11), object("b", 3)],
+            &mut overlay,
+            11,
+        );
         assert_eq!(listed.len(), 3);
         assert!(overlay.is_empty(), "{overlay:?}");
         // Someone else recreated what we deleted: newer than our deletion, shown.
         overlay.insert(key("gone"), Written::Deleted(12));
-        let listed = merge(vec![object("gone", 20)], &mut overlay);
+        let listed = merge(vec![object("gone", 20)], &mut overlay, 20);
         assert_eq!(names(&listed), [("gone".into(), "20".into())]);
+        // Our write, then a deletion by someone else the watch already delivered.
+        overlay.insert(key("short"), Written::Present(object("short", 30)));
+        assert_eq!(
+            merge(vec![], &mut overlay, 29).len(),
+            1,
+            "not delivered yet"
+        );
+        assert!(merge(vec![], &mut overlay, 31).is_empty(), "deleted since");
+        assert!(overlay.is_empty());
     }
 }

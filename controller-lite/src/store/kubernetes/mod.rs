@@ -9,9 +9,7 @@
 pub mod cache;
 pub mod route;
 
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, PostParams, Preconditions,
-};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams, Preconditions};
 use kube::{Client, Config};
 use serde_json::Value;
 
@@ -99,8 +97,22 @@ impl KubernetesStore {
         &self.records_namespace
     }
 
-    /// Every CRD the controller uses is served.
+    /// Every CRD the controller uses is served, and its own namespace exists.
     async fn check_definitions(&self) -> Result<(), StoreError> {
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
+        let found = namespaces
+            .get_opt(&self.records_namespace)
+            .await
+            .map_err(|e| self.error(&format!("namespace {}", self.records_namespace), &e))?;
+        if found.is_none() {
+            return Err(StoreError::Backend {
+                location: self.location.clone(),
+                detail: format!(
+                    "namespace {} (kubernetes_namespace: where the controller keeps its records and Lease) does not exist",
+                    self.records_namespace
+                ),
+            });
+        }
         let definitions = ApiResource {
             group: "apiextensions.k8s.io".into(),
             version: "v1".into(),
@@ -620,7 +632,7 @@ impl Backend for KubernetesStore {
                     && let Some(revision) =
                         route::revision_of(object.metadata.resource_version.as_deref())
                 {
-                    let namespace = object.metadata.namespace.clone().unwrap_or_default();
+                    let namespace = object.metadata.namespace.unwrap_or_default();
                     self.cache.wrote(
                         &api_resource(&scope_resource),
                         scope_namespace,
