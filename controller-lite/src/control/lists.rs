@@ -157,11 +157,14 @@ impl ControlService {
                     ),
                 });
             }
-            let finished = job_status.desired == job_status.failed + job_status.succeeded;
+            // A job whose nodes are not chosen yet (desired 0) has done nothing.
+            let started = job_status.desired > 0;
+            let finished = job_status.completion_time.is_some()
+                || started && job_status.desired == job_status.failed + job_status.succeeded;
             if finished {
                 status.completed += 1;
             }
-            if job_status.desired == job_status.succeeded {
+            if started && job_status.desired == job_status.succeeded {
                 status.succeeded += 1;
             }
             if let Some(done) = job_status.completion_time {

@@ -99,8 +99,10 @@ fn runtime() -> tokio::runtime::Runtime {
 fn connect(rt: &tokio::runtime::Runtime, cluster: &Cluster, namespace: &str) -> Store {
     rt.block_on(async {
         Store::new(
+            // As an administrator: this exercises the store's whole interface, not the
+            // controller's calls (the RBAC test watches those).
             KubernetesStore::connect(&KubernetesSettings {
-                kubeconfig: Some(cluster.controller_kubeconfig.clone()),
+                kubeconfig: Some(cluster.kubeconfig.clone()),
                 namespace: namespace.to_owned(),
             })
             .await
@@ -856,5 +858,186 @@ fn kruises_pull_job_examples_applied_with_kubectl_are_carried_out_on_the_lab_nod
             logs()
         );
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `(group, resource, verb)` every rule of the controller's roles in
+/// `deploy/kubernetes/rbac.yaml` grants.
+fn granted() -> std::collections::BTreeSet<rigger_integration_tests::kubernetes::Call> {
+    let text = std::fs::read_to_string(repo_root().join("deploy/kubernetes/rbac.yaml")).unwrap();
+    let mut granted = std::collections::BTreeSet::new();
+    for document in serde_yaml_ng::Deserializer::from_str(&text) {
+        let value = serde_json::to_value(
+            <serde_yaml_ng::Value as serde::Deserialize>::deserialize(document).unwrap(),
+        )
+        .unwrap();
+        let role = matches!(value["kind"].as_str(), Some("ClusterRole" | "Role"));
+        if !role || value["metadata"]["name"] != "rigger-controller" {
+            continue;
+        }
+        for rule in value["rules"].as_array().unwrap() {
+            for group in rule["apiGroups"].as_array().unwrap() {
+                for resource in rule["resources"].as_array().unwrap() {
+                    for verb in rule["verbs"].as_array().unwrap() {
+                        granted.insert((
+                            group.as_str().unwrap().to_owned(),
+                            resource.as_str().unwrap().to_owned(),
+                            verb.as_str().unwrap().to_owned(),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    granted
+}
+
+/// The lab API server authorizes everything, so the roles are checked against what the
+/// controller does: every call it made in the audit log (this test's scenario, which
+/// exercises every engine, and every other test's so far) is granted, and every right
+/// granted was used by this scenario — the roles are exactly the code's calls.
+#[test]
+fn the_controllers_roles_grant_exactly_the_calls_it_makes() {
+    let cluster = Cluster::get();
+    let _exclusive = cluster.exclusive();
+    let lab = Lab::get();
+    let namespace = cluster.namespace("rbac");
+    let node = lab.first_node().clone();
+    let ns = TestNamespace::on(&node, "k8s-rbac");
+    let dir = tempfile::tempdir().unwrap();
+    let mark = cluster.audit_mark();
+    let node_name = format!("k8s-rbac-{}", std::process::id());
+    cluster.create_node(&node_name, &[]);
+    let controller = controller_on_cluster(dir.path(), cluster, &namespace.name);
+    let state = dir.path().join("agent");
+    std::fs::create_dir_all(&state).unwrap();
+    let _agent = Agent::start(
+        &controller,
+        &node_name,
+        &node.address,
+        &node.hosts_dir,
+        &ns.name,
+        &state,
+    );
+    let image = lab.image(&unique_image("k8s-rbac", 1, 16 << 10));
+    let (repository, tag) = image.rsplit_once(':').unwrap();
+    let apply = |yaml: &str| {
+        let out = cluster.kubectl_stdin(&["apply", "-n", &namespace.name], yaml);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    // A list with a pull secret: its job made, pulled, its status written; then the list
+    // deleted, and its job and the job's records with it.
+    apply(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: cred}}\ntype: kubernetes.io/dockerconfigjson\n\
+         stringData: {{.dockerconfigjson: '{{\"auths\":{{}}}}'}}\n---\n\
+         apiVersion: apps.kruise.io/v1beta1\nkind: ImageListPullJob\nmetadata: {{name: list}}\n\
+         spec:\n  images: [{image}]\n  selector: {{names: [{node_name}]}}\n  pullSecrets: [cred]\n  \
+         completionPolicy: {{type: Always}}\n"
+    ));
+    wait_until("the list to pull", Duration::from_secs(60), || {
+        let list = cluster.get_json(&["imagelistpulljob", "list", "-n", &namespace.name])?;
+        (list["status"]["succeeded"] == 1).then_some(())
+    });
+    cluster.kubectl_ok(&["delete", "imagelistpulljob", "list", "-n", &namespace.name]);
+    wait_until("the list's job to go", Duration::from_secs(30), || {
+        let jobs = cluster.get_json(&["imagepulljobs", "-n", &namespace.name])?;
+        jobs["items"].as_array()?.is_empty().then_some(())
+    });
+    // A recreate request for a Pod (labelled, its status written, removed after its TTL).
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "namespace": namespace.name},
+        "spec": {"nodeName": node_name, "containers": [{"name": "app", "image": image}]},
+    });
+    assert!(
+        cluster
+            .kubectl_stdin(&["create"], &pod.to_string())
+            .status
+            .success()
+    );
+    let status = serde_json::json!({"status": {"containerStatuses": [{
+        "name": "app", "image": image, "imageID": "", "ready": true, "restartCount": 0,
+        "containerID": format!("containerd://{}", "0".repeat(64)),
+    }]}});
+    cluster.kubectl_ok(&[
+        "patch",
+        "pod",
+        "web",
+        "-n",
+        &namespace.name,
+        "--subresource",
+        "status",
+        "--type",
+        "merge",
+        "-p",
+        &status.to_string(),
+    ]);
+    apply(
+        "apiVersion: apps.kruise.io/v1alpha1\nkind: ContainerRecreateRequest\nmetadata: {name: r}\n\
+         spec:\n  podName: web\n  containers: [{name: app}]\n  ttlSecondsAfterFinished: 1\n",
+    );
+    wait_until(
+        "the request to complete and go",
+        Duration::from_secs(60),
+        || {
+            cluster
+                .get_json(&["crr", "r", "-n", &namespace.name])
+                .is_none()
+                .then_some(())
+        },
+    );
+    // A NodeImage for the node: pulled, its status written.
+    let node_image = serde_json::json!({
+        "apiVersion": "apps.kruise.io/v1beta1", "kind": "NodeImage",
+        "metadata": {"name": node_name},
+        "spec": {"images": {repository: {"tags": [{"tag": tag}]}}},
+    });
+    assert!(
+        cluster
+            .kubectl_stdin(&["create"], &node_image.to_string())
+            .status
+            .success()
+    );
+    wait_until("the NodeImage's status", Duration::from_secs(60), || {
+        let read = cluster.get_json(&["nodeimage", &node_name])?;
+        (read["status"]["succeeded"] == 1).then_some(())
+    });
+    let _ = cluster.kubectl(&["delete", "nodeimage", &node_name, "--wait=false"]);
+    // Lease renewals and the records' clean-up land.
+    std::thread::sleep(Duration::from_secs(2));
+
+    let granted = granted();
+    let everything = cluster.calls_since("rigger-controller", 0);
+    let not_granted: Vec<_> = everything.difference(&granted).collect();
+    assert!(
+        not_granted.is_empty(),
+        "calls the roles do not grant: {not_granted:?}"
+    );
+    let used = cluster.calls_since("rigger-controller", mark);
+    let unused: Vec<_> = granted.difference(&used).collect();
+    assert!(
+        unused.is_empty(),
+        "rights granted that the code did not use here: {unused:?}\nused: {used:?}"
+    );
+    // And the kustomization builds with kubectl's own kustomize.
+    let built = cluster.kubectl_ok(&[
+        "kustomize",
+        repo_root().join("deploy/kubernetes").to_str().unwrap(),
+    ]);
+    for kind in [
+        "CustomResourceDefinition",
+        "ClusterRole",
+        "Role",
+        "Deployment",
+        "DaemonSet",
+    ] {
+        assert!(
+            built.contains(&format!("kind: {kind}\n")),
+            "kustomize output has no {kind}"
+        );
     }
 }
