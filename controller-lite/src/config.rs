@@ -39,6 +39,7 @@ pub struct ControllerConfigFile {
     pub leader_lease: Option<String>,
     pub kubeconfig: Option<PathBuf>,
     pub kubernetes_namespace: Option<String>,
+    pub kruise_manager: Option<bool>,
     pub api_requests_per_second: Option<u32>,
     pub api_burst: Option<u32>,
     pub peer_grant_key: Option<PathBuf>,
@@ -141,6 +142,12 @@ pub struct ControllerArgs {
         value_name = "NAME"
     )]
     pub kubernetes_namespace: Option<String>,
+    /// With the kubernetes store: Kruise's manager runs in this cluster, with its daemon
+    /// switched off. Rigger does the daemon's part only (NodeImages, and the
+    /// ContainerRecreateRequests Kruise's webhook labelled) and leaves ImagePullJobs,
+    /// ImageListPullJobs and SidecarSets to Kruise's manager.
+    #[arg(long, env = "RIGGER_CONTROLLER_KRUISE_MANAGER")]
+    pub kruise_manager: bool,
     /// Requests per second each API client (user, or address without tokens) may send;
     /// more are refused with RESOURCE_EXHAUSTED and riggerctl waits and retries [default: 50].
     #[arg(
@@ -371,6 +378,11 @@ const KUBERNETES_NAMESPACE: Setting = Setting {
     flag: "--kubernetes-namespace",
     env: "RIGGER_CONTROLLER_KUBERNETES_NAMESPACE",
 };
+const KRUISE_MANAGER: Setting = Setting {
+    key: "kruise_manager",
+    flag: "--kruise-manager",
+    env: "RIGGER_CONTROLLER_KRUISE_MANAGER",
+};
 const LEADER_LEASE: Setting = Setting {
     key: "leader_lease",
     flag: "--leader-lease",
@@ -411,6 +423,7 @@ fn parse_store(text: Option<String>) -> Result<StoreConfig, ConfigError> {
         return Ok(StoreConfig::Kubernetes(crate::store::KubernetesSettings {
             kubeconfig: None,
             namespace: String::new(),
+            kruise_manager: false,
         }));
     }
     let hosts = text.strip_prefix("etcd://").ok_or_else(|| {
@@ -447,8 +460,13 @@ fn kubernetes_settings(
     store: &mut StoreConfig,
     kubeconfig: Option<PathBuf>,
     namespace: Option<String>,
+    kruise_manager: bool,
 ) -> Result<(), ConfigError> {
     let StoreConfig::Kubernetes(settings) = store else {
+        if kruise_manager {
+            return Err(KRUISE_MANAGER
+                .invalid("applies to the kubernetes store only (store = \"kubernetes\")"));
+        }
         if kubeconfig.is_some() {
             return Err(
                 KUBECONFIG.invalid("applies to the kubernetes store only (store = \"kubernetes\")")
@@ -483,6 +501,7 @@ fn kubernetes_settings(
     }
     settings.kubeconfig = kubeconfig;
     settings.namespace = namespace;
+    settings.kruise_manager = kruise_manager;
     Ok(())
 }
 
@@ -648,6 +667,7 @@ impl ControllerConfig {
             args.kubernetes_namespace
                 .clone()
                 .or(file.kubernetes_namespace),
+            args.kruise_manager || file.kruise_manager == Some(true),
         )?;
         let leader_lease = LEADER_LEASE.duration(
             args.leader_lease.or(file.leader_lease),

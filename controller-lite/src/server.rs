@@ -236,8 +236,13 @@ pub async fn run(
         Some(Elector::Kubernetes(kubernetes)) => Some(kubernetes.client()),
         _ => None,
     };
+    let kruise_manager =
+        matches!(&config.store, StoreConfig::Kubernetes(settings) if settings.kruise_manager);
+    if kruise_manager {
+        tracing::info!("beside Kruise's manager: NodeImages and recreate requests only");
+    }
     // In a cluster, image lists made with kubectl are carried out by a pass of their own.
-    let lists = cluster.is_some().then(|| control.clone());
+    let lists = (cluster.is_some() && !kruise_manager).then(|| control.clone());
     // The engines run on the leader only (at once with the embedded store).
     let engine = {
         let (mut leadership, token) = (leadership.clone(), token.clone());
@@ -290,11 +295,19 @@ pub async fn run(
                     };
                     tokio::join!(node_images, lists);
                 };
+                // Beside Kruise's manager, its jobs and SidecarSets are its own.
+                let managers = async {
+                    if !kruise_manager {
+                        tokio::join!(
+                            crate::engine::supervise(jobs, token.clone()),
+                            crate::engine::supervise(sidecars, token.clone()),
+                        );
+                    }
+                };
                 tokio::join!(
                     labels,
-                    crate::engine::supervise(jobs, token.clone()),
+                    managers,
                     crate::engine::supervise(recreates, token.clone()),
-                    crate::engine::supervise(sidecars, token.clone()),
                     cluster_only
                 );
             }

@@ -104,6 +104,7 @@ fn connect(rt: &tokio::runtime::Runtime, cluster: &Cluster, namespace: &str) -> 
             KubernetesStore::connect(&KubernetesSettings {
                 kubeconfig: Some(cluster.kubeconfig.clone()),
                 namespace: namespace.to_owned(),
+                kruise_manager: false,
             })
             .await
             .unwrap(),

@@ -26,6 +26,8 @@ pub struct KubernetesSettings {
     pub kubeconfig: Option<std::path::PathBuf>,
     /// Where the controller keeps its records (its own namespace).
     pub namespace: String,
+    /// Kruise's manager runs beside (see the `kruise_manager` setting).
+    pub kruise_manager: bool,
 }
 
 /// The controller's store on a Kubernetes API server.
