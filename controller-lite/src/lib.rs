@@ -10,6 +10,7 @@
 //! - [`node_labels`]: admin-set and agent-reported node labels, and whom selectors trust;
 //! - [`cluster`]: in a cluster, its Nodes' labels and Pods are the truth;
 //! - [`link`]: the agent link (`rigger.v1.AgentLink`), one stream per agent;
+//! - [`events`]: what happened to an object, as Kubernetes Events where there are any;
 //! - [`engine`]: the loop every engine runs (pass, wake or tick, cancel, flush);
 //! - [`jobs`]: the ImagePullJob engine (who pulls when, status from reports);
 //! - [`job_status`]: a job's status in the store, its nodes in shards;
@@ -28,6 +29,7 @@ pub mod cluster;
 pub mod config;
 pub mod control;
 pub mod engine;
+pub mod events;
 pub mod job_status;
 pub mod jobs;
 pub mod leader;

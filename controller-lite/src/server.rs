@@ -167,7 +167,15 @@ pub async fn run(
         )?)),
         None => None,
     };
-    let jobs = JobEngine::new(store.clone(), nodes.clone(), config.node_timeout, grants);
+    // In a cluster, what happens is told as Kubernetes Events.
+    let events: Arc<dyn crate::events::EventSink> = match &elector {
+        Some(Elector::Kubernetes(kubernetes)) => Arc::new(
+            crate::cluster::events::KubeEvents::start(kubernetes.client()),
+        ),
+        _ => Arc::new(crate::events::NoEvents),
+    };
+    let jobs = JobEngine::new(store.clone(), nodes.clone(), config.node_timeout, grants)
+        .with_events(events.clone());
     let recreates = match &elector {
         Some(Elector::Kubernetes(kubernetes)) => {
             crate::recreate_requests::RecreateEngine::in_cluster(
@@ -194,7 +202,12 @@ pub async fn run(
     let sidecars = crate::sidecars::SidecarRollout::new(store.clone(), pods.clone());
     // In a cluster, NodeImages written by Kruise's manager (or anyone) are pulled.
     let node_images = matches!(elector, Some(Elector::Kubernetes(_))).then(|| {
-        crate::node_images::NodeImageEngine::new(store.clone(), nodes.clone(), config.node_timeout)
+        crate::node_images::NodeImageEngine::new(
+            store.clone(),
+            nodes.clone(),
+            config.node_timeout,
+            events.clone(),
+        )
     });
     let mut link = AgentLinkService::new(
         nodes.clone(),

@@ -52,6 +52,8 @@ struct Inner {
     wake: Notify,
     /// Signs the peer grants tasks carry; `None`: sharing is off.
     grants: Option<Arc<rigger_proto::peer_grant::GrantSigner>>,
+    /// Where each node's pull that ends is told (Kruise's events, in a cluster).
+    events: Arc<dyn crate::events::EventSink>,
 }
 
 /// The engine; cheap to clone.
@@ -89,8 +91,18 @@ impl JobEngine {
                 state: Mutex::default(),
                 wake: Notify::new(),
                 grants,
+                events: Arc::new(crate::events::NoEvents),
             }),
         }
+    }
+
+    /// Tell each node's pull that ends to `events` (before the engine runs).
+    #[must_use]
+    pub fn with_events(mut self, events: Arc<dyn crate::events::EventSink>) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.events = events;
+        }
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, EngineState> {
@@ -493,8 +505,37 @@ impl JobEngine {
         let Some(job) = jobs.get_mut(key) else {
             return;
         };
+        let before = job.entry(node).map(|entry| entry.phase);
         let wake = report::fold(key, job, node, status, Now::read());
+        let ended = match (before, job.entry(node)) {
+            (Some(before), Some(entry))
+                if before != entry.phase
+                    && matches!(
+                        entry.phase,
+                        NodePullPhase::Succeeded | NodePullPhase::Failed
+                    ) =>
+            {
+                let failed = (entry.phase == NodePullPhase::Failed).then(|| entry.message.clone());
+                let regarding = crate::events::Regarding {
+                    api_version: job.job.api_version.clone(),
+                    kind: job.job.kind.clone(),
+                    namespace: key.namespace.clone(),
+                    name: key.name.clone(),
+                    uid: job.job.metadata.uid.clone().unwrap_or_default(),
+                };
+                Some(crate::events::pull_ended(
+                    regarding,
+                    node,
+                    &job.job.spec.image,
+                    failed.as_deref(),
+                ))
+            }
+            _ => None,
+        };
         drop(state);
+        if let Some(event) = ended {
+            self.inner.events.record(event);
+        }
         if wake {
             self.wake();
         }

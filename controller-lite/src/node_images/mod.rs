@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
+use rigger_api::image_pull_job::NodePullPhase;
 use rigger_api::node_image::{self, NodeImage, NodeImageSpec, NodeImageStatus};
 use rigger_api::secret::{self, Secret};
 use rigger_proto::v1::{
@@ -61,6 +62,8 @@ struct Inner {
     node_timeout: Duration,
     state: Mutex<State>,
     wake: Notify,
+    /// Where each tag's pull that ends is told, as Kruise's daemon tells it.
+    events: Arc<dyn crate::events::EventSink>,
 }
 
 /// The engine; cheap to clone.
@@ -80,7 +83,12 @@ pub struct NodeImageSnapshot {
 }
 
 impl NodeImageEngine {
-    pub fn new(store: Store, nodes: NodeRegistry, node_timeout: Duration) -> Self {
+    pub fn new(
+        store: Store,
+        nodes: NodeRegistry,
+        node_timeout: Duration,
+        events: Arc<dyn crate::events::EventSink>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -88,6 +96,7 @@ impl NodeImageEngine {
                 node_timeout,
                 state: Mutex::default(),
                 wake: Notify::new(),
+                events,
             }),
         }
     }
@@ -145,12 +154,35 @@ impl NodeImageEngine {
         let Some(pull) = pulls.get_mut(&key) else {
             return;
         };
+        let before = pull.status.phase;
         if decide::fold(pull, &key.1, status, SystemTime::now()) {
             dirty.insert(key.0.clone());
             if pull.task.is_none() {
                 tasks.remove(&status.id);
             }
+            let phase = pull.status.phase;
+            let ended = (before != phase
+                && matches!(phase, NodePullPhase::Succeeded | NodePullPhase::Failed))
+            .then(|| {
+                let regarding = crate::events::Regarding {
+                    api_version: rigger_api::fields::KRUISE_API_VERSION_V1BETA1.to_owned(),
+                    kind: node_image::KIND.to_owned(),
+                    namespace: String::new(),
+                    name: key.0.clone(),
+                    uid: String::new(),
+                };
+                let failed = (phase == NodePullPhase::Failed).then(|| pull.status.message.clone());
+                crate::events::pull_ended(
+                    regarding,
+                    &key.0,
+                    &decide::reference(&key.1, &key.2),
+                    failed.as_deref(),
+                )
+            });
             drop(state);
+            if let Some(event) = ended {
+                self.inner.events.record(event);
+            }
             self.wake();
         }
     }

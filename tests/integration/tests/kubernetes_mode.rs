@@ -298,6 +298,24 @@ fn a_job_applied_with_kubectl_runs_on_the_nodes_kubectl_labelled() {
         let job = cluster.get_json(&["imagepulljob", "warm", "-n", &namespace.name])?;
         job["status"]["completionTime"].is_string().then_some(())
     });
+    // Told as Kruise tells it: an Event on the job, with Kruise's reason.
+    let events = wait_until("the job's event", Duration::from_secs(10), || {
+        let events = cluster.get_json(&[
+            "events",
+            "-n",
+            &namespace.name,
+            "--field-selector",
+            "involvedObject.name=warm",
+        ])?;
+        (!events["items"].as_array()?.is_empty()).then_some(events)
+    });
+    let event = &events["items"][0];
+    assert_eq!(event["reason"], "PullImageSucceed", "{event:#}");
+    assert_eq!(event["involvedObject"]["kind"], "ImagePullJob", "{event:#}");
+    assert!(
+        event["message"].as_str().unwrap().contains(&chosen),
+        "{event:#}"
+    );
 }
 
 #[test]
