@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
-use crate::repo_root;
+use crate::{Controller, repo_root};
 
 /// The lab's API server, as kubectl reaches it.
 #[derive(Debug)]
@@ -184,6 +184,45 @@ fn fastrand_suffix() -> String {
         .map(|d| d.subsec_nanos())
         .unwrap_or_default();
     format!("{:x}", nanos % 0xfffff)
+}
+
+/// Kruise's example `file` from `tests/integration/kruise-corpus/`, its placeholders filled
+/// (`${POD}` is `web`, `${GONE}` a containerd ID that runs nowhere).
+pub fn corpus(file: &str, id: &str, node: &str, image: &str) -> String {
+    std::fs::read_to_string(
+        repo_root()
+            .join("tests/integration/kruise-corpus")
+            .join(file),
+    )
+    .unwrap()
+    .replace("${ID}", id)
+    .replace("${NODE}", node)
+    .replace("${IMAGE1}", image)
+    .replace("${IMAGE2}", image)
+    .replace("${IMAGE}", image)
+    .replace("${POD}", "web")
+    .replace("${GONE}", &"0".repeat(64))
+}
+
+impl Cluster {
+    /// A controller on this API server as Rigger's controller identity, its records and
+    /// Lease in `namespace`, a short lease (3 s); its agents are started on lab
+    /// containerd nodes named as the cluster's Nodes.
+    pub fn controller(&self, dir: &std::path::Path, namespace: &str) -> Controller {
+        Controller::start_with(
+            &dir.join("controller"),
+            &[
+                "--store",
+                "kubernetes",
+                "--kubeconfig",
+                self.controller_kubeconfig.to_str().unwrap(),
+                "--kubernetes-namespace",
+                namespace,
+                "--leader-lease",
+                "3s",
+            ],
+        )
+    }
 }
 
 /// One kind of call to the API server: API group, resource (with `/subresource`), verb.
