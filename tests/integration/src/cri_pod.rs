@@ -204,6 +204,27 @@ impl CriPod {
         Some(id)
     }
 
+    /// Start one more container, `name`, in the pod's sandbox, as the first one was
+    /// started (kubelet's labels naming it): its id. Only the first container is
+    /// restarted by [`CriPod::restart_if_exited`].
+    pub fn add_container(&mut self, name: &str) -> String {
+        let mut spec = self.spec.clone();
+        spec.container = name.to_owned();
+        spec.attempt = 0;
+        spec.container_labels
+            .insert("io.kubernetes.container.name".to_owned(), name.to_owned());
+        spec.container_annotations.insert(
+            "io.kubernetes.container.restartCount".to_owned(),
+            "0".to_owned(),
+        );
+        self.runtime.block_on(Box::pin(Self::start_container(
+            &mut self.client,
+            &self.sandbox_id,
+            &self.sandbox_config,
+            &spec,
+        )))
+    }
+
     /// The container's CRI state name, e.g. `CONTAINER_RUNNING`.
     pub fn container_state(&mut self) -> String {
         let id = self.container_id.clone();

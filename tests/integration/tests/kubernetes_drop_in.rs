@@ -15,10 +15,133 @@ use rigger_integration_tests::{Agent, Lab, TestNamespace, repo_root, unique_imag
 /// A loop that ends at once on SIGTERM (shells as PID 1 ignore it otherwise).
 const IDLE: &str = "trap 'exit 0' TERM; while true; do sleep 0.2; done";
 
-#[test]
-fn a_recreate_request_made_with_kubectl_restarts_a_kubelet_pods_container_with_its_pre_stop() {
+/// A kubelet-shaped pod `web`: the Pod made with kubectl on `node_name`, its
+/// `containers` started on `node` through CRI with kubelet's labels and annotations (the
+/// first with kubelet's preStop, writing `/out/prestop`), and its status written as
+/// kubelet writes it (no kubelet runs here).
+struct KubeletPod {
+    cri: rigger_integration_tests::CriPod,
+    uid: String,
+    out_dir: std::path::PathBuf,
+    /// Each container's id, by name.
+    ids: Vec<(String, String)>,
+}
+
+fn kubelet_pod(
+    cluster: &Cluster,
+    namespace: &str,
+    node: &rigger_integration_tests::LabNode,
+    node_name: &str,
+    image: &str,
+    dir: &std::path::Path,
+    containers: &[&str],
+) -> KubeletPod {
     use rigger_integration_tests::{CriPod, CriPodSpec};
     use std::collections::HashMap;
+    let pulled =
+        std::process::Command::new(rigger_integration_tests::binary("rigger-bench-cri-pull"))
+            .arg(&node.address)
+            .arg(image)
+            .output()
+            .unwrap();
+    assert!(
+        pulled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pulled.stderr)
+    );
+    let pod_name = "web";
+    let specs: Vec<serde_json::Value> = containers
+        .iter()
+        .map(|name| serde_json::json!({"name": name, "image": image}))
+        .collect();
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod_name, "namespace": namespace},
+        "spec": {"nodeName": node_name, "terminationGracePeriodSeconds": 3, "containers": specs},
+    });
+    let out = cluster.kubectl_stdin(&["create"], &pod.to_string());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let uid = cluster
+        .get_json(&["pod", pod_name, "-n", namespace])
+        .unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let out_dir = dir.join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let labels = HashMap::from([
+        (
+            "io.kubernetes.pod.namespace".to_owned(),
+            namespace.to_owned(),
+        ),
+        ("io.kubernetes.pod.name".to_owned(), pod_name.to_owned()),
+        ("io.kubernetes.pod.uid".to_owned(), uid.clone()),
+    ]);
+    let mut container_labels = labels.clone();
+    container_labels.insert("io.kubernetes.container.name".into(), containers[0].into());
+    let mut spec = CriPodSpec::on(node, pod_name, image, &["sh", "-c", IDLE]);
+    spec.namespace = namespace.to_owned();
+    spec.uid = uid.clone();
+    spec.labels = labels;
+    spec.container = containers[0].to_owned();
+    spec.container_labels = container_labels;
+    spec.container_annotations = HashMap::from([
+        (
+            "io.kubernetes.container.restartCount".to_owned(),
+            "0".to_owned(),
+        ),
+        (
+            "io.kubernetes.pod.terminationGracePeriod".to_owned(),
+            "3".to_owned(),
+        ),
+        (
+            "io.kubernetes.container.preStopHandler".to_owned(),
+            r#"{"exec":{"command":["sh","-c","echo prestop > /out/prestop"]}}"#.to_owned(),
+        ),
+    ]);
+    spec.mounts = vec![(out_dir.clone(), "/out".to_owned())];
+    let mut cri = CriPod::run_spec(&spec);
+    let mut ids = vec![(containers[0].to_owned(), cri.container_id.clone())];
+    for name in &containers[1..] {
+        ids.push(((*name).to_owned(), cri.add_container(name)));
+    }
+    let statuses: Vec<serde_json::Value> = ids
+        .iter()
+        .map(|(name, id)| {
+            serde_json::json!({
+                "name": name, "image": image, "imageID": "", "ready": true, "restartCount": 0,
+                "containerID": format!("containerd://{id}"), "state": {"running": {}},
+            })
+        })
+        .collect();
+    let status = serde_json::json!({"status": {"phase": "Running", "containerStatuses": statuses}});
+    cluster.kubectl_ok(&[
+        "patch",
+        "pod",
+        pod_name,
+        "-n",
+        namespace,
+        "--subresource",
+        "status",
+        "--type",
+        "merge",
+        "-p",
+        &status.to_string(),
+    ]);
+    KubeletPod {
+        cri,
+        uid,
+        out_dir,
+        ids,
+    }
+}
+
+#[test]
+fn a_recreate_request_made_with_kubectl_restarts_a_kubelet_pods_container_with_its_pre_stop() {
     let cluster = Cluster::get();
     let _exclusive = cluster.exclusive();
     let lab = Lab::get();
@@ -39,99 +162,21 @@ fn a_recreate_request_made_with_kubectl_restarts_a_kubelet_pods_container_with_i
         &state,
     );
     let image = lab.image("rigger-lab/busybox:1");
-    let pulled =
-        std::process::Command::new(rigger_integration_tests::binary("rigger-bench-cri-pull"))
-            .arg(&node.address)
-            .arg(&image)
-            .output()
-            .unwrap();
-    assert!(
-        pulled.status.success(),
-        "{}",
-        String::from_utf8_lossy(&pulled.stderr)
-    );
-
-    // The Pod as the API server has it (kubelet is not here: the test writes its status).
-    let pod_name = "web";
-    let pod = serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": pod_name, "namespace": namespace.name},
-        "spec": {"nodeName": node_name, "terminationGracePeriodSeconds": 3,
-                 "containers": [{"name": "app", "image": image}]},
-    });
-    let out = cluster.kubectl_stdin(&["create"], &pod.to_string());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let uid = cluster
-        .get_json(&["pod", pod_name, "-n", &namespace.name])
-        .unwrap()["metadata"]["uid"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-
-    // Its containers, as kubelet runs them through CRI, with kubelet's labels.
-    let out_dir = dir.path().join("out");
-    std::fs::create_dir_all(&out_dir).unwrap();
-    let labels = HashMap::from([
-        (
-            "io.kubernetes.pod.namespace".to_owned(),
-            namespace.name.clone(),
-        ),
-        ("io.kubernetes.pod.name".to_owned(), pod_name.to_owned()),
-        ("io.kubernetes.pod.uid".to_owned(), uid.clone()),
-    ]);
-    let mut container_labels = labels.clone();
-    container_labels.insert("io.kubernetes.container.name".into(), "app".into());
-    let mut spec = CriPodSpec::on(
-        &node,
-        &format!("{pod_name}-{}", std::process::id()),
-        &image,
-        &["sh", "-c", IDLE],
-    );
-    spec.name = pod_name.to_owned();
-    spec.namespace = namespace.name.clone();
-    spec.uid = uid.clone();
-    spec.labels = labels;
-    spec.container = "app".to_owned();
-    spec.container_labels = container_labels;
-    spec.container_annotations = HashMap::from([
-        (
-            "io.kubernetes.container.restartCount".to_owned(),
-            "0".to_owned(),
-        ),
-        (
-            "io.kubernetes.pod.terminationGracePeriod".to_owned(),
-            "3".to_owned(),
-        ),
-        (
-            "io.kubernetes.container.preStopHandler".to_owned(),
-            r#"{"exec":{"command":["sh","-c","echo prestop > /out/prestop"]}}"#.to_owned(),
-        ),
-    ]);
-    spec.mounts = vec![(out_dir.clone(), "/out".to_owned())];
-    let mut cri_pod = CriPod::run_spec(&spec);
-    let old_container = cri_pod.container_id.clone();
-    let status = serde_json::json!({"status": {"phase": "Running", "containerStatuses": [{
-        "name": "app", "image": image, "imageID": "", "ready": true, "restartCount": 0,
-        "containerID": format!("containerd://{old_container}"),
-        "state": {"running": {}},
-    }]}});
-    cluster.kubectl_ok(&[
-        "patch",
-        "pod",
-        pod_name,
-        "-n",
+    let KubeletPod {
+        cri: mut cri_pod,
+        uid,
+        out_dir,
+        ..
+    } = kubelet_pod(
+        cluster,
         &namespace.name,
-        "--subresource",
-        "status",
-        "--type",
-        "merge",
-        "-p",
-        &status.to_string(),
-    ]);
+        &node,
+        &node_name,
+        &image,
+        dir.path(),
+        &["app"],
+    );
+    let old_container = cri_pod.container_id.clone();
 
     // Kruise's example, created with kubectl: no labels, no statusContext.
     // (`${POD}` is `web`, this pod.)
@@ -212,6 +257,101 @@ fn a_recreate_request_made_with_kubectl_restarts_a_kubelet_pods_container_with_i
         (crr["status"]["phase"] == "Completed").then_some(crr)
     });
     assert_eq!(crr["status"]["message"], "pod nowhere not found", "{crr:#}");
+}
+
+#[test]
+fn kruises_v1beta1_recreate_example_runs_on_a_two_container_kubelet_pod_in_order() {
+    let cluster = Cluster::get();
+    let _exclusive = cluster.exclusive();
+    let lab = Lab::get();
+    let namespace = cluster.namespace("crr-beta");
+    let node = lab.first_node().clone();
+    let dir = tempfile::tempdir().unwrap();
+    let node_name = format!("k8s-crr-beta-{}", std::process::id());
+    cluster.create_node(&node_name, &[]);
+    let controller = cluster.controller(dir.path(), &namespace.name);
+    let state = dir.path().join("agent");
+    std::fs::create_dir_all(&state).unwrap();
+    let agent = Agent::start(
+        &controller,
+        &node_name,
+        &node.address,
+        &node.hosts_dir,
+        "k8s.io",
+        &state,
+    );
+    let image = lab.image("rigger-lab/busybox:1");
+    let KubeletPod {
+        cri: mut pod,
+        out_dir,
+        ids,
+        ..
+    } = kubelet_pod(
+        cluster,
+        &namespace.name,
+        &node,
+        &node_name,
+        &image,
+        dir.path(),
+        &["app", "web"],
+    );
+    let (old_app, web) = (ids[0].1.clone(), ids[1].1.clone());
+    // Kruise's v1beta1 example: `app` with a preStop of the request's own, `web` naming an
+    // instance that runs no more (so it counts as recreated, and is not stopped).
+    let request = corpus("containerrecreaterequest-v1beta1.yaml", "beta", "", "");
+    let out = cluster.kubectl_stdin(&["apply", "-n", &namespace.name], &request);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let crr = wait_until(
+        "the recreate, kubelet restarting",
+        Duration::from_secs(90),
+        || {
+            pod.restart_if_exited();
+            let crr = cluster.get_json(&["crr", "restart-beta", "-n", &namespace.name])?;
+            if crr["status"]["phase"] == "Completed" {
+                return Some(crr);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            None
+        },
+    );
+    let logs = format!(
+        "{crr:#}\n{}\n{}",
+        rigger_integration_tests::log_tail(&controller.log, 30),
+        rigger_integration_tests::log_tail(&agent.log, 30)
+    );
+    let state_of = |name: &str| {
+        crr["status"]["containerRecreateStates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert_eq!(state_of("app")["phase"], "Succeeded", "{logs}");
+    assert_eq!(state_of("web")["phase"], "Succeeded", "{logs}");
+    assert_eq!(
+        std::fs::read_to_string(out_dir.join("override-prestop"))
+            .unwrap_or_default()
+            .trim(),
+        "override",
+        "the request's own preStop ran, not the container's\n{logs}"
+    );
+    assert!(
+        !out_dir.join("prestop").exists(),
+        "kubelet's preStop was replaced\n{logs}"
+    );
+    assert_ne!(
+        pod.container_id, old_app,
+        "kubelet started app's next attempt"
+    );
+    // `web`'s named instance was gone: the one running was left alone.
+    let listed = node.ctr("k8s.io", &["containers", "ls", "-q"]);
+    assert!(listed.contains(&web), "web was stopped\n{logs}");
 }
 
 #[test]
