@@ -200,8 +200,11 @@ pub async fn run(
         node_timeout: config.node_timeout,
     };
     let sidecars = crate::sidecars::SidecarRollout::new(store.clone(), pods.clone());
-    // In a cluster, NodeImages written by Kruise's manager (or anyone) are pulled.
-    let node_images = matches!(elector, Some(Elector::Kubernetes(_))).then(|| {
+    let kruise_manager =
+        matches!(&config.store, StoreConfig::Kubernetes(settings) if settings.kruise_manager);
+    // Beside Kruise's manager, the NodeImages it writes are pulled (Kruise's daemon's part);
+    // alone, Rigger writes each node's NodeImage itself (Kruise's manager's part).
+    let node_images = kruise_manager.then(|| {
         crate::node_images::NodeImageEngine::new(
             store.clone(),
             nodes.clone(),
@@ -249,8 +252,6 @@ pub async fn run(
         Some(Elector::Kubernetes(kubernetes)) => Some(kubernetes.client()),
         _ => None,
     };
-    let kruise_manager =
-        matches!(&config.store, StoreConfig::Kubernetes(settings) if settings.kruise_manager);
     if kruise_manager {
         tracing::info!("beside Kruise's manager: NodeImages and recreate requests only");
     }
@@ -303,7 +304,13 @@ pub async fn run(
                     };
                     let lists = async {
                         if let Some(control) = lists {
-                            crate::control::lists::keep_in_cluster(control, token.clone()).await;
+                            tokio::join!(
+                                crate::control::lists::keep_in_cluster(
+                                    control.clone(),
+                                    token.clone()
+                                ),
+                                crate::control::node_images::keep_written(control, token.clone()),
+                            );
                         }
                     };
                     tokio::join!(node_images, lists);

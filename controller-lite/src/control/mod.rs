@@ -8,7 +8,7 @@
 mod apply;
 pub mod lists;
 mod logs;
-mod node_images;
+pub mod node_images;
 mod placement;
 mod show;
 mod watch;

@@ -63,3 +63,68 @@ impl ControlService {
             .collect()
     }
 }
+
+/// In a cluster where Rigger runs alone, each node's NodeImage is written where Kruise's
+/// users look for it (`kubectl get nodeimages`), in Kruise's shape: spec from the jobs
+/// that include the node, status from its pulls. Compared with the cluster's copy (read
+/// from the watch) and written only when it differs.
+pub async fn write_in_cluster(control: &ControlService) -> Result<(), Status> {
+    let store = &control.store;
+    let current: HashMap<String, serde_json::Value> = store
+        .list_as::<serde_json::Value>(rigger_api::node_image::KIND)
+        .await
+        .map_err(store_status)?
+        .into_iter()
+        .map(|stored| (stored.key.name, stored.value))
+        .collect();
+    let statuses: HashMap<String, serde_json::Value> = store
+        .list_as::<serde_json::Value>(crate::node_images::STATUS_KIND)
+        .await
+        .map_err(store_status)?
+        .into_iter()
+        .map(|stored| (stored.key.name, stored.value))
+        .collect();
+    for ((_, name), object) in control.node_images(None).await? {
+        let mut image: serde_json::Value =
+            serde_json::from_str(&object.json).map_err(|e| Status::internal(e.to_string()))?;
+        let status = image
+            .as_object_mut()
+            .and_then(|o| o.remove("status"))
+            .unwrap_or_default();
+        let key = crate::store::ObjectKey::new(rigger_api::node_image::KIND, "", &name);
+        let held = current.get(&name);
+        let same_spec = held.is_some_and(|held| {
+            held["spec"] == image["spec"]
+                && held["metadata"]["labels"] == image["metadata"]["labels"]
+        });
+        if !same_spec {
+            let bytes = serde_json::to_vec(&image).map_err(|e| Status::internal(e.to_string()))?;
+            store
+                .put(key.clone(), bytes, crate::store::Precondition::Any)
+                .await
+                .map_err(store_status)?;
+        }
+        if statuses.get(&name) != Some(&status) {
+            let key = crate::store::ObjectKey::new(crate::node_images::STATUS_KIND, "", &name);
+            let bytes = serde_json::to_vec(&status).map_err(|e| Status::internal(e.to_string()))?;
+            store
+                .put(key, bytes, crate::store::Precondition::Any)
+                .await
+                .map_err(store_status)?;
+        }
+    }
+    Ok(())
+}
+
+/// Run [`write_in_cluster`] every two seconds until `token` is cancelled.
+pub async fn keep_written(control: ControlService, token: tokio_util::sync::CancellationToken) {
+    loop {
+        if let Err(error) = write_in_cluster(&control).await {
+            tracing::warn!(%error, "NodeImages: pass skipped");
+        }
+        tokio::select! {
+            () = token.cancelled() => return,
+            () = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
+        }
+    }
+}

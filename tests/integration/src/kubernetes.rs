@@ -209,19 +209,28 @@ impl Cluster {
     /// Lease in `namespace`, a short lease (3 s); its agents are started on lab
     /// containerd nodes named as the cluster's Nodes.
     pub fn controller(&self, dir: &std::path::Path, namespace: &str) -> Controller {
-        Controller::start_with(
-            &dir.join("controller"),
-            &[
-                "--store",
-                "kubernetes",
-                "--kubeconfig",
-                self.controller_kubeconfig.to_str().unwrap(),
-                "--kubernetes-namespace",
-                namespace,
-                "--leader-lease",
-                "3s",
-            ],
-        )
+        self.controller_with(dir, namespace, &[])
+    }
+
+    /// [`Cluster::controller`] with more flags (`--kruise-manager`, say).
+    pub fn controller_with(
+        &self,
+        dir: &std::path::Path,
+        namespace: &str,
+        flags: &[&str],
+    ) -> Controller {
+        let mut all = vec![
+            "--store",
+            "kubernetes",
+            "--kubeconfig",
+            self.controller_kubeconfig.to_str().unwrap(),
+            "--kubernetes-namespace",
+            namespace,
+            "--leader-lease",
+            "3s",
+        ];
+        all.extend_from_slice(flags);
+        Controller::start_with(&dir.join("controller"), &all)
     }
 }
 

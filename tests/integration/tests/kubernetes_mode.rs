@@ -263,6 +263,24 @@ fn a_job_applied_with_kubectl_runs_on_the_nodes_kubectl_labelled() {
         let job = cluster.get_json(&["imagepulljob", "warm", "-n", &namespace.name])?;
         job["status"]["completionTime"].is_string().then_some(())
     });
+    // Each node's NodeImage, as Kruise's manager and daemon would leave it.
+    let (repository, tag) = image.rsplit_once(':').unwrap();
+    let node_image = wait_until("the node's NodeImage", Duration::from_secs(30), || {
+        let read = cluster.get_json(&["nodeimage", &chosen])?;
+        (read["status"]["succeeded"] == 1).then_some(read)
+    });
+    assert_eq!(
+        node_image["spec"]["images"][repository]["tags"][0]["tag"], tag,
+        "{node_image:#}"
+    );
+    assert_eq!(
+        node_image["spec"]["images"][repository]["tags"][0]["ownerReferences"][0]["name"], "warm",
+        "{node_image:#}"
+    );
+    assert_eq!(
+        node_image["status"]["imageStatuses"][repository]["tags"][0]["phase"], "Succeeded",
+        "{node_image:#}"
+    );
     // Told as Kruise tells it: an Event on the job, with Kruise's reason.
     let events = wait_until("the job's event", Duration::from_secs(10), || {
         let events = cluster.get_json(&[
