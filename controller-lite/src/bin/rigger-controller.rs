@@ -42,7 +42,12 @@ enum Command {
     ConfigReference,
     /// Print the CustomResourceDefinitions of Rigger's kinds (YAML), generated from its
     /// types: what `deploy/kubernetes/crds.yaml` holds, for `kubectl apply -f -`.
-    Crds,
+    Crds {
+        /// Only this API group's (`rigger.dev`: Rigger's own, for a cluster where
+        /// Kruise's CRDs stay).
+        #[arg(long, value_name = "GROUP")]
+        group: Option<String>,
+    },
     #[command(flatten)]
     Docs(rigger_daemon::cli::DocsCommand),
 }
@@ -66,8 +71,8 @@ fn main() -> ExitCode {
             rigger_controller::config::NOT_CONFIG_KEYS,
         );
     }
-    if let Some(Command::Crds) = &cli.command {
-        return match rigger_api::crd::manifests_yaml() {
+    if let Some(Command::Crds { group }) = &cli.command {
+        return match rigger_api::crd::manifests_yaml(group.as_deref()) {
             Ok(yaml) => {
                 print!("{yaml}");
                 ExitCode::SUCCESS
