@@ -53,6 +53,10 @@ struct Args {
     /// Write the results into this markdown file (its API-load section).
     #[arg(long)]
     write: Option<PathBuf>,
+    /// The controller's `write_node_images`: measure with and without each node's
+    /// NodeImage written [default: both].
+    #[arg(long, value_delimiter = ',', default_value = "false,true")]
+    write_node_images: Vec<bool>,
 }
 
 /// Requests the API server counted, by verb and resource.
@@ -61,6 +65,7 @@ type Counts = BTreeMap<String, u64>;
 #[derive(Debug)]
 struct Row {
     nodes: usize,
+    node_images: bool,
     register: Counts,
     steady: Counts,
     steady_seconds: f64,
@@ -194,11 +199,15 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let mut rows = Vec::new();
-    for &nodes in &args.nodes {
-        eprintln!("== {nodes} simulated agents on the Kubernetes store");
-        let row = runtime.block_on(run(&controller, &kubectl, nodes, &args))?;
-        eprintln!("{row:?}");
-        rows.push(row);
+    for &node_images in &args.write_node_images {
+        for &nodes in &args.nodes {
+            eprintln!(
+                "== {nodes} simulated agents on the Kubernetes store, NodeImages written: {node_images}"
+            );
+            let row = runtime.block_on(run(&controller, &kubectl, nodes, node_images, &args))?;
+            eprintln!("{row:?}");
+            rows.push(row);
+        }
     }
     let table = render(&rows, &args);
     print!("{table}");
@@ -242,11 +251,12 @@ fn render(rows: &[Row], args: &Args) -> String {
         args.nodes.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
         humantime::format_duration(args.steady)
     ));
-    out.push_str("| nodes | requests while the fleet registers | requests per second, steady | watches held by Rigger | requests for an ImagePullJob over every node | the job took |\n|---|---|---|---|---|---|\n");
+    out.push_str("| nodes | NodeImages written | requests while the fleet registers | requests per second, steady | watches held by Rigger | requests for an ImagePullJob over every node | the job took |\n|---|---|---|---|---|---|---|\n");
     for r in rows {
         out.push_str(&format!(
-            "| {} | {} | {:.1} | {} | {} | {:.1} s |\n",
+            "| {} | {} | {} | {:.1} | {} | {} | {:.1} s |\n",
             r.nodes,
+            if r.node_images { "yes" } else { "no" },
             show(&r.register),
             total(&r.steady) as f64 / r.steady_seconds,
             r.watches,
@@ -262,9 +272,10 @@ async fn run(
     controller: &Path,
     kubectl: &Kubectl,
     nodes: usize,
+    node_images: bool,
     args: &Args,
 ) -> anyhow::Result<Row> {
-    let namespace = format!("api-load-{}-{nodes}", std::process::id());
+    let namespace = format!("api-load-{}-{nodes}-{node_images}", std::process::id());
     kubectl.run(&["create", "namespace", &namespace], None)?;
     // The cluster's Nodes, labelled as the job selects them (agents' own labels are not
     // believed in a cluster).
@@ -288,6 +299,8 @@ async fn run(
         kubectl.kubeconfig.to_str().context("kubeconfig path")?,
         "--kubernetes-namespace",
         &namespace,
+        "--write-node-images",
+        if node_images { "true" } else { "false" },
     ]
     .iter()
     .map(|s| (*s).to_owned())
@@ -363,8 +376,9 @@ async fn run(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let job_time = applied.elapsed();
-    // Its last status write lands after completion is visible in the controller.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Its last status write lands after completion is visible in the controller (and
+    // the NodeImages are written every 10 s).
+    tokio::time::sleep(Duration::from_secs(if node_images { 12 } else { 2 })).await;
     let (job_after, _) = kubectl.counts()?;
     agents.abort_all();
     drop(lab);
@@ -374,6 +388,7 @@ async fn run(
     );
     Ok(Row {
         nodes,
+        node_images,
         register: difference(&registered, &before),
         steady: difference(&steady_end, &registered),
         steady_seconds: args.steady.as_secs_f64(),

@@ -255,6 +255,8 @@ pub async fn run(
     if kruise_manager {
         tracing::info!("beside Kruise's manager: NodeImages and recreate requests only");
     }
+    let write_node_images =
+        matches!(&config.store, StoreConfig::Kubernetes(settings) if settings.write_node_images);
     // In a cluster, image lists made with kubectl are carried out by a pass of their own.
     let lists = (cluster.is_some() && !kruise_manager).then(|| control.clone());
     // The engines run on the leader only (at once with the embedded store).
@@ -304,12 +306,21 @@ pub async fn run(
                     };
                     let lists = async {
                         if let Some(control) = lists {
+                            let node_images = async {
+                                if write_node_images {
+                                    crate::control::node_images::keep_written(
+                                        control.clone(),
+                                        token.clone(),
+                                    )
+                                    .await;
+                                }
+                            };
                             tokio::join!(
                                 crate::control::lists::keep_in_cluster(
                                     control.clone(),
                                     token.clone()
                                 ),
-                                crate::control::node_images::keep_written(control, token.clone()),
+                                node_images,
                             );
                         }
                     };

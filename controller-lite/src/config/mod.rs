@@ -45,6 +45,7 @@ pub struct ControllerConfigFile {
     pub kubeconfig: Option<PathBuf>,
     pub kubernetes_namespace: Option<String>,
     pub kruise_manager: Option<bool>,
+    pub write_node_images: Option<bool>,
     pub api_requests_per_second: Option<u32>,
     pub api_burst: Option<u32>,
     pub peer_grant_key: Option<PathBuf>,
@@ -154,6 +155,11 @@ pub struct ControllerArgs {
     /// ImageListPullJobs and SidecarSets to Kruise's manager.
     #[arg(long, env = "RIGGER_CONTROLLER_KRUISE_MANAGER")]
     pub kruise_manager: bool,
+    /// With the kubernetes store, Rigger alone: write each node's NodeImage in Kruise's
+    /// shape (spec from the jobs, status from the pulls). Each costs the API server about
+    /// two writes per node per job: turn it off for the least load [default: true].
+    #[arg(long, env = "RIGGER_CONTROLLER_WRITE_NODE_IMAGES", value_name = "BOOL")]
+    pub write_node_images: Option<bool>,
     /// Requests per second each API client (user, or address without tokens) may send;
     /// more are refused with RESOURCE_EXHAUSTED and riggerctl waits and retries [default: 50].
     #[arg(
@@ -491,6 +497,7 @@ impl ControllerConfig {
                 .clone()
                 .or(file.kubernetes_namespace),
             args.kruise_manager || file.kruise_manager == Some(true),
+            args.write_node_images.or(file.write_node_images),
         )?;
         let leader_lease = LEADER_LEASE.duration(
             args.leader_lease.or(file.leader_lease),

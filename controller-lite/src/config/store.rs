@@ -59,6 +59,11 @@ pub(super) const KUBERNETES_NAMESPACE: Setting = Setting {
     flag: "--kubernetes-namespace",
     env: "RIGGER_CONTROLLER_KUBERNETES_NAMESPACE",
 };
+pub(super) const WRITE_NODE_IMAGES: Setting = Setting {
+    key: "write_node_images",
+    flag: "--write-node-images",
+    env: "RIGGER_CONTROLLER_WRITE_NODE_IMAGES",
+};
 pub(super) const KRUISE_MANAGER: Setting = Setting {
     key: "kruise_manager",
     flag: "--kruise-manager",
@@ -76,6 +81,7 @@ pub(super) fn parse_store(text: Option<String>) -> Result<StoreConfig, ConfigErr
             kubeconfig: None,
             namespace: String::new(),
             kruise_manager: false,
+            write_node_images: true,
         }));
     }
     let hosts = text.strip_prefix("etcd://").ok_or_else(|| {
@@ -113,8 +119,13 @@ pub(super) fn kubernetes_settings(
     kubeconfig: Option<PathBuf>,
     namespace: Option<String>,
     kruise_manager: bool,
+    write_node_images: Option<bool>,
 ) -> Result<(), ConfigError> {
     let StoreConfig::Kubernetes(settings) = store else {
+        if write_node_images.is_some() {
+            return Err(WRITE_NODE_IMAGES
+                .invalid("applies to the kubernetes store only (store = \"kubernetes\")"));
+        }
         if kruise_manager {
             return Err(KRUISE_MANAGER
                 .invalid("applies to the kubernetes store only (store = \"kubernetes\")"));
@@ -154,6 +165,7 @@ pub(super) fn kubernetes_settings(
     settings.kubeconfig = kubeconfig;
     settings.namespace = namespace;
     settings.kruise_manager = kruise_manager;
+    settings.write_node_images = write_node_images.unwrap_or(true);
     Ok(())
 }
 

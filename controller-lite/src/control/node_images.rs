@@ -116,7 +116,8 @@ pub async fn write_in_cluster(control: &ControlService) -> Result<(), Status> {
     Ok(())
 }
 
-/// Run [`write_in_cluster`] every two seconds until `token` is cancelled.
+/// Run [`write_in_cluster`] every ten seconds until `token` is cancelled: NodeImages are
+/// for people and Kruise's tools to read, and each pass may write one per node.
 pub async fn keep_written(control: ControlService, token: tokio_util::sync::CancellationToken) {
     loop {
         if let Err(error) = write_in_cluster(&control).await {
@@ -124,7 +125,7 @@ pub async fn keep_written(control: ControlService, token: tokio_util::sync::Canc
         }
         tokio::select! {
             () = token.cancelled() => return,
-            () = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
+            () = tokio::time::sleep(std::time::Duration::from_secs(10)) => {}
         }
     }
 }

@@ -116,7 +116,12 @@ impl ControlService {
         &self,
         job: crate::store::Versioned<ImagePullJob>,
     ) -> Result<ImagePullJob, Status> {
-        let held = self.jobs.status_of(&job.key, job.revision);
+        let held = if self.writes_through_kubernetes {
+            let uid = job.value.metadata.uid.as_deref().unwrap_or_default();
+            self.jobs.status_by_uid(&job.key, uid)
+        } else {
+            self.jobs.status_of(&job.key, job.revision)
+        };
         let status = match held {
             Some(status) => status,
             None => crate::job_status::read(&self.store, &job.key)

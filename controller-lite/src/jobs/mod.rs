@@ -69,6 +69,38 @@ struct Effects {
     expired: Vec<ObjectKey>,
 }
 
+/// The event of a job that just finished: Kruise's `PullImageSucceed` when every node
+/// pulled, else `PullImageFailed` naming how many failed.
+fn completion_event(key: &ObjectKey, job: &JobState) -> crate::events::Event {
+    let status = &job.status;
+    let regarding = crate::events::Regarding {
+        api_version: job.job.api_version.clone(),
+        kind: job.job.kind.clone(),
+        namespace: key.namespace.clone(),
+        name: key.name.clone(),
+        uid: job.job.metadata.uid.clone().unwrap_or_default(),
+    };
+    let image = &job.job.spec.image;
+    if status.failed == 0 {
+        crate::events::Event {
+            regarding,
+            warning: false,
+            reason: crate::events::PULL_IMAGE_SUCCEED,
+            message: format!("Image {image} pulled on all {} nodes", status.succeeded),
+        }
+    } else {
+        crate::events::Event {
+            regarding,
+            warning: true,
+            reason: crate::events::PULL_IMAGE_FAILED,
+            message: format!(
+                "Image {image} pulled on {} nodes, failed on {}",
+                status.succeeded, status.failed
+            ),
+        }
+    }
+}
+
 fn parse_time(text: Option<&str>) -> Option<SystemTime> {
     humantime::parse_rfc3339(text?).ok()
 }
@@ -131,6 +163,16 @@ impl JobEngine {
         let state = self.lock();
         let job = state.jobs.get(key)?;
         (job.spec_revision == spec_revision).then(|| job.status.clone())
+    }
+
+    /// The status the engine holds for the job `key` whose uid is `uid`. On a Kubernetes
+    /// store every status write moves the object's revision, so the object is known by
+    /// its uid (a job deleted and made again has another).
+    pub fn status_by_uid(&self, key: &ObjectKey, uid: &str) -> Option<ImagePullJobStatus> {
+        let state = self.lock();
+        let job = state.jobs.get(key)?;
+        (!uid.is_empty() && job.job.metadata.uid.as_deref() == Some(uid))
+            .then(|| job.status.clone())
     }
 
     /// Reconcile soon (a job was applied or deleted, a node came or went).
@@ -409,6 +451,7 @@ impl JobEngine {
             tasks,
             effects: &mut effects,
         };
+        let mut ended = Vec::new();
         for (key, job) in jobs.iter_mut() {
             let pass = Pass {
                 key,
@@ -417,7 +460,15 @@ impl JobEngine {
                 starting,
                 now,
             };
+            let was_finished = job.finished();
             reconcile_job(&pass, job, &mut out);
+            if !was_finished && job.finished() {
+                ended.push(completion_event(key, job));
+            }
+        }
+        drop(state);
+        for event in ended {
+            self.inner.events.record(event);
         }
         effects
     }
@@ -508,12 +559,10 @@ impl JobEngine {
         let before = job.entry(node).map(|entry| entry.phase);
         let wake = report::fold(key, job, node, status, Now::read());
         let ended = match (before, job.entry(node)) {
+            // Each node's failure is told at once; successes in one event when the job
+            // ends (one per node would write as many events as the fleet has nodes).
             (Some(before), Some(entry))
-                if before != entry.phase
-                    && matches!(
-                        entry.phase,
-                        NodePullPhase::Succeeded | NodePullPhase::Failed
-                    ) =>
+                if before != entry.phase && entry.phase == NodePullPhase::Failed =>
             {
                 let failed = (entry.phase == NodePullPhase::Failed).then(|| entry.message.clone());
                 let regarding = crate::events::Regarding {

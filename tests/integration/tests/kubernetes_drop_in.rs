@@ -545,11 +545,31 @@ fn the_controllers_roles_grant_exactly_the_calls_it_makes() {
         let list = cluster.get_json(&["imagelistpulljob", "list", "-n", &namespace.name])?;
         (list["status"]["succeeded"] == 1).then_some(())
     });
+    // Rigger alone writes each node's NodeImage: spec from the jobs, status from the pulls
+    // (made, then changed as the jobs come and go).
+    let name = node_name.as_str();
+    let tagged = |with: bool| {
+        move || {
+            let read = cluster.get_json(&["nodeimage", name])?;
+            let asked = read["spec"]["images"][repository].is_object();
+            (asked == with && read["status"]["imageStatuses"][repository].is_object()).then_some(())
+        }
+    };
+    wait_until(
+        "the node's NodeImage to ask for the image",
+        Duration::from_secs(30),
+        tagged(true),
+    );
     cluster.kubectl_ok(&["delete", "imagelistpulljob", "list", "-n", &namespace.name]);
     wait_until("the list's job to go", Duration::from_secs(30), || {
         let jobs = cluster.get_json(&["imagepulljobs", "-n", &namespace.name])?;
         jobs["items"].as_array()?.is_empty().then_some(())
     });
+    wait_until(
+        "the node's NodeImage to ask no more",
+        Duration::from_secs(30),
+        tagged(false),
+    );
     // A recreate request for a Pod (labelled, its status written, removed after its TTL).
     let pod = serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -593,13 +613,6 @@ fn the_controllers_roles_grant_exactly_the_calls_it_makes() {
                 .then_some(())
         },
     );
-    // Rigger alone writes each node's NodeImage: spec from the jobs, status from the pulls.
-    wait_until("the node's NodeImage", Duration::from_secs(30), || {
-        let read = cluster.get_json(&["nodeimage", &node_name])?;
-        read["status"]["imageStatuses"][repository]
-            .is_object()
-            .then_some(())
-    });
     // Lease renewals and the records' clean-up land.
     std::thread::sleep(Duration::from_secs(2));
 

@@ -88,6 +88,7 @@ fn connect(rt: &tokio::runtime::Runtime, cluster: &Cluster, namespace: &str) -> 
                 kubeconfig: Some(cluster.kubeconfig.clone()),
                 namespace: namespace.to_owned(),
                 kruise_manager: false,
+                write_node_images: true,
             })
             .await
             .unwrap(),
@@ -296,7 +297,10 @@ fn a_job_applied_with_kubectl_runs_on_the_nodes_kubectl_labelled() {
     assert_eq!(event["reason"], "PullImageSucceed", "{event:#}");
     assert_eq!(event["involvedObject"]["kind"], "ImagePullJob", "{event:#}");
     assert!(
-        event["message"].as_str().unwrap().contains(&chosen),
+        event["message"]
+            .as_str()
+            .unwrap()
+            .contains("on all 1 nodes"),
         "{event:#}"
     );
 }

@@ -28,6 +28,8 @@ pub struct KubernetesSettings {
     pub namespace: String,
     /// Kruise's manager runs beside (see the `kruise_manager` setting).
     pub kruise_manager: bool,
+    /// Alone, write each node's NodeImage (see the `write_node_images` setting).
+    pub write_node_images: bool,
 }
 
 /// The controller's store on a Kubernetes API server.
