@@ -33,15 +33,6 @@ pub trait ClusterPods: std::fmt::Debug + Send + Sync + 'static {
     async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodFacts>, String>;
 }
 
-/// Whether `request` still needs admitting (no node named yet).
-pub fn needs_admission(request: &ContainerRecreateRequest) -> bool {
-    request
-        .metadata
-        .labels
-        .get(NODE_NAME_LABEL)
-        .is_none_or(String::is_empty)
-}
-
 /// Admit `request` for `pod`: the labels and status contexts set, or why it cannot run.
 pub fn admit(request: &mut ContainerRecreateRequest, pod: Option<&PodFacts>) -> Result<(), String> {
     let name = &request.spec.pod_name;
@@ -63,6 +54,8 @@ pub fn admit(request: &mut ContainerRecreateRequest, pod: Option<&PodFacts>) -> 
             ));
         }
     }
+    // Whatever a user wrote: the Pod says where it is and which it is. (Only open
+    // requests are admitted, so an open one is active.)
     let labels = &mut request.metadata.labels;
     labels.insert(NODE_NAME_LABEL.to_owned(), node.to_owned());
     labels.insert(POD_UID_LABEL.to_owned(), pod.uid.clone());
@@ -113,9 +106,7 @@ mod tests {
     #[test]
     fn a_request_is_labelled_with_the_pods_node_and_uid_and_its_running_instance() {
         let mut r = request();
-        assert!(needs_admission(&r));
         admit(&mut r, Some(&pod(Some("n1")))).unwrap();
-        assert!(!needs_admission(&r));
         assert_eq!(r.metadata.labels[NODE_NAME_LABEL], "n1");
         assert_eq!(r.metadata.labels[POD_UID_LABEL], "u1");
         assert_eq!(r.metadata.labels[ACTIVE_LABEL], "true");
@@ -141,6 +132,20 @@ mod tests {
                 .unwrap_err()
                 .contains("\"db\"")
         );
+    }
+
+    #[test]
+    fn labels_a_user_wrote_are_replaced_by_the_pods_truth() {
+        let mut r = request();
+        r.metadata
+            .labels
+            .insert(NODE_NAME_LABEL.into(), "victim-node".into());
+        r.metadata
+            .labels
+            .insert(POD_UID_LABEL.into(), "victim-uid".into());
+        admit(&mut r, Some(&pod(Some("n1")))).unwrap();
+        assert_eq!(r.metadata.labels[NODE_NAME_LABEL], "n1");
+        assert_eq!(r.metadata.labels[POD_UID_LABEL], "u1");
     }
 
     #[test]

@@ -238,8 +238,19 @@ impl crate::engine::Engine for RecreateEngine {
                 continue;
             }
             let mut request = stored.value;
+            // An unreadable status starts the request afresh.
+            let status = match store.get_as::<CrrStatus>(status_key(&stored.key)).await {
+                Ok(status) => status.map(|s| s.value),
+                Err(StoreError::Undecodable { .. }) => None,
+                Err(error) => return Err(error),
+            };
+            let finished = status
+                .as_ref()
+                .is_some_and(|s| s.phase == CrrPhase::Completed);
+            // In a cluster, every open request is admitted from its Pod, labelled or not:
+            // labels a user wrote never choose the node or the pod a recreate acts on.
             if let Some(cluster) = &self.inner.cluster_pods
-                && admission::needs_admission(&request)
+                && !finished
             {
                 let pod = cluster
                     .pod(&stored.key.namespace, &request.spec.pod_name)
@@ -248,7 +259,9 @@ impl crate::engine::Engine for RecreateEngine {
                         location: stored.key.to_string(),
                         detail,
                     })?;
+                let before = request.clone();
                 match admission::admit(&mut request, pod.as_ref()) {
+                    Ok(()) if request == before => {}
                     Ok(()) => {
                         // Labelled where users and Kruise's tools look for them; a
                         // request changed meanwhile is read again next pass.
@@ -273,12 +286,6 @@ impl crate::engine::Engine for RecreateEngine {
                     Err(reason) => refused.push((stored.key.clone(), reason)),
                 }
             }
-            // An unreadable status starts the request afresh.
-            let status = match store.get_as::<CrrStatus>(status_key(&stored.key)).await {
-                Ok(status) => status.map(|s| s.value),
-                Err(StoreError::Undecodable { .. }) => None,
-                Err(error) => return Err(error),
-            };
             pod_keys.extend(pod_key(&stored.key, &request));
             new.push((stored.key, request, status));
         }
