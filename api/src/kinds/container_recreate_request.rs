@@ -337,7 +337,8 @@ pub const INFO: KindInfo = KindInfo {
         "Restart some containers of one pod in place. Both Kruise versions; \
              v1beta1's status has the `PreRecreateGrace` condition.\n\n\
              Differs from Kruise: `containers[].preStop` and `ports` may be given (Kruise \
-             makes them read-only); `statusContext` is filled in from the pod's status for \
+             makes them read-only) for Rigger's pods; in a cluster they are the Pod's own, as \
+             Kruise's webhook makes them; `statusContext` is filled in from the pod's status for \
              Rigger's pods; preStop may also be `tcpSocket`; kubelet's pods are found in the \
              nodes' inventories.",
     ),

@@ -62,6 +62,12 @@ pub fn admit(request: &mut ContainerRecreateRequest, pod: Option<&PodFacts>) -> 
     labels.insert(POD_OWNER_LABEL.to_owned(), "kubelet".to_owned());
     labels.insert(ACTIVE_LABEL.to_owned(), "true".to_owned());
     for container in &mut request.spec.containers {
+        // As Kruise's webhook: the hook run before the stop is the container's own
+        // (kubelet's, from the Pod), never one the request brings — whoever may create
+        // a request must not gain exec in the pod's containers or a request the node
+        // sends into the network.
+        container.pre_stop = None;
+        container.ports.clear();
         if container.status_context.is_some() {
             continue;
         }
@@ -132,6 +138,21 @@ mod tests {
                 .unwrap_err()
                 .contains("\"db\"")
         );
+    }
+
+    #[test]
+    fn a_pre_stop_or_ports_a_user_wrote_are_not_run() {
+        let mut r: ContainerRecreateRequest = serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps.kruise.io/v1alpha1", "kind": "ContainerRecreateRequest",
+            "metadata": {"name": "r", "namespace": "shop"},
+            "spec": {"podName": "web", "containers": [{"name": "app",
+                "preStop": {"httpGet": {"host": "169.254.169.254", "port": 80, "path": "/"}},
+                "ports": [{"name": "admin", "containerPort": 10250}]}]},
+        }))
+        .unwrap();
+        admit(&mut r, Some(&pod(Some("n1")))).unwrap();
+        assert!(r.spec.containers[0].pre_stop.is_none());
+        assert!(r.spec.containers[0].ports.is_empty());
     }
 
     #[test]

@@ -252,13 +252,25 @@ impl crate::engine::Engine for RecreateEngine {
             if let Some(cluster) = &self.inner.cluster_pods
                 && !finished
             {
-                let pod = cluster
+                // One request that cannot be read or looked up is that request's
+                // trouble, never every request's.
+                if let Err(error) = request.validate() {
+                    refused.push((stored.key.clone(), format!("invalid: {error}")));
+                    pod_keys.extend(pod_key(&stored.key, &request));
+                    new.push((stored.key, request, status));
+                    continue;
+                }
+                let pod = match cluster
                     .pod(&stored.key.namespace, &request.spec.pod_name)
                     .await
-                    .map_err(|detail| StoreError::Backend {
-                        location: stored.key.to_string(),
-                        detail,
-                    })?;
+                {
+                    Ok(pod) => pod,
+                    Err(detail) => {
+                        tracing::warn!(request = %stored.key, %detail, "cannot look up the request's pod; trying again next pass");
+                        present.remove(&stored.key);
+                        continue;
+                    }
+                };
                 let before = request.clone();
                 match admission::admit(&mut request, pod.as_ref()) {
                     Ok(()) if request == before => {}

@@ -260,7 +260,7 @@ fn a_recreate_request_made_with_kubectl_restarts_a_kubelet_pods_container_with_i
 }
 
 #[test]
-fn kruises_v1beta1_recreate_example_runs_on_a_two_container_kubelet_pod_in_order() {
+fn kruises_v1beta1_recreate_example_runs_on_a_two_container_kubelet_pod_with_its_own_pre_stop() {
     let cluster = Cluster::get();
     let _exclusive = cluster.exclusive();
     let lab = Lab::get();
@@ -296,8 +296,9 @@ fn kruises_v1beta1_recreate_example_runs_on_a_two_container_kubelet_pod_in_order
         &["app", "web"],
     );
     let (old_app, web) = (ids[0].1.clone(), ids[1].1.clone());
-    // Kruise's v1beta1 example: `app` with a preStop of the request's own, `web` naming an
-    // instance that runs no more (so it counts as recreated, and is not stopped).
+    // Kruise's v1beta1 example: `app` with a preStop of the request's own (not run in a
+    // cluster), `web` naming an instance that runs no more (so it counts as recreated, and
+    // is not stopped).
     let request = corpus("containerrecreaterequest-v1beta1.yaml", "beta", "", "");
     let out = cluster.kubectl_stdin(&["apply", "-n", &namespace.name], &request);
     assert!(
@@ -334,16 +335,18 @@ fn kruises_v1beta1_recreate_example_runs_on_a_two_container_kubelet_pod_in_order
     };
     assert_eq!(state_of("app")["phase"], "Succeeded", "{logs}");
     assert_eq!(state_of("web")["phase"], "Succeeded", "{logs}");
+    // In a cluster the hook is the container's own (kubelet's), as Kruise's webhook makes
+    // it: the preStop the request brings is not run.
     assert_eq!(
-        std::fs::read_to_string(out_dir.join("override-prestop"))
+        std::fs::read_to_string(out_dir.join("prestop"))
             .unwrap_or_default()
             .trim(),
-        "override",
-        "the request's own preStop ran, not the container's\n{logs}"
+        "prestop",
+        "kubelet's preStop ran\n{logs}"
     );
     assert!(
-        !out_dir.join("prestop").exists(),
-        "kubelet's preStop was replaced\n{logs}"
+        !out_dir.join("override-prestop").exists(),
+        "the request's own preStop was run\n{logs}"
     );
     assert_ne!(
         pod.container_id, old_app,
