@@ -196,6 +196,8 @@ pub struct NodeRegistry {
     cluster_labels_only: Arc<std::sync::atomic::AtomicBool>,
     /// In a cluster, the Pods each node runs (`None`: as agents report them).
     cluster_pods: Arc<RwLock<Option<PodsByNode>>>,
+    /// Admin (in a cluster: the Nodes') labels were set at least once.
+    admin_labels_loaded: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl NodeRegistry {
@@ -258,6 +260,17 @@ impl NodeRegistry {
         if let Ok(mut admin) = self.admin_labels.write() {
             *admin = all;
         }
+        self.admin_labels_loaded
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// In a cluster: the Nodes' labels and the Pods' places have been listed once. Until
+    /// then no job may choose nodes (a selector matching what is absent would match every
+    /// node, and a podSelector would see no pod).
+    pub fn cluster_loaded(&self) -> bool {
+        self.admin_labels_loaded
+            .load(std::sync::atomic::Ordering::Acquire)
+            && self.cluster_pods.read().is_ok_and(|pods| pods.is_some())
     }
 
     /// One node's admin labels changed.

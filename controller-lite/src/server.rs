@@ -212,6 +212,11 @@ pub async fn run(
             events.clone(),
         )
     });
+    // In a cluster, what agents say of their own labels is never taken, from the first
+    // registration on.
+    if matches!(elector, Some(Elector::Kubernetes(_))) {
+        nodes.use_cluster_labels_only();
+    }
     let mut link = AgentLinkService::new(
         nodes.clone(),
         jobs.clone(),
@@ -259,6 +264,8 @@ pub async fn run(
         matches!(&config.store, StoreConfig::Kubernetes(settings) if settings.write_node_images);
     // In a cluster, image lists made with kubectl are carried out by a pass of their own.
     let lists = (cluster.is_some() && !kruise_manager).then(|| control.clone());
+    let in_cluster = cluster.is_some();
+    let gate = nodes.clone();
     // The engines run on the leader only (at once with the embedded store).
     let engine = {
         let (mut leadership, token) = (leadership.clone(), token.clone());
@@ -268,7 +275,6 @@ pub async fn run(
                 // agents say about themselves. In a cluster, the Nodes' labels.
                 let labels = match cluster {
                     Some(client) => {
-                        nodes.use_cluster_labels_only();
                         let placed = nodes.clone();
                         futures::future::Either::Left(async {
                             tokio::join!(
@@ -326,8 +332,16 @@ pub async fn run(
                     };
                     tokio::join!(node_images, lists);
                 };
-                // Beside Kruise's manager, its jobs and SidecarSets are its own.
+                // Beside Kruise's manager, its jobs and SidecarSets are its own. In a
+                // cluster, jobs choose nodes only once the Nodes and Pods are listed.
+                let loaded = gate.clone();
                 let managers = async {
+                    while in_cluster && !loaded.cluster_loaded() {
+                        tokio::select! {
+                            () = token.cancelled() => return,
+                            () = tokio::time::sleep(std::time::Duration::from_millis(50)) => {}
+                        }
+                    }
                     if !kruise_manager {
                         tokio::join!(
                             crate::engine::supervise(jobs, token.clone()),

@@ -93,6 +93,18 @@ impl ControlService {
         self
     }
 
+    /// On a Kubernetes store, Secrets are read with kubectl, under the cluster's RBAC:
+    /// through riggerctl they would be read with the controller's rights, in every
+    /// namespace (and their annotations can hold the values).
+    fn readable(&self, kind: Kind) -> Result<(), Status> {
+        if self.writes_through_kubernetes && kind == Kind::Secret {
+            return Err(Status::permission_denied(
+                "this controller keeps its objects in Kubernetes: read Secrets with kubectl (the API server's RBAC decides who may)",
+            ));
+        }
+        Ok(())
+    }
+
     /// Who sent `request`, and its message, if this replica leads, the sender may act
     /// with `needed` and is within their request rate (per user; per address when there
     /// are no tokens).
@@ -295,6 +307,7 @@ impl Control for ControlService {
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<Object>, Status> {
         let (_, request) = self.admit(request, Role::Viewer)?;
         let kind = kind_of(&request.kind)?;
+        self.readable(kind)?;
         let namespace = if kind.namespaced() {
             namespace_or_default(&request.namespace)
         } else {
@@ -308,6 +321,7 @@ impl Control for ControlService {
     async fn list(&self, request: Request<ListRequest>) -> Result<Response<ListResponse>, Status> {
         let (_, request) = self.admit(request, Role::Viewer)?;
         let kind = kind_of(&request.kind)?;
+        self.readable(kind)?;
         let selection = Selection::parse(
             kind,
             &request.namespace,
@@ -332,6 +346,7 @@ impl Control for ControlService {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let (_, request) = self.admit(request, Role::Viewer)?;
         let kind = kind_of(&request.kind)?;
+        self.readable(kind)?;
         let selection = Selection::parse(
             kind,
             &request.namespace,

@@ -133,7 +133,13 @@ async fn run(
     tracing::info!(lease = %name, %identity, ?duration, "campaigning for leadership");
     loop {
         let held = *leading.borrow();
-        match attempt(&api, &identity, duration, &mut observed).await {
+        // A hung API connection must not keep a leader leading: each round is bounded,
+        // and a round that times out counts as a failed renewal.
+        let bound = retry / 2;
+        let round = tokio::time::timeout(bound, attempt(&api, &identity, duration, &mut observed))
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {bound:?}")));
+        match round {
             Ok(true) => {
                 last_renewal = Instant::now();
                 if !held {

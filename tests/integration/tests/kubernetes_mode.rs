@@ -264,6 +264,28 @@ fn a_job_applied_with_kubectl_runs_on_the_nodes_kubectl_labelled() {
         let job = cluster.get_json(&["imagepulljob", "warm", "-n", &namespace.name])?;
         job["status"]["completionTime"].is_string().then_some(())
     });
+    // riggerctl reads the controller, but neither writes around the API server nor reads
+    // Secrets with the controller's rights.
+    let refused = controller.ctl(&["-n", &namespace.name, "get", "secret", "any"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("read Secrets with kubectl"),
+        "{stderr}"
+    );
+    let refused = controller.apply(
+        "apiVersion: apps.kruise.io/v1beta1\nkind: ImagePullJob\nmetadata: {name: other}\n\
+         spec: {image: registry.invalid/a:1, selector: {names: [x]}}\n",
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("write them with kubectl"),
+        "{stderr}"
+    );
+    assert!(
+        controller
+            .get_json(&["imagepulljob", "warm", "-n", &namespace.name])
+            .is_some()
+    );
     // Each node's NodeImage, as Kruise's manager and daemon would leave it.
     let (repository, tag) = image.rsplit_once(':').unwrap();
     let node_image = wait_until("the node's NodeImage", Duration::from_secs(30), || {
