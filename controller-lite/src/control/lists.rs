@@ -194,11 +194,20 @@ pub async fn reconcile_in_cluster(
         .list_objects::<ImageListPullJob>()
         .await
         .map_err(store_status)?;
-    let mut present = std::collections::HashSet::new();
+    // Every list there is, read or not: a list that no longer decodes (written around
+    // Rigger's checks) keeps its jobs; it only makes no more.
+    let mut present: std::collections::HashSet<(String, String)> = control
+        .store
+        .list(rigger_api::image_list_pull_job::KIND)
+        .await
+        .map_err(store_status)?
+        .into_iter()
+        .map(|stored| (stored.key.namespace, stored.key.name))
+        .collect();
     for stored in &lists {
         let list = &stored.value;
         // An invalid list keeps the jobs it has; it makes no more.
-        present.insert((stored.key.namespace.clone(), list.metadata.name.clone()));
+        present.insert((stored.key.namespace.clone(), stored.key.name.clone()));
         if let Err(error) = list.validate() {
             tracing::warn!(list = %stored.key, %error, "stored image list is not valid; skipped");
             continue;

@@ -542,6 +542,31 @@ fn kruises_pull_job_examples_applied_with_kubectl_are_carried_out_on_the_lab_nod
             logs()
         );
     }
+    // A list edited into something the API server takes but Rigger cannot read keeps the
+    // jobs it has (it only makes no more).
+    let keep = format!("keep-{id}");
+    cluster.kubectl_ok(&[
+        "patch",
+        "imagelistpulljob",
+        &keep,
+        "-n",
+        &namespace.name,
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"parallelism":"most"}}"#,
+    ]);
+    std::thread::sleep(Duration::from_secs(3));
+    let jobs = cluster
+        .get_json(&["imagepulljobs", "-n", &namespace.name])
+        .unwrap();
+    let kept = jobs["items"].as_array().unwrap().iter().any(|j| {
+        j["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with(&format!("{keep}-"))
+    });
+    assert!(kept, "the unreadable list's job was deleted\n{}", logs());
     // A list deleted with kubectl takes its jobs with it.
     cluster.kubectl_ok(&[
         "delete",
