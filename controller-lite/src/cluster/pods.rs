@@ -2,15 +2,15 @@
 //! ([`ClusterPods`] on kube's client), and watched for where they run (a job's
 //! `podSelector`, [`keep_placed`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
 use tokio_util::sync::CancellationToken;
 
+use super::watched::{Relisted, follow};
 use crate::recreate_requests::{ClusterPods, PodFacts};
 
 /// Pods read from the API server.
@@ -73,8 +73,7 @@ impl ClusterPods for KubePods {
 #[derive(Debug, Default)]
 pub struct PodPlaces {
     /// By uid.
-    pods: HashMap<String, Place>,
-    listing: Option<HashMap<String, Place>>,
+    pods: Relisted<Place>,
 }
 
 /// Where a Pod runs: its node, namespace and labels.
@@ -96,42 +95,16 @@ fn place_of(pod: &Pod) -> Option<(String, Place)> {
 }
 
 impl PodPlaces {
-    /// Take in one watch event; `true` when what jobs see changed.
+    /// Take in one watch event; `true` when what jobs see changed. A Pod no longer
+    /// scheduled is forgotten.
     pub fn apply(&mut self, event: Event<Pod>) -> bool {
-        match event {
-            Event::Init => {
-                self.listing = Some(HashMap::new());
-                false
-            }
-            Event::InitApply(pod) => {
-                if let (Some(listing), Some((uid, place))) = (&mut self.listing, place_of(&pod)) {
-                    listing.insert(uid, place);
-                }
-                false
-            }
-            Event::InitDone => {
-                self.pods = self.listing.take().unwrap_or_default();
-                true
-            }
-            Event::Apply(pod) => match place_of(&pod) {
-                Some((uid, place)) => self.pods.insert(uid, place.clone()) != Some(place),
-                None => pod
-                    .metadata
-                    .uid
-                    .as_ref()
-                    .is_some_and(|uid| self.pods.remove(uid).is_some()),
-            },
-            Event::Delete(pod) => pod
-                .metadata
-                .uid
-                .as_ref()
-                .is_some_and(|uid| self.pods.remove(uid).is_some()),
-        }
+        self.pods
+            .apply(event, place_of, |pod| pod.metadata.uid.clone())
     }
 
     pub fn by_node(&self) -> PodsByNode {
         let mut out = PodsByNode::new();
-        for (node, namespace, labels) in self.pods.values() {
+        for (node, namespace, labels) in self.pods.current.values() {
             out.entry(node.clone())
                 .or_default()
                 .push((namespace.clone(), labels.clone()));
@@ -148,27 +121,19 @@ pub async fn keep_placed(
     token: CancellationToken,
 ) {
     let api: Api<Pod> = Api::all(client);
-    let stream = watcher::watcher(api, watcher::Config::default());
-    futures::pin_mut!(stream);
     let mut places = PodPlaces::default();
-    loop {
-        let event = tokio::select! {
-            () = token.cancelled() => return,
-            event = stream.next() => event,
-        };
-        match event {
-            Some(Ok(event)) => {
-                if places.apply(event) {
-                    publish(places.by_node());
-                }
-            }
-            Some(Err(error)) => {
-                tracing::warn!(%error, "watching the cluster's Pods; retrying");
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            }
-            None => return,
+    let take = |event| {
+        if places.apply(event) {
+            publish(places.by_node());
         }
-    }
+    };
+    follow(
+        watcher::watcher(api, watcher::Config::default()),
+        "Pods",
+        take,
+        token,
+    )
+    .await;
 }
 
 #[cfg(test)]
