@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
-use crate::{Controller, repo_root};
+use crate::{Agent, Controller, LabNode, repo_root};
 
 /// The lab's API server, as kubectl reaches it.
 #[derive(Debug)]
@@ -210,6 +210,31 @@ impl Cluster {
     /// containerd nodes named as the cluster's Nodes.
     pub fn controller(&self, dir: &std::path::Path, namespace: &str) -> Controller {
         self.controller_with(dir, namespace, &[])
+    }
+
+    /// A real agent on `lab_node`, registered with `controller` as the cluster's Node
+    /// `node_name` (made here, with `labels`), pulling into `containerd_namespace`, its
+    /// state under `dir/<node_name>`.
+    pub fn node_agent(
+        &self,
+        controller: &Controller,
+        dir: &std::path::Path,
+        node_name: &str,
+        labels: &[(&str, &str)],
+        lab_node: &LabNode,
+        containerd_namespace: &str,
+    ) -> Agent {
+        self.create_node(node_name, labels);
+        let state = dir.join(node_name);
+        std::fs::create_dir_all(&state).unwrap();
+        Agent::start(
+            controller,
+            node_name,
+            &lab_node.address,
+            &lab_node.hosts_dir,
+            containerd_namespace,
+            &state,
+        )
     }
 
     /// [`Cluster::controller`] with more flags (`--kruise-manager`, say).

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use rigger_integration_tests::kubernetes::{Cluster, corpus};
-use rigger_integration_tests::{Agent, Lab, TestNamespace, repo_root, unique_image, wait_until};
+use rigger_integration_tests::{Lab, TestNamespace, repo_root, unique_image, wait_until};
 
 /// A loop that ends at once on SIGTERM (shells as PID 1 ignore it otherwise).
 const IDLE: &str = "trap 'exit 0' TERM; while true; do sleep 0.2; done";
@@ -149,18 +149,8 @@ fn a_recreate_request_made_with_kubectl_restarts_a_kubelet_pods_container_with_i
     let node = lab.first_node().clone();
     let dir = tempfile::tempdir().unwrap();
     let node_name = format!("k8s-crr-{}", std::process::id());
-    cluster.create_node(&node_name, &[]);
     let controller = cluster.controller(dir.path(), &namespace.name);
-    let state = dir.path().join("agent");
-    std::fs::create_dir_all(&state).unwrap();
-    let agent = Agent::start(
-        &controller,
-        &node_name,
-        &node.address,
-        &node.hosts_dir,
-        "k8s.io",
-        &state,
-    );
+    let agent = cluster.node_agent(&controller, dir.path(), &node_name, &[], &node, "k8s.io");
     let image = lab.image("rigger-lab/busybox:1");
     let KubeletPod {
         cri: mut cri_pod,
@@ -268,18 +258,8 @@ fn kruises_v1beta1_recreate_example_runs_on_a_two_container_kubelet_pod_with_its
     let node = lab.first_node().clone();
     let dir = tempfile::tempdir().unwrap();
     let node_name = format!("k8s-crr-beta-{}", std::process::id());
-    cluster.create_node(&node_name, &[]);
     let controller = cluster.controller(dir.path(), &namespace.name);
-    let state = dir.path().join("agent");
-    std::fs::create_dir_all(&state).unwrap();
-    let agent = Agent::start(
-        &controller,
-        &node_name,
-        &node.address,
-        &node.hosts_dir,
-        "k8s.io",
-        &state,
-    );
+    let agent = cluster.node_agent(&controller, dir.path(), &node_name, &[], &node, "k8s.io");
     let image = lab.image("rigger-lab/busybox:1");
     let KubeletPod {
         cri: mut pod,
@@ -368,18 +348,8 @@ fn a_node_image_written_as_kruises_manager_writes_it_is_pulled_and_its_status_re
     let ns = TestNamespace::on(&node, "k8s-nodeimage");
     let dir = tempfile::tempdir().unwrap();
     let node_name = format!("k8s-ni-{}", std::process::id());
-    cluster.create_node(&node_name, &[]);
     let controller = cluster.controller_with(dir.path(), &namespace.name, &["--kruise-manager"]);
-    let state = dir.path().join("agent");
-    std::fs::create_dir_all(&state).unwrap();
-    let agent = Agent::start(
-        &controller,
-        &node_name,
-        &node.address,
-        &node.hosts_dir,
-        &ns.name,
-        &state,
-    );
+    let agent = cluster.node_agent(&controller, dir.path(), &node_name, &[], &node, &ns.name);
     let reference = lab.image(&unique_image("k8s-nodeimage", 2, 64 << 10));
     let (repository, tag) = reference.rsplit_once(':').unwrap();
     // As Kruise's manager writes it for an ImagePullJob (owner, createdAt, version).
@@ -513,18 +483,8 @@ fn the_controllers_roles_grant_exactly_the_calls_it_makes() {
     let dir = tempfile::tempdir().unwrap();
     let mark = cluster.audit_mark();
     let node_name = format!("k8s-rbac-{}", std::process::id());
-    cluster.create_node(&node_name, &[]);
     let controller = cluster.controller(dir.path(), &namespace.name);
-    let state = dir.path().join("agent");
-    std::fs::create_dir_all(&state).unwrap();
-    let _agent = Agent::start(
-        &controller,
-        &node_name,
-        &node.address,
-        &node.hosts_dir,
-        &ns.name,
-        &state,
-    );
+    let _agent = cluster.node_agent(&controller, dir.path(), &node_name, &[], &node, &ns.name);
     let image = lab.image(&unique_image("k8s-rbac", 1, 16 << 10));
     let repository = image.rsplit_once(':').unwrap().0;
     let apply = |yaml: &str| {

@@ -447,17 +447,14 @@ fn kruises_pull_job_examples_applied_with_kubectl_are_carried_out_on_the_lab_nod
     let id = format!("{}", std::process::id());
     let node_name = format!("k8s-corpus-{id}");
     // The Node as the examples select it: by name, and by kubectl's labels.
-    cluster.create_node(&node_name, &[("pool", &format!("corpus-{id}"))]);
     let controller = cluster.controller(dir.path(), &namespace.name);
-    let state = dir.path().join("agent");
-    std::fs::create_dir_all(&state).unwrap();
-    let agent = Agent::start(
+    let agent = cluster.node_agent(
         &controller,
+        dir.path(),
         &node_name,
-        &node.address,
-        &node.hosts_dir,
+        &[("pool", &format!("corpus-{id}"))],
+        &node,
         &ns.name,
-        &state,
     );
     // A Pod of the cluster on the node, for the podSelector example.
     let pod = serde_json::json!({
