@@ -19,17 +19,14 @@ use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
 use rigger_proto::v1::GetRequest;
-use tokio::sync::Semaphore;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
-use simulated::{Lab, Shared, agent, control_client, wait_registered};
+use simulated::{Lab, control_client, wait_registered};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -182,13 +179,7 @@ fn total(counts: &Counts) -> u64 {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     rigger_daemon::limits::raise_open_files_limit()?;
-    let controller = match &args.controller {
-        Some(path) => path.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("no directory for this binary")?
-            .join("rigger-controller"),
-    };
+    let controller = simulated::controller_binary(args.controller.as_ref())?;
     let env = args.k8s_env.clone().unwrap_or_else(|| {
         PathBuf::from(std::env::var("RIGGER_LAB_DIR").unwrap_or_else(|_| "/tmp/rigger-lab".into()))
             .join("k8s/env")
@@ -212,27 +203,13 @@ fn main() -> anyhow::Result<()> {
     let table = render(&rows, &args);
     print!("{table}");
     if let Some(path) = &args.write {
-        write_section(path, &table)?;
+        simulated::write_section(path, BEGIN, END, &table)?;
     }
     Ok(())
 }
 
 const BEGIN: &str = "<!-- api-load: written by rigger-bench-api-load -->";
 const END: &str = "<!-- api-load: end -->";
-
-fn write_section(path: &Path, table: &str) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let section = format!("{BEGIN}\n{table}{END}\n");
-    let updated = match (text.find(BEGIN), text.find(END)) {
-        (Some(start), Some(end)) if end > start => format!(
-            "{}{section}{}",
-            &text[..start],
-            text[end + END.len()..].trim_start_matches('\n')
-        ),
-        _ => format!("{}\n\n{section}", text.trim_end()),
-    };
-    std::fs::write(path, updated).with_context(|| format!("cannot write {}", path.display()))
-}
 
 fn show(counts: &Counts) -> String {
     let parts: Vec<String> = counts
@@ -319,27 +296,7 @@ async fn run(
             .ca_certificate(Certificate::from_pem(ca))
             .domain_name("localhost"),
     )?;
-    let shared = Arc::new(Shared {
-        registered: AtomicUsize::new(0),
-        tasks: AtomicU64::new(0),
-        failures: AtomicUsize::new(0),
-        reconnect: AtomicBool::new(false),
-    });
-    let gate = Arc::new(Semaphore::new(256));
-    let mut agents = tokio::task::JoinSet::new();
-    for node in 0..nodes {
-        let (endpoint, shared, gate) = (endpoint.clone(), shared.clone(), gate.clone());
-        agents.spawn(async move {
-            let Ok(permit) = gate.acquire_owned().await else {
-                return;
-            };
-            if let Err(e) = agent(endpoint, node, 10, shared.clone(), permit).await
-                && shared.failures.fetch_add(1, Ordering::Relaxed) < 3
-            {
-                eprintln!("agent {node}: {e:#}");
-            }
-        });
-    }
+    let (shared, mut agents) = simulated::spawn_fleet(&endpoint, nodes, 10);
     wait_registered(&shared, nodes, nodes).await?;
     let (registered, _) = kubectl.counts()?;
 

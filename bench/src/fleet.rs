@@ -22,19 +22,16 @@
 mod simulated;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use clap::Parser;
 use rigger_proto::v1::{ApplyRequest, GetRequest, ListRequest};
-use tokio::sync::Semaphore;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
 use simulated::{
-    Lab, SYSTEMD_SOFT_OPEN_FILES, Shared, agent, control_client, proc_stats, soft_open_files,
-    wait_registered,
+    Lab, SYSTEMD_SOFT_OPEN_FILES, control_client, proc_stats, soft_open_files, wait_registered,
 };
 
 #[derive(Debug, Parser)]
@@ -98,13 +95,7 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     // This process holds a connection per simulated agent.
     rigger_daemon::limits::raise_open_files_limit()?;
-    let controller = match &args.controller {
-        Some(path) => path.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("no directory for this binary")?
-            .join("rigger-controller"),
-    };
+    let controller = simulated::controller_binary(args.controller.as_ref())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -119,29 +110,13 @@ fn main() -> anyhow::Result<()> {
     let table = render(&rows, &args);
     print!("{table}");
     if let Some(path) = &args.write {
-        write_section(path, &table)?;
+        simulated::write_section(path, BEGIN, END, &table)?;
     }
     Ok(())
 }
 
 const BEGIN: &str = "<!-- fleet: written by rigger-bench-fleet -->";
 const END: &str = "<!-- fleet: end -->";
-
-fn write_section(path: &Path, table: &str) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let section = format!("{BEGIN}\n{table}{END}\n");
-    let updated = match (text.find(BEGIN), text.find(END)) {
-        (Some(start), Some(end)) if end > start => {
-            format!(
-                "{}{section}{}",
-                &text[..start],
-                &text[end + END.len()..].trim_start_matches('\n')
-            )
-        }
-        _ => format!("{}\n{section}", text.trim_end()),
-    };
-    std::fs::write(path, updated).with_context(|| format!("cannot write {}", path.display()))
-}
 
 fn mib(bytes: u64) -> String {
     format!("{} MiB", bytes >> 20)
@@ -230,30 +205,7 @@ async fn run(controller: &Path, nodes: usize, args: &Args) -> anyhow::Result<Row
                 .domain_name("localhost"),
         )?;
     }
-    let shared = Arc::new(Shared {
-        registered: AtomicUsize::new(0),
-        tasks: AtomicU64::new(0),
-        failures: AtomicUsize::new(0),
-        reconnect: AtomicBool::new(false),
-    });
-
-    // Register the fleet, at most 256 handshakes in flight.
-    let gate = Arc::new(Semaphore::new(256));
-    let mut agents = tokio::task::JoinSet::new();
-    for node in 0..nodes {
-        let (endpoint, shared, gate) = (endpoint.clone(), shared.clone(), gate.clone());
-        let images = args.images;
-        agents.spawn(async move {
-            let Ok(permit) = gate.acquire_owned().await else {
-                return;
-            };
-            if let Err(e) = agent(endpoint, node, images, shared.clone(), permit).await
-                && shared.failures.fetch_add(1, Ordering::Relaxed) < 3
-            {
-                eprintln!("agent {node}: {e:#}");
-            }
-        });
-    }
+    let (shared, mut agents) = simulated::spawn_fleet(&endpoint, nodes, args.images);
     let register = wait_registered(&shared, nodes, nodes).await?;
     let open_files = (SYSTEMD_SOFT_OPEN_FILES, soft_open_files(pid)?);
 

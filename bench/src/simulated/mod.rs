@@ -401,3 +401,62 @@ pub async fn control_client(
         .max_decoding_message_size(1 << 30),
     )
 }
+
+/// The controller binary a bench runs: `given`, else `rigger-controller` beside the
+/// bench's own binary.
+pub fn controller_binary(given: Option<&PathBuf>) -> anyhow::Result<PathBuf> {
+    match given {
+        Some(path) => Ok(path.clone()),
+        None => Ok(std::env::current_exe()?
+            .parent()
+            .context("no directory for this binary")?
+            .join("rigger-controller")),
+    }
+}
+
+/// `nodes` simulated agents, each with `images` in its inventory, registering with
+/// `endpoint` (at most 256 handshakes in flight): what they share, and their tasks.
+pub fn spawn_fleet(
+    endpoint: &Endpoint,
+    nodes: usize,
+    images: usize,
+) -> (Arc<Shared>, tokio::task::JoinSet<()>) {
+    let shared = Arc::new(Shared {
+        registered: AtomicUsize::new(0),
+        tasks: AtomicU64::new(0),
+        failures: AtomicUsize::new(0),
+        reconnect: AtomicBool::new(false),
+    });
+    let gate = Arc::new(tokio::sync::Semaphore::new(256));
+    let mut agents = tokio::task::JoinSet::new();
+    for node in 0..nodes {
+        let (endpoint, shared, gate) = (endpoint.clone(), shared.clone(), gate.clone());
+        agents.spawn(async move {
+            let Ok(permit) = gate.acquire_owned().await else {
+                return;
+            };
+            if let Err(e) = agent(endpoint, node, images, shared.clone(), permit).await
+                && shared.failures.fetch_add(1, Ordering::Relaxed) < 3
+            {
+                eprintln!("agent {node}: {e:#}");
+            }
+        });
+    }
+    (shared, agents)
+}
+
+/// Put `table` between the markers `begin` and `end` in the markdown file `path` (at its
+/// end the first time).
+pub fn write_section(path: &Path, begin: &str, end: &str, table: &str) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let section = format!("{begin}\n{table}{end}\n");
+    let updated = match (text.find(begin), text.find(end)) {
+        (Some(start), Some(stop)) if stop > start => format!(
+            "{}{section}{}",
+            &text[..start],
+            text[stop + end.len()..].trim_start_matches('\n')
+        ),
+        _ => format!("{}\n{section}", text.trim_end()),
+    };
+    std::fs::write(path, updated).with_context(|| format!("cannot write {}", path.display()))
+}
