@@ -8,6 +8,7 @@ pub mod crd;
 pub mod fields;
 pub mod kind;
 pub mod kinds;
+pub mod kube_types;
 pub mod object;
 pub mod reference;
 pub mod selectors;

@@ -144,6 +144,15 @@ fn walk<'a>(
     rows: &mut Vec<Row>,
 ) {
     let (schema, name) = resolve(root, unwrap_optional(schema));
+    let items_name = resolve(root, unwrap_optional(&schema["items"])).1;
+    // Kubernetes' own types (a SidecarSet's containers' mounts, its volumes): their
+    // fields are Kubernetes' manual's (`kubectl explain pod.spec`), not repeated here.
+    if name
+        .or(items_name)
+        .is_some_and(|n| n.starts_with("io.k8s."))
+    {
+        return;
+    }
     if let Some(name) = name {
         if on_path.contains(&name) {
             return;
@@ -234,6 +243,15 @@ fn numbers<'a>(
     out: &mut Vec<String>,
 ) {
     let (schema, name) = resolve(root, unwrap_optional(schema));
+    let items_name = resolve(root, unwrap_optional(&schema["items"])).1;
+    // Kubernetes' own types (a SidecarSet's containers' mounts, its volumes): their
+    // fields are Kubernetes' manual's (`kubectl explain pod.spec`), not repeated here.
+    if name
+        .or(items_name)
+        .is_some_and(|n| n.starts_with("io.k8s."))
+    {
+        return;
+    }
     if let Some(name) = name {
         if on_path.contains(&name) {
             return;
@@ -310,7 +328,10 @@ mod tests {
             "| `spec.updateStrategy.partition` | int or percent",
             "| `spec.injectionStrategy.revision.customVersion` | string",
             "| `status.latestRevision` | string",
-            "| `spec.containers[].image` | string |  | Required.",
+            "| `spec.containers[].image` | string |",
+            "| `spec.containers[].volumeMounts` | []",
+            "| `spec.initContainers[].restartPolicy` | string |",
+            "| `spec.volumes` | []",
         ] {
             assert!(page.contains(expected), "{expected}\n{page}");
         }

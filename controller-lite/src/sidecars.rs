@@ -193,7 +193,7 @@ impl SidecarRollout {
             .spec
             .containers
             .iter()
-            .map(|s| s.container.image.clone())
+            .map(|s| s.image().to_owned())
             .collect();
         let rollout: Vec<RolloutPod> = members
             .iter()
@@ -305,11 +305,11 @@ fn upgraded(set: &SidecarSet, hash: &str, member: &Member) -> Option<Pod> {
     let mut pod = member.pod.clone();
     let mut all_switched = true;
     for sidecar in &set.spec.containers {
-        let name = &sidecar.container.name;
+        let name = sidecar.name();
         match sidecar.upgrade_strategy.upgrade_type {
             UpgradeType::ColdUpgrade => {
-                if let Some(container) = pod.spec.containers.iter_mut().find(|c| &c.name == name) {
-                    container.image.clone_from(&sidecar.container.image);
+                if let Some(container) = pod.spec.containers.iter_mut().find(|c| c.name == name) {
+                    sidecar.image().clone_into(&mut container.image);
                 }
             }
             UpgradeType::HotUpgrade => {
@@ -317,7 +317,7 @@ fn upgraded(set: &SidecarSet, hash: &str, member: &Member) -> Option<Pod> {
                     &mut pod,
                     &member.status,
                     name,
-                    &sidecar.container.image,
+                    sidecar.image(),
                     sidecar.empty_image(),
                     hash,
                 );
@@ -368,7 +368,7 @@ fn hot_started(set: &SidecarSet, pod: &Pod) -> bool {
         if sidecar.upgrade_strategy.upgrade_type != UpgradeType::HotUpgrade {
             return false;
         }
-        let (_, idle) = slots(pod, &sidecar.container.name);
+        let (_, idle) = slots(pod, sidecar.name());
         let empty = sidecar.empty_image();
         pod.spec
             .containers
@@ -556,6 +556,7 @@ mod tests {
                 hash_without_image: set.hash_without_image(),
                 sidecar_list: vec!["log".to_owned()],
                 controller_revision: String::new(),
+                update_timestamp: None,
             },
             ready,
             running_spec: true,

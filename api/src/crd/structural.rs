@@ -70,6 +70,11 @@ impl Converter<'_> {
         }
         let mut out = Map::new();
         copy_annotations(node, &mut out);
+        // Kubernetes' IntOrString, as k8s-openapi describes it.
+        if node.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true)) {
+            out.insert("x-kubernetes-int-or-string".into(), Value::Bool(true));
+            return Value::Object(out);
+        }
         match node.get("type") {
             Some(Value::String(kind)) => {
                 out.insert("type".into(), Value::String(kind.clone()));
@@ -174,6 +179,12 @@ impl Converter<'_> {
         expanding.push(name.to_owned());
         let mut out = self.convert(definition, expanding);
         expanding.pop();
+        if name.starts_with(KUBERNETES_DEFINITIONS) {
+            // Kubernetes' own types (a SidecarSet's containers and volumes) come with
+            // Kubernetes' whole manual: kept out, so that the CRD stays within what
+            // `kubectl apply` can record (`kubectl explain pod.spec` has it).
+            strip_descriptions(&mut out);
+        }
         if let Value::Object(out) = &mut out {
             copy_annotations(node, out);
         }
@@ -238,6 +249,29 @@ fn kubernetes_format(format: &str) -> Option<&'static str> {
         "float" => Some("float"),
         "date-time" => Some("date-time"),
         _ => None,
+    }
+}
+
+/// Where k8s-openapi's schemas name Kubernetes' own types.
+const KUBERNETES_DEFINITIONS: &str = "io.k8s.";
+
+fn strip_descriptions(node: &mut Value) {
+    match node {
+        Value::Object(fields) => {
+            fields.remove("description");
+            for (key, value) in fields.iter_mut() {
+                // `properties` maps field names to schemas; a field may be named so.
+                if key == "properties" {
+                    if let Value::Object(properties) = value {
+                        properties.values_mut().for_each(strip_descriptions);
+                    }
+                } else {
+                    strip_descriptions(value);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(strip_descriptions),
+        _ => {}
     }
 }
 

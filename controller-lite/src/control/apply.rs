@@ -385,7 +385,7 @@ impl ControlService {
             Some(old) => rigger_api::sidecar_set::keep_injected(pod, old),
             None => {
                 let sets = self.sidecar_sets_for(&draft.what, pod).await?;
-                rigger_api::sidecar_set::inject(pod, &sets)
+                rigger_api::sidecar_set::inject(pod, &sets, &rigger_proto::time::now_rfc3339())
                     .and_then(|()| rigger_api::pod::validate(pod))
                     .map_err(|e| refuse(&draft.what, &e))?;
             }

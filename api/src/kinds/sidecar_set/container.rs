@@ -1,38 +1,40 @@
-//! A SidecarSet's container: Kubernetes' Container with Kruise's sidecar fields beside its
-//! own (Go's `json:",inline"`). Decoded by hand so that a field neither knows is refused
-//! with its path: serde's `flatten` would pass unknown fields by.
+//! A SidecarSet's container: Kubernetes' Container, every field of it as written (kubelet
+//! carries them out in a cluster), with Kruise's sidecar fields beside its own (Go's
+//! `json:",inline"`). Decoded by hand so that a field neither knows is refused with its
+//! path (serde's `flatten` and k8s-openapi's decoders would pass unknown fields by).
+//! Rigger's own pods run the subset Rigger's agent carries out ([`SidecarContainer::pod_container`]).
 
 use std::fmt;
 
+use k8s_openapi::api::core::v1 as core;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 
 use rigger_proto::pod::{Container, FieldRef};
 
 use crate::fields::FieldError;
+use crate::kube_types;
 
 /// The env var Kruise adds to every injected container (how an injected container is
 /// told from the pod's own).
 pub const INJECTED_ENV: &str = "IS_INJECTED";
 
-#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, PartialEq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SidecarContainer {
+    /// Kubernetes' container as written.
     #[serde(flatten)]
-    pub container: Container,
+    pub container: core::Container,
     /// Before or after the pod's own containers [default: before for containers, after
     /// for initContainers, as Kruise defaults them].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pod_inject_policy: Option<PodInjectPolicy>,
-    // Always written: the version hash covers it, and stored sets hashed it so. (The
-    // hand-written decoder defaults it, as it does `transferEnv`.)
     #[schemars(default)]
     pub upgrade_strategy: UpgradeStrategy,
     /// `enabled`: the sidecar also mounts every volume the pod's containers mount.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub share_volume_policy: Option<ShareVolumePolicy>,
-    /// Kruise's sharing of block devices; Rigger's pods have none, so there is nothing
-    /// to share either way.
+    /// Kruise's sharing of block devices (`volumeDevices`) with the pod's containers.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub share_volume_device_policy: Option<ShareVolumePolicy>,
     /// Env vars copied from the pod's containers.
@@ -42,6 +44,51 @@ pub struct SidecarContainer {
     /// Kept only to be refused with its path (see `validate`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resources_policy: Option<serde_json::Value>,
+}
+
+/// How a sidecar is written (stored, hashed into its version and revision names):
+/// Rigger's container form for a container Rigger's pods can run — byte for byte as
+/// SidecarSets were written before they took every Kubernetes field, so that stored
+/// versions keep their hashes — and Kubernetes' form otherwise.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Written<'a, C: Serialize> {
+    #[serde(flatten)]
+    container: C,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pod_inject_policy: Option<PodInjectPolicy>,
+    upgrade_strategy: &'a UpgradeStrategy,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    share_volume_policy: Option<ShareVolumePolicy>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    share_volume_device_policy: Option<ShareVolumePolicy>,
+    #[serde(skip_serializing_if = "<[TransferEnvVar]>::is_empty")]
+    transfer_env: &'a [TransferEnvVar],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resources_policy: Option<&'a serde_json::Value>,
+}
+
+impl Serialize for SidecarContainer {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match kube_types::to_rigger::<_, Container>(&self.container) {
+            Ok(container) => self.written(container).serialize(serializer),
+            Err(_) => self.written(&self.container).serialize(serializer),
+        }
+    }
+}
+
+impl SidecarContainer {
+    fn written<C: Serialize>(&self, container: C) -> Written<'_, C> {
+        Written {
+            container,
+            pod_inject_policy: self.pod_inject_policy,
+            upgrade_strategy: &self.upgrade_strategy,
+            share_volume_policy: self.share_volume_policy,
+            share_volume_device_policy: self.share_volume_device_policy,
+            transfer_env: &self.transfer_env,
+            resources_policy: self.resources_policy.as_ref(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -105,6 +152,20 @@ pub struct SourceContainerNameSource {
 }
 
 impl SidecarContainer {
+    pub fn name(&self) -> &str {
+        &self.container.name
+    }
+
+    pub fn image(&self) -> &str {
+        self.container.image.as_deref().unwrap_or_default()
+    }
+
+    /// The container as Rigger's own pods run it; `Err` names (relative to the
+    /// container) the first field only kubelet carries out.
+    pub fn pod_container(&self) -> Result<Container, String> {
+        kube_types::to_rigger(&self.container)
+    }
+
     /// HotUpgrade: the image the idle slot runs (validation requires it for hot
     /// upgrades; empty otherwise).
     pub fn empty_image(&self) -> &str {
@@ -116,6 +177,17 @@ impl SidecarContainer {
 
     pub fn shares_volumes(&self) -> bool {
         self.share_volume_policy
+            .is_some_and(|p| p.kind == ShareVolumePolicyType::Enabled)
+    }
+
+    /// A native sidecar: an init container with `restartPolicy: Always`, which runs beside
+    /// the pod's containers.
+    pub fn is_native(&self) -> bool {
+        self.container.restart_policy.as_deref() == Some("Always")
+    }
+
+    pub fn shares_volume_devices(&self) -> bool {
+        self.share_volume_device_policy
             .is_some_and(|p| p.kind == ShareVolumePolicyType::Enabled)
     }
 
@@ -265,27 +337,18 @@ impl<'de> Visitor<'de> for SidecarContainerVisitor {
                 return Err(de::Error::custom(format!("duplicate field `{key}`")));
             }
         }
-        let container: Container =
-            serde_path_to_error::deserialize(serde_json::Value::Object(rest)).map_err(|e| {
-                let mut path = e.path().to_string();
-                let mut message = e.into_inner().to_string();
-                if message.starts_with("unknown field") {
-                    // The path ends with the unknown field itself, which the message names.
-                    path = match path.rfind(['.', '[']) {
-                        Some(i) if path[i..].starts_with('[') => path,
-                        Some(i) => path[..i].to_owned(),
-                        None => ".".to_owned(),
-                    };
-                    if path == "." {
-                        message.push_str(&format!(" (or Kruise's {})", SIDECAR_FIELDS.join(", ")));
-                    }
-                }
-                if path == "." {
-                    de::Error::custom(message)
-                } else {
-                    de::Error::custom(format!("{path}: {message}"))
-                }
-            })?;
+        let container: core::Container = kube_types::decode_strict(&serde_json::Value::Object(
+            rest,
+        ))
+        .map_err(|mut message| {
+            if message.starts_with("unknown field") {
+                message.push_str(&format!(
+                    " (neither Kubernetes' Container nor Kruise's {})",
+                    SIDECAR_FIELDS.join(", ")
+                ));
+            }
+            de::Error::custom(message)
+        })?;
         Ok(SidecarContainer {
             container,
             pod_inject_policy,
@@ -332,11 +395,11 @@ mod tests {
         let cases = [
             (
                 serde_json::json!({"name": "p", "image": "i", "podInjectPolcy": "AfterAppContainer"}),
-                ".: unknown field `podInjectPolcy`, expected one of `name`",
+                "unknown field `podInjectPolcy` (neither Kubernetes' Container nor Kruise's podInjectPolicy,",
             ),
             (
-                serde_json::json!({"name": "p", "image": "i", "ports": [{"containerPort": 80, "hostIP": "1.2.3.4"}]}),
-                ".: ports[0]: unknown field `hostIP`, expected one of `containerPort`",
+                serde_json::json!({"name": "p", "image": "i", "ports": [{"containerPort": 80, "hostIp": "1.2.3.4"}]}),
+                "ports[0]: unknown field `hostIp`",
             ),
             (
                 serde_json::json!({"name": "p", "image": "i", "shareVolumePolicy": {"type": "on"}}),

@@ -1,18 +1,25 @@
 //! Injection into new pods and what a pod keeps of it when its owner applies it again,
 //! as Kruise's pod webhook does: metadata patches first, then each SidecarSet's init
-//! containers and containers (prepared for the pod: shared volume mounts, transferred
-//! env, `IS_INJECTED`), the volumes they mount, and Kruise's annotations.
+//! containers and containers (prepared for the pod: shared volume mounts, `IS_INJECTED`,
+//! transferred env), the volumes they mount, and Kruise's annotations.
+//!
+//! One injection for both kinds of pod: it works on Kubernetes' Pod ([`inject_kube`],
+//! what the admission webhook gets from the API server), and Rigger's own pods go
+//! through it in Kubernetes' shape ([`inject`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use rigger_proto::pod::{Container, EnvVar, Pod};
+use k8s_openapi::api::core::v1 as core;
+use rigger_proto::pod::{Container, Pod};
 
 use super::{
-    HASH_ANNOTATION, INJECTED_ENV, INJECTED_LIST_ANNOTATION, InjectedVersion, PatchPodMetadata,
-    PatchPolicy, PodInjectPolicy, SidecarContainer, SidecarSet, VERSION_ALT_ANNOTATION,
-    VERSION_ANNOTATION, WORKING_ANNOTATION, container::label_or_annotation, slots_of,
+    HASH_ANNOTATION, HASH_WITHOUT_IMAGE_ANNOTATION, INJECTED_ENV, INJECTED_LIST_ANNOTATION,
+    InjectedVersion, PatchPodMetadata, PatchPolicy, PodInjectPolicy, SidecarContainer, SidecarSet,
+    VERSION_ALT_ANNOTATION, VERSION_ANNOTATION, WORKING_ANNOTATION, container::label_or_annotation,
+    slots_of,
 };
 use crate::fields::FieldError;
+use crate::kube_types;
 
 /// A SidecarSet as a new pod gets it: the version chosen for it (see
 /// `injected_revision`) and that version's revision name.
@@ -25,118 +32,150 @@ pub struct Versioned {
 /// Where injected containers go relative to the pod's own.
 #[derive(Default)]
 struct Placed {
-    before: Vec<Container>,
-    after: Vec<Container>,
+    before: Vec<core::Container>,
+    after: Vec<core::Container>,
 }
 
 impl Placed {
-    fn push(&mut self, policy: PodInjectPolicy, containers: Vec<Container>) {
+    fn push(&mut self, policy: PodInjectPolicy, containers: Vec<core::Container>) {
         match policy {
             PodInjectPolicy::BeforeAppContainer => self.before.extend(containers),
             PodInjectPolicy::AfterAppContainer => self.after.extend(containers),
         }
     }
 
-    fn around(mut self, own: Vec<Container>) -> Vec<Container> {
+    fn around(mut self, own: Vec<core::Container>) -> Vec<core::Container> {
         self.before.extend(own);
         self.before.append(&mut self.after);
         self.before
     }
 }
 
-/// Inject the SidecarSets matching a new pod (and not paused for injection). Containers
-/// go before the pod's own unless `podInjectPolicy: AfterAppContainer`; init containers
-/// after the pod's own (sorted by name) unless `BeforeAppContainer`; the volumes they
-/// mount are added where the pod has none of that name; the pod records each
-/// SidecarSet's name, version, revision and containers in Kruise's annotations. A
-/// container name the pod already uses is an error naming both (Kruise would replace
-/// the pod's container; Rigger never touches a container that is not the sidecar's).
-pub fn inject(pod: &mut Pod, sets: &[Versioned]) -> Result<(), FieldError> {
-    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+/// Rigger's own pod `pod` injected (see [`inject_kube`]): taken through Kubernetes'
+/// shape, which holds every field of Rigger's; a sidecar field Rigger's agent does not
+/// carry out is an error naming it (applies of such sets are refused before).
+pub fn inject(pod: &mut Pod, sets: &[Versioned], now: &str) -> Result<(), FieldError> {
+    let spec: core::PodSpec =
+        kube_types::to_kube(&pod.spec).map_err(|e| FieldError::new("spec", e))?;
+    let mut kube = core::Pod {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            namespace: pod.metadata.namespace.clone(),
+            labels: Some(pod.metadata.labels.clone()),
+            annotations: Some(pod.metadata.annotations.clone()),
+            ..Default::default()
+        },
+        spec: Some(spec),
+        status: None,
+    };
+    inject_kube(&mut kube, sets, now)?;
+    let spec = kube.spec.unwrap_or_default();
+    pod.spec = kube_types::to_rigger(&spec).map_err(|e| FieldError::new("spec", e))?;
+    pod.metadata.annotations = kube.metadata.annotations.unwrap_or_default();
+    Ok(())
+}
+
+/// Inject the SidecarSets matching a new pod (and not paused for injection), as Kruise's
+/// webhook does. Containers go before the pod's own unless `podInjectPolicy:
+/// AfterAppContainer`; init containers (native sidecars among them) after the pod's own,
+/// sorted by name, unless `BeforeAppContainer`; the volumes they mount are added where
+/// the pod has none of that name; the pull secrets after the pod's own; the pod records
+/// each SidecarSet's name, version, revision and containers in Kruise's annotations. A
+/// container name the pod already uses is an error naming both (Kruise would replace the
+/// pod's container; Rigger never touches a container that is not the sidecar's).
+pub fn inject_kube(pod: &mut core::Pod, sets: &[Versioned], now: &str) -> Result<(), FieldError> {
+    let namespace = pod
+        .metadata
+        .namespace
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "default".to_owned());
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
     let matched: Vec<&Versioned> = sets
         .iter()
         .filter(|v| !v.set.spec.injection_strategy.paused)
-        .filter(|v| v.set.matches(&namespace, &pod.metadata.labels))
+        .filter(|v| v.set.matches(&namespace, &labels))
         .collect();
     if matched.is_empty() {
         return Ok(());
     }
+    let mut annotations = pod.metadata.annotations.take().unwrap_or_default();
     for versioned in &matched {
         let set = &versioned.set;
-        patch_metadata(&mut pod.metadata.annotations, &set.spec.patch_pod_metadata).map_err(
-            |reason| {
-                FieldError::new(
-                    "metadata.annotations",
-                    format!(
-                        "SidecarSet {}: patchPodMetadata: {reason}",
-                        set.metadata.name
-                    ),
-                )
-            },
-        )?;
+        patch_metadata(&mut annotations, &set.spec.patch_pod_metadata).map_err(|reason| {
+            FieldError::new(
+                "metadata.annotations",
+                format!(
+                    "SidecarSet {}: patchPodMetadata: {reason}",
+                    set.metadata.name
+                ),
+            )
+        })?;
     }
-    let own: Vec<&Container> = pod
-        .spec
+    let spec = pod.spec.get_or_insert_with(core::PodSpec::default);
+    let own: Vec<core::Container> = spec
         .containers
         .iter()
-        .filter(|c| !is_injected(c))
+        .filter(|c| !is_injected_kube(c))
+        .cloned()
         .collect();
-    let mut taken: BTreeSet<String> = pod
-        .spec
+    let mut taken: BTreeSet<String> = spec
         .init_containers
         .iter()
-        .chain(&pod.spec.containers)
+        .flatten()
+        .chain(&spec.containers)
         .map(|c| c.name.clone())
         .collect();
     let mut init = Placed::default();
-    let mut init_sidecars: Vec<(PodInjectPolicy, Container)> = Vec::new();
+    let mut init_sidecars: Vec<(PodInjectPolicy, core::Container)> = Vec::new();
     let mut containers = Placed::default();
     let mut volumes = Vec::new();
     let mut versions: BTreeMap<String, InjectedVersion> = BTreeMap::new();
+    let pod_labels = &labels;
     for versioned in &matched {
         let set = &versioned.set;
-        let mut claim = |container: &Container| {
-            if taken.insert(container.name.clone()) {
+        let mut claim = |name: &str| {
+            if taken.insert(name.to_owned()) {
                 Ok(())
             } else {
                 Err(FieldError::new(
                     "spec.containers",
                     format!(
-                        "container {:?} is also injected by SidecarSet {}; rename one",
-                        container.name, set.metadata.name
+                        "container {name:?} is also injected by SidecarSet {}; rename one",
+                        set.metadata.name
                     ),
                 ))
             }
         };
-        let mut mounted = Vec::new();
+        let mut mounted = BTreeSet::new();
+        let mut sidecar_list = Vec::new();
         for sidecar in &set.spec.init_containers {
-            let prepared = prepare(sidecar, &own, pod);
-            claim(&prepared)?;
-            mounted.extend(
-                sidecar
-                    .container
-                    .volume_mounts
-                    .iter()
-                    .map(|m| m.name.clone()),
-            );
+            let prepared = prepare(sidecar, &own, pod_labels, &annotations);
+            mounted.extend(mounts_of(&sidecar.container));
+            // A native sidecar (restartPolicy Always) runs beside the pod's containers:
+            // one of the set's sidecars (and hot-upgradable), as in Kruise.
+            let native = sidecar.is_native();
+            let slots = if native {
+                slots_of(sidecar, prepared)
+            } else {
+                vec![prepared]
+            };
             let policy = sidecar
                 .pod_inject_policy
                 .unwrap_or(PodInjectPolicy::AfterAppContainer);
-            init_sidecars.push((policy, prepared));
+            for slot in slots {
+                claim(&slot.name)?;
+                if native {
+                    sidecar_list.push(slot.name.clone());
+                }
+                init_sidecars.push((policy, slot));
+            }
         }
-        let mut sidecar_list = Vec::new();
         for sidecar in &set.spec.containers {
-            let prepared = prepare(sidecar, &own, pod);
-            mounted.extend(
-                sidecar
-                    .container
-                    .volume_mounts
-                    .iter()
-                    .map(|m| m.name.clone()),
-            );
+            let prepared = prepare(sidecar, &own, pod_labels, &annotations);
+            mounted.extend(mounts_of(&sidecar.container));
             let slots = slots_of(sidecar, prepared);
             for slot in &slots {
-                claim(slot)?;
+                claim(&slot.name)?;
                 sidecar_list.push(slot.name.clone());
             }
             let policy = sidecar
@@ -152,6 +191,7 @@ pub fn inject(pod: &mut Pod, sets: &[Versioned]) -> Result<(), FieldError> {
                 .filter(|v| mounted.contains(&v.name))
                 .cloned(),
         );
+        sidecar_list.sort();
         versions.insert(
             set.metadata.name.clone(),
             InjectedVersion {
@@ -160,6 +200,7 @@ pub fn inject(pod: &mut Pod, sets: &[Versioned]) -> Result<(), FieldError> {
                 hash_without_image: set.hash_without_image(),
                 sidecar_list,
                 controller_revision: versioned.revision.clone(),
+                update_timestamp: Some(now.to_owned()),
             },
         );
     }
@@ -167,31 +208,106 @@ pub fn inject(pod: &mut Pod, sets: &[Versioned]) -> Result<(), FieldError> {
     for (policy, container) in init_sidecars {
         init.push(policy, vec![container]);
     }
-    let spec = &mut pod.spec;
-    spec.init_containers = init.around(std::mem::take(&mut spec.init_containers));
+    let own_init = spec.init_containers.take().unwrap_or_default();
+    let placed_init = init.around(own_init);
+    spec.init_containers = (!placed_init.is_empty()).then_some(placed_init);
     spec.containers = containers.around(std::mem::take(&mut spec.containers));
-    for volume in volumes {
-        if !spec.volumes.iter().any(|v| v.name == volume.name) {
-            spec.volumes.push(volume);
+    if !volumes.is_empty() {
+        let pod_volumes = spec.volumes.get_or_insert_with(Vec::new);
+        for volume in volumes {
+            if !pod_volumes.iter().any(|v| v.name == volume.name) {
+                pod_volumes.push(volume);
+            }
         }
     }
     // The sets' pull secrets after the pod's own, each once (Kruise's merge).
     for secret in matched.iter().flat_map(|v| &v.set.spec.image_pull_secrets) {
-        if !spec.image_pull_secrets.contains(secret) {
-            spec.image_pull_secrets.push(secret.clone());
+        let secrets = spec.image_pull_secrets.get_or_insert_with(Vec::new);
+        if !secrets.iter().any(|s| s.name == secret.name) {
+            secrets.push(core::LocalObjectReference {
+                name: secret.name.clone(),
+            });
         }
     }
-    let annotations = &mut pod.metadata.annotations;
+    record_versions(&mut annotations, &versions);
+    for versioned in &matched {
+        record_hot_slots(&mut annotations, &versioned.set);
+    }
+    pod.metadata.annotations = Some(annotations);
+    Ok(())
+}
+
+/// Kruise's annotations for the injected versions, merged with what the pod already
+/// records: the version per set (without the image-less hash, which has its own
+/// annotation) and the sorted list of set names.
+fn record_versions(
+    annotations: &mut BTreeMap<String, String>,
+    versions: &BTreeMap<String, InjectedVersion>,
+) {
+    let mut recorded = recorded_versions(annotations);
+    let mut without_image: BTreeMap<String, InjectedVersion> = annotations
+        .get(HASH_WITHOUT_IMAGE_ANNOTATION)
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or_default();
+    for (name, version) in versions {
+        let mut plain = version.clone();
+        plain.hash_without_image.clear();
+        recorded.insert(name.clone(), plain);
+        without_image.insert(
+            name.clone(),
+            InjectedVersion {
+                hash: version.hash_without_image.clone(),
+                hash_without_image: String::new(),
+                controller_revision: String::new(),
+                ..version.clone()
+            },
+        );
+    }
+    let mut names: BTreeSet<String> = annotations
+        .get(INJECTED_LIST_ANNOTATION)
+        .map(|list| {
+            list.split(',')
+                .filter(|n| !n.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    names.extend(versions.keys().cloned());
     annotations.insert(
         HASH_ANNOTATION.to_owned(),
-        serde_json::to_string(&versions).unwrap_or_default(),
+        serde_json::to_string(&recorded).unwrap_or_default(),
     );
-    let names: Vec<&str> = versions.keys().map(String::as_str).collect();
-    annotations.insert(INJECTED_LIST_ANNOTATION.to_owned(), names.join(","));
-    for versioned in &matched {
-        record_hot_slots(annotations, &versioned.set);
-    }
-    Ok(())
+    annotations.insert(
+        HASH_WITHOUT_IMAGE_ANNOTATION.to_owned(),
+        serde_json::to_string(&without_image).unwrap_or_default(),
+    );
+    annotations.insert(
+        INJECTED_LIST_ANNOTATION.to_owned(),
+        names.into_iter().collect::<Vec<_>>().join(","),
+    );
+}
+
+fn recorded_versions(annotations: &BTreeMap<String, String>) -> BTreeMap<String, InjectedVersion> {
+    annotations
+        .get(HASH_ANNOTATION)
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or_default()
+}
+
+/// The volume names a container mounts (as files or as block devices).
+fn mounts_of(container: &core::Container) -> impl Iterator<Item = String> + '_ {
+    container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.name.clone())
+        .chain(
+            container
+                .volume_devices
+                .iter()
+                .flatten()
+                .map(|d| d.name.clone()),
+        )
 }
 
 /// Whether `container` was injected by a SidecarSet (Kruise's marker env).
@@ -202,32 +318,75 @@ pub fn is_injected(container: &Container) -> bool {
         .any(|e| e.name == INJECTED_ENV && e.value.as_deref() == Some("true"))
 }
 
-/// The sidecar as this pod gets it: with the pod's containers' volume mounts when it
-/// shares volumes (never over a mount of its own name or path), `IS_INJECTED=true`, and
-/// the env vars it transfers from the pod's containers (never over its own).
-fn prepare(sidecar: &SidecarContainer, own: &[&Container], pod: &Pod) -> Container {
+fn is_injected_kube(container: &core::Container) -> bool {
+    container
+        .env
+        .iter()
+        .flatten()
+        .any(|e| e.name == INJECTED_ENV && e.value.as_deref() == Some("true"))
+}
+
+/// The sidecar as this pod gets it, in Kruise's order: its own env, `IS_INJECTED=true`,
+/// then the env vars it transfers from the pod's containers and those the shared
+/// mounts' `subPathExpr`s name (never over one it has). With `shareVolumePolicy`, the
+/// pod's containers' mounts (whole, `subPath` included) where the sidecar has no mount
+/// at that path; with `shareVolumeDevicePolicy`, their block devices likewise.
+fn prepare(
+    sidecar: &SidecarContainer,
+    own: &[core::Container],
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+) -> core::Container {
     let mut container = sidecar.container.clone();
+    let mut transferred: Vec<core::EnvVar> = Vec::new();
     if sidecar.shares_volumes() {
-        for mount in own.iter().flat_map(|c| &c.volume_mounts) {
-            let clash = container
-                .volume_mounts
-                .iter()
-                .any(|m| m.name == mount.name || m.mount_path == mount.mount_path);
-            if !clash {
-                container.volume_mounts.push(mount.clone());
+        let mounts = container.volume_mounts.get_or_insert_with(Vec::new);
+        for (source, mount) in own
+            .iter()
+            .flat_map(|c| c.volume_mounts.iter().flatten().map(move |m| (c, m)))
+        {
+            if mounts.iter().any(|m| m.mount_path == mount.mount_path) {
+                continue;
+            }
+            mounts.push(mount.clone());
+            if let Some(expr) = &mount.sub_path_expr {
+                transferred.extend(referenced_vars(expr).filter_map(|name| {
+                    source
+                        .env
+                        .iter()
+                        .flatten()
+                        .find(|e| e.name == name)
+                        .cloned()
+                }));
             }
         }
+        if mounts.is_empty() {
+            container.volume_mounts = None;
+        }
     }
-    container.env.push(EnvVar {
+    if sidecar.shares_volume_devices() {
+        let devices = container.volume_devices.get_or_insert_with(Vec::new);
+        for device in own.iter().flat_map(|c| c.volume_devices.iter().flatten()) {
+            if !devices.iter().any(|d| d.device_path == device.device_path) {
+                devices.push(device.clone());
+            }
+        }
+        if devices.is_empty() {
+            container.volume_devices = None;
+        }
+    }
+    let env = container.env.get_or_insert_with(Vec::new);
+    env.push(core::EnvVar {
         name: INJECTED_ENV.to_owned(),
         value: Some("true".to_owned()),
         value_from: None,
     });
+    let mut from_sources = Vec::new();
     for transfer in &sidecar.transfer_env {
         let source = match &transfer.source_container_name_from {
             Some(from) => match label_or_annotation(&from.field_ref.field_path) {
-                Some((true, key)) => pod.metadata.labels.get(key),
-                Some((false, key)) => pod.metadata.annotations.get(key),
+                Some((true, key)) => labels.get(key),
+                Some((false, key)) => annotations.get(key),
                 None => None,
             }
             .map_or("", String::as_str),
@@ -238,15 +397,26 @@ fn prepare(sidecar: &SidecarContainer, own: &[&Container], pod: &Pod) -> Contain
             continue;
         };
         for name in transfer.names() {
-            let exists = container.env.iter().any(|e| e.name == name);
-            if let Some(env) = source.env.iter().find(|e| e.name == name)
-                && !exists
-            {
-                container.env.push(env.clone());
+            if let Some(var) = source.env.iter().flatten().find(|e| e.name == name) {
+                from_sources.push(var.clone());
             }
         }
     }
+    from_sources.extend(transferred);
+    for var in from_sources {
+        if !env.iter().any(|e| e.name == var.name) {
+            env.push(var);
+        }
+    }
     container
+}
+
+/// The `$(NAME)` references in a `subPathExpr`.
+fn referenced_vars(expr: &str) -> impl Iterator<Item = &str> {
+    expr.split("$(")
+        .skip(1)
+        .filter_map(|rest| rest.split_once(')').map(|(name, _)| name))
+        .filter(|name| !name.is_empty())
 }
 
 /// Kruise's hot-upgrade annotations for a new pod: slot 1 works, slot 2 idles.
@@ -340,13 +510,30 @@ fn merge_patch(target: &mut serde_json::Value, patch: &serde_json::Value) {
     }
 }
 
-/// The SidecarSets a pod was injected with, from its annotation.
+/// The SidecarSets a pod was injected with, from its annotations.
 pub fn injected(pod: &Pod) -> BTreeMap<String, InjectedVersion> {
-    pod.metadata
-        .annotations
-        .get(HASH_ANNOTATION)
+    injected_by_annotations(&pod.metadata.annotations)
+}
+
+/// The same, from any pod's annotations (Kubernetes' pods too): each set's version with
+/// its image-less hash, from Kruise's separate annotation where the version does not
+/// carry it (Rigger wrote it inline before).
+pub fn injected_by_annotations(
+    annotations: &BTreeMap<String, String>,
+) -> BTreeMap<String, InjectedVersion> {
+    let mut versions = recorded_versions(annotations);
+    let without_image: BTreeMap<String, InjectedVersion> = annotations
+        .get(HASH_WITHOUT_IMAGE_ANNOTATION)
         .and_then(|text| serde_json::from_str(text).ok())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    for (name, version) in &mut versions {
+        if version.hash_without_image.is_empty()
+            && let Some(other) = without_image.get(name)
+        {
+            version.hash_without_image.clone_from(&other.hash);
+        }
+    }
+    versions
 }
 
 /// A pod applied again by its owner carries what was injected at creation: sidecar
@@ -402,6 +589,7 @@ pub fn keep_injected(new: &mut Pod, stored: &Pod) {
     }
     for (key, value) in &stored.metadata.annotations {
         let ours = key == HASH_ANNOTATION
+            || key == HASH_WITHOUT_IMAGE_ANNOTATION
             || key == INJECTED_LIST_ANNOTATION
             || key == WORKING_ANNOTATION
             || key.starts_with(VERSION_ANNOTATION)

@@ -8,14 +8,14 @@ mod container;
 mod inject;
 mod revision;
 mod update_strategy;
+mod volumes;
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use rigger_proto::pod::{
-    Container, EnvVar, EnvVarSource, FieldRef, LocalObjectReference, Pod, PodSpec, Volume,
-};
+use k8s_openapi::api::core::v1 as core;
+use rigger_proto::pod::{Container, LocalObjectReference, Pod, PodSpec};
 
 use crate::fields::{
     FieldError, LabelSelector, ObjectMeta, ValidateMeta as _, check_range, short_hash,
@@ -35,7 +35,9 @@ pub use container::{
     INJECTED_ENV, PodInjectPolicy, ShareVolumePolicy, ShareVolumePolicyType, SidecarContainer,
     SourceContainerNameSource, TransferEnvVar, UpgradeStrategy, UpgradeType,
 };
-pub use inject::{Versioned, inject, injected, is_injected, keep_injected};
+pub use inject::{
+    Versioned, inject, inject_kube, injected, injected_by_annotations, is_injected, keep_injected,
+};
 pub use revision::{HISTORY_KIND, History, Revision, RevisionNotFound, injected_revision};
 pub use update_strategy::{
     OrderTerm, PriorityStrategy, ScatterTerm, UpdateStrategy, UpdateStrategyType, WeightTerm,
@@ -44,6 +46,8 @@ pub use update_strategy::{
 pub const KIND: &str = "SidecarSet";
 /// Kruise's annotation on pods: which SidecarSets were injected, at which version.
 pub const HASH_ANNOTATION: &str = "kruise.io/sidecarset-hash";
+/// Kruise's annotation on pods: each SidecarSet's version with images left out.
+pub const HASH_WITHOUT_IMAGE_ANNOTATION: &str = "kruise.io/sidecarset-hash-without-image";
 /// Kruise's annotation on pods: the names of the SidecarSets injected, comma-separated.
 pub const INJECTED_LIST_ANNOTATION: &str = "kruise.io/sidecarset-injected-list";
 /// Kruise's hot-upgrade annotations on pods: each slot's version and alternate version
@@ -88,10 +92,11 @@ pub struct SidecarSetSpec {
     pub init_containers: Vec<SidecarContainer>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub containers: Vec<SidecarContainer>,
-    /// Volumes the sidecars mount: those a sidecar mounts are added to pods that lack a
-    /// volume of that name.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub volumes: Vec<Volume>,
+    /// Volumes the sidecars mount (every Kubernetes volume source, as written): those a
+    /// sidecar mounts are added to pods that lack a volume of that name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "volumes")]
+    #[schemars(with = "Vec<core::Volume>")]
+    pub volumes: Vec<core::Volume>,
     #[serde(default)]
     pub update_strategy: UpdateStrategy,
     #[serde(default, skip_serializing_if = "InjectionStrategy::is_default")]
@@ -189,11 +194,16 @@ pub struct SidecarSetStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InjectedVersion {
+    /// When the version was injected or last rolled out (Kruise's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_timestamp: Option<String>,
     pub sidecar_set_name: String,
     pub hash: String,
     /// The hash with images left out: pods whose sidecars differ in more than images
-    /// cannot be upgraded in place (Kruise's sidecarset-hash-without-image).
-    #[serde(default)]
+    /// cannot be upgraded in place. Kruise keeps it in its own annotation
+    /// (`kruise.io/sidecarset-hash-without-image`), as Rigger does now; read inline too,
+    /// where Rigger wrote it before.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub hash_without_image: String,
     pub sidecar_list: Vec<String>,
     /// The revision injected (Kruise's).
@@ -311,8 +321,58 @@ impl SidecarSet {
                 }
             }
         }
-        // The sidecars must be valid containers of a pod: checked as one, with the same
-        // field paths (a SidecarSet's containers and volumes sit where a pod's do).
+        let mut names = std::collections::BTreeSet::new();
+        for (field, sidecars) in [
+            ("initContainers", &spec.init_containers),
+            ("containers", &spec.containers),
+        ] {
+            for (i, sidecar) in sidecars.iter().enumerate() {
+                let at = format!("spec.{field}[{i}]");
+                if sidecar.name().is_empty() {
+                    return Err(FieldError::new(format!("{at}.name"), "is required"));
+                }
+                if sidecar.image().is_empty() {
+                    return Err(FieldError::new(format!("{at}.image"), "is required"));
+                }
+                if !names.insert(sidecar.name()) {
+                    return Err(FieldError::new(
+                        format!("{at}.name"),
+                        format!(
+                            "{:?} is used by another sidecar of this set",
+                            sidecar.name()
+                        ),
+                    ));
+                }
+                let restart = sidecar.container.restart_policy.as_deref();
+                match (field, restart) {
+                    (_, None) | ("initContainers", Some("Always")) => {}
+                    ("initContainers", Some(other)) => {
+                        return Err(FieldError::new(
+                            format!("{at}.restartPolicy"),
+                            format!(
+                                "{other:?}: an init container takes only Always (a native sidecar)"
+                            ),
+                        ));
+                    }
+                    (_, Some(_)) => {
+                        return Err(FieldError::new(
+                            format!("{at}.restartPolicy"),
+                            "is for init containers (native sidecars) only",
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What Rigger's own pods need on top of [`SidecarSet::validate`]: the sidecars must
+    /// be containers Rigger's agent runs, checked as a pod's, with the same field paths
+    /// (a SidecarSet's containers and volumes sit where a pod's do). What only kubelet
+    /// carries out (`subPath`, `configMap` volumes, native sidecars, …) is refused here,
+    /// naming the field; a cluster's pods take it.
+    pub fn validate_for_rigger_pods(&self) -> Result<(), FieldError> {
+        let spec = &self.spec;
         let probe = Pod {
             api_version: rigger_proto::pod::API_VERSION.to_owned(),
             kind: rigger_proto::pod::KIND.to_owned(),
@@ -322,9 +382,17 @@ impl SidecarSet {
             },
             spec: PodSpec {
                 host_network: true,
-                init_containers: containers_of(&spec.init_containers),
-                containers: containers_of(&spec.containers),
-                volumes: spec.volumes.clone(),
+                init_containers: pod_containers(&spec.init_containers, "spec.initContainers")?,
+                containers: pod_containers(&spec.containers, "spec.containers")?,
+                volumes: spec
+                    .volumes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| {
+                        crate::kube_types::to_rigger(v)
+                            .map_err(|e| FieldError::new(format!("spec.volumes[{i}]"), e))
+                    })
+                    .collect::<Result<_, _>>()?,
                 image_pull_secrets: spec.image_pull_secrets.clone(),
                 ..PodSpec::default()
             },
@@ -374,18 +442,40 @@ impl SidecarSet {
     }
 
     /// A short hash of what the sidecars are (Kruise's sidecarset hash): it changes when
-    /// a container changes, so pods with another hash are on an older version.
+    /// a container changes, so pods with another hash are on an older version. As
+    /// Kruise's, it covers the init containers too once one of them is a native sidecar.
     pub fn hash(&self) -> String {
-        short_hash(&serde_json::to_vec(&self.spec.containers).unwrap_or_default())
+        short_hash(&self.hashed(&self.spec.containers, &self.spec.init_containers))
     }
 
     /// The same, images left out.
     pub fn hash_without_image(&self) -> String {
-        let mut containers = self.spec.containers.clone();
-        for sidecar in &mut containers {
-            sidecar.container.image.clear();
-        }
-        short_hash(&serde_json::to_vec(&containers).unwrap_or_default())
+        let without_image = |sidecars: &[SidecarContainer]| {
+            let mut sidecars = sidecars.to_vec();
+            for sidecar in &mut sidecars {
+                sidecar.container.image = Some(String::new());
+            }
+            sidecars
+        };
+        short_hash(&self.hashed(
+            &without_image(&self.spec.containers),
+            &without_image(&self.spec.init_containers),
+        ))
+    }
+
+    fn hashed(&self, containers: &[SidecarContainer], init: &[SidecarContainer]) -> Vec<u8> {
+        let native = self
+            .spec
+            .init_containers
+            .iter()
+            .any(SidecarContainer::is_native);
+        let bytes = if native {
+            serde_json::to_vec(&(containers, init))
+        } else {
+            // What sets without native sidecars always hashed (stored pods carry it).
+            serde_json::to_vec(containers)
+        };
+        bytes.unwrap_or_default()
     }
 }
 
@@ -393,34 +483,36 @@ impl SidecarSet {
 /// for this pod): itself for ColdUpgrade; for HotUpgrade two slots, `<name>-1` with the
 /// image and `<name>-2` with the empty image, each told its version through env from
 /// pod annotations.
-pub fn slots_of(sidecar: &SidecarContainer, container: Container) -> Vec<Container> {
+pub fn slots_of(sidecar: &SidecarContainer, container: core::Container) -> Vec<core::Container> {
     if sidecar.upgrade_strategy.upgrade_type == UpgradeType::ColdUpgrade {
         return vec![container];
     }
     let empty = sidecar.empty_image().to_owned();
     let image = container.image.clone();
-    [(1, image), (2, empty)]
+    [(1, image), (2, Some(empty))]
         .into_iter()
         .map(|(slot, image)| {
             let mut slot_container = container.clone();
             slot_container.name = format!("{}-{slot}", container.name);
             slot_container.image = image;
-            for (env, annotation) in [
+            let env = slot_container.env.get_or_insert_with(Vec::new);
+            for (name, annotation) in [
                 ("SIDECARSET_VERSION", VERSION_ANNOTATION),
                 ("SIDECARSET_VERSION_ALT", VERSION_ALT_ANNOTATION),
             ] {
-                slot_container.env.push(EnvVar {
-                    name: env.to_owned(),
-                    value: None,
-                    value_from: Some(EnvVarSource {
-                        field_ref: FieldRef {
+                env.push(core::EnvVar {
+                    name: name.to_owned(),
+                    value_from: Some(core::EnvVarSource {
+                        field_ref: Some(core::ObjectFieldSelector {
                             field_path: format!(
-                                "metadata.annotations['{annotation}{}']",
-                                slot_container.name
+                                "metadata.annotations['{annotation}{}-{slot}']",
+                                container.name
                             ),
                             api_version: None,
-                        },
+                        }),
+                        ..core::EnvVarSource::default()
                     }),
+                    ..core::EnvVar::default()
                 });
             }
             slot_container
@@ -428,8 +520,16 @@ pub fn slots_of(sidecar: &SidecarContainer, container: Container) -> Vec<Contain
         .collect()
 }
 
-fn containers_of(sidecars: &[SidecarContainer]) -> Vec<Container> {
-    sidecars.iter().map(|s| s.container.clone()).collect()
+/// The sidecars as Rigger's pods run them, or the first field only kubelet carries out.
+fn pod_containers(sidecars: &[SidecarContainer], at: &str) -> Result<Vec<Container>, FieldError> {
+    sidecars
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            s.pod_container()
+                .map_err(|e| FieldError::new(format!("{at}[{i}]"), e))
+        })
+        .collect()
 }
 
 /// SidecarSet, as the registry (`kinds/mod.rs`) lists it.
@@ -488,8 +588,12 @@ impl Object for SidecarSet {
         self.status = None;
     }
 
+    /// What riggerctl applies (standalone) must run on Rigger's pods too; in a
+    /// cluster, SidecarSets come from the API server and are checked by
+    /// [`SidecarSet::validate`] alone.
     fn validate(&mut self) -> Result<(), FieldError> {
-        SidecarSet::validate(self)
+        SidecarSet::validate(self)?;
+        self.validate_for_rigger_pods()
     }
 
     fn spec_differs(&self, old: &Self) -> bool {
@@ -553,8 +657,8 @@ mod tests {
             "apiVersion": KRUISE_API_VERSION, "kind": KIND,
             "metadata": {"name": "mesh"}, "spec": spec,
         });
-        let set: SidecarSet = serde_json::from_value(value).map_err(|e| e.to_string())?;
-        set.validate().map_err(|e| e.to_string())?;
+        let mut set: SidecarSet = serde_json::from_value(value).map_err(|e| e.to_string())?;
+        Object::validate(&mut set).map_err(|e| e.to_string())?;
         Ok(set)
     }
 
@@ -723,7 +827,7 @@ mod tests {
         let mut b = a.clone();
         b.spec.update_strategy.paused = true;
         assert_eq!(a.hash(), b.hash());
-        b.spec.containers[0].container.image = "r.example/p:2".to_owned();
+        b.spec.containers[0].container.image = Some("r.example/p:2".to_owned());
         assert_ne!(a.hash(), b.hash());
     }
 }

@@ -4,8 +4,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use rigger_proto::pod::Volume;
-
 use super::{InjectRevisionPolicy, PatchPodMetadata, SidecarContainer, SidecarSet};
 use crate::fields::IntOrPercent;
 
@@ -22,8 +20,12 @@ pub struct RevisionData {
     pub init_containers: Vec<SidecarContainer>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub containers: Vec<SidecarContainer>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub volumes: Vec<Volume>,
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "super::volumes"
+    )]
+    pub volumes: Vec<k8s_openapi::api::core::v1::Volume>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub patch_pod_metadata: Vec<PatchPodMetadata>,
 }
@@ -277,7 +279,7 @@ mod tests {
             history
                 .revisions
                 .iter()
-                .all(|r| r.data.containers[0].container.image != "r.example/p:2")
+                .all(|r| r.data.containers[0].image() != "r.example/p:2")
         );
     }
 
@@ -311,8 +313,7 @@ mod tests {
         history.record(&v1);
         let stable = history.revisions[0].name.clone();
         let labels = |app: &str| BTreeMap::from([("app".to_owned(), app.to_owned())]);
-        let image =
-            |(set, _): &(SidecarSet, String)| set.spec.containers[0].container.image.clone();
+        let image = |(set, _): &(SidecarSet, String)| set.spec.containers[0].image().to_owned();
 
         // No revision asked: the current version.
         let v2 = set("r.example/p:2", serde_json::json!({}));

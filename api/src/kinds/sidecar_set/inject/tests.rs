@@ -4,6 +4,9 @@ use serde_json::json;
 
 use super::*;
 use crate::fields::KRUISE_API_VERSION_V1BETA1;
+use crate::object::Object;
+
+const NOW: &str = "2026-11-26T12:00:00Z";
 
 fn set(name: &str, spec: serde_json::Value) -> Versioned {
     let mut full = json!({"selector": {"matchLabels": {"app": "web"}}});
@@ -85,7 +88,7 @@ fn containers_and_init_containers_go_where_their_policy_says() {
                 "upgradeStrategy": {"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "r.example/e:1"}}]}),
         ),
     ];
-    inject(&mut pod, &sets).unwrap();
+    inject(&mut pod, &sets, NOW).unwrap();
     assert_eq!(
         names(&pod.spec.init_containers),
         ["first", "migrate", "aa-init", "zz-init"]
@@ -103,7 +106,8 @@ fn containers_and_init_containers_go_where_their_policy_says() {
     }
     assert!(!env(&pod, "app").iter().any(|(n, _)| *n == INJECTED_ENV));
     let versions = injected(&pod);
-    assert_eq!(versions["mesh"].sidecar_list, ["proxy", "logger"]);
+    // Sorted, as Kruise records them.
+    assert_eq!(versions["mesh"].sidecar_list, ["logger", "proxy"]);
     assert_eq!(versions["mesh"].controller_revision, "mesh-abc");
     assert_eq!(versions["hot"].sidecar_list, ["agent-1", "agent-2"]);
     assert_eq!(
@@ -135,7 +139,7 @@ fn shared_volumes_and_transferred_env_come_from_the_pods_own_containers() {
             "volumes": [{"name": "certs", "emptyDir": {}}, {"name": "mine", "emptyDir": {}}, {"name": "unused", "emptyDir": {}}],
         }),
     )];
-    inject(&mut pod, &sets).unwrap();
+    inject(&mut pod, &sets, NOW).unwrap();
     let proxy = &pod.spec.containers[0];
     let mounts: Vec<(&str, &str)> = proxy
         .volume_mounts
@@ -176,7 +180,7 @@ fn pull_secrets_join_the_pods_own_once_and_stay_on_reapply() {
         json!({"containers": [{"name": "proxy", "image": "r.example/p:1"}],
             "imagePullSecrets": [{"name": "shared"}, {"name": "mesh-cred"}]}),
     )];
-    inject(&mut pod, &sets).unwrap();
+    inject(&mut pod, &sets, NOW).unwrap();
     let names: Vec<&str> = pod
         .spec
         .image_pull_secrets
@@ -207,7 +211,7 @@ fn pod_metadata_is_patched_by_policy() {
             ],
         }),
     )];
-    inject(&mut pod, &sets).unwrap();
+    inject(&mut pod, &sets, NOW).unwrap();
     let annotations = &pod.metadata.annotations;
     assert_eq!(annotations["team"], "shop", "Retain keeps the pod's value");
     assert_eq!(annotations["mesh/enabled"], "true");
@@ -221,7 +225,7 @@ fn pod_metadata_is_patched_by_policy() {
         .metadata
         .annotations
         .insert("oom/config".to_owned(), "not json".to_owned());
-    let err = inject(&mut broken, &sets).unwrap_err().to_string();
+    let err = inject(&mut broken, &sets, NOW).unwrap_err().to_string();
     assert!(
         err.starts_with("metadata.annotations: SidecarSet mesh: patchPodMetadata: the pod's annotation oom/config is not JSON"),
         "{err}"
@@ -237,14 +241,14 @@ fn paused_injection_non_matching_pods_and_name_clashes() {
     );
     let mut untouched = pod(json!({}));
     let before = untouched.clone();
-    inject(&mut untouched, &[paused]).unwrap();
+    inject(&mut untouched, &[paused], NOW).unwrap();
     assert_eq!(untouched, before);
 
     let other = set(
         "other",
         json!({"selector": {"matchLabels": {"app": "db"}}, "containers": [{"name": "proxy", "image": "r.example/p:1"}]}),
     );
-    inject(&mut untouched, &[other]).unwrap();
+    inject(&mut untouched, &[other], NOW).unwrap();
     assert_eq!(untouched, before);
 
     // A sidecar named like the pod's own container (or an init container) is refused:
@@ -261,7 +265,7 @@ fn paused_injection_non_matching_pods_and_name_clashes() {
     ] {
         let mut pod =
             pod(json!({"initContainers": [{"name": "migrate", "image": "r.example/m:1"}]}));
-        let err = inject(&mut pod, &[set("mesh", spec)])
+        let err = inject(&mut pod, &[set("mesh", spec)], NOW)
             .unwrap_err()
             .to_string();
         assert!(
@@ -287,7 +291,7 @@ fn a_reapplied_pod_keeps_its_sidecars_where_they_stood() {
         }),
     )];
     let mut stored = pod(json!({}));
-    inject(&mut stored, &sets).unwrap();
+    inject(&mut stored, &sets, NOW).unwrap();
     // The owner applies its own manifest again, image changed.
     let mut again = pod(json!({}));
     again.spec.containers[0].image = "r.example/app:2".to_owned();
@@ -326,4 +330,229 @@ fn merge_patches_follow_rfc_7386() {
         merge_patch(&mut target, &patch);
         assert_eq!(target, expected);
     }
+}
+
+/// A Pod as `kubectl create` sends it to the webhook.
+fn kube_pod(spec: &serde_json::Value) -> core::Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-0", "namespace": "shop", "labels": {"app": "nginx"}},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn kube_set(name: &str, version: &str, spec: &serde_json::Value) -> Versioned {
+    let set: SidecarSet = serde_json::from_value(json!({
+        "apiVersion": version, "kind": "SidecarSet",
+        "metadata": {"name": name}, "spec": spec,
+    }))
+    .unwrap();
+    set.validate().unwrap();
+    Versioned {
+        set,
+        revision: format!("{name}-abc"),
+    }
+}
+
+/// Kruise's annotations for one injected set, as its webhook writes them (JSON values
+/// read, so that their keys' order does not count).
+fn kruise_annotations(set: &SidecarSet, sidecars: &[&str]) -> serde_json::Value {
+    let name = &set.metadata.name;
+    json!({
+        HASH_ANNOTATION: {name: {"updateTimestamp": NOW, "sidecarSetName": name,
+            "hash": set.hash(), "sidecarList": sidecars, "controllerRevision": format!("{name}-abc")}},
+        HASH_WITHOUT_IMAGE_ANNOTATION: {name: {"updateTimestamp": NOW, "sidecarSetName": name,
+            "hash": set.hash_without_image(), "sidecarList": sidecars}},
+        INJECTED_LIST_ANNOTATION: name,
+    })
+}
+
+/// A pod's annotations with JSON values read.
+fn read_annotations(pod: &core::Pod) -> serde_json::Value {
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    serde_json::Value::Object(
+        annotations
+            .into_iter()
+            .map(|(k, v)| {
+                let value = serde_json::from_str(&v)
+                    .ok()
+                    .filter(serde_json::Value::is_object)
+                    .unwrap_or(serde_json::Value::String(v));
+                (k, value)
+            })
+            .collect(),
+    )
+}
+
+#[test]
+fn kruise_log_sidecar_with_a_configmap_subpath_is_injected_field_for_field() {
+    // openkruise.io docs/best-practices/log-container-sidecarset.md (v1alpha1).
+    let versioned = kube_set(
+        "filebeat-sidecarset",
+        crate::fields::KRUISE_API_VERSION,
+        &json!({
+            "selector": {"matchLabels": {"app": "nginx"}},
+            "updateStrategy": {"type": "RollingUpdate", "maxUnavailable": 1},
+            "containers": [{
+                "name": "filebeat", "image": "elastic/filebeat:7.7.0",
+                "args": ["-c", "/etc/filebeat.yml", "-e"],
+                "securityContext": {"runAsUser": 0},
+                "resources": {"limits": {"memory": "200Mi"}, "requests": {"cpu": "100m", "memory": "100Mi"}},
+                "volumeMounts": [
+                    {"name": "config", "mountPath": "/etc/filebeat.yml", "readOnly": true, "subPath": "filebeat.yml"},
+                    {"name": "varlog", "mountPath": "/var/log", "readOnly": true},
+                ],
+            }],
+            "volumes": [
+                {"name": "config", "configMap": {"name": "filebeat-config"}},
+                {"name": "varlog", "emptyDir": {}},
+                {"name": "unused", "emptyDir": {}},
+            ],
+        }),
+    );
+    let mut pod = kube_pod(
+        &json!({"containers": [{"name": "nginx", "image": "nginx:1.25",
+        "volumeMounts": [{"name": "varlog", "mountPath": "/var/log/nginx"}]}],
+        "volumes": [{"name": "varlog", "emptyDir": {}}]}),
+    );
+    inject_kube(&mut pod, std::slice::from_ref(&versioned), NOW).unwrap();
+    assert_eq!(
+        read_annotations(&pod),
+        kruise_annotations(&versioned.set, &["filebeat"])
+    );
+    pod.metadata.annotations = None;
+    let expected = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-0", "namespace": "shop", "labels": {"app": "nginx"}},
+        "spec": {
+            "containers": [
+                {"name": "filebeat", "image": "elastic/filebeat:7.7.0",
+                 "args": ["-c", "/etc/filebeat.yml", "-e"],
+                 "env": [{"name": "IS_INJECTED", "value": "true"}],
+                 "securityContext": {"runAsUser": 0},
+                 "resources": {"limits": {"memory": "200Mi"}, "requests": {"cpu": "100m", "memory": "100Mi"}},
+                 "volumeMounts": [
+                    {"name": "config", "mountPath": "/etc/filebeat.yml", "readOnly": true, "subPath": "filebeat.yml"},
+                    {"name": "varlog", "mountPath": "/var/log", "readOnly": true}]},
+                {"name": "nginx", "image": "nginx:1.25",
+                 "volumeMounts": [{"name": "varlog", "mountPath": "/var/log/nginx"}]},
+            ],
+            // The pod's own `varlog` wins; `config` joins; `unused` is mounted by no sidecar.
+            "volumes": [{"name": "varlog", "emptyDir": {}},
+                {"name": "config", "configMap": {"name": "filebeat-config"}}],
+        },
+    });
+    assert_eq!(serde_json::to_value(&pod).unwrap(), expected);
+}
+
+#[test]
+fn kruise_native_sidecar_goes_after_the_pods_init_containers() {
+    // openkruise.io docs/user-manuals/sidecarset.md, "support k8s 1.28 Sidecar Containers".
+    let versioned = kube_set(
+        "test-sidecarset",
+        crate::fields::KRUISE_API_VERSION_V1BETA1,
+        &json!({
+            "selector": {"matchLabels": {"app": "nginx"}},
+            "updateStrategy": {"type": "NotUpdate"},
+            "initContainers": [{"name": "sidecar", "image": "nginx:alpine", "restartPolicy": "Always",
+                "lifecycle": {"postStart": {"exec": {"command": ["/bin/sh", "-c", "sleep 10"]}}}}],
+        }),
+    );
+    let mut pod = kube_pod(&json!({
+        "initContainers": [{"name": "migrate", "image": "r.example/m:1"}],
+        "containers": [{"name": "nginx", "image": "nginx:1.25"}]}));
+    inject_kube(&mut pod, std::slice::from_ref(&versioned), NOW).unwrap();
+    let spec = serde_json::to_value(pod.spec.as_ref().unwrap()).unwrap();
+    assert_eq!(
+        spec["initContainers"],
+        json!([{"name": "migrate", "image": "r.example/m:1"},
+            {"name": "sidecar", "image": "nginx:alpine", "restartPolicy": "Always",
+             "lifecycle": {"postStart": {"exec": {"command": ["/bin/sh", "-c", "sleep 10"]}}},
+             "env": [{"name": "IS_INJECTED", "value": "true"}]}])
+    );
+    assert_eq!(
+        spec["containers"],
+        json!([{"name": "nginx", "image": "nginx:1.25"}])
+    );
+    assert_eq!(
+        read_annotations(&pod),
+        kruise_annotations(&versioned.set, &["sidecar"])
+    );
+    // A native sidecar's change is a new version, as in Kruise.
+    let mut changed = versioned.set.clone();
+    changed.spec.init_containers[0].container.image = Some("nginx:1.27-alpine".to_owned());
+    assert_ne!(changed.hash(), versioned.set.hash());
+    assert_eq!(
+        changed.hash_without_image(),
+        versioned.set.hash_without_image()
+    );
+}
+
+#[test]
+fn shared_mounts_are_copied_whole_with_the_env_their_sub_path_expr_names() {
+    let versioned = kube_set(
+        "logs",
+        crate::fields::KRUISE_API_VERSION_V1BETA1,
+        &json!({
+            "selector": {"matchLabels": {"app": "nginx"}},
+            "containers": [{"name": "shipper", "image": "r.example/s:1",
+                "shareVolumePolicy": {"type": "enabled"},
+                "volumeMounts": [{"name": "podinfo", "mountPath": "/etc/podinfo"},
+                    {"name": "mine", "mountPath": "/data"}]}],
+            "volumes": [{"name": "podinfo", "downwardAPI": {"items": [
+                {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}}],
+        }),
+    );
+    let mut pod = kube_pod(
+        &json!({"containers": [{"name": "nginx", "image": "nginx:1.25",
+        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "volumeMounts": [
+            {"name": "data", "mountPath": "/data"},
+            {"name": "logs", "mountPath": "/var/log", "subPathExpr": "$(POD_NAME)"}]}],
+        "volumes": [{"name": "data", "emptyDir": {}}, {"name": "logs", "emptyDir": {}}]}),
+    );
+    inject_kube(&mut pod, std::slice::from_ref(&versioned), NOW).unwrap();
+    let spec = serde_json::to_value(pod.spec.as_ref().unwrap()).unwrap();
+    let shipper = &spec["containers"][0];
+    // The sidecar's own /data wins over the pod's; the pod's /var/log comes whole, and
+    // the variable its subPathExpr names with it.
+    assert_eq!(
+        shipper["volumeMounts"],
+        json!([{"name": "podinfo", "mountPath": "/etc/podinfo"}, {"name": "mine", "mountPath": "/data"},
+            {"name": "logs", "mountPath": "/var/log", "subPathExpr": "$(POD_NAME)"}])
+    );
+    assert_eq!(
+        shipper["env"],
+        json!([{"name": "IS_INJECTED", "value": "true"},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}])
+    );
+    assert_eq!(
+        spec["volumes"][2],
+        json!({"name": "podinfo", "downwardAPI": {"items": [
+            {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}})
+    );
+}
+
+#[test]
+fn what_only_kubelet_runs_is_refused_for_riggers_own_pods_naming_the_field() {
+    let versioned = kube_set(
+        "native",
+        crate::fields::KRUISE_API_VERSION_V1BETA1,
+        &json!({"selector": {"matchLabels": {"app": "web"}},
+            "initContainers": [{"name": "sidecar", "image": "r.example/s:1", "restartPolicy": "Always"}]}),
+    );
+    let err = Object::validate(&mut versioned.set.clone())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("spec.initContainers[0]: restartPolicy: Rigger's agent does not carry this out on its own pods; kubelet does, in Kubernetes mode"),
+        "{err}"
+    );
+    let mut pod = pod(json!({}));
+    let err = inject(&mut pod, &[versioned], NOW).unwrap_err().to_string();
+    assert!(
+        err.contains("restartPolicy: Rigger's agent does not carry this out"),
+        "{err}"
+    );
 }
