@@ -26,6 +26,7 @@
 pub mod auth;
 pub mod certs;
 pub mod cluster;
+pub mod cluster_sidecars;
 pub mod config;
 pub mod control;
 pub mod engine;

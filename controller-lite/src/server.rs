@@ -124,6 +124,10 @@ pub async fn run(
     };
     let grpc_listener = bind("listen", config.listen).await?;
     let health_listener = bind("health_listen", config.health_listen).await?;
+    let webhook_listener = match &config.sidecar_webhook {
+        Some(webhook) => Some(bind("sidecar_webhook_listen", webhook.listen).await?),
+        None => None,
+    };
     let grpc_address = grpc_listener.local_addr().ok();
     let health_address = health_listener.local_addr().ok();
 
@@ -158,6 +162,21 @@ pub async fn run(
             );
             (leadership, Some(task))
         }
+    };
+    // In a cluster, Rigger alone: the SidecarSet webhook (every replica serves; the
+    // leader keeps its configuration).
+    let webhook = match (&elector, webhook_listener, &config.sidecar_webhook) {
+        (Some(Elector::Kubernetes(kubernetes)), Some(listener), Some(settings)) => {
+            let webhook = crate::cluster_sidecars::SidecarWebhook {
+                listener,
+                settings: settings.clone(),
+                client: kubernetes.client(),
+                store: store.clone(),
+                namespace: kubernetes.namespace().to_owned(),
+            };
+            Some(tokio::spawn(webhook.run(leadership.clone(), token.clone())))
+        }
+        _ => None,
     };
     let nodes = NodeRegistry::default();
     let grants = match &config.peer_grant_key {
@@ -465,6 +484,9 @@ pub async fn run(
         let grpc_result = grpc.await;
         let _ = health_server.await;
         let _ = engine.await;
+        if let Some(webhook) = webhook {
+            let _ = webhook.await;
+        }
         if lost.is_none()
             && let Some(task) = campaign
         {

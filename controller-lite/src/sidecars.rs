@@ -37,6 +37,22 @@ use rigger_api::sidecar_set::{self, InjectedVersion, SidecarSet, UpdateStrategyT
 
 const TICK: Duration = Duration::from_secs(1);
 
+/// Where a SidecarSet's revision history is kept.
+pub fn history_key(set: &str) -> ObjectKey {
+    ObjectKey::new(sidecar_set::HISTORY_KIND, "", set)
+}
+
+/// SidecarSet `set`'s recorded versions; an unreadable history is none (it only serves
+/// revision lookups).
+pub async fn read_history(store: &Store, set: &str) -> Result<sidecar_set::History, StoreError> {
+    Ok(store
+        .get(history_key(set))
+        .await?
+        .and_then(|s| crate::store::typed::decode::<sidecar_set::History>(s).ok())
+        .map(|h| h.value)
+        .unwrap_or_default())
+}
+
 /// One pod of a SidecarSet, as the rollout sees it.
 #[derive(Debug, Clone)]
 struct Member {

@@ -11,10 +11,15 @@ use rigger_daemon::logging::LogFormat;
 
 use crate::rate_limit::ApiRate;
 
+mod peer_grant;
 mod store;
+mod webhook;
 
+pub use peer_grant::PeerGrantKey;
+use peer_grant::{PEER_GRANT_VERIFY_KEYS, peer_grant_key, peer_grant_verify_key};
 pub use store::{EtcdTls, StoreConfig};
 use store::{etcd_tls, kubernetes_settings, parse_store};
+pub use webhook::{SidecarWebhookSettings, WebhookAddress, WebhookArgs};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9450";
 pub const DEFAULT_HEALTH_LISTEN: &str = "127.0.0.1:9451";
@@ -50,6 +55,9 @@ pub struct ControllerConfigFile {
     pub api_burst: Option<u32>,
     pub peer_grant_key: Option<PathBuf>,
     pub peer_grant_verify_keys: Option<Vec<PathBuf>>,
+    pub sidecar_webhook_listen: Option<String>,
+    pub sidecar_webhook_service: Option<String>,
+    pub sidecar_webhook_url: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, clap::Args)]
@@ -172,6 +180,8 @@ pub struct ControllerArgs {
     /// [default: 200].
     #[arg(long, env = "RIGGER_CONTROLLER_API_BURST", value_name = "N")]
     pub api_burst: Option<u32>,
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
     /// Check the configuration and exit: 0 if it is usable, 64 naming the bad key.
     #[arg(long)]
     pub check_config: bool,
@@ -207,74 +217,8 @@ pub struct ControllerConfig {
     pub api_rate: ApiRate,
     /// What peer grants are signed with; `None`: no grants, so no node serves peers.
     pub peer_grant_key: Option<PeerGrantKey>,
-}
-
-/// The peer grant key, read and checked: the private half signs grants, the public
-/// half goes to every agent when it registers, with those of `peer_grant_verify_keys`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct PeerGrantKey {
-    pub private_pem: Vec<u8>,
-    pub public_pem: String,
-    /// The other keys agents accept grants of (the next one, retired ones), public PEM.
-    pub verify_pems: Vec<String>,
-}
-
-impl PeerGrantKey {
-    /// Every public key agents accept grants of, the signing one first.
-    pub fn public_pems(&self) -> Vec<String> {
-        std::iter::once(self.public_pem.clone())
-            .chain(self.verify_pems.iter().cloned())
-            .collect()
-    }
-}
-
-impl std::fmt::Debug for PeerGrantKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PeerGrantKey")
-            .field("public_pem", &self.public_pem)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Read the peer grant key at `path`: an Ed25519 private key in PEM that signs.
-fn peer_grant_key(path: &std::path::Path) -> Result<PeerGrantKey, ConfigError> {
-    let invalid = |reason: String| PEER_GRANT_KEY.invalid(format!("{}: {reason}", path.display()));
-    let private_pem =
-        rigger_daemon::config::read_small_file(path).map_err(|e| invalid(e.to_string()))?;
-    let text = std::str::from_utf8(&private_pem).map_err(|e| invalid(e.to_string()))?;
-    let key = rcgen::KeyPair::from_pem(text).map_err(|e| invalid(e.to_string()))?;
-    if !key.is_compatible(&rcgen::PKCS_ED25519) {
-        return Err(invalid("not an Ed25519 key".to_owned()));
-    }
-    let public_pem = key.public_key_pem();
-    rigger_proto::peer_grant::GrantSigner::from_pem(&private_pem, public_pem.as_bytes())
-        .map_err(|e| invalid(e.to_string()))?;
-    Ok(PeerGrantKey {
-        public_pem,
-        private_pem,
-        verify_pems: Vec::new(),
-    })
-}
-
-/// The public half of the Ed25519 key at `path` (a public or a private key in PEM): a
-/// key agents accept grants of besides the signing one.
-fn peer_grant_verify_key(path: &std::path::Path) -> Result<String, ConfigError> {
-    let invalid =
-        |reason: String| PEER_GRANT_VERIFY_KEYS.invalid(format!("{}: {reason}", path.display()));
-    let pem = rigger_daemon::config::read_small_file(path).map_err(|e| invalid(e.to_string()))?;
-    let text = std::str::from_utf8(&pem).map_err(|e| invalid(e.to_string()))?;
-    let public_pem = if text.contains("PUBLIC KEY") {
-        text.to_owned()
-    } else {
-        let key = rcgen::KeyPair::from_pem(text).map_err(|e| invalid(e.to_string()))?;
-        if !key.is_compatible(&rcgen::PKCS_ED25519) {
-            return Err(invalid("not an Ed25519 key".to_owned()));
-        }
-        key.public_key_pem()
-    };
-    rigger_proto::peer_grant::GrantVerifier::from_pems([public_pem.as_bytes()])
-        .map_err(|e| invalid(e.to_string()))?;
-    Ok(public_pem)
+    /// The SidecarSet injection webhook (Kubernetes mode, Rigger alone).
+    pub sidecar_webhook: Option<SidecarWebhookSettings>,
 }
 
 const LISTEN: Setting = Setting {
@@ -322,16 +266,6 @@ const CLIENT_CA_FILE: Setting = Setting {
     key: "client_ca_file",
     flag: "--client-ca-file",
     env: "RIGGER_CONTROLLER_CLIENT_CA_FILE",
-};
-const PEER_GRANT_KEY: Setting = Setting {
-    key: "peer_grant_key",
-    flag: "--peer-grant-key",
-    env: "RIGGER_CONTROLLER_PEER_GRANT_KEY",
-};
-const PEER_GRANT_VERIFY_KEYS: Setting = Setting {
-    key: "peer_grant_verify_keys",
-    flag: "--peer-grant-verify-keys",
-    env: "RIGGER_CONTROLLER_PEER_GRANT_VERIFY_KEYS",
 };
 const TOKENS_FILE: Setting = Setting {
     key: "tokens_file",
@@ -499,6 +433,23 @@ impl ControllerConfig {
             args.kruise_manager || file.kruise_manager == Some(true),
             args.write_node_images.or(file.write_node_images),
         )?;
+        let sidecar_webhook = webhook::sidecar_webhook(
+            &store,
+            WebhookArgs {
+                sidecar_webhook_listen: args
+                    .webhook
+                    .sidecar_webhook_listen
+                    .or(file.sidecar_webhook_listen),
+                sidecar_webhook_service: args
+                    .webhook
+                    .sidecar_webhook_service
+                    .or(file.sidecar_webhook_service),
+                sidecar_webhook_url: args
+                    .webhook
+                    .sidecar_webhook_url
+                    .or(file.sidecar_webhook_url),
+            },
+        )?;
         let leader_lease = LEADER_LEASE.duration(
             args.leader_lease.or(file.leader_lease),
             Duration::from_secs(15),
@@ -554,6 +505,7 @@ impl ControllerConfig {
             leader_lease,
             api_rate,
             peer_grant_key,
+            sidecar_webhook,
         })
     }
 }

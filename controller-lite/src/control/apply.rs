@@ -515,10 +515,7 @@ pub(super) fn object_name(value: &serde_json::Value) -> String {
     format!("{kind} {namespace}/{name}")
 }
 
-/// Where a SidecarSet's revision history is kept.
-pub(super) fn history_key(set: &str) -> ObjectKey {
-    ObjectKey::new(rigger_api::sidecar_set::HISTORY_KIND, "", set)
-}
+pub(super) use crate::sidecars::history_key;
 
 /// A refusal naming the object, then the field.
 fn refuse(what: &str, e: &FieldError) -> Status {

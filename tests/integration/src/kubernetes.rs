@@ -255,7 +255,42 @@ impl Cluster {
             "3s",
         ];
         all.extend_from_slice(flags);
+        // Rigger alone serves the SidecarSet webhook: on a port of its own, which the
+        // API server (on this host) calls by URL; its certificate's Secret and its
+        // configuration as deploy/kubernetes/webhook.yaml ships them.
+        let (listen, url);
+        if !flags.contains(&"--kruise-manager") {
+            self.install_webhook(namespace);
+            let port = crate::free_port();
+            listen = format!("127.0.0.1:{port}");
+            url = format!("https://127.0.0.1:{port}");
+            all.extend_from_slice(&[
+                "--sidecar-webhook-listen",
+                &listen,
+                "--sidecar-webhook-url",
+                &url,
+            ]);
+        }
         Controller::start_with(&dir.join("controller"), &all)
+    }
+}
+
+impl Cluster {
+    /// `deploy/kubernetes/webhook.yaml` in `namespace` (the controller's): its empty
+    /// certificate Secret, and the MutatingWebhookConfiguration (cluster-wide).
+    pub fn install_webhook(&self, namespace: &str) {
+        let manifest = std::fs::read_to_string(repo_root().join("deploy/kubernetes/webhook.yaml"))
+            .unwrap()
+            .replace(
+                "namespace: rigger-system",
+                &format!("namespace: {namespace}"),
+            );
+        let out = self.kubectl_stdin(&["apply"], &manifest);
+        assert!(
+            out.status.success(),
+            "kubectl apply webhook.yaml: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 

@@ -1,0 +1,303 @@
+//! Which pods the API server sends to the webhook: one entry of the
+//! MutatingWebhookConfiguration per SidecarSet, with the set's own selectors, so that
+//! only the pods a SidecarSet matches wait on Rigger.
+//!
+//! Failure policy (a choice, documented in the operator guide): `Fail`. A pod a
+//! SidecarSet matches is refused while no replica answers — its owner (a Deployment,
+//! a Job) retries and gets it with its sidecars once one does — rather than started
+//! without them, which Kruise's users find only later (charts#54). Every other pod is
+//! never sent, so a controller outage blocks nothing else; `kube-system` and the
+//! controller's own namespace are never sent either, so that the controller can always
+//! start.
+
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
+    WebhookClientConfig,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use kube::api::{Api, PostParams};
+use rigger_api::sidecar_set::{NAMESPACE_NAME_LABEL, SidecarSet};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::WebhookAddress;
+use crate::store::Store;
+
+/// The MutatingWebhookConfiguration `deploy/kubernetes` installs and the controller
+/// keeps (its `webhooks`, nothing else).
+pub const CONFIGURATION_NAME: &str = "rigger-sidecar-injection";
+/// Where the webhook answers.
+pub const WEBHOOK_PATH: &str = "/inject-sidecars";
+/// Never sent: the cluster's own and the controller's.
+pub const SYSTEM_NAMESPACE: &str = "kube-system";
+/// How long the API server waits for an answer.
+const TIMEOUT_SECONDS: i32 = 10;
+/// How often the configuration is read back even when nothing changed (someone may
+/// have edited it).
+const RESYNC: Duration = Duration::from_secs(60);
+
+/// The webhook entries for `sets` (pure): one per SidecarSet whose injection is not
+/// paused, named after it, in the sets' order.
+pub fn desired(
+    sets: &[SidecarSet],
+    address: &WebhookAddress,
+    ca_bundle: &str,
+    own_namespace: &str,
+) -> Vec<MutatingWebhook> {
+    sets.iter()
+        .filter(|set| !set.spec.injection_strategy.paused)
+        .filter_map(|set| {
+            let name = format!("{}.sidecarsets.rigger.dev", set.metadata.name);
+            // A webhook's name is a DNS subdomain; the longest set names do not fit.
+            (name.len() <= 253).then(|| entry(set, name, address, ca_bundle, own_namespace))
+        })
+        .collect()
+}
+
+fn entry(
+    set: &SidecarSet,
+    name: String,
+    address: &WebhookAddress,
+    ca_bundle: &str,
+    own_namespace: &str,
+) -> MutatingWebhook {
+    let mut namespaces = LabelSelector {
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: NAMESPACE_NAME_LABEL.to_owned(),
+            operator: "NotIn".to_owned(),
+            values: Some(vec![SYSTEM_NAMESPACE.to_owned(), own_namespace.to_owned()]),
+        }]),
+        match_labels: None,
+    };
+    if let Some(namespace) = &set.spec.namespace {
+        namespaces.match_labels =
+            Some([(NAMESPACE_NAME_LABEL.to_owned(), namespace.clone())].into());
+    }
+    if let Some(selector) = &set.spec.namespace_selector {
+        let theirs = kube_selector(selector);
+        if let Some(labels) = theirs.match_labels {
+            namespaces
+                .match_labels
+                .get_or_insert_with(Default::default)
+                .extend(labels);
+        }
+        if let Some(expressions) = theirs.match_expressions {
+            namespaces
+                .match_expressions
+                .get_or_insert_with(Vec::new)
+                .extend(expressions);
+        }
+    }
+    let bundle = Some(ByteString(ca_bundle.as_bytes().to_vec()));
+    let client_config = match address {
+        WebhookAddress::Service { namespace, name } => WebhookClientConfig {
+            service: Some(ServiceReference {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                path: Some(WEBHOOK_PATH.to_owned()),
+                port: Some(443),
+            }),
+            ca_bundle: bundle,
+            url: None,
+        },
+        WebhookAddress::Url { base, .. } => WebhookClientConfig {
+            url: Some(format!("{base}{WEBHOOK_PATH}")),
+            ca_bundle: bundle,
+            service: None,
+        },
+    };
+    MutatingWebhook {
+        name,
+        admission_review_versions: vec!["v1".to_owned()],
+        client_config,
+        failure_policy: Some("Fail".to_owned()),
+        match_policy: Some("Equivalent".to_owned()),
+        namespace_selector: Some(namespaces),
+        object_selector: Some(kube_selector(&set.spec.selector)),
+        reinvocation_policy: Some("Never".to_owned()),
+        rules: Some(vec![RuleWithOperations {
+            api_groups: Some(vec![String::new()]),
+            api_versions: Some(vec!["v1".to_owned()]),
+            operations: Some(vec!["CREATE".to_owned()]),
+            resources: Some(vec!["pods".to_owned()]),
+            scope: Some("Namespaced".to_owned()),
+        }]),
+        side_effects: "None".to_owned(),
+        timeout_seconds: Some(TIMEOUT_SECONDS),
+        match_conditions: None,
+    }
+}
+
+/// Rigger's selector in Kubernetes' type (the same fields).
+fn kube_selector(selector: &rigger_api::fields::LabelSelector) -> LabelSelector {
+    serde_json::to_value(selector)
+        .ok()
+        .and_then(|value| serde_json::from_value(value).ok())
+        .unwrap_or_default()
+}
+
+/// Whether the stored entries say what `desired` does, as far as Rigger sets them (the
+/// API server fills defaults Rigger leaves alone).
+fn current(stored: &[MutatingWebhook], desired: &[MutatingWebhook]) -> bool {
+    stored.len() == desired.len()
+        && stored.iter().zip(desired).all(|(s, d)| {
+            s.name == d.name
+                && s.client_config == d.client_config
+                && s.object_selector == d.object_selector
+                && s.namespace_selector == d.namespace_selector
+                && s.failure_policy == d.failure_policy
+                && s.rules == d.rules
+        })
+}
+
+/// Keep the configuration's entries those of the SidecarSets (leader only): written
+/// when the sets or the CA change, read back every [`RESYNC`].
+pub async fn keep_current(
+    client: kube::Client,
+    store: Store,
+    address: WebhookAddress,
+    own_namespace: String,
+    mut ca_bundle: tokio::sync::watch::Receiver<Option<String>>,
+    token: CancellationToken,
+) {
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client);
+    let mut written: Option<Vec<MutatingWebhook>> = None;
+    let mut last_read = tokio::time::Instant::now();
+    loop {
+        let bundle = ca_bundle.borrow_and_update().clone();
+        if let Some(bundle) = bundle {
+            match store.list_objects::<SidecarSet>().await {
+                Ok(sets) => {
+                    let sets: Vec<SidecarSet> = sets.into_iter().map(|s| s.value).collect();
+                    let want = desired(&sets, &address, &bundle, &own_namespace);
+                    let stale = last_read.elapsed() >= RESYNC;
+                    if written.as_ref() != Some(&want) || stale {
+                        last_read = tokio::time::Instant::now();
+                        match write(&api, &want).await {
+                            Ok(()) => written = Some(want),
+                            Err(error) => {
+                                written = None;
+                                tracing::warn!(%error, "the sidecar webhook's configuration is not current");
+                            }
+                        }
+                    }
+                }
+                Err(error) => tracing::debug!(%error, "SidecarSets not listed yet"),
+            }
+        }
+        tokio::select! {
+            () = token.cancelled() => return,
+            _ = ca_bundle.changed() => {}
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+/// Replace the configuration's entries with `want` (at the version read), when they
+/// differ.
+async fn write(
+    api: &Api<MutatingWebhookConfiguration>,
+    want: &[MutatingWebhook],
+) -> Result<(), String> {
+    let Some(mut stored) = api
+        .get_opt(CONFIGURATION_NAME)
+        .await
+        .map_err(|e| format!("MutatingWebhookConfiguration {CONFIGURATION_NAME}: {e}"))?
+    else {
+        return Err(format!(
+            "MutatingWebhookConfiguration {CONFIGURATION_NAME} does not exist: apply deploy/kubernetes, which holds it (pods get no sidecars until it exists)"
+        ));
+    };
+    if current(stored.webhooks.as_deref().unwrap_or_default(), want) {
+        return Ok(());
+    }
+    stored.webhooks = Some(want.to_vec());
+    api.replace(CONFIGURATION_NAME, &PostParams::default(), &stored)
+        .await
+        .map(|_| {
+            tracing::info!(
+                webhooks = want.len(),
+                "sidecar webhook configuration written"
+            )
+        })
+        .map_err(|e| format!("MutatingWebhookConfiguration {CONFIGURATION_NAME}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    fn set(name: &str, extra: &serde_json::Value) -> SidecarSet {
+        let mut spec = json!({"selector": {"matchLabels": {"app": "web"}},
+            "containers": [{"name": "proxy", "image": "r.example/p:1"}]});
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        serde_json::from_value(
+            json!({"apiVersion": "apps.kruise.io/v1alpha1", "kind": "SidecarSet",
+            "metadata": {"name": name}, "spec": spec}),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn one_entry_per_set_with_its_selectors_and_never_the_system_namespaces() {
+        let sets = [
+            set("mesh", &json!({"namespace": "shop"})),
+            set("paused", &json!({"injectionStrategy": {"paused": true}})),
+            set(
+                "logs",
+                &json!({"namespaceSelector": {"matchLabels": {"team": "a"},
+                "matchExpressions": [{"key": "tier", "operator": "Exists"}]}}),
+            ),
+        ];
+        let address = WebhookAddress::Service {
+            namespace: "rigger-system".to_owned(),
+            name: "rigger-controller".to_owned(),
+        };
+        let entries = desired(&sets, &address, "CA", "rigger-system");
+        let value = serde_json::to_value(&entries).unwrap();
+        assert_eq!(entries.len(), 2, "{value:#}");
+        assert_eq!(value[0]["name"], "mesh.sidecarsets.rigger.dev");
+        assert_eq!(value[0]["failurePolicy"], "Fail");
+        assert_eq!(
+            value[0]["objectSelector"],
+            json!({"matchLabels": {"app": "web"}})
+        );
+        assert_eq!(
+            value[0]["namespaceSelector"],
+            json!({"matchLabels": {NAMESPACE_NAME_LABEL: "shop"},
+                "matchExpressions": [{"key": NAMESPACE_NAME_LABEL, "operator": "NotIn",
+                    "values": ["kube-system", "rigger-system"]}]})
+        );
+        assert_eq!(
+            value[0]["clientConfig"]["service"],
+            json!({"namespace": "rigger-system", "name": "rigger-controller",
+                "path": "/inject-sidecars", "port": 443})
+        );
+        assert_eq!(
+            value[1]["namespaceSelector"]["matchLabels"],
+            json!({"team": "a"})
+        );
+        assert_eq!(
+            value[1]["namespaceSelector"]["matchExpressions"][1]["key"],
+            "tier"
+        );
+        assert!(current(&entries, &entries));
+        assert!(!current(&entries[..1], &entries));
+        let url = WebhookAddress::Url {
+            base: "https://127.0.0.1:9443".to_owned(),
+            host: "127.0.0.1".to_owned(),
+        };
+        let by_url = desired(&sets[..1], &url, "CA", "rigger-system");
+        assert_eq!(
+            by_url[0].client_config.url.as_deref(),
+            Some("https://127.0.0.1:9443/inject-sidecars")
+        );
+        assert!(!current(&by_url, &entries[..1]));
+    }
+}

@@ -1,0 +1,195 @@
+//! The SidecarSet webhook's answer to one admission review of a Pod (pure): the
+//! SidecarSets matching the new pod are injected at the version each gives it, and the
+//! answer is the JSON patch from the pod as sent to the pod injected (RFC 6902, as the
+//! API server takes it). Fields of newer Kubernetes versions than Rigger's types know
+//! are left alone: the patch is computed between two decodings of the same pod.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
+use rigger_api::sidecar_set::{self, History, SidecarSet, Versioned, injected_revision};
+
+/// What the webhook injects from: every SidecarSet with its recorded versions.
+pub type Catalog = [(SidecarSet, History)];
+
+/// The answer to `request`: allowed, with the sidecars as a patch when some SidecarSet
+/// matches and has not been injected yet (the webhook is called once per matching
+/// SidecarSet: the first call injects them all, the others find them there); refused,
+/// with the reason, when a version asked for is not recorded or a sidecar's name is the
+/// pod's own. `chance` decides `injectionStrategy.revision.policy: Partial`.
+pub fn answer(
+    request: &AdmissionRequest<Pod>,
+    catalog: &Catalog,
+    now: &str,
+    chance: f64,
+) -> AdmissionResponse {
+    let response = AdmissionResponse::from(request);
+    let (Operation::Create, Some(pod), None) =
+        (&request.operation, &request.object, &request.sub_resource)
+    else {
+        return response;
+    };
+    let mut pod = pod.clone();
+    // A pod being created may leave its namespace to the request.
+    if pod
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or_default()
+        .is_empty()
+    {
+        pod.metadata.namespace.clone_from(&request.namespace);
+    }
+    let what = format!(
+        "pod {}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata
+            .name
+            .as_deref()
+            .or(pod.metadata.generate_name.as_deref())
+            .unwrap_or_default()
+    );
+    let versions = match versions_for(&pod, catalog, chance) {
+        Ok(versions) => versions,
+        Err(reason) => return response.deny(format!("{what}: {reason}")),
+    };
+    if versions.is_empty() {
+        return response;
+    }
+    let Ok(before) = serde_json::to_value(&pod) else {
+        return response;
+    };
+    if let Err(error) = sidecar_set::inject_kube(&mut pod, &versions, now) {
+        return response.deny(format!("{what}: {error}"));
+    }
+    let Ok(after) = serde_json::to_value(&pod) else {
+        return response;
+    };
+    let patch = json_patch::diff(&before, &after);
+    match response.clone().with_patch(patch) {
+        Ok(patched) => patched,
+        Err(error) => response.deny(format!("{what}: the sidecars cannot be written: {error}")),
+    }
+}
+
+/// The SidecarSets to inject into `pod`, each at its version: those matching it and not
+/// recorded on it yet.
+fn versions_for(pod: &Pod, catalog: &Catalog, chance: f64) -> Result<Vec<Versioned>, String> {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+    let recorded = sidecar_set::injected_by_annotations(&annotations);
+    let mut versions = Vec::new();
+    for (set, history) in catalog {
+        if set.spec.injection_strategy.paused
+            || !set.matches(namespace, &labels)
+            || recorded.contains_key(&set.metadata.name)
+        {
+            continue;
+        }
+        let (set, revision) =
+            injected_revision(set, history, &labels, chance).map_err(|e| e.to_string())?;
+        versions.push(Versioned { set, revision });
+    }
+    Ok(versions)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use kube::core::admission::AdmissionReview;
+    use serde_json::json;
+
+    const NOW: &str = "2026-11-26T12:00:00Z";
+
+    fn catalog() -> Vec<(SidecarSet, History)> {
+        let set: SidecarSet = serde_json::from_value(json!({
+            "apiVersion": "apps.kruise.io/v1beta1", "kind": "SidecarSet",
+            "metadata": {"name": "mesh"},
+            "spec": {"selector": {"matchLabels": {"app": "web"}},
+                "containers": [{"name": "proxy", "image": "r.example/proxy:1",
+                    "volumeMounts": [{"name": "conf", "mountPath": "/etc/proxy", "subPath": "proxy.yaml"}]}],
+                "volumes": [{"name": "conf", "configMap": {"name": "proxy"}}]},
+        }))
+        .unwrap();
+        let mut history = History::default();
+        history.record(&set);
+        vec![(set, history)]
+    }
+
+    /// An admission review of a pod as the API server sends it (what `kubectl create`
+    /// made, namespace left to the request).
+    fn review(pod: &serde_json::Value, operation: &str) -> AdmissionRequest<Pod> {
+        let review: AdmissionReview<Pod> = serde_json::from_value(json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "0f6c", "operation": operation,
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "name": "", "namespace": "shop",
+                "userInfo": {"username": "alice"},
+                "object": pod,
+            },
+        }))
+        .unwrap();
+        review.try_into().unwrap()
+    }
+
+    fn patched(pod: &serde_json::Value, response: &AdmissionResponse) -> serde_json::Value {
+        let patch: json_patch::Patch =
+            serde_json::from_slice(response.patch.as_deref().unwrap()).unwrap();
+        let mut pod = pod.clone();
+        json_patch::patch(&mut pod, &patch).unwrap();
+        pod
+    }
+
+    #[test]
+    fn a_matching_pod_gets_its_sidecars_as_a_patch_and_keeps_what_rigger_does_not_know() {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"generateName": "web-", "labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "app", "image": "r.example/app:1"}],
+                // A field of a newer Kubernetes: the patch must not drop it.
+                "futureField": {"keep": true}}});
+        let response = answer(&review(&pod, "CREATE"), &catalog(), NOW, 0.5);
+        assert!(response.allowed);
+        let after = patched(&pod, &response);
+        assert_eq!(after["spec"]["futureField"], json!({"keep": true}));
+        assert_eq!(after["spec"]["containers"][0]["name"], "proxy");
+        assert_eq!(
+            after["spec"]["containers"][0]["volumeMounts"][0]["subPath"],
+            "proxy.yaml"
+        );
+        assert_eq!(after["spec"]["volumes"][0]["configMap"]["name"], "proxy");
+        assert_eq!(
+            after["metadata"]["annotations"]["kruise.io/sidecarset-injected-list"],
+            "mesh"
+        );
+        // The namespace stays the request's to set.
+        assert!(after["metadata"].get("namespace").is_none());
+
+        // Called again (another matching SidecarSet's webhook entry): nothing more.
+        let again = answer(&review(&after, "CREATE"), &catalog(), NOW, 0.5);
+        assert!(again.allowed && again.patch.is_none());
+    }
+
+    #[test]
+    fn other_pods_operations_and_clashes() {
+        let other = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "db", "labels": {"app": "db"}},
+            "spec": {"containers": [{"name": "db", "image": "r.example/db:1"}]}});
+        let response = answer(&review(&other, "CREATE"), &catalog(), NOW, 0.5);
+        assert!(response.allowed && response.patch.is_none());
+        let web = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w", "labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "app", "image": "r.example/app:1"}]}});
+        let update = answer(&review(&web, "UPDATE"), &catalog(), NOW, 0.5);
+        assert!(update.allowed && update.patch.is_none());
+        let clash = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w", "labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "proxy", "image": "r.example/mine:1"}]}});
+        let refused = answer(&review(&clash, "CREATE"), &catalog(), NOW, 0.5);
+        assert!(!refused.allowed);
+        assert!(
+            refused.result.message.starts_with("pod shop/w: spec.containers: container \"proxy\" is also injected by SidecarSet mesh"),
+            "{}",
+            refused.result.message
+        );
+    }
+}
