@@ -284,6 +284,19 @@ pub async fn run(
     // In a cluster, image lists made with kubectl are carried out by a pass of their own.
     let lists = (cluster.is_some() && !kruise_manager).then(|| control.clone());
     let in_cluster = cluster.is_some();
+    let cluster_rollout = match (&cluster, kruise_manager) {
+        (Some(client), false) => {
+            let pods = Arc::new(crate::cluster_sidecars::pods::InjectedPods::default());
+            let rollout = crate::cluster_sidecars::rollout::ClusterRollout::new(
+                store.clone(),
+                client.clone(),
+                pods.clone(),
+                events.clone(),
+            );
+            Some((rollout, pods, client.clone()))
+        }
+        _ => None,
+    };
     let gate = nodes.clone();
     // The engines run on the leader only (at once with the embedded store).
     let engine = {
@@ -362,10 +375,24 @@ pub async fn run(
                         }
                     }
                     if !kruise_manager {
-                        tokio::join!(
-                            crate::engine::supervise(jobs, token.clone()),
-                            crate::engine::supervise(sidecars, token.clone()),
-                        );
+                        // SidecarSets act on Rigger's own pods, or in a cluster on the
+                        // cluster's (one watch of the pods they were injected into).
+                        let sidecar_sets = async {
+                            match cluster_rollout {
+                                Some((rollout, pods, client)) => {
+                                    tokio::join!(
+                                        crate::cluster_sidecars::pods::keep_watched(
+                                            client,
+                                            pods,
+                                            token.clone()
+                                        ),
+                                        crate::engine::supervise(rollout, token.clone()),
+                                    );
+                                }
+                                None => crate::engine::supervise(sidecars, token.clone()).await,
+                            }
+                        };
+                        tokio::join!(crate::engine::supervise(jobs, token.clone()), sidecar_sets);
                     }
                 };
                 tokio::join!(

@@ -53,31 +53,55 @@ pub async fn read_history(store: &Store, set: &str) -> Result<sidecar_set::Histo
         .unwrap_or_default())
 }
 
-/// One pod of a SidecarSet, as the rollout sees it.
+/// One pod of a SidecarSet, as the rollout sees it (Rigger's own pods here; the
+/// cluster's pods in `cluster_sidecars`, in the same shape).
 #[derive(Debug, Clone)]
-struct Member {
+pub(crate) struct Member {
     /// The pod's key and the revision the rollout read it at (its write is conditional
     /// on it).
-    key: ObjectKey,
-    revision: u64,
-    pod: Pod,
-    version: InjectedVersion,
-    ready: bool,
-    /// Every sidecar of the set runs the image its spec names (checked on the agent's
-    /// reported status, not on the spec).
-    running_spec: bool,
-    status: serde_json::Value,
+    pub(crate) key: ObjectKey,
+    pub(crate) revision: u64,
+    pub(crate) pod: Pod,
+    pub(crate) version: InjectedVersion,
+    pub(crate) ready: bool,
+    /// Every sidecar of the set runs the image its spec names (checked on the reported
+    /// status, not on the spec).
+    pub(crate) running_spec: bool,
+    pub(crate) status: serde_json::Value,
     /// A hot upgrade started (an idle slot got the new image) and has not switched yet.
-    hot_in_progress: bool,
+    pub(crate) hot_in_progress: bool,
 }
 
 impl Member {
-    fn updated(&self, hash: &str) -> bool {
+    /// The pod `pod` of set `set` (its version from its annotations) with its status as
+    /// last reported; `None` when the set was not injected into it.
+    pub(crate) fn of(
+        set: &SidecarSet,
+        hash: &str,
+        key: ObjectKey,
+        revision: u64,
+        pod: &Pod,
+        status: &serde_json::Value,
+    ) -> Option<Self> {
+        let version = sidecar_set::injected(pod).remove(&set.metadata.name)?;
+        Some(Member {
+            key,
+            revision,
+            pod: pod.clone(),
+            ready: is_ready(status),
+            running_spec: runs_spec(pod, status, &version.sidecar_list),
+            hot_in_progress: version.hash != hash && hot_started(set, pod),
+            status: status.clone(),
+            version,
+        })
+    }
+
+    pub(crate) fn updated(&self, hash: &str) -> bool {
         self.version.hash == hash
     }
 
     /// Being upgraded or not ready: what maxUnavailable bounds.
-    fn unavailable(&self, hash: &str) -> bool {
+    pub(crate) fn unavailable(&self, hash: &str) -> bool {
         !self.ready || self.hot_in_progress || (self.updated(hash) && !self.running_spec)
     }
 }
@@ -255,21 +279,16 @@ fn members(
     hash: &str,
     pods: &[(Versioned<Pod>, serde_json::Value)],
 ) -> Vec<Member> {
-    let name = &set.metadata.name;
     pods.iter()
         .filter_map(|(stored, status)| {
-            let pod = &stored.value;
-            let version = sidecar_set::injected(pod).remove(name)?;
-            Some(Member {
-                key: stored.key.clone(),
-                revision: stored.revision,
-                pod: pod.clone(),
-                ready: is_ready(status),
-                running_spec: runs_spec(pod, status, &version.sidecar_list),
-                hot_in_progress: version.hash != hash && hot_started(set, pod),
-                status: status.clone(),
-                version,
-            })
+            Member::of(
+                set,
+                hash,
+                stored.key.clone(),
+                stored.revision,
+                &stored.value,
+                status,
+            )
         })
         .collect()
 }
@@ -279,7 +298,11 @@ fn members(
 /// selector; nothing while paused or with updateStrategy.type NotUpdate. Pods whose
 /// sidecars changed more than their images are left alone (only pods created from now
 /// on get the new version).
-fn to_upgrade<'a>(set: &SidecarSet, hash: &str, members: &'a [Member]) -> Vec<&'a Member> {
+pub(crate) fn to_upgrade<'a>(
+    set: &SidecarSet,
+    hash: &str,
+    members: &'a [Member],
+) -> Vec<&'a Member> {
     let strategy = &set.spec.update_strategy;
     if strategy.paused || strategy.kind == UpdateStrategyType::NotUpdate {
         return Vec::new();
@@ -317,7 +340,7 @@ fn to_upgrade<'a>(set: &SidecarSet, hash: &str, members: &'a [Member]) -> Vec<&'
 /// the new image, and once it runs it and is ready the old slot gets the empty image
 /// and the idle one becomes the working one. The version in the annotation moves when
 /// all is done.
-fn upgraded(set: &SidecarSet, hash: &str, member: &Member) -> Option<Pod> {
+pub(crate) fn upgraded(set: &SidecarSet, hash: &str, member: &Member) -> Option<Pod> {
     let mut pod = member.pod.clone();
     let mut all_switched = true;
     for sidecar in &set.spec.containers {

@@ -6,11 +6,15 @@
 //! - [`serve`]: the HTTPS endpoint, on every replica;
 //! - [`certificate`]: its certificate, kept in a Secret every replica serves from;
 //! - [`configuration`]: the MutatingWebhookConfiguration's entries, one per SidecarSet,
-//!   kept by the leader (and why its failure policy is `Fail`).
+//!   kept by the leader (and why its failure policy is `Fail`);
+//! - [`rollout`]: versions recorded, status written, pods updated in place (leader),
+//!   on the injected pods [`pods`] keeps.
 
 pub mod certificate;
 pub mod configuration;
+pub mod pods;
 pub mod review;
+pub mod rollout;
 pub mod serve;
 
 use std::sync::Arc;

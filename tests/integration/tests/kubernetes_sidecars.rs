@@ -75,7 +75,8 @@ fn annotations(pod: &Value) -> Value {
 /// empty struct is not omitted), so every container has it.
 fn stored(mut spec: Value) -> Value {
     for list in ["initContainers", "containers"] {
-        for container in spec[list].as_array_mut().into_iter().flatten() {
+        let containers = spec.get_mut(list).and_then(Value::as_array_mut);
+        for container in containers.into_iter().flatten() {
             if container.get("resources").is_none() {
                 container["resources"] = json!({});
             }

@@ -114,6 +114,53 @@ impl History {
         true
     }
 
+    /// What differs, beyond images, between revision `name` and `set`'s containers
+    /// (`["proxy: env, resources"]`, a sidecar added or gone named alone); `None` when
+    /// the revision is not (or no longer) recorded.
+    pub fn changes_beyond_images(&self, name: &str, set: &SidecarSet) -> Option<Vec<String>> {
+        let old = &self
+            .revisions
+            .iter()
+            .find(|r| r.name == name)?
+            .data
+            .containers;
+        let fields = |sidecar: &SidecarContainer| -> serde_json::Map<String, serde_json::Value> {
+            let mut value = serde_json::to_value(sidecar).unwrap_or_default();
+            if let Some(fields) = value.as_object_mut() {
+                fields.remove("image");
+                return fields.clone();
+            }
+            serde_json::Map::new()
+        };
+        let mut changes = Vec::new();
+        for new in &set.spec.containers {
+            match old.iter().find(|o| o.name() == new.name()) {
+                None => changes.push(format!("{}: added", new.name())),
+                Some(old) => {
+                    let (before, after) = (fields(old), fields(new));
+                    let mut keys: Vec<&String> = before.keys().chain(after.keys()).collect();
+                    keys.sort();
+                    keys.dedup();
+                    let changed: Vec<&str> = keys
+                        .into_iter()
+                        .filter(|k| before.get(*k) != after.get(*k))
+                        .map(String::as_str)
+                        .collect();
+                    if !changed.is_empty() {
+                        changes.push(format!("{}: {}", new.name(), changed.join(", ")));
+                    }
+                }
+            }
+        }
+        for gone in old
+            .iter()
+            .filter(|o| !set.spec.containers.iter().any(|n| n.name() == o.name()))
+        {
+            changes.push(format!("{}: removed", gone.name()));
+        }
+        Some(changes)
+    }
+
     /// The name `set`'s current version has (or will have once recorded).
     pub fn current_name(&self, set: &SidecarSet) -> String {
         let mut history = self.clone();

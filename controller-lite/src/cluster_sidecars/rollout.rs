@@ -1,0 +1,296 @@
+//! The SidecarSet engine on a cluster's pods (leader only), Kruise's SidecarSet
+//! controller: each SidecarSet made with kubectl gets its versions recorded (what
+//! `injectionStrategy.revision` and the webhook pick from) and its status written
+//! (`kubectl get sidecarset` shows it); its pods move to a new version in place, a few
+//! at a time, by the decisions Rigger's own pods use (`crate::sidecars`: maxUnavailable,
+//! partition, paused, selector, priority and scatter, hot upgrade's two slots). Only
+//! images change in a running pod: a change of anything else is reported on the set's
+//! status (condition `InPlaceUpdate`) and as an event, never dropped silently — those
+//! pods keep their version, and pods created from now on get the new one.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams};
+use rigger_api::fields::Condition;
+use rigger_api::sidecar_set::{History, IN_PLACE_UPDATE_CONDITION, SidecarSet, SidecarSetStatus};
+use tokio::sync::Notify;
+
+use super::pods::{InjectedPod, InjectedPods, member_of, patch_of};
+use crate::events::{Event, EventSink, Regarding};
+use crate::sidecars::{Member, history_key, to_upgrade, upgraded};
+use crate::store::{Precondition, Store, StoreError};
+
+const TICK: Duration = Duration::from_secs(1);
+
+/// The engine; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ClusterRollout {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    client: kube::Client,
+    pods: Arc<InjectedPods>,
+    events: Arc<dyn EventSink>,
+    /// What was last written per set: a status, and the report of pods left on an
+    /// older version (an event each time it changes).
+    written: Mutex<HashMap<String, (SidecarSetStatus, String)>>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterRollout").finish_non_exhaustive()
+    }
+}
+
+impl ClusterRollout {
+    pub fn new(
+        store: Store,
+        client: kube::Client,
+        pods: Arc<InjectedPods>,
+        events: Arc<dyn EventSink>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                client,
+                pods,
+                events,
+                written: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+}
+
+/// One pass's reading: the sets with their histories (and the version of each history
+/// record), and the injected pods once listed.
+#[derive(Debug)]
+pub struct Snapshot {
+    sets: Vec<(SidecarSet, History, Precondition)>,
+    pods: Option<Vec<InjectedPod>>,
+}
+
+impl crate::engine::Engine for ClusterRollout {
+    const NAME: &'static str = "sidecar rollout (cluster)";
+    const TICK: Duration = TICK;
+    type Snapshot = Snapshot;
+
+    fn wake_signal(&self) -> &Notify {
+        &self.inner.pods.changed
+    }
+
+    async fn observe(&self) -> Result<Snapshot, StoreError> {
+        let store = &self.inner.store;
+        let mut sets = Vec::new();
+        for stored in store.list_objects::<SidecarSet>().await? {
+            let set = stored.value;
+            let record = store.get(history_key(&set.metadata.name)).await?;
+            let precondition = record
+                .as_ref()
+                .map_or(Precondition::Absent, |r| Precondition::Revision(r.revision));
+            let history = record
+                .and_then(|r| crate::store::typed::decode::<History>(r).ok())
+                .map(|h| h.value)
+                .unwrap_or_default();
+            sets.push((set, history, precondition));
+        }
+        Ok(Snapshot {
+            sets,
+            pods: self.inner.pods.snapshot(),
+        })
+    }
+
+    async fn pass(&self, snapshot: Snapshot) {
+        for (set, mut history, precondition) in snapshot.sets {
+            if history.record(&set) {
+                self.write_history(&set, &history, precondition).await;
+            }
+            let Some(pods) = &snapshot.pods else {
+                continue;
+            };
+            self.roll(&set, &history, pods).await;
+        }
+    }
+}
+
+impl ClusterRollout {
+    async fn write_history(&self, set: &SidecarSet, history: &History, precondition: Precondition) {
+        let Ok(bytes) = serde_json::to_vec(history) else {
+            return;
+        };
+        if let Err(error) = self
+            .inner
+            .store
+            .put(history_key(&set.metadata.name), bytes, precondition)
+            .await
+        {
+            tracing::debug!(sidecar_set = %set.metadata.name, %error, "version not recorded yet");
+        }
+    }
+
+    async fn roll(&self, set: &SidecarSet, history: &History, pods: &[InjectedPod]) {
+        let hash = set.hash();
+        let (members, by_name): (Vec<Member>, Vec<&InjectedPod>) = pods
+            .iter()
+            .filter(|pod| set.matches(&pod.namespace, &pod.labels))
+            .filter_map(|pod| member_of(set, &hash, pod).map(|m| (m, pod)))
+            .unzip();
+        let left = left_behind(set, &hash, history, &members);
+        self.write_status(set, history, &hash, &members, &left)
+            .await;
+        for member in to_upgrade(set, &hash, &members) {
+            let Some(after) = upgraded(set, &hash, member) else {
+                continue;
+            };
+            let Some(pod) = by_name.iter().find(|p| {
+                p.name == member.pod.metadata.name
+                    && Some(&p.namespace) == member.pod.metadata.namespace.as_ref()
+            }) else {
+                continue;
+            };
+            let patch = patch_of(
+                pod,
+                &after,
+                &set.metadata.name,
+                &hash,
+                &rigger_proto::time::now_rfc3339(),
+            );
+            let Ok(patch) = serde_json::from_value::<json_patch::Patch>(patch) else {
+                continue;
+            };
+            let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), &pod.namespace);
+            match api
+                .patch(
+                    &pod.name,
+                    &PatchParams::default(),
+                    &Patch::<()>::Json(patch),
+                )
+                .await
+            {
+                Ok(_) => tracing::info!(
+                    sidecar_set = %set.metadata.name, pod = %format!("{}/{}", pod.namespace, pod.name),
+                    version = %hash, "sidecars of the pod updated in place"
+                ),
+                // Changed meanwhile (its owner, kubelet): looked at again next pass.
+                Err(error) => tracing::debug!(pod = %pod.name, %error, "sidecar update deferred"),
+            }
+        }
+    }
+
+    /// Kruise's counts (a pod is updated once it runs the version's images and is
+    /// ready), and the report of pods left behind; written when they change.
+    async fn write_status(
+        &self,
+        set: &SidecarSet,
+        history: &History,
+        hash: &str,
+        members: &[Member],
+        left: &str,
+    ) {
+        let mut status = SidecarSetStatus {
+            observed_generation: set.metadata.generation.unwrap_or(1),
+            latest_revision: history.current_name(set),
+            collision_count: Some(history.collision_count),
+            ..SidecarSetStatus::default()
+        };
+        for member in members {
+            let updated = member.updated(hash) && member.running_spec;
+            status.matched_pods += 1;
+            status.updated_pods += u32::from(updated);
+            status.ready_pods += u32::from(member.ready);
+            status.updated_ready_pods += u32::from(updated && member.ready);
+        }
+        let previous = self
+            .inner
+            .written
+            .lock()
+            .ok()
+            .and_then(|w| w.get(&set.metadata.name).cloned());
+        let transition = match &previous {
+            Some((old, old_left)) if old_left == left => old
+                .conditions
+                .first()
+                .and_then(|c| c.last_transition_time.clone()),
+            _ => Some(rigger_proto::time::now_rfc3339()),
+        };
+        status.conditions = vec![Condition {
+            kind: IN_PLACE_UPDATE_CONDITION.to_owned(),
+            status: if left.is_empty() { "True" } else { "False" }.to_owned(),
+            reason: if left.is_empty() {
+                "InPlace"
+            } else {
+                "ChangeNotInPlace"
+            }
+            .to_owned(),
+            message: left.to_owned(),
+            last_transition_time: transition,
+        }];
+        if previous.as_ref().is_some_and(|(old, _)| *old == status) {
+            return;
+        }
+        if !left.is_empty() && previous.as_ref().is_none_or(|(_, old)| old != left) {
+            self.inner.events.record(Event {
+                regarding: Regarding {
+                    api_version: set.api_version.clone(),
+                    kind: set.kind.clone(),
+                    namespace: String::new(),
+                    name: set.metadata.name.clone(),
+                    uid: set.metadata.uid.clone().unwrap_or_default(),
+                },
+                warning: true,
+                reason: "NotUpgradablePods",
+                message: left.to_owned(),
+            });
+        }
+        let key = crate::store::ObjectKey::new(
+            &format!("{}.status", rigger_api::sidecar_set::KIND),
+            "",
+            &set.metadata.name,
+        );
+        let Ok(bytes) = serde_json::to_vec(&status) else {
+            return;
+        };
+        match self.inner.store.put(key, bytes, Precondition::Any).await {
+            Ok(_) => {
+                if let Ok(mut written) = self.inner.written.lock() {
+                    written.insert(set.metadata.name.clone(), (status, left.to_owned()));
+                }
+            }
+            Err(error) => {
+                tracing::debug!(sidecar_set = %set.metadata.name, %error, "status not written yet")
+            }
+        }
+    }
+}
+
+/// Which pods keep an older version because it differs in more than images, and what
+/// differs (pure): "" when none does.
+fn left_behind(set: &SidecarSet, hash: &str, history: &History, members: &[Member]) -> String {
+    let without_image = set.hash_without_image();
+    let mut by_revision: std::collections::BTreeMap<&str, usize> = Default::default();
+    for member in members {
+        if member.version.hash != hash && member.version.hash_without_image != without_image {
+            *by_revision
+                .entry(member.version.controller_revision.as_str())
+                .or_default() += 1;
+        }
+    }
+    let reports: Vec<String> = by_revision
+        .into_iter()
+        .map(|(revision, count)| {
+            let what = history
+                .changes_beyond_images(revision, set)
+                .filter(|c| !c.is_empty())
+                .map_or_else(|| "more than images".to_owned(), |c| c.join("; "));
+            let pods = if count == 1 { "pod keeps" } else { "pods keep" };
+            format!(
+                "{count} {pods} revision {revision}: {what} changed, which Kubernetes does not change in a running pod; pods created from now on get it"
+            )
+        })
+        .collect();
+    reports.join(". ")
+}
