@@ -576,6 +576,74 @@ fn the_controllers_roles_grant_exactly_the_calls_it_makes() {
                 .then_some(())
         },
     );
+    // A SidecarSet (its webhook entry written, its certificate's Secret filled, its
+    // status written) injected into a pod made with kubectl, whose sidecar image is then
+    // updated in place (the pod patched). The controller's namespace is never sent to
+    // the webhook: the pod lives in another.
+    let apps = cluster.namespace("rbac-apps");
+    let set = format!("rbac-{}", std::process::id());
+    let sidecar_set = |image: &str| {
+        format!(
+            "apiVersion: apps.kruise.io/v1beta1\nkind: SidecarSet\nmetadata: {{name: {set}}}\n\
+             spec:\n  selector: {{matchLabels: {{app: {set}}}}}\n  \
+             containers: [{{name: proxy, image: {image}}}]\n"
+        )
+    };
+    apply(&sidecar_set("r.example/proxy:1"));
+    wait_until("the set's webhook entry", Duration::from_secs(30), || {
+        let configuration =
+            cluster.get_json(&["mutatingwebhookconfiguration", "rigger-sidecar-injection"])?;
+        configuration["webhooks"]
+            .as_array()?
+            .iter()
+            .any(|w| w["name"] == format!("{set}.sidecarsets.rigger.dev"))
+            .then_some(())
+    });
+    let injected = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "side", "namespace": apps.name, "labels": {"app": set}},
+        "spec": {"containers": [{"name": "app", "image": "r.example/app:1"}]},
+    });
+    let out = cluster.kubectl_stdin(&["create"], &injected.to_string());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let statuses: Vec<serde_json::Value> = ["proxy", "app"]
+        .map(|name| {
+            serde_json::json!({
+                "name": name, "image": "x", "imageID": format!("sha256:{name}"), "ready": true,
+                "restartCount": 0, "state": {"running": {}},
+                "containerID": format!("containerd://{name}"),
+            })
+        })
+        .into();
+    let running = serde_json::json!({"status": {
+        "conditions": [{"type": "Ready", "status": "True"}], "containerStatuses": statuses}});
+    cluster.kubectl_ok(&[
+        "patch",
+        "pod",
+        "side",
+        "-n",
+        &apps.name,
+        "--subresource",
+        "status",
+        "--type",
+        "merge",
+        "-p",
+        &running.to_string(),
+    ]);
+    apply(&sidecar_set("r.example/proxy:2"));
+    wait_until(
+        "the sidecar updated in place",
+        Duration::from_secs(30),
+        || {
+            let pod = cluster.get_json(&["pod", "side", "-n", &apps.name])?;
+            (pod["spec"]["containers"][0]["image"] == "r.example/proxy:2").then_some(())
+        },
+    );
+    let _ = cluster.kubectl(&["delete", "sidecarset", &set, "--wait=false"]);
     // Lease renewals and the records' clean-up land.
     std::thread::sleep(Duration::from_secs(2));
 
