@@ -112,6 +112,42 @@ impl ValidateMeta for ObjectMeta {
             check_label_key(key)
                 .map_err(|r| FieldError::new(format!("metadata.labels[{key:?}]"), r))?;
         }
+        // Kubernetes' rule: a finalizer is a qualified name (`example.com/cleanup`).
+        for (i, finalizer) in self.finalizers.iter().enumerate() {
+            check_label_key(finalizer).map_err(|_| {
+                FieldError::new(
+                    format!("metadata.finalizers[{i}]"),
+                    format!("{finalizer:?} is not a qualified name (DOMAIN/NAME)"),
+                )
+            })?;
+        }
+        for (i, owner) in self.owner_references.iter().enumerate() {
+            for (field, value) in [
+                ("apiVersion", &owner.api_version),
+                ("kind", &owner.kind),
+                ("name", &owner.name),
+                ("uid", &owner.uid),
+            ] {
+                if value.is_empty() {
+                    return Err(FieldError::new(
+                        format!("metadata.ownerReferences[{i}].{field}"),
+                        "is required",
+                    ));
+                }
+            }
+        }
+        if self
+            .owner_references
+            .iter()
+            .filter(|o| o.controller == Some(true))
+            .count()
+            > 1
+        {
+            return Err(FieldError::new(
+                "metadata.ownerReferences",
+                "only one reference can have controller set to true",
+            ));
+        }
         Ok(())
     }
 }

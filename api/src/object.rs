@@ -75,6 +75,8 @@ pub fn admit<T: Object>(value: serde_json::Value) -> Result<(T, String), (String
     })?;
     object.strip_owned();
     let meta = object.metadata_mut();
+    // The store's: set by a delete of an object with finalizers.
+    meta.deletion_timestamp = None;
     let what = if T::INFO.namespaced {
         let namespace = meta
             .namespace

@@ -268,6 +268,12 @@ async fn run(
         Some(&list.to_string()),
     )?;
 
+    // The SidecarSet webhook as deployed: its certificate's Secret and configuration.
+    let webhook = include_str!("../../deploy/kubernetes/webhook.yaml").replace(
+        "namespace: rigger-system",
+        &format!("namespace: {namespace}"),
+    );
+    kubectl.run(&["apply", "-f", "-"], Some(&webhook))?;
     let (before, watches_before) = kubectl.counts()?;
     let extra: Vec<String> = [
         "--store",
@@ -278,6 +284,10 @@ async fn run(
         &namespace,
         "--write-node-images",
         if node_images { "true" } else { "false" },
+        "--sidecar-webhook-listen",
+        "127.0.0.1:0",
+        "--sidecar-webhook-url",
+        "https://127.0.0.1:9443",
     ]
     .iter()
     .map(|s| (*s).to_owned())

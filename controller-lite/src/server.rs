@@ -284,7 +284,9 @@ pub async fn run(
     // In a cluster, image lists made with kubectl are carried out by a pass of their own.
     let lists = (cluster.is_some() && !kruise_manager).then(|| control.clone());
     let in_cluster = cluster.is_some();
-    let cluster_rollout = match (&cluster, kruise_manager) {
+    // In a cluster, Rigger alone: SidecarSets act on the cluster's pods, read from the
+    // Pods' one watch.
+    let (cluster_rollout, injected_pods) = match (&cluster, kruise_manager) {
         (Some(client), false) => {
             let pods = Arc::new(crate::cluster_sidecars::pods::InjectedPods::default());
             let rollout = crate::cluster_sidecars::rollout::ClusterRollout::new(
@@ -293,9 +295,9 @@ pub async fn run(
                 pods.clone(),
                 events.clone(),
             );
-            Some((rollout, pods, client.clone()))
+            (Some(rollout), Some(pods))
         }
-        _ => None,
+        _ => (None, None),
     };
     let gate = nodes.clone();
     // The engines run on the leader only (at once with the embedded store).
@@ -318,6 +320,7 @@ pub async fn run(
                                 crate::cluster::pods::keep_placed(
                                     client,
                                     move |pods| placed.set_cluster_pods(pods),
+                                    injected_pods,
                                     token.clone(),
                                 )
                             );
@@ -379,15 +382,8 @@ pub async fn run(
                         // cluster's (one watch of the pods they were injected into).
                         let sidecar_sets = async {
                             match cluster_rollout {
-                                Some((rollout, pods, client)) => {
-                                    tokio::join!(
-                                        crate::cluster_sidecars::pods::keep_watched(
-                                            client,
-                                            pods,
-                                            token.clone()
-                                        ),
-                                        crate::engine::supervise(rollout, token.clone()),
-                                    );
+                                Some(rollout) => {
+                                    crate::engine::supervise(rollout, token.clone()).await;
                                 }
                                 None => crate::engine::supervise(sidecars, token.clone()).await,
                             }

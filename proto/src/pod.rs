@@ -40,6 +40,39 @@ pub struct ObjectMeta {
     pub creation_timestamp: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<u64>,
+    /// Given without a `name`: the name is this prefix and five random characters, made
+    /// when the object is created (as the API server makes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generate_name: Option<String>,
+    /// The version of the object an update was made from: refused on create; on an
+    /// update it must be the stored one, else the write is refused as a conflict (as the
+    /// API server refuses it). Never stored: the store's own revision is the version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+    /// As applied. A delete of an object that still has some only marks it
+    /// (`deletionTimestamp`); it goes once an apply leaves none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub finalizers: Vec<String>,
+    /// As applied (Rigger's store collects no garbage: kept for the tools that read them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub owner_references: Vec<OwnerReference>,
+    /// Set by a delete of an object with finalizers; the store's, never applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion_timestamp: Option<String>,
+}
+
+/// Kubernetes' reference to an object's owner.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OwnerReference {
+    pub api_version: String,
+    pub kind: String,
+    pub name: String,
+    pub uid: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_owner_deletion: Option<bool>,
 }
 
 pub const KIND: &str = "Pod";

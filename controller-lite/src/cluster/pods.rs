@@ -114,15 +114,20 @@ impl PodPlaces {
 }
 
 /// Watch every Pod until `token` is cancelled, publishing the pods by node whenever
-/// they change.
+/// they change; the same watch keeps the pods SidecarSets were injected into, when
+/// `injected` is given (one watch on Pods, whoever reads them).
 pub async fn keep_placed(
     client: kube::Client,
     publish: impl Fn(PodsByNode) + Send,
+    injected: Option<Arc<crate::cluster_sidecars::pods::InjectedPods>>,
     token: CancellationToken,
 ) {
     let api: Api<Pod> = Api::all(client);
     let mut places = PodPlaces::default();
-    let take = |event| {
+    let take = |event: Event<Pod>| {
+        if let Some(injected) = &injected {
+            injected.apply(event.clone());
+        }
         if places.apply(event) {
             publish(places.by_node());
         }

@@ -1,6 +1,6 @@
 //! The cluster's pods that SidecarSets were injected into, as the rollout reads and
-//! writes them: one watch on every Pod, keeping those carrying Kruise's injection
-//! annotation ([`InjectedPods`]); each seen as a member of its sets in the rollout's
+//! writes them: the Pods' one watch (`cluster::pods::keep_placed`) keeps those carrying
+//! Kruise's injection annotation ([`InjectedPods`]); each seen as a member of its sets in the rollout's
 //! shape ([`member_of`], pure); and an upgrade written back as a JSON patch of the
 //! sidecars' images and Kruise's annotations only, at the version read ([`patch_of`],
 //! pure) — kubelet restarts just those containers.
@@ -10,19 +10,17 @@
 //! container ID) changed from what the update recorded, and it is running and ready.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::Event;
 use rigger_api::pod::Pod as RiggerPod;
 use rigger_api::sidecar_set::{HASH_ANNOTATION, IN_PLACE_STATE_ANNOTATION, SidecarSet};
 use rigger_proto::pod::{Container, ObjectMeta, PodSpec};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
-use crate::cluster::watched::{Relisted, follow};
+use crate::cluster::watched::Relisted;
 use crate::sidecars::Member;
 use crate::store::ObjectKey;
 
@@ -110,18 +108,6 @@ impl InjectedPods {
         let kept = self.kept.lock().ok()?;
         kept.1.then(|| kept.0.current.values().cloned().collect())
     }
-}
-
-/// Watch every Pod until `token` is cancelled.
-pub async fn keep_watched(client: kube::Client, pods: Arc<InjectedPods>, token: CancellationToken) {
-    let api: Api<Pod> = Api::all(client);
-    follow(
-        watcher::watcher(api, watcher::Config::default()),
-        "Pods (SidecarSets)",
-        |event| pods.apply(event),
-        token,
-    )
-    .await;
 }
 
 /// What an update recorded of a set's containers: image and container ID by name.

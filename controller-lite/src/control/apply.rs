@@ -149,8 +149,10 @@ impl ControlService {
         &self,
         value: serde_json::Value,
     ) -> Result<Draft<T>, Status> {
-        let (object, what) =
+        let value = with_generated_name(value);
+        let (mut object, what) =
             rigger_api::object::admit::<T>(value).map_err(|(what, e)| refuse(&what, &e))?;
+        let applied_version = object.metadata_mut().resource_version.take();
         let kind = T::INFO.name;
         let namespace = object.metadata().namespace.clone().unwrap_or_default();
         let key = ObjectKey::new(kind, &namespace, &object.metadata().name);
@@ -167,7 +169,24 @@ impl ControlService {
             })?;
         let (old, old_revision) =
             stored.map_or((None, None), |s| (Some(s.value), Some(s.revision)));
-        let mut object = object;
+        // Kubernetes' optimistic concurrency, for what an apply says it was made from.
+        match (&applied_version, old_revision) {
+            (Some(_), None) => {
+                return Err(refuse(
+                    &what,
+                    &FieldError::new(
+                        "metadata.resourceVersion",
+                        "must not be set on create (the store sets it)",
+                    ),
+                ));
+            }
+            (Some(applied), Some(stored)) if *applied != stored.to_string() => {
+                return Err(Status::aborted(format!(
+                    "{what}: the object has been modified (resourceVersion {stored}, applied {applied}); apply your changes to the latest version"
+                )));
+            }
+            _ => {}
+        }
         if let Some(old) = &old {
             object.keep_filled(old);
             object.check_update(old).map_err(|e| refuse(&what, &e))?;
@@ -226,6 +245,13 @@ impl ControlService {
             .put_as(draft.key.clone(), &draft.object, precondition)
             .await
             .map_err(store_status)?;
+        // Marked for deletion, and the last finalizer gone: it goes now.
+        let meta = draft.object.metadata();
+        if meta.deletion_timestamp.is_some() && meta.finalizers.is_empty() {
+            let kind = super::kind_of(T::INFO.name)?;
+            self.remove(kind, &draft.namespace, &meta.name.clone(), "finalizers")
+                .await?;
+        }
         Ok(Committed {
             outcome,
             dry_run,
@@ -540,11 +566,27 @@ fn new_uid() -> String {
 }
 
 /// Carry the controller-owned metadata over from the stored version.
+/// `value` with a name made from `metadata.generateName` when it has none (the prefix
+/// and five characters of Kubernetes' alphabet for them).
+fn with_generated_name(mut value: serde_json::Value) -> serde_json::Value {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let metadata = &value["metadata"];
+    let named = metadata["name"].as_str().is_some_and(|n| !n.is_empty());
+    if let (false, Some(prefix)) = (named, metadata["generateName"].as_str()) {
+        let suffix: String = (0..5)
+            .map(|_| char::from(ALPHABET[fastrand::usize(..ALPHABET.len())]))
+            .collect();
+        value["metadata"]["name"] = serde_json::Value::String(format!("{prefix}{suffix}"));
+    }
+    value
+}
+
 fn inherit_metadata(meta: &mut ObjectMeta, stored: Option<&ObjectMeta>, spec_changed: bool) {
     match stored {
         Some(old) => {
             meta.uid.clone_from(&old.uid);
             meta.creation_timestamp.clone_from(&old.creation_timestamp);
+            meta.deletion_timestamp.clone_from(&old.deletion_timestamp);
             meta.generation = Some(old.generation.unwrap_or(1) + u64::from(spec_changed));
         }
         None => {

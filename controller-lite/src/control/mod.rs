@@ -467,7 +467,42 @@ impl Control for ControlService {
         } else {
             ""
         };
-        let key = ObjectKey::new(kind.name(), namespace, &request.name);
+        self.remove(kind, namespace, &request.name, &user).await?;
+        Ok(Response::new(DeleteResponse {}))
+    }
+}
+
+impl ControlService {
+    /// Delete object `name` of `kind` and what goes with it; one that still has
+    /// finalizers is only marked (`metadata.deletionTimestamp`), as Kubernetes does, and
+    /// goes once an apply leaves it none.
+    pub(super) async fn remove(
+        &self,
+        kind: Kind,
+        namespace: &str,
+        name: &str,
+        user: &str,
+    ) -> Result<(), Status> {
+        let key = ObjectKey::new(kind.name(), namespace, name);
+        if let Some(stored) = self.store.get(key.clone()).await.map_err(store_status)?
+            && let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(&stored.object)
+            && value["metadata"]["finalizers"]
+                .as_array()
+                .is_some_and(|f| !f.is_empty())
+        {
+            if value["metadata"]["deletionTimestamp"].is_null() {
+                value["metadata"]["deletionTimestamp"] =
+                    serde_json::Value::String(rigger_proto::time::now_rfc3339());
+                let bytes =
+                    serde_json::to_vec(&value).map_err(|e| Status::internal(e.to_string()))?;
+                self.store
+                    .put(key.clone(), bytes, Precondition::Revision(stored.revision))
+                    .await
+                    .map_err(store_status)?;
+                tracing::info!(object = %key, %user, "marked for deletion: it has finalizers");
+            }
+            return Ok(());
+        }
         // A pod's node is told once it is gone, so its agent stops it.
         let pod_node = match kind {
             // One that does not decode is deleted all the same.
@@ -491,12 +526,12 @@ impl Control for ControlService {
             self.pods.send_to(&node).await;
         }
         if kind == Kind::ImageListPullJob {
-            self.delete_list_jobs(namespace, &request.name).await?;
+            self.delete_list_jobs(namespace, name).await?;
         }
         if kind == Kind::SidecarSet {
             let _ = self
                 .store
-                .delete(apply::history_key(&request.name), Precondition::Any)
+                .delete(apply::history_key(name), Precondition::Any)
                 .await;
         }
         match kind {
@@ -505,6 +540,6 @@ impl Control for ControlService {
             Kind::LifecycleCooperator => self.pods.send_to_all().await,
             _ => {}
         }
-        Ok(Response::new(DeleteResponse {}))
+        Ok(())
     }
 }

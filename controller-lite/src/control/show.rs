@@ -69,7 +69,7 @@ impl ControlService {
             _ => String::from_utf8_lossy(&stored.object).into_owned(),
         };
         Ok(Object {
-            json,
+            json: with_resource_version(json, stored.revision),
             revision: stored.revision,
         })
     }
@@ -183,5 +183,17 @@ impl ControlService {
             status.updated_ready_pods += u32::from(updated && ready);
         }
         Ok(status)
+    }
+}
+
+/// `json` with `metadata.resourceVersion`, as kubectl shows it: what an apply of the
+/// object read back names to be refused if someone changed it meanwhile.
+fn with_resource_version(json: String, revision: u64) -> String {
+    match serde_json::from_str::<serde_json::Value>(&json) {
+        Ok(mut value) if value["metadata"].is_object() => {
+            value["metadata"]["resourceVersion"] = serde_json::Value::String(revision.to_string());
+            value.to_string()
+        }
+        _ => json,
     }
 }

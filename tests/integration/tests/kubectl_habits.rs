@@ -360,3 +360,78 @@ fn get_watch_prints_each_change_as_it_happens() {
     watcher.kill().unwrap();
     let _ = watcher.wait();
 }
+
+/// Kubernetes' whole ObjectMeta: `generateName` makes a name; `resourceVersion` is
+/// refused on create and, on an update, must be the stored one (`get -o json` shows it);
+/// `ownerReferences` and `finalizers` are kept; a delete of an object with finalizers
+/// only marks it (`deletionTimestamp`), and it goes once an apply leaves it none.
+#[test]
+fn object_metadata_is_kubernetes_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let controller = Controller::start(&dir.path().join("controller"));
+    let with_metadata = |metadata: &str| {
+        format!(
+            "apiVersion: apps.kruise.io/v1beta1\nkind: ImagePullJob\nmetadata:\n{metadata}spec:\n  image: registry.example/app:1\n  selector:\n    names: [no-such-node]\n"
+        )
+    };
+    let created = controller.apply_ok(&with_metadata("  generateName: warm-\n"));
+    let listed = controller.get_json(&["imagepulljobs"]).unwrap();
+    let name = listed["items"][0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        name.starts_with("warm-") && name.len() == 10,
+        "{name}: {created}"
+    );
+    assert_eq!(listed["items"][0]["metadata"]["generateName"], "warm-");
+
+    let out = controller.apply(&with_metadata("  name: fresh\n  resourceVersion: \"7\"\n"));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("metadata.resourceVersion: must not be set on create"),
+        "{stderr}"
+    );
+
+    let held = "  name: held\n  finalizers: [example.com/hold]\n  ownerReferences:\n  - {apiVersion: apps/v1, kind: Deployment, name: web, uid: 2f1c, controller: true}\n";
+    controller.apply_ok(&with_metadata(held));
+    let stored = controller.get_json(&["imagepulljob", "held"]).unwrap();
+    assert_eq!(
+        stored["metadata"]["finalizers"],
+        serde_json::json!(["example.com/hold"])
+    );
+    assert_eq!(stored["metadata"]["ownerReferences"][0]["name"], "web");
+    let version = stored["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // An update made from an older version is a conflict.
+    let stale = format!(
+        "{held}  resourceVersion: \"{}\"\n",
+        version.parse::<u64>().unwrap() - 1
+    );
+    let out = controller.apply(&with_metadata(&stale));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("the object has been modified"), "{stderr}");
+
+    let out = controller.ctl(&["delete", "imagepulljob", "held"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let marked = controller
+        .get_json(&["imagepulljob", "held"])
+        .expect("kept while it has finalizers");
+    assert!(
+        marked["metadata"]["deletionTimestamp"].is_string(),
+        "{marked}"
+    );
+    controller.apply_ok(&with_metadata("  name: held\n"));
+    assert!(
+        controller.get_json(&["imagepulljob", "held"]).is_none(),
+        "gone with its last finalizer"
+    );
+}

@@ -350,6 +350,12 @@ fn killing_the_leader_mid_job_hands_the_lease_over_and_nothing_is_pulled_twice()
             &namespace.name,
             "--leader-lease",
             "3s",
+            // Two replicas on one host: each its own webhook port (no pod here has
+            // sidecars, so the API server never calls it).
+            "--sidecar-webhook-listen",
+            "127.0.0.1:0",
+            "--sidecar-webhook-url",
+            "https://127.0.0.1:9443",
         ],
     );
     wait_until("a leader", Duration::from_secs(20), || {

@@ -556,8 +556,12 @@ pub const INFO: KindInfo = KindInfo {
              `spec.customVersion` v1beta1's.\n\n\
              Differs from Kruise (refused, naming the field): `resourcesPolicy`, \
              `patchPodMetadata` keys the injection keeps itself, HotUpgrade on init containers, and a sidecar named like \
-             a container of the pod (Kruise would replace the pod's container). \
-             `shareVolumeDevicePolicy` shares nothing (Rigger's pods have no block devices).",
+             a container of the pod (Kruise would replace the pod's container).\n\n\
+             Containers and volumes take every Kubernetes field, as written. On a cluster's \
+             pods (Kubernetes mode) kubelet carries them all out; on Rigger's own pods, \
+             what Rigger's agent does not run (`subPath`, `configMap`/`secret`/`downwardAPI` \
+             volumes, native sidecars with `restartPolicy: Always`, …) is refused, naming \
+             the field.",
     ),
     schema: Some(crate::kind::schema_of::<SidecarSet>),
     crd: Some(&crate::crd::CrdInfo {

@@ -154,9 +154,10 @@ pub fn record_contents(record: &Value) -> Option<(ObjectKey, Value)> {
     Some((key, spec.get("object")?.clone()))
 }
 
-/// The metadata fields Rigger's objects carry (its `ObjectMeta`); the API server's own
+/// The metadata fields Rigger's objects carry (its `ObjectMeta`; owners and finalizers
+/// too, so that a write of an object keeps them); the API server's own
 /// (resourceVersion, managedFields, …) stay on the server.
-const RIGGER_METADATA: [&str; 7] = [
+const RIGGER_METADATA: [&str; 11] = [
     "name",
     "namespace",
     "labels",
@@ -164,6 +165,10 @@ const RIGGER_METADATA: [&str; 7] = [
     "uid",
     "creationTimestamp",
     "generation",
+    "generateName",
+    "finalizers",
+    "ownerReferences",
+    "deletionTimestamp",
 ];
 
 /// An object read from the API server in the shape Rigger's types decode: metadata
@@ -198,7 +203,12 @@ pub fn to_server(
             .entry("metadata")
             .or_insert_with(|| Value::Object(Map::new()));
         if let Some(metadata) = metadata.as_object_mut() {
-            for owned in ["uid", "creationTimestamp", "generation"] {
+            for owned in [
+                "uid",
+                "creationTimestamp",
+                "generation",
+                "deletionTimestamp",
+            ] {
                 metadata.remove(owned);
             }
             metadata.insert("name".into(), key.name.clone().into());
