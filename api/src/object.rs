@@ -77,6 +77,21 @@ pub fn admit<T: Object>(value: serde_json::Value) -> Result<(T, String), (String
     let meta = object.metadata_mut();
     // The store's: set by a delete of an object with finalizers.
     meta.deletion_timestamp = None;
+    // A deleted pod held back would keep running, a deleted secret keep being handed
+    // out: Rigger's own pods and secrets go when deleted.
+    if matches!(T::INFO.name, "Pod" | "Secret") && !meta.finalizers.is_empty() {
+        let what = what_of(namespace.as_deref(), &meta.name);
+        return Err((
+            what,
+            FieldError::new(
+                "metadata.finalizers",
+                format!(
+                    "not taken on Rigger's own {}s: deleted, they stop at once (a cluster's take them, in Kubernetes mode)",
+                    T::INFO.name
+                ),
+            ),
+        ));
+    }
     let what = if T::INFO.namespaced {
         let namespace = meta
             .namespace

@@ -381,8 +381,11 @@ pub(crate) fn upgraded(set: &SidecarSet, hash: &str, member: &Member) -> Option<
 
 /// The working and idle slot of hot-upgrade sidecar `name`.
 fn slots(pod: &Pod, name: &str) -> (String, String) {
+    // Only one of the sidecar's own two slots can be the working one, whatever the
+    // annotation (the pod's creator's to write) says.
     let working = working_slots(pod)
         .remove(name)
+        .filter(|slot| *slot == format!("{name}-1") || *slot == format!("{name}-2"))
         .unwrap_or_else(|| format!("{name}-1"));
     let idle = if working.ends_with("-1") {
         format!("{name}-2")

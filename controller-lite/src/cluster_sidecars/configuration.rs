@@ -47,11 +47,17 @@ pub fn desired(
     own_namespace: &str,
 ) -> Vec<MutatingWebhook> {
     sets.iter()
-        .filter(|set| !set.spec.injection_strategy.paused)
+        // A set Rigger refuses (its selector empty, a typo the API server pruned into
+        // `{}`) would send every pod to the webhook: it gets no entry (the rollout
+        // reports it).
+        .filter(|set| set.validate().is_ok() && !set.spec.injection_strategy.paused)
         .filter_map(|set| {
             let name = format!("{}.sidecarsets.rigger.dev", set.metadata.name);
             // A webhook's name is a DNS subdomain; the longest set names do not fit.
-            (name.len() <= 253).then(|| entry(set, name, address, ca_bundle, own_namespace))
+            if name.len() > 253 {
+                return None;
+            }
+            entry(set, name, address, ca_bundle, own_namespace)
         })
         .collect()
 }
@@ -62,7 +68,7 @@ fn entry(
     address: &WebhookAddress,
     ca_bundle: &str,
     own_namespace: &str,
-) -> MutatingWebhook {
+) -> Option<MutatingWebhook> {
     let mut namespaces = LabelSelector {
         match_expressions: Some(vec![LabelSelectorRequirement {
             key: NAMESPACE_NAME_LABEL.to_owned(),
@@ -76,7 +82,7 @@ fn entry(
             Some([(NAMESPACE_NAME_LABEL.to_owned(), namespace.clone())].into());
     }
     if let Some(selector) = &set.spec.namespace_selector {
-        let theirs = kube_selector(selector);
+        let theirs = kube_selector(selector)?;
         if let Some(labels) = theirs.match_labels {
             namespaces
                 .match_labels
@@ -108,14 +114,15 @@ fn entry(
             service: None,
         },
     };
-    MutatingWebhook {
+    let object_selector = kube_selector(&set.spec.selector)?;
+    Some(MutatingWebhook {
         name,
         admission_review_versions: vec!["v1".to_owned()],
         client_config,
         failure_policy: Some("Fail".to_owned()),
         match_policy: Some("Equivalent".to_owned()),
         namespace_selector: Some(namespaces),
-        object_selector: Some(kube_selector(&set.spec.selector)),
+        object_selector: Some(object_selector),
         reinvocation_policy: Some("Never".to_owned()),
         rules: Some(vec![RuleWithOperations {
             api_groups: Some(vec![String::new()]),
@@ -127,15 +134,14 @@ fn entry(
         side_effects: "None".to_owned(),
         timeout_seconds: Some(TIMEOUT_SECONDS),
         match_conditions: None,
-    }
+    })
 }
 
-/// Rigger's selector in Kubernetes' type (the same fields).
-fn kube_selector(selector: &rigger_api::fields::LabelSelector) -> LabelSelector {
-    serde_json::to_value(selector)
-        .ok()
-        .and_then(|value| serde_json::from_value(value).ok())
-        .unwrap_or_default()
+/// Rigger's selector in Kubernetes' type (the same fields); `None` when it does not
+/// convert — never an empty selector, which would match every pod.
+fn kube_selector(selector: &rigger_api::fields::LabelSelector) -> Option<LabelSelector> {
+    let value = serde_json::to_value(selector).ok()?;
+    serde_json::from_value(value).ok()
 }
 
 /// Whether the stored entries say what `desired` does, as far as Rigger sets them (the
@@ -248,6 +254,9 @@ mod tests {
     fn one_entry_per_set_with_its_selectors_and_never_the_system_namespaces() {
         let sets = [
             set("mesh", &json!({"namespace": "shop"})),
+            // Refused by Rigger (as a typo the API server pruned would leave it): no
+            // entry, so it cannot send every pod to the webhook.
+            set("typo", &json!({"selector": {}})),
             set("paused", &json!({"injectionStrategy": {"paused": true}})),
             set(
                 "logs",

@@ -12,6 +12,7 @@
 
 pub mod certificate;
 pub mod configuration;
+pub mod namespaces;
 pub mod pods;
 pub mod review;
 pub mod rollout;
@@ -68,7 +69,14 @@ impl SidecarWebhook {
             ca_sender,
             token.clone(),
         );
-        let serving = serve::serve(self.listener, tls, self.store.clone(), token.clone());
+        let namespaces = Arc::new(namespaces::NamespaceLabels::new(self.client.clone()));
+        let serving = serve::serve(
+            self.listener,
+            tls,
+            self.store.clone(),
+            namespaces,
+            token.clone(),
+        );
         let configuring = async {
             if leadership.elected().await {
                 configuration::keep_current(

@@ -35,6 +35,9 @@ pub struct InjectedPod {
     pub annotations: BTreeMap<String, String>,
     /// Name and image of each of `spec.containers`, in order.
     pub containers: Vec<(String, String)>,
+    /// The containers (and init containers) marked injected (`IS_INJECTED=true`): only
+    /// those are a set's sidecars, whatever the annotations say.
+    pub marked: std::collections::BTreeSet<String>,
     pub node: Option<String>,
     /// `status`, as the API server has it.
     pub status: Value,
@@ -65,6 +68,18 @@ fn injected_of(pod: &Pod) -> Option<(String, InjectedPod)> {
                 .containers
                 .iter()
                 .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
+                .collect(),
+            marked: spec
+                .containers
+                .iter()
+                .chain(spec.init_containers.iter().flatten())
+                .filter(|c| {
+                    c.env.iter().flatten().any(|e| {
+                        e.name == rigger_api::sidecar_set::INJECTED_ENV
+                            && e.value.as_deref() == Some("true")
+                    })
+                })
+                .map(|c| c.name.clone())
                 .collect(),
             node: spec.node_name.clone(),
             status: pod
@@ -184,14 +199,23 @@ pub(crate) fn member_of(set: &SidecarSet, hash: &str, pod: &InjectedPod) -> Opti
             };
         }
     }
-    Member::of(
+    let member = Member::of(
         set,
         hash,
         ObjectKey::new("Pod", &pod.namespace, &pod.name),
         0,
         &shadow,
         &status,
-    )
+    )?;
+    // Kruise's annotations are the pod's creator's to write: a pod is the set's only if
+    // every sidecar they name is one the webhook injected (else a forged list would
+    // steer the rollout to the pod's own containers, or hold its budget).
+    member
+        .version
+        .sidecar_list
+        .iter()
+        .all(|name| pod.marked.contains(name))
+        .then_some(member)
 }
 
 /// The JSON patch (RFC 6902) moving `pod` to `after` (the rollout's next step for it):

@@ -1,24 +1,40 @@
 //! The SidecarSet webhook's answer to one admission review of a Pod (pure): the
 //! SidecarSets matching the new pod are injected at the version each gives it, and the
-//! answer is the JSON patch from the pod as sent to the pod injected (RFC 6902, as the
-//! API server takes it). Fields of newer Kubernetes versions than Rigger's types know
-//! are left alone: the patch is computed between two decodings of the same pod.
+//! answer is a JSON patch (RFC 6902, as the API server takes it) that replaces only the
+//! lists injection adds to — containers, init containers, volumes, pull secrets — and
+//! the annotations. The pod's own entries in those lists are written back exactly as
+//! they were sent, so fields of a newer Kubernetes than Rigger's types know stay with
+//! the container that had them.
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use rigger_api::sidecar_set::{self, History, SidecarSet, Versioned, injected_revision};
+use serde_json::{Value, json};
 
 /// What the webhook injects from: every SidecarSet with its recorded versions.
 pub type Catalog = [(SidecarSet, History)];
 
-/// The answer to `request`: allowed, with the sidecars as a patch when some SidecarSet
-/// matches and has not been injected yet (the webhook is called once per matching
-/// SidecarSet: the first call injects them all, the others find them there); refused,
-/// with the reason, when a version asked for is not recorded or a sidecar's name is the
-/// pod's own. `chance` decides `injectionStrategy.revision.policy: Partial`.
+/// The lists of a pod's spec that injection adds to.
+const INJECTED_LISTS: [&str; 4] = [
+    "initContainers",
+    "containers",
+    "volumes",
+    "imagePullSecrets",
+];
+
+/// The answer to `request` (`sent` is the pod as the API server sent it, every field):
+/// allowed, with the sidecars as a patch when some SidecarSet matches and has not been
+/// injected yet (the webhook is called once per matching SidecarSet: the first call
+/// injects them all, the others find them there); refused, with the reason, when a
+/// version asked for is not recorded or a sidecar's name is the pod's own. `chance`
+/// decides `injectionStrategy.revision.policy: Partial`.
 pub fn answer(
     request: &AdmissionRequest<Pod>,
+    sent: &Value,
     catalog: &Catalog,
+    namespace_labels: &BTreeMap<String, String>,
     now: &str,
     chance: f64,
 ) -> AdmissionResponse {
@@ -48,41 +64,76 @@ pub fn answer(
             .or(pod.metadata.generate_name.as_deref())
             .unwrap_or_default()
     );
-    let versions = match versions_for(&pod, catalog, chance) {
+    let versions = match versions_for(&pod, catalog, namespace_labels, chance) {
         Ok(versions) => versions,
         Err(reason) => return response.deny(format!("{what}: {reason}")),
     };
     if versions.is_empty() {
         return response;
     }
-    let Ok(before) = serde_json::to_value(&pod) else {
-        return response;
-    };
     if let Err(error) = sidecar_set::inject_kube(&mut pod, &versions, now) {
         return response.deny(format!("{what}: {error}"));
     }
-    let Ok(after) = serde_json::to_value(&pod) else {
-        return response;
+    let patch = match patch_of(sent, &pod) {
+        Ok(patch) => patch,
+        Err(error) => {
+            return response.deny(format!("{what}: the sidecars cannot be written: {error}"));
+        }
     };
-    let patch = json_patch::diff(&before, &after);
     match response.clone().with_patch(patch) {
         Ok(patched) => patched,
         Err(error) => response.deny(format!("{what}: the sidecars cannot be written: {error}")),
     }
 }
 
+/// The patch from `sent` to `injected`: each list injection added to, whole, with the
+/// pod's own entries as sent (by name); the annotations.
+fn patch_of(sent: &Value, injected: &Pod) -> Result<json_patch::Patch, serde_json::Error> {
+    let after = serde_json::to_value(injected)?;
+    let mut operations = Vec::new();
+    for list in INJECTED_LISTS {
+        let Some(new) = after["spec"][list].as_array() else {
+            continue;
+        };
+        let own = sent["spec"][list].as_array();
+        let merged: Vec<Value> = new
+            .iter()
+            .map(|entry| {
+                own.and_then(|own| own.iter().find(|o| o["name"] == entry["name"]))
+                    .unwrap_or(entry)
+                    .clone()
+            })
+            .collect();
+        if own.is_some_and(|own| *own == merged) {
+            continue;
+        }
+        operations.push(json!({"op": "add", "path": format!("/spec/{list}"), "value": merged}));
+    }
+    let annotations = &after["metadata"]["annotations"];
+    if *annotations != sent["metadata"]["annotations"] && annotations.is_object() {
+        operations
+            .push(json!({"op": "add", "path": "/metadata/annotations", "value": annotations}));
+    }
+    serde_json::from_value(Value::Array(operations))
+}
+
 /// The SidecarSets to inject into `pod`, each at its version: those matching it and not
 /// recorded on it yet.
-fn versions_for(pod: &Pod, catalog: &Catalog, chance: f64) -> Result<Vec<Versioned>, String> {
+fn versions_for(
+    pod: &Pod,
+    catalog: &Catalog,
+    namespace_labels: &BTreeMap<String, String>,
+    chance: f64,
+) -> Result<Vec<Versioned>, String> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let labels = pod.metadata.labels.clone().unwrap_or_default();
-    let annotations = pod.metadata.annotations.clone().unwrap_or_default();
-    let recorded = sidecar_set::injected_by_annotations(&annotations);
     let mut versions = Vec::new();
     for (set, history) in catalog {
-        if set.spec.injection_strategy.paused
-            || !set.matches(namespace, &labels)
-            || recorded.contains_key(&set.metadata.name)
+        // A set Rigger refuses is injected nowhere (the rollout reports it).
+        if set.validate().is_err()
+            || set.spec.injection_strategy.paused
+            || !set.matches_in(namespace, namespace_labels, &labels)
+            || injected_here(pod, set)
         {
             continue;
         }
@@ -93,6 +144,39 @@ fn versions_for(pod: &Pod, catalog: &Catalog, chance: f64) -> Result<Vec<Version
     Ok(versions)
 }
 
+/// Whether `set`'s sidecars are in `pod` already, each marked injected: what another
+/// call of the webhook (another matching set's entry) left. Kruise's annotations alone
+/// do not say so — a pod's creator may write them to opt out.
+fn injected_here(pod: &Pod, set: &SidecarSet) -> bool {
+    let spec = pod.spec.as_ref();
+    let marked = |name: &str| {
+        spec.into_iter()
+            .flat_map(|s| {
+                s.containers
+                    .iter()
+                    .chain(s.init_containers.iter().flatten())
+            })
+            .any(|c| {
+                c.name == name
+                    && c.env.iter().flatten().any(|e| {
+                        e.name == sidecar_set::INJECTED_ENV && e.value.as_deref() == Some("true")
+                    })
+            })
+    };
+    let mut names = Vec::new();
+    for sidecar in &set.spec.containers {
+        match sidecar.upgrade_strategy.upgrade_type {
+            sidecar_set::UpgradeType::HotUpgrade => {
+                names.push(format!("{}-1", sidecar.name()));
+                names.push(format!("{}-2", sidecar.name()));
+            }
+            sidecar_set::UpgradeType::ColdUpgrade => names.push(sidecar.name().to_owned()),
+        }
+    }
+    names.extend(set.spec.init_containers.iter().map(|s| s.name().to_owned()));
+    !names.is_empty() && names.iter().all(|name| marked(name))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -101,6 +185,13 @@ mod tests {
     use serde_json::json;
 
     const NOW: &str = "2026-11-26T12:00:00Z";
+
+    fn shop() -> BTreeMap<String, String> {
+        BTreeMap::from([(
+            rigger_api::sidecar_set::NAMESPACE_NAME_LABEL.to_owned(),
+            "shop".to_owned(),
+        )])
+    }
 
     fn catalog() -> Vec<(SidecarSet, History)> {
         let set: SidecarSet = serde_json::from_value(json!({
@@ -147,14 +238,23 @@ mod tests {
     fn a_matching_pod_gets_its_sidecars_as_a_patch_and_keeps_what_rigger_does_not_know() {
         let pod = json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"generateName": "web-", "labels": {"app": "web"}},
-            "spec": {"containers": [{"name": "app", "image": "r.example/app:1"}],
-                // A field of a newer Kubernetes: the patch must not drop it.
+            "spec": {"containers": [{"name": "app", "image": "r.example/app:1",
+                    // A field of a newer Kubernetes: it stays with its container.
+                    "futureContainerField": 7}],
+                // And one of the pod's.
                 "futureField": {"keep": true}}});
-        let response = answer(&review(&pod, "CREATE"), &catalog(), NOW, 0.5);
+        let response = answer(&review(&pod, "CREATE"), &pod, &catalog(), &shop(), NOW, 0.5);
         assert!(response.allowed);
         let after = patched(&pod, &response);
         assert_eq!(after["spec"]["futureField"], json!({"keep": true}));
         assert_eq!(after["spec"]["containers"][0]["name"], "proxy");
+        assert!(
+            after["spec"]["containers"][0]
+                .get("futureContainerField")
+                .is_none()
+        );
+        assert_eq!(after["spec"]["containers"][1]["name"], "app");
+        assert_eq!(after["spec"]["containers"][1]["futureContainerField"], 7);
         assert_eq!(
             after["spec"]["containers"][0]["volumeMounts"][0]["subPath"],
             "proxy.yaml"
@@ -168,23 +268,59 @@ mod tests {
         assert!(after["metadata"].get("namespace").is_none());
 
         // Called again (another matching SidecarSet's webhook entry): nothing more.
-        let again = answer(&review(&after, "CREATE"), &catalog(), NOW, 0.5);
+        let again = answer(
+            &review(&after, "CREATE"),
+            &after,
+            &catalog(),
+            &shop(),
+            NOW,
+            0.5,
+        );
         assert!(again.allowed && again.patch.is_none());
+        // Kruise's annotations written by the pod's creator do not opt it out.
+        let mut forged = pod;
+        forged["metadata"]["annotations"] = after["metadata"]["annotations"].clone();
+        let response = answer(
+            &review(&forged, "CREATE"),
+            &forged,
+            &catalog(),
+            &shop(),
+            NOW,
+            0.5,
+        );
+        assert_eq!(
+            patched(&forged, &response)["spec"]["containers"][0]["name"],
+            "proxy"
+        );
     }
 
     #[test]
     fn other_pods_operations_and_clashes() {
         let other = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "db", "labels": {"app": "db"}},
             "spec": {"containers": [{"name": "db", "image": "r.example/db:1"}]}});
-        let response = answer(&review(&other, "CREATE"), &catalog(), NOW, 0.5);
+        let response = answer(
+            &review(&other, "CREATE"),
+            &other,
+            &catalog(),
+            &shop(),
+            NOW,
+            0.5,
+        );
         assert!(response.allowed && response.patch.is_none());
         let web = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w", "labels": {"app": "web"}},
             "spec": {"containers": [{"name": "app", "image": "r.example/app:1"}]}});
-        let update = answer(&review(&web, "UPDATE"), &catalog(), NOW, 0.5);
+        let update = answer(&review(&web, "UPDATE"), &web, &catalog(), &shop(), NOW, 0.5);
         assert!(update.allowed && update.patch.is_none());
         let clash = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w", "labels": {"app": "web"}},
             "spec": {"containers": [{"name": "proxy", "image": "r.example/mine:1"}]}});
-        let refused = answer(&review(&clash, "CREATE"), &catalog(), NOW, 0.5);
+        let refused = answer(
+            &review(&clash, "CREATE"),
+            &clash,
+            &catalog(),
+            &shop(),
+            NOW,
+            0.5,
+        );
         assert!(!refused.allowed);
         assert!(
             refused.result.message.starts_with("pod shop/w: spec.containers: container \"proxy\" is also injected by SidecarSet mesh"),

@@ -8,14 +8,16 @@
 //! status (condition `InPlaceUpdate`) and as an event, never dropped silently — those
 //! pods keep their version, and pods created from now on get the new one.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use rigger_api::fields::Condition;
-use rigger_api::sidecar_set::{History, IN_PLACE_UPDATE_CONDITION, SidecarSet, SidecarSetStatus};
+use rigger_api::sidecar_set::{
+    History, IN_PLACE_UPDATE_CONDITION, NAMESPACE_NAME_LABEL, SidecarSet, SidecarSetStatus,
+};
 use tokio::sync::Notify;
 
 use super::pods::{InjectedPod, InjectedPods, member_of, patch_of};
@@ -36,6 +38,7 @@ struct Inner {
     client: kube::Client,
     pods: Arc<InjectedPods>,
     events: Arc<dyn EventSink>,
+    namespaces: super::namespaces::NamespaceLabels,
     /// What was last written per set: a status, and the report of pods left on an
     /// older version (an event each time it changes).
     written: Mutex<HashMap<String, (SidecarSetStatus, String)>>,
@@ -57,6 +60,7 @@ impl ClusterRollout {
         Self {
             inner: Arc::new(Inner {
                 store,
+                namespaces: super::namespaces::NamespaceLabels::new(client.clone()),
                 client,
                 pods,
                 events,
@@ -106,6 +110,12 @@ impl crate::engine::Engine for ClusterRollout {
 
     async fn pass(&self, snapshot: Snapshot) {
         for (set, mut history, precondition) in snapshot.sets {
+            // What Rigger refuses (an empty selector, say: the API server prunes a
+            // typo'd one to `{}`) is injected nowhere and rolled nowhere; said once.
+            if let Err(error) = set.validate() {
+                self.refused(&set, &error.to_string());
+                continue;
+            }
             if history.record(&set) {
                 self.write_history(&set, &history, precondition).await;
             }
@@ -118,6 +128,30 @@ impl crate::engine::Engine for ClusterRollout {
 }
 
 impl ClusterRollout {
+    /// Tell, once per cause, that `set` is refused.
+    fn refused(&self, set: &SidecarSet, cause: &str) {
+        let Ok(mut written) = self.inner.written.lock() else {
+            return;
+        };
+        let said = written
+            .get(&set.metadata.name)
+            .is_some_and(|(_, said)| said == cause);
+        if said {
+            return;
+        }
+        written.insert(
+            set.metadata.name.clone(),
+            (SidecarSetStatus::default(), cause.to_owned()),
+        );
+        tracing::warn!(sidecar_set = %set.metadata.name, %cause, "SidecarSet refused: injected nowhere");
+        self.inner.events.record(Event {
+            regarding: regarding(set),
+            warning: true,
+            reason: "InvalidSidecarSet",
+            message: format!("injected into no pod and rolled out nowhere until fixed: {cause}"),
+        });
+    }
+
     async fn write_history(&self, set: &SidecarSet, history: &History, precondition: Precondition) {
         let Ok(bytes) = serde_json::to_vec(history) else {
             return;
@@ -134,9 +168,33 @@ impl ClusterRollout {
 
     async fn roll(&self, set: &SidecarSet, history: &History, pods: &[InjectedPod]) {
         let hash = set.hash();
+        // The namespaces' labels, as the webhook matched them (when the set selects by
+        // them); a namespace not read this pass leaves its pods out of it.
+        let mut namespace_labels: HashMap<&str, BTreeMap<String, String>> = HashMap::new();
+        for pod in pods {
+            if namespace_labels.contains_key(pod.namespace.as_str()) {
+                continue;
+            }
+            let labels = if set.selects_namespaces() {
+                match self.inner.namespaces.of(&pod.namespace).await {
+                    Ok(labels) => labels,
+                    Err(error) => {
+                        tracing::debug!(namespace = %pod.namespace, %error, "namespace not read");
+                        continue;
+                    }
+                }
+            } else {
+                BTreeMap::from([(NAMESPACE_NAME_LABEL.to_owned(), pod.namespace.clone())])
+            };
+            namespace_labels.insert(&pod.namespace, labels);
+        }
         let (members, by_name): (Vec<Member>, Vec<&InjectedPod>) = pods
             .iter()
-            .filter(|pod| set.matches(&pod.namespace, &pod.labels))
+            .filter(|pod| {
+                namespace_labels
+                    .get(pod.namespace.as_str())
+                    .is_some_and(|ns| set.matches_in(&pod.namespace, ns, &pod.labels))
+            })
             .filter_map(|pod| member_of(set, &hash, pod).map(|m| (m, pod)))
             .unzip();
         let left = left_behind(set, &hash, history, &members);
@@ -234,13 +292,7 @@ impl ClusterRollout {
         }
         if !left.is_empty() && previous.as_ref().is_none_or(|(_, old)| old != left) {
             self.inner.events.record(Event {
-                regarding: Regarding {
-                    api_version: set.api_version.clone(),
-                    kind: set.kind.clone(),
-                    namespace: String::new(),
-                    name: set.metadata.name.clone(),
-                    uid: set.metadata.uid.clone().unwrap_or_default(),
-                },
+                regarding: regarding(set),
                 warning: true,
                 reason: "NotUpgradablePods",
                 message: left.to_owned(),
@@ -264,6 +316,16 @@ impl ClusterRollout {
                 tracing::debug!(sidecar_set = %set.metadata.name, %error, "status not written yet")
             }
         }
+    }
+}
+
+fn regarding(set: &SidecarSet) -> Regarding {
+    Regarding {
+        api_version: set.api_version.clone(),
+        kind: set.kind.clone(),
+        namespace: String::new(),
+        name: set.metadata.name.clone(),
+        uid: set.metadata.uid.clone().unwrap_or_default(),
     }
 }
 

@@ -3,6 +3,7 @@
 //! SidecarSets in the store. The body is whatever a pod's creator wrote: bounded in
 //! size and time, and a review that does not decode is answered 400, naming why.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,13 +16,14 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::admission::{AdmissionRequest, AdmissionReview};
-use rigger_api::sidecar_set::SidecarSet;
+use rigger_api::sidecar_set::{History, NAMESPACE_NAME_LABEL, SidecarSet};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::configuration::WEBHOOK_PATH;
+use super::namespaces::NamespaceLabels;
 use super::review;
 use crate::store::Store;
 
@@ -30,8 +32,14 @@ const MAX_REVIEW: usize = 4 << 20;
 /// A connection's TLS handshake and a request's headers.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections served at once (the API server keeps a few open).
+/// Connections served at once (the API server keeps a few open), and from one address:
+/// anyone on the network can connect, and must not hold every slot.
 const MAX_CONNECTIONS: usize = 256;
+const MAX_CONNECTIONS_PER_ADDRESS: usize = 64;
+/// A whole request, body included, from its first byte to its answer.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// Reviews answered at once (the injection is CPU work, off the async workers).
+const ANSWERING: usize = 2;
 
 /// The serving certificate as rustls takes it (`None` until the Secret is read).
 pub type ServerTls = watch::Receiver<Option<Arc<rustls::ServerConfig>>>;
@@ -51,8 +59,17 @@ pub async fn bind(address: SocketAddr) -> Result<TcpListener, BindError> {
 }
 
 /// Serve reviews on `listener` until `stop`.
-pub async fn serve(listener: TcpListener, tls: ServerTls, store: Store, stop: CancellationToken) {
+pub async fn serve(
+    listener: TcpListener,
+    tls: ServerTls,
+    store: Store,
+    namespaces: Arc<NamespaceLabels>,
+    stop: CancellationToken,
+) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let answering = Arc::new(Semaphore::new(ANSWERING));
+    let per_address: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>> =
+        Arc::default();
     loop {
         let permit = tokio::select! {
             () = stop.cancelled() => return,
@@ -76,9 +93,19 @@ pub async fn serve(listener: TcpListener, tls: ServerTls, store: Store, stop: Ca
             // No certificate yet: the API server retries (failure policy Fail).
             continue;
         };
-        let (store, stop) = (store.clone(), stop.clone());
+        let Some(address_slot) = AddressSlot::take(&per_address, remote.ip()) else {
+            tracing::debug!(%remote, "sidecar webhook: too many connections from one address");
+            continue;
+        };
+        let (store, stop, answering, namespaces) = (
+            store.clone(),
+            stop.clone(),
+            answering.clone(),
+            namespaces.clone(),
+        );
         tokio::spawn(async move {
             let _permit = permit;
+            let _address_slot = address_slot;
             let acceptor = TlsAcceptor::from(config);
             let stream =
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
@@ -90,8 +117,24 @@ pub async fn serve(listener: TcpListener, tls: ServerTls, store: Store, stop: Ca
                     Err(_) => return,
                 };
             let service = service_fn(move |request| {
-                let store = store.clone();
-                async move { Ok::<_, std::convert::Infallible>(handle(request, &store).await) }
+                let (store, answering, namespaces) =
+                    (store.clone(), answering.clone(), namespaces.clone());
+                async move {
+                    let reading = Reading {
+                        store: &store,
+                        namespaces: &namespaces,
+                    };
+                    let answered =
+                        tokio::time::timeout(REQUEST_TIMEOUT, handle(request, reading, &answering))
+                            .await
+                            .unwrap_or_else(|_| {
+                                plain(
+                                    StatusCode::REQUEST_TIMEOUT,
+                                    "the review took too long to arrive or to answer".to_owned(),
+                                )
+                            });
+                    Ok::<_, std::convert::Infallible>(answered)
+                }
             });
             let served = http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -109,7 +152,55 @@ pub async fn serve(listener: TcpListener, tls: ServerTls, store: Store, stop: Ca
     }
 }
 
-async fn handle(request: Request<Incoming>, store: &Store) -> Response<Full<Bytes>> {
+/// One connection's place in the count of connections from its address.
+struct AddressSlot {
+    counts: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+    address: std::net::IpAddr,
+}
+
+impl AddressSlot {
+    fn take(
+        counts: &Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+        address: std::net::IpAddr,
+    ) -> Option<Self> {
+        let mut held = counts.lock().ok()?;
+        let count = held.entry(address).or_default();
+        if *count >= MAX_CONNECTIONS_PER_ADDRESS {
+            return None;
+        }
+        *count += 1;
+        Some(Self {
+            counts: counts.clone(),
+            address,
+        })
+    }
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        if let Ok(mut held) = self.counts.lock()
+            && let Some(count) = held.get_mut(&self.address)
+        {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                held.remove(&self.address);
+            }
+        }
+    }
+}
+
+/// What a review reads: the SidecarSets, and the namespaces' labels.
+#[derive(Clone, Copy)]
+struct Reading<'a> {
+    store: &'a Store,
+    namespaces: &'a NamespaceLabels,
+}
+
+async fn handle(
+    request: Request<Incoming>,
+    reading: Reading<'_>,
+    answering: &Arc<Semaphore>,
+) -> Response<Full<Bytes>> {
     if request.uri().path() != WEBHOOK_PATH {
         return plain(
             StatusCode::NOT_FOUND,
@@ -134,6 +225,10 @@ async fn handle(request: Request<Incoming>, store: &Store) -> Response<Full<Byte
             );
         }
     };
+    // The pod as sent, every field (the typed review drops what its types lack).
+    let sent: serde_json::Value = serde_json::from_slice::<serde_json::Value>(&body)
+        .map(|mut review| review["request"]["object"].take())
+        .unwrap_or_default();
     let review: AdmissionReview<Pod> = match serde_json::from_slice(&body) {
         Ok(review) => review,
         Err(error) => {
@@ -147,13 +242,27 @@ async fn handle(request: Request<Incoming>, store: &Store) -> Response<Full<Byte
         Ok(request) => request,
         Err(error) => return plain(StatusCode::BAD_REQUEST, format!("{error}")),
     };
-    let response = match catalog_for(store, &request).await {
-        Ok(catalog) => review::answer(
-            &request,
-            &catalog,
-            &rigger_proto::time::now_rfc3339(),
-            fastrand::f64(),
-        ),
+    let response = match catalog_for(reading, &request).await {
+        Ok((catalog, namespace_labels)) => {
+            let Ok(_answering) = answering.clone().acquire_owned().await else {
+                return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down".to_owned());
+            };
+            let (request, now, chance) = (
+                request.clone(),
+                rigger_proto::time::now_rfc3339(),
+                fastrand::f64(),
+            );
+            let answered = tokio::task::spawn_blocking(move || {
+                review::answer(&request, &sent, &catalog, &namespace_labels, &now, chance)
+            })
+            .await;
+            match answered {
+                Ok(response) => response,
+                Err(error) => {
+                    return plain(StatusCode::INTERNAL_SERVER_ERROR, error.to_string());
+                }
+            }
+        }
         // No answer from the store: refuse the pod rather than start it without its
         // sidecars (its owner retries).
         Err(error) => kube::core::admission::AdmissionResponse::from(&request).deny(format!(
@@ -169,13 +278,14 @@ async fn handle(request: Request<Incoming>, store: &Store) -> Response<Full<Byte
     }
 }
 
-/// The SidecarSets that match the pod under review, with their recorded versions.
+/// The SidecarSets that match the pod under review, with their recorded versions, and
+/// its namespace's labels (read when a set selects namespaces by them).
 async fn catalog_for(
-    store: &Store,
+    reading: Reading<'_>,
     request: &AdmissionRequest<Pod>,
-) -> Result<Vec<(SidecarSet, rigger_api::sidecar_set::History)>, crate::store::StoreError> {
+) -> Result<(Vec<(SidecarSet, History)>, BTreeMap<String, String>), String> {
     let Some(pod) = &request.object else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), BTreeMap::new()));
     };
     let namespace = pod
         .metadata
@@ -185,15 +295,31 @@ async fn catalog_for(
         .or(request.namespace.as_deref())
         .unwrap_or("default");
     let labels = pod.metadata.labels.clone().unwrap_or_default();
+    let sets = reading
+        .store
+        .list_objects::<SidecarSet>()
+        .await
+        .map_err(|e| e.to_string())?;
+    let namespace_labels = if sets.iter().any(|s| s.value.selects_namespaces()) {
+        reading
+            .namespaces
+            .of(namespace)
+            .await
+            .map_err(|e| format!("namespace {namespace}: {e}"))?
+    } else {
+        BTreeMap::from([(NAMESPACE_NAME_LABEL.to_owned(), namespace.to_owned())])
+    };
     let mut catalog = Vec::new();
-    for stored in store.list_objects::<SidecarSet>().await? {
+    for stored in sets {
         let set = stored.value;
-        if set.matches(namespace, &labels) {
-            let history = crate::sidecars::read_history(store, &set.metadata.name).await?;
+        if set.matches_in(namespace, &namespace_labels, &labels) {
+            let history = crate::sidecars::read_history(reading.store, &set.metadata.name)
+                .await
+                .map_err(|e| e.to_string())?;
             catalog.push((set, history));
         }
     }
-    Ok(catalog)
+    Ok((catalog, namespace_labels))
 }
 
 fn plain(status: StatusCode, text: String) -> Response<Full<Bytes>> {

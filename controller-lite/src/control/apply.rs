@@ -149,24 +149,39 @@ impl ControlService {
         &self,
         value: serde_json::Value,
     ) -> Result<Draft<T>, Status> {
-        let value = with_generated_name(value);
-        let (mut object, what) =
-            rigger_api::object::admit::<T>(value).map_err(|(what, e)| refuse(&what, &e))?;
+        // A name made from generateName is a new object's: one already taken is made
+        // again (a few times), never written over.
+        let mut tries = 0;
+        let (mut object, what, key, stored) = loop {
+            let (value, generated) = with_generated_name(value.clone());
+            let (object, what) =
+                rigger_api::object::admit::<T>(value).map_err(|(what, e)| refuse(&what, &e))?;
+            let namespace = object.metadata().namespace.clone().unwrap_or_default();
+            let key = ObjectKey::new(T::INFO.name, &namespace, &object.metadata().name);
+            // An unreadable stored version is never written over: what it held would be lost.
+            let stored = self
+                .store
+                .get_as::<T>(key.clone())
+                .await
+                .map_err(|e| match e {
+                    StoreError::Undecodable { detail, .. } => Status::internal(format!(
+                        "{key}: stored object unreadable ({detail}); delete it to replace it"
+                    )),
+                    e => store_status(e),
+                })?;
+            tries += 1;
+            match (generated, &stored) {
+                (true, Some(_)) if tries < 5 => continue,
+                (true, Some(_)) => {
+                    return Err(Status::already_exists(format!(
+                        "{what}: every name generated was taken; apply again"
+                    )));
+                }
+                _ => break (object, what, key, stored),
+            }
+        };
         let applied_version = object.metadata_mut().resource_version.take();
-        let kind = T::INFO.name;
         let namespace = object.metadata().namespace.clone().unwrap_or_default();
-        let key = ObjectKey::new(kind, &namespace, &object.metadata().name);
-        // An unreadable stored version is never written over: what it held would be lost.
-        let stored = self
-            .store
-            .get_as::<T>(key.clone())
-            .await
-            .map_err(|e| match e {
-                StoreError::Undecodable { detail, .. } => Status::internal(format!(
-                    "{key}: stored object unreadable ({detail}); delete it to replace it"
-                )),
-                e => store_status(e),
-            })?;
         let (old, old_revision) =
             stored.map_or((None, None), |s| (Some(s.value), Some(s.revision)));
         // Kubernetes' optimistic concurrency, for what an apply says it was made from.
@@ -216,6 +231,22 @@ impl ControlService {
             old.map(Object::metadata),
             spec_changed,
         );
+        // Marked for deletion, and this apply leaves it no finalizer: it goes now.
+        let meta = draft.object.metadata();
+        if meta.deletion_timestamp.is_some() && meta.finalizers.is_empty() {
+            if !dry_run {
+                let kind = super::kind_of(T::INFO.name)?;
+                let name = meta.name.clone();
+                self.remove(kind, &draft.namespace, &name, "finalizers", false)
+                    .await?;
+            }
+            return Ok(Committed {
+                outcome: Outcome::Configured,
+                dry_run,
+                revision: draft.old_revision.unwrap_or(0),
+                written: !dry_run,
+            });
+        }
         if old == Some(&draft.object) {
             return Ok(Committed {
                 outcome: Outcome::Unchanged,
@@ -245,13 +276,6 @@ impl ControlService {
             .put_as(draft.key.clone(), &draft.object, precondition)
             .await
             .map_err(store_status)?;
-        // Marked for deletion, and the last finalizer gone: it goes now.
-        let meta = draft.object.metadata();
-        if meta.deletion_timestamp.is_some() && meta.finalizers.is_empty() {
-            let kind = super::kind_of(T::INFO.name)?;
-            self.remove(kind, &draft.namespace, &meta.name.clone(), "finalizers")
-                .await?;
-        }
         Ok(Committed {
             outcome,
             dry_run,
@@ -567,8 +591,8 @@ fn new_uid() -> String {
 
 /// Carry the controller-owned metadata over from the stored version.
 /// `value` with a name made from `metadata.generateName` when it has none (the prefix
-/// and five characters of Kubernetes' alphabet for them).
-fn with_generated_name(mut value: serde_json::Value) -> serde_json::Value {
+/// and five characters of Kubernetes' alphabet for them), and whether it was made.
+fn with_generated_name(mut value: serde_json::Value) -> (serde_json::Value, bool) {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let metadata = &value["metadata"];
     let named = metadata["name"].as_str().is_some_and(|n| !n.is_empty());
@@ -577,8 +601,9 @@ fn with_generated_name(mut value: serde_json::Value) -> serde_json::Value {
             .map(|_| char::from(ALPHABET[fastrand::usize(..ALPHABET.len())]))
             .collect();
         value["metadata"]["name"] = serde_json::Value::String(format!("{prefix}{suffix}"));
+        return (value, true);
     }
-    value
+    (value, false)
 }
 
 fn inherit_metadata(meta: &mut ObjectMeta, stored: Option<&ObjectMeta>, spec_changed: bool) {

@@ -467,24 +467,27 @@ impl Control for ControlService {
         } else {
             ""
         };
-        self.remove(kind, namespace, &request.name, &user).await?;
+        self.remove(kind, namespace, &request.name, &user, true)
+            .await?;
         Ok(Response::new(DeleteResponse {}))
     }
 }
 
 impl ControlService {
-    /// Delete object `name` of `kind` and what goes with it; one that still has
-    /// finalizers is only marked (`metadata.deletionTimestamp`), as Kubernetes does, and
-    /// goes once an apply leaves it none.
+    /// Delete object `name` of `kind` and what goes with it. With `finalizers`, one that
+    /// still has some is only marked (`metadata.deletionTimestamp`), as Kubernetes does;
+    /// it goes once an apply leaves it none (which calls this without).
     pub(super) async fn remove(
         &self,
         kind: Kind,
         namespace: &str,
         name: &str,
         user: &str,
+        finalizers: bool,
     ) -> Result<(), Status> {
         let key = ObjectKey::new(kind.name(), namespace, name);
-        if let Some(stored) = self.store.get(key.clone()).await.map_err(store_status)?
+        if finalizers
+            && let Some(stored) = self.store.get(key.clone()).await.map_err(store_status)?
             && let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(&stored.object)
             && value["metadata"]["finalizers"]
                 .as_array()

@@ -341,11 +341,13 @@ fn prepare(
     let mut transferred: Vec<core::EnvVar> = Vec::new();
     if sidecar.shares_volumes() {
         let mounts = container.volume_mounts.get_or_insert_with(Vec::new);
+        // Sets, not scans: a pod's creator chooses how many mounts there are.
+        let mut paths: BTreeSet<String> = mounts.iter().map(|m| m.mount_path.clone()).collect();
         for (source, mount) in own
             .iter()
             .flat_map(|c| c.volume_mounts.iter().flatten().map(move |m| (c, m)))
         {
-            if mounts.iter().any(|m| m.mount_path == mount.mount_path) {
+            if !paths.insert(mount.mount_path.clone()) {
                 continue;
             }
             mounts.push(mount.clone());
@@ -366,8 +368,9 @@ fn prepare(
     }
     if sidecar.shares_volume_devices() {
         let devices = container.volume_devices.get_or_insert_with(Vec::new);
+        let mut paths: BTreeSet<String> = devices.iter().map(|d| d.device_path.clone()).collect();
         for device in own.iter().flat_map(|c| c.volume_devices.iter().flatten()) {
-            if !devices.iter().any(|d| d.device_path == device.device_path) {
+            if paths.insert(device.device_path.clone()) {
                 devices.push(device.clone());
             }
         }
@@ -403,8 +406,9 @@ fn prepare(
         }
     }
     from_sources.extend(transferred);
+    let mut names: BTreeSet<String> = env.iter().map(|e| e.name.clone()).collect();
     for var in from_sources {
-        if !env.iter().any(|e| e.name == var.name) {
+        if names.insert(var.name.clone()) {
             env.push(var);
         }
     }

@@ -439,18 +439,34 @@ impl SidecarSet {
             .unwrap_or(DEFAULT_REVISION_HISTORY_LIMIT) as usize
     }
 
-    /// Whether pod `pod` (its namespace and labels) is one of this SidecarSet's.
+    /// Whether pod `pod` (its namespace and labels) is one of this SidecarSet's, where
+    /// namespaces carry only Kubernetes' automatic `kubernetes.io/metadata.name` label
+    /// (Rigger's own).
     pub fn matches(&self, namespace: &str, labels: &BTreeMap<String, String>) -> bool {
+        let namespace_labels =
+            BTreeMap::from([(NAMESPACE_NAME_LABEL.to_owned(), namespace.to_owned())]);
+        self.matches_in(namespace, &namespace_labels, labels)
+    }
+
+    /// The same, with the namespace's labels as the cluster has them.
+    pub fn matches_in(
+        &self,
+        namespace: &str,
+        namespace_labels: &BTreeMap<String, String>,
+        labels: &BTreeMap<String, String>,
+    ) -> bool {
         let spec = &self.spec;
         let namespace_ok = match (&spec.namespace, &spec.namespace_selector) {
             (Some(wanted), _) => wanted == namespace,
-            (None, Some(selector)) => selector.matches(&BTreeMap::from([(
-                NAMESPACE_NAME_LABEL.to_owned(),
-                namespace.to_owned(),
-            )])),
+            (None, Some(selector)) => selector.matches(namespace_labels),
             (None, None) => true,
         };
         namespace_ok && spec.selector.matches(labels)
+    }
+
+    /// Whether matching needs the namespace's labels (a `namespaceSelector`).
+    pub fn selects_namespaces(&self) -> bool {
+        self.spec.namespace_selector.is_some()
     }
 
     /// A short hash of what the sidecars are (Kruise's sidecarset hash): it changes when
