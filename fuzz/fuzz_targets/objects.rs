@@ -53,7 +53,7 @@ fn check(value: Value) {
             let sets = [sidecar_set::Versioned { set: chosen, revision }];
             // The webhook's path: any pod a user may create, in Kubernetes' shape.
             if let Ok(mut kube) = serde_json::from_value::<rigger_api::kube_types::KubePod>(value.clone()) {
-                let _ = sidecar_set::inject_kube(&mut kube, &sets, "2026-01-01T00:00:00Z");
+                let _ = sidecar_set::inject_kube(&mut kube, &sets, &Default::default(), "2026-01-01T00:00:00Z");
             }
             if sidecar_set::inject(pod, &sets, "2026-01-01T00:00:00Z").is_ok() {
                 let _ = pod::validate(pod);

@@ -50,7 +50,7 @@ pub fn desired(
         // A set Rigger refuses (its selector empty, a typo the API server pruned into
         // `{}`) would send every pod to the webhook: it gets no entry (the rollout
         // reports it).
-        .filter(|set| set.validate().is_ok() && !set.spec.injection_strategy.paused)
+        .filter(|set| set.validate_served().is_ok() && !set.spec.injection_strategy.paused)
         .filter_map(|set| {
             let name = format!("{}.sidecarsets.rigger.dev", set.metadata.name);
             // A webhook's name is a DNS subdomain; the longest set names do not fit.

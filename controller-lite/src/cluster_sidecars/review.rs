@@ -71,7 +71,7 @@ pub fn answer(
     if versions.is_empty() {
         return response;
     }
-    if let Err(error) = sidecar_set::inject_kube(&mut pod, &versions, now) {
+    if let Err(error) = sidecar_set::inject_kube(&mut pod, &versions, namespace_labels, now) {
         return response.deny(format!("{what}: {error}"));
     }
     let patch = match patch_of(sent, &pod) {
@@ -130,7 +130,7 @@ fn versions_for(
     let mut versions = Vec::new();
     for (set, history) in catalog {
         // A set Rigger refuses is injected nowhere (the rollout reports it).
-        if set.validate().is_err()
+        if set.validate_served().is_err()
             || set.spec.injection_strategy.paused
             || !set.matches_in(namespace, namespace_labels, &labels)
             || injected_here(pod, set)

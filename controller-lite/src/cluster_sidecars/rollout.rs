@@ -112,7 +112,7 @@ impl crate::engine::Engine for ClusterRollout {
         for (set, mut history, precondition) in snapshot.sets {
             // What Rigger refuses (an empty selector, say: the API server prunes a
             // typo'd one to `{}`) is injected nowhere and rolled nowhere; said once.
-            if let Err(error) = set.validate() {
+            if let Err(error) = set.validate_served() {
                 self.refused(&set, &error.to_string());
                 continue;
             }

@@ -294,6 +294,24 @@ impl Cluster {
     }
 }
 
+/// Cluster-scoped objects a test made (`kind`, `name`), deleted when it ends, passed
+/// or not: a SidecarSet left behind would keep a webhook entry for its pods.
+#[derive(Debug)]
+pub struct Made {
+    pub cluster: &'static Cluster,
+    pub objects: Vec<(String, String)>,
+}
+
+impl Drop for Made {
+    fn drop(&mut self) {
+        for (kind, name) in &self.objects {
+            let _ = self
+                .cluster
+                .kubectl(&["delete", kind, name, "--wait=false"]);
+        }
+    }
+}
+
 /// One kind of call to the API server: API group, resource (with `/subresource`), verb.
 pub type Call = (String, String, String);
 

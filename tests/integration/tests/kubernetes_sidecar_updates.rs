@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rigger_integration_tests::kubernetes::Cluster;
+use rigger_integration_tests::kubernetes::{Cluster, Made};
 use rigger_integration_tests::wait_until;
 use serde_json::{Value, json};
 
@@ -254,6 +254,10 @@ fn an_image_change_rolls_out_within_max_unavailable_partition_and_paused() {
     let dir = tempfile::tempdir().unwrap();
     let id = format!("r{}", std::process::id());
     let set = format!("roll-{id}");
+    let _made = Made {
+        cluster,
+        objects: vec![("sidecarset".to_owned(), set.clone())],
+    };
     let _controller = cluster.controller(dir.path(), &namespace.name);
     let manifest = |image: &str, strategy: &str, env: &str| {
         format!(
@@ -392,7 +396,6 @@ fn an_image_change_rolls_out_within_max_unavailable_partition_and_paused() {
         "a new pod gets the change"
     );
     drop(kubelet);
-    let _ = cluster.kubectl(&["delete", "sidecarset", &set, "--wait=false"]);
 }
 
 #[test]
@@ -404,6 +407,10 @@ fn a_hot_upgrade_starts_the_new_slot_then_empties_the_old_and_a_broken_image_cha
     let dir = tempfile::tempdir().unwrap();
     let id = format!("h{}", std::process::id());
     let set = format!("hot-{id}");
+    let _made = Made {
+        cluster,
+        objects: vec![("sidecarset".to_owned(), set.clone())],
+    };
     let _controller = cluster.controller(dir.path(), &namespace.name);
     let manifest = |image: &str| {
         format!(
@@ -474,5 +481,4 @@ fn a_hot_upgrade_starts_the_new_slot_then_empties_the_old_and_a_broken_image_cha
     let status = set_status(cluster, &set);
     assert_eq!(status["updatedPods"], 0, "{status}");
     drop(kubelet);
-    let _ = cluster.kubectl(&["delete", "sidecarset", &set, "--wait=false"]);
 }

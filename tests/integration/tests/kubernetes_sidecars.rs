@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use rigger_integration_tests::kubernetes::{Cluster, corpus};
+use rigger_integration_tests::kubernetes::{Cluster, Made, corpus};
 use rigger_integration_tests::wait_until;
 use serde_json::{Value, json};
 
@@ -137,6 +137,13 @@ fn kruises_sidecarset_examples_are_injected_into_pods_made_with_kubectl_field_fo
         .iter()
         .map(|name| format!("{name}-{id}"))
         .collect();
+    let _made = Made {
+        cluster,
+        objects: sets
+            .iter()
+            .map(|set| ("sidecarset".to_owned(), set.clone()))
+            .collect(),
+    };
     wait_for_entries(cluster, &sets);
 
     // Kruise's manual's SidecarSet (v1beta1, every field): a pod of the default namespace.
@@ -330,9 +337,6 @@ fn kruises_sidecarset_examples_are_injected_into_pods_made_with_kubectl_field_fo
     for name in [format!("web-{id}"), format!("api-{id}")] {
         let _ = cluster.kubectl(&["delete", "pod", "-n", "default", &name, "--wait=false"]);
     }
-    for set in &sets {
-        let _ = cluster.kubectl(&["delete", "sidecarset", set, "--wait=false"]);
-    }
 }
 
 #[test]
@@ -346,6 +350,10 @@ fn while_no_controller_answers_matched_pods_are_refused_and_others_created() {
     let mut controller = cluster.controller(dir.path(), &namespace.name);
     apply(cluster, "sidecarset-native-sidecar.yaml", &id);
     let set = format!("native-{id}");
+    let _made = Made {
+        cluster,
+        objects: vec![("sidecarset".to_owned(), set.clone())],
+    };
     wait_for_entries(cluster, std::slice::from_ref(&set));
     let pod = |name: &str, app: &str| {
         json!({"apiVersion": "v1", "kind": "Pod",
@@ -386,5 +394,59 @@ fn while_no_controller_answers_matched_pods_are_refused_and_others_created() {
         created.unwrap()["spec"]["initContainers"][0]["name"],
         "sidecar"
     );
-    let _ = cluster.kubectl(&["delete", "sidecarset", &set, "--wait=false"]);
+}
+
+#[test]
+fn a_namespace_selector_matches_the_namespaces_own_labels() {
+    let cluster = Cluster::get();
+    let _exclusive = cluster.exclusive();
+    let namespace = cluster.namespace("sidecars-ns");
+    let team = cluster.namespace("sidecar-team");
+    let other = cluster.namespace("sidecar-other");
+    cluster.kubectl_ok(&["label", "namespace", &team.name, "team=payments"]);
+    let dir = tempfile::tempdir().unwrap();
+    let id = format!("ns{}", std::process::id());
+    let set = format!("team-{id}");
+    let _made = Made {
+        cluster,
+        objects: vec![("sidecarset".to_owned(), set.clone())],
+    };
+    let _controller = cluster.controller(dir.path(), &namespace.name);
+    let out = cluster.kubectl_stdin(
+        &["apply"],
+        &format!(
+            "apiVersion: apps.kruise.io/v1beta1\nkind: SidecarSet\nmetadata: {{name: {set}}}\n\
+             spec:\n  selector: {{matchLabels: {{app: {set}}}}}\n  \
+             namespaceSelector: {{matchLabels: {{team: payments}}}}\n  \
+             containers: [{{name: audit, image: r.example/audit:1}}]\n"
+        ),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for_entries(cluster, std::slice::from_ref(&set));
+    let pod = |namespace: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web", "namespace": namespace, "labels": {"app": set}},
+            "spec": {"containers": [{"name": "app", "image": "r.example/app:1"}]}})
+    };
+    let labelled = create(cluster, &pod(&team.name)).unwrap();
+    let names: Vec<&str> = labelled["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["audit", "app"],
+        "the team's namespace gets the sidecar"
+    );
+    let unlabelled = create(cluster, &pod(&other.name)).unwrap();
+    assert_eq!(
+        unlabelled["spec"]["containers"].as_array().unwrap().len(),
+        1
+    );
 }

@@ -67,22 +67,30 @@ pub fn inject(pod: &mut Pod, sets: &[Versioned], now: &str) -> Result<(), FieldE
         spec: Some(spec),
         status: None,
     };
-    inject_kube(&mut kube, sets, now)?;
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    // Rigger's namespaces carry only Kubernetes' automatic name label.
+    let namespace_labels = BTreeMap::from([(super::NAMESPACE_NAME_LABEL.to_owned(), namespace)]);
+    inject_kube(&mut kube, sets, &namespace_labels, now)?;
     let spec = kube.spec.unwrap_or_default();
     pod.spec = kube_types::to_rigger(&spec).map_err(|e| FieldError::new("spec", e))?;
     pod.metadata.annotations = kube.metadata.annotations.unwrap_or_default();
     Ok(())
 }
 
-/// Inject the SidecarSets matching a new pod (and not paused for injection), as Kruise's
-/// webhook does. Containers go before the pod's own unless `podInjectPolicy:
+/// Inject the SidecarSets matching a new pod (in a namespace with `namespace_labels`)
+/// and not paused for injection, as Kruise's webhook does. Containers go before the pod's own unless `podInjectPolicy:
 /// AfterAppContainer`; init containers (native sidecars among them) after the pod's own,
 /// sorted by name, unless `BeforeAppContainer`; the volumes they mount are added where
 /// the pod has none of that name; the pull secrets after the pod's own; the pod records
 /// each SidecarSet's name, version, revision and containers in Kruise's annotations. A
 /// container name the pod already uses is an error naming both (Kruise would replace the
 /// pod's container; Rigger never touches a container that is not the sidecar's).
-pub fn inject_kube(pod: &mut core::Pod, sets: &[Versioned], now: &str) -> Result<(), FieldError> {
+pub fn inject_kube(
+    pod: &mut core::Pod,
+    sets: &[Versioned],
+    namespace_labels: &BTreeMap<String, String>,
+    now: &str,
+) -> Result<(), FieldError> {
     let namespace = pod
         .metadata
         .namespace
@@ -93,7 +101,7 @@ pub fn inject_kube(pod: &mut core::Pod, sets: &[Versioned], now: &str) -> Result
     let matched: Vec<&Versioned> = sets
         .iter()
         .filter(|v| !v.set.spec.injection_strategy.paused)
-        .filter(|v| v.set.matches(&namespace, &labels))
+        .filter(|v| v.set.matches_in(&namespace, namespace_labels, &labels))
         .collect();
     if matched.is_empty() {
         return Ok(());

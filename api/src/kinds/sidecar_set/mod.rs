@@ -238,6 +238,18 @@ impl SidecarSet {
     /// Refuse what cannot run, naming the field; Kruise's API group (both versions) is
     /// accepted too.
     pub fn validate(&self) -> Result<(), FieldError> {
+        self.check(true)
+    }
+
+    /// [`SidecarSet::validate`] for a set an API server serves: its fields as any
+    /// version wrote them. With no conversion webhook, a v1alpha1 set reads back in the
+    /// stored version (v1beta1) with v1alpha1's `spec.namespace`, which still means
+    /// what it meant.
+    pub fn validate_served(&self) -> Result<(), FieldError> {
+        self.check(false)
+    }
+
+    fn check(&self, version_fields: bool) -> Result<(), FieldError> {
         crate::fields::check_kruise_v1beta1_api_version(&self.api_version)?;
         self.metadata.validate()?;
         let spec = &self.spec;
@@ -250,7 +262,9 @@ impl SidecarSet {
             )?;
         }
         spec.update_strategy.validate()?;
-        let v1beta1 = self.api_version == crate::fields::KRUISE_API_VERSION_V1BETA1;
+        let v1beta1 =
+            version_fields && self.api_version == crate::fields::KRUISE_API_VERSION_V1BETA1;
+        let v1alpha1 = version_fields && !v1beta1;
         if spec.selector.is_empty() {
             return Err(FieldError::new(
                 "spec.selector",
@@ -266,7 +280,7 @@ impl SidecarSet {
                 ),
             ));
         }
-        if !v1beta1 && spec.custom_version.is_some() {
+        if v1alpha1 && spec.custom_version.is_some() {
             return Err(FieldError::new(
                 "spec.customVersion",
                 format!("is v1beta1's; in v1alpha1 set the label {CUSTOM_VERSION_LABEL}"),

@@ -207,3 +207,52 @@ fn the_hash_follows_the_containers_only() {
     b.spec.containers[0].container.image = Some("r.example/p:2".to_owned());
     assert_ne!(a.hash(), b.hash());
 }
+
+#[test]
+fn kruises_published_examples_are_valid_sidecar_sets() {
+    let corpus =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/integration/kruise-corpus");
+    for file in [
+        "sidecarset-v1alpha1.yaml",
+        "sidecarset-v1beta1.yaml",
+        "sidecarset-native-sidecar.yaml",
+        "sidecarset-log-filebeat.yaml",
+        "sidecarset-downward-api.yaml",
+    ] {
+        let text = std::fs::read_to_string(corpus.join(file))
+            .unwrap()
+            .replace("${ID}", "t1")
+            .replace("${IMAGE}", "r.example/i:1");
+        let set: SidecarSet =
+            serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
+        set.validate().unwrap_or_else(|e| panic!("{file}: {e}"));
+    }
+}
+
+#[test]
+fn a_set_served_in_the_stored_version_keeps_what_its_version_wrote() {
+    // v1alpha1's spec.namespace, read back as v1beta1 (no conversion webhook).
+    let served: SidecarSet = serde_json::from_value(serde_json::json!({
+        "apiVersion": crate::fields::KRUISE_API_VERSION_V1BETA1, "kind": KIND,
+        "metadata": {"name": "agent"},
+        "spec": {"selector": {"matchLabels": {"a": "b"}}, "namespace": "default",
+            "containers": [{"name": "p", "image": "r.example/p:1"}]},
+    }))
+    .unwrap();
+    assert!(served.validate().is_err(), "applied so, it is refused");
+    served.validate_served().unwrap();
+    assert!(served.matches(
+        "default",
+        &BTreeMap::from([("a".to_owned(), "b".to_owned())])
+    ));
+    // What no version allows stays refused.
+    let mut empty = served;
+    empty.spec.selector = crate::fields::LabelSelector::default();
+    assert!(
+        empty
+            .validate_served()
+            .unwrap_err()
+            .to_string()
+            .starts_with("spec.selector: is required")
+    );
+}

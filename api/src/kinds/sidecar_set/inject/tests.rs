@@ -2,6 +2,7 @@
 
 use serde_json::json;
 
+use super::super::NAMESPACE_NAME_LABEL;
 use super::*;
 use crate::fields::KRUISE_API_VERSION_V1BETA1;
 use crate::object::Object;
@@ -332,6 +333,11 @@ fn merge_patches_follow_rfc_7386() {
     }
 }
 
+/// The labels of the test pods' namespace, as the API server has them.
+fn shop() -> BTreeMap<String, String> {
+    BTreeMap::from([(NAMESPACE_NAME_LABEL.to_owned(), "shop".to_owned())])
+}
+
 /// A Pod as `kubectl create` sends it to the webhook.
 fn kube_pod(spec: &serde_json::Value) -> core::Pod {
     serde_json::from_value(json!({
@@ -416,7 +422,7 @@ fn kruise_log_sidecar_with_a_configmap_subpath_is_injected_field_for_field() {
         "volumeMounts": [{"name": "varlog", "mountPath": "/var/log/nginx"}]}],
         "volumes": [{"name": "varlog", "emptyDir": {}}]}),
     );
-    inject_kube(&mut pod, std::slice::from_ref(&versioned), NOW).unwrap();
+    inject_kube(&mut pod, std::slice::from_ref(&versioned), &shop(), NOW).unwrap();
     assert_eq!(
         read_annotations(&pod),
         kruise_annotations(&versioned.set, &["filebeat"])
@@ -462,7 +468,7 @@ fn kruise_native_sidecar_goes_after_the_pods_init_containers() {
     let mut pod = kube_pod(&json!({
         "initContainers": [{"name": "migrate", "image": "r.example/m:1"}],
         "containers": [{"name": "nginx", "image": "nginx:1.25"}]}));
-    inject_kube(&mut pod, std::slice::from_ref(&versioned), NOW).unwrap();
+    inject_kube(&mut pod, std::slice::from_ref(&versioned), &shop(), NOW).unwrap();
     let spec = serde_json::to_value(pod.spec.as_ref().unwrap()).unwrap();
     assert_eq!(
         spec["initContainers"],
@@ -512,7 +518,7 @@ fn shared_mounts_are_copied_whole_with_the_env_their_sub_path_expr_names() {
             {"name": "logs", "mountPath": "/var/log", "subPathExpr": "$(POD_NAME)"}]}],
         "volumes": [{"name": "data", "emptyDir": {}}, {"name": "logs", "emptyDir": {}}]}),
     );
-    inject_kube(&mut pod, std::slice::from_ref(&versioned), NOW).unwrap();
+    inject_kube(&mut pod, std::slice::from_ref(&versioned), &shop(), NOW).unwrap();
     let spec = serde_json::to_value(pod.spec.as_ref().unwrap()).unwrap();
     let shipper = &spec["containers"][0];
     // The sidecar's own /data wins over the pod's; the pod's /var/log comes whole, and
