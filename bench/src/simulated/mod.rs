@@ -137,19 +137,42 @@ impl Lab {
             token,
             extra: extra.to_vec(),
         };
-        lab.wait_listening()?;
+        lab.wait_ready()?;
         Ok((lab, ca, identity))
     }
 
-    pub fn wait_listening(&self) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&self.address).is_err() {
+    /// Until the controller listens and says it is ready (`/readyz`): on a store whose
+    /// replicas elect a leader, only once it leads — agents registering before would be
+    /// told "not the leader".
+    pub fn wait_ready(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(&self.address).is_err() || !self.ready() {
             if Instant::now() > deadline {
-                bail!("the controller did not listen on {}", self.address);
+                bail!(
+                    "the controller was not listening and ready on {} within 30 s",
+                    self.address
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(())
+    }
+
+    /// `GET /readyz` on the health address answers 200.
+    fn ready(&self) -> bool {
+        use std::io::{Read as _, Write as _};
+        let Ok(mut stream) = std::net::TcpStream::connect(&self.health) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+        if stream
+            .write_all(b"GET /readyz HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .is_err()
+        {
+            return false;
+        }
+        let mut head = [0u8; 12];
+        stream.read_exact(&mut head).is_ok() && head.ends_with(b"200")
     }
 
     /// SIGTERM, wait for the exit (how long it took), start a new process in its place.
