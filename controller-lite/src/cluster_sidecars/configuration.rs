@@ -28,7 +28,7 @@ use crate::store::Store;
 /// The MutatingWebhookConfiguration `deploy/kubernetes` installs and the controller
 /// keeps (its `webhooks`, nothing else).
 pub const CONFIGURATION_NAME: &str = "rigger-sidecar-injection";
-/// Where the webhook answers.
+/// Where the webhook answers: `/inject-sidecars/<SidecarSet>`.
 pub const WEBHOOK_PATH: &str = "/inject-sidecars";
 /// Never sent: the cluster's own and the controller's.
 pub const SYSTEM_NAMESPACE: &str = "kube-system";
@@ -97,19 +97,21 @@ fn entry(
         }
     }
     let bundle = Some(ByteString(ca_bundle.as_bytes().to_vec()));
+    // Each entry calls the webhook for its own set (once per pod: reinvocation Never).
+    let path = format!("{WEBHOOK_PATH}/{}", set.metadata.name);
     let client_config = match address {
         WebhookAddress::Service { namespace, name } => WebhookClientConfig {
             service: Some(ServiceReference {
                 namespace: namespace.clone(),
                 name: name.clone(),
-                path: Some(WEBHOOK_PATH.to_owned()),
+                path: Some(path),
                 port: Some(443),
             }),
             ca_bundle: bundle,
             url: None,
         },
         WebhookAddress::Url { base, .. } => WebhookClientConfig {
-            url: Some(format!("{base}{WEBHOOK_PATH}")),
+            url: Some(format!("{base}{path}")),
             ca_bundle: bundle,
             service: None,
         },
@@ -286,7 +288,7 @@ mod tests {
         assert_eq!(
             value[0]["clientConfig"]["service"],
             json!({"namespace": "rigger-system", "name": "rigger-controller",
-                "path": "/inject-sidecars", "port": 443})
+                "path": "/inject-sidecars/mesh", "port": 443})
         );
         assert_eq!(
             value[1]["namespaceSelector"]["matchLabels"],
@@ -305,7 +307,7 @@ mod tests {
         let by_url = desired(&sets[..1], &url, "CA", "rigger-system");
         assert_eq!(
             by_url[0].client_config.url.as_deref(),
-            Some("https://127.0.0.1:9443/inject-sidecars")
+            Some("https://127.0.0.1:9443/inject-sidecars/mesh")
         );
         assert!(!current(&by_url, &entries[..1]));
     }

@@ -209,12 +209,10 @@ pub(crate) fn member_of(set: &SidecarSet, hash: &str, pod: &InjectedPod) -> Opti
     )?;
     // Kruise's annotations are the pod's creator's to write: a pod is the set's only if
     // every sidecar they name is one the webhook injected (else a forged list would
-    // steer the rollout to the pod's own containers, or hold its budget).
-    member
-        .version
-        .sidecar_list
-        .iter()
-        .all(|name| pod.marked.contains(name))
+    // steer the rollout to the pod's own containers, or hold its budget; an empty one
+    // names none).
+    let sidecars = &member.version.sidecar_list;
+    (!sidecars.is_empty() && sidecars.iter().all(|name| pod.marked.contains(name)))
         .then_some(member)
 }
 

@@ -25,11 +25,11 @@ const INJECTED_LISTS: [&str; 4] = [
 ];
 
 /// The answer to `request` (`sent` is the pod as the API server sent it, every field):
-/// allowed, with the sidecars as a patch when some SidecarSet matches and has not been
-/// injected yet (the webhook is called once per matching SidecarSet: the first call
-/// injects them all, the others find them there); refused, with the reason, when a
-/// version asked for is not recorded or a sidecar's name is the pod's own. `chance`
-/// decides `injectionStrategy.revision.policy: Partial`.
+/// allowed, with the sidecars of the catalog's sets that match the pod as a patch (the
+/// webhook is called once per matching SidecarSet, each call with its own; a pod's
+/// annotations, which its creator writes, neither skip nor steer it); refused, with the
+/// reason, when a version asked for is not recorded or a sidecar's name is one the pod
+/// has. `chance` decides `injectionStrategy.revision.policy: Partial`.
 pub fn answer(
     request: &AdmissionRequest<Pod>,
     sent: &Value,
@@ -133,7 +133,6 @@ fn versions_for(
         if set.validate_served().is_err()
             || set.spec.injection_strategy.paused
             || !set.matches_in(namespace, namespace_labels, &labels)
-            || injected_here(pod, set)
         {
             continue;
         }
@@ -142,39 +141,6 @@ fn versions_for(
         versions.push(Versioned { set, revision });
     }
     Ok(versions)
-}
-
-/// Whether `set`'s sidecars are in `pod` already, each marked injected: what another
-/// call of the webhook (another matching set's entry) left. Kruise's annotations alone
-/// do not say so — a pod's creator may write them to opt out.
-fn injected_here(pod: &Pod, set: &SidecarSet) -> bool {
-    let spec = pod.spec.as_ref();
-    let marked = |name: &str| {
-        spec.into_iter()
-            .flat_map(|s| {
-                s.containers
-                    .iter()
-                    .chain(s.init_containers.iter().flatten())
-            })
-            .any(|c| {
-                c.name == name
-                    && c.env.iter().flatten().any(|e| {
-                        e.name == sidecar_set::INJECTED_ENV && e.value.as_deref() == Some("true")
-                    })
-            })
-    };
-    let mut names = Vec::new();
-    for sidecar in &set.spec.containers {
-        match sidecar.upgrade_strategy.upgrade_type {
-            sidecar_set::UpgradeType::HotUpgrade => {
-                names.push(format!("{}-1", sidecar.name()));
-                names.push(format!("{}-2", sidecar.name()));
-            }
-            sidecar_set::UpgradeType::ColdUpgrade => names.push(sidecar.name().to_owned()),
-        }
-    }
-    names.extend(set.spec.init_containers.iter().map(|s| s.name().to_owned()));
-    !names.is_empty() && names.iter().all(|name| marked(name))
 }
 
 #[cfg(test)]
@@ -267,16 +233,6 @@ mod tests {
         // The namespace stays the request's to set.
         assert!(after["metadata"].get("namespace").is_none());
 
-        // Called again (another matching SidecarSet's webhook entry): nothing more.
-        let again = answer(
-            &review(&after, "CREATE"),
-            &after,
-            &catalog(),
-            &shop(),
-            NOW,
-            0.5,
-        );
-        assert!(again.allowed && again.patch.is_none());
         // Kruise's annotations written by the pod's creator do not opt it out.
         let mut forged = pod;
         forged["metadata"]["annotations"] = after["metadata"]["annotations"].clone();

@@ -201,12 +201,26 @@ async fn handle(
     reading: Reading<'_>,
     answering: &Arc<Semaphore>,
 ) -> Response<Full<Bytes>> {
-    if request.uri().path() != WEBHOOK_PATH {
+    // `/inject-sidecars/<SidecarSet>`: the set whose webhook entry called.
+    let Some(set) = request
+        .uri()
+        .path()
+        .strip_prefix(WEBHOOK_PATH)
+        .and_then(|rest| rest.strip_prefix('/'))
+        .filter(|name| {
+            !name.is_empty()
+                && name.len() <= 253
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        })
+        .map(str::to_owned)
+    else {
         return plain(
             StatusCode::NOT_FOUND,
-            format!("only {WEBHOOK_PATH} is served here"),
+            format!("only {WEBHOOK_PATH}/<SidecarSet> is served here"),
         );
-    }
+    };
     if request.method() != Method::POST {
         return plain(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -242,7 +256,7 @@ async fn handle(
         Ok(request) => request,
         Err(error) => return plain(StatusCode::BAD_REQUEST, format!("{error}")),
     };
-    let response = match catalog_for(reading, &request).await {
+    let response = match catalog_for(reading, &request, &set).await {
         Ok((catalog, namespace_labels)) => {
             let Ok(_answering) = answering.clone().acquire_owned().await else {
                 return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down".to_owned());
@@ -278,11 +292,12 @@ async fn handle(
     }
 }
 
-/// The SidecarSets that match the pod under review, with their recorded versions, and
-/// its namespace's labels (read when a set selects namespaces by them).
+/// SidecarSet `only` with its recorded versions when it matches the pod under review,
+/// and the namespace's labels (read when the set selects namespaces by them).
 async fn catalog_for(
     reading: Reading<'_>,
     request: &AdmissionRequest<Pod>,
+    only: &str,
 ) -> Result<(Vec<(SidecarSet, History)>, BTreeMap<String, String>), String> {
     let Some(pod) = &request.object else {
         return Ok((Vec::new(), BTreeMap::new()));
@@ -295,11 +310,14 @@ async fn catalog_for(
         .or(request.namespace.as_deref())
         .unwrap_or("default");
     let labels = pod.metadata.labels.clone().unwrap_or_default();
-    let sets = reading
+    let sets: Vec<_> = reading
         .store
         .list_objects::<SidecarSet>()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .filter(|s| s.value.metadata.name == only)
+        .collect();
     let namespace_labels = if sets.iter().any(|s| s.value.selects_namespaces()) {
         reading
             .namespaces

@@ -46,6 +46,8 @@ pub(super) enum Outcome {
     Unchanged,
     Created,
     Configured,
+    /// Marked for deletion, and the apply left it no finalizer: gone.
+    Deleted,
 }
 
 impl Outcome {
@@ -54,6 +56,7 @@ impl Outcome {
             Outcome::Unchanged => "unchanged",
             Outcome::Created => "created",
             Outcome::Configured => "configured",
+            Outcome::Deleted => "deleted",
         };
         match dry_run && self != Outcome::Unchanged {
             true => format!("{word} (dry run)"),
@@ -237,14 +240,18 @@ impl ControlService {
             if !dry_run {
                 let kind = super::kind_of(T::INFO.name)?;
                 let name = meta.name.clone();
-                self.remove(kind, &draft.namespace, &name, "finalizers", false)
+                // At the version read: a finalizer added meanwhile keeps it.
+                let at = draft.old_revision.map(Precondition::Revision);
+                self.remove(kind, &draft.namespace, &name, "finalizers", at)
                     .await?;
             }
+            // Nothing written: what an apply would do next (an image list's jobs, a
+            // SidecarSet's history) is not done for an object that is gone.
             return Ok(Committed {
-                outcome: Outcome::Configured,
+                outcome: Outcome::Deleted,
                 dry_run,
                 revision: draft.old_revision.unwrap_or(0),
-                written: !dry_run,
+                written: false,
             });
         }
         if old == Some(&draft.object) {

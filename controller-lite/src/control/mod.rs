@@ -467,26 +467,27 @@ impl Control for ControlService {
         } else {
             ""
         };
-        self.remove(kind, namespace, &request.name, &user, true)
+        self.remove(kind, namespace, &request.name, &user, None)
             .await?;
         Ok(Response::new(DeleteResponse {}))
     }
 }
 
 impl ControlService {
-    /// Delete object `name` of `kind` and what goes with it. With `finalizers`, one that
-    /// still has some is only marked (`metadata.deletionTimestamp`), as Kubernetes does;
-    /// it goes once an apply leaves it none (which calls this without).
+    /// Delete object `name` of `kind` and what goes with it. Asked by a user (`at`
+    /// `None`), one that still has finalizers is only marked
+    /// (`metadata.deletionTimestamp`), as Kubernetes does; it goes once an apply leaves
+    /// it none, which calls this `at` the version that apply read.
     pub(super) async fn remove(
         &self,
         kind: Kind,
         namespace: &str,
         name: &str,
         user: &str,
-        finalizers: bool,
+        at: Option<Precondition>,
     ) -> Result<(), Status> {
         let key = ObjectKey::new(kind.name(), namespace, name);
-        if finalizers
+        if at.is_none()
             && let Some(stored) = self.store.get(key.clone()).await.map_err(store_status)?
             && let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(&stored.object)
             && value["metadata"]["finalizers"]
@@ -517,7 +518,7 @@ impl ControlService {
             _ => None,
         };
         self.store
-            .delete(key.clone(), Precondition::Any)
+            .delete(key.clone(), at.unwrap_or(Precondition::Any))
             .await
             .map_err(store_status)?;
         tracing::info!(object = %key, %user, "deleted");

@@ -44,10 +44,18 @@ impl Placed {
         }
     }
 
+    /// `before`, the pod's containers, `after` — where the pod's containers start with
+    /// sidecars another SidecarSet injected (the webhook is called once per matching
+    /// set), `before` goes after those, so that sets injected one call at a time end up
+    /// where they would all at once.
     fn around(mut self, own: Vec<core::Container>) -> Vec<core::Container> {
-        self.before.extend(own);
-        self.before.append(&mut self.after);
-        self.before
+        let lead = own.iter().take_while(|c| is_injected_kube(c)).count();
+        let mut own = own.into_iter();
+        let mut out: Vec<core::Container> = own.by_ref().take(lead).collect();
+        out.append(&mut self.before);
+        out.extend(own);
+        out.append(&mut self.after);
+        out
     }
 }
 

@@ -562,3 +562,55 @@ fn what_only_kubelet_runs_is_refused_for_riggers_own_pods_naming_the_field() {
         "{err}"
     );
 }
+
+#[test]
+fn sets_injected_one_call_at_a_time_end_up_as_all_at_once() {
+    // The webhook is called once per matching SidecarSet, each call injecting its own.
+    let sets = [
+        kube_set(
+            "a-mesh",
+            KRUISE_API_VERSION_V1BETA1,
+            &json!({"selector": {"matchLabels": {"app": "nginx"}},
+                "containers": [{"name": "proxy", "image": "r.example/p:1"},
+                    {"name": "logger", "image": "r.example/l:1", "podInjectPolicy": "AfterAppContainer"}],
+                "initContainers": [{"name": "a-init", "image": "r.example/i:1"}]}),
+        ),
+        kube_set(
+            "b-audit",
+            KRUISE_API_VERSION_V1BETA1,
+            &json!({"selector": {"matchLabels": {"app": "nginx"}},
+                "containers": [{"name": "audit", "image": "r.example/a:1"},
+                    {"name": "shipper", "image": "r.example/s:1", "podInjectPolicy": "AfterAppContainer"}],
+                "initContainers": [{"name": "b-init", "image": "r.example/i:1"}]}),
+        ),
+    ];
+    let spec = json!({"initContainers": [{"name": "migrate", "image": "r.example/m:1"}],
+        "containers": [{"name": "nginx", "image": "nginx:1.25"}]});
+    let mut at_once = kube_pod(&spec);
+    inject_kube(&mut at_once, &sets, &shop(), NOW).unwrap();
+    let mut one_by_one = kube_pod(&spec);
+    for set in &sets {
+        inject_kube(&mut one_by_one, std::slice::from_ref(set), &shop(), NOW).unwrap();
+    }
+    let names = |pod: &core::Pod, list: &str| -> Vec<String> {
+        serde_json::to_value(pod.spec.as_ref().unwrap()).unwrap()[list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        names(&one_by_one, "containers"),
+        ["proxy", "audit", "nginx", "logger", "shipper"]
+    );
+    assert_eq!(
+        names(&one_by_one, "containers"),
+        names(&at_once, "containers")
+    );
+    assert_eq!(
+        names(&one_by_one, "initContainers"),
+        names(&at_once, "initContainers")
+    );
+    assert_eq!(read_annotations(&one_by_one), read_annotations(&at_once));
+}
