@@ -151,8 +151,26 @@ impl Cluster {
 
     /// A fresh namespace for one test (deleted objects and all when dropped).
     pub fn namespace(&'static self, prefix: &str) -> Namespace {
+        self.namespace_labelled(prefix, &[])
+    }
+
+    /// A namespace made with its `labels` from the start: the API server matches a
+    /// webhook's namespaceSelector from its own cache of namespaces, which a label added
+    /// later reaches only a moment later (as on any cluster).
+    pub fn namespace_labelled(&'static self, prefix: &str, labels: &[(&str, &str)]) -> Namespace {
         let name = format!("{prefix}-{}-{}", std::process::id(), fastrand_suffix());
-        self.kubectl_ok(&["create", "namespace", &name]);
+        let labels: serde_json::Map<String, serde_json::Value> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(*v)))
+            .collect();
+        let namespace = serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": labels}});
+        let out = self.kubectl_stdin(&["create"], &namespace.to_string());
+        assert!(
+            out.status.success(),
+            "kubectl create namespace {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Namespace {
             cluster: self,
             name,
@@ -290,6 +308,29 @@ impl Cluster {
             out.status.success(),
             "kubectl apply webhook.yaml: {}",
             String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Cluster {
+    /// Wait until the SidecarSet webhook's configuration has an entry for each of `sets`
+    /// (the leader writes them once it has read the sets).
+    pub fn wait_for_sidecar_webhook(&self, sets: &[String]) {
+        crate::wait_until(
+            "the webhook configuration to list the SidecarSets",
+            std::time::Duration::from_secs(30),
+            || {
+                let configuration =
+                    self.get_json(&["mutatingwebhookconfiguration", "rigger-sidecar-injection"])?;
+                let names: Vec<&str> = configuration["webhooks"]
+                    .as_array()?
+                    .iter()
+                    .filter_map(|w| w["name"].as_str())
+                    .collect();
+                sets.iter()
+                    .all(|set| names.contains(&format!("{set}.sidecarsets.rigger.dev").as_str()))
+                    .then_some(())
+            },
         );
     }
 }

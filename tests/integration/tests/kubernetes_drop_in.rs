@@ -590,15 +590,7 @@ fn the_controllers_roles_grant_exactly_the_calls_it_makes() {
         )
     };
     apply(&sidecar_set("r.example/proxy:1"));
-    wait_until("the set's webhook entry", Duration::from_secs(30), || {
-        let configuration =
-            cluster.get_json(&["mutatingwebhookconfiguration", "rigger-sidecar-injection"])?;
-        configuration["webhooks"]
-            .as_array()?
-            .iter()
-            .any(|w| w["name"] == format!("{set}.sidecarsets.rigger.dev"))
-            .then_some(())
-    });
+    cluster.wait_for_sidecar_webhook(std::slice::from_ref(&set));
     let injected = serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "side", "namespace": apps.name, "labels": {"app": set}},

@@ -271,15 +271,7 @@ fn an_image_change_rolls_out_within_max_unavailable_partition_and_paused() {
         cluster,
         &manifest("r.example/proxy:1", "{maxUnavailable: 2, partition: 3}", ""),
     );
-    wait_until("the set's webhook entry", Duration::from_secs(30), || {
-        let configuration =
-            cluster.get_json(&["mutatingwebhookconfiguration", "rigger-sidecar-injection"])?;
-        configuration["webhooks"]
-            .as_array()?
-            .iter()
-            .any(|w| w["name"] == format!("{set}.sidecarsets.rigger.dev"))
-            .then_some(())
-    });
+    cluster.wait_for_sidecar_webhook(std::slice::from_ref(&set));
     for i in 0..10 {
         create_pod(cluster, &apps.name, &format!("web-{i}"), &set);
     }
@@ -421,15 +413,7 @@ fn a_hot_upgrade_starts_the_new_slot_then_empties_the_old_and_a_broken_image_cha
         )
     };
     apply(cluster, &manifest("r.example/agent:1"));
-    wait_until("the set's webhook entry", Duration::from_secs(30), || {
-        let configuration =
-            cluster.get_json(&["mutatingwebhookconfiguration", "rigger-sidecar-injection"])?;
-        configuration["webhooks"]
-            .as_array()?
-            .iter()
-            .any(|w| w["name"] == format!("{set}.sidecarsets.rigger.dev"))
-            .then_some(())
-    });
+    cluster.wait_for_sidecar_webhook(std::slice::from_ref(&set));
     create_pod(cluster, &apps.name, "api", &set);
     let kubelet = StandInKubelet::start(cluster, apps.name.clone());
     wait_for_updated(cluster, &set, 1);

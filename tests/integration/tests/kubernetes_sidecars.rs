@@ -15,8 +15,6 @@ use rigger_integration_tests::kubernetes::{Cluster, Made, corpus};
 use rigger_integration_tests::wait_until;
 use serde_json::{Value, json};
 
-const CONFIGURATION: &str = "rigger-sidecar-injection";
-
 /// Apply corpus example `file` (filled with `id`) with kubectl.
 fn apply(cluster: &Cluster, file: &str, id: &str) {
     let out = cluster.kubectl_stdin(&["apply"], &corpus(file, id, "unused", "busybox:1.36"));
@@ -24,26 +22,6 @@ fn apply(cluster: &Cluster, file: &str, id: &str) {
         out.status.success(),
         "{file}: {}",
         String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Wait until the webhook configuration has an entry for each of `sets`.
-fn wait_for_entries(cluster: &Cluster, sets: &[String]) {
-    wait_until(
-        "the webhook configuration to list the SidecarSets",
-        Duration::from_secs(30),
-        || {
-            let configuration =
-                cluster.get_json(&["mutatingwebhookconfiguration", CONFIGURATION])?;
-            let names: Vec<&str> = configuration["webhooks"]
-                .as_array()?
-                .iter()
-                .filter_map(|w| w["name"].as_str())
-                .collect();
-            sets.iter()
-                .all(|set| names.contains(&format!("{set}.sidecarsets.rigger.dev").as_str()))
-                .then_some(())
-        },
     );
 }
 
@@ -144,7 +122,7 @@ fn kruises_sidecarset_examples_are_injected_into_pods_made_with_kubectl_field_fo
             .map(|set| ("sidecarset".to_owned(), set.clone()))
             .collect(),
     };
-    wait_for_entries(cluster, &sets);
+    cluster.wait_for_sidecar_webhook(&sets);
 
     // Kruise's manual's SidecarSet (v1beta1, every field): a pod of the default namespace.
     let pod = create(
@@ -354,7 +332,7 @@ fn while_no_controller_answers_matched_pods_are_refused_and_others_created() {
         cluster,
         objects: vec![("sidecarset".to_owned(), set.clone())],
     };
-    wait_for_entries(cluster, std::slice::from_ref(&set));
+    cluster.wait_for_sidecar_webhook(std::slice::from_ref(&set));
     let pod = |name: &str, app: &str| {
         json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": apps.name.as_str(), "labels": {"app": app}},
@@ -401,9 +379,8 @@ fn a_namespace_selector_matches_the_namespaces_own_labels() {
     let cluster = Cluster::get();
     let _exclusive = cluster.exclusive();
     let namespace = cluster.namespace("sidecars-ns");
-    let team = cluster.namespace("sidecar-team");
+    let team = cluster.namespace_labelled("sidecar-team", &[("team", "payments")]);
     let other = cluster.namespace("sidecar-other");
-    cluster.kubectl_ok(&["label", "namespace", &team.name, "team=payments"]);
     let dir = tempfile::tempdir().unwrap();
     let id = format!("ns{}", std::process::id());
     let set = format!("team-{id}");
@@ -426,7 +403,7 @@ fn a_namespace_selector_matches_the_namespaces_own_labels() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    wait_for_entries(cluster, std::slice::from_ref(&set));
+    cluster.wait_for_sidecar_webhook(std::slice::from_ref(&set));
     let pod = |namespace: &str| {
         json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": "web", "namespace": namespace, "labels": {"app": set}},
