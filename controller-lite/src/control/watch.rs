@@ -33,6 +33,9 @@ pub struct WatchHub {
 struct Feed {
     tx: broadcast::Sender<Arc<Change>>,
     state: Mutex<FeedState>,
+    /// Held from a listing to its update: listings apply in the order they were read,
+    /// so an older one never follows a newer one.
+    listing: tokio::sync::Mutex<()>,
 }
 
 /// An event and the namespace of its object (selections filter on it unparsed).
@@ -123,7 +126,15 @@ impl WatchHub {
         selection: Selection,
         resource_version: u64,
     ) -> Result<EventStream, Status> {
-        let feed = self.feed(service, kind).await?;
+        let (feed, fresh) = self.feed(service, kind).await?;
+        if resource_version == 0 && !fresh {
+            // Read your writes: the feed's listing can be a second old, older than a
+            // write this client just saw acknowledged (`apply && wait`). Listed again
+            // now; the changes go to every watcher, the new one starts from it.
+            let _listing = feed.listing.lock().await;
+            let listing = service.list_shown(kind, "").await?;
+            feed.update(listing);
+        }
         // Subscribed under the state lock: nothing between the snapshot and the stream
         // is missed or sent twice.
         let (rx, first) = {
@@ -177,25 +188,30 @@ impl WatchHub {
         Ok(Box::pin(tokio_stream::StreamExt::chain(first, later)))
     }
 
-    /// `kind`'s feed, started (listed once) if nobody watched it.
-    async fn feed(&self, service: &ControlService, kind: Kind) -> Result<Arc<Feed>, Status> {
+    /// `kind`'s feed, started (listed once, just now: `true`) if nobody watched it.
+    async fn feed(
+        &self,
+        service: &ControlService,
+        kind: Kind,
+    ) -> Result<(Arc<Feed>, bool), Status> {
         if let Some(feed) = lock(&self.feeds).get(&kind) {
-            return Ok(feed.clone());
+            return Ok((feed.clone(), false));
         }
         let listing = service.list_shown(kind, "").await?;
         let mut feeds = lock(&self.feeds);
         if let Some(feed) = feeds.get(&kind) {
-            return Ok(feed.clone()); // Another watcher started it meanwhile.
+            return Ok((feed.clone(), false)); // Another watcher started it meanwhile.
         }
         let feed = Arc::new(Feed {
             tx: broadcast::channel(HISTORY).0,
             state: Mutex::new(FeedState::default()),
+            listing: tokio::sync::Mutex::new(()),
         });
         lock(&feed.state).objects = listing.into_iter().collect();
         feeds.insert(kind, feed.clone());
         drop(feeds);
         tokio::spawn(poll(service.clone(), kind, feed.clone()));
-        Ok(feed)
+        Ok((feed, true))
     }
 }
 
@@ -220,6 +236,7 @@ async fn poll(service: ControlService, kind: Kind, feed: Arc<Feed>) {
                 return;
             }
         }
+        let _listing = feed.listing.lock().await;
         match service.list_shown(kind, "").await {
             Ok(listing) => feed.update(listing),
             Err(status) => tracing::warn!(%kind, error = %status.message(), "watch: cannot list"),
@@ -248,6 +265,7 @@ mod tests {
         let feed = Feed {
             tx: broadcast::channel(16).0,
             state: Mutex::new(FeedState::default()),
+            listing: tokio::sync::Mutex::new(()),
         };
         let mut rx = feed.tx.subscribe();
         feed.update(vec![object("a", 1), object("b", 1)]);

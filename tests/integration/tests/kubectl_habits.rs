@@ -435,3 +435,41 @@ fn object_metadata_is_kubernetes_whole() {
         "gone with its last finalizer"
     );
 }
+
+/// `apply && wait`, the line of every CI pipeline, a hundred times in a row: the wait
+/// sees the object its apply just wrote, even while another watch keeps the
+/// controller's feed of that kind (and its listing, up to a second old) alive.
+#[test]
+fn apply_then_wait_sees_the_write_every_time() {
+    use std::process::Stdio;
+
+    let dir = tempfile::tempdir().unwrap();
+    let controller = Controller::start(&dir.path().join("controller"));
+    let mut watcher = controller
+        .ctl_command(
+            "viewer",
+            &controller.endpoints,
+            &["get", "imagepulljobs", "-w", "-o", "name"],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    for i in 0..100 {
+        let name = format!("rw-{i}");
+        controller.apply_ok(&job("apps.kruise.io/v1beta1", &name));
+        let out = controller.ctl(&[
+            "wait",
+            &format!("imagepulljob/{name}"),
+            &format!("--for=jsonpath={{.metadata.name}}={name}"),
+            "--timeout=10s",
+        ]);
+        assert!(
+            out.status.success(),
+            "try {i}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let _ = watcher.kill();
+    let _ = watcher.wait();
+}
