@@ -22,7 +22,7 @@
 //! old slot serving, and the pod's status says why.
 
 use std::cmp::Reverse;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,15 +42,25 @@ pub fn history_key(set: &str) -> ObjectKey {
     ObjectKey::new(sidecar_set::HISTORY_KIND, "", set)
 }
 
-/// SidecarSet `set`'s recorded versions; an unreadable history is none (it only serves
-/// revision lookups).
-pub async fn read_history(store: &Store, set: &str) -> Result<sidecar_set::History, StoreError> {
+/// Every SidecarSet's recorded versions by set name, each with the precondition a write
+/// of it goes under; an unreadable history is none (it only serves revision lookups).
+/// One listing (on a Kubernetes store, from its watch), not a read per set.
+pub async fn histories(
+    store: &Store,
+) -> Result<HashMap<String, (sidecar_set::History, Precondition)>, StoreError> {
     Ok(store
-        .get(history_key(set))
+        .list(sidecar_set::HISTORY_KIND)
         .await?
-        .and_then(|s| crate::store::typed::decode::<sidecar_set::History>(s).ok())
-        .map(|h| h.value)
-        .unwrap_or_default())
+        .into_iter()
+        .map(|stored| {
+            let name = stored.key.name.clone();
+            let precondition = Precondition::Revision(stored.revision);
+            let history = crate::store::typed::decode::<sidecar_set::History>(stored)
+                .map(|h| h.value)
+                .unwrap_or_default();
+            (name, (history, precondition))
+        })
+        .collect())
 }
 
 /// One pod of a SidecarSet, as the rollout sees it (Rigger's own pods here; the

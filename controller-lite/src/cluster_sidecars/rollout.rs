@@ -22,7 +22,7 @@ use tokio::sync::Notify;
 
 use super::pods::{InjectedPod, InjectedPods, member_of, patch_of};
 use crate::events::{Event, EventSink, Regarding};
-use crate::sidecars::{Member, history_key, to_upgrade, upgraded};
+use crate::sidecars::{Member, histories, history_key, to_upgrade, upgraded};
 use crate::store::{Precondition, Store, StoreError};
 
 const TICK: Duration = Duration::from_secs(1);
@@ -89,17 +89,13 @@ impl crate::engine::Engine for ClusterRollout {
 
     async fn observe(&self) -> Result<Snapshot, StoreError> {
         let store = &self.inner.store;
+        let mut histories = histories(store).await?;
         let mut sets = Vec::new();
         for stored in store.list_objects::<SidecarSet>().await? {
             let set = stored.value;
-            let record = store.get(history_key(&set.metadata.name)).await?;
-            let precondition = record
-                .as_ref()
-                .map_or(Precondition::Absent, |r| Precondition::Revision(r.revision));
-            let history = record
-                .and_then(|r| crate::store::typed::decode::<History>(r).ok())
-                .map(|h| h.value)
-                .unwrap_or_default();
+            let (history, precondition) = histories
+                .remove(&set.metadata.name)
+                .unwrap_or((History::default(), Precondition::Absent));
             sets.push((set, history, precondition));
         }
         Ok(Snapshot {

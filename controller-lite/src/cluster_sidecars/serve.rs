@@ -327,16 +327,28 @@ async fn catalog_for(
     } else {
         BTreeMap::from([(NAMESPACE_NAME_LABEL.to_owned(), namespace.to_owned())])
     };
-    let mut catalog = Vec::new();
-    for stored in sets {
-        let set = stored.value;
-        if set.matches_in(namespace, &namespace_labels, &labels) {
-            let history = crate::sidecars::read_history(reading.store, &set.metadata.name)
-                .await
-                .map_err(|e| e.to_string())?;
-            catalog.push((set, history));
-        }
-    }
+    let matched: Vec<SidecarSet> = sets
+        .into_iter()
+        .map(|stored| stored.value)
+        .filter(|set| set.matches_in(namespace, &namespace_labels, &labels))
+        .collect();
+    let mut histories = if matched.is_empty() {
+        Default::default()
+    } else {
+        crate::sidecars::histories(reading.store)
+            .await
+            .map_err(|e| e.to_string())?
+    };
+    let catalog = matched
+        .into_iter()
+        .map(|set| {
+            let history = histories
+                .remove(&set.metadata.name)
+                .map(|(history, _)| history)
+                .unwrap_or_default();
+            (set, history)
+        })
+        .collect();
     Ok((catalog, namespace_labels))
 }
 
