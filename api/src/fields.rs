@@ -152,7 +152,7 @@ impl ValidateMeta for ObjectMeta {
     }
 }
 
-pub(crate) fn check_dns_subdomain(name: &str) -> Result<(), String> {
+pub fn check_dns_subdomain(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= 253
         && name

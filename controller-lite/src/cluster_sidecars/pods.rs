@@ -73,12 +73,7 @@ fn injected_of(pod: &Pod) -> Option<(String, InjectedPod)> {
                 .containers
                 .iter()
                 .chain(spec.init_containers.iter().flatten())
-                .filter(|c| {
-                    c.env.iter().flatten().any(|e| {
-                        e.name == rigger_api::sidecar_set::INJECTED_ENV
-                            && e.value.as_deref() == Some("true")
-                    })
-                })
+                .filter(|c| rigger_api::sidecar_set::is_injected_kube(c))
                 .map(|c| c.name.clone())
                 .collect(),
             node: spec.node_name.clone(),

@@ -207,13 +207,7 @@ async fn handle(
         .path()
         .strip_prefix(WEBHOOK_PATH)
         .and_then(|rest| rest.strip_prefix('/'))
-        .filter(|name| {
-            !name.is_empty()
-                && name.len() <= 253
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        })
+        .filter(|name| rigger_api::fields::check_dns_subdomain(name).is_ok())
         .map(str::to_owned)
     else {
         return plain(

@@ -308,6 +308,17 @@ const INSECURE_PLAINTEXT: Setting = Setting {
 };
 
 /// A PEM file that must hold at least one `label` block (CERTIFICATE, PRIVATE KEY).
+/// A DNS label, as Kubernetes names namespaces and Services: 1 to 63 of lowercase
+/// letters, digits and '-', not at either end.
+fn is_dns_label(name: &str) -> bool {
+    (1..=63).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
 fn check_pem(setting: Setting, path: &std::path::Path, label: &str) -> Result<(), ConfigError> {
     let bytes = rigger_daemon::config::read_small_file(path)
         .map_err(|e| setting.invalid(format!("{}: {e}", path.display())))?;

@@ -153,13 +153,7 @@ pub(super) fn kubernetes_settings(
                 .filter(|n| !n.is_empty())
         })
         .unwrap_or_else(|| "rigger-system".to_owned());
-    let label = namespace.len() <= 63
-        && namespace
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !namespace.starts_with('-')
-        && !namespace.ends_with('-');
-    if !label {
+    if !super::is_dns_label(&namespace) {
         return Err(KUBERNETES_NAMESPACE.invalid(format!("{namespace:?} is not a namespace name")));
     }
     settings.kubeconfig = kubeconfig;

@@ -138,7 +138,7 @@ pub(super) fn sidecar_webhook(
         }
         (None, service) => {
             let name = service.unwrap_or_else(|| DEFAULT_WEBHOOK_SERVICE.to_owned());
-            if !is_dns_label(&name) {
+            if !super::is_dns_label(&name) {
                 return Err(
                     SIDECAR_WEBHOOK_SERVICE.invalid(format!("{name:?} is not a Service name"))
                 );
@@ -178,15 +178,6 @@ fn url_host(url: &str) -> Result<String, String> {
         return Err(format!("{url:?} names no host"));
     }
     Ok(host)
-}
-
-fn is_dns_label(name: &str) -> bool {
-    (1..=63).contains(&name.len())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
 }
 
 #[cfg(test)]

@@ -334,7 +334,8 @@ pub fn is_injected(container: &Container) -> bool {
         .any(|e| e.name == INJECTED_ENV && e.value.as_deref() == Some("true"))
 }
 
-fn is_injected_kube(container: &core::Container) -> bool {
+/// The same, for Kubernetes' container.
+pub fn is_injected_kube(container: &core::Container) -> bool {
     container
         .env
         .iter()

@@ -36,7 +36,8 @@ pub use container::{
     SourceContainerNameSource, TransferEnvVar, UpgradeStrategy, UpgradeType,
 };
 pub use inject::{
-    Versioned, inject, inject_kube, injected, injected_by_annotations, is_injected, keep_injected,
+    Versioned, inject, inject_kube, injected, injected_by_annotations, is_injected,
+    is_injected_kube, keep_injected,
 };
 pub use revision::{HISTORY_KIND, History, Revision, RevisionNotFound, injected_revision};
 pub use update_strategy::{
