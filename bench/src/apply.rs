@@ -79,6 +79,7 @@ fn main() -> anyhow::Result<()> {
             &rigger_layer::ApplyTarget {
                 root,
                 lowers: Vec::new(),
+                bottom: true,
             },
         )?;
         ours.push(start.elapsed());

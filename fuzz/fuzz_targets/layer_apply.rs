@@ -525,6 +525,8 @@ fuzz_target!(|data: &[u8]| {
         &ApplyTarget {
             root: root.clone(),
             lowers: Vec::new(),
+            // Both ways whiteouts go: overlayfs' markers, and removals in a bottom layer.
+            bottom: data.len() % 2 == 1,
         },
     );
     assert_eq!(

@@ -20,6 +20,7 @@
 //! - hard links resolve within this layer only (a link to a lower layer's file fails);
 //! - owner, then xattrs, then mode, then times; directory times last of all.
 
+use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -45,6 +46,18 @@ pub enum ApplyError {
     Fs(#[from] FsError),
     #[error("reading the layer: {0}")]
     Read(std::io::Error),
+    /// containerd's applier fails the same way (its `mkparent` looks the directory up in
+    /// each lower layer and stops at `ENOTDIR`), so the image stays refused on both.
+    #[error(
+        "directory {0:?} is implied below a non-directory of a lower layer (containerd refuses the layer too)"
+    )]
+    ImpliedBelowNonDirectory(PathBuf),
+    /// containerd sets directory times in a last pass, by name: one the layer removed or
+    /// put below a non-directory since fails it there.
+    #[error(
+        "directory {0:?} of the layer is gone by its end (removed, or below a non-directory; containerd refuses the layer too)"
+    )]
+    DirectoryGone(PathBuf),
 }
 
 /// Where a layer goes: the snapshot's own directory, and the lower layers' directories
@@ -54,6 +67,11 @@ pub enum ApplyError {
 pub struct ApplyTarget {
     pub root: PathBuf,
     pub lowers: Vec<PathBuf>,
+    /// The image's bottom layer. containerd applies it to a plain directory, not through
+    /// overlayfs' conversion: a whiteout removes what it names (even what this layer
+    /// wrote), an opaque marker removes what this layer did not write, neither leaves a
+    /// marker. (A layer staged before its parent is committed is not a bottom layer.)
+    pub bottom: bool,
 }
 
 /// A reader that hashes what passes through it: the layer's diff ID.
@@ -109,7 +127,7 @@ pub fn apply_layer<R: Read>(reader: R, target: &ApplyTarget) -> Result<Applied, 
     let root = SnapshotRoot::open(&target.root)?;
     let lowers = open_lowers(&target.lowers)?;
     let mut hashing = DiffIdReader::new(reader);
-    let implied_parents = apply_entries(&mut hashing, &root, &lowers)?;
+    let implied_parents = apply_entries(&mut hashing, &root, &lowers, target.bottom)?;
     Ok(Applied {
         diff_id: hashing.finish().map_err(ApplyError::Read)?,
         implied_parents,
@@ -139,6 +157,9 @@ pub fn adopt_lowers(
     let root = SnapshotRoot::open(root)?;
     let lowers = open_lowers(lowers)?;
     for parent in implied {
+        // Looked up first, as containerd does when it creates the directory: a lower
+        // layer's non-directory above it refuses the layer even if the layer replaced it.
+        let lower = nearest_lower_dir(&lowers, &parent.path)?;
         let Some((parent_dir, name)) = split(&parent.path) else {
             continue;
         };
@@ -150,7 +171,7 @@ pub fn adopt_lowers(
         if dir.lstat(name)?.map(|s| s.kind) != Some(Kind::Directory) {
             continue;
         }
-        let Some(lower) = nearest_lower_dir(&lowers, &parent.path)? else {
+        let Some(lower) = lower else {
             continue;
         };
         let st = lower.stat()?;
@@ -170,13 +191,15 @@ fn split(path: &Path) -> Option<(&Path, &OsStr)> {
 }
 
 /// The directory at `rel` in the nearest lower layer that has something there:
-/// `None` when none has, or when the nearest one has a non-directory.
+/// `None` when none has, or when the nearest one has a non-directory; an error when a
+/// non-directory stands above it there (as containerd's `mkparent`).
 fn nearest_lower_dir(lowers: &[SnapshotRoot], rel: &Path) -> Result<Option<Dir>, ApplyError> {
     for lower in lowers {
         let walk = match lower.walk(rel, true) {
             Ok(walk) => walk,
-            // Something on the way is not a directory: the path ends here.
-            Err(e) if e.source.raw_os_error() == Some(nix_enotdir()) => return Ok(None),
+            Err(e) if e.source.raw_os_error() == Some(nix_enotdir()) => {
+                return Err(ApplyError::ImpliedBelowNonDirectory(rel.to_owned()));
+            }
             Err(e) => return Err(e.into()),
         };
         let depth = walk.resolved.components().count();
@@ -210,8 +233,8 @@ const COPY_BUFFER: usize = 128 << 10;
 
 /// Directory times are set last: creating entries in a directory changes its mtime.
 struct DirTimes {
-    parent: PathBuf,
-    name: OsString,
+    /// The entry's name as cleaned, resolved again at the end (as containerd does).
+    name: PathBuf,
     atime: Timespec,
     mtime: Timespec,
 }
@@ -220,8 +243,11 @@ fn apply_entries<R: Read>(
     reader: &mut R,
     root: &SnapshotRoot,
     lowers: &[SnapshotRoot],
+    bottom: bool,
 ) -> Result<Vec<ImpliedParent>, ApplyError> {
     let mut implied = Vec::new();
+    // Paths (resolved) this layer wrote: what an opaque marker keeps in a bottom layer.
+    let mut unpacked: HashSet<PathBuf> = HashSet::new();
     let mut archive = tar::Archive::new(reader);
     let mut dirs: Vec<DirTimes> = Vec::new();
     // The directory of the last entry: consecutive entries mostly share one. Forgotten
@@ -264,9 +290,14 @@ fn apply_entries<R: Read>(
         let uid = id(header.uid(), "uid")?;
         let gid = id(header.gid(), "gid")?;
 
-        // Whiteouts, converted to overlayfs' own markers.
+        // Whiteouts, converted to overlayfs' own markers (removals in a bottom layer).
         if base.as_bytes() == WHITEOUT_OPAQUE.as_bytes() {
-            parent.set_own_xattr(OsStr::new(OVERLAY_OPAQUE_XATTR), b"y")?;
+            if bottom {
+                remove_unpacked_not(parent, &unpacked)?;
+                cached = None;
+            } else {
+                parent.set_own_xattr(OsStr::new(OVERLAY_OPAQUE_XATTR), b"y")?;
+            }
             continue;
         }
         if let Some(original) = base.as_bytes().strip_prefix(WHITEOUT_PREFIX.as_bytes()) {
@@ -276,6 +307,11 @@ fn apply_entries<R: Read>(
                 )));
             }
             let original = OsStr::from_bytes(original);
+            if bottom {
+                parent.remove_all(original)?;
+                cached = None;
+                continue;
+            }
             // As containerd's mknod: a whiteout of something this layer itself holds is
             // refused, not taken as a removal.
             if parent.lstat(original)?.is_some() {
@@ -328,8 +364,9 @@ fn apply_entries<R: Read>(
                     .into_owned();
                 let target_rel = clean(&link)?;
                 hard_link(root, parent, &base, &target_rel)?;
-                // A hard link shares its target's mode.
-                has_mode = false;
+                // The link's own header sets the shared inode's mode (and owner and
+                // times), as containerd's lchmod does: unless it links a symlink.
+                has_mode = parent.lstat(&base)?.map(|s| s.kind) != Some(Kind::Symlink);
             }
             k if k.is_symlink() => {
                 let link = entry
@@ -389,10 +426,10 @@ fn apply_entries<R: Read>(
             made.chmod(mode)?;
         }
         let (atime, mtime) = times(&mut entry, &header);
+        unpacked.insert(parent.path().join(&base));
         if kind.is_dir() {
             dirs.push(DirTimes {
-                parent: parent.path().to_owned(),
-                name: base,
+                name: name.to_path_buf(),
                 atime,
                 mtime,
             });
@@ -404,15 +441,36 @@ fn apply_entries<R: Read>(
         }
     }
     for dir in dirs {
-        // Found again by the path it was created at, nothing followed: a directory the
-        // layer replaced since (by a symlink, say) is no longer reached.
-        if let Some(parent) = root.dir_nofollow(&dir.parent)?
-            && parent.lstat(&dir.name)?.map(|s| s.kind) == Some(Kind::Directory)
-        {
-            parent.set_times(&dir.name, dir.atime, dir.mtime)?;
-        }
+        // Resolved again by its name, symlinks followed inside the root, as containerd's
+        // final pass does: what the name reaches now gets the times; nothing there (or a
+        // non-directory on the way) fails the layer there too.
+        let walk = match root.walk(&dir.name, true) {
+            Ok(walk) => walk,
+            Err(e) if e.source.raw_os_error() == Some(nix_enotdir()) => {
+                return Err(ApplyError::DirectoryGone(dir.name));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let Some((parent, name)) = walk.last_entry()? else {
+            return Err(ApplyError::DirectoryGone(dir.name));
+        };
+        parent.set_times(name, dir.atime, dir.mtime)?;
     }
     Ok(implied)
+}
+
+/// containerd's opaque marker in a bottom layer: everything below `dir` this layer did not
+/// write goes (directories it wrote are kept and looked into).
+fn remove_unpacked_not(dir: &Dir, unpacked: &HashSet<PathBuf>) -> Result<(), ApplyError> {
+    for name in dir.names()? {
+        let path = dir.path().join(&name);
+        if !unpacked.contains(&path) {
+            dir.remove_all(&name)?;
+        } else if dir.lstat(&name)?.map(|s| s.kind) == Some(Kind::Directory) {
+            remove_unpacked_not(&dir.open_dir(&name)?, unpacked)?;
+        }
+    }
+    Ok(())
 }
 
 /// What an entry's attributes go to: the descriptor of a file just written, or an entry

@@ -16,7 +16,7 @@
 //! comes from containerd, and uses `/proc/thread-self/fd` for the one call Linux has no
 //! descriptor form of before 6.13 (an xattr on a symlink or device node).
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -311,6 +311,22 @@ impl Walk {
             .collect()
     }
 
+    /// The resolved path's last entry, as its directory and its name, when it exists
+    /// (`None` for the root itself or a path that does not exist).
+    pub fn last_entry(&self) -> Result<Option<(&Dir, &OsStr)>, FsError> {
+        let depth = self.resolved.components().count();
+        let Some(last) = self.resolved.file_name() else {
+            return Ok(None);
+        };
+        if self.existing == depth && self.dirs.len() >= 2 {
+            return Ok(Some((&self.dirs[self.dirs.len() - 2], last)));
+        }
+        if self.existing + 1 == depth && self.deepest().lstat(last)?.is_some() {
+            return Ok(Some((self.deepest(), last)));
+        }
+        Ok(None)
+    }
+
     /// The resolved path as a directory, if it is one.
     pub fn into_dir(mut self) -> Option<Dir> {
         if self.existing == self.resolved.components().count() {
@@ -451,6 +467,28 @@ impl Dir {
         target_dir.check_name(target)?;
         rustix::fs::linkat(&target_dir.fd, target, &self.fd, name, AtFlags::empty())
             .map_err(|e| FsError::new(&self.child(name), e))
+    }
+
+    /// The names in this directory (without `.` and `..`).
+    pub fn names(&self) -> Result<Vec<OsString>, FsError> {
+        let fail = |e| FsError::new(&self.path, e);
+        // The held descriptor is `O_PATH`: reading entries needs the directory opened.
+        let opened = rustix::fs::openat(
+            &self.fd,
+            c".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(fail)?;
+        let mut names = Vec::new();
+        for entry in rustix::fs::Dir::read_from(&opened).map_err(fail)? {
+            let entry = entry.map_err(fail)?;
+            let name = entry.file_name().to_bytes();
+            if name != b"." && name != b".." {
+                names.push(OsStr::from_bytes(name).to_owned());
+            }
+        }
+        Ok(names)
     }
 
     /// Remove `name` whatever it is (a directory with everything below it); nothing

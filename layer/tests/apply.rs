@@ -68,6 +68,7 @@ fn a_layer_applied_before_its_lowers_ends_up_as_if_applied_on_them() {
         &rigger_layer::ApplyTarget {
             root: on_lowers.clone(),
             lowers: vec![lower.clone()],
+            bottom: false,
         },
     )
     .unwrap();
@@ -92,6 +93,26 @@ fn a_layer_applied_before_its_lowers_ends_up_as_if_applied_on_them() {
     assert_eq!(mode & 0o7777, 0o750, "from the lower layer");
 }
 
+/// containerd's `mkparent` looks an implied directory up in each lower layer and fails
+/// on `ENOTDIR`: one right below a lower file is fine (replaced), one deeper refuses the
+/// layer — applied on the lowers or before them.
+#[test]
+fn an_implied_directory_below_a_lower_file_is_refused_as_containerd_does() {
+    let scene = Scene::new();
+    let lower = scene.lower("lower", |l| std::fs::write(l.join("lib"), b"a file").unwrap());
+    scene
+        .apply(Layer::default().file("lib/f", 0o644, b"x"), &[lower.clone()])
+        .unwrap();
+
+    let deeper = || Layer::default().file("lib/lib/h/f", 0o644, b"x");
+    let err = Scene::new().apply(deeper(), &[lower.clone()]).unwrap_err();
+    assert!(err.to_string().contains("implied below a non-directory"), "{err}");
+    let scene = Scene::new();
+    let applied = scene.apply(deeper(), &[]).unwrap();
+    let err = adopt_lowers(&scene.root, &[lower], &applied.implied_parents).unwrap_err();
+    assert!(err.to_string().contains("\"lib/lib\""), "{err}");
+}
+
 #[test]
 fn whiteouts_and_implied_parents() {
     let scene = Scene::new();
@@ -109,6 +130,7 @@ fn whiteouts_and_implied_parents() {
         &rigger_layer::ApplyTarget {
             root: scene.root.clone(),
             lowers: vec![lower],
+            bottom: false,
         },
     )
     .unwrap()

@@ -183,6 +183,7 @@ impl Scene {
             &ApplyTarget {
                 root: self.root.clone(),
                 lowers: lowers.to_vec(),
+                bottom: false,
             },
         )
     }

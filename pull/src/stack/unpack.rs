@@ -80,8 +80,8 @@ pub fn chain_ids(diff_ids: &[String]) -> Vec<String> {
 /// The snapshot the layer goes to, from the mounts `Snapshots.Prepare` returned, when it
 /// is one Rigger applies to itself: overlayfs' bind mount (the base layer) or overlay
 /// mount (its `upperdir` and `lowerdir`s). `None` for anything else, which containerd's
-/// diff service unpacks.
-fn apply_target(snapshotter: &str, mounts: &[Mount]) -> Option<ApplyTarget> {
+/// diff service unpacks. Without a `parent` it is the image's bottom layer.
+fn apply_target(snapshotter: &str, mounts: &[Mount], parent: Option<&str>) -> Option<ApplyTarget> {
     if snapshotter != "overlayfs" {
         return None;
     }
@@ -90,6 +90,7 @@ fn apply_target(snapshotter: &str, mounts: &[Mount]) -> Option<ApplyTarget> {
         "bind" => Some(ApplyTarget {
             root: PathBuf::from(&mount.source),
             lowers: Vec::new(),
+            bottom: parent.is_none(),
         }),
         "overlay" => {
             let option = |key: &str| {
@@ -103,6 +104,7 @@ fn apply_target(snapshotter: &str, mounts: &[Mount]) -> Option<ApplyTarget> {
                 lowers: option("lowerdir")
                     .map(|l| l.split(':').map(PathBuf::from).collect())
                     .unwrap_or_default(),
+                bottom: parent.is_none(),
             })
         }
         _ => None,
@@ -343,7 +345,7 @@ impl StreamingApply {
             };
             prepared
         };
-        let target = apply_target(snapshotter, &prepared.mounts);
+        let target = apply_target(snapshotter, &prepared.mounts, parent);
         let Some(target) = target.filter(|t| !staged || t.lowers.is_empty()) else {
             remove(store, snapshotter, &prepared.key).await;
             return Ok(None);
@@ -475,7 +477,7 @@ impl StreamingApply {
             return Ok(());
         };
         let moved = async {
-            let target = apply_target(&self.snapshotter, &prepared.mounts)
+            let target = apply_target(&self.snapshotter, &prepared.mounts, self.parent.as_deref())
                 .ok_or_else(|| promote_err("the snapshot is not an overlay".to_owned()))?;
             tokio::task::spawn_blocking(move || -> Result<(), String> {
                 // The new snapshot's directory is empty: the staged one takes its place,
@@ -518,7 +520,7 @@ pub async fn apply_from_store(
     let Some(prepared) = prepare(store, snapshotter, parent, chain_id).await? else {
         return Ok(()); // Another pull unpacked it first.
     };
-    let Some(target) = apply_target(snapshotter, &prepared.mounts) else {
+    let Some(target) = apply_target(snapshotter, &prepared.mounts, parent) else {
         return apply_with_diff_service(store, snapshotter, prepared, layer, diff_id, chain_id)
             .await;
     };

@@ -253,6 +253,7 @@ mod tests {
         let target = rigger_layer::ApplyTarget {
             root: root.clone(),
             lowers: Vec::new(),
+            bottom: false,
         };
         let applied = rigger_layer::apply_layer(bounded, &target);
         assert!(account.stopped(), "{applied:?}");

@@ -102,31 +102,84 @@ pub fn compare_with_ctr(node: &LabNode, repo_tag: &str, test: &str) {
 
 /// As [`compare_with_ctr`], both pulls unpacking into `snapshotter`.
 pub fn compare_with_ctr_in(node: &LabNode, snapshotter: &str, repo_tag: &str, test: &str) {
-    let lab = Lab::get();
     let ours = TestNamespace::on(node, &format!("{test}-agent"));
     let theirs = TestNamespace::on(node, &format!("{test}-ctr"));
-    let image = lab.image(repo_tag);
+    let image = Lab::get().image(repo_tag);
 
     // The agent first, so it really downloads (content is shared across namespaces).
     assert_pulled(&agent_pull_with(node, snapshotter, &ours.name, &[&image]));
-    let hosts = node.hosts_dir.display().to_string();
+    let pull = ctr_pull_args(node, snapshotter, &image);
+    node.ctr(&theirs.name, &pull.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_same_pull(node, snapshotter, &ours.name, &theirs.name, repo_tag);
+}
+
+/// How `repo_tag` ends when the agent pulls it and when `ctr images pull` does (overlayfs,
+/// the same containerd): both pull it, the same way ([`compare_with_ctr`]), or both refuse
+/// it, the agent leaving no image record and no half-unpacked snapshot. Whether it pulled.
+pub fn compare_outcome_with_ctr(node: &LabNode, repo_tag: &str, test: &str) -> bool {
+    let ours = TestNamespace::on(node, &format!("{test}-agent"));
+    let theirs = TestNamespace::on(node, &format!("{test}-ctr"));
+    let image = Lab::get().image(repo_tag);
+
+    let agent = agent_pull_with(node, "overlayfs", &ours.name, &[&image]);
+    let ctr = node
+        .ctr_command()
+        .args(["--namespace", &theirs.name])
+        .args(ctr_pull_args(node, "overlayfs", &image))
+        .output()
+        .unwrap();
+    let said = |out: &Output| {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        stderr.trim_end().lines().last().unwrap_or_default().to_owned()
+    };
+    match (agent.status.success(), ctr.status.success()) {
+        (true, true) => {
+            assert_same_pull(node, "overlayfs", &ours.name, &theirs.name, repo_tag);
+            true
+        }
+        (false, false) => {
+            let records = node.ctr(&ours.name, &["images", "ls", "-q"]);
+            assert!(records.trim().is_empty(), "refused, yet recorded: {records}");
+            let snapshots = node.ctr(&ours.name, &["snapshots", "ls"]);
+            assert!(!snapshots.contains("Active"), "{snapshots}");
+            false
+        }
+        (true, false) => panic!(
+            "{image}: the agent pulled what containerd {} refuses: {}",
+            node.version,
+            said(&ctr)
+        ),
+        (false, true) => panic!(
+            "{image}: the agent refused what containerd {} pulls: {}",
+            node.version,
+            said(&agent)
+        ),
+    }
+}
+
+/// `ctr images pull` of `image` into `snapshotter`, from the node's registry settings.
+fn ctr_pull_args(node: &LabNode, snapshotter: &str, image: &str) -> Vec<String> {
     let mut pull = vec![
-        "images",
-        "pull",
-        "--snapshotter",
-        snapshotter,
-        "--hosts-dir",
-        &hosts,
+        "images".to_owned(),
+        "pull".to_owned(),
+        "--snapshotter".to_owned(),
+        snapshotter.to_owned(),
+        "--hosts-dir".to_owned(),
+        node.hosts_dir.display().to_string(),
     ];
     if node.containerd == Containerd::V2_1 && snapshotter != "overlayfs" {
         // 2.x's transfer service unpacks only for the snapshotters its config lists
         // (overlayfs by default); ctr's own client-side pull unpacks anywhere.
-        pull.push("--local");
+        pull.push("--local".to_owned());
     }
-    pull.push(&image);
-    node.ctr(&theirs.name, &pull);
+    pull.push(image.to_owned());
+    pull
+}
 
-    // Same image record.
+/// `repo_tag`, pulled into namespaces `ours` (the agent) and `theirs` (ctr), ended the
+/// same: the same image record, the same labels on every blob, the same rootfs file for
+/// file.
+fn assert_same_pull(node: &LabNode, snapshotter: &str, ours: &str, theirs: &str, repo_tag: &str) {
     let record = |ns: &str| {
         node.ctr(ns, &["images", "ls"])
             .lines()
@@ -134,28 +187,19 @@ pub fn compare_with_ctr_in(node: &LabNode, snapshotter: &str, repo_tag: &str, te
             .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
             .collect::<Vec<_>>()
     };
-    assert_eq!(record(&ours.name), record(&theirs.name));
+    assert_eq!(record(ours), record(theirs));
 
-    // Same labels on every blob of the image.
-    let (manifest, manifest_digest) = lab.manifest(repo_tag);
-    assert_same_labels(
-        node,
-        &ours.name,
-        &theirs.name,
-        vec![manifest_digest],
-        &manifest,
-    );
+    let (manifest, manifest_digest) = Lab::get().manifest(repo_tag);
+    assert_same_labels(node, ours, theirs, vec![manifest_digest], &manifest);
 
-    // Same snapshots and the same rootfs, file by file.
-    let ids = diff_ids(node, &ours.name, repo_tag);
+    let ids = diff_ids(node, ours, repo_tag);
     let chain = top_chain_id(&ids);
-    let ours_root = MountedSnapshot::view_with(node, snapshotter, &ours.name, &chain);
-    let theirs_root = MountedSnapshot::view_with(node, snapshotter, &theirs.name, &chain);
+    let ours_root = MountedSnapshot::view_with(node, snapshotter, ours, &chain);
+    let theirs_root = MountedSnapshot::view_with(node, snapshotter, theirs, &chain);
     let (a, b) = (
         tree_listing(&ours_root.path),
         tree_listing(&theirs_root.path),
     );
-    assert!(!a.is_empty());
     for (path, entry) in &b {
         assert_eq!(a.get(path), Some(entry), "{path} differs");
     }

@@ -61,7 +61,7 @@ impl LabNode {
 
     /// This node's `ctr`, aimed at its socket, for callers that handle failure
     /// themselves (clean-ups).
-    fn ctr_command(&self) -> Command {
+    pub fn ctr_command(&self) -> Command {
         let mut command = Command::new(&self.ctr_path);
         command.arg("--address").arg(&self.address);
         command
