@@ -78,6 +78,17 @@ struct PullArgs {
     /// bigger ones are refused as they stream.
     #[arg(long, default_value = "8MiB", value_name = "BYTES")]
     max_document_size: bytesize::ByteSize,
+    /// A pull that would take the image filesystem past this percent used is refused
+    /// before it downloads (kubelet's `imageGCHighThresholdPercent`); 100: only what
+    /// does not fit at all.
+    #[arg(
+        long,
+        env = "RIGGER_AGENT_IMAGE_FS_THRESHOLD_PERCENT",
+        default_value_t = rigger_pull::disk_guard::DEFAULT_THRESHOLD_PERCENT,
+        value_parser = clap::value_parser!(u8).range(1..=100),
+        value_name = "PERCENT"
+    )]
+    image_fs_threshold_percent: u8,
     /// The agent's state directory; downloads in progress wait in its `spool/`, so a
     /// pull that is interrupted and run again continues where it stopped.
     #[arg(long, env = "RIGGER_AGENT_STATE_DIR", default_value = rigger_agent::DEFAULT_STATE_DIR, value_name = "DIR")]
@@ -206,6 +217,7 @@ fn pull(args: &PullArgs) -> anyhow::Result<()> {
             .stall_timeout
             .unwrap_or(rigger_pull::registry::DEFAULT_STALL_TIMEOUT),
         max_document_size: args.max_document_size.as_u64(),
+        image_fs_threshold_percent: Some(args.image_fs_threshold_percent),
         ..PullOptions::default()
     };
     let progress: std::sync::Arc<dyn Progress> = if std::io::stderr().is_terminal() {

@@ -25,8 +25,9 @@ impl Outcome {
     }
 }
 
-/// Values of `result` on `rigger_agent_pulls_total`.
-pub const PULL_RESULTS: [&str; 3] = ["succeeded", "present", "failed"];
+/// Values of `result` on `rigger_agent_pulls_total` (`refused_disk`: the disk guard
+/// refused it before it downloaded).
+pub const PULL_RESULTS: [&str; 4] = ["succeeded", "present", "failed", "refused_disk"];
 /// Values of `result` on the recreate and update counters.
 pub const OPERATION_RESULTS: [&str; 2] = ["succeeded", "failed"];
 /// Values of `result` on `rigger_agent_peer_requests_total`: a blob served, a request

@@ -99,14 +99,22 @@ fn a_layer_applied_before_its_lowers_ends_up_as_if_applied_on_them() {
 #[test]
 fn an_implied_directory_below_a_lower_file_is_refused_as_containerd_does() {
     let scene = Scene::new();
-    let lower = scene.lower("lower", |l| std::fs::write(l.join("lib"), b"a file").unwrap());
+    let lower = scene.lower("lower", |l| {
+        std::fs::write(l.join("lib"), b"a file").unwrap()
+    });
     scene
-        .apply(Layer::default().file("lib/f", 0o644, b"x"), &[lower.clone()])
+        .apply(
+            Layer::default().file("lib/f", 0o644, b"x"),
+            std::slice::from_ref(&lower),
+        )
         .unwrap();
 
     let deeper = || Layer::default().file("lib/lib/h/f", 0o644, b"x");
-    let err = Scene::new().apply(deeper(), &[lower.clone()]).unwrap_err();
-    assert!(err.to_string().contains("implied below a non-directory"), "{err}");
+    let err = Scene::new().apply(deeper(), std::slice::from_ref(&lower)).unwrap_err();
+    assert!(
+        err.to_string().contains("implied below a non-directory"),
+        "{err}"
+    );
     let scene = Scene::new();
     let applied = scene.apply(deeper(), &[]).unwrap();
     let err = adopt_lowers(&scene.root, &[lower], &applied.implied_parents).unwrap_err();

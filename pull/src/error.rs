@@ -44,9 +44,20 @@ pub enum PullError {
         attempts: u32,
         last: String,
     },
+    /// Refused before downloading: the image would take a filesystem past the threshold.
+    #[error("{image}: {source}")]
+    DiskGuard {
+        image: String,
+        source: crate::disk_guard::Refusal,
+    },
 }
 
 impl PullError {
+    /// The disk guard refused the pull (nothing was downloaded).
+    pub fn is_disk_guard(&self) -> bool {
+        matches!(self, Self::DiskGuard { .. })
+    }
+
     /// Every error names the image; a transfer error alone names only the blob.
     pub(crate) fn naming(self, image: &str) -> Self {
         match self {

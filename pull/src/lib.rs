@@ -23,6 +23,7 @@
 pub mod arriving;
 pub mod containerd;
 mod digest;
+pub mod disk_guard;
 pub mod error;
 pub mod fetch;
 mod layers;
@@ -63,6 +64,10 @@ pub struct Puller {
     options: PullOptions,
     /// The node's connections and rate, the blobs in flight: what all pulls share.
     shared: fetch::Shared,
+    /// Turns to pull an image, when the node limits images at once.
+    image_turns: Option<Arc<Semaphore>>,
+    /// What pulls in flight reserved on the image filesystem, when guarded.
+    disk_guard: Option<disk_guard::DiskGuard>,
 }
 
 impl Puller {
@@ -82,6 +87,12 @@ impl Puller {
         };
         Self {
             containerd,
+            image_turns: options
+                .max_parallel_images
+                .map(|n| Arc::new(Semaphore::new(n.max(1)))),
+            disk_guard: options
+                .image_fs_threshold_percent
+                .map(disk_guard::DiskGuard::new),
             options,
             shared,
         }
@@ -154,6 +165,25 @@ impl Puller {
     ) -> Result<PulledImage, PullError> {
         let reference = parse_reference(image)?;
         let name = reference.whole();
+        // The node's turn: images past its limit wait here, before any request.
+        let _turn = match &self.image_turns {
+            Some(turns) => {
+                if turns.available_permits() == 0 {
+                    tracing::info!(image = %name, "waiting for a turn: the node pulls at most {} images at once", self.options.max_parallel_images.unwrap_or(0));
+                }
+                Some(
+                    turns
+                        .clone()
+                        .acquire_owned()
+                        .await
+                        .map_err(|_| PullError::Image {
+                            image: name.clone(),
+                            detail: "the pull engine is shutting down".to_owned(),
+                        })?,
+                )
+            }
+            None => None,
+        };
         let registry = Arc::new(resolve::registry(
             &reference,
             docker_configs,
@@ -244,6 +274,8 @@ impl Puller {
         );
         let config = resolve::config(&transfer, &manifests, &self.options).await?;
         let chains = chain_ids(&config.diff_ids);
+        // Before any layer is fetched: held until the pull ends, whatever its end.
+        let _reservation = self.reserve_disk(name, store, &layers, &chains).await?;
         let bytes_downloaded = layers::fetch_and_stack(
             &transfer,
             &self.options.snapshotter,
@@ -274,5 +306,60 @@ impl Puller {
             bytes_from_peers: peers.as_ref().map_or(0, |p| p.received()),
             suspected_peers: peers.as_ref().map(|p| p.suspects()).unwrap_or_default(),
         })
+    }
+
+    /// What the image still needs on disk, reserved, or the disk guard's refusal: each
+    /// layer blob not in the content store, and each layer not unpacked yet at
+    /// [`disk_guard::INFLATE_ESTIMATE`] times its compressed size.
+    async fn reserve_disk(
+        &self,
+        name: &str,
+        store: &Store,
+        layers: &[oci_spec::image::Descriptor],
+        chains: &[String],
+    ) -> Result<Option<disk_guard::Reservation>, PullError> {
+        let Some(guard) = &self.disk_guard else {
+            return Ok(None);
+        };
+        let scope = store.scope();
+        let (mut content, mut unpacked) = (0u64, 0u64);
+        for (layer, chain) in layers.iter().zip(chains) {
+            let size = layer.size();
+            let digest = layer.digest().to_string();
+            if matches!(self.containerd.content_info(scope, &digest).await, Ok(None)) {
+                content = content.saturating_add(size);
+            }
+            if !self
+                .containerd
+                .snapshot_exists(scope, &self.options.snapshotter, chain)
+                .await
+                .unwrap_or(false)
+            {
+                let media_type = layer.media_type().to_string();
+                let inflate = match media::layer_compression(&media_type) {
+                    Ok(media::Compression::None) => 1,
+                    _ => disk_guard::INFLATE_ESTIMATE,
+                };
+                unpacked = unpacked.saturating_add(size.saturating_mul(inflate));
+            }
+        }
+        let mut needs = Vec::new();
+        if let Ok(Some(root)) = self.containerd.content_root().await {
+            needs.push((root, content));
+        }
+        if let Ok(Some(root)) = self
+            .containerd
+            .snapshotter_root(&self.options.snapshotter)
+            .await
+        {
+            needs.push((root, unpacked));
+        }
+        guard
+            .reserve(&needs)
+            .map(Some)
+            .map_err(|source| PullError::DiskGuard {
+                image: name.to_owned(),
+                source,
+            })
     }
 }

@@ -41,6 +41,11 @@ pub struct PullOptions {
     pub attempts: u32,
     /// Manifests, indexes and configs bigger than this are refused as they stream.
     pub max_document_size: u64,
+    /// Images pulled at once by the engine (kubelet's `maxParallelImagePulls`); others
+    /// wait their turn. `None`: no limit.
+    pub max_parallel_images: Option<usize>,
+    /// The disk guard's threshold (percent of the image filesystem used); `None`: off.
+    pub image_fs_threshold_percent: Option<u8>,
 }
 
 impl Default for PullOptions {
@@ -59,6 +64,8 @@ impl Default for PullOptions {
             stall_timeout: registry::DEFAULT_STALL_TIMEOUT,
             attempts: 5,
             max_document_size: registry::DEFAULT_MAX_DOCUMENT_SIZE,
+            max_parallel_images: None,
+            image_fs_threshold_percent: Some(crate::disk_guard::DEFAULT_THRESHOLD_PERCENT),
         }
     }
 }

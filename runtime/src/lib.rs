@@ -157,10 +157,24 @@ impl Runtime {
     /// The directory of containerd's local content store (its plugin's `root` export),
     /// as containerd sees it; `None` when its content plugin does not say.
     pub async fn content_root(&self) -> Result<Option<PathBuf>, CallError> {
+        self.plugin_root("type==io.containerd.content.v1").await
+    }
+
+    /// The directory of `snapshotter`'s snapshots (its plugin's `root` export), as
+    /// containerd sees it; `None` when the plugin does not say.
+    pub async fn snapshotter_root(&self, snapshotter: &str) -> Result<Option<PathBuf>, CallError> {
+        self.plugin_root(&format!(
+            "type==io.containerd.snapshotter.v1,id=={snapshotter}"
+        ))
+        .await
+    }
+
+    /// The `root` export of the first plugin `filter` selects.
+    async fn plugin_root(&self, filter: &str) -> Result<Option<PathBuf>, CallError> {
         let plugins = IntrospectionClient::new(self.channel())
             .max_decoding_message_size(crate::MAX_RECEIVE_MESSAGE_SIZE)
             .plugins(Request::new(PluginsRequest {
-                filters: vec!["type==io.containerd.content.v1".to_owned()],
+                filters: vec![filter.to_owned()],
             }))
             .await
             .map_err(|s| CallError::new("list containerd plugins", s))?

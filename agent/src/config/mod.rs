@@ -46,6 +46,8 @@ pub struct AgentConfigFile {
     pub max_connections: Option<usize>,
     pub limit_rate: Option<String>,
     pub max_document_size: Option<String>,
+    pub max_parallel_image_pulls: Option<usize>,
+    pub image_fs_threshold_percent: Option<u8>,
     pub ca_file: Option<PathBuf>,
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
@@ -122,6 +124,19 @@ pub struct RunArgs {
     /// bigger ones are refused as they stream [default: 8MiB].
     #[arg(long, env = "RIGGER_AGENT_MAX_DOCUMENT_SIZE", value_name = "BYTES")]
     pub max_document_size: Option<String>,
+    /// Images pulled at once on this node, over jobs, pods and updates (kubelet's
+    /// `maxParallelImagePulls`); the others wait their turn [default: no limit].
+    #[arg(long, env = "RIGGER_AGENT_MAX_PARALLEL_IMAGE_PULLS", value_name = "N")]
+    pub max_parallel_image_pulls: Option<usize>,
+    /// A pull that would take the image filesystem past this percent used is refused
+    /// before it downloads (kubelet's `imageGCHighThresholdPercent`); 100: only what
+    /// does not fit at all [default: 85].
+    #[arg(
+        long,
+        env = "RIGGER_AGENT_IMAGE_FS_THRESHOLD_PERCENT",
+        value_name = "PERCENT"
+    )]
+    pub image_fs_threshold_percent: Option<u8>,
     /// CA (PEM) that signed the controller's certificate (https:// controllers).
     #[arg(long, env = "RIGGER_AGENT_CA_FILE", value_name = "FILE")]
     pub ca_file: Option<PathBuf>,
@@ -183,6 +198,8 @@ pub struct PullSettings {
     pub max_connections: usize,
     pub limit_rate: Option<u64>,
     pub max_document_size: u64,
+    pub max_parallel_image_pulls: Option<usize>,
+    pub image_fs_threshold_percent: u8,
 }
 
 impl PullSettings {
@@ -195,6 +212,8 @@ impl PullSettings {
             max_connections: self.max_connections,
             limit_rate: self.limit_rate,
             max_document_size: self.max_document_size,
+            max_parallel_images: self.max_parallel_image_pulls,
+            image_fs_threshold_percent: Some(self.image_fs_threshold_percent),
             ..rigger_pull::PullOptions::default()
         }
     }
@@ -395,6 +414,21 @@ impl AgentConfig {
         if !rigger_pull::registry::MAX_DOCUMENT_SIZE_RANGE.contains(&max_document_size) {
             return Err(MAX_DOCUMENT_SIZE.invalid("must be between 64KiB and 1GiB"));
         }
+        let max_parallel_image_pulls = args
+            .max_parallel_image_pulls
+            .or(file.max_parallel_image_pulls);
+        if max_parallel_image_pulls == Some(0) {
+            return Err(
+                MAX_PARALLEL_IMAGE_PULLS.invalid("must be at least 1 (leave it out for no limit)")
+            );
+        }
+        let image_fs_threshold_percent = args
+            .image_fs_threshold_percent
+            .or(file.image_fs_threshold_percent)
+            .unwrap_or(rigger_pull::disk_guard::DEFAULT_THRESHOLD_PERCENT);
+        if !(1..=100).contains(&image_fs_threshold_percent) {
+            return Err(IMAGE_FS_THRESHOLD_PERCENT.invalid("must be between 1 and 100"));
+        }
 
         Ok(Self {
             containerd_address,
@@ -411,6 +445,8 @@ impl AgentConfig {
                 max_connections,
                 limit_rate,
                 max_document_size,
+                max_parallel_image_pulls,
+                image_fs_threshold_percent,
             },
             peer,
             mirror_listen,
@@ -518,6 +554,16 @@ const MAX_DOCUMENT_SIZE: Setting = Setting {
     key: "max_document_size",
     flag: "--max-document-size",
     env: "RIGGER_AGENT_MAX_DOCUMENT_SIZE",
+};
+const MAX_PARALLEL_IMAGE_PULLS: Setting = Setting {
+    key: "max_parallel_image_pulls",
+    flag: "--max-parallel-image-pulls",
+    env: "RIGGER_AGENT_MAX_PARALLEL_IMAGE_PULLS",
+};
+const IMAGE_FS_THRESHOLD_PERCENT: Setting = Setting {
+    key: "image_fs_threshold_percent",
+    flag: "--image-fs-threshold-percent",
+    env: "RIGGER_AGENT_IMAGE_FS_THRESHOLD_PERCENT",
 };
 const CONTAINERD_ADDRESS: Setting = Setting {
     key: "containerd_address",
@@ -693,6 +739,15 @@ mod tests {
             ("limit_rate = \"fast\"", "`limit_rate`"),
             ("max_document_size = \"huge\"", "`max_document_size`"),
             ("max_document_size = \"2GiB\"", "`max_document_size`"),
+            ("max_parallel_image_pulls = 0", "`max_parallel_image_pulls`"),
+            (
+                "image_fs_threshold_percent = 0",
+                "`image_fs_threshold_percent`",
+            ),
+            (
+                "image_fs_threshold_percent = 101",
+                "`image_fs_threshold_percent`",
+            ),
             ("namespace = \"a/b\"", "`namespace`"),
         ];
         for (text, field) in cases {

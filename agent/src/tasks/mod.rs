@@ -534,6 +534,8 @@ mod tests {
             max_connections: 1,
             limit_rate: None,
             max_document_size: rigger_pull::registry::DEFAULT_MAX_DOCUMENT_SIZE,
+            max_parallel_image_pulls: None,
+            image_fs_threshold_percent: 100,
         }
     }
 

@@ -77,6 +77,9 @@ impl TaskRunner {
                 return;
             }
         };
+        // The disk guard's refusals are counted apart: an alert tells a full disk from a
+        // failing registry.
+        let refused_for_disk = std::sync::atomic::AtomicBool::new(false);
         let pulled = async {
             let puller = self.puller();
             if !work.always
@@ -97,7 +100,12 @@ impl TaskRunner {
             let pulled = puller
                 .pull_from(&work.image, &secrets.docker_configs, peers, progress)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| {
+                    if e.is_disk_guard() {
+                        refused_for_disk.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    e.to_string()
+                })?;
             Ok::<_, String>(Pulled {
                 message: from_peers(&pulled),
                 digest: pulled.digest,
@@ -132,6 +140,7 @@ impl TaskRunner {
         let result = match &outcome {
             Ok(pulled) if pulled.message == "already present" => "present",
             Ok(_) => "succeeded",
+            Err(_) if refused_for_disk.load(std::sync::atomic::Ordering::Relaxed) => "refused_disk",
             Err(_) => "failed",
         };
         metrics.pulls.get_or_create(&Outcome::of(result)).inc();

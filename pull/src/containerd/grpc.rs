@@ -341,6 +341,23 @@ impl Containerd for Grpc {
         })
     }
 
+    fn snapshotter_root<'a>(
+        &'a self,
+        snapshotter: &'a str,
+    ) -> Call<'a, Option<std::path::PathBuf>> {
+        self.watched(async move {
+            let runtime = self
+                .connection
+                .runtime()
+                .await
+                .map_err(|e| Status::unavailable(e.to_string()))?;
+            runtime
+                .snapshotter_root(snapshotter)
+                .await
+                .map_err(|e| e.status)
+        })
+    }
+
     fn image_get<'a>(&'a self, namespace: &'a str, name: &'a str) -> Call<'a, Option<ImageRecord>> {
         self.watched(async move {
             let request = scoped(

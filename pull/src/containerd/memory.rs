@@ -298,6 +298,10 @@ impl Containerd for Memory {
         Self::ready(Ok(None))
     }
 
+    fn snapshotter_root<'a>(&'a self, _: &'a str) -> Call<'a, Option<std::path::PathBuf>> {
+        Self::ready(Ok(None))
+    }
+
     fn image_get<'a>(&'a self, namespace: &'a str, name: &'a str) -> Call<'a, Option<ImageRecord>> {
         let state = lock(&self.state);
         Self::ready(Ok(state.held.images.get(&key(namespace, name)).cloned()))

@@ -149,6 +149,10 @@ pub trait Containerd: Send + Sync + std::fmt::Debug + 'static {
     /// The directory of containerd's content store as this process sees it (its
     /// ingests are read there while they arrive); `None` when containerd does not say.
     fn content_root(&self) -> Call<'_, Option<std::path::PathBuf>>;
+    /// The directory of `snapshotter`'s snapshots as this process sees it (the disk
+    /// guard measures its filesystem); `None` when containerd does not say.
+    fn snapshotter_root<'a>(&'a self, snapshotter: &'a str)
+    -> Call<'a, Option<std::path::PathBuf>>;
     /// Create the record, or replace the one of that name.
     fn image_put<'a>(&'a self, scope: Scope<'a>, image: ImageRecord) -> Call<'a, ()>;
 

@@ -109,7 +109,10 @@ pub fn compare_with_ctr_in(node: &LabNode, snapshotter: &str, repo_tag: &str, te
     // The agent first, so it really downloads (content is shared across namespaces).
     assert_pulled(&agent_pull_with(node, snapshotter, &ours.name, &[&image]));
     let pull = ctr_pull_args(node, snapshotter, &image);
-    node.ctr(&theirs.name, &pull.iter().map(String::as_str).collect::<Vec<_>>());
+    node.ctr(
+        &theirs.name,
+        &pull.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
     assert_same_pull(node, snapshotter, &ours.name, &theirs.name, repo_tag);
 }
 
@@ -130,7 +133,12 @@ pub fn compare_outcome_with_ctr(node: &LabNode, repo_tag: &str, test: &str) -> b
         .unwrap();
     let said = |out: &Output| {
         let stderr = String::from_utf8_lossy(&out.stderr);
-        stderr.trim_end().lines().last().unwrap_or_default().to_owned()
+        stderr
+            .trim_end()
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .to_owned()
     };
     match (agent.status.success(), ctr.status.success()) {
         (true, true) => {
@@ -139,7 +147,10 @@ pub fn compare_outcome_with_ctr(node: &LabNode, repo_tag: &str, test: &str) -> b
         }
         (false, false) => {
             let records = node.ctr(&ours.name, &["images", "ls", "-q"]);
-            assert!(records.trim().is_empty(), "refused, yet recorded: {records}");
+            assert!(
+                records.trim().is_empty(),
+                "refused, yet recorded: {records}"
+            );
             let snapshots = node.ctr(&ours.name, &["snapshots", "ls"]);
             assert!(!snapshots.contains("Active"), "{snapshots}");
             false

@@ -698,7 +698,6 @@ impl Agent {
         self.spawn();
     }
 
-    /// Start again with more `rigger-agent run` flags (kept for later restarts).
     /// The running agent's process id.
     pub fn pid(&self) -> u32 {
         self.daemon
@@ -707,6 +706,7 @@ impl Agent {
             .expect("the agent runs")
     }
 
+    /// Start again with more `rigger-agent run` flags (kept for later restarts).
     pub fn restart_with_flags(&mut self, flags: &[&str]) {
         self.args.extend(flags.iter().map(|f| (*f).to_owned()));
         self.restart();

@@ -254,3 +254,93 @@ fn a_job_a_pod_and_an_in_place_update_share_the_nodes_limits() {
         logs()
     );
 }
+
+/// `--max-parallel-image-pulls`: jobs asking for more images at once than the node's
+/// limit take turns. Seen at the registry (a proxy): an image's requests, from its
+/// manifest to its last blob, overlap those of at most `limit` images — and, the limit
+/// being the only thing holding them back, of exactly `limit` at some moment.
+#[test]
+fn images_pulled_at_once_stay_within_the_nodes_limit() {
+    let lab = Lab::get();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::start(&serde_json::json!([]), &[]);
+    let hosts = plain_http_hosts_dir(dir.path(), &[&proxy.address]);
+    let controller = Controller::start(&dir.path().join("controller"));
+    let state = dir.path().join("agent");
+    std::fs::create_dir_all(&state).unwrap();
+    let mut agent = Agent::start(
+        &controller,
+        "turns-node",
+        &lab.containerd_address,
+        &hosts,
+        "itest-turns",
+        &state,
+    );
+    let id = std::process::id();
+    for limit in [1usize, 2] {
+        agent.restart_with_flag("--max-parallel-image-pulls", &limit.to_string());
+        // Slow enough that pulls let alone would overlap: ~4 MiB each at 8 MiB/s.
+        agent.restart_with_flag("--max-connections", "8");
+        agent.restart_with_flag("--limit-rate", &(8u64 << 20).to_string());
+        wait_until("the node to be ready", Duration::from_secs(30), || {
+            let n = controller.get_json(&["node", "turns-node"])?;
+            (n["status"]["conditions"][0]["status"] == "True").then_some(())
+        });
+        let images: Vec<String> = (0..4)
+            .map(|i| {
+                let repo = unique_image_with(&format!("turns-{limit}-{i}"), 2, 2 << 20, &[]);
+                format!("{}/{repo}", proxy.address)
+            })
+            .collect();
+        let since = now_us();
+        let jobs: Vec<String> = images
+            .iter()
+            .enumerate()
+            .map(|(i, image)| {
+                format!(
+                    "apiVersion: apps.kruise.io/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: turns-{limit}-{i}-{id}\nspec:\n  image: {image}\n  selector:\n    names: [turns-node]\n  pullPolicy:\n    timeoutSeconds: 120\n"
+                )
+            })
+            .collect();
+        controller.apply_ok(&jobs.join("---\n"));
+        wait_until("every job to succeed", Duration::from_secs(120), || {
+            (0..images.len())
+                .all(|i| {
+                    controller
+                        .get_json(&["imagepulljob", &format!("turns-{limit}-{i}-{id}")])
+                        .is_some_and(|job| job["status"]["succeeded"] == 1)
+                })
+                .then_some(())
+        });
+
+        let requests: Vec<Value> = proxy
+            .requests()
+            .into_iter()
+            .filter(|r| r["arrived_us"].as_u64().unwrap() >= since)
+            .collect();
+        // Per image: its first request's arrival to its last one's.
+        let spans: Vec<(u64, u64)> = images
+            .iter()
+            .map(|image| {
+                let repo = format!("/{}/", repo_of(image));
+                let arrivals: Vec<u64> = requests
+                    .iter()
+                    .filter(|r| r["path"].as_str().unwrap().contains(&repo))
+                    .map(|r| r["arrived_us"].as_u64().unwrap())
+                    .collect();
+                let first = *arrivals
+                    .iter()
+                    .min()
+                    .unwrap_or_else(|| panic!("{image} never asked for"));
+                (first, *arrivals.iter().max().unwrap())
+            })
+            .collect();
+        let most = peak(&spans);
+        assert_eq!(
+            most,
+            limit,
+            "--max-parallel-image-pulls {limit}: {most} images at once (spans {spans:?})\n{}",
+            log_tail(&agent.log, 60)
+        );
+    }
+}
