@@ -74,6 +74,8 @@ impl Cluster {
                 .args(["--health-listen", &format!("127.0.0.1:{agent_health}")])
                 .args(["--controller", &format!("http://127.0.0.1:{port}")])
                 .args(["--insecure-plaintext", "--node-name", "bench-node"])
+                // The bench's containerd shares the machine's disk: only what does not fit.
+                .args(["--image-fs-threshold-percent", "100"])
                 .stderr(log("agent.log")?)
                 .spawn()
                 .context("starting rigger-agent")?,

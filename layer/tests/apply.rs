@@ -110,7 +110,9 @@ fn an_implied_directory_below_a_lower_file_is_refused_as_containerd_does() {
         .unwrap();
 
     let deeper = || Layer::default().file("lib/lib/h/f", 0o644, b"x");
-    let err = Scene::new().apply(deeper(), std::slice::from_ref(&lower)).unwrap_err();
+    let err = Scene::new()
+        .apply(deeper(), std::slice::from_ref(&lower))
+        .unwrap_err();
     assert!(
         err.to_string().contains("implied below a non-directory"),
         "{err}"
