@@ -34,6 +34,8 @@ const WHITEOUT_PREFIX: &str = ".wh.";
 const WHITEOUT_META_PREFIX: &str = ".wh..wh.";
 const WHITEOUT_OPAQUE: &str = ".wh..wh..opq";
 const PAX_XATTR: &str = "SCHILY.xattr.";
+/// The kernel's bound on a path, which containerd's path-based calls meet.
+const PATH_MAX: usize = 4096;
 const OVERLAY_OPAQUE_XATTR: &str = "trusted.overlay.opaque";
 /// overlayfs' own attributes: never copied from a lower layer.
 const OVERLAY_XATTR_PREFIX: &[u8] = b"trusted.overlay.";
@@ -246,7 +248,7 @@ fn apply_entries<R: Read>(
     bottom: bool,
 ) -> Result<Vec<ImpliedParent>, ApplyError> {
     let mut implied = Vec::new();
-    // Paths (resolved) this layer wrote: what an opaque marker keeps in a bottom layer.
+    // Paths (resolved) a bottom layer wrote: what an opaque marker keeps there.
     let mut unpacked: HashSet<PathBuf> = HashSet::new();
     let mut archive = tar::Archive::new(reader);
     let mut dirs: Vec<DirTimes> = Vec::new();
@@ -280,6 +282,13 @@ fn apply_entries<R: Read>(
         let Some((_, parent)) = &cached else {
             continue; // just set
         };
+        // containerd's calls take whole paths, which the kernel bounds: so does this,
+        // whatever symlinks a layer resolves through (they could grow a path without end).
+        if parent.path().as_os_str().len() + 1 + base.len() > PATH_MAX {
+            return Err(ApplyError::Invalid(format!(
+                "{top_name:?} resolves to a path longer than {PATH_MAX} bytes"
+            )));
+        }
         let mut changes_resolution = false;
 
         // AUFS metadata at the top level is not part of the filesystem.
@@ -293,7 +302,7 @@ fn apply_entries<R: Read>(
         // Whiteouts, converted to overlayfs' own markers (removals in a bottom layer).
         if base.as_bytes() == WHITEOUT_OPAQUE.as_bytes() {
             if bottom {
-                remove_unpacked_not(parent, &unpacked)?;
+                remove_unpacked_not(parent.try_clone()?, &unpacked)?;
                 cached = None;
             } else {
                 parent.set_own_xattr(OsStr::new(OVERLAY_OPAQUE_XATTR), b"y")?;
@@ -426,7 +435,9 @@ fn apply_entries<R: Read>(
             made.chmod(mode)?;
         }
         let (atime, mtime) = times(&mut entry, &header);
-        unpacked.insert(parent.path().join(&base));
+        if bottom {
+            unpacked.insert(parent.path().join(&base));
+        }
         if kind.is_dir() {
             dirs.push(DirTimes {
                 name: name.to_path_buf(),
@@ -451,6 +462,11 @@ fn apply_entries<R: Read>(
             }
             Err(e) => return Err(e.into()),
         };
+        if walk.resolved.as_os_str().is_empty() {
+            // Through a symlink to `/` or `..`: containerd sets the root's own times.
+            walk.deepest().set_own_times(dir.atime, dir.mtime)?;
+            continue;
+        }
         let Some((parent, name)) = walk.last_entry()? else {
             return Err(ApplyError::DirectoryGone(dir.name));
         };
@@ -461,13 +477,17 @@ fn apply_entries<R: Read>(
 
 /// containerd's opaque marker in a bottom layer: everything below `dir` this layer did not
 /// write goes (directories it wrote are kept and looked into).
-fn remove_unpacked_not(dir: &Dir, unpacked: &HashSet<PathBuf>) -> Result<(), ApplyError> {
-    for name in dir.names()? {
-        let path = dir.path().join(&name);
-        if !unpacked.contains(&path) {
-            dir.remove_all(&name)?;
-        } else if dir.lstat(&name)?.map(|s| s.kind) == Some(Kind::Directory) {
-            remove_unpacked_not(&dir.open_dir(&name)?, unpacked)?;
+fn remove_unpacked_not(dir: Dir, unpacked: &HashSet<PathBuf>) -> Result<(), ApplyError> {
+    // A queue, not recursion: a layer chooses the depth.
+    let mut pending = vec![dir];
+    while let Some(dir) = pending.pop() {
+        for name in dir.names()? {
+            let path = dir.path().join(&name);
+            if !unpacked.contains(&path) {
+                dir.remove_all(&name)?;
+            } else if dir.lstat(&name)?.map(|s| s.kind) == Some(Kind::Directory) {
+                pending.push(dir.open_dir(&name)?);
+            }
         }
     }
     Ok(())

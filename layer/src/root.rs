@@ -473,13 +473,7 @@ impl Dir {
     pub fn names(&self) -> Result<Vec<OsString>, FsError> {
         let fail = |e| FsError::new(&self.path, e);
         // The held descriptor is `O_PATH`: reading entries needs the directory opened.
-        let opened = rustix::fs::openat(
-            &self.fd,
-            c".",
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(fail)?;
+        let opened = self.reopen_self()?;
         let mut names = Vec::new();
         for entry in rustix::fs::Dir::read_from(&opened).map_err(fail)? {
             let entry = entry.map_err(fail)?;
@@ -563,6 +557,19 @@ impl Dir {
             }
         }
         .map_err(|e| FsError::new(&self.child(name), e))
+    }
+
+    /// Access and modification times of this directory itself.
+    pub fn set_own_times(&self, atime: Timespec, mtime: Timespec) -> Result<(), FsError> {
+        let file = self.reopen_self()?;
+        rustix::fs::futimens(
+            &file,
+            &Timestamps {
+                last_access: atime,
+                last_modification: mtime,
+            },
+        )
+        .map_err(|e| FsError::new(&self.path, e))
     }
 
     /// Set extended attribute `key` of this directory itself.

@@ -190,3 +190,80 @@ fn dangling_parent_symlinks_are_created_where_they_point_inside_the_root() {
         .collect();
     assert_eq!(implied, ["usr", "usr/lib64"]);
 }
+
+/// The bottom layer goes to a plain directory in containerd (no overlayfs conversion):
+/// a whiteout removes what it names, even what the layer wrote, and leaves no marker; an
+/// opaque marker removes what the layer did not write below it — directories it only
+/// implied included — and keeps what it did.
+#[test]
+fn a_bottom_layers_whiteouts_remove_as_containerds_plain_apply() {
+    let scene = Scene::new();
+    let layer = Layer::default()
+        .file("gone", 0o644, b"x")
+        .file(".wh.gone", 0o644, b"")
+        .file("keep/implied/f", 0o644, b"x")
+        .file("keep/written", 0o644, b"x")
+        .dir("keep/dir/", 0o755)
+        .file("keep/dir/inner", 0o644, b"x")
+        .file("keep/.wh..wh..opq", 0o644, b"")
+        .file(".wh.never-there", 0o644, b"");
+    scene.apply_bottom(layer).unwrap();
+    let mut names: Vec<String> = walkdir(&scene.root);
+    names.sort();
+    assert_eq!(names, ["keep", "keep/dir", "keep/dir/inner", "keep/written"]);
+    let opaque = xattr_names(&scene.root.join("keep"));
+    assert!(opaque.is_empty(), "{opaque:?}");
+}
+
+/// A directory entry whose name reaches the root by the end (`a` made a symlink to `/`)
+/// gives the root its times, as containerd's last pass does through `fs.RootPath`.
+#[test]
+fn a_directory_reaching_the_root_by_the_end_times_the_root() {
+    let scene = Scene::new();
+    let layer = Layer::default().dir("a/", 0o755).symlink("a", "/");
+    scene.apply(layer, &[]).unwrap();
+    let mtime = std::fs::metadata(&scene.root).unwrap().mtime();
+    assert_eq!(mtime, 1_700_000_000);
+}
+
+/// Symlinks can make a path grow without end while each tar name stays short: past
+/// the kernel's PATH_MAX (which containerd's path-based calls meet) the layer is refused.
+#[test]
+fn a_path_grown_past_path_max_through_symlinks_is_refused() {
+    let scene = Scene::new();
+    // `p{i}` points at `p{i-1}/N`, and `p{i}/N/` is a directory: each level resolves
+    // 91 bytes deeper (`d/N/N/...`) through names of under 100 bytes.
+    let long = "n".repeat(90);
+    let mut layer = Layer::default().dir("d/", 0o755).symlink("p0", "d");
+    for i in 0..60 {
+        layer = layer.dir(&format!("p{i}/{long}/"), 0o755);
+        layer = layer.symlink(&format!("p{}", i + 1), &format!("p{i}/{long}"));
+    }
+    let err = scene.apply(layer, &[]).unwrap_err();
+    assert!(err.to_string().contains("longer than 4096 bytes"), "{err}");
+}
+
+fn walkdir(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            out.push(path.strip_prefix(root).unwrap().display().to_string());
+            if std::fs::symlink_metadata(&path).unwrap().is_dir() {
+                stack.push(path);
+            }
+        }
+    }
+    out
+}
+
+fn xattr_names(path: &Path) -> Vec<String> {
+    let mut buf = vec![0u8; 4096];
+    let n = rustix::fs::listxattr(path, &mut buf).unwrap();
+    buf[..n]
+        .split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+        .map(|n| String::from_utf8_lossy(n).into_owned())
+        .collect()
+}

@@ -100,7 +100,7 @@ impl DiskGuard {
                 continue;
             };
             match per_device.iter_mut().find(|(d, _, _)| *d == device) {
-                Some((_, _, total)) => *total += bytes,
+                Some((_, _, total)) => *total = total.saturating_add(*bytes),
                 None => per_device.push((device, dir.clone(), *bytes)),
             }
         }
@@ -123,7 +123,8 @@ impl DiskGuard {
         let held = per_device
             .into_iter()
             .map(|(device, _, need)| {
-                *reserved.entry(device).or_default() += need;
+                let total = reserved.entry(device).or_default();
+                *total = total.saturating_add(need);
                 (device, need)
             })
             .collect();

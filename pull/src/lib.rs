@@ -326,7 +326,12 @@ impl Puller {
         for (layer, chain) in layers.iter().zip(chains) {
             let size = layer.size();
             let digest = layer.digest().to_string();
-            if matches!(self.containerd.content_info(scope, &digest).await, Ok(None)) {
+            // Counted unless containerd says it holds it (an error counts it: the guard
+            // errs on the side of the disk).
+            if !matches!(
+                self.containerd.content_info(scope, &digest).await,
+                Ok(Some(_))
+            ) {
                 content = content.saturating_add(size);
             }
             if !self

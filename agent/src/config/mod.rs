@@ -417,10 +417,9 @@ impl AgentConfig {
         let max_parallel_image_pulls = args
             .max_parallel_image_pulls
             .or(file.max_parallel_image_pulls);
-        if max_parallel_image_pulls == Some(0) {
-            return Err(
-                MAX_PARALLEL_IMAGE_PULLS.invalid("must be at least 1 (leave it out for no limit)")
-            );
+        if max_parallel_image_pulls.is_some_and(|n| !(1..=1024).contains(&n)) {
+            return Err(MAX_PARALLEL_IMAGE_PULLS
+                .invalid("must be between 1 and 1024 (leave it out for no limit)"));
         }
         let image_fs_threshold_percent = args
             .image_fs_threshold_percent
@@ -740,6 +739,10 @@ mod tests {
             ("max_document_size = \"huge\"", "`max_document_size`"),
             ("max_document_size = \"2GiB\"", "`max_document_size`"),
             ("max_parallel_image_pulls = 0", "`max_parallel_image_pulls`"),
+            (
+                "max_parallel_image_pulls = 100000",
+                "`max_parallel_image_pulls`",
+            ),
             (
                 "image_fs_threshold_percent = 0",
                 "`image_fs_threshold_percent`",

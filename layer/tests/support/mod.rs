@@ -188,6 +188,18 @@ impl Scene {
         )
     }
 
+    /// Apply `layer` as an image's bottom layer (containerd's plain apply).
+    pub fn apply_bottom(&self, layer: Layer) -> Result<Applied, ApplyError> {
+        apply_layer(
+            &layer.bytes()[..],
+            &ApplyTarget {
+                root: self.root.clone(),
+                lowers: Vec::new(),
+                bottom: true,
+            },
+        )
+    }
+
     /// The canary's absolute host path, as a hostile symlink target.
     pub fn canary_str(&self) -> String {
         self.canary.display().to_string()
