@@ -204,10 +204,7 @@ impl AgentLink for AgentLinkService {
         if let Some(engine) = &self.node_images {
             engine.node_connected(&node, &node_image_pulls);
         }
-        {
-            let (pods, node) = (self.pods.clone(), node.clone());
-            tokio::spawn(async move { pods.send_to(&node).await });
-        }
+        self.pods.send_at_registration(&node);
 
         let this = self.clone();
         tokio::spawn(async move {

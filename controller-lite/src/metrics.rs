@@ -82,8 +82,13 @@ impl ControllerMetrics {
     }
 
     fn refresh(&self, sources: &Sources) {
-        let views = sources.nodes.views(SystemTime::now(), sources.node_timeout);
-        let ready = views.values().filter(|v| v.not_ready.is_none()).count();
+        let views = sources
+            .nodes
+            .readiness(SystemTime::now(), sources.node_timeout);
+        let ready = views
+            .values()
+            .filter(|not_ready| not_ready.is_none())
+            .count();
         set(
             &self.agents,
             &State {

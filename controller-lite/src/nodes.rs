@@ -359,6 +359,21 @@ impl NodeRegistry {
         })
     }
 
+    /// Every node's readiness: `None` when ready, else why not (cheaper than
+    /// [`Self::views`]: nothing of a node is copied but that).
+    pub fn readiness(&self, now: SystemTime, timeout: Duration) -> HashMap<String, Option<String>> {
+        let Ok(nodes) = self.nodes.read() else {
+            return HashMap::new();
+        };
+        nodes
+            .iter()
+            .map(|(name, r)| {
+                let reason = not_ready_reason(r, now, timeout);
+                (name.clone(), (!reason.is_empty()).then_some(reason))
+            })
+            .collect()
+    }
+
     /// Every node as jobs see it.
     pub fn views(&self, now: SystemTime, timeout: Duration) -> HashMap<String, NodeView> {
         // Read, not copied: this runs on every engine tick. No writer holds both locks.

@@ -3,6 +3,9 @@
 //! statuses it reports are stored beside the pods (`Pod.status/<ns>/<name>`). The agent
 //! owns the running; the controller only says what should run where.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
 use rigger_proto::v1::{AssignedPod, ControllerMessage, PodSet, PodStatus, controller_message};
 
 use crate::nodes::NodeRegistry;
@@ -33,6 +36,24 @@ pub struct PodSync {
     store: Store,
     nodes: NodeRegistry,
     relay: Relay,
+    /// Nodes that registered and wait for their set, read for all of them at once.
+    registered: Arc<Mutex<Registered>>,
+}
+
+/// Registrations waiting for their pod sets: a burst of them (a fleet reconnecting after
+/// a restart) costs a few reads of the pods, not one each.
+#[derive(Debug, Default)]
+struct Registered {
+    waiting: Vec<String>,
+    /// A task is sending sets; it reads again for those that came during its read.
+    sending: bool,
+}
+
+/// The pods and cooperators of the store, as one read gave them.
+struct Placed {
+    /// By the node they are placed on.
+    pods: HashMap<String, Vec<Pod>>,
+    cooperators: Vec<LifecycleCooperator>,
 }
 
 impl PodSync {
@@ -41,7 +62,69 @@ impl PodSync {
             store,
             nodes,
             relay: Relay::default(),
+            registered: Arc::default(),
         }
+    }
+
+    /// Send `node`'s agent, which just registered, its pod set: from a read of the pods
+    /// that starts after the registration (a set read before could miss a pod whose own
+    /// send found the node away), shared with the registrations waiting at that moment.
+    pub fn send_at_registration(&self, node: &str) {
+        {
+            let mut registered = self
+                .registered
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            registered.waiting.push(node.to_owned());
+            if registered.sending {
+                return;
+            }
+            registered.sending = true;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let nodes = {
+                    let mut registered = this
+                        .registered
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    if registered.waiting.is_empty() {
+                        registered.sending = false;
+                        return;
+                    }
+                    std::mem::take(&mut registered.waiting)
+                };
+                match this.placed().await {
+                    Ok(placed) => {
+                        for node in nodes {
+                            this.send_from(&placed, &node).await;
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, nodes = nodes.len(), "cannot read the pods for registered nodes")
+                    }
+                }
+            }
+        });
+    }
+
+    /// One read of the pods and cooperators.
+    async fn placed(&self) -> Result<Placed, StoreError> {
+        let cooperators = self
+            .store
+            .list_objects::<LifecycleCooperator>()
+            .await?
+            .into_iter()
+            .map(|c| c.value)
+            .collect();
+        let mut pods: HashMap<String, Vec<Pod>> = HashMap::new();
+        for pod in self.store.list_objects::<Pod>().await? {
+            if let Some(node) = pod.value.spec.node_name.clone() {
+                pods.entry(node).or_default().push(pod.value);
+            }
+        }
+        Ok(Placed { pods, cooperators })
     }
 
     /// Where questions for agents (logs, exec) wait for their answers.
@@ -59,35 +142,26 @@ impl PodSync {
         self.relay.ask(&self.nodes, node, kind, timeout).await
     }
 
-    /// The pods placed on `node`.
-    async fn pods_of(&self, node: &str) -> Result<Vec<AssignedPod>, StoreError> {
-        let cooperators: Vec<LifecycleCooperator> = self
-            .store
-            .list_objects::<LifecycleCooperator>()
-            .await?
-            .into_iter()
-            .map(|c| c.value)
-            .collect();
+    /// The pods of `placed` on `node`.
+    async fn pods_of(&self, placed: &Placed, node: &str) -> Result<Vec<AssignedPod>, StoreError> {
         let mut assigned = Vec::new();
-        for pod in self.store.list_objects::<Pod>().await? {
-            let pod = pod.value;
-            if pod.spec.node_name.as_deref() == Some(node) {
-                let matching: Vec<_> = cooperators
-                    .iter()
-                    .filter(|c| {
-                        c.metadata.namespace == pod.metadata.namespace
-                            && c.spec.selector.matches(&pod.metadata.labels)
-                    })
-                    .map(LifecycleCooperator::cooperator)
-                    .collect();
-                let docker_configs = self.pull_secrets_of(&pod).await?;
-                assigned.push(AssignedPod {
-                    uid: pod.metadata.uid.clone().unwrap_or_default(),
-                    json: serde_json::to_string(&pod).unwrap_or_default(),
-                    cooperators: serde_json::to_string(&matching).unwrap_or_default(),
-                    docker_configs,
-                });
-            }
+        for pod in placed.pods.get(node).into_iter().flatten() {
+            let matching: Vec<_> = placed
+                .cooperators
+                .iter()
+                .filter(|c| {
+                    c.metadata.namespace == pod.metadata.namespace
+                        && c.spec.selector.matches(&pod.metadata.labels)
+                })
+                .map(LifecycleCooperator::cooperator)
+                .collect();
+            let docker_configs = self.pull_secrets_of(pod).await?;
+            assigned.push(AssignedPod {
+                uid: pod.metadata.uid.clone().unwrap_or_default(),
+                json: serde_json::to_string(pod).unwrap_or_default(),
+                cooperators: serde_json::to_string(&matching).unwrap_or_default(),
+                docker_configs,
+            });
         }
         Ok(assigned)
     }
@@ -148,7 +222,15 @@ impl PodSync {
     /// Send `node`'s agent its full set of pods (a no-op when it is not connected: it
     /// gets the set when it registers).
     pub async fn send_to(&self, node: &str) {
-        match self.pods_of(node).await {
+        match self.placed().await {
+            Ok(placed) => self.send_from(&placed, node).await,
+            Err(error) => tracing::warn!(%node, %error, "cannot read the node's pods"),
+        }
+    }
+
+    /// Send `node`'s agent its set as `placed` has it.
+    async fn send_from(&self, placed: &Placed, node: &str) {
+        match self.pods_of(placed, node).await {
             Ok(pods) => {
                 let message = ControllerMessage {
                     message: Some(controller_message::Message::Pods(PodSet { pods })),

@@ -210,7 +210,10 @@ fn a_bottom_layers_whiteouts_remove_as_containerds_plain_apply() {
     scene.apply_bottom(layer).unwrap();
     let mut names: Vec<String> = walkdir(&scene.root);
     names.sort();
-    assert_eq!(names, ["keep", "keep/dir", "keep/dir/inner", "keep/written"]);
+    assert_eq!(
+        names,
+        ["keep", "keep/dir", "keep/dir/inner", "keep/written"]
+    );
     let opaque = xattr_names(&scene.root.join("keep"));
     assert!(opaque.is_empty(), "{opaque:?}");
 }

@@ -437,6 +437,11 @@ impl JobEngine {
         secrets: &HashMap<ObjectKey, Result<String, String>>,
         now: Now,
     ) -> Effects {
+        // Without jobs a pass decides nothing: the fleet's views (a copy of every node's
+        // labels) are not built for it — a registering fleet wakes this engine per node.
+        if self.lock().jobs.is_empty() {
+            return Effects::default();
+        }
         let views = self.inner.nodes.views(now.wall, self.inner.node_timeout);
         let starting =
             now.mono.saturating_duration_since(self.inner.started) < self.inner.node_timeout;

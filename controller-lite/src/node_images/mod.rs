@@ -231,9 +231,9 @@ impl NodeImageEngine {
         let ready: HashSet<String> = self
             .inner
             .nodes
-            .views(now, self.inner.node_timeout)
+            .readiness(now, self.inner.node_timeout)
             .into_iter()
-            .filter(|(_, view)| view.not_ready.is_none())
+            .filter(|(_, not_ready)| not_ready.is_none())
             .map(|(name, _)| name)
             .collect();
         let mut state = self.lock();

@@ -431,13 +431,7 @@ impl RecreateEngine {
         // The clock is read once per pass: readiness and the decisions see the same time.
         let now = SystemTime::now();
         // Each node's readiness: `None` ready, else why not.
-        let readiness: HashMap<String, Option<String>> = self
-            .inner
-            .nodes
-            .views(now, self.inner.node_timeout)
-            .into_iter()
-            .map(|(name, view)| (name, view.not_ready))
-            .collect();
+        let readiness = self.inner.nodes.readiness(now, self.inner.node_timeout);
         let mut state = self.lock();
         let decided = decide(&mut state.requests, pods, &readiness, now);
         for (key, node, task) in decided.dispatch {
