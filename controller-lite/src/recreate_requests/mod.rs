@@ -428,6 +428,11 @@ impl RecreateEngine {
         &self,
         pods: &HashMap<ObjectKey, Option<String>>,
     ) -> (Vec<(String, ControllerMessage)>, Vec<ObjectKey>) {
+        // Without requests a pass decides nothing: every node's readiness is not read
+        // for it (a registering fleet wakes this engine per node).
+        if self.lock().requests.is_empty() {
+            return (Vec::new(), Vec::new());
+        }
         // The clock is read once per pass: readiness and the decisions see the same time.
         let now = SystemTime::now();
         // Each node's readiness: `None` ready, else why not.
