@@ -94,6 +94,9 @@ pub(crate) struct Transfer {
     pub(crate) repository: String,
     /// Where blobs being written are announced to the node's peer endpoint.
     pub(crate) arriving: Option<crate::arriving::Arriving>,
+    /// Free space (percent) a streaming unpack's unverified bytes leave on the snapshot's
+    /// filesystem: what the disk guard's threshold leaves.
+    pub(crate) unverified_reserve_percent: u64,
 }
 
 impl Transfer {
@@ -129,6 +132,9 @@ impl Transfer {
             peers,
             repository: reference.repository().to_owned(),
             arriving: shared.arriving.clone(),
+            unverified_reserve_percent: crate::stack::unverified::reserve_percent(
+                options.image_fs_threshold_percent,
+            ),
         }
     }
 
@@ -780,6 +786,7 @@ impl Transfer {
             parent_ready,
             &plan.chain_id,
             plan.compression,
+            self.unverified_reserve_percent,
         )
         .await
         {

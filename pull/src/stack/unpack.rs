@@ -333,6 +333,7 @@ impl StreamingApply {
         parent_ready: bool,
         chain_id: &str,
         compression: Compression,
+        reserve_percent: u64,
     ) -> Result<Option<Self>, UnpackError> {
         let staged = parent.is_some() && !parent_ready;
         let prepared = if staged {
@@ -357,7 +358,7 @@ impl StreamingApply {
             );
         }
         let (tx, rx) = mpsc::channel(FEED_QUEUE);
-        let account = Arc::new(Account::default());
+        let account = Arc::new(Account::keeping(reserve_percent));
         Ok(Some(Self {
             snapshotter: snapshotter.to_owned(),
             chain_id: chain_id.to_owned(),

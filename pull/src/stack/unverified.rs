@@ -4,8 +4,10 @@
 //! decompression bomb would fill the disk before the digest check fails. So while
 //! unverified, the unpacked output stays within [`FLOOR`] plus [`RATIO`] times the
 //! compressed bytes read (real layers inflate 2–5 times), and the snapshot's filesystem
-//! keeps [`RESERVE_PERCENT`] of its space and [`INODE_RESERVE_PERCENT`] of its inodes
-//! free (above kubelet's default eviction thresholds, 15 % and 5 %). Past either, the streaming unpack stops, its snapshot
+//! keeps what the disk guard's threshold leaves of its space ([`RESERVE_PERCENT`] at
+//! kubelet's 85 %: its default image filesystem eviction threshold, 15 % free; nothing
+//! when the threshold is 100 %) and [`INODE_RESERVE_PERCENT`] of its inodes free (above
+//! kubelet's 5 %). Past either, the streaming unpack stops, its snapshot
 //! goes, and the layer unpacks from the content store once containerd has verified it
 //! (a legitimate layer that inflates more, say a large file of zeros, costs only that
 //! second unpack). Tar entries cost at least 512 bytes of output each, so the output
@@ -23,8 +25,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 pub const FLOOR: u64 = 64 << 20;
 /// Output allowed per compressed byte.
 pub const RATIO: u64 = 16;
-/// Free space the filesystem keeps, in percent of its size.
+/// Free space the filesystem keeps by default, in percent of its size.
 pub const RESERVE_PERCENT: u64 = 15;
+
+/// The free space (percent) unverified bytes leave: what the disk guard's `threshold`
+/// (percent used) leaves; [`RESERVE_PERCENT`] without a guard.
+pub fn reserve_percent(threshold: Option<u8>) -> u64 {
+    threshold.map_or(RESERVE_PERCENT, |t| 100 - u64::from(t.min(100)))
+}
 /// Free inodes the filesystem keeps, in percent of its inodes.
 pub const INODE_RESERVE_PERCENT: u64 = 10;
 /// How often (in output bytes) the filesystem's free space is read: every 32 MiB, or
@@ -40,9 +48,13 @@ pub enum OverBudget {
     )]
     Inflation { out: u64, compressed: u64 },
     #[error(
-        "the snapshot's filesystem has {available} of {total} bytes free, under the {RESERVE_PERCENT}% kept while a layer is unverified"
+        "the snapshot's filesystem has {available} of {total} bytes free, under the {reserve_percent}% kept while a layer is unverified"
     )]
-    Disk { available: u64, total: u64 },
+    Disk {
+        available: u64,
+        total: u64,
+        reserve_percent: u64,
+    },
     #[error(
         "the snapshot's filesystem has {available} of {total} inodes free, under the {INODE_RESERVE_PERCENT}% kept while a layer is unverified"
     )]
@@ -58,7 +70,12 @@ pub struct Room {
 
 /// The budget decision, pure: `out` bytes written from `compressed` bytes read, and
 /// the filesystem's room when just read.
-pub fn check(out: u64, compressed: u64, room: Option<Room>) -> Result<(), OverBudget> {
+pub fn check(
+    out: u64,
+    compressed: u64,
+    room: Option<Room>,
+    reserve_percent: u64,
+) -> Result<(), OverBudget> {
     if out > FLOOR.saturating_add(RATIO.saturating_mul(compressed)) {
         return Err(OverBudget::Inflation { out, compressed });
     }
@@ -68,10 +85,11 @@ pub fn check(out: u64, compressed: u64, room: Option<Room>) -> Result<(), OverBu
     let short = |(available, total): (u64, u64), percent: u64| {
         available.saturating_mul(100) < total.saturating_mul(percent)
     };
-    if short(bytes, RESERVE_PERCENT) {
+    if short(bytes, reserve_percent) {
         return Err(OverBudget::Disk {
             available: bytes.0,
             total: bytes.1,
+            reserve_percent,
         });
     }
     // A filesystem without inode accounting (some report 0 of 0) has none to keep.
@@ -86,14 +104,32 @@ pub fn check(out: u64, compressed: u64, room: Option<Room>) -> Result<(), OverBu
 
 /// One streaming unpack's account: compressed bytes read, whether containerd verified
 /// the blob (then nothing is bounded), and whether the bound stopped it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Account {
     compressed: AtomicU64,
     verified: AtomicBool,
     stopped: AtomicBool,
+    /// Free space (percent) the filesystem keeps while the bytes are unverified.
+    reserve_percent: u64,
+}
+
+impl Default for Account {
+    fn default() -> Self {
+        Self::keeping(RESERVE_PERCENT)
+    }
 }
 
 impl Account {
+    /// An account whose unverified bytes leave `reserve_percent` of the filesystem free.
+    pub fn keeping(reserve_percent: u64) -> Self {
+        Self {
+            compressed: AtomicU64::new(0),
+            verified: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+            reserve_percent,
+        }
+    }
+
     pub fn read_compressed(&self, bytes: usize) {
         self.compressed.fetch_add(bytes as u64, Ordering::Relaxed);
     }
@@ -156,7 +192,12 @@ impl<R: Read> Read for Bounded<R> {
             self.room()
         });
         let compressed = self.account.compressed.load(Ordering::Relaxed);
-        if let Err(over) = check(self.out, compressed, disk.flatten()) {
+        if let Err(over) = check(
+            self.out,
+            compressed,
+            disk.flatten(),
+            self.account.reserve_percent,
+        ) {
             if !self.account.stopped.swap(true, Ordering::Relaxed) {
                 tracing::warn!(reason = %over, "unverified bytes may write no more: the streaming unpack stops (the layer unpacks from the content store once containerd verified it)");
             }
@@ -172,18 +213,18 @@ mod tests {
 
     #[test]
     fn unverified_output_stays_within_the_floor_and_the_ratio() {
-        assert!(check(FLOOR, 0, None).is_ok());
+        assert!(check(FLOOR, 0, None, RESERVE_PERCENT).is_ok());
         assert_eq!(
-            check(FLOOR + 1, 0, None),
+            check(FLOOR + 1, 0, None, RESERVE_PERCENT),
             Err(OverBudget::Inflation {
                 out: FLOOR + 1,
                 compressed: 0
             })
         );
-        assert!(check(FLOOR + RATIO * 1000, 1000, None).is_ok());
-        assert!(check(FLOOR + RATIO * 1000 + 1, 1000, None).is_err());
+        assert!(check(FLOOR + RATIO * 1000, 1000, None, RESERVE_PERCENT).is_ok());
+        assert!(check(FLOOR + RATIO * 1000 + 1, 1000, None, RESERVE_PERCENT).is_err());
         // Nothing overflows at the edges.
-        assert!(check(u64::MAX, u64::MAX, None).is_ok());
+        assert!(check(u64::MAX, u64::MAX, None, RESERVE_PERCENT).is_ok());
     }
 
     #[test]
@@ -192,16 +233,17 @@ mod tests {
             bytes: (bytes, 100),
             inodes: (inodes, 100),
         };
-        assert!(check(1, 1, Some(room(16, 11))).is_ok());
+        assert!(check(1, 1, Some(room(16, 11)), RESERVE_PERCENT).is_ok());
         assert_eq!(
-            check(1, 1, Some(room(14, 50))),
+            check(1, 1, Some(room(14, 50)), RESERVE_PERCENT),
             Err(OverBudget::Disk {
                 available: 14,
-                total: 100
+                total: 100,
+                reserve_percent: RESERVE_PERCENT
             })
         );
         assert_eq!(
-            check(1, 1, Some(room(50, 9))),
+            check(1, 1, Some(room(50, 9)), RESERVE_PERCENT),
             Err(OverBudget::Inodes {
                 available: 9,
                 total: 100
@@ -212,7 +254,23 @@ mod tests {
             bytes: (50, 100),
             inodes: (0, 0),
         };
-        assert!(check(1, 1, Some(no_inodes)).is_ok());
+        assert!(check(1, 1, Some(no_inodes), RESERVE_PERCENT).is_ok());
+    }
+
+    #[test]
+    fn the_reserve_is_what_the_disk_guards_threshold_leaves() {
+        assert_eq!(reserve_percent(Some(85)), 15);
+        assert_eq!(reserve_percent(Some(100)), 0);
+        assert_eq!(reserve_percent(None), RESERVE_PERCENT);
+        let room = Room {
+            bytes: (8, 100),
+            inodes: (50, 100),
+        };
+        // 8 % free: past kubelet's 15 %, within a guard at 90 % (10 % kept) no more.
+        assert!(check(1, 1, Some(room), reserve_percent(Some(85))).is_err());
+        assert!(check(1, 1, Some(room), reserve_percent(Some(90))).is_err());
+        assert!(check(1, 1, Some(room), reserve_percent(Some(95))).is_ok());
+        assert!(check(1, 1, Some(room), reserve_percent(Some(100))).is_ok());
     }
 
     /// A gzip'd tar whose one file is `zeros` bytes of zeros, cut at `size` bytes.
