@@ -38,6 +38,9 @@ pub struct PodSync {
     relay: Relay,
     /// Nodes that registered and wait for their set, read for all of them at once.
     registered: Arc<Mutex<Registered>>,
+    /// Held from a read of the pods to the sends made from it: sets reach a node in the
+    /// order they were read, so an older one never overwrites a newer one.
+    sending: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Registrations waiting for their pod sets: a burst of them (a fleet reconnecting after
@@ -63,6 +66,7 @@ impl PodSync {
             nodes,
             relay: Relay::default(),
             registered: Arc::default(),
+            sending: Arc::default(),
         }
     }
 
@@ -95,6 +99,7 @@ impl PodSync {
                     }
                     std::mem::take(&mut registered.waiting)
                 };
+                let _turn = this.sending.lock().await;
                 match this.placed().await {
                     Ok(placed) => {
                         for node in nodes {
@@ -202,26 +207,25 @@ impl PodSync {
 
     /// Send every node with pods its set again (a cooperator changed).
     pub async fn send_to_all(&self) {
-        let mut nodes: Vec<String> = match self.store.list_objects::<Pod>().await {
-            Ok(pods) => pods
-                .into_iter()
-                .filter_map(|p| p.value.spec.node_name)
-                .collect(),
+        let _turn = self.sending.lock().await;
+        let placed = match self.placed().await {
+            Ok(placed) => placed,
             Err(error) => {
                 tracing::warn!(%error, "cannot read pods");
                 return;
             }
         };
+        let mut nodes: Vec<&String> = placed.pods.keys().collect();
         nodes.sort();
-        nodes.dedup();
         for node in nodes {
-            self.send_to(&node).await;
+            self.send_from(&placed, node).await;
         }
     }
 
     /// Send `node`'s agent its full set of pods (a no-op when it is not connected: it
     /// gets the set when it registers).
     pub async fn send_to(&self, node: &str) {
+        let _turn = self.sending.lock().await;
         match self.placed().await {
             Ok(placed) => self.send_from(&placed, node).await,
             Err(error) => tracing::warn!(%node, %error, "cannot read the node's pods"),

@@ -82,19 +82,56 @@ fn a_pull_rides_through_a_containerd_restart_and_the_image_is_whole() {
 
 #[test]
 fn a_full_content_store_fails_the_pull_clearly_and_records_no_image() {
-    // 16 MiB of root for an image of two 12 MiB layers (incompressible filler).
-    let containerd = PrivateContainerd::start(Some("16m"));
+    // The disk guard lets the pull start (two 8 MiB layers, incompressible filler: ~64 MiB
+    // needed by its estimate, 96 MiB free); then another writer fills the filesystem while
+    // the first bytes of each layer are held back (the proxy stalls them; the agent's stall
+    // timeout retries).
+    let containerd = PrivateContainerd::start(Some("96m"));
     let state = tempfile::tempdir().unwrap();
-    let image = unique_image("disk-full", 2, 12 << 20);
-    let proxy = Proxy::start(&json!([]), &[]);
+    let image = unique_image("disk-full", 2, 8 << 20);
+    let (manifest, _) = rigger_integration_tests::Lab::get().manifest(&image);
+    let layers: Vec<String> = manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_owned())
+        .collect();
+    let stalls: Vec<_> = layers
+        .iter()
+        .map(|digest| json!({"path_contains": digest, "action": {"stall_after": 0}, "times": 1}))
+        .collect();
+    let proxy = Proxy::start(&json!(stalls), &[]);
     let reference = format!("{}/{image}", proxy.address);
     let ns = "itest-disk-full";
 
-    let out = pull(&containerd, state.path(), ns, &reference)
-        .output()
+    let child = pull(&containerd, state.path(), ns, &reference)
+        .args(["--stall-timeout", "3s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    let asked_for = |digest: &str| {
+        proxy
+            .requests()
+            .iter()
+            .any(|r| r["path"].as_str().unwrap().contains(digest))
+    };
+    rigger_integration_tests::wait_until("both layers asked for", Duration::from_secs(20), || {
+        layers.iter().all(|d| asked_for(d)).then_some(())
+    });
+    fill(&containerd.root.join("filler"));
+    let out = child.wait_with_output().unwrap();
     assert!(!out.status.success());
-    let error = one_line_error(&out);
+    // (The stalls' retries are progress lines that say "error" too: the failure is the
+    // one line the agent ends with.)
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("rigger-agent: error:"))
+        .collect();
+    assert_eq!(errors.len(), 1, "one error line: {stderr}");
+    let error = errors[0];
     // The disk fills under containerd's content write (Go's "no space left on device") or
     // under the agent's own unpack into the snapshot (Rust's "No space left on device"),
     // whichever writes the byte too many.
@@ -114,4 +151,13 @@ fn a_full_content_store_fails_the_pull_clearly_and_records_no_image() {
         !snapshots.lines().skip(1).any(|row| row.contains("Active")),
         "{snapshots}"
     );
+}
+
+/// Write zeros to `path` until its filesystem is full.
+fn fill(path: &std::path::Path) {
+    use std::io::Write as _;
+    let mut file = std::fs::File::create(path).unwrap();
+    let block = vec![0u8; 1 << 20];
+    while file.write_all(&block).is_ok() {}
+    let _ = file.sync_all();
 }
