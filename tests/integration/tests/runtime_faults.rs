@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use rigger_integration_tests::{PrivateContainerd, Proxy, binary, unique_image};
@@ -20,14 +20,6 @@ fn pull(containerd: &PrivateContainerd, state: &std::path::Path, ns: &str, image
         .arg(state)
         .args(["--namespace", ns, "--max-connections", "2", image]);
     command
-}
-
-fn one_line_error(out: &Output) -> String {
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
-    assert_eq!(errors.len(), 1, "one error line: {stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    errors[0].to_owned()
 }
 
 /// `ctr images check`: every blob of the image is present and complete.
