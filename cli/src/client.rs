@@ -13,7 +13,7 @@ use tonic::transport::Channel;
 use crate::rate_limit::WaitOutRateLimit;
 
 /// Where the controller is and who is asking; every verb takes these.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct ConnectArgs {
     /// Controller URL [default: from the config file, else https://127.0.0.1:9450].
     #[arg(long, global = true, env = "RIGGER_SERVER")]
@@ -141,6 +141,48 @@ pub async fn connect(cli: &ConnectArgs) -> anyhow::Result<Client> {
     }
 }
 
+/// [`connect`], again and again until `deadline` while no replica leads or answers (a
+/// leader killed: another takes over within its lease); a refusal that waiting cannot
+/// mend (the configuration, the token) comes at once.
+pub async fn connect_within(
+    cli: &ConnectArgs,
+    deadline: tokio::time::Instant,
+) -> anyhow::Result<Client> {
+    let mut pause = Duration::from_millis(250);
+    loop {
+        match connect(cli).await {
+            Ok(client) => return Ok(client),
+            Err(error)
+                if is_unanswered(&error) && tokio::time::Instant::now() + pause < deadline =>
+            {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// No replica led or answered (as opposed to a refusal).
+fn is_unanswered(error: &anyhow::Error) -> bool {
+    let text = format!("{error:#}");
+    text.contains("not the leader")
+        || text.contains("no controller answered")
+        || text.contains("cannot reach")
+}
+
+/// Whether a call's failure is the controller going away or stepping down, which a new
+/// connection (to the new leader) mends.
+pub fn is_failover(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::Cancelled
+            | tonic::Code::Aborted
+    )
+}
+
 /// Whether the controller behind `channel` leads: grpc.health.v1 for the API service
 /// (no token needed). One without the health service (older than it) is taken at its
 /// word, as before: its answers say whether it leads.
@@ -249,6 +291,9 @@ pub enum Change {
     Object { object: Value, deleted: bool },
     /// Every object there was at the start has been sent.
     Synced,
+    /// The watch starts again from a new listing (another leader answers now): what was
+    /// seen before may be gone without a deletion being sent.
+    Relisted,
 }
 
 /// The controller's changes to objects of a kind (in a namespace, `""` for all, and by
@@ -258,6 +303,10 @@ pub struct Watch<'a> {
     client: &'a mut Client,
     request: WatchRequest,
     stream: Option<tonic::Streaming<WatchEvent>>,
+    /// Where to find the leader again when this one goes away (`None`: the watch ends).
+    reconnect: Option<ConnectArgs>,
+    /// A new listing begins: said once before its objects.
+    relisted: bool,
 }
 
 impl<'a> Watch<'a> {
@@ -272,6 +321,37 @@ impl<'a> Watch<'a> {
                 resource_version: 0,
             },
             stream: None,
+            reconnect: None,
+            relisted: false,
+        }
+    }
+
+    /// Through a failover: when the controller goes away or steps down, connect to the
+    /// replica that leads next (as often as it takes: the caller bounds the wait) and
+    /// resume from the last version seen.
+    #[must_use]
+    pub fn following_the_leader(mut self, connection: &ConnectArgs) -> Self {
+        self.reconnect = Some(connection.clone());
+        self
+    }
+
+    /// A new connection to whichever replica leads now.
+    async fn reconnect(&mut self) {
+        let Some(connection) = &self.reconnect else {
+            return;
+        };
+        self.stream = None;
+        // Another replica's versions are not this one's: from its listing.
+        self.request.resource_version = 0;
+        self.relisted = true;
+        let mut pause = Duration::from_millis(250);
+        loop {
+            tokio::time::sleep(pause).await;
+            if let Ok(client) = connect(connection).await {
+                *self.client = client;
+                return;
+            }
+            pause = (pause * 2).min(Duration::from_secs(2));
         }
     }
 
@@ -281,17 +361,25 @@ impl<'a> Watch<'a> {
             let stream = match &mut self.stream {
                 Some(stream) => stream,
                 None => {
-                    let stream = self
-                        .client
-                        .watch(self.request.clone())
-                        .await
-                        .map_err(|s| match s.code() {
-                            tonic::Code::Unimplemented => anyhow::anyhow!(
-                                "the controller does not serve Watch (it is older than this riggerctl); upgrade it, or leave out -w"
-                            ),
-                            _ => refused(&s),
-                        })?
-                        .into_inner();
+                    let stream = match self.client.watch(self.request.clone()).await {
+                        Ok(stream) => stream.into_inner(),
+                        Err(status) if self.reconnect.is_some() && is_failover(&status) => {
+                            self.reconnect().await;
+                            continue;
+                        }
+                        Err(status) => {
+                            return Err(match status.code() {
+                                tonic::Code::Unimplemented => anyhow::anyhow!(
+                                    "the controller does not serve Watch (it is older than this riggerctl); upgrade it, or leave out -w"
+                                ),
+                                _ => refused(&status),
+                            });
+                        }
+                    };
+                    if std::mem::take(&mut self.relisted) {
+                        self.stream = Some(stream);
+                        return Ok(Change::Relisted);
+                    }
                     self.stream.insert(stream)
                 }
             };
@@ -314,6 +402,12 @@ impl<'a> Watch<'a> {
                 Err(status) if status.code() == tonic::Code::OutOfRange => {
                     self.request.resource_version = 0;
                     self.stream = None;
+                    self.relisted = true;
+                }
+                // The controller stopped or stepped down: on to the next leader.
+                Ok(None) if self.reconnect.is_some() => self.reconnect().await,
+                Err(status) if self.reconnect.is_some() && is_failover(&status) => {
+                    self.reconnect().await;
                 }
                 Ok(None) => anyhow::bail!("the controller ended the watch"),
                 Err(status) => return Err(refused(&status)),

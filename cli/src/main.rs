@@ -84,8 +84,13 @@ fn main() -> ExitCode {
 
 /// The verb's exit status (0 unless `exec` passes on another).
 async fn run(cli: Cli) -> anyhow::Result<i32> {
-    let client = &mut client::connect(&cli.connection).await?;
     let namespace = cli.namespace.as_str();
+    if let Command::Wait(args) = cli.command {
+        // Connects itself: within its --timeout, through a failover.
+        wait::run(args, &cli.connection, namespace).await?;
+        return Ok(0);
+    }
+    let client = &mut client::connect(&cli.connection).await?;
     match cli.command {
         Command::Apply(args) => apply::run(args, client).await,
         Command::Get(args) => get::run(args, client, namespace).await,
@@ -96,7 +101,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Exec(args) => return exec::run(args, client, namespace).await,
         Command::Set(args) => set::run(args, client, namespace).await,
         Command::Recreate(args) => recreate::run(args, client, namespace).await,
-        Command::Wait(args) => wait::run(args, client, namespace).await,
+        Command::Wait(_) => Ok(()),
         Command::Docs(_) | Command::Explain(_) => Ok(()),
     }
     .map(|()| 0)

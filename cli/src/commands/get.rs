@@ -109,7 +109,7 @@ async fn watch_and_print(
     let mut documents = 0usize;
     loop {
         let (object, deleted) = match watch.next().await? {
-            Change::Synced => continue,
+            Change::Synced | Change::Relisted => continue,
             Change::Object { object, deleted } => (object, deleted),
         };
         let id = display_name(&object);

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::client::{Change, Client, Selectors, Watch};
+use crate::client::{Change, ConnectArgs, Selectors, Watch};
 use crate::output::{Template, str_of};
 
 /// Wait until an object has a condition (`--for=condition=Complete`), is gone
@@ -55,7 +55,11 @@ fn has_condition(object: &Value, name: &str) -> bool {
         })
 }
 
-pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Result<()> {
+pub async fn run(args: Args, connection: &ConnectArgs, namespace: &str) -> anyhow::Result<()> {
+    // The whole wait, connecting included, within --timeout: a controller failing over
+    // (the leader killed) is waited out, its successor followed.
+    let deadline = tokio::time::Instant::now() + args.timeout;
+    let client = &mut crate::client::connect_within(connection, deadline).await?;
     let Args {
         object,
         condition,
@@ -92,8 +96,8 @@ pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Re
         labels: String::new(),
         fields: format!("metadata.name={name}"),
     };
-    let mut watch = Watch::new(client, kind, namespace, &selectors);
-    let deadline = tokio::time::Instant::now() + timeout;
+    let mut watch =
+        Watch::new(client, kind, namespace, &selectors).following_the_leader(connection);
     let mut last: Option<Value> = None;
     loop {
         let change = match tokio::time::timeout_at(deadline, watch.next()).await {
@@ -116,6 +120,8 @@ pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Re
         };
         match (change, &wanted) {
             // Nothing by that name: gone already, or nothing to wait on.
+            // A new leader's listing follows: judged as the first one was.
+            (Change::Relisted, _) => last = None,
             (Change::Synced, Wanted::Deleted) if last.is_none() => {
                 met();
                 return Ok(());

@@ -232,3 +232,61 @@ async fn the_grpc_health_service_names_the_leader() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `riggerctl wait` through a failover: the leader is killed (SIGKILL) under a running
+/// wait; the wait follows the replica that leads next, within its `--timeout`, and sees
+/// what happens there (here the object it waits on deleted through the new leader).
+#[test]
+fn a_wait_survives_the_leaders_sigkill() {
+    use std::time::Duration;
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut replicas = Controller::replicas(dir.path(), &etcd, 2);
+    let leader = rigger_integration_tests::wait_until(
+        "one replica to lead",
+        Duration::from_secs(30),
+        || replicas.iter().position(Controller::is_leader),
+    );
+    let follower = 1 - leader;
+    let job = "apiVersion: apps.kruise.io/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: through-failover\nspec:\n  image: 127.0.0.1:1/nowhere:1\n  selector:\n    names: [no-such-node]\n";
+    replicas[leader].apply_ok(job);
+    let wait = replicas[leader]
+        .ctl_command(
+            "admin",
+            &replicas[leader].endpoints,
+            &[
+                "wait",
+                "imagepulljob/through-failover",
+                "--for=delete",
+                "--timeout=90s",
+            ],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The wait is watching (its listing came back) before the leader goes.
+    std::thread::sleep(Duration::from_secs(2));
+    replicas[leader].kill();
+    rigger_integration_tests::wait_until(
+        "the other replica to lead",
+        Duration::from_secs(30),
+        || replicas[follower].is_leader().then_some(()),
+    );
+    let deleted = replicas[follower].ctl(&["delete", "imagepulljob", "through-failover"]);
+    assert!(
+        deleted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&deleted.stderr)
+    );
+    let out = wait.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the wait gave up: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "imagepulljob/through-failover condition met"
+    );
+}
