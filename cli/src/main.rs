@@ -93,7 +93,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
     let client = &mut client::connect(&cli.connection).await?;
     match cli.command {
         Command::Apply(args) => apply::run(args, client).await,
-        Command::Get(args) => get::run(args, client, namespace).await,
+        Command::Get(args) => get::run(args, client, &cli.connection, namespace).await,
         Command::Describe(args) => describe::run(args, client, namespace).await,
         Command::Delete(args) => delete::run(args, client, namespace).await,
         Command::Label(args) => label::run(args, client).await,

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use rigger_api::Kind;
 
-use crate::client::{Change, Client, Selectors, Watch, fetch, fetch_all};
+use crate::client::{Change, Client, ConnectArgs, Selectors, Watch, fetch, fetch_all};
 use crate::output::{Output, display_name, print_table, render_table, table_rows};
 
 /// Show objects: one by name, or all of a kind.
@@ -26,7 +26,12 @@ pub struct Args {
     selectors: Selectors,
 }
 
-pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Result<()> {
+pub async fn run(
+    args: Args,
+    client: &mut Client,
+    connection: &ConnectArgs,
+    namespace: &str,
+) -> anyhow::Result<()> {
     let Args {
         kind,
         name,
@@ -42,7 +47,12 @@ pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Re
     }
     let namespace = if all_namespaces { "" } else { namespace };
     if watch {
-        return watch_and_print(client, resolved, name, namespace, selectors, &output).await;
+        let into = Watching {
+            connection,
+            namespace,
+            output: &output,
+        };
+        return watch_and_print(client, resolved, name, selectors, &into).await;
     }
     let objects = match name {
         Some(name) => vec![fetch(client, kind, namespace, name).await?],
@@ -86,21 +96,35 @@ fn render(output: &Output, value: &serde_json::Value) -> anyhow::Result<String> 
     })
 }
 
+/// Where a `-w` watches and how it prints.
+#[derive(Clone, Copy)]
+struct Watching<'a> {
+    connection: &'a ConnectArgs,
+    namespace: &'a str,
+    output: &'a Output,
+}
+
 /// `-w`: the objects there are, then each as it changes, from the controller's Watch
 /// (it sends what changed, not the list again). Tables print their header once, then a
-/// row whenever it changes; YAML separates documents with `---`.
+/// row whenever it changes; YAML separates documents with `---`. Through a failover it
+/// follows the next leader.
 async fn watch_and_print(
     client: &mut Client,
     kind: Kind,
     name: Option<&str>,
-    namespace: &str,
     mut selectors: Selectors,
-    output: &Output,
+    into: &Watching<'_>,
 ) -> anyhow::Result<()> {
+    let Watching {
+        connection,
+        namespace,
+        output,
+    } = *into;
     if let Some(name) = name {
         selectors.fields = format!("metadata.name={name}");
     }
-    let mut watch = Watch::new(client, kind.name(), namespace, &selectors);
+    let mut watch =
+        Watch::new(client, kind.name(), namespace, &selectors).following_the_leader(connection);
     // The objects as now known (tables are rendered whole, so columns stay aligned),
     // and what was last printed of each.
     let mut objects: BTreeMap<String, serde_json::Value> = BTreeMap::new();

@@ -290,3 +290,64 @@ fn a_wait_survives_the_leaders_sigkill() {
         "imagepulljob/through-failover condition met"
     );
 }
+
+/// `riggerctl get -w` through a failover: the leader is killed under it, and it goes on
+/// printing what changes on the replica that leads next.
+#[test]
+fn a_get_watch_goes_on_through_the_leaders_sigkill() {
+    use std::io::BufRead as _;
+    use std::time::Duration;
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut replicas = Controller::replicas(dir.path(), &etcd, 2);
+    let leader = rigger_integration_tests::wait_until(
+        "one replica to lead",
+        Duration::from_secs(30),
+        || replicas.iter().position(Controller::is_leader),
+    );
+    let follower = 1 - leader;
+    let job = |name: &str| {
+        format!(
+            "apiVersion: apps.kruise.io/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: {name}\nspec:\n  image: 127.0.0.1:1/nowhere:1\n  selector:\n    names: [no-such-node]\n"
+        )
+    };
+    replicas[leader].apply_ok(&job("before-failover"));
+    let mut watch = replicas[leader]
+        .ctl_command(
+            "admin",
+            &replicas[leader].endpoints,
+            &["get", "imagepulljobs", "-w", "-o", "name"],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let (lines, seen) = std::sync::mpsc::channel();
+    let stdout = watch.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let until = |wanted: &str| loop {
+        match seen.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) if line == wanted => return,
+            Ok(_) => {}
+            Err(e) => panic!("{wanted} not printed: {e}"),
+        }
+    };
+    until("imagepulljob.apps.kruise.io/before-failover");
+    replicas[leader].kill();
+    rigger_integration_tests::wait_until(
+        "the other replica to lead",
+        Duration::from_secs(30),
+        || replicas[follower].is_leader().then_some(()),
+    );
+    replicas[follower].apply_ok(&job("after-failover"));
+    until("imagepulljob.apps.kruise.io/after-failover");
+    let _ = watch.kill();
+    let _ = watch.wait();
+}
