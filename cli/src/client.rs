@@ -105,10 +105,13 @@ pub async fn connect(cli: &ConnectArgs) -> anyhow::Result<Client> {
     // Several servers: replicas of an HA controller; the one whose gRPC health service
     // says the API is SERVING leads, followers say NOT_SERVING and the next is tried.
     let mut errors: Vec<String> = Vec::new();
+    // Whether every server failed in a way waiting may mend (unreachable, a follower).
+    let mut unanswered = true;
     for server in servers.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let channel = match connect_one(server, ca_file.as_deref()).await {
             Ok(channel) => channel,
             Err(e) => {
+                unanswered &= e.is::<Unanswered>();
                 errors.push(format!("{e:#}"));
                 continue;
             }
@@ -122,6 +125,7 @@ pub async fn connect(cli: &ConnectArgs) -> anyhow::Result<Client> {
                 continue;
             }
             Err(status) => {
+                unanswered &= is_failover(&status);
                 errors.push(format!("{server}: {}", status.message()));
                 continue;
             }
@@ -131,15 +135,23 @@ pub async fn connect(cli: &ConnectArgs) -> anyhow::Result<Client> {
         return Ok(ControlClient::with_interceptor(channel, BearerToken(token))
             .max_decoding_message_size(MAX_RESPONSE));
     }
-    match errors.as_slice() {
-        [] => Err(anyhow::anyhow!("--server names no controller")),
-        [one] => Err(anyhow::anyhow!("{one}")),
-        all => Err(anyhow::anyhow!(
-            "no controller answered: {}",
-            all.join("; ")
-        )),
+    let message = match errors.as_slice() {
+        [] => return Err(anyhow::anyhow!("--server names no controller")),
+        [one] => one.clone(),
+        all => format!("no controller answered: {}", all.join("; ")),
+    };
+    if unanswered {
+        Err(Unanswered(message).into())
+    } else {
+        Err(anyhow::anyhow!(message))
     }
 }
+
+/// No replica could be reached or led: waiting may mend it (another takes over), as
+/// opposed to a refusal (the configuration, a certificate).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Unanswered(String);
 
 /// [`connect`], again and again until `deadline` while no replica leads or answers (a
 /// leader killed: another takes over within its lease); a refusal that waiting cannot
@@ -148,27 +160,25 @@ pub async fn connect_within(
     cli: &ConnectArgs,
     deadline: tokio::time::Instant,
 ) -> anyhow::Result<Client> {
-    let mut pause = Duration::from_millis(250);
+    let mut backoff = failover_backoff();
     loop {
         match connect(cli).await {
             Ok(client) => return Ok(client),
-            Err(error)
-                if is_unanswered(&error) && tokio::time::Instant::now() + pause < deadline =>
-            {
+            Err(error) if error.is::<Unanswered>() => {
+                let pause = backoff.next_delay();
+                if tokio::time::Instant::now() + pause >= deadline {
+                    return Err(error);
+                }
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(2));
             }
             Err(error) => return Err(error),
         }
     }
 }
 
-/// No replica led or answered (as opposed to a refusal).
-fn is_unanswered(error: &anyhow::Error) -> bool {
-    let text = format!("{error:#}");
-    text.contains("not the leader")
-        || text.contains("no controller answered")
-        || text.contains("cannot reach")
+/// How often a new leader is looked for: soon, then every two seconds at most.
+fn failover_backoff() -> rigger_daemon::backoff::Backoff {
+    rigger_daemon::backoff::Backoff::new(Duration::from_millis(250), Duration::from_secs(2))
 }
 
 /// Whether a call's failure is the controller going away or stepping down, which a new
@@ -219,10 +229,11 @@ async fn connect_one(server: &str, ca_file: Option<&std::path::Path>) -> anyhow:
             .with_context(|| format!("TLS settings for {server}"))?;
     }
     endpoint.connect().await.map_err(|e| {
-        anyhow::anyhow!(
+        Unanswered(format!(
             "cannot reach the controller at {server}: {}",
             rigger_daemon::error_chain(&e)
-        )
+        ))
+        .into()
     })
 }
 
@@ -344,14 +355,13 @@ impl<'a> Watch<'a> {
         // Another replica's versions are not this one's: from its listing.
         self.request.resource_version = 0;
         self.relisted = true;
-        let mut pause = Duration::from_millis(250);
+        let mut backoff = failover_backoff();
         loop {
-            tokio::time::sleep(pause).await;
+            tokio::time::sleep(backoff.next_delay()).await;
             if let Ok(client) = connect(connection).await {
                 *self.client = client;
                 return;
             }
-            pause = (pause * 2).min(Duration::from_secs(2));
         }
     }
 

@@ -199,7 +199,7 @@ fn nearest_lower_dir(lowers: &[SnapshotRoot], rel: &Path) -> Result<Option<Dir>,
     for lower in lowers {
         let walk = match lower.walk(rel, true) {
             Ok(walk) => walk,
-            Err(e) if e.source.raw_os_error() == Some(nix_enotdir()) => {
+            Err(e) if e.is_not_a_directory() => {
                 return Err(ApplyError::ImpliedBelowNonDirectory(rel.to_owned()));
             }
             Err(e) => return Err(e.into()),
@@ -217,10 +217,6 @@ fn nearest_lower_dir(lowers: &[SnapshotRoot], rel: &Path) -> Result<Option<Dir>,
         }
     }
     Ok(None)
-}
-
-fn nix_enotdir() -> i32 {
-    rustix::io::Errno::NOTDIR.raw_os_error()
 }
 
 fn omit() -> Timespec {
@@ -457,7 +453,7 @@ fn apply_entries<R: Read>(
         // non-directory on the way) fails the layer there too.
         let walk = match root.walk(&dir.name, true) {
             Ok(walk) => walk,
-            Err(e) if e.source.raw_os_error() == Some(nix_enotdir()) => {
+            Err(e) if e.is_not_a_directory() => {
                 return Err(ApplyError::DirectoryGone(dir.name));
             }
             Err(e) => return Err(e.into()),

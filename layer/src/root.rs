@@ -45,6 +45,11 @@ impl FsError {
         }
     }
 
+    /// Something on the way was not a directory (ENOTDIR).
+    pub fn is_not_a_directory(&self) -> bool {
+        self.source.raw_os_error() == Some(Errno::NOTDIR.raw_os_error())
+    }
+
     fn pathrs(path: &Path, error: &pathrs::error::Error) -> Self {
         let source = match error.kind() {
             pathrs::error::ErrorKind::OsError(Some(errno)) => {
@@ -221,7 +226,7 @@ impl SnapshotRoot {
     pub fn dir(&self, rel: &Path) -> Result<Option<Dir>, FsError> {
         let walk = match self.walk(rel, true) {
             Ok(walk) => walk,
-            Err(e) if e.source.raw_os_error() == Some(Errno::NOTDIR.raw_os_error()) => {
+            Err(e) if e.is_not_a_directory() => {
                 return Ok(None);
             }
             Err(e) => return Err(e),

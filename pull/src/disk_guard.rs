@@ -146,14 +146,11 @@ fn device_of(dir: &Path) -> Option<u64> {
 }
 
 fn usage_of(dir: &Path) -> Option<Usage> {
-    match nix::sys::statvfs::statvfs(dir) {
-        Ok(stat) => {
-            let unit = stat.fragment_size();
-            Some(Usage {
-                total: stat.blocks().saturating_mul(unit),
-                available: stat.blocks_available().saturating_mul(unit),
-            })
-        }
+    match crate::stack::unverified::Room::of(dir) {
+        Ok(room) => Some(Usage {
+            available: room.bytes.0,
+            total: room.bytes.1,
+        }),
         Err(error) => {
             tracing::warn!(dir = %dir.display(), %error, "the disk guard cannot measure this filesystem");
             None

@@ -48,6 +48,14 @@ impl Grpc {
         self.connection.channel().await
     }
 
+    /// containerd's introspection, as a status when it cannot be reached.
+    async fn runtime(&self) -> Result<rigger_runtime::Runtime, Status> {
+        self.connection
+            .runtime()
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))
+    }
+
     /// `call`, telling the connection when it failed (containerd gone: dial again).
     fn watched<'a, T: Send + 'a>(
         &'a self,
@@ -332,11 +340,7 @@ impl Containerd for Grpc {
 
     fn content_root(&self) -> Call<'_, Option<std::path::PathBuf>> {
         self.watched(async move {
-            let runtime = self
-                .connection
-                .runtime()
-                .await
-                .map_err(|e| Status::unavailable(e.to_string()))?;
+            let runtime = self.runtime().await?;
             runtime.content_root().await.map_err(|e| e.status)
         })
     }
@@ -346,11 +350,7 @@ impl Containerd for Grpc {
         snapshotter: &'a str,
     ) -> Call<'a, Option<std::path::PathBuf>> {
         self.watched(async move {
-            let runtime = self
-                .connection
-                .runtime()
-                .await
-                .map_err(|e| Status::unavailable(e.to_string()))?;
+            let runtime = self.runtime().await?;
             runtime
                 .snapshotter_root(snapshotter)
                 .await

@@ -68,6 +68,21 @@ pub struct Room {
     pub inodes: (u64, u64),
 }
 
+impl Room {
+    /// The room of the filesystem holding `dir`, for an unprivileged writer (as `df`).
+    pub fn of(dir: &std::path::Path) -> nix::Result<Self> {
+        let stat = nix::sys::statvfs::statvfs(dir)?;
+        let block = stat.fragment_size();
+        Ok(Self {
+            bytes: (
+                stat.blocks_available().saturating_mul(block),
+                stat.blocks().saturating_mul(block),
+            ),
+            inodes: (stat.files_available(), stat.files()),
+        })
+    }
+}
+
 /// The budget decision, pure: `out` bytes written from `compressed` bytes read, and
 /// the filesystem's room when just read.
 pub fn check(
@@ -168,15 +183,7 @@ impl<R> Bounded<R> {
     }
 
     fn room(&self) -> Option<Room> {
-        let stat = nix::sys::statvfs::statvfs(&self.root).ok()?;
-        let block = stat.fragment_size();
-        Some(Room {
-            bytes: (
-                stat.blocks_available().saturating_mul(block),
-                stat.blocks().saturating_mul(block),
-            ),
-            inodes: (stat.files_available(), stat.files()),
-        })
+        Room::of(&self.root).ok()
     }
 }
 

@@ -146,13 +146,7 @@ pub fn compare_outcome_with_ctr(node: &LabNode, repo_tag: &str, test: &str) -> b
             true
         }
         (false, false) => {
-            let records = node.ctr(&ours.name, &["images", "ls", "-q"]);
-            assert!(
-                records.trim().is_empty(),
-                "refused, yet recorded: {records}"
-            );
-            let snapshots = node.ctr(&ours.name, &["snapshots", "ls"]);
-            assert!(!snapshots.contains("Active"), "{snapshots}");
+            assert_left_nothing(node, &ours.name);
             false
         }
         (true, false) => panic!(
@@ -166,6 +160,18 @@ pub fn compare_outcome_with_ctr(node: &LabNode, repo_tag: &str, test: &str) -> b
             said(&agent)
         ),
     }
+}
+
+/// A refused pull into namespace `ns` of `node` left no image record and no
+/// half-unpacked snapshot (a good lower layer may linger until containerd's GC runs).
+pub fn assert_left_nothing(node: &LabNode, ns: &str) {
+    let records = node.ctr(ns, &["images", "ls", "-q"]);
+    assert!(
+        records.trim().is_empty(),
+        "refused, yet recorded: {records}"
+    );
+    let snapshots = node.ctr(ns, &["snapshots", "ls"]);
+    assert!(!snapshots.contains("Active"), "{snapshots}");
 }
 
 /// `ctr images pull` of `image` into `snapshotter`, from the node's registry settings.

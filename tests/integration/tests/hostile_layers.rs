@@ -10,7 +10,9 @@
 
 use std::process::Command;
 
-use rigger_integration_tests::fidelity::{agent_pull_on, compare_with_ctr, compare_with_ctr_in};
+use rigger_integration_tests::fidelity::{
+    agent_pull_on, assert_left_nothing, compare_with_ctr, compare_with_ctr_in,
+};
 use rigger_integration_tests::{
     Lab, LabNode, TestNamespace, binary, on_every_containerd, tree_listing,
 };
@@ -62,15 +64,7 @@ fn assert_refused_image_leaving_nothing(
         "{last}"
     );
     assert!(last.contains(expected), "{last}");
-    assert!(
-        node.ctr(&ns.name, &["images", "ls", "-q"])
-            .trim()
-            .is_empty(),
-        "no image record"
-    );
-    // No half-unpacked snapshot (the good base layer may linger until GC runs).
-    let snapshots = node.ctr(&ns.name, &["snapshots", "ls"]);
-    assert!(!snapshots.contains("Active"), "{snapshots}");
+    assert_left_nothing(node, &ns.name);
 }
 
 /// containerd's own pull (of the same version) refuses hostile image `kind` too.
