@@ -256,9 +256,13 @@ fn a_job_a_pod_and_an_in_place_update_share_the_nodes_limits() {
 }
 
 /// `--max-parallel-image-pulls`: jobs asking for more images at once than the node's
-/// limit take turns. Seen at the registry (a proxy): an image's requests, from its
-/// manifest to its last blob, overlap those of at most `limit` images — and, the limit
-/// being the only thing holding them back, of exactly `limit` at some moment.
+/// limit take turns. Seen at the registry (a proxy): an image's requests, from its first
+/// arrival to its last body byte handed over, overlap those of at most `limit` images —
+/// and of exactly `limit` at some moment: the proxy holds each image's requests until
+/// `limit` images were asked for, so pulls the limit lets run together do (the
+/// controller hands the four jobs over a few hundred milliseconds apart, and small
+/// images would otherwise finish before the next arrives). Were the agent stricter than
+/// its limit, the hold would end after its 20 s and the count would say so.
 #[test]
 fn images_pulled_at_once_stay_within_the_nodes_limit() {
     let lab = Lab::get();
@@ -279,19 +283,22 @@ fn images_pulled_at_once_stay_within_the_nodes_limit() {
     let id = std::process::id();
     for limit in [1usize, 2] {
         agent.restart_with_flag("--max-parallel-image-pulls", &limit.to_string());
-        // Slow enough that pulls let alone would overlap: ~4 MiB each at 8 MiB/s.
-        agent.restart_with_flag("--max-connections", "8");
-        agent.restart_with_flag("--limit-rate", &(8u64 << 20).to_string());
         wait_until("the node to be ready", Duration::from_secs(30), || {
             let n = controller.get_json(&["node", "turns-node"])?;
             (n["status"]["conditions"][0]["status"] == "True").then_some(())
         });
         let images: Vec<String> = (0..4)
             .map(|i| {
-                let repo = unique_image_with(&format!("turns-{limit}-{i}"), 2, 2 << 20, &[]);
+                let repo = unique_image_with(&format!("turns-{limit}-{i}"), 2, 1 << 20, &[]);
                 format!("{}/{repo}", proxy.address)
             })
             .collect();
+        let among = format!("/turns-{limit}-");
+        proxy.set_faults(&serde_json::json!([{
+            "path_contains": among,
+            "action": {"hold_until_repositories": limit, "among": among, "at_most_ms": 20_000},
+            "times": 10_000,
+        }]));
         let since = now_us();
         let jobs: Vec<String> = images
             .iter()
@@ -318,21 +325,27 @@ fn images_pulled_at_once_stay_within_the_nodes_limit() {
             .into_iter()
             .filter(|r| r["arrived_us"].as_u64().unwrap() >= since)
             .collect();
-        // Per image: its first request's arrival to its last one's.
+        // Per image: its first request's arrival to its last body byte handed over (which
+        // is before the agent has read it, so no later than the image's turn ended).
         let spans: Vec<(u64, u64)> = images
             .iter()
             .map(|image| {
                 let repo = format!("/{}/", repo_of(image));
-                let arrivals: Vec<u64> = requests
+                let of_image: Vec<&Value> = requests
                     .iter()
                     .filter(|r| r["path"].as_str().unwrap().contains(&repo))
-                    .map(|r| r["arrived_us"].as_u64().unwrap())
                     .collect();
-                let first = *arrivals
+                let first = of_image
                     .iter()
+                    .map(|r| r["arrived_us"].as_u64().unwrap())
                     .min()
                     .unwrap_or_else(|| panic!("{image} never asked for"));
-                (first, *arrivals.iter().max().unwrap())
+                let last = of_image
+                    .iter()
+                    .map(|r| r["last_sent_us"].as_u64().unwrap())
+                    .max()
+                    .unwrap();
+                (first, last)
             })
             .collect();
         let most = peak(&spans);

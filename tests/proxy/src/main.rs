@@ -16,8 +16,14 @@
 //!  {"path_contains": "/blobs/", "action": {"corrupt": true}, "times": 1},
 //!  {"path_contains": "/blobs/", "action": {"stall_after": 0}, "times": 1},
 //!  {"path_contains": "/manifests/", "action": {"endless": true}, "times": 1},
-//!  {"path_contains": "/blobs/", "action": {"redirect": "http://127.0.0.1:5001"}, "times": 9}]
+//!  {"path_contains": "/blobs/", "action": {"redirect": "http://127.0.0.1:5001"}, "times": 9},
+//!  {"path_contains": "app-", "action": {"hold_until_repositories": 2, "among": "app-",
+//!   "at_most_ms": 30000}, "times": 99}]
 //! ```
+//!
+//! `hold_until_repositories` holds the request until requests for that many repositories
+//! whose path contains `among` have arrived (this one's included), or `at_most_ms` passed:
+//! a test can make sure several pulls are in flight together, whenever each began.
 //!
 //! `endless` answers 200 with the manifest content type and a body that never ends (a
 //! manifest bomb), without asking the registry. `redirect` answers 307 to the same path
@@ -109,6 +115,13 @@ enum Action {
     Endless { endless: bool },
     /// Answer 307 to the same path on this origin: `{"redirect": "http://host:port"}`.
     Redirect { redirect: String },
+    /// Hold the request until requests for this many repositories (paths containing
+    /// `among`) arrived, or `at_most_ms` passed; then serve it.
+    HoldUntilRepositories {
+        hold_until_repositories: usize,
+        among: String,
+        at_most_ms: u64,
+    },
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -144,6 +157,8 @@ struct State {
     client: reqwest::Client,
     rules: Mutex<Vec<Rule>>,
     served: Mutex<Vec<Served>>,
+    /// Every request's path as it arrived (held ones too, unlike `served`).
+    arrived: Mutex<Vec<String>>,
     latency: Option<Duration>,
     rate: Option<u64>,
     /// The egress shared by every connection, when capped.
@@ -185,6 +200,7 @@ async fn main() -> anyhow::Result<()> {
             .context("HTTP client")?,
         rules: Mutex::new(rules),
         served: Mutex::default(),
+        arrived: Mutex::default(),
         latency: args.connection_latency,
         rate: args.connection_rate.map(|r| r.as_u64()),
         total: args
@@ -275,6 +291,22 @@ async fn handle(
         .collect();
     let fault = take_rule(&state, &path);
     let arrived_us = unix_micros();
+    if let Ok(mut arrived) = state.arrived.lock() {
+        arrived.push(path.clone());
+    }
+    if let Some(Action::HoldUntilRepositories {
+        hold_until_repositories,
+        among,
+        at_most_ms,
+    }) = &fault
+    {
+        let deadline = Instant::now() + Duration::from_millis(*at_most_ms);
+        while repositories_arrived(&state, among) < *hold_until_repositories
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
     let record = |status: u16, fault: Option<&Action>| {
         let mut served = state.served.lock().ok()?;
         served.push(Served {
@@ -485,6 +517,25 @@ fn unix_micros() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// How many repositories requests whose path contains `among` were for: the part of
+/// `/v2/REPOSITORY/manifests/...` or `/v2/REPOSITORY/blobs/...` before the last of those.
+fn repositories_arrived(state: &State, among: &str) -> usize {
+    let Ok(arrived) = state.arrived.lock() else {
+        return 0;
+    };
+    arrived
+        .iter()
+        .filter(|path| path.contains(among))
+        .filter_map(|path| {
+            let (repository, _) = path
+                .rsplit_once("/manifests/")
+                .or_else(|| path.rsplit_once("/blobs/"))?;
+            Some(repository)
+        })
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
 }
 
 /// Find (and count down) the first rule matching `path`.
