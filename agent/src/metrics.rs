@@ -38,6 +38,14 @@ pub const PEER_RESULTS: [&str; 3] = ["served", "refused", "missing"];
 /// not (containerd then asks the registry).
 pub const MIRROR_RESULTS: [&str; 2] = ["served", "missing"];
 
+/// A filesystem containerd keeps images on, by the directory it was measured at.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Filesystem {
+    pub filesystem: String,
+}
+
+type Ratio = Gauge<f64, std::sync::atomic::AtomicU64>;
+
 #[derive(Debug)]
 pub struct AgentMetrics {
     pub pulls: Family<Outcome, Counter>,
@@ -55,6 +63,8 @@ pub struct AgentMetrics {
     pub peer_suspects: Counter,
     pub mirror_requests: Family<Outcome, Counter>,
     pub mirror_bytes: Counter,
+    pub image_fs_used: Family<Filesystem, Ratio>,
+    pub image_fs_threshold: Ratio,
 }
 
 fn seconds() -> Histogram {
@@ -80,6 +90,8 @@ impl AgentMetrics {
             peer_suspects: Counter::default(),
             mirror_requests: Family::default(),
             mirror_bytes: Counter::default(),
+            image_fs_used: Family::default(),
+            image_fs_threshold: Ratio::default(),
         };
         // Every documented label value is served from the start (at 0), so rates and
         // alerts work before the first failure.
@@ -177,7 +189,33 @@ impl AgentMetrics {
             "Bytes the registry mirror served containerd from other nodes",
             self.mirror_bytes.clone(),
         );
+        registry.register(
+            "image_fs_used_ratio",
+            "Used / size of each filesystem containerd keeps images on, as kubelet counts it",
+            self.image_fs_used.clone(),
+        );
+        registry.register(
+            "image_fs_threshold_ratio",
+            "The disk guard's threshold / 100",
+            self.image_fs_threshold.clone(),
+        );
         registry
+    }
+
+    /// Set the image filesystem gauges from what `puller` measures now; how many
+    /// filesystems were measured (none while containerd cannot say where they are).
+    pub async fn measure_image_filesystems(&self, puller: &rigger_pull::Puller) -> usize {
+        let measured = puller.image_filesystems().await;
+        for (dir, ratio) in &measured {
+            self.image_fs_used
+                .get_or_create(&Filesystem {
+                    filesystem: dir.display().to_string(),
+                })
+                .set(*ratio);
+        }
+        let percent = puller.image_fs_threshold_percent().unwrap_or(100);
+        self.image_fs_threshold.set(f64::from(percent) / 100.0);
+        measured.len()
     }
 
     pub fn observe(histogram: &Histogram, took: Duration) {
@@ -197,7 +235,12 @@ mod tests {
 
     #[test]
     fn the_operator_guide_lists_every_series() {
-        let registry = Arc::new(AgentMetrics::new()).registry();
+        let metrics = Arc::new(AgentMetrics::new());
+        // Served once a filesystem was measured (containerd says where they are).
+        let _ = metrics.image_fs_used.get_or_create(&Filesystem {
+            filesystem: "/var/lib/containerd".to_owned(),
+        });
+        let registry = metrics.registry();
         let guide = include_str!("../../docs/operator-guide.md");
         assert_eq!(
             rigger_daemon::metrics::check_documented(&registry, guide, "rigger_agent_"),

@@ -71,6 +71,29 @@ fn private_state_dir(path: &std::path::Path) -> Result<(), DaemonError> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700)).map_err(error)
 }
 
+/// How often the image filesystem gauges are measured (more often until containerd
+/// first says where its filesystems are).
+const IMAGE_FS_MEASURE: std::time::Duration = std::time::Duration::from_secs(30);
+const IMAGE_FS_FIRST_MEASURE: std::time::Duration = std::time::Duration::from_secs(2);
+
+async fn measure_image_filesystems(
+    puller: Puller,
+    metrics: Arc<crate::metrics::AgentMetrics>,
+    token: CancellationToken,
+) {
+    loop {
+        let every = if metrics.measure_image_filesystems(&puller).await == 0 {
+            IMAGE_FS_FIRST_MEASURE
+        } else {
+            IMAGE_FS_MEASURE
+        };
+        tokio::select! {
+            () = token.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
 /// Run until `stop` resolves, then drain within the configured timeout.
 pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<(), DaemonError> {
     private_state_dir(&config.state_dir)?;
@@ -97,6 +120,13 @@ pub async fn run(config: AgentConfig, stop: impl Future<Output = ()>) -> Result<
         metrics.clone(),
         token.child_token(),
     )?;
+    // How full containerd's filesystems are, for the operator's alerts (and the disk
+    // guard's threshold beside it).
+    tokio::spawn(measure_image_filesystems(
+        puller.clone(),
+        metrics.clone(),
+        token.child_token(),
+    ));
     // Blobs the node's pulls are writing, which its peer endpoint serves as they arrive.
     let arriving = config
         .peer

@@ -34,6 +34,7 @@ pub struct ControllerMetrics {
     agents: Family<State, Gauge>,
     jobs: Family<Phase, Gauge>,
     recreates: Family<Phase, Gauge>,
+    jobs_past_deadline: Gauge,
     leader: Gauge,
 }
 
@@ -71,6 +72,11 @@ impl ControllerMetrics {
             "image_pull_jobs",
             "ImagePullJobs, by phase",
             self.jobs.clone(),
+        );
+        registry.register(
+            "image_pull_jobs_past_deadline",
+            "Running ImagePullJobs past their activeDeadlineSeconds (the engine ends them at once)",
+            self.jobs_past_deadline.clone(),
         );
         registry.register(
             "recreate_requests",
@@ -112,6 +118,8 @@ impl ControllerMetrics {
                 count,
             );
         }
+        self.jobs_past_deadline
+            .set(i64::try_from(sources.jobs.past_deadline(SystemTime::now())).unwrap_or(i64::MAX));
         for (phase, count) in sources.recreates.phase_counts() {
             set(
                 &self.recreates,

@@ -135,6 +135,37 @@ impl DiskGuard {
     }
 }
 
+/// Each filesystem among `dirs` once (the first directory naming it), with used ÷ size
+/// (used = total − available, as kubelet counts it). Directories that cannot be
+/// measured are left out (logged).
+pub fn used_ratios(dirs: &[PathBuf]) -> Vec<(PathBuf, f64)> {
+    let mut seen = Vec::new();
+    let mut ratios = Vec::new();
+    for dir in dirs {
+        let Some(device) = device_of(dir) else {
+            continue;
+        };
+        if seen.contains(&device) {
+            continue;
+        }
+        seen.push(device);
+        if let Some(usage) = usage_of(dir) {
+            ratios.push((dir.clone(), usage.used_ratio()));
+        }
+    }
+    ratios
+}
+
+impl Usage {
+    /// Used ÷ size (0 for a filesystem of no size).
+    pub fn used_ratio(self) -> f64 {
+        if self.total == 0 {
+            return 0.0;
+        }
+        self.total.saturating_sub(self.available) as f64 / self.total as f64
+    }
+}
+
 fn device_of(dir: &Path) -> Option<u64> {
     match std::fs::metadata(dir) {
         Ok(meta) => Some(meta.dev()),
@@ -163,6 +194,32 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn used_ratio_counts_what_is_not_available_and_survives_an_empty_filesystem() {
+        let usage = Usage {
+            total: 100 * MIB,
+            available: 30 * MIB,
+        };
+        assert!((usage.used_ratio() - 0.7).abs() < 1e-9);
+        let empty = Usage {
+            total: 0,
+            available: 0,
+        };
+        assert!(empty.used_ratio().abs() < f64::EPSILON);
+    }
+
+    #[test]
+    fn each_filesystem_is_measured_once_and_unseen_directories_are_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir(&a).unwrap();
+        std::fs::create_dir(&b).unwrap();
+        let ratios = used_ratios(&[a.clone(), b, dir.path().join("missing")]);
+        assert_eq!(ratios.len(), 1, "{ratios:?}");
+        assert_eq!(ratios[0].0, a);
+        assert!((0.0..=1.0).contains(&ratios[0].1));
+    }
 
     #[test]
     fn a_pull_fits_up_to_the_threshold_and_not_a_byte_past_it() {

@@ -308,6 +308,29 @@ impl Puller {
         })
     }
 
+    /// The filesystems containerd keeps this engine's images on (its content store's and
+    /// its snapshotter's, once each), with how full each is as kubelet counts it (used ÷
+    /// size). Empty when containerd does not say where they are or they cannot be seen.
+    pub async fn image_filesystems(&self) -> Vec<(std::path::PathBuf, f64)> {
+        let mut roots = Vec::new();
+        if let Ok(Some(root)) = self.containerd.content_root().await {
+            roots.push(root);
+        }
+        if let Ok(Some(root)) = self
+            .containerd
+            .snapshotter_root(&self.options.snapshotter)
+            .await
+        {
+            roots.push(root);
+        }
+        disk_guard::used_ratios(&roots)
+    }
+
+    /// The disk guard's threshold (percent), when the engine is guarded.
+    pub fn image_fs_threshold_percent(&self) -> Option<u8> {
+        self.options.image_fs_threshold_percent
+    }
+
     /// What the image still needs on disk, reserved, or the disk guard's refusal: each
     /// layer blob not in the content store, and each layer not unpacked yet at
     /// [`disk_guard::INFLATE_ESTIMATE`] times its compressed size.

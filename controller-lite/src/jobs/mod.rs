@@ -155,6 +155,17 @@ impl JobEngine {
         ]
     }
 
+    /// Running jobs whose `activeDeadlineSeconds` passed before `now`: a pass ends such a
+    /// job at once, so one counted for minutes means the engine is stuck.
+    pub fn past_deadline(&self, now: SystemTime) -> usize {
+        let state = self.lock();
+        state
+            .jobs
+            .values()
+            .filter(|job| !job.finished() && reconcile::deadline(job).is_some_and(|at| at < now))
+            .count()
+    }
+
     /// A job's status as the engine holds it (the leader's, ahead of the store), if the
     /// engine has loaded the job at `spec_revision`. Reads come from here: the stored
     /// status is a summary and shards written one after the other, which a reader could
@@ -638,6 +649,45 @@ mod tests {
             .map(|c| c.job.metadata.name.as_str())
             .collect();
         assert_eq!(loaded, ["fine"]);
+    }
+
+    /// Only running jobs with a deadline that passed count (the metric an alert reads).
+    #[test]
+    fn past_deadline_counts_running_jobs_whose_deadline_passed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(crate::store::EmbeddedStore::open(dir.path()).unwrap());
+        let engine = JobEngine::new(
+            store,
+            NodeRegistry::default(),
+            Duration::from_secs(30),
+            None,
+        );
+        let started = "2026-01-01T00:00:00Z";
+        let always = serde_json::json!({"image": "r.example/a:1",
+            "completionPolicy": {"type": "Always", "activeDeadlineSeconds": 60}});
+        let mut with_deadline = job(&always);
+        with_deadline.status.start_time = Some(started.to_owned());
+        let mut without = job(&serde_json::json!({"image": "r.example/a:1"}));
+        without.status.start_time = Some(started.to_owned());
+        let mut finished = job(&always);
+        finished.status.start_time = Some(started.to_owned());
+        finished.status.completion_time = Some("2026-01-01T00:00:30Z".to_owned());
+        {
+            let mut state = engine.lock();
+            for (name, job) in [
+                ("late", with_deadline),
+                ("free", without),
+                ("done", finished),
+            ] {
+                state.jobs.insert(
+                    ObjectKey::new(rigger_api::image_pull_job::KIND, "default", name),
+                    job,
+                );
+            }
+        }
+        let at = |seconds: u64| parse_time(Some(started)).unwrap() + Duration::from_secs(seconds);
+        assert_eq!(engine.past_deadline(at(59)), 0);
+        assert_eq!(engine.past_deadline(at(61)), 1);
     }
 
     #[tokio::test]
