@@ -181,6 +181,18 @@ fn failover_backoff() -> rigger_daemon::backoff::Backoff {
     rigger_daemon::backoff::Backoff::new(Duration::from_millis(250), Duration::from_secs(2))
 }
 
+/// A connection to whichever replica leads next, however long that takes (the caller
+/// bounds the wait, or its user does).
+pub async fn connect_to_the_next_leader(connection: &ConnectArgs) -> Client {
+    let mut backoff = failover_backoff();
+    loop {
+        tokio::time::sleep(backoff.next_delay()).await;
+        if let Ok(client) = connect(connection).await {
+            return client;
+        }
+    }
+}
+
 /// Whether a call's failure is the controller going away or stepping down, which a new
 /// connection (to the new leader) mends.
 pub fn is_failover(status: &tonic::Status) -> bool {
@@ -355,14 +367,7 @@ impl<'a> Watch<'a> {
         // Another replica's versions are not this one's: from its listing.
         self.request.resource_version = 0;
         self.relisted = true;
-        let mut backoff = failover_backoff();
-        loop {
-            tokio::time::sleep(backoff.next_delay()).await;
-            if let Ok(client) = connect(connection).await {
-                *self.client = client;
-                return;
-            }
-        }
+        *self.client = connect_to_the_next_leader(connection).await;
     }
 
     /// The next change; an error once the controller refuses or cannot be reached.

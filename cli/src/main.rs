@@ -97,7 +97,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Describe(args) => describe::run(args, client, namespace).await,
         Command::Delete(args) => delete::run(args, client, namespace).await,
         Command::Label(args) => label::run(args, client).await,
-        Command::Logs(args) => logs::run(args, client, namespace).await,
+        Command::Logs(args) => logs::run(args, client, &cli.connection, namespace).await,
         Command::Exec(args) => return exec::run(args, client, namespace).await,
         Command::Set(args) => set::run(args, client, namespace).await,
         Command::Recreate(args) => recreate::run(args, client, namespace).await,

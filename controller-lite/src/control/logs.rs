@@ -3,7 +3,7 @@
 //! follower costs a small question every half second, not the whole log again.
 
 use std::pin::Pin;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rigger_proto::v1::{ContainerLogs, PodLogsRequest, PodOutput, agent_request};
 use tokio_stream::Stream;
@@ -15,6 +15,9 @@ pub type OutputStream = Pin<Box<dyn Stream<Item = Result<PodOutput, Status>> + S
 
 /// How often the agent is asked for new lines.
 const POLL: Duration = Duration::from_millis(500);
+/// How long a follower waits for the pod's agent to be connected (after a failover the
+/// agents find the new leader within seconds).
+const AGENT_GRACE: Duration = Duration::from_secs(30);
 
 impl ControlService {
     /// The log of pod `uid`'s container on `node`, followed until the caller goes away
@@ -30,14 +33,27 @@ impl ControlService {
         tokio::spawn(async move {
             // Without --tail the whole log is wanted: read as a follower from its start,
             // a bounded piece per answer, rather than in one answer of any size.
-            let mut ask = ContainerLogs {
-                pod_uid: uid,
-                container: request.container,
-                tail_lines: request.tail_lines,
-                follow: request.tail_lines == 0,
-                attempt: u32::MAX,
-                offset: 0,
+            // A follower resuming (after a failover) says where it got to.
+            let mut ask = if request.resume {
+                ContainerLogs {
+                    pod_uid: uid,
+                    container: request.container,
+                    tail_lines: 0,
+                    follow: true,
+                    attempt: request.resume_attempt,
+                    offset: request.resume_offset,
+                }
+            } else {
+                ContainerLogs {
+                    pod_uid: uid,
+                    container: request.container,
+                    tail_lines: request.tail_lines,
+                    follow: request.tail_lines == 0,
+                    attempt: u32::MAX,
+                    offset: 0,
+                }
             };
+            let mut unreachable_since: Option<Instant> = None;
             loop {
                 let answer = pods
                     .ask(
@@ -47,7 +63,25 @@ impl ControlService {
                     )
                     .await;
                 let answer = match answer {
-                    Ok(answer) => answer,
+                    Ok(answer) => {
+                        unreachable_since = None;
+                        answer
+                    }
+                    // An agent reconnecting (to this replica, just elected, say) is
+                    // waited for a while; then the follower is told, as a refusal it
+                    // does not take for this controller going away.
+                    Err(status) if status.code() == tonic::Code::Unavailable => {
+                        let since = *unreachable_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() >= AGENT_GRACE {
+                            let status = Status::failed_precondition(status.message());
+                            let _ = tx.send(Err(status)).await;
+                            return;
+                        }
+                        tokio::select! {
+                            () = tx.closed() => return,
+                            () = tokio::time::sleep(POLL) => continue,
+                        }
+                    }
                     Err(status) => {
                         let _ = tx.send(Err(status)).await;
                         return;
@@ -59,6 +93,8 @@ impl ControlService {
                 if !answer.stdout.is_empty() {
                     let output = PodOutput {
                         stdout: answer.stdout,
+                        log_attempt: answer.log_attempt,
+                        log_offset: answer.log_offset,
                         ..PodOutput::default()
                     };
                     if tx.send(Ok(output)).await.is_err() {

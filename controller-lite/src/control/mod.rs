@@ -380,6 +380,7 @@ impl Control for ControlService {
             stdout: answer.stdout,
             stderr: answer.stderr,
             exit_code: answer.exit_code,
+            ..PodOutput::default()
         }))
     }
 
@@ -450,6 +451,7 @@ impl Control for ControlService {
             stdout: answer.stdout,
             stderr: answer.stderr,
             exit_code: answer.exit_code,
+            ..PodOutput::default()
         }))
     }
 

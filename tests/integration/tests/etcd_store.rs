@@ -351,3 +351,89 @@ fn a_get_watch_goes_on_through_the_leaders_sigkill() {
     let _ = watch.kill();
     let _ = watch.wait();
 }
+
+/// `riggerctl logs -f` through a failover: the leader is killed while it follows a
+/// container printing a numbered line five times a second; it goes on through the next
+/// leader from where it was, every line once and in order.
+#[test]
+fn a_logs_follow_goes_on_through_the_leaders_sigkill_every_line_once() {
+    use rigger_integration_tests::{Agent, Lab, wait_until};
+    use std::io::BufRead as _;
+    use std::time::Duration;
+    let lab = Lab::get();
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut replicas = Controller::replicas(dir.path(), &etcd, 2);
+    let leader = wait_until("one replica to lead", Duration::from_secs(30), || {
+        replicas.iter().position(Controller::is_leader)
+    });
+    let follower = 1 - leader;
+    let state = dir.path().join("agent");
+    std::fs::create_dir_all(&state).unwrap();
+    let node = lab.first_node();
+    let _agent = Agent::start(
+        &replicas[leader],
+        "logs-failover-node",
+        &node.address,
+        &node.hosts_dir,
+        "itest-logs-failover",
+        &state,
+    );
+    // A pod is placed on a ready node when applied.
+    wait_until("the node to be ready", Duration::from_secs(30), || {
+        let node = replicas[leader].get_json(&["node", "logs-failover-node"])?;
+        (node["status"]["conditions"][0]["status"] == "True").then_some(())
+    });
+    let name = format!("counter-{}", std::process::id());
+    replicas[leader].apply_ok(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: main\n    image: {}\n    command: [\"sh\", \"-c\", \"i=0; while true; do echo line-$i; i=$((i+1)); sleep 0.2; done\"]\n",
+        lab.image("rigger-lab/busybox:1")
+    ));
+    wait_until("the pod to run", Duration::from_secs(90), || {
+        let pod = replicas[leader].get_json(&["pod", &name])?;
+        (pod["status"]["phase"] == "Running").then_some(())
+    });
+    let mut follow = replicas[leader]
+        .ctl_command(
+            "viewer",
+            &replicas[leader].endpoints,
+            &["logs", "-f", &name],
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let (lines, seen) = std::sync::mpsc::channel();
+    let stdout = follow.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    // Each line is the one after the last: none twice, none skipped.
+    let mut next = 0u64;
+    let mut read_until = |last: u64| {
+        while next <= last {
+            let line = seen
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|e| panic!("line-{next} not printed: {e}"));
+            assert_eq!(line, format!("line-{next}"), "printed out of turn");
+            next += 1;
+        }
+        next
+    };
+    let printed = read_until(10);
+    replicas[leader].kill();
+    wait_until("the other replica to lead", Duration::from_secs(30), || {
+        replicas[follower].is_leader().then_some(())
+    });
+    // Well past the failover: the lines written while no replica led come through too.
+    read_until(printed + 50);
+    let _ = follow.kill();
+    let _ = follow.wait();
+    let deleted = replicas[follower].ctl(&["delete", "pod", &name]);
+    assert!(deleted.status.success());
+}
