@@ -1,4 +1,4 @@
-//! `riggerctl wait KIND/NAME --for=condition=NAME|delete|jsonpath=TEMPLATE[=VALUE]`.
+//! `riggerctl wait KIND/NAME --for=condition=NAME|create|delete|jsonpath=TEMPLATE[=VALUE]`.
 
 use std::time::Duration;
 
@@ -7,15 +7,19 @@ use serde_json::Value;
 use crate::client::{Change, ConnectArgs, Selectors, Watch};
 use crate::output::{Template, str_of};
 
-/// Wait until an object has a condition (`--for=condition=Complete`), is gone
-/// (`--for=delete`; an object that does not exist is gone), or a JSONPath template
+/// Wait until an object has a condition (`--for=condition=Complete`), exists
+/// (`--for=create`, as kubectl's), is gone (`--for=delete`; an object that does not
+/// exist is gone), or a JSONPath template
 /// gives a value (`--for=jsonpath={.status.phase}=Completed`; without `=VALUE`, any
 /// non-empty result).
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// KIND/NAME, e.g. imagepulljob/warm-nginx.
     object: String,
-    #[arg(long = "for", value_name = "condition=NAME|delete|jsonpath=T[=VALUE]")]
+    #[arg(
+        long = "for",
+        value_name = "condition=NAME|create|delete|jsonpath=T[=VALUE]"
+    )]
     condition: String,
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     timeout: Duration,
@@ -23,6 +27,7 @@ pub struct Args {
 
 /// What `--for` waits for.
 enum Wanted {
+    Created,
     Deleted,
     Condition(String),
     JsonPath(Template, Option<String>),
@@ -71,6 +76,8 @@ pub async fn run(args: Args, connection: &ConnectArgs, namespace: &str) -> anyho
         .ok_or_else(|| anyhow::anyhow!("{object:?}: expected KIND/NAME, e.g. imagepulljob/warm"))?;
     let wanted = if condition == "delete" {
         Wanted::Deleted
+    } else if condition == "create" {
+        Wanted::Created
     } else {
         match condition.strip_prefix("jsonpath=") {
             Some(expression) => {
@@ -83,7 +90,7 @@ pub async fn run(args: Args, connection: &ConnectArgs, namespace: &str) -> anyho
                     .filter(|c| !c.is_empty())
                     .ok_or_else(|| {
                         anyhow::anyhow!(
-                            "--for {condition:?}: expected condition=NAME, delete or jsonpath=TEMPLATE[=VALUE]"
+                            "--for {condition:?}: expected condition=NAME, create, delete or jsonpath=TEMPLATE[=VALUE]"
                         )
                     })?
                     .to_owned(),
@@ -104,10 +111,14 @@ pub async fn run(args: Args, connection: &ConnectArgs, namespace: &str) -> anyho
             Ok(change) => change?,
             Err(_) => {
                 let after = humantime::format_duration(timeout);
-                if matches!(wanted, Wanted::Deleted) {
-                    anyhow::bail!(
+                match wanted {
+                    Wanted::Deleted => anyhow::bail!(
                         "timed out after {after} waiting for {kind}/{name} to be deleted"
-                    );
+                    ),
+                    Wanted::Created => anyhow::bail!(
+                        "timed out after {after} waiting for {kind}/{name} to be created"
+                    ),
+                    Wanted::Condition(_) | Wanted::JsonPath(..) => {}
                 }
                 let message = last
                     .as_ref()
@@ -126,6 +137,10 @@ pub async fn run(args: Args, connection: &ConnectArgs, namespace: &str) -> anyho
                 met();
                 return Ok(());
             }
+            // Not there yet: what --for=create waits for.
+            (Change::Synced | Change::Object { deleted: true, .. }, Wanted::Created) => {
+                last = None;
+            }
             (Change::Synced, _) if last.is_none() => {
                 anyhow::bail!("{kind}/{name}: not found")
             }
@@ -139,6 +154,7 @@ pub async fn run(args: Args, connection: &ConnectArgs, namespace: &str) -> anyho
             }
             (Change::Object { object, .. }, wanted) => {
                 let done = match wanted {
+                    Wanted::Created => true,
                     Wanted::Deleted => false,
                     Wanted::Condition(name) => has_condition(&object, name),
                     Wanted::JsonPath(template, value) => {

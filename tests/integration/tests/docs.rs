@@ -1,0 +1,251 @@
+//! The docs cannot rot: the README's quick start and every guide's command blocks run as
+//! written, against the lab. Each fenced block whose info string is `sh` is run, in
+//! order, in one bash session per document (`set -euo pipefail`, a fresh directory and
+//! `$HOME`, as root like the reader the README addresses); a guide's session runs the
+//! README's quick start first, since every guide starts from it. Blocks shown but not
+//! run are `text`, `yaml` or `toml`; the README's `sh setup` block (the packages and the
+//! build) is what `make test` has done already, and is checked to say only that.
+//!
+//! What the lab changes, and nothing else: the public images the docs name are the lab
+//! registry's copies (this machine has no internet), the agent reaches the lab's
+//! containerd and registry through its environment (`RIGGER_CONTAINERD_ADDRESS`,
+//! `RIGGER_AGENT_REGISTRY_CONFIG`), and the binaries are the debug build's.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::os::unix::process::CommandExt as _;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use rigger_integration_tests::{Lab, binary, lab_image, repo_root};
+
+/// A fenced block: its info string, its text, the line it starts on.
+struct Block {
+    info: String,
+    text: String,
+    line: usize,
+}
+
+fn blocks(markdown: &str) -> Vec<Block> {
+    let mut found = Vec::new();
+    let mut open: Option<Block> = None;
+    for (index, line) in markdown.lines().enumerate() {
+        let fence = line.trim_start().strip_prefix("```");
+        match (&mut open, fence) {
+            (None, Some(info)) => {
+                open = Some(Block {
+                    info: info.trim().to_owned(),
+                    text: String::new(),
+                    line: index + 1,
+                });
+            }
+            (Some(_), Some(_)) => found.push(open.take().unwrap()),
+            (Some(block), None) => {
+                block.text.push_str(line);
+                block.text.push('\n');
+            }
+            (None, None) => {}
+        }
+    }
+    assert!(open.is_none(), "an unclosed code block");
+    found
+}
+
+/// The public images the docs name, and the lab's copies.
+fn lab_images() -> Vec<(&'static str, String)> {
+    let lab = Lab::get();
+    // A second version of the app image, for updates (busybox under one more layer).
+    lab_image(&[
+        "layers",
+        "--name",
+        "rigger-lab/busybox-next",
+        "--count",
+        "1",
+        "--size",
+        "4096",
+    ]);
+    vec![
+        (
+            "docker.io/library/busybox:1.36",
+            lab.image("rigger-lab/busybox:1"),
+        ),
+        (
+            "docker.io/library/busybox:1.37",
+            lab.image("rigger-lab/busybox-next:1"),
+        ),
+    ]
+}
+
+/// The script of `documents`' runnable blocks, each announced on stderr by place.
+fn script(documents: &[&str]) -> String {
+    let images = lab_images();
+    let mut script = String::from("set -euo pipefail\n");
+    for document in documents {
+        let text = std::fs::read_to_string(repo_root().join(document)).unwrap();
+        let mut ran = 0;
+        for block in blocks(&text) {
+            match block.info.as_str() {
+                "sh" => {}
+                "sh setup" => {
+                    for line in block.text.lines().filter(|l| !l.trim().is_empty()) {
+                        let command = line.split('#').next().unwrap().trim();
+                        assert!(
+                            command.is_empty()
+                                || command.starts_with("make deps")
+                                || command.starts_with("cargo build")
+                                || command.starts_with("export PATH="),
+                            "{document}:{}: a setup block may only install and build: {line}",
+                            block.line
+                        );
+                    }
+                    continue;
+                }
+                _ => continue,
+            }
+            ran += 1;
+            let mut body = block.text;
+            for (public, lab) in &images {
+                body = body.replace(public, lab);
+            }
+            script.push_str(&format!(
+                "echo '### {document}:{}' >&2\n{body}",
+                block.line
+            ));
+        }
+        assert!(ran > 0, "{document} has no runnable (sh) block");
+    }
+    script.push_str("echo '### done' >&2\n");
+    script
+}
+
+/// Run `documents`' blocks in one session; the session's daemons are stopped after.
+fn run(documents: &[&str]) {
+    let lab = Lab::get();
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&work).unwrap();
+    let path = format!(
+        "{}:{}",
+        binary("riggerctl").parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let script = script(documents);
+    let mut child = Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .current_dir(&work)
+        .env_clear()
+        .env("PATH", path)
+        .env("HOME", &home)
+        .env("LANG", "C.UTF-8")
+        .env("RIGGER_CONTAINERD_ADDRESS", &lab.containerd_address)
+        .env("RIGGER_AGENT_REGISTRY_CONFIG", &lab.hosts_dir)
+        // The lab's containerd shares this machine's disk (see .cargo/config.toml).
+        .env("RIGGER_AGENT_IMAGE_FS_THRESHOLD_PERCENT", "100")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || std::io::read_to_string(stdout).unwrap());
+    let err = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap());
+    let status = child.wait().unwrap();
+    // The daemons the docs started in the background go with the session.
+    let _ = Command::new("kill")
+        .args(["-TERM", "--", &format!("-{pid}")])
+        .status();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pid}")])
+        .status();
+    let (out, err) = (out.join().unwrap(), err.join().unwrap());
+    let logs: String = ["controller.log", "agent.log"]
+        .iter()
+        .filter_map(|name| find(&home, name))
+        .map(|(path, text)| {
+            let tail: Vec<&str> = text.lines().rev().take(15).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            format!("--- {}\n{}\n", path.display(), tail.join("\n"))
+        })
+        .collect();
+    let failed_at = err
+        .lines()
+        .rfind(|l| l.starts_with("### "))
+        .unwrap_or("### before the first block")
+        .to_owned();
+    assert!(
+        status.success() && failed_at == "### done",
+        "{documents:?}: the block at {} failed ({status}):\n--- stdout\n{out}\n--- stderr\n{err}\n{logs}",
+        failed_at.trim_start_matches("### ")
+    );
+}
+
+/// A file named `name` under `dir` (the session's daemons' logs), with its text.
+fn find(dir: &Path, name: &str) -> Option<(std::path::PathBuf, String)> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if let Some(found) = find(&path, name) {
+                return Some(found);
+            }
+        } else if path.file_name().is_some_and(|n| n == name) {
+            return Some((path.clone(), std::fs::read_to_string(&path).ok()?));
+        }
+    }
+    None
+}
+
+#[test]
+fn the_readme_quick_start_runs_as_written() {
+    run(&["README.md"]);
+}
+
+#[test]
+fn the_readme_fits_on_two_screens() {
+    let text = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let lines = text.lines().count();
+    assert!(lines <= 110, "README.md has {lines} lines: two screens are about 110");
+}
+
+#[test]
+fn every_guide_the_readme_links_exists() {
+    let text = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let mut linked = 0;
+    for part in text.split("](").skip(1) {
+        let target = part.split(')').next().unwrap().split('#').next().unwrap();
+        if target.starts_with("http") || target.is_empty() {
+            continue;
+        }
+        linked += 1;
+        assert!(
+            repo_root().join(target).exists(),
+            "README.md links {target}, which does not exist"
+        );
+    }
+    assert!(linked >= 6, "{linked} links");
+}
+
+macro_rules! guides {
+    ($($test:ident => $file:literal,)*) => {
+        $(
+            #[test]
+            fn $test() {
+                run(&["README.md", $file]);
+            }
+        )*
+    };
+}
+
+guides! {
+    the_pre_download_guide_runs_as_written => "docs/guides/pre-download.md",
+    the_recreate_guide_runs_as_written => "docs/guides/recreate.md",
+    the_in_place_update_guide_runs_as_written => "docs/guides/in-place-update.md",
+    the_sidecarset_guide_runs_as_written => "docs/guides/sidecarset.md",
+    the_pods_guide_runs_as_written => "docs/guides/pods.md",
+    the_operations_guide_runs_as_written => "docs/guides/operations.md",
+}
