@@ -105,6 +105,7 @@ pub async fn connect(cli: &ConnectArgs) -> anyhow::Result<Client> {
     // Several servers: replicas of an HA controller; the one whose gRPC health service
     // says the API is SERVING leads, followers say NOT_SERVING and the next is tried.
     let mut errors: Vec<String> = Vec::new();
+    let replicated = servers.split(',').filter(|s| !s.trim().is_empty()).count() > 1;
     // Whether every server failed in a way waiting may mend (unreachable, a follower).
     let mut unanswered = true;
     for server in servers.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -141,7 +142,11 @@ pub async fn connect(cli: &ConnectArgs) -> anyhow::Result<Client> {
         all => format!("no controller answered: {}", all.join("; ")),
     };
     if unanswered {
-        Err(Unanswered(message).into())
+        Err(Unanswered {
+            message,
+            replicated,
+        }
+        .into())
     } else {
         Err(anyhow::anyhow!(message))
     }
@@ -150,8 +155,12 @@ pub async fn connect(cli: &ConnectArgs) -> anyhow::Result<Client> {
 /// No replica could be reached or led: waiting may mend it (another takes over), as
 /// opposed to a refusal (the configuration, a certificate).
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct Unanswered(String);
+#[error("{message}")]
+struct Unanswered {
+    message: String,
+    /// Several replicas were configured: one may be about to lead.
+    replicated: bool,
+}
 
 /// [`connect`], again and again until `deadline` while no replica leads or answers (a
 /// leader killed: another takes over within its lease); a refusal that waiting cannot
@@ -175,6 +184,27 @@ pub async fn connect_within(
         }
     }
 }
+
+/// A connection for one verb: with several replicas configured, a failover under way
+/// (no replica leads yet) is waited out within [`READ_FAILOVER_WINDOW`]; a single
+/// controller that cannot be reached is said at once, as kubectl says it.
+pub async fn connect_for_a_verb(cli: &ConnectArgs) -> anyhow::Result<Client> {
+    match connect(cli).await {
+        Err(error)
+            if error
+                .downcast_ref::<Unanswered>()
+                .is_some_and(|unanswered| unanswered.replicated) =>
+        {
+            connect_within(cli, tokio::time::Instant::now() + READ_FAILOVER_WINDOW).await
+        }
+        connected => connected,
+    }
+}
+
+/// How long a read (get, describe) that the controller could not answer because it went
+/// away or stepped down is asked again of the next leader: a failover with etcd takes a
+/// lease (15 s by default) and an election.
+const READ_FAILOVER_WINDOW: Duration = Duration::from_secs(30);
 
 /// How often a new leader is looked for: soon, then every two seconds at most.
 fn failover_backoff() -> rigger_daemon::backoff::Backoff {
@@ -241,10 +271,13 @@ async fn connect_one(server: &str, ca_file: Option<&std::path::Path>) -> anyhow:
             .with_context(|| format!("TLS settings for {server}"))?;
     }
     endpoint.connect().await.map_err(|e| {
-        Unanswered(format!(
-            "cannot reach the controller at {server}: {}",
-            rigger_daemon::error_chain(&e)
-        ))
+        Unanswered {
+            message: format!(
+                "cannot reach the controller at {server}: {}",
+                rigger_daemon::error_chain(&e)
+            ),
+            replicated: false,
+        }
         .into()
     })
 }
@@ -257,19 +290,26 @@ pub fn refused(status: &tonic::Status) -> anyhow::Error {
 /// One object, as the controller serves it.
 pub async fn fetch(
     client: &mut Client,
+    connection: &ConnectArgs,
     kind: &str,
     namespace: &str,
     name: &str,
 ) -> anyhow::Result<Value> {
-    let object = client
-        .get(GetRequest {
-            kind: kind.to_owned(),
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-        })
-        .await
-        .map_err(|s| refused(&s))?
-        .into_inner();
+    let request = GetRequest {
+        kind: kind.to_owned(),
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+    };
+    let deadline = tokio::time::Instant::now() + READ_FAILOVER_WINDOW;
+    let object = loop {
+        match client.get(request.clone()).await {
+            Ok(object) => break object.into_inner(),
+            Err(status) if is_failover(&status) && tokio::time::Instant::now() < deadline => {
+                *client = connect_within(connection, deadline).await?;
+            }
+            Err(status) => return Err(refused(&status)),
+        }
+    };
     serde_json::from_str(&object.json).context("the controller sent an unreadable object")
 }
 
@@ -287,20 +327,27 @@ pub struct Selectors {
 /// Every object of a kind in a namespace (all namespaces for `""`).
 pub async fn fetch_all(
     client: &mut Client,
+    connection: &ConnectArgs,
     kind: &str,
     namespace: &str,
     selectors: &Selectors,
 ) -> anyhow::Result<Vec<Value>> {
-    let list = client
-        .list(ListRequest {
-            kind: kind.to_owned(),
-            namespace: namespace.to_owned(),
-            label_selector: selectors.labels.clone(),
-            field_selector: selectors.fields.clone(),
-        })
-        .await
-        .map_err(|s| refused(&s))?
-        .into_inner();
+    let request = ListRequest {
+        kind: kind.to_owned(),
+        namespace: namespace.to_owned(),
+        label_selector: selectors.labels.clone(),
+        field_selector: selectors.fields.clone(),
+    };
+    let deadline = tokio::time::Instant::now() + READ_FAILOVER_WINDOW;
+    let list = loop {
+        match client.list(request.clone()).await {
+            Ok(list) => break list.into_inner(),
+            Err(status) if is_failover(&status) && tokio::time::Instant::now() < deadline => {
+                *client = connect_within(connection, deadline).await?;
+            }
+            Err(status) => return Err(refused(&status)),
+        }
+    };
     list.items
         .iter()
         .map(|o| serde_json::from_str(&o.json).context("the controller sent an unreadable object"))

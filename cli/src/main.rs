@@ -90,17 +90,18 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         wait::run(args, &cli.connection, namespace).await?;
         return Ok(0);
     }
-    let client = &mut client::connect(&cli.connection).await?;
+    // Through a failover under way, when the controller is replicated.
+    let client = &mut client::connect_for_a_verb(&cli.connection).await?;
     match cli.command {
         Command::Apply(args) => apply::run(args, client).await,
         Command::Get(args) => get::run(args, client, &cli.connection, namespace).await,
-        Command::Describe(args) => describe::run(args, client, namespace).await,
+        Command::Describe(args) => describe::run(args, client, &cli.connection, namespace).await,
         Command::Delete(args) => delete::run(args, client, namespace).await,
         Command::Label(args) => label::run(args, client).await,
         Command::Logs(args) => logs::run(args, client, &cli.connection, namespace).await,
         Command::Exec(args) => return exec::run(args, client, namespace).await,
-        Command::Set(args) => set::run(args, client, namespace).await,
-        Command::Recreate(args) => recreate::run(args, client, namespace).await,
+        Command::Set(args) => set::run(args, client, &cli.connection, namespace).await,
+        Command::Recreate(args) => recreate::run(args, client, &cli.connection, namespace).await,
         Command::Wait(_) => Ok(()),
         Command::Docs(_) | Command::Explain(_) => Ok(()),
     }

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::client::{Client, fetch};
+use crate::client::{Client, ConnectArgs, fetch};
 use crate::output::{bytes, num_of, render_table, str_of};
 
 /// Show one object in detail (for jobs: every node's pull).
@@ -13,8 +13,13 @@ pub struct Args {
     name: String,
 }
 
-pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Result<()> {
-    let object = fetch(client, &args.kind, namespace, &args.name).await?;
+pub async fn run(
+    args: Args,
+    client: &mut Client,
+    connection: &ConnectArgs,
+    namespace: &str,
+) -> anyhow::Result<()> {
+    let object = fetch(client, connection, &args.kind, namespace, &args.name).await?;
     print!("{}", describe(&object));
     Ok(())
 }

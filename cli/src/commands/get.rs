@@ -55,8 +55,8 @@ pub async fn run(
         return watch_and_print(client, resolved, name, selectors, &into).await;
     }
     let objects = match name {
-        Some(name) => vec![fetch(client, kind, namespace, name).await?],
-        None => fetch_all(client, kind, namespace, &selectors).await?,
+        Some(name) => vec![fetch(client, connection, kind, namespace, name).await?],
+        None => fetch_all(client, connection, kind, namespace, &selectors).await?,
     };
     match &output {
         Output::Json | Output::Yaml | Output::JsonPath(_) => {

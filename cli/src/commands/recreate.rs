@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use rigger_proto::v1::ApplyRequest;
 use serde_json::Value;
 
-use crate::client::{Client, fetch, refused};
+use crate::client::{Client, ConnectArgs, fetch, refused};
 use crate::output::str_of;
 
 /// Restart containers of a pod in place: creates a ContainerRecreateRequest.
@@ -69,7 +69,12 @@ impl Args {
     }
 }
 
-pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Result<()> {
+pub async fn run(
+    args: Args,
+    client: &mut Client,
+    connection: &ConnectArgs,
+    namespace: &str,
+) -> anyhow::Result<()> {
     let object = args.object(namespace);
     let wait = args.wait;
     let name = str_of(&object, "/metadata/name").to_owned();
@@ -87,7 +92,7 @@ pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Re
     // One line per change of a container's phase, until the request completes.
     let mut shown: HashMap<String, String> = HashMap::new();
     loop {
-        let current = fetch(client, "crr", namespace, &name).await?;
+        let current = fetch(client, connection, "crr", namespace, &name).await?;
         let states = current
             .pointer("/status/containerRecreateStates")
             .and_then(Value::as_array)

@@ -4,7 +4,7 @@
 use rigger_proto::v1::ApplyRequest;
 use serde_json::Value;
 
-use crate::client::{Client, fetch, refused};
+use crate::client::{Client, ConnectArgs, fetch, refused};
 
 /// Change objects in place: `set image pod/NAME CONTAINER=IMAGE...`.
 #[derive(Debug, clap::Args)]
@@ -25,10 +25,15 @@ enum SetCommand {
     },
 }
 
-pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Result<()> {
+pub async fn run(
+    args: Args,
+    client: &mut Client,
+    connection: &ConnectArgs,
+    namespace: &str,
+) -> anyhow::Result<()> {
     match args.what {
         SetCommand::Image { object, images } => {
-            set_image(client, namespace, &object, &images).await
+            set_image(client, connection, namespace, &object, &images).await
         }
     }
 }
@@ -36,6 +41,7 @@ pub async fn run(args: Args, client: &mut Client, namespace: &str) -> anyhow::Re
 /// `set image pod/NAME C=IMAGE...`: the pod as stored, with new images, applied again.
 async fn set_image(
     client: &mut Client,
+    connection: &ConnectArgs,
     namespace: &str,
     object: &str,
     images: &[String],
@@ -45,7 +51,7 @@ async fn set_image(
         .filter(|(kind, name)| matches!(*kind, "pod" | "pods" | "po") && !name.is_empty())
         .map(|(_, name)| name)
         .ok_or_else(|| anyhow::anyhow!("{object:?}: expected pod/NAME"))?;
-    let mut pod = fetch(client, "pod", namespace, name).await?;
+    let mut pod = fetch(client, connection, "pod", namespace, name).await?;
     if let Some(pod) = pod.as_object_mut() {
         pod.remove("status");
     }

@@ -107,10 +107,7 @@ fn script(documents: &[&str]) -> String {
             for (public, lab) in &images {
                 body = body.replace(public, lab);
             }
-            script.push_str(&format!(
-                "echo '### {document}:{}' >&2\n{body}",
-                block.line
-            ));
+            script.push_str(&format!("echo '### {document}:{}' >&2\n{body}", block.line));
         }
         assert!(ran > 0, "{document} has no runnable (sh) block");
     }
@@ -209,7 +206,10 @@ fn the_readme_quick_start_runs_as_written() {
 fn the_readme_fits_on_two_screens() {
     let text = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
     let lines = text.lines().count();
-    assert!(lines <= 110, "README.md has {lines} lines: two screens are about 110");
+    assert!(
+        lines <= 110,
+        "README.md has {lines} lines: two screens are about 110"
+    );
 }
 
 #[test]

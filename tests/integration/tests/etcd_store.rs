@@ -341,6 +341,17 @@ fn a_get_watch_goes_on_through_the_leaders_sigkill() {
     };
     until("imagepulljob.apps.kruise.io/before-failover");
     replicas[leader].kill();
+    // A read made at once, while no replica leads yet, waits the failover out.
+    let read = replicas[follower].ctl(&["get", "imagepulljob", "before-failover", "-o", "name"]);
+    assert!(
+        read.status.success(),
+        "a get during the failover: {}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&read.stdout).trim(),
+        "imagepulljob.apps.kruise.io/before-failover"
+    );
     rigger_integration_tests::wait_until(
         "the other replica to lead",
         Duration::from_secs(30),
