@@ -36,6 +36,7 @@ pub mod jobs;
 pub mod leader;
 pub mod link;
 pub mod metrics;
+pub mod node_events;
 pub mod node_images;
 pub mod node_labels;
 pub mod nodes;

@@ -186,12 +186,15 @@ pub async fn run(
         )?)),
         None => None,
     };
-    // In a cluster, what happens is told as Kubernetes Events.
+    // What happens is told as Events: the cluster's in a cluster, else in the store.
     let events: Arc<dyn crate::events::EventSink> = match &elector {
         Some(Elector::Kubernetes(kubernetes)) => Arc::new(
             crate::cluster::events::KubeEvents::start(kubernetes.client()),
         ),
-        _ => Arc::new(crate::events::NoEvents),
+        _ => Arc::new(crate::events::store::StoreEvents::start(
+            store.clone(),
+            token.child_token(),
+        )),
     };
     let jobs = JobEngine::new(store.clone(), nodes.clone(), config.node_timeout, grants)
         .with_events(events.clone());
@@ -209,7 +212,8 @@ pub async fn run(
             nodes.clone(),
             config.node_timeout,
         ),
-    };
+    }
+    .with_events(events.clone());
     let pods = crate::pods::PodSync::new(store.clone(), nodes.clone());
     let metrics_sources = crate::metrics::Sources {
         nodes: nodes.clone(),
@@ -218,6 +222,14 @@ pub async fn run(
         leadership: leadership.clone(),
         node_timeout: config.node_timeout,
     };
+    // Nodes registering, lost and back, told as events while this replica leads.
+    tokio::spawn(crate::node_events::run(
+        nodes.clone(),
+        config.node_timeout,
+        leadership.clone(),
+        events.clone(),
+        token.clone(),
+    ));
     let sidecars = crate::sidecars::SidecarRollout::new(store.clone(), pods.clone());
     let kruise_manager =
         matches!(&config.store, StoreConfig::Kubernetes(settings) if settings.kruise_manager);

@@ -2,6 +2,7 @@
 //! checks, table and [`KindInfo`]). A new kind is its module plus its lines here.
 
 pub mod container_recreate_request;
+pub mod event;
 pub mod image_list_pull_job;
 pub mod image_pull_job;
 pub mod lifecycle_cooperator;
@@ -28,6 +29,8 @@ pub enum Kind {
     NodeImage,
     /// Nodes are not applied: they exist while their agents register.
     Node,
+    /// Read-only: recorded by the controller.
+    Event,
 }
 
 /// A kind name that is none of Rigger's.
@@ -43,12 +46,12 @@ pub trait KindVisitor {
     type Output;
     /// A kind users apply, as its type.
     fn applied<T: Object>(self) -> Self::Output;
-    /// A kind users never apply or delete (Node, NodeImage).
+    /// A kind users never apply or delete (Node, NodeImage, Event).
     fn read_only(self, info: &'static KindInfo) -> Self::Output;
 }
 
 impl Kind {
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::ImagePullJob,
         Self::ContainerRecreateRequest,
         Self::Secret,
@@ -58,6 +61,7 @@ impl Kind {
         Self::ImageListPullJob,
         Self::NodeImage,
         Self::Node,
+        Self::Event,
     ];
 
     /// What the kind is: its module's `INFO`.
@@ -72,6 +76,7 @@ impl Kind {
             Self::ImageListPullJob => &image_list_pull_job::INFO,
             Self::NodeImage => &node_image::INFO,
             Self::Node => &node::INFO,
+            Self::Event => &event::INFO,
         }
     }
 
@@ -89,7 +94,7 @@ impl Kind {
             }
             Self::SidecarSet => visitor.applied::<sidecar_set::SidecarSet>(),
             Self::ImageListPullJob => visitor.applied::<image_list_pull_job::ImageListPullJob>(),
-            Self::NodeImage | Self::Node => visitor.read_only(self.info()),
+            Self::NodeImage | Self::Node | Self::Event => visitor.read_only(self.info()),
         }
     }
 
@@ -223,7 +228,7 @@ mod tests {
             let applied_by_type = kind.info().read_only.is_none();
             assert_eq!(
                 applied_by_type,
-                !matches!(kind, Kind::Node | Kind::NodeImage)
+                !matches!(kind, Kind::Node | Kind::NodeImage | Kind::Event)
             );
         }
     }

@@ -573,7 +573,31 @@ impl JobEngine {
             return;
         };
         let before = job.entry(node).map(|entry| entry.phase);
+        // Few: a node suspects only its own planned sources.
+        let suspected_before = job
+            .runs
+            .get(node)
+            .map(|run| run.suspects.clone())
+            .unwrap_or_default();
         let wake = report::fold(key, job, node, status, Now::read());
+        let regarding = crate::events::Regarding {
+            api_version: job.job.api_version.clone(),
+            kind: job.job.kind.clone(),
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+            uid: job.job.metadata.uid.clone().unwrap_or_default(),
+        };
+        // A peer newly suspected by this node (its own planned sources only).
+        let suspected: Vec<crate::events::Event> = job
+            .runs
+            .get(node)
+            .map(|run| {
+                run.suspects
+                    .difference(&suspected_before)
+                    .map(|peer| crate::events::peer_suspected(regarding.clone(), node, peer))
+                    .collect()
+            })
+            .unwrap_or_default();
         let ended = match (before, job.entry(node)) {
             // Each node's failure is told at once; successes in one event when the job
             // ends (one per node would write as many events as the fleet has nodes).
@@ -581,13 +605,6 @@ impl JobEngine {
                 if before != entry.phase && entry.phase == NodePullPhase::Failed =>
             {
                 let failed = (entry.phase == NodePullPhase::Failed).then(|| entry.message.clone());
-                let regarding = crate::events::Regarding {
-                    api_version: job.job.api_version.clone(),
-                    kind: job.job.kind.clone(),
-                    namespace: key.namespace.clone(),
-                    name: key.name.clone(),
-                    uid: job.job.metadata.uid.clone().unwrap_or_default(),
-                };
                 Some(crate::events::pull_ended(
                     regarding,
                     node,
@@ -598,7 +615,7 @@ impl JobEngine {
             _ => None,
         };
         drop(state);
-        if let Some(event) = ended {
+        for event in ended.into_iter().chain(suspected) {
             self.inner.events.record(event);
         }
         if wake {

@@ -148,6 +148,7 @@ mod tests {
             status: CrrStatus::default(),
             sent: false,
             dirty: false,
+            announce: false,
         };
         (key, tracked)
     }

@@ -35,6 +35,7 @@ pub use rigger_api::container_recreate_request::{NODE_NAME_LABEL, POD_UID_LABEL}
 
 mod admission;
 mod decide;
+mod events;
 
 pub use admission::{ACTIVE_LABEL, ClusterPods, PodFacts};
 
@@ -61,6 +62,8 @@ struct Tracked {
     /// after a reconnect or a controller restart it is sent again; the agent knows it).
     sent: bool,
     dirty: bool,
+    /// Completed since the last flush: its event is still to be recorded.
+    announce: bool,
 }
 
 impl Tracked {
@@ -107,6 +110,7 @@ impl Tracked {
         self.status.message = reason.to_owned();
         self.status.completion_time = Some(now_rfc3339());
         self.dirty = true;
+        self.announce = true;
     }
 }
 
@@ -124,6 +128,8 @@ struct Inner {
     wake: Notify,
     /// In a cluster: where requests created on the API server find their pod.
     cluster_pods: Option<Arc<dyn ClusterPods>>,
+    /// Where a request's completion is told.
+    events: Arc<dyn crate::events::EventSink>,
 }
 
 /// The engine; cheap to clone.
@@ -142,8 +148,18 @@ impl RecreateEngine {
                 state: Mutex::default(),
                 wake: Notify::new(),
                 cluster_pods: None,
+                events: Arc::new(crate::events::NoEvents),
             }),
         }
+    }
+
+    /// The engine, telling each request's completion to `events`.
+    #[must_use]
+    pub fn with_events(mut self, events: Arc<dyn crate::events::EventSink>) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.events = events;
+        }
+        self
     }
 
     /// An engine for a cluster: requests created on the API server (without Rigger's
@@ -392,6 +408,7 @@ impl RecreateEngine {
                     status,
                     sent: false,
                     dirty: fresh,
+                    announce: false,
                 },
             );
         }
@@ -457,6 +474,12 @@ impl RecreateEngine {
     async fn flush(&self) {
         let dirty: Vec<(ObjectKey, CrrStatus)> = {
             let mut state = self.lock();
+            for (key, tracked) in state.requests.iter_mut().filter(|(_, t)| t.announce) {
+                tracked.announce = false;
+                self.inner
+                    .events
+                    .record(events::completed(key, &tracked.request, &tracked.status));
+            }
             state
                 .requests
                 .iter_mut()
@@ -706,6 +729,7 @@ mod tests {
         engine.lock().requests.insert(
             key.clone(),
             Tracked {
+                announce: false,
                 request,
                 status: CrrStatus {
                     container_recreate_states: vec![ContainerRecreateState {

@@ -1,7 +1,10 @@
 //! What happened to an object, told where its users look: in a cluster, Kubernetes
 //! Events (`kubectl describe`, `kubectl get events`) with Kruise's reasons
-//! (`PullImageSucceed`, `PullImageFailed`). Engines record through [`EventSink`]; the
-//! standalone stores have none yet ([`NoEvents`]).
+//! (`PullImageSucceed`, `PullImageFailed`); on Rigger's own stores, Events of the same
+//! shape in the store ([`store::StoreEvents`]), which `riggerctl get events` and
+//! `riggerctl describe` show. Engines record through [`EventSink`].
+
+pub mod store;
 
 /// The object an event is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +31,14 @@ pub struct Event {
 pub const PULL_IMAGE_SUCCEED: &str = "PullImageSucceed";
 /// Kruise's reason for an image a node failed to pull.
 pub const PULL_IMAGE_FAILED: &str = "PullImageFailed";
+
+/// A node found that a peer sent bytes that did not match their digest.
+pub const PEER_SUSPECTED: &str = "PeerSuspected";
+/// Kubernetes' node controller's reasons for a node's readiness.
+pub const NODE_READY: &str = "NodeReady";
+pub const NODE_NOT_READY: &str = "NodeNotReady";
+/// A node first registered (Kubernetes' `RegisteredNode`).
+pub const REGISTERED_NODE: &str = "RegisteredNode";
 
 /// Where engines record events. Recording never blocks an engine: a sink that cannot
 /// keep up drops events (and counts them).
@@ -58,5 +69,28 @@ pub fn pull_ended(regarding: Regarding, node: &str, image: &str, failed: Option<
             reason: PULL_IMAGE_FAILED,
             message: format!("Image {image} failed on node {node}: {why}"),
         },
+    }
+}
+
+/// The event for `node` suspecting `peer` during a job's pull.
+pub fn peer_suspected(regarding: Regarding, node: &str, peer: &str) -> Event {
+    Event {
+        regarding,
+        warning: true,
+        reason: PEER_SUSPECTED,
+        message: format!(
+            "Node {node}: peer {peer} sent bytes that did not match their digest; it is no longer a source for this node"
+        ),
+    }
+}
+
+/// The Node `name` as an event's object.
+pub fn node(name: &str) -> Regarding {
+    Regarding {
+        api_version: "v1".to_owned(),
+        kind: "Node".to_owned(),
+        namespace: String::new(),
+        name: name.to_owned(),
+        uid: String::new(),
     }
 }

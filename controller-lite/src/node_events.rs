@@ -1,0 +1,125 @@
+//! Nodes' events, as Kubernetes' node controller records them: `RegisteredNode` when an
+//! agent first registers, `NodeNotReady` when a node is lost (no heartbeat, its link
+//! down), `NodeReady` when it is back. Readiness is sampled every few seconds on the
+//! leader; the decision ([`transitions`]) is a pure function of two samples.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::events::{Event, EventSink, NODE_NOT_READY, NODE_READY, REGISTERED_NODE, node};
+use crate::leader::Leadership;
+use crate::nodes::NodeRegistry;
+
+const SAMPLE: Duration = Duration::from_secs(2);
+
+/// Each node's readiness: `None` when ready, else why not.
+pub type Readiness = HashMap<String, Option<String>>;
+
+/// The events between two samples of the nodes' readiness.
+pub fn transitions(before: &Readiness, after: &Readiness) -> Vec<Event> {
+    let mut events = Vec::new();
+    let mut names: Vec<&String> = after.keys().collect();
+    names.sort();
+    for name in names {
+        let now = &after[name];
+        match (before.get(name), now) {
+            (None, _) => events.push(Event {
+                regarding: node(name),
+                warning: false,
+                reason: REGISTERED_NODE,
+                message: format!("Node {name} registered"),
+            }),
+            (Some(Some(_)), None) => events.push(Event {
+                regarding: node(name),
+                warning: false,
+                reason: NODE_READY,
+                message: format!("Node {name} status is now: NodeReady"),
+            }),
+            (Some(None), Some(why)) => events.push(Event {
+                regarding: node(name),
+                warning: true,
+                reason: NODE_NOT_READY,
+                message: format!("Node {name} status is now: NodeNotReady ({why})"),
+            }),
+            _ => {}
+        }
+    }
+    events
+}
+
+/// Record the nodes' events while this replica leads, until `token` is cancelled. A
+/// replica that takes over starts from the nodes as it finds them (no event for what
+/// its predecessor already told).
+pub async fn run(
+    nodes: NodeRegistry,
+    node_timeout: Duration,
+    leadership: Leadership,
+    events: Arc<dyn EventSink>,
+    token: CancellationToken,
+) {
+    let mut before: Option<Readiness> = None;
+    loop {
+        if leadership.is_leader() {
+            let after = nodes.readiness(SystemTime::now(), node_timeout);
+            if let Some(before) = &before {
+                for event in transitions(before, &after) {
+                    events.record(event);
+                }
+            }
+            before = Some(after);
+        } else {
+            before = None;
+        }
+        tokio::select! {
+            () = token.cancelled() => return,
+            () = tokio::time::sleep(SAMPLE) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(nodes: &[(&str, Option<&str>)]) -> Readiness {
+        nodes
+            .iter()
+            .map(|(name, why)| ((*name).to_owned(), why.map(str::to_owned)))
+            .collect()
+    }
+
+    #[test]
+    fn a_node_registers_is_lost_and_comes_back() {
+        let empty = sample(&[]);
+        let ready = sample(&[("n1", None)]);
+        let lost = sample(&[("n1", Some("no heartbeat for 31s"))]);
+        let reasons = |before: &Readiness, after: &Readiness| -> Vec<(&'static str, String)> {
+            transitions(before, after)
+                .into_iter()
+                .map(|e| (e.reason, e.message))
+                .collect()
+        };
+        assert_eq!(
+            reasons(&empty, &ready),
+            [(REGISTERED_NODE, "Node n1 registered".to_owned())]
+        );
+        assert_eq!(reasons(&ready, &ready), []);
+        assert_eq!(
+            reasons(&ready, &lost),
+            [(
+                NODE_NOT_READY,
+                "Node n1 status is now: NodeNotReady (no heartbeat for 31s)".to_owned()
+            )]
+        );
+        assert_eq!(reasons(&lost, &lost), []);
+        assert_eq!(
+            reasons(&lost, &ready),
+            [(NODE_READY, "Node n1 status is now: NodeReady".to_owned())]
+        );
+        // A node forgotten tells nothing more.
+        assert_eq!(reasons(&ready, &empty), []);
+    }
+}
