@@ -222,15 +222,19 @@ pub async fn run(
         leadership: leadership.clone(),
         node_timeout: config.node_timeout,
     };
-    // Nodes registering, lost and back, told as events while this replica leads.
-    tokio::spawn(crate::node_events::run(
-        nodes.clone(),
-        config.node_timeout,
-        leadership.clone(),
-        events.clone(),
-        token.clone(),
-    ));
-    let sidecars = crate::sidecars::SidecarRollout::new(store.clone(), pods.clone());
+    // Nodes registering, lost and back, told as events while this replica leads. In a
+    // cluster a Node's readiness is kubelet's to tell, not its agent's.
+    if !matches!(&elector, Some(Elector::Kubernetes(_))) {
+        tokio::spawn(crate::node_events::run(
+            nodes.clone(),
+            config.node_timeout,
+            leadership.clone(),
+            events.clone(),
+            token.clone(),
+        ));
+    }
+    let sidecars = crate::sidecars::SidecarRollout::new(store.clone(), pods.clone())
+        .with_events(events.clone());
     let kruise_manager =
         matches!(&config.store, StoreConfig::Kubernetes(settings) if settings.kruise_manager);
     // Beside Kruise's manager, the NodeImages it writes are pulled (Kruise's daemon's part);

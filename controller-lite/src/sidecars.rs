@@ -121,6 +121,8 @@ struct Inner {
     store: Store,
     pods: PodSync,
     wake: Notify,
+    /// Where each pod's upgrade is told.
+    events: Arc<dyn crate::events::EventSink>,
 }
 
 /// The engine; cheap to clone.
@@ -136,8 +138,18 @@ impl SidecarRollout {
                 store,
                 pods,
                 wake: Notify::new(),
+                events: Arc::new(crate::events::NoEvents),
             }),
         }
+    }
+
+    /// The engine, telling each pod's upgrade to `events`.
+    #[must_use]
+    pub fn with_events(mut self, events: Arc<dyn crate::events::EventSink>) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.events = events;
+        }
+        self
     }
 
     pub fn wake(&self) {
@@ -226,6 +238,21 @@ impl SidecarRollout {
         {
             Ok(_) => {
                 tracing::info!(sidecar_set = %set.metadata.name, pod = %key, version = %hash, "sidecars of the pod upgraded in place");
+                self.inner.events.record(crate::events::Event {
+                    regarding: crate::events::Regarding {
+                        api_version: set.api_version.clone(),
+                        kind: set.kind.clone(),
+                        namespace: String::new(),
+                        name: set.metadata.name.clone(),
+                        uid: set.metadata.uid.clone().unwrap_or_default(),
+                    },
+                    warning: false,
+                    reason: crate::events::SIDECAR_UPGRADED,
+                    message: format!(
+                        "Pod {}/{}: sidecars moved to version {hash} in place",
+                        key.namespace, key.name
+                    ),
+                });
                 if let Some(node) = &pod.spec.node_name {
                     self.inner.pods.send_to(node).await;
                 }

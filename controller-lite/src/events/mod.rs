@@ -40,6 +40,9 @@ pub const NODE_NOT_READY: &str = "NodeNotReady";
 /// A node first registered (Kubernetes' `RegisteredNode`).
 pub const REGISTERED_NODE: &str = "RegisteredNode";
 
+/// A pod's sidecars moved to a SidecarSet's version in place (a rollout's step).
+pub const SIDECAR_UPGRADED: &str = "SidecarUpgraded";
+
 /// Where engines record events. Recording never blocks an engine: a sink that cannot
 /// keep up drops events (and counts them).
 pub trait EventSink: std::fmt::Debug + Send + Sync + 'static {
