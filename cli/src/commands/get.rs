@@ -10,7 +10,9 @@ use crate::output::{Output, display_name, print_table, render_table, table_rows}
 /// Show objects: one by name, or all of a kind.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// imagepulljob (ipj), containerrecreaterequest (crr), pod (po), node (no), secret.
+    /// Any kind the controller serves, by kubectl's spellings: imagepulljob (ipj),
+    /// imagelistpulljob, nodeimage, containerrecreaterequest (crr), sidecarset, pod (po),
+    /// node (no), secret, lifecyclecooperator, event (ev). `riggerctl explain` lists them.
     kind: String,
     name: Option<String>,
     /// table, wide, json, yaml, name, or jsonpath=TEMPLATE (kubectl's syntax).
