@@ -12,6 +12,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -91,6 +92,20 @@ var kinds = []*kindInfo{
 	{gv: appsv1.SchemeGroupVersion, resource: "daemonsets", kind: "DaemonSet", namespaced: true, hasStatus: true,
 		shortNames: []string{"ds"}, categories: []string{"all"},
 		newObj: func() runtime.Object { return &appsv1.DaemonSet{} }, newList: func() runtime.Object { return &appsv1.DaemonSetList{} }},
+	// Stored as written, so `kubectl apply -k deploy/kubernetes` applies whole (no
+	// controller-manager runs a Deployment here, and RBAC is not enforced: the audit log
+	// is what tests read of who called what).
+	{gv: appsv1.SchemeGroupVersion, resource: "deployments", kind: "Deployment", namespaced: true, hasStatus: true,
+		shortNames: []string{"deploy"}, categories: []string{"all"},
+		newObj: func() runtime.Object { return &appsv1.Deployment{} }, newList: func() runtime.Object { return &appsv1.DeploymentList{} }},
+	{gv: rbacv1.SchemeGroupVersion, resource: "roles", kind: "Role", namespaced: true,
+		newObj: func() runtime.Object { return &rbacv1.Role{} }, newList: func() runtime.Object { return &rbacv1.RoleList{} }},
+	{gv: rbacv1.SchemeGroupVersion, resource: "rolebindings", kind: "RoleBinding", namespaced: true,
+		newObj: func() runtime.Object { return &rbacv1.RoleBinding{} }, newList: func() runtime.Object { return &rbacv1.RoleBindingList{} }},
+	{gv: rbacv1.SchemeGroupVersion, resource: "clusterroles", kind: "ClusterRole",
+		newObj: func() runtime.Object { return &rbacv1.ClusterRole{} }, newList: func() runtime.Object { return &rbacv1.ClusterRoleList{} }},
+	{gv: rbacv1.SchemeGroupVersion, resource: "clusterrolebindings", kind: "ClusterRoleBinding",
+		newObj: func() runtime.Object { return &rbacv1.ClusterRoleBinding{} }, newList: func() runtime.Object { return &rbacv1.ClusterRoleBindingList{} }},
 }
 
 func init() {

@@ -17,6 +17,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -40,6 +41,7 @@ var (
 		eventsv1.SchemeGroupVersion:                &eventsv1.Event{},
 		admissionregistrationv1.SchemeGroupVersion: &admissionregistrationv1.MutatingWebhookConfiguration{},
 		appsv1.SchemeGroupVersion:                  &appsv1.DaemonSet{},
+		rbacv1.SchemeGroupVersion:                  &rbacv1.Role{},
 	}
 	servedGroupVersions = []schema.GroupVersion{
 		corev1.SchemeGroupVersion,
@@ -47,6 +49,7 @@ var (
 		eventsv1.SchemeGroupVersion,
 		admissionregistrationv1.SchemeGroupVersion,
 		appsv1.SchemeGroupVersion,
+		rbacv1.SchemeGroupVersion,
 	}
 )
 
@@ -57,6 +60,7 @@ func init() {
 		eventsv1.AddToScheme,
 		admissionregistrationv1.AddToScheme,
 		appsv1.AddToScheme,
+		rbacv1.AddToScheme,
 	}
 	for _, add := range adders {
 		must(add(Scheme))

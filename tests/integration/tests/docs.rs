@@ -1,5 +1,5 @@
-//! The docs cannot rot: the README's quick start and every guide's command blocks run as
-//! written, against the lab. Each fenced block whose info string is `sh` is run, in
+//! The docs cannot rot: the README's quick starts and every guide's command blocks run
+//! as written, against the lab. Each fenced block whose info string is `sh` is run, in
 //! order, in one bash session per document (`set -euo pipefail`, a fresh directory and
 //! `$HOME`, as root like the reader the README addresses); a guide's session runs the
 //! README's quick start first, since every guide starts from it. Blocks shown but not
@@ -10,6 +10,13 @@
 //! registry's copies (this machine has no internet), the agent reaches the lab's
 //! containerd and registry through its environment (`RIGGER_CONTAINERD_ADDRESS`,
 //! `RIGGER_AGENT_REGISTRY_CONFIG`), and the binaries are the debug build's.
+//!
+//! The `sh kubernetes` blocks (the README's cluster quick start) run against the lab's
+//! API server with kubectl, in a directory holding a copy of `deploy/`, kubectl's
+//! namespace the test's own. The lab has no kubelet to run the controller's Deployment
+//! and the agents' DaemonSet those blocks apply: the test runs the same binaries in
+//! their stead (a controller on the API server, an agent for Node `worker-1`), stand-ins
+//! named as such.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
@@ -17,6 +24,7 @@ use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use rigger_integration_tests::kubernetes::Cluster;
 use rigger_integration_tests::{Lab, binary, lab_image, repo_root};
 
 /// A fenced block: its info string, its text, the line it starts on.
@@ -76,8 +84,8 @@ fn lab_images() -> Vec<(&'static str, String)> {
     ]
 }
 
-/// The script of `documents`' runnable blocks, each announced on stderr by place.
-fn script(documents: &[&str]) -> String {
+/// The script of `documents`' blocks marked `info`, each announced on stderr by place.
+fn script(documents: &[&str], info: &str) -> String {
     let images = lab_images();
     let mut script = String::from("set -euo pipefail\n");
     for document in documents {
@@ -85,7 +93,7 @@ fn script(documents: &[&str]) -> String {
         let mut ran = 0;
         for block in blocks(&text) {
             match block.info.as_str() {
-                "sh" => {}
+                runnable if runnable == info => {}
                 "sh setup" => {
                     for line in block.text.lines().filter(|l| !l.trim().is_empty()) {
                         let command = line.split('#').next().unwrap().trim();
@@ -109,32 +117,37 @@ fn script(documents: &[&str]) -> String {
             }
             script.push_str(&format!("echo '### {document}:{}' >&2\n{body}", block.line));
         }
-        assert!(ran > 0, "{document} has no runnable (sh) block");
+        assert!(ran > 0, "{document} has no `{info}` block");
     }
     script.push_str("echo '### done' >&2\n");
     script
 }
 
-/// Run `documents`' blocks in one session; the session's daemons are stopped after.
+/// Run `documents`' `sh` blocks in one session; its daemons are stopped after.
 fn run(documents: &[&str]) {
-    let lab = Lab::get();
     let dir = tempfile::tempdir().unwrap();
-    let home = dir.path().join("home");
-    let work = dir.path().join("work");
+    run_in(dir.path(), documents, "sh", &[], &[]);
+}
+
+/// Run `documents`' blocks marked `info` in one session under `dir`, with `env` and
+/// more directories on `PATH`; the session's daemons are stopped after.
+fn run_in(dir: &Path, documents: &[&str], info: &str, env: &[(&str, &Path)], more_path: &[&Path]) {
+    let lab = Lab::get();
+    let home = dir.join("home");
+    let work = dir.join("work");
     std::fs::create_dir_all(&home).unwrap();
     std::fs::create_dir_all(&work).unwrap();
-    let path = format!(
-        "{}:{}",
-        binary("riggerctl").parent().unwrap().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let script = script(documents);
+    let mut path: Vec<String> = vec![binary("riggerctl").parent().unwrap().display().to_string()];
+    path.extend(more_path.iter().map(|p| p.display().to_string()));
+    path.push(std::env::var("PATH").unwrap_or_default());
+    let script = script(documents, info);
     let mut child = Command::new("bash")
         .arg("-c")
         .arg(&script)
         .current_dir(&work)
         .env_clear()
-        .env("PATH", path)
+        .env("PATH", path.join(":"))
+        .envs(env.iter().map(|(k, v)| (*k, *v)))
         .env("HOME", &home)
         .env("LANG", "C.UTF-8")
         .env("RIGGER_CONTAINERD_ADDRESS", &lab.containerd_address)
@@ -228,6 +241,85 @@ fn every_guide_the_readme_links_exists() {
         );
     }
     assert!(linked >= 6, "{linked} links");
+}
+
+/// The README's cluster quick start, on the lab's API server, with stand-ins for what
+/// kubelet would run (see the module's comment).
+#[test]
+fn the_readme_kubernetes_quick_start_runs_against_the_lab_cluster() {
+    let cluster = Cluster::get();
+    let _only_us = cluster.exclusive();
+    let lab = Lab::get();
+    let dir = tempfile::tempdir().unwrap();
+    // What an earlier run left on the lab's API server (it outlives test runs).
+    for args in [
+        &["delete", "node", "worker-1", "--ignore-not-found"][..],
+        &[
+            "-n",
+            "rigger-system",
+            "delete",
+            "secret",
+            "rigger-controller-tls",
+            "rigger-controller-tokens",
+            "--ignore-not-found",
+        ],
+    ] {
+        let out = cluster.kubectl(args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // kubectl's namespace, for what the quick start makes without naming one.
+    let namespace = cluster.namespace("docs");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::copy(&cluster.kubeconfig, &kubeconfig).unwrap();
+    let out = Command::new(&cluster.kubectl)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args([
+            "config",
+            "set-context",
+            "--current",
+            "--namespace",
+            &namespace.name,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // "From this checkout": its deploy/.
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(repo_root().join("deploy"))
+        .arg(&work)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    // Stand-ins for the Deployment's controller and the DaemonSet's agent on worker-1.
+    let controller = cluster.controller(dir.path(), &namespace.name);
+    let _agent = cluster.node_agent(
+        &controller,
+        dir.path(),
+        "worker-1",
+        &[],
+        lab.first_node(),
+        "k8s.io",
+    );
+    run_in(
+        dir.path(),
+        &["README.md"],
+        "sh kubernetes",
+        &[("KUBECONFIG", &kubeconfig)],
+        &[cluster.kubectl.parent().unwrap()],
+    );
+    let _ = cluster.kubectl(&["delete", "node", "worker-1", "--ignore-not-found"]);
 }
 
 macro_rules! guides {
