@@ -54,7 +54,7 @@ struct PullArgs {
     #[arg(long)]
     plain_http: bool,
     /// containerd's certs.d directory of hosts.toml files (mirrors, per-host settings).
-    #[arg(long, default_value = DEFAULT_HOSTS_DIR, value_name = "DIR")]
+    #[arg(long, env = "RIGGER_AGENT_REGISTRY_CONFIG", default_value = DEFAULT_HOSTS_DIR, value_name = "DIR")]
     registry_config: PathBuf,
     /// Platform to pull from multi-platform images [default: this machine's].
     #[arg(long, value_name = "OS/ARCH[/VARIANT]")]

@@ -152,6 +152,8 @@ fn run_in(dir: &Path, documents: &[&str], info: &str, env: &[(&str, &Path)], mor
         .env("LANG", "C.UTF-8")
         .env("RIGGER_CONTAINERD_ADDRESS", &lab.containerd_address)
         .env("RIGGER_AGENT_REGISTRY_CONFIG", &lab.hosts_dir)
+        // `rigger-agent pull` keeps its downloads in progress here, not the host's.
+        .env("RIGGER_AGENT_STATE_DIR", home.join("agent-state"))
         // The lab's containerd shares this machine's disk (see .cargo/config.toml).
         .env("RIGGER_AGENT_IMAGE_FS_THRESHOLD_PERCENT", "100")
         .stdout(Stdio::piped())

@@ -10,7 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use rigger_integration_tests::{
     Agent, Controller, Lab, LabNode, MountedSnapshot, Proxy, TestNamespace, agent, assert_ok,
-    free_port, plain_http_hosts_dir, top_chain_id, tree_listing, unique_image, wait_until,
+    free_port, log_tail, plain_http_hosts_dir, top_chain_id, tree_listing, unique_image,
+    wait_until,
 };
 use rigger_proto::peer_grant::{GrantFor, GrantSigner};
 use rigger_pull::peers::{PeerIdentity, client_tls};
@@ -337,10 +338,25 @@ impl Fleet {
             agents.push(agent);
         }
         for agent in &agents {
-            wait_until("the node to be ready", Duration::from_secs(30), || {
-                let n = controller.get_json(&["node", &agent.node])?;
-                (n["status"]["conditions"][0]["status"] == "True").then_some(())
-            });
+            // Said with the agent's and the controller's logs (an agent that could not
+            // start, say, on a port taken since it was chosen).
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                let ready = controller
+                    .get_json(&["node", &agent.node])
+                    .is_some_and(|n| n["status"]["conditions"][0]["status"] == "True");
+                if ready {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "node {} not ready within 30 s\n--- agent\n{}\n--- controller\n{}",
+                    agent.node,
+                    log_tail(&agent.log, 30),
+                    log_tail(&controller.log, 30)
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
         }
         Self {
             controller,
