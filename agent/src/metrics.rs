@@ -206,6 +206,8 @@ impl AgentMetrics {
     /// filesystems were measured (none while containerd cannot say where they are).
     pub async fn measure_image_filesystems(&self, puller: &rigger_pull::Puller) -> usize {
         let measured = puller.image_filesystems().await;
+        // A filesystem no longer measured (moved, unreadable) is not reported stale.
+        self.image_fs_used.clear();
         for (dir, ratio) in &measured {
             self.image_fs_used
                 .get_or_create(&Filesystem {

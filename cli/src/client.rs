@@ -212,13 +212,23 @@ fn failover_backoff() -> rigger_daemon::backoff::Backoff {
 }
 
 /// A connection to whichever replica leads next, however long that takes (the caller
-/// bounds the wait, or its user does).
-pub async fn connect_to_the_next_leader(connection: &ConnectArgs) -> Client {
+/// bounds the wait, or its user does); said once on stderr. A refusal that waiting
+/// cannot mend (the configuration, a certificate, the token) ends it.
+pub async fn connect_to_the_next_leader(connection: &ConnectArgs) -> anyhow::Result<Client> {
     let mut backoff = failover_backoff();
+    let mut said = false;
     loop {
         tokio::time::sleep(backoff.next_delay()).await;
-        if let Ok(client) = connect(connection).await {
-            return client;
+        match connect(connection).await {
+            Ok(client) => return Ok(client),
+            Err(error) if error.is::<Unanswered>() => {
+                if !std::mem::replace(&mut said, true) {
+                    eprintln!(
+                        "riggerctl: the controller went away; waiting for one to lead ({error:#})"
+                    );
+                }
+            }
+            Err(error) => return Err(error),
         }
     }
 }
@@ -406,15 +416,16 @@ impl<'a> Watch<'a> {
     }
 
     /// A new connection to whichever replica leads now.
-    async fn reconnect(&mut self) {
+    async fn reconnect(&mut self) -> anyhow::Result<()> {
         let Some(connection) = &self.reconnect else {
-            return;
+            return Ok(());
         };
         self.stream = None;
         // Another replica's versions are not this one's: from its listing.
         self.request.resource_version = 0;
         self.relisted = true;
-        *self.client = connect_to_the_next_leader(connection).await;
+        *self.client = connect_to_the_next_leader(connection).await?;
+        Ok(())
     }
 
     /// The next change; an error once the controller refuses or cannot be reached.
@@ -426,7 +437,7 @@ impl<'a> Watch<'a> {
                     let stream = match self.client.watch(self.request.clone()).await {
                         Ok(stream) => stream.into_inner(),
                         Err(status) if self.reconnect.is_some() && is_failover(&status) => {
-                            self.reconnect().await;
+                            self.reconnect().await?;
                             continue;
                         }
                         Err(status) => {
@@ -467,9 +478,9 @@ impl<'a> Watch<'a> {
                     self.relisted = true;
                 }
                 // The controller stopped or stepped down: on to the next leader.
-                Ok(None) if self.reconnect.is_some() => self.reconnect().await,
+                Ok(None) if self.reconnect.is_some() => self.reconnect().await?,
                 Err(status) if self.reconnect.is_some() && is_failover(&status) => {
-                    self.reconnect().await;
+                    self.reconnect().await?;
                 }
                 Ok(None) => anyhow::bail!("the controller ended the watch"),
                 Err(status) => return Err(refused(&status)),

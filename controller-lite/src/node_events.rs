@@ -3,9 +3,9 @@
 //! down), `NodeReady` when it is back. Readiness is sampled every few seconds on the
 //! leader; the decision ([`transitions`]) is a pure function of two samples.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
@@ -38,11 +38,13 @@ pub fn transitions(before: &Readiness, after: &Readiness) -> Vec<Event> {
                 reason: NODE_READY,
                 message: format!("Node {name} status is now: NodeReady"),
             }),
-            (Some(None), Some(why)) => events.push(Event {
+            // Kubernetes' message, constant so that repeats count on one event (why
+            // is on the Node's Ready condition).
+            (Some(None), Some(_)) => events.push(Event {
                 regarding: node(name),
                 warning: true,
                 reason: NODE_NOT_READY,
-                message: format!("Node {name} status is now: NodeNotReady ({why})"),
+                message: format!("Node {name} status is now: NodeNotReady"),
             }),
             _ => {}
         }
@@ -51,8 +53,11 @@ pub fn transitions(before: &Readiness, after: &Readiness) -> Vec<Event> {
 }
 
 /// Record the nodes' events while this replica leads, until `token` is cancelled. A
-/// replica that takes over starts from the nodes as it finds them (no event for what
-/// its predecessor already told).
+/// replica that takes over starts from the nodes as it finds them; those it holds as
+/// not ready then (what it knew when it led before) coming back within one
+/// `node_timeout` are agents reconnecting to the new leader, not news. Every node an
+/// agent registers with it is `RegisteredNode`, as Kubernetes' node controller tells
+/// each node when it starts leading.
 pub async fn run(
     nodes: NodeRegistry,
     node_timeout: Duration,
@@ -61,17 +66,35 @@ pub async fn run(
     token: CancellationToken,
 ) {
     let mut before: Option<Readiness> = None;
+    // Since when this replica leads, and the nodes it held as not ready then.
+    let mut took_over: Option<(Instant, HashSet<String>)> = None;
     loop {
         if leadership.is_leader() {
             let after = nodes.readiness(SystemTime::now(), node_timeout);
+            let (since, stale) = took_over.get_or_insert_with(|| {
+                let stale = after
+                    .iter()
+                    .filter(|(_, why)| why.is_some())
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                (Instant::now(), stale)
+            });
+            if since.elapsed() >= node_timeout {
+                stale.clear();
+            }
             if let Some(before) = &before {
                 for event in transitions(before, &after) {
-                    events.record(event);
+                    let reconnecting =
+                        event.reason == NODE_READY && stale.contains(&event.regarding.name);
+                    if !reconnecting {
+                        events.record(event);
+                    }
                 }
             }
             before = Some(after);
         } else {
             before = None;
+            took_over = None;
         }
         tokio::select! {
             () = token.cancelled() => return,
@@ -111,7 +134,7 @@ mod tests {
             reasons(&ready, &lost),
             [(
                 NODE_NOT_READY,
-                "Node n1 status is now: NodeNotReady (no heartbeat for 31s)".to_owned()
+                "Node n1 status is now: NodeNotReady".to_owned()
             )]
         );
         assert_eq!(reasons(&lost, &lost), []);

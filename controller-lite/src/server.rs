@@ -193,6 +193,7 @@ pub async fn run(
         ),
         _ => Arc::new(crate::events::store::StoreEvents::start(
             store.clone(),
+            leadership.clone(),
             token.child_token(),
         )),
     };

@@ -323,7 +323,10 @@ impl Puller {
         {
             roots.push(root);
         }
-        disk_guard::used_ratios(&roots)
+        // stat and statvfs block (a hung filesystem would hold a runtime thread).
+        tokio::task::spawn_blocking(move || disk_guard::used_ratios(&roots))
+            .await
+            .unwrap_or_default()
     }
 
     /// The disk guard's threshold (percent), when the engine is guarded.

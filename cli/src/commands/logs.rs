@@ -60,7 +60,7 @@ pub async fn run(
         let mut stream = match opened {
             Ok(stream) => stream.into_inner(),
             Err(status) if follow && is_failover(&status) => {
-                *client = connect_to_the_next_leader(connection).await;
+                *client = connect_to_the_next_leader(connection).await?;
                 continue;
             }
             Err(status) if status.code() == tonic::Code::Unimplemented => anyhow::bail!(
@@ -77,6 +77,7 @@ pub async fn run(
                         request.resume = true;
                         request.resume_attempt = output.log_attempt;
                         request.resume_offset = output.log_offset;
+                        request.resume_pod_uid = output.pod_uid;
                     }
                 }
                 // A followed stream ends only when its controller goes away.
@@ -86,6 +87,6 @@ pub async fn run(
                 Err(status) => return Err(refused(&status)),
             }
         }
-        *client = connect_to_the_next_leader(connection).await;
+        *client = connect_to_the_next_leader(connection).await?;
     }
 }

@@ -29,12 +29,14 @@ impl ControlService {
         request: PodLogsRequest,
     ) -> OutputStream {
         let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let pod_uid = uid.clone();
         let pods = self.pods.clone();
+        let leadership = self.leadership.clone();
         tokio::spawn(async move {
             // Without --tail the whole log is wanted: read as a follower from its start,
             // a bounded piece per answer, rather than in one answer of any size.
-            // A follower resuming (after a failover) says where it got to.
-            let mut ask = if request.resume {
+            // A follower resuming (after a failover) says where it got to, in this pod.
+            let mut ask = if request.resume && request.resume_pod_uid == uid {
                 ContainerLogs {
                     pod_uid: uid,
                     container: request.container,
@@ -55,6 +57,13 @@ impl ControlService {
             };
             let mut unreachable_since: Option<Instant> = None;
             loop {
+                // A replica that no longer leads loses its agents: its follower goes on
+                // from the next leader (riggerctl reconnects on Unavailable).
+                if !leadership.is_leader() {
+                    let status = Status::unavailable("this controller replica no longer leads");
+                    let _ = tx.send(Err(status)).await;
+                    return;
+                }
                 let answer = pods
                     .ask(
                         &node,
@@ -67,12 +76,13 @@ impl ControlService {
                         unreachable_since = None;
                         answer
                     }
-                    // An agent reconnecting (to this replica, just elected, say) is
-                    // waited for a while; then the follower is told, as a refusal it
-                    // does not take for this controller going away.
+                    // A follower resuming after a failover waits a while for the pod's
+                    // agent to reconnect to this replica, just elected; then it is told,
+                    // as a refusal it does not take for this controller going away. A
+                    // first ask is told at once.
                     Err(status) if status.code() == tonic::Code::Unavailable => {
                         let since = *unreachable_since.get_or_insert_with(Instant::now);
-                        if since.elapsed() >= AGENT_GRACE {
+                        if !request.resume || since.elapsed() >= AGENT_GRACE {
                             let status = Status::failed_precondition(status.message());
                             let _ = tx.send(Err(status)).await;
                             return;
@@ -95,6 +105,7 @@ impl ControlService {
                         stdout: answer.stdout,
                         log_attempt: answer.log_attempt,
                         log_offset: answer.log_offset,
+                        pod_uid: pod_uid.clone(),
                         ..PodOutput::default()
                     };
                     if tx.send(Ok(output)).await.is_err() {

@@ -102,6 +102,12 @@ impl ControlService {
                 "this controller keeps its objects in Kubernetes: read Secrets with kubectl (the API server's RBAC decides who may)",
             ));
         }
+        // There, events are the cluster's own (`kubectl get events`), not in the store.
+        if self.writes_through_kubernetes && kind == Kind::Event {
+            return Err(Status::failed_precondition(
+                "this controller keeps its objects in Kubernetes: its events are the cluster's, read them with kubectl get events",
+            ));
+        }
         Ok(())
     }
 

@@ -3,9 +3,14 @@
 //! them from a bounded queue, so no engine waits on the store. An event that repeats
 //! (the same object, reason and message) is one object whose `count` and
 //! `lastTimestamp` move, as Kubernetes aggregates them; events last [`TTL`]
-//! (Kubernetes' `--event-ttl`), and past [`MOST`] the oldest go first.
+//! (Kubernetes' `--event-ttl`), and past [`MOST`] the oldest go first. As Kubernetes'
+//! recorder does, an object gets at most [`BURST`] events at once and then one per
+//! [`REFILL`] (an agent cycling a task through failures cannot fill the store), and
+//! only the leader prunes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use rigger_api::event::{Event as StoredEvent, EventSource, InvolvedObject, KIND};
@@ -15,6 +20,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{Event, EventSink};
+use crate::leader::Leadership;
 use crate::store::{ObjectKey, Precondition, Store};
 
 /// Events waiting to be written.
@@ -25,6 +31,12 @@ pub const TTL: Duration = Duration::from_secs(3600);
 pub const MOST: usize = 5000;
 /// How often old events are deleted.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
+/// Events one object may get at once (Kubernetes' spam filter's burst)...
+pub const BURST: f64 = 25.0;
+/// ...and then one per this long.
+pub const REFILL: Duration = Duration::from_secs(300);
+/// The longest name prefix an event takes from its object's (names stay within 253).
+const NAME_PREFIX: usize = 200;
 /// Who reports.
 const COMPONENT: &str = "rigger-controller";
 
@@ -32,12 +44,14 @@ const COMPONENT: &str = "rigger-controller";
 #[derive(Debug, Clone)]
 pub struct StoreEvents {
     queue: mpsc::Sender<Event>,
+    /// Dropped with the queue full; said (and reset) at each prune.
+    dropped: Arc<AtomicU64>,
 }
 
 impl EventSink for StoreEvents {
     fn record(&self, event: Event) {
         if self.queue.try_send(event).is_err() {
-            tracing::warn!("event queue full; an event was dropped");
+            self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -54,15 +68,14 @@ struct Same {
 }
 
 impl StoreEvents {
-    /// Start the writer; it ends with `token` (or when every sender is gone).
-    pub fn start(store: Store, token: CancellationToken) -> Self {
+    /// Start the writer; it ends with `token` (or when every sender is gone). Old
+    /// events are pruned while `leadership` holds.
+    pub fn start(store: Store, leadership: Leadership, token: CancellationToken) -> Self {
         let (queue, mut events) = mpsc::channel::<Event>(QUEUE);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let counted = dropped.clone();
         tokio::spawn(async move {
-            let mut writer = Writer {
-                store,
-                seen: HashMap::new(),
-                last_suffix: 0,
-            };
+            let mut writer = Writer::new(store);
             let mut prune = tokio::time::interval(PRUNE_EVERY);
             loop {
                 tokio::select! {
@@ -71,11 +84,19 @@ impl StoreEvents {
                         Some(event) => writer.write(event, SystemTime::now()).await,
                         None => return,
                     },
-                    _ = prune.tick() => writer.prune(SystemTime::now()).await,
+                    _ = prune.tick() => {
+                        let lost = counted.swap(0, Ordering::Relaxed);
+                        if lost > 0 {
+                            tracing::warn!(events = lost, "the event queue was full; events were dropped");
+                        }
+                        if leadership.is_leader() {
+                            writer.prune(SystemTime::now()).await;
+                        }
+                    }
                 }
             }
         });
-        Self { queue }
+        Self { queue, dropped }
     }
 }
 
@@ -85,10 +106,47 @@ struct Writer {
     seen: HashMap<Same, (ObjectKey, StoredEvent)>,
     /// The last name suffix given (names must not repeat).
     last_suffix: u128,
+    /// Each object's spam filter: tokens left, when last counted.
+    budgets: HashMap<(String, String, String), (f64, SystemTime)>,
 }
 
 impl Writer {
+    fn new(store: Store) -> Self {
+        Self {
+            store,
+            seen: HashMap::new(),
+            last_suffix: 0,
+            budgets: HashMap::new(),
+        }
+    }
+
+    /// Whether the object `regarding` may have one more event at `now`.
+    fn allowed(&mut self, regarding: &super::Regarding, now: SystemTime) -> bool {
+        let key = (
+            regarding.namespace.clone(),
+            regarding.kind.clone(),
+            regarding.name.clone(),
+        );
+        let (tokens, last) = self.budgets.entry(key).or_insert((BURST, now));
+        let elapsed = now.duration_since(*last).unwrap_or_default();
+        *tokens = (*tokens + elapsed.as_secs_f64() / REFILL.as_secs_f64()).min(BURST);
+        *last = now;
+        if *tokens < 1.0 {
+            return false;
+        }
+        *tokens -= 1.0;
+        true
+    }
+
     async fn write(&mut self, event: Event, now: SystemTime) {
+        if !self.allowed(&event.regarding, now) {
+            tracing::debug!(reason = event.reason, object = %event.regarding.name, "an object's events past its burst: dropped");
+            return;
+        }
+        // The store holds at most MOST: past it, the oldest go before another is made.
+        if self.seen.len() >= MOST {
+            self.prune(now).await;
+        }
         let regarding = &event.regarding;
         let namespace = if regarding.namespace.is_empty() {
             "default".to_owned()
@@ -104,15 +162,16 @@ impl Writer {
             message: event.message.clone(),
         };
         let at = rfc3339(now);
-        let (key, stored) = match self.seen.get(&same) {
+        let (key, stored, precondition) = match self.seen.get(&same) {
             Some((key, earlier)) => {
                 let mut again = earlier.clone();
                 again.count = again.count.saturating_add(1);
                 again.last_timestamp = at;
-                (key.clone(), again)
+                (key.clone(), again, Precondition::Any)
             }
             None => {
-                let name = format!("{}.{:x}", regarding.name, self.suffix(now));
+                let prefix: String = regarding.name.chars().take(NAME_PREFIX).collect();
+                let name = format!("{prefix}.{:x}", self.suffix(now));
                 let stored = StoredEvent {
                     api_version: "v1".to_owned(),
                     kind: KIND.to_owned(),
@@ -140,13 +199,18 @@ impl Writer {
                     },
                     reporting_component: COMPONENT.to_owned(),
                 };
-                (ObjectKey::new(KIND, &namespace, &name), stored)
+                // Made, never written over (a clock stepped back after a restart).
+                (
+                    ObjectKey::new(KIND, &namespace, &name),
+                    stored,
+                    Precondition::Absent,
+                )
             }
         };
         let Ok(bytes) = serde_json::to_vec(&stored) else {
             return;
         };
-        match self.store.put(key.clone(), bytes, Precondition::Any).await {
+        match self.store.put(key.clone(), bytes, precondition).await {
             Ok(_) => {
                 self.seen.insert(same, (key, stored));
             }
@@ -167,7 +231,9 @@ impl Writer {
         self.last_suffix
     }
 
-    /// Delete events past [`TTL`], then the oldest past [`MOST`].
+    /// Delete events past [`TTL`], then the oldest past nine tenths of [`MOST`] (room
+    /// for the next ones without a prune each), and forget what the writer knew of them
+    /// (and of anything it holds older than [`TTL`]: another replica may have deleted it).
     async fn prune(&mut self, now: SystemTime) {
         let stored = match self.store.list(KIND).await {
             Ok(stored) => stored,
@@ -188,8 +254,8 @@ impl Writer {
             })
             .collect();
         events.sort_by_key(|(last, _)| *last);
-        let beyond = events.len().saturating_sub(MOST);
-        let gone: Vec<ObjectKey> = events
+        let beyond = events.len().saturating_sub(MOST / 10 * 9);
+        let gone: HashSet<ObjectKey> = events
             .into_iter()
             .enumerate()
             .filter(|(index, (last, _))| {
@@ -197,8 +263,17 @@ impl Writer {
             })
             .map(|(_, (_, key))| key)
             .collect();
+        let old = |event: &StoredEvent| {
+            humantime::parse_rfc3339(&event.last_timestamp)
+                .ok()
+                .is_none_or(|last| now.duration_since(last).is_ok_and(|age| age > TTL))
+        };
+        self.seen
+            .retain(|_, (key, event)| !gone.contains(key) && !old(event));
+        self.budgets.retain(|_, (tokens, last)| {
+            *tokens < BURST || now.duration_since(*last).is_ok_and(|idle| idle < REFILL)
+        });
         for key in gone {
-            self.seen.retain(|_, (seen, _)| *seen != key);
             if let Err(error) = self.store.delete(key.clone(), Precondition::Any).await {
                 tracing::debug!(%error, %key, "an old event was not deleted");
             }
@@ -213,11 +288,7 @@ mod tests {
     use crate::events::Regarding;
 
     fn writer(dir: &std::path::Path) -> Writer {
-        Writer {
-            store: Store::new(crate::store::EmbeddedStore::open(dir).unwrap()),
-            seen: HashMap::new(),
-            last_suffix: 0,
-        }
+        Writer::new(Store::new(crate::store::EmbeddedStore::open(dir).unwrap()))
     }
 
     fn event(name: &str, message: &str) -> Event {
@@ -293,5 +364,46 @@ mod tests {
             .find(|e| e.involved_object.name == "old")
             .unwrap();
         assert_eq!(old.count, 1);
+    }
+
+    #[tokio::test]
+    async fn an_object_gets_a_burst_of_events_then_one_per_refill() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = writer(dir.path());
+        let t0 = humantime::parse_rfc3339("2026-11-26T10:00:00Z").unwrap();
+        // A hostile agent cycling its task: a new failure message each time.
+        for i in 0..40u64 {
+            writer
+                .write(
+                    event("spammed", &format!("failure {i}")),
+                    t0 + Duration::from_millis(i),
+                )
+                .await;
+        }
+        writer.write(event("other", "fine"), t0).await;
+        let stored = stored(&writer).await;
+        let spammed = stored
+            .iter()
+            .filter(|e| e.involved_object.name == "spammed")
+            .count();
+        assert_eq!(spammed, 25, "the burst, no more");
+        assert!(stored.iter().any(|e| e.involved_object.name == "other"));
+        // A refill after the last, one more.
+        writer
+            .write(
+                event("spammed", "failure 41"),
+                t0 + Duration::from_millis(40) + REFILL,
+            )
+            .await;
+        let again = stored_count(&writer, "spammed").await;
+        assert_eq!(again, 26);
+    }
+
+    async fn stored_count(writer: &Writer, name: &str) -> usize {
+        stored(writer)
+            .await
+            .iter()
+            .filter(|e| e.involved_object.name == name)
+            .count()
     }
 }
