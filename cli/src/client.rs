@@ -297,6 +297,21 @@ pub fn refused(status: &tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{}", status.message())
 }
 
+/// After a read failed with `status`: a connection to the next leader to ask it again,
+/// when the controller went away or stepped down and `deadline` has not passed; else
+/// the refusal.
+async fn ask_again(
+    connection: &ConnectArgs,
+    status: &tonic::Status,
+    deadline: tokio::time::Instant,
+) -> anyhow::Result<Client> {
+    if is_failover(status) && tokio::time::Instant::now() < deadline {
+        connect_within(connection, deadline).await
+    } else {
+        Err(refused(status))
+    }
+}
+
 /// One object, as the controller serves it.
 pub async fn fetch(
     client: &mut Client,
@@ -314,10 +329,7 @@ pub async fn fetch(
     let object = loop {
         match client.get(request.clone()).await {
             Ok(object) => break object.into_inner(),
-            Err(status) if is_failover(&status) && tokio::time::Instant::now() < deadline => {
-                *client = connect_within(connection, deadline).await?;
-            }
-            Err(status) => return Err(refused(&status)),
+            Err(status) => *client = ask_again(connection, &status, deadline).await?,
         }
     };
     serde_json::from_str(&object.json).context("the controller sent an unreadable object")
@@ -352,10 +364,7 @@ pub async fn fetch_all(
     let list = loop {
         match client.list(request.clone()).await {
             Ok(list) => break list.into_inner(),
-            Err(status) if is_failover(&status) && tokio::time::Instant::now() < deadline => {
-                *client = connect_within(connection, deadline).await?;
-            }
-            Err(status) => return Err(refused(&status)),
+            Err(status) => *client = ask_again(connection, &status, deadline).await?,
         }
     };
     list.items

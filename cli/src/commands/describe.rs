@@ -65,10 +65,6 @@ fn events_of(object: &Value, events: &[Value], now: SystemTime) -> String {
         return "Events:  <none>\n".to_owned();
     }
     about.sort_by(|a, b| str_of(a, "/lastTimestamp").cmp(str_of(b, "/lastTimestamp")));
-    let header: Vec<String> = ["Type", "Reason", "Age", "From", "Message"]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
     let rows: Vec<Vec<String>> = about
         .iter()
         .map(|e| {
@@ -89,8 +85,18 @@ fn events_of(object: &Value, events: &[Value], now: SystemTime) -> String {
             ]
         })
         .collect();
-    let mut out = String::from("Events:\n");
-    for line in render_table(&header, &rows) {
+    section(
+        "Events",
+        &["Type", "Reason", "Age", "From", "Message"],
+        &rows,
+    )
+}
+
+/// A titled table, indented under its title, as kubectl's describe shows one.
+fn section(title: &str, header: &[&str], rows: &[Vec<String>]) -> String {
+    let header: Vec<String> = header.iter().map(|s| (*s).to_owned()).collect();
+    let mut out = format!("{title}:\n");
+    for line in render_table(&header, rows) {
         out.push_str("  ");
         out.push_str(&line);
         out.push('\n');
@@ -113,11 +119,6 @@ fn describe(object: &Value) -> String {
         .pointer("/status/containerRecreateStates")
         .and_then(Value::as_array)
     {
-        out.push_str("Containers:\n");
-        let header: Vec<String> = ["CONTAINER", "PHASE", "KILLED", "MESSAGE"]
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect();
         let rows: Vec<Vec<String>> = states
             .iter()
             .map(|c| {
@@ -129,18 +130,13 @@ fn describe(object: &Value) -> String {
                 ]
             })
             .collect();
-        for line in render_table(&header, &rows) {
-            out.push_str("  ");
-            out.push_str(&line);
-            out.push('\n');
-        }
+        out.push_str(&section(
+            "Containers",
+            &["CONTAINER", "PHASE", "KILLED", "MESSAGE"],
+            &rows,
+        ));
     }
     if let Some(nodes) = object.pointer("/status/nodes").and_then(Value::as_array) {
-        out.push_str("Nodes:\n");
-        let header: Vec<String> = ["NODE", "PHASE", "ATTEMPTS", "PROGRESS", "MESSAGE"]
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect();
         let rows: Vec<Vec<String>> = nodes
             .iter()
             .map(|n| {
@@ -158,11 +154,11 @@ fn describe(object: &Value) -> String {
                 ]
             })
             .collect();
-        for line in render_table(&header, &rows) {
-            out.push_str("  ");
-            out.push_str(&line);
-            out.push('\n');
-        }
+        out.push_str(&section(
+            "Nodes",
+            &["NODE", "PHASE", "ATTEMPTS", "PROGRESS", "MESSAGE"],
+            &rows,
+        ));
     }
     out
 }

@@ -73,13 +73,7 @@ struct Effects {
 /// pulled, else `PullImageFailed` naming how many failed.
 fn completion_event(key: &ObjectKey, job: &JobState) -> crate::events::Event {
     let status = &job.status;
-    let regarding = crate::events::Regarding {
-        api_version: job.job.api_version.clone(),
-        kind: job.job.kind.clone(),
-        namespace: key.namespace.clone(),
-        name: key.name.clone(),
-        uid: job.job.metadata.uid.clone().unwrap_or_default(),
-    };
+    let regarding = regarding(key, job);
     let image = &job.job.spec.image;
     if status.failed == 0 {
         crate::events::Event {
@@ -98,6 +92,17 @@ fn completion_event(key: &ObjectKey, job: &JobState) -> crate::events::Event {
                 status.succeeded, status.failed
             ),
         }
+    }
+}
+
+/// The job `key` as its events' object.
+fn regarding(key: &ObjectKey, job: &JobState) -> crate::events::Regarding {
+    crate::events::Regarding {
+        api_version: job.job.api_version.clone(),
+        kind: job.job.kind.clone(),
+        namespace: key.namespace.clone(),
+        name: key.name.clone(),
+        uid: job.job.metadata.uid.clone().unwrap_or_default(),
     }
 }
 
@@ -580,42 +585,42 @@ impl JobEngine {
             .map(|run| run.suspects.clone())
             .unwrap_or_default();
         let wake = report::fold(key, job, node, status, Now::read());
-        let regarding = crate::events::Regarding {
-            api_version: job.job.api_version.clone(),
-            kind: job.job.kind.clone(),
-            namespace: key.namespace.clone(),
-            name: key.name.clone(),
-            uid: job.job.metadata.uid.clone().unwrap_or_default(),
-        };
-        // A peer newly suspected by this node (its own planned sources only).
-        let suspected: Vec<crate::events::Event> = job
-            .runs
-            .get(node)
-            .map(|run| {
-                run.suspects
-                    .difference(&suspected_before)
-                    .map(|peer| crate::events::peer_suspected(regarding.clone(), node, peer))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let ended = match (before, job.entry(node)) {
+        // What this report tells, if anything (most are progress: nothing, no copies).
+        let failed = match (before, job.entry(node)) {
             // Each node's failure is told at once; successes in one event when the job
             // ends (one per node would write as many events as the fleet has nodes).
             (Some(before), Some(entry))
                 if before != entry.phase && entry.phase == NodePullPhase::Failed =>
             {
-                let failed = (entry.phase == NodePullPhase::Failed).then(|| entry.message.clone());
-                Some(crate::events::pull_ended(
-                    regarding,
-                    node,
-                    &job.job.spec.image,
-                    failed.as_deref(),
-                ))
+                Some(entry.message.clone())
             }
             _ => None,
         };
+        // Peers newly suspected by this node (its own planned sources only).
+        let suspected: Vec<String> = job
+            .runs
+            .get(node)
+            .map(|run| {
+                run.suspects
+                    .difference(&suspected_before)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut events = Vec::new();
+        if failed.is_some() || !suspected.is_empty() {
+            let regarding = regarding(key, job);
+            events.extend(failed.map(|why| {
+                crate::events::pull_ended(regarding.clone(), node, &job.job.spec.image, Some(&why))
+            }));
+            events.extend(
+                suspected
+                    .iter()
+                    .map(|peer| crate::events::peer_suspected(regarding.clone(), node, peer)),
+            );
+        }
         drop(state);
-        for event in ended.into_iter().chain(suspected) {
+        for event in events {
             self.inner.events.record(event);
         }
         if wake {

@@ -25,7 +25,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use rigger_integration_tests::kubernetes::Cluster;
-use rigger_integration_tests::{Lab, binary, lab_image, repo_root};
+use rigger_integration_tests::{Lab, assert_ok, binary, lab_image, repo_root};
 
 /// A fenced block: its info string, its text, the line it starts on.
 struct Block {
@@ -266,12 +266,7 @@ fn the_readme_kubernetes_quick_start_runs_against_the_lab_cluster() {
             "--ignore-not-found",
         ],
     ] {
-        let out = cluster.kubectl(args);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_ok(&cluster.kubectl(args));
     }
     // kubectl's namespace, for what the quick start makes without naming one.
     let namespace = cluster.namespace("docs");
@@ -289,11 +284,7 @@ fn the_readme_kubernetes_quick_start_runs_against_the_lab_cluster() {
         ])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     // "From this checkout": its deploy/.
     let work = dir.path().join("work");
     std::fs::create_dir_all(&work).unwrap();

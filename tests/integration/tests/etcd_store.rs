@@ -5,7 +5,12 @@
 
 use rigger_controller::config::EtcdTls;
 use rigger_controller::store::{EtcdStore, Store, conformance};
-use rigger_integration_tests::{Controller, Etcd};
+use std::io::BufRead as _;
+use std::process::Child;
+use std::sync::mpsc::Receiver;
+use std::time::Duration;
+
+use rigger_integration_tests::{Controller, Etcd, assert_ok, wait_until};
 
 #[tokio::test]
 async fn etcd_store_meets_the_store_contract() {
@@ -233,23 +238,53 @@ async fn the_grpc_health_service_names_the_leader() {
     );
 }
 
+/// Two controller replicas on `etcd`, and which of them leads (and which follows).
+fn two_replicas(dir: &std::path::Path, etcd: &Etcd) -> (Vec<Controller>, usize, usize) {
+    let replicas = Controller::replicas(dir, etcd, 2);
+    let leader = wait_until("one replica to lead", Duration::from_secs(30), || {
+        replicas.iter().position(Controller::is_leader)
+    });
+    (replicas, leader, 1 - leader)
+}
+
+/// Until `replica` leads (after its peer was killed).
+fn wait_to_lead(replica: &Controller) {
+    wait_until("the other replica to lead", Duration::from_secs(30), || {
+        replica.is_leader().then_some(())
+    });
+}
+
+/// An ImagePullJob named `name` that runs nowhere (its node does not exist).
+fn idle_job(name: &str) -> String {
+    format!(
+        "apiVersion: apps.kruise.io/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: {name}\nspec:\n  image: 127.0.0.1:1/nowhere:1\n  selector:\n    names: [no-such-node]\n"
+    )
+}
+
+/// The lines `child` prints on its standard output, as they come.
+fn lines_of(child: &mut Child) -> Receiver<String> {
+    let (lines, seen) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    seen
+}
+
 /// `riggerctl wait` through a failover: the leader is killed (SIGKILL) under a running
 /// wait; the wait follows the replica that leads next, within its `--timeout`, and sees
 /// what happens there (here the object it waits on deleted through the new leader).
 #[test]
 fn a_wait_survives_the_leaders_sigkill() {
-    use std::time::Duration;
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
-    let mut replicas = Controller::replicas(dir.path(), &etcd, 2);
-    let leader = rigger_integration_tests::wait_until(
-        "one replica to lead",
-        Duration::from_secs(30),
-        || replicas.iter().position(Controller::is_leader),
-    );
-    let follower = 1 - leader;
-    let job = "apiVersion: apps.kruise.io/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: through-failover\nspec:\n  image: 127.0.0.1:1/nowhere:1\n  selector:\n    names: [no-such-node]\n";
-    replicas[leader].apply_ok(job);
+    let (mut replicas, leader, follower) = two_replicas(dir.path(), &etcd);
+    replicas[leader].apply_ok(&idle_job("through-failover"));
     let wait = replicas[leader]
         .ctl_command(
             "admin",
@@ -268,17 +303,8 @@ fn a_wait_survives_the_leaders_sigkill() {
     // The wait is watching (its listing came back) before the leader goes.
     std::thread::sleep(Duration::from_secs(2));
     replicas[leader].kill();
-    rigger_integration_tests::wait_until(
-        "the other replica to lead",
-        Duration::from_secs(30),
-        || replicas[follower].is_leader().then_some(()),
-    );
-    let deleted = replicas[follower].ctl(&["delete", "imagepulljob", "through-failover"]);
-    assert!(
-        deleted.status.success(),
-        "{}",
-        String::from_utf8_lossy(&deleted.stderr)
-    );
+    wait_to_lead(&replicas[follower]);
+    assert_ok(&replicas[follower].ctl(&["delete", "imagepulljob", "through-failover"]));
     let out = wait.wait_with_output().unwrap();
     assert!(
         out.status.success(),
@@ -295,23 +321,10 @@ fn a_wait_survives_the_leaders_sigkill() {
 /// printing what changes on the replica that leads next.
 #[test]
 fn a_get_watch_goes_on_through_the_leaders_sigkill() {
-    use std::io::BufRead as _;
-    use std::time::Duration;
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
-    let mut replicas = Controller::replicas(dir.path(), &etcd, 2);
-    let leader = rigger_integration_tests::wait_until(
-        "one replica to lead",
-        Duration::from_secs(30),
-        || replicas.iter().position(Controller::is_leader),
-    );
-    let follower = 1 - leader;
-    let job = |name: &str| {
-        format!(
-            "apiVersion: apps.kruise.io/v1alpha1\nkind: ImagePullJob\nmetadata:\n  name: {name}\nspec:\n  image: 127.0.0.1:1/nowhere:1\n  selector:\n    names: [no-such-node]\n"
-        )
-    };
-    replicas[leader].apply_ok(&job("before-failover"));
+    let (mut replicas, leader, follower) = two_replicas(dir.path(), &etcd);
+    replicas[leader].apply_ok(&idle_job("before-failover"));
     let mut watch = replicas[leader]
         .ctl_command(
             "admin",
@@ -322,16 +335,7 @@ fn a_get_watch_goes_on_through_the_leaders_sigkill() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let (lines, seen) = std::sync::mpsc::channel();
-    let stdout = watch.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            if lines.send(line).is_err() {
-                return;
-            }
-        }
-    });
+    let seen = lines_of(&mut watch);
     let until = |wanted: &str| loop {
         match seen.recv_timeout(Duration::from_secs(60)) {
             Ok(line) if line == wanted => return,
@@ -352,12 +356,8 @@ fn a_get_watch_goes_on_through_the_leaders_sigkill() {
         String::from_utf8_lossy(&read.stdout).trim(),
         "imagepulljob.apps.kruise.io/before-failover"
     );
-    rigger_integration_tests::wait_until(
-        "the other replica to lead",
-        Duration::from_secs(30),
-        || replicas[follower].is_leader().then_some(()),
-    );
-    replicas[follower].apply_ok(&job("after-failover"));
+    wait_to_lead(&replicas[follower]);
+    replicas[follower].apply_ok(&idle_job("after-failover"));
     until("imagepulljob.apps.kruise.io/after-failover");
     let _ = watch.kill();
     let _ = watch.wait();
@@ -368,17 +368,11 @@ fn a_get_watch_goes_on_through_the_leaders_sigkill() {
 /// leader from where it was, every line once and in order.
 #[test]
 fn a_logs_follow_goes_on_through_the_leaders_sigkill_every_line_once() {
-    use rigger_integration_tests::{Agent, Lab, wait_until};
-    use std::io::BufRead as _;
-    use std::time::Duration;
+    use rigger_integration_tests::{Agent, Lab};
     let lab = Lab::get();
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
-    let mut replicas = Controller::replicas(dir.path(), &etcd, 2);
-    let leader = wait_until("one replica to lead", Duration::from_secs(30), || {
-        replicas.iter().position(Controller::is_leader)
-    });
-    let follower = 1 - leader;
+    let (mut replicas, leader, follower) = two_replicas(dir.path(), &etcd);
     let state = dir.path().join("agent");
     std::fs::create_dir_all(&state).unwrap();
     let node = lab.first_node();
@@ -414,16 +408,7 @@ fn a_logs_follow_goes_on_through_the_leaders_sigkill_every_line_once() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let (lines, seen) = std::sync::mpsc::channel();
-    let stdout = follow.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines() {
-            let Ok(line) = line else { return };
-            if lines.send(line).is_err() {
-                return;
-            }
-        }
-    });
+    let seen = lines_of(&mut follow);
     // Each line is the one after the last: none twice, none skipped.
     let mut next = 0u64;
     let mut read_until = |last: u64| {
@@ -438,13 +423,10 @@ fn a_logs_follow_goes_on_through_the_leaders_sigkill_every_line_once() {
     };
     let printed = read_until(10);
     replicas[leader].kill();
-    wait_until("the other replica to lead", Duration::from_secs(30), || {
-        replicas[follower].is_leader().then_some(())
-    });
+    wait_to_lead(&replicas[follower]);
     // Well past the failover: the lines written while no replica led come through too.
     read_until(printed + 50);
     let _ = follow.kill();
     let _ = follow.wait();
-    let deleted = replicas[follower].ctl(&["delete", "pod", &name]);
-    assert!(deleted.status.success());
+    assert_ok(&replicas[follower].ctl(&["delete", "pod", &name]));
 }
