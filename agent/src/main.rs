@@ -89,6 +89,11 @@ struct PullArgs {
         value_name = "PERCENT"
     )]
     image_fs_threshold_percent: u8,
+    /// Every byte through containerd's Content.Write, none written straight into its
+    /// content store (what big blobs are, when this process sees the store as
+    /// containerd does: half containerd's CPU in a pull).
+    #[arg(long, env = "RIGGER_AGENT_THROUGH_CONTENT_API")]
+    through_content_api: bool,
     /// The agent's state directory; downloads in progress wait in its `spool/`, so a
     /// pull that is interrupted and run again continues where it stopped.
     #[arg(long, env = "RIGGER_AGENT_STATE_DIR", default_value = rigger_agent::DEFAULT_STATE_DIR, value_name = "DIR")]
@@ -218,6 +223,7 @@ fn pull(args: &PullArgs) -> anyhow::Result<()> {
             .unwrap_or(rigger_pull::registry::DEFAULT_STALL_TIMEOUT),
         max_document_size: args.max_document_size.as_u64(),
         image_fs_threshold_percent: Some(args.image_fs_threshold_percent),
+        write_content_directly: !args.through_content_api,
         ..PullOptions::default()
     };
     let progress: std::sync::Arc<dyn Progress> = if std::io::stderr().is_terminal() {

@@ -216,6 +216,12 @@ type Tree = BTreeMap<Vec<String>, Node>;
 struct Model {
     tree: Tree,
     root_opaque: bool,
+    /// The image's bottom layer: applied without overlayfs' conversion (a whiteout
+    /// removes what it names, an opaque marker what this layer did not write).
+    bottom: bool,
+    /// Paths this layer's entries wrote (not the parents `mkparent` implied): what a
+    /// bottom layer's opaque marker keeps (containerd's `unpackedPaths`).
+    unpacked: std::collections::BTreeSet<Vec<String>>,
 }
 
 /// `filepath.Clean` of a relative tar name, as components (`None`: the root).
@@ -299,13 +305,26 @@ impl Model {
         self.tree.retain(|k, _| !k.starts_with(path));
     }
 
-    fn apply(entries: &[Entry]) -> Result<Model, String> {
+    fn apply(entries: &[Entry], bottom: bool) -> Result<Model, String> {
         let mut model = Model {
             tree: Tree::new(),
             root_opaque: false,
+            bottom,
+            unpacked: Default::default(),
         };
         for entry in entries {
             model.entry(entry)?;
+        }
+        // containerd's last pass: each directory entry's times, set on what its name
+        // resolves to now (`fs.RootPath`); a name that no longer reaches anything, or
+        // loops, fails the layer.
+        for entry in entries {
+            if let Entry::Dir { name, .. } = entry {
+                let resolved = model.root_path(&clean(name))?;
+                if !resolved.is_empty() && !model.tree.contains_key(&resolved) {
+                    return Err(format!("{name}: gone before its times were set"));
+                }
+            }
         }
         Ok(model)
     }
@@ -331,6 +350,17 @@ impl Model {
         }
         let mut path = parent.clone();
         path.push(base.clone());
+        if base == ".wh..wh..opq" && self.bottom {
+            // Below the directory, what this layer did not write goes (directories it
+            // wrote are kept and looked into).
+            let unpacked = &self.unpacked;
+            self.tree.retain(|k, _| {
+                !k.starts_with(&parent)
+                    || k.len() == parent.len()
+                    || (parent.len() + 1..=k.len()).all(|i| unpacked.contains(&k[..i]))
+            });
+            return Ok(());
+        }
         if base == ".wh..wh..opq" {
             match parent.is_empty() {
                 true => self.root_opaque = true,
@@ -348,11 +378,18 @@ impl Model {
             }
             let mut target = parent.clone();
             target.push(original.to_owned());
+            if self.bottom {
+                self.remove_all(&target);
+                return Ok(());
+            }
             if self.tree.contains_key(&target) {
                 return Err("whiteout of an existing entry".to_owned());
             }
             self.tree.insert(target, Node::Whiteout);
             return Ok(());
+        }
+        if self.bottom {
+            self.unpacked.insert(path.clone());
         }
         let existing = self.tree.get(&path).cloned();
         let is_dir_entry = matches!(entry, Entry::Dir { .. });
@@ -520,13 +557,14 @@ fuzz_target!(|data: &[u8]| {
     let canary_str = canary.display().to_string();
     let layer = entries(data, &canary_str);
     let tar = tar_of(&layer);
+    // Both ways whiteouts go: overlayfs' markers, and removals in a bottom layer.
+    let bottom = data.len() % 2 == 1;
     let ours = apply_layer(
         &tar[..],
         &ApplyTarget {
             root: root.clone(),
             lowers: Vec::new(),
-            // Both ways whiteouts go: overlayfs' markers, and removals in a bottom layer.
-            bottom: data.len() % 2 == 1,
+            bottom,
         },
     );
     assert_eq!(
@@ -535,7 +573,7 @@ fuzz_target!(|data: &[u8]| {
         "the canary outside the snapshot changed: {layer:?}"
     );
 
-    let theirs = Model::apply(&layer);
+    let theirs = Model::apply(&layer, bottom);
     match (ours, theirs) {
         (Ok(_), Ok(model)) => {
             let (mut tree, root_opaque) = read_tree(&root);

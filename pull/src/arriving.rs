@@ -34,17 +34,27 @@ pub enum ArrivalState {
     Abandoned,
 }
 
+/// Where a blob being written keeps its bytes until the commit.
+#[derive(Debug, Clone)]
+pub enum BytesAt {
+    /// containerd's ingest of this ref.
+    Ingest(String),
+    /// A file the pull writes beside containerd's store (a descriptor of it).
+    File(Arc<std::fs::File>),
+    /// Nowhere a reader can see.
+    Nowhere,
+}
+
 /// A blob being written, as a reader follows it.
 #[derive(Debug, Clone)]
 pub struct Following {
-    /// containerd's ingest ref: where its bytes are until the commit.
-    pub ingest_ref: String,
+    pub bytes_at: BytesAt,
     pub arrival: watch::Receiver<Arrival>,
 }
 
 #[derive(Debug, Default)]
 struct Inner {
-    blobs: HashMap<String, (String, watch::Sender<Arrival>)>,
+    blobs: HashMap<String, (BytesAt, watch::Sender<Arrival>)>,
     /// Image (its top digest) → how many pulls of it run, and the blobs it reaches.
     images: HashMap<String, (usize, Arc<BTreeSet<String>>)>,
     /// Image name (containerd's record name) → the digest the latest pull of it
@@ -62,8 +72,8 @@ impl Arriving {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The blob `digest`, written now under `ingest_ref`, from `held` bytes on.
-    pub fn begin(&self, digest: &str, ingest_ref: &str, size: u64, held: u64) -> ArrivalGuard {
+    /// The blob `digest`, written now to `bytes_at`, from `held` bytes on.
+    pub fn begin(&self, digest: &str, bytes_at: BytesAt, size: u64, held: u64) -> ArrivalGuard {
         let (sender, _) = watch::channel(Arrival {
             size,
             held: held.min(size),
@@ -73,7 +83,7 @@ impl Arriving {
         let earlier = self
             .lock()
             .blobs
-            .insert(digest.to_owned(), (ingest_ref.to_owned(), sender.clone()));
+            .insert(digest.to_owned(), (bytes_at.clone(), sender.clone()));
         // One fetch per blob per process: an earlier entry is a write that ended
         // without saying so.
         if let Some((_, earlier)) = earlier {
@@ -82,7 +92,7 @@ impl Arriving {
         ArrivalGuard {
             arriving: self.clone(),
             digest: digest.to_owned(),
-            ingest_ref: ingest_ref.to_owned(),
+            bytes_at,
             sender,
         }
     }
@@ -90,9 +100,9 @@ impl Arriving {
     /// The blob `digest` when a pull is writing it now.
     pub fn follow(&self, digest: &str) -> Option<Following> {
         let inner = self.lock();
-        let (ingest_ref, sender) = inner.blobs.get(digest)?;
+        let (bytes_at, sender) = inner.blobs.get(digest)?;
         Some(Following {
-            ingest_ref: ingest_ref.clone(),
+            bytes_at: bytes_at.clone(),
             arrival: sender.subscribe(),
         })
     }
@@ -148,7 +158,7 @@ fn abandon(sender: &watch::Sender<Arrival>) {
 pub struct ArrivalGuard {
     arriving: Arriving,
     digest: String,
-    ingest_ref: String,
+    bytes_at: BytesAt,
     sender: watch::Sender<Arrival>,
 }
 
@@ -172,7 +182,9 @@ impl ArrivalGuard {
             let arrival = self.sender.borrow();
             (arrival.size, arrival.relayed)
         };
-        let replacement = self.arriving.begin(&self.digest, &self.ingest_ref, size, 0);
+        let replacement = self
+            .arriving
+            .begin(&self.digest, self.bytes_at.clone(), size, 0);
         if relayed {
             replacement.relaying();
         }
@@ -246,9 +258,14 @@ mod tests {
     fn a_reader_follows_a_write_until_it_is_committed_and_then_it_is_gone() {
         let arriving = Arriving::default();
         assert!(arriving.follow("sha256:a").is_none());
-        let guard = arriving.begin("sha256:a", "layer-sha256:a", 100, 10);
+        let guard = arriving.begin(
+            "sha256:a",
+            BytesAt::Ingest("layer-sha256:a".to_owned()),
+            100,
+            10,
+        );
         let following = arriving.follow("sha256:a").unwrap();
-        assert_eq!(following.ingest_ref, "layer-sha256:a");
+        assert!(matches!(&following.bytes_at, BytesAt::Ingest(r) if r == "layer-sha256:a"));
         assert_eq!(following.arrival.borrow().held, 10);
         guard.held(60);
         guard.held(500); // never past the size
@@ -265,7 +282,7 @@ mod tests {
     #[test]
     fn a_write_that_ends_or_starts_over_cuts_its_readers_off() {
         let arriving = Arriving::default();
-        let mut guard = arriving.begin("sha256:a", "r", 100, 0);
+        let mut guard = arriving.begin("sha256:a", BytesAt::Ingest("r".to_owned()), 100, 0);
         guard.held(40);
         let before = arriving.follow("sha256:a").unwrap();
         guard.restart();
@@ -294,7 +311,7 @@ mod tests {
         // A reader that starts after the restart must still learn that the bytes it
         // gets may be another node's (else a relay is blamed for a liar's bytes).
         let arriving = Arriving::default();
-        let mut guard = arriving.begin("sha256:a", "r", 100, 0);
+        let mut guard = arriving.begin("sha256:a", BytesAt::Ingest("r".to_owned()), 100, 0);
         guard.relaying();
         guard.restart();
         let after = arriving.follow("sha256:a").unwrap();

@@ -68,6 +68,8 @@ pub struct Puller {
     image_turns: Option<Arc<Semaphore>>,
     /// What pulls in flight reserved on the image filesystem, when guarded.
     disk_guard: Option<disk_guard::DiskGuard>,
+    /// containerd's content root opened for direct writes, once looked for.
+    direct: Arc<tokio::sync::OnceCell<Option<Arc<store::direct::DirectContent>>>>,
 }
 
 impl Puller {
@@ -95,6 +97,7 @@ impl Puller {
                 .map(disk_guard::DiskGuard::new),
             options,
             shared,
+            direct: Arc::default(),
         }
     }
 
@@ -190,7 +193,8 @@ impl Puller {
             &self.options,
         )?);
 
-        let mut store = Store::new(self.containerd.clone(), &self.options.namespace);
+        let mut store = Store::new(self.containerd.clone(), &self.options.namespace)
+            .writing_into(self.direct_content().await);
         if let Err(error) = store.reap_stale_leases().await {
             tracing::warn!(%error, "could not look for leases of interrupted pulls");
         }
@@ -306,6 +310,36 @@ impl Puller {
             bytes_from_peers: peers.as_ref().map_or(0, |p| p.received()),
             suspected_peers: peers.as_ref().map(|p| p.suspects()).unwrap_or_default(),
         })
+    }
+
+    /// containerd's content root for direct writes, when enabled and this process sees
+    /// it as containerd does (looked for once; a failure says why, once).
+    async fn direct_content(&self) -> Option<Arc<store::direct::DirectContent>> {
+        if !self.options.write_content_directly {
+            return None;
+        }
+        self.direct
+            .get_or_init(|| async {
+                let root = match self.containerd.content_root().await {
+                    Ok(Some(root)) => root,
+                    Ok(None) => return None,
+                    Err(status) => {
+                        tracing::info!(error = %status.message(), "containerd's content root unknown: blobs go through Content.Write");
+                        return None;
+                    }
+                };
+                let opening = root.clone();
+                match tokio::task::spawn_blocking(move || store::direct::DirectContent::open(&opening)).await {
+                    Ok(Ok(content)) => Some(Arc::new(content)),
+                    Ok(Err(error)) => {
+                        tracing::info!(root = %root.display(), %error, "cannot write blobs into containerd's content store: they go through Content.Write");
+                        None
+                    }
+                    Err(_) => None,
+                }
+            })
+            .await
+            .clone()
     }
 
     /// The filesystems containerd keeps this engine's images on (its content store's and

@@ -46,6 +46,10 @@ pub struct PullOptions {
     pub max_parallel_images: Option<usize>,
     /// The disk guard's threshold (percent of the image filesystem used); `None`: off.
     pub image_fs_threshold_percent: Option<u8>,
+    /// Write big blobs straight into containerd's content store (then committed through
+    /// its API) when this process sees it: `Content.Write` is most of containerd's CPU
+    /// in a pull. Off: every byte goes through `Content.Write`.
+    pub write_content_directly: bool,
 }
 
 impl Default for PullOptions {
@@ -66,6 +70,7 @@ impl Default for PullOptions {
             max_document_size: registry::DEFAULT_MAX_DOCUMENT_SIZE,
             max_parallel_images: None,
             image_fs_threshold_percent: Some(crate::disk_guard::DEFAULT_THRESHOLD_PERCENT),
+            write_content_directly: true,
         }
     }
 }

@@ -331,7 +331,7 @@ impl Transfer {
         if let Some(arriving) = &self.arriving
             && writer.offset() == 0
         {
-            let arrival = self.begin_arrival(arriving, digest, writer.reference(), size);
+            let arrival = self.begin_arrival(arriving, digest, writer.bytes_at(), size);
             writer.announce(arrival);
         }
         let labels = self.labels_with_source(labels, None);
@@ -551,7 +551,7 @@ impl Transfer {
             && !sink.writer.announced()
         {
             let size = sink.writer.size();
-            let arrival = self.begin_arrival(arriving, digest, sink.writer.reference(), size);
+            let arrival = self.begin_arrival(arriving, digest, sink.writer.bytes_at(), size);
             sink.writer.announce(arrival);
         }
         self.resumed(digest, sink.writer.offset());
@@ -565,10 +565,10 @@ impl Transfer {
         &self,
         arriving: &crate::arriving::Arriving,
         digest: &str,
-        reference: &str,
+        bytes_at: crate::arriving::BytesAt,
         size: u64,
     ) -> crate::arriving::ArrivalGuard {
-        let arrival = arriving.begin(digest, reference, size, 0);
+        let arrival = arriving.begin(digest, bytes_at, size, 0);
         if self.peers.is_some() {
             arrival.relaying();
         }
@@ -622,39 +622,15 @@ impl Transfer {
         Ok(())
     }
 
-    /// Open the ingest; if another process (a concurrent `ctr pull`) holds its lock,
-    /// wait for it to finish or give up the lock.
-    /// `None` when the blob appeared in the store while we waited (another pull, ours or
-    /// containerd's, fetched it): then there is nothing to download.
+    /// The blob's writer (see [`Store::open_writer_waiting`]).
     async fn open_writer_waiting(
         &self,
         digest: &str,
         size: u64,
     ) -> Result<Option<BlobWriter>, StoreError> {
-        let reference = ingest_ref(digest);
-        let mut waited = 0;
-        loop {
-            match self.store.open_writer(&reference, digest, size).await {
-                Ok(writer) => return Ok(Some(writer)),
-                // Committed by a concurrent pull between our look and the open.
-                Err(StoreError::Call(call)) if call.status.code() == tonic::Code::AlreadyExists => {
-                    return Ok(None);
-                }
-                Err(e) if e.to_string().contains("AlreadyExists") => return Ok(None),
-                Err(e) => {
-                    let text = e.to_string();
-                    if (text.contains("locked") || text.contains("Unavailable")) && waited < 3000 {
-                        waited += 1;
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        if self.store.blob_labels(digest).await?.is_some() {
-                            return Ok(None);
-                        }
-                        continue;
-                    }
-                    return Err(e);
-                }
-            }
-        }
+        self.store
+            .open_writer_waiting(&ingest_ref(digest), digest, size, true)
+            .await
     }
 }
 
@@ -691,7 +667,7 @@ impl Sink {
                 *fed += streaming.feed(bytes.clone()).await;
             }
         };
-        let (written, ()) = tokio::join!(writer.write(&bytes), feed);
+        let (written, ()) = tokio::join!(writer.write_bytes(bytes.clone()), feed);
         // Unverified bytes inflated past their bound: what they wrote goes now, not when
         // the download ends (a peer could take its time), and the layer unpacks from
         // the content store once verified.

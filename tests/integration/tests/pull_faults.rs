@@ -249,10 +249,43 @@ fn active_ingests(ns: &str) -> Vec<(String, u64)> {
     })
 }
 
+/// Bytes of `layer` an interrupted pull wrote beside containerd's content store (a
+/// layer this big is written there, not through `Content.Write`).
+fn incoming_len(layer: &str) -> Option<u64> {
+    let path = Lab::get()
+        .containerd_root
+        .join("io.containerd.content.v1.content/rigger-incoming")
+        .join(layer.trim_start_matches("sha256:"));
+    std::fs::metadata(path).ok().map(|m| m.len())
+}
+
 #[test]
-fn a_killed_pull_resumes_where_containerd_stopped() {
+fn a_killed_pull_resumes_where_its_bytes_stopped() {
+    a_killed_pull_resumes(false);
+}
+
+#[test]
+fn a_killed_pull_through_content_write_resumes_where_containerd_stopped() {
+    a_killed_pull_resumes(true);
+}
+
+/// A pull killed mid-layer, run again: only the bytes missing are fetched. `through_api`:
+/// every byte through `Content.Write`, so containerd's ingest holds them.
+fn a_killed_pull_resumes(through_api: bool) {
     use rigger_integration_tests::{Daemon, wait_until};
     use std::time::Duration;
+
+    let held = |layer: &str, ns: &str| match through_api {
+        true => active_ingests(ns)
+            .into_iter()
+            .find(|(r, _)| r.contains(layer))
+            .map(|(_, n)| n),
+        false => incoming_len(layer),
+    };
+    let api_flag: &[&str] = match through_api {
+        true => &["--through-content-api"],
+        false => &[],
+    };
 
     let lab = Lab::get();
     let image = unique_image("resume", 1, 16 << 20);
@@ -266,21 +299,17 @@ fn a_killed_pull_resumes_where_containerd_stopped() {
             .arg("--address")
             .arg(&lab.containerd_address)
             .args(["--namespace", &ns.name, "--max-connections", "1"])
+            .args(api_flag)
             .arg(format!("{}/{image}", slow.address))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null()),
     );
-    let held = wait_until("a partly written layer", Duration::from_secs(60), || {
-        active_ingests(&ns.name)
-            .into_iter()
-            .find(|(r, n)| r.contains(&layer) && *n > 1 << 20)
+    wait_until("a partly written layer", Duration::from_secs(60), || {
+        held(&layer, &ns.name).filter(|n| *n > 1 << 20)
     });
     nix::sys::signal::kill(first.pid(), nix::sys::signal::Signal::SIGKILL).unwrap();
     let _ = first.child.wait();
-    let (_, offset) = active_ingests(&ns.name)
-        .into_iter()
-        .find(|(r, _)| r.contains(&layer))
-        .unwrap_or(held);
+    let offset = held(&layer, &ns.name).unwrap();
 
     // Restart through an unthrottled path: only the missing bytes are fetched. One
     // connection, as before the kill: with more, a stream that is slow on a loaded
@@ -291,7 +320,7 @@ fn a_killed_pull_resumes_where_containerd_stopped() {
         &fast.address,
         &ns.name,
         &image,
-        &["--max-connections", "1"],
+        &[&["--max-connections", "1"], api_flag].concat(),
     ));
     let layer_requests: Vec<serde_json::Value> = fast
         .requests()
@@ -308,6 +337,7 @@ fn a_killed_pull_resumes_where_containerd_stopped() {
     );
     assert_eq!(image_records(&ns.name).len(), 1);
     assert!(active_ingests(&ns.name).is_empty(), "no ingest left behind");
+    assert_eq!(incoming_len(&layer), None, "no file left beside the store");
     // The killed pull's half-unpacked snapshot is released (GC removes it): what is left
     // is the image's committed layer.
     let snapshots = wait_until(

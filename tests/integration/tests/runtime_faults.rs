@@ -31,6 +31,18 @@ fn image_complete(containerd: &PrivateContainerd, ns: &str) -> bool {
 
 #[test]
 fn a_pull_rides_through_a_containerd_restart_and_the_image_is_whole() {
+    rides_through_a_containerd_restart(false);
+}
+
+#[test]
+fn a_pull_through_content_write_resumes_its_ingests_after_a_containerd_restart() {
+    rides_through_a_containerd_restart(true);
+}
+
+/// containerd restarted mid-pull; `through_api`: every byte through `Content.Write`, so
+/// the pull meets the restart mid-write and resumes the ingests containerd kept. (Written
+/// beside the store, the layers' bytes do not need containerd until their commit.)
+fn rides_through_a_containerd_restart(through_api: bool) {
     let mut containerd = PrivateContainerd::start(None);
     let state = tempfile::tempdir().unwrap();
     // About 6 s to download: containerd goes down and comes back in the middle.
@@ -40,6 +52,7 @@ fn a_pull_rides_through_a_containerd_restart_and_the_image_is_whole() {
     let ns = "itest-ctd-restart";
 
     let child = pull(&containerd, state.path(), ns, &reference)
+        .args(through_api.then_some("--through-content-api"))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -59,6 +72,13 @@ fn a_pull_rides_through_a_containerd_restart_and_the_image_is_whole() {
         "{}",
         containerd.ctr(ns, &["images", "check"])
     );
+    assert_eq!(
+        containerd.ctr(ns, &["images", "ls", "-q"]).trim(),
+        reference
+    );
+    if !through_api {
+        return;
+    }
     // (It did meet the restart: the pull's progress says so, and where it went on.)
     let stderr = String::from_utf8_lossy(&first.stderr);
     assert!(
@@ -66,10 +86,6 @@ fn a_pull_rides_through_a_containerd_restart_and_the_image_is_whole() {
         "{stderr}"
     );
     assert!(stderr.contains(": going on from "), "{stderr}");
-    assert_eq!(
-        containerd.ctr(ns, &["images", "ls", "-q"]).trim(),
-        reference
-    );
 }
 
 #[test]
@@ -134,9 +150,17 @@ fn a_full_content_store_fails_the_pull_clearly_and_records_no_image() {
         "{error}"
     );
     assert_eq!(containerd.ctr(ns, &["images", "ls", "-q"]).trim(), "");
-    // The partial downloads went (keeping them to resume would keep the disk full).
+    // The partial downloads went (keeping them to resume would keep the disk full): the
+    // ingests and the files written beside the store.
     let active = containerd.ctr(ns, &["content", "active"]);
     assert_eq!(active.lines().count(), 1, "only the header: {active}");
+    let incoming = containerd
+        .root
+        .join("io.containerd.content.v1.content/rigger-incoming");
+    let left: Vec<_> = std::fs::read_dir(&incoming)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?} left in {}", incoming.display());
     // And so did the half-unpacked layers: no snapshot is left being prepared.
     let snapshots = containerd.ctr(ns, &["snapshots", "ls"]);
     assert!(

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::{BoxStream, StreamExt as _};
-use rigger_pull::arriving::{ArrivalState, Arriving};
+use rigger_pull::arriving::{ArrivalState, Arriving, BytesAt};
 use rigger_pull::containerd::{Containerd, Scope};
 use rigger_runtime::describe_status;
 
@@ -111,6 +111,18 @@ impl ContainerdBlobs {
         if following.arrival.borrow().state != ArrivalState::Writing {
             return Ok(None);
         }
+        let reference = match &following.bytes_at {
+            BytesAt::File(file) => {
+                return Ok(Some(super::ingest::read(
+                    file.clone(),
+                    following,
+                    start,
+                    end,
+                )));
+            }
+            BytesAt::Nowhere => return Ok(None),
+            BytesAt::Ingest(reference) => reference.clone(),
+        };
         let root = self
             .content_root
             .get_or_try_init(|| async {
@@ -128,17 +140,18 @@ impl ContainerdBlobs {
         let Some(root) = root else {
             return Ok(None);
         };
-        let (root, namespace, reference) = (
-            root.clone(),
-            self.namespace.clone(),
-            following.ingest_ref.clone(),
-        );
+        let (root, namespace) = (root.clone(), self.namespace.clone());
         let file =
             tokio::task::spawn_blocking(move || super::ingest::open(&root, &namespace, &reference))
                 .await
                 .map_err(|e| e.to_string())?;
         match file {
-            Ok(file) => Ok(Some(super::ingest::read(file, following, start, end))),
+            Ok(file) => Ok(Some(super::ingest::read(
+                Arc::new(file),
+                following,
+                start,
+                end,
+            ))),
             Err(error) => {
                 tracing::debug!(%digest, %error, "cannot read the blob's ingest");
                 Ok(None)

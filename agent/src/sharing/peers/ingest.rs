@@ -137,13 +137,13 @@ struct Reader {
 /// containerd confirmed holding it. Ends with an error when the write is abandoned
 /// before reaching `end`.
 pub fn read(
-    file: File,
+    file: Arc<File>,
     following: Following,
     start: u64,
     end: u64,
 ) -> BoxStream<'static, Result<Bytes, String>> {
     let reader = Reader {
-        file: Arc::new(file),
+        file,
         arrival: following.arrival,
         at: start,
         end,
@@ -194,7 +194,7 @@ mod tests {
 
     use std::io::Write as _;
 
-    use rigger_pull::arriving::Arriving;
+    use rigger_pull::arriving::{Arriving, BytesAt};
 
     use super::*;
 
@@ -245,9 +245,14 @@ mod tests {
     async fn bytes_come_as_containerd_confirms_them_and_the_answer_ends_at_its_end() {
         let (root, data) = content_root("layer-sha256:a", b"0123");
         let arriving = Arriving::default();
-        let guard = arriving.begin("sha256:a", "layer-sha256:a", 8, 4);
+        let guard = arriving.begin(
+            "sha256:a",
+            BytesAt::Ingest("layer-sha256:a".to_owned()),
+            8,
+            4,
+        );
         let file = open(root.path(), "ns", "layer-sha256:a").unwrap();
-        let mut bytes = read(file, arriving.follow("sha256:a").unwrap(), 1, 8);
+        let mut bytes = read(Arc::new(file), arriving.follow("sha256:a").unwrap(), 1, 8);
         assert_eq!(bytes.next().await.unwrap().unwrap(), &b"123"[..]);
         // Nothing more until containerd confirms more.
         let waiting = tokio::time::timeout(std::time::Duration::from_millis(50), bytes.next());
@@ -268,9 +273,9 @@ mod tests {
     async fn a_write_abandoned_short_of_the_range_ends_the_answer_with_an_error() {
         let (root, _) = content_root("r", b"01");
         let arriving = Arriving::default();
-        let guard = arriving.begin("sha256:a", "r", 8, 2);
+        let guard = arriving.begin("sha256:a", BytesAt::Ingest("r".to_owned()), 8, 2);
         let file = open(root.path(), "ns", "r").unwrap();
-        let mut bytes = read(file, arriving.follow("sha256:a").unwrap(), 0, 8);
+        let mut bytes = read(Arc::new(file), arriving.follow("sha256:a").unwrap(), 0, 8);
         assert_eq!(bytes.next().await.unwrap().unwrap(), &b"01"[..]);
         drop(guard);
         assert!(bytes.next().await.unwrap().is_err());
