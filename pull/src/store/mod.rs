@@ -53,6 +53,16 @@ pub enum StoreError {
     DigestMismatch { digest: String },
 }
 
+/// What a direct write of a blob found.
+enum Opened {
+    /// Its file, locked by this process.
+    Ours(direct::Incoming),
+    /// containerd's store holds the blob already (in some namespace).
+    InTheStore,
+    /// Another process writes it now.
+    Held,
+}
+
 /// containerd access for one pull: namespace plus lease on every request.
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -259,14 +269,17 @@ impl Store {
             let incoming = tokio::task::spawn_blocking(move || {
                 // A blob the store holds (for another namespace) is recorded through
                 // the ingest, which answers at once that it holds all of it.
-                (!opening.holds(&hex))
-                    .then(|| opening.incoming(&hex, size))
-                    .transpose()
-                    .map(Option::flatten)
+                match opening.holds(&hex) {
+                    true => Ok(Opened::InTheStore),
+                    false => opening.incoming(&hex, size).map(|incoming| match incoming {
+                        Some(incoming) => Opened::Ours(incoming),
+                        None => Opened::Held,
+                    }),
+                }
             })
             .await;
             match incoming {
-                Ok(Ok(Some(incoming))) => {
+                Ok(Ok(Opened::Ours(incoming))) => {
                     self.note_opened(reference, digest);
                     return Ok(BlobWriter::direct(
                         self.clone(),
@@ -278,9 +291,10 @@ impl Store {
                         self.writers.enter(),
                     ));
                 }
+                Ok(Ok(Opened::InTheStore)) => {}
                 // Another process writes it now: wait for it as for containerd's
                 // ingest lock (`open_writer_waiting`).
-                Ok(Ok(None)) => {
+                Ok(Ok(Opened::Held)) => {
                     return Err(StoreError::Write {
                         what: format!("write {digest}"),
                         detail: "locked: another process writes it beside containerd's store"
@@ -290,9 +304,7 @@ impl Store {
                 Ok(Err(error)) => {
                     tracing::warn!(%digest, %error, "cannot write the blob beside containerd's store; writing it through Content.Write");
                 }
-                Err(error) => {
-                    tracing::warn!(%digest, %error, "cannot write the blob beside containerd's store")
-                }
+                Err(error) => tracing::warn!(%digest, %error, "cannot write the blob beside containerd's store"),
             }
         }
         self.open_ingest(reference, digest, size).await
