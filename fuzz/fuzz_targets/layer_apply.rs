@@ -267,11 +267,25 @@ impl Model {
                     if links > 255 {
                         return Err("too many links".to_owned());
                     }
+                    // Joined to the link's directory and cleaned as a string
+                    // (`filepath.Join`) before anything is looked up; walked again from
+                    // the root.
                     let target = String::from_utf8_lossy(target).into_owned();
-                    if target.starts_with('/') {
-                        resolved.clear();
+                    let mut joined = match target.starts_with('/') {
+                        true => Vec::new(),
+                        false => std::mem::take(&mut resolved),
+                    };
+                    for part in target.split('/') {
+                        match part {
+                            "" | "." => {}
+                            ".." => {
+                                joined.pop();
+                            }
+                            p => joined.push(p.to_owned()),
+                        }
                     }
-                    pending.extend(target.split('/').rev().map(str::to_owned));
+                    resolved.clear();
+                    pending.extend(joined.into_iter().rev());
                 }
                 _ => resolved = here,
             }

@@ -20,7 +20,7 @@ use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use pathrs::Root;
 
@@ -199,11 +199,26 @@ impl SnapshotRoot {
                     let target = rustix::fs::readlinkat(&dir.fd, part.as_os_str(), Vec::new())
                         .map_err(|e| FsError::new(&here, e))?;
                     let target = PathBuf::from(OsStr::from_bytes(target.as_bytes()));
-                    if target.is_absolute() {
-                        resolved.clear();
-                        dirs.truncate(1);
+                    // As `fs.RootPath`: the target joined to the link's directory and
+                    // cleaned as a string before anything is looked up (`x/..` undoes `x`
+                    // whatever `x` is: a symlink is not followed, a file is no error),
+                    // then walked again from the root.
+                    let mut joined = match target.is_absolute() {
+                        true => Vec::new(),
+                        false => std::mem::take(&mut resolved),
+                    };
+                    for component in target.components() {
+                        match component {
+                            Component::Normal(name) => joined.push(name.to_owned()),
+                            Component::ParentDir => {
+                                joined.pop();
+                            }
+                            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+                        }
                     }
-                    pending.extend(target.components().rev().map(|c| c.as_os_str().to_owned()));
+                    resolved.clear();
+                    dirs.truncate(1);
+                    pending.extend(joined.into_iter().rev());
                 }
                 Some(st) if st.kind == Kind::Directory => {
                     let child = dir.open_dir(&part)?;

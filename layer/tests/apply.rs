@@ -191,6 +191,26 @@ fn dangling_parent_symlinks_are_created_where_they_point_inside_the_root() {
     assert_eq!(implied, ["usr", "usr/lib64"]);
 }
 
+/// As containerd's RootPath: a symlink's target is joined to the link's directory and
+/// cleaned as a string before it is looked up, so `x/..` undoes `x` whatever it is — a
+/// file (no "not a directory"), or a symlink (not followed). Found by the layer_apply
+/// fuzz target.
+#[test]
+fn a_symlink_target_is_cleaned_before_it_is_followed() {
+    let scene = Scene::new();
+    let layer = Layer::default()
+        .file("f", 0o644, b"file")
+        .symlink("elsewhere", "deep/dir")
+        .symlink("through-file", "f/../up")
+        .symlink("through-link", "elsewhere/../there")
+        .file("through-file/a", 0o644, b"a")
+        .file("through-link/b", 0o644, b"b");
+    scene.apply(layer, &[]).unwrap();
+    assert_eq!(std::fs::read(scene.root.join("up/a")).unwrap(), b"a");
+    assert_eq!(std::fs::read(scene.root.join("there/b")).unwrap(), b"b");
+    assert!(!scene.root.join("deep").exists());
+}
+
 /// The bottom layer goes to a plain directory in containerd (no overlayfs conversion):
 /// a whiteout removes what it names, even what the layer wrote, and leaves no marker; an
 /// opaque marker removes what the layer did not write below it — directories it only
