@@ -304,7 +304,9 @@ impl Store {
                 Ok(Err(error)) => {
                     tracing::warn!(%digest, %error, "cannot write the blob beside containerd's store; writing it through Content.Write");
                 }
-                Err(error) => tracing::warn!(%digest, %error, "cannot write the blob beside containerd's store"),
+                Err(error) => {
+                    tracing::warn!(%digest, %error, "cannot write the blob beside containerd's store")
+                }
             }
         }
         self.open_ingest(reference, digest, size).await

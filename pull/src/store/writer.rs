@@ -17,9 +17,6 @@ use crate::arriving::{ArrivalGuard, BytesAt};
 use crate::containerd::{Ingest, IngestMessage};
 use crate::presence::Present;
 
-/// Bytes gathered before a direct write appends them (one blocking task each).
-const DIRECT_PIECE: usize = 1 << 20;
-
 /// The next offset an ingest's stream confirms.
 pub(super) async fn next_response(ingest: &mut dyn Ingest, what: &str) -> Result<u64, StoreError> {
     match ingest.next().await {
@@ -291,7 +288,8 @@ impl BlobWriter {
         self.offset += data.len() as u64;
         write.pending_len += data.len();
         write.pending.push(data);
-        if write.pending_len >= DIRECT_PIECE {
+        // Gathered as an ingest's messages are (one blocking task per append).
+        if write.pending_len >= message_size(self.open.now()) {
             self.write_gathered().await?;
         }
         Ok(())
