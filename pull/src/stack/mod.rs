@@ -2,7 +2,7 @@
 //! until the layer below is in, see [`unpack`]) or from the content store afterwards,
 //! committed in order, bottom first.
 
-mod decompress;
+pub mod decompress;
 pub mod unpack;
 pub mod unverified;
 
