@@ -69,7 +69,7 @@ pub struct Puller {
     /// What pulls in flight reserved on the image filesystem, when guarded.
     disk_guard: Option<disk_guard::DiskGuard>,
     /// containerd's content root opened for direct writes, once looked for.
-    direct: Arc<tokio::sync::OnceCell<Option<Arc<store::direct::DirectContent>>>>,
+    direct: Arc<tokio::sync::OnceCell<Arc<store::direct::DirectContent>>>,
 }
 
 impl Puller {
@@ -318,28 +318,39 @@ impl Puller {
         if !self.options.write_content_directly {
             return None;
         }
-        self.direct
-            .get_or_init(|| async {
+        // Only success is kept: containerd not answering now, or a content root not
+        // there yet, is looked at again by the next pull.
+        let content = self
+            .direct
+            .get_or_try_init(|| async {
                 let root = match self.containerd.content_root().await {
                     Ok(Some(root)) => root,
-                    Ok(None) => return None,
+                    Ok(None) => return Err(()),
                     Err(status) => {
-                        tracing::info!(error = %status.message(), "containerd's content root unknown: blobs go through Content.Write");
-                        return None;
+                        tracing::debug!(error = %status.message(), "containerd's content root unknown: blobs go through Content.Write");
+                        return Err(());
                     }
                 };
                 let opening = root.clone();
                 match tokio::task::spawn_blocking(move || store::direct::DirectContent::open(&opening)).await {
-                    Ok(Ok(content)) => Some(Arc::new(content)),
+                    Ok(Ok(content)) => Ok(Arc::new(content)),
                     Ok(Err(error)) => {
                         tracing::info!(root = %root.display(), %error, "cannot write blobs into containerd's content store: they go through Content.Write");
-                        None
+                        Err(())
                     }
-                    Err(_) => None,
+                    Err(_) => Err(()),
                 }
             })
             .await
-            .clone()
+            .ok()?
+            .clone();
+        // Files killed pulls left go after a day, whatever the agent's uptime.
+        let sweeping = content.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            sweeping.remove_stale(std::time::SystemTime::now());
+        })
+        .await;
+        Some(content)
     }
 
     /// The filesystems containerd keeps this engine's images on (its content store's and

@@ -717,7 +717,9 @@ impl From<PullError> for RangeOutcome {
 const CONTAINERD_RETURN: Duration = Duration::from_secs(60);
 
 /// containerd's ingest ref for a blob (remotes.MakeRefKey), so concurrent pulls by
-/// containerd and Rigger of the same blob share one ingest and its lock.
+/// containerd and Rigger of the same blob share one ingest and its lock. (A blob written
+/// beside the store takes that lock only to be recorded: a containerd pull of the same
+/// layer meanwhile downloads it too, and the first commit stands.)
 fn ingest_ref(digest: &str) -> String {
     format!("layer-{digest}")
 }

@@ -55,6 +55,30 @@ fn directory(dir: impl AsFd, name: &str, mode: Mode) -> io::Result<OwnedFd> {
     open_beneath(dir, name, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
 }
 
+/// `dir` is this process's user's and no one else may write to it.
+fn owned_by_us(dir: impl AsFd, shown: &str) -> io::Result<()> {
+    let stat = rustix::fs::fstat(dir)?;
+    if stat.st_uid != rustix::process::geteuid().as_raw() || stat.st_mode & 0o022 != 0 {
+        return Err(io::Error::other(format!(
+            "{shown} is not this agent's own (owner {}, mode {:o})",
+            stat.st_uid,
+            stat.st_mode & 0o7777
+        )));
+    }
+    Ok(())
+}
+
+/// Whether `name` in `dir` still leads to the file `fd` is open on.
+fn names(dir: impl AsFd, name: &str, fd: impl AsFd) -> bool {
+    let (Ok(named), Ok(open)) = (
+        rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW),
+        rustix::fs::fstat(fd),
+    ) else {
+        return false;
+    };
+    named.st_ino == open.st_ino && named.st_dev == open.st_dev
+}
+
 /// A blob digest's hex part, when it is a sha256 this module writes.
 pub fn sha256_hex(digest: &str) -> Option<&str> {
     let hex = digest.strip_prefix("sha256:")?;
@@ -71,32 +95,20 @@ pub struct DirectContent {
 }
 
 impl DirectContent {
-    /// The content root at `content_root`, when it is containerd's local store as this
-    /// process sees it (its `ingest/` directory is there: containerd makes it at start).
+    /// The content root at `content_root` (as containerd reports it), when it is a
+    /// directory of this process's user that no one else may write to. (containerd 1.7.24
+    /// and 2.x make its `ingest/` and `blobs/` only when first needed: a fresh node has
+    /// neither.)
     pub fn open(content_root: &Path) -> io::Result<Self> {
         let root = rustix::fs::open(
             content_root,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::NOFOLLOW,
             Mode::empty(),
         )?;
-        let ingest = File::from(open_beneath(
-            &root,
-            "ingest",
-            OFlags::RDONLY | OFlags::DIRECTORY,
-            Mode::empty(),
-        )?);
-        drop(ingest);
+        owned_by_us(&root, &content_root.display().to_string())?;
         let incoming = directory(&root, INCOMING, Mode::from_raw_mode(0o700))?;
         // Only this agent's: a directory others may write to could hold their links.
-        let metadata = File::from(incoming.try_clone()?).metadata()?;
-        if metadata.uid() != rustix::process::geteuid().as_raw() || metadata.mode() & 0o022 != 0 {
-            return Err(io::Error::other(format!(
-                "{}/{INCOMING} is not this agent's own (owner {}, mode {:o})",
-                content_root.display(),
-                metadata.uid(),
-                metadata.mode() & 0o7777
-            )));
-        }
+        owned_by_us(&incoming, &format!("{}/{INCOMING}", content_root.display()))?;
         let content = Self {
             root,
             incoming,
@@ -122,6 +134,20 @@ impl DirectContent {
         // The name is checked after the lock: the holder before may have linked the file
         // into the store and removed the name meanwhile. A few tries are plenty.
         for _ in 0..4 {
+            // Nothing but a regular file (or nothing) is opened: not a planted device.
+            match rustix::fs::statat(&self.incoming, hex, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(stat)
+                    if rustix::fs::FileType::from_raw_mode(stat.st_mode)
+                        != rustix::fs::FileType::RegularFile =>
+                {
+                    return Err(io::Error::other(format!(
+                        "{}/{INCOMING}/{hex} is not a regular file",
+                        self.shown
+                    )));
+                }
+                Ok(_) | Err(rustix::io::Errno::NOENT) => {}
+                Err(e) => return Err(e.into()),
+            }
             let fd = open_beneath(
                 &self.incoming,
                 hex,
@@ -133,14 +159,11 @@ impl DirectContent {
                 Err(rustix::io::Errno::WOULDBLOCK) => return Ok(None),
                 Err(e) => return Err(e.into()),
             }
-            let file = File::from(fd);
-            let metadata = file.metadata()?;
-            let named = rustix::fs::statat(&self.incoming, hex, AtFlags::SYMLINK_NOFOLLOW);
-            let same =
-                named.is_ok_and(|n| n.st_ino == metadata.ino() && n.st_dev == metadata.dev());
-            if !same {
+            if !names(&self.incoming, hex, &fd) {
                 continue;
             }
+            let file = File::from(fd);
+            let metadata = file.metadata()?;
             if !metadata.file_type().is_file() {
                 return Err(io::Error::other(format!(
                     "{}/{INCOMING}/{hex} is not a regular file",
@@ -158,6 +181,7 @@ impl DirectContent {
                 hex: hex.to_owned(),
                 hasher: Sha256::new(),
                 len: 0,
+                published: false,
             };
             if metadata.len() > size {
                 incoming.truncate()?;
@@ -172,17 +196,26 @@ impl DirectContent {
         )))
     }
 
-    /// Make `incoming` durable and link it into containerd's store as its blob.
-    pub fn publish(&self, incoming: &Incoming) -> io::Result<()> {
+    /// Make `incoming` durable and link it into containerd's store as its blob. From
+    /// then on it is never written again.
+    pub fn publish(&self, incoming: &mut Incoming) -> io::Result<()> {
+        if incoming.file.metadata()?.len() != incoming.len {
+            return Err(io::Error::other(format!(
+                "{}/{INCOMING}/{} does not hold the bytes written",
+                self.shown, incoming.hex
+            )));
+        }
         incoming.file.sync_data()?;
+        incoming.published = true;
         let blobs = directory(&self.root, "blobs", Mode::from_raw_mode(0o755))?;
         let sha256 = directory(&blobs, "sha256", Mode::from_raw_mode(0o755))?;
+        // The descriptor is linked, not the name: the file checked is the file linked.
         match rustix::fs::linkat(
-            &self.incoming,
-            &incoming.hex,
+            &incoming.file,
+            "",
             &sha256,
             &incoming.hex,
-            AtFlags::empty(),
+            AtFlags::EMPTY_PATH,
         ) {
             // containerd (or another writer) stored it meanwhile: its blob stands.
             Ok(()) | Err(rustix::io::Errno::EXIST) => {}
@@ -190,6 +223,17 @@ impl DirectContent {
         }
         rustix::fs::fsync(&sha256)?;
         Ok(())
+    }
+
+    /// A read-only descriptor of `incoming`'s file (peers follow the blob as it
+    /// arrives through it; it holds neither the write nor its lock).
+    pub fn reader(&self, incoming: &Incoming) -> io::Result<File> {
+        let fd = open_beneath(&self.incoming, &incoming.hex, OFlags::RDONLY, Mode::empty())?;
+        if !names(&self.incoming, &incoming.hex, &incoming.file) || !same_file(&fd, &incoming.file)
+        {
+            return Err(io::Error::other("the blob's file was replaced"));
+        }
+        Ok(File::from(fd))
     }
 
     /// Forget the write of `hex` (committed, or its bytes unwanted).
@@ -208,7 +252,9 @@ impl DirectContent {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
             Err(e) => return Err(e),
         };
-        if rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_err() {
+        if rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_err()
+            || !names(&self.incoming, hex, &fd)
+        {
             return Ok(false);
         }
         self.remove(hex)?;
@@ -216,8 +262,11 @@ impl DirectContent {
     }
 
     /// Remove the files of writes no process holds that were last written before
-    /// `now - STALE_AFTER` (a pull killed and never resumed).
-    fn remove_stale(&self, now: SystemTime) {
+    /// `now - STALE_AFTER` (a pull killed and never resumed), and at once the names of
+    /// files linked into the store already (a pull stopped between its commit and its
+    /// removal: the inode is containerd's blob, and the name would keep it after
+    /// containerd's garbage collection removed it).
+    pub fn remove_stale(&self, now: SystemTime) {
         let Ok(entries) = rustix::fs::Dir::read_from(&self.incoming) else {
             return;
         };
@@ -231,14 +280,21 @@ impl DirectContent {
             let Ok(fd) = open_beneath(&self.incoming, name, OFlags::RDONLY, Mode::empty()) else {
                 continue;
             };
-            if rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_err() {
+            if rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_err()
+                || !names(&self.incoming, name, &fd)
+            {
                 continue;
             }
-            let old = File::from(fd)
-                .metadata()
-                .and_then(|m| m.modified())
+            let Ok(metadata) = File::from(fd).metadata() else {
+                continue;
+            };
+            let linked = metadata.nlink() > 1;
+            let old = metadata
+                .modified()
                 .is_ok_and(|modified| modified + STALE_AFTER < now);
-            if old && let Err(error) = self.remove(name) {
+            if (linked || old)
+                && let Err(error) = self.remove(name)
+            {
                 tracing::debug!(%error, blob = name, "could not remove a stale incoming blob");
             }
         }
@@ -252,6 +308,8 @@ pub struct Incoming {
     hex: String,
     hasher: Sha256,
     len: u64,
+    /// Linked into containerd's store: never written again.
+    published: bool,
 }
 
 impl Incoming {
@@ -261,12 +319,13 @@ impl Incoming {
     }
 
     /// Bytes in the file.
-    pub fn len(&self) -> u64 {
+    pub fn written(&self) -> u64 {
         self.len
     }
 
     /// Append `pieces`.
     pub fn append(&mut self, pieces: &[bytes::Bytes]) -> io::Result<()> {
+        self.unpublished()?;
         for piece in pieces {
             self.file.write_all_at(piece, self.len)?;
             self.hasher.update(piece);
@@ -277,6 +336,7 @@ impl Incoming {
 
     /// Start over, empty.
     pub fn truncate(&mut self) -> io::Result<()> {
+        self.unpublished()?;
         self.file.set_len(0)?;
         self.hasher = Sha256::new();
         self.len = 0;
@@ -288,18 +348,18 @@ impl Incoming {
         hex::encode(self.hasher.clone().finalize()) == hex
     }
 
-    /// A descriptor of the file for readers (peers served the blob as it arrives).
-    pub fn reader(&self) -> io::Result<File> {
+    /// A descriptor of the file (read again when containerd does not take the link).
+    pub fn file(&self) -> io::Result<File> {
         self.file.try_clone()
     }
 
-    /// Bytes `offset..offset + length` (fewer at the end).
-    pub fn read_at(&self, offset: u64, length: usize) -> io::Result<Vec<u8>> {
-        let length = usize::try_from(self.len.saturating_sub(offset))
-            .map_or(length, |left| left.min(length));
-        let mut buffer = vec![0; length];
-        self.file.read_exact_at(&mut buffer, offset)?;
-        Ok(buffer)
+    fn unpublished(&self) -> io::Result<()> {
+        match self.published {
+            true => Err(io::Error::other(
+                "the blob is linked into containerd's store: it is not written again",
+            )),
+            false => Ok(()),
+        }
     }
 
     /// Hash the first `len` bytes an earlier write left, to go on from there.
@@ -317,6 +377,13 @@ impl Incoming {
     }
 }
 
+fn same_file(a: impl AsFd, b: impl AsFd) -> bool {
+    match (rustix::fs::fstat(a), rustix::fs::fstat(b)) {
+        (Ok(a), Ok(b)) => a.st_ino == b.st_ino && a.st_dev == b.st_dev,
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -331,7 +398,6 @@ mod tests {
 
     fn content_root() -> (tempfile::TempDir, DirectContent) {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("ingest")).unwrap();
         let content = DirectContent::open(dir.path()).unwrap();
         (dir, content)
     }
@@ -345,7 +411,10 @@ mod tests {
             .append(&[Bytes::from_static(b"hel"), Bytes::from_static(b"lo")])
             .unwrap();
         assert!(incoming.matches(HEX));
-        content.publish(&incoming).unwrap();
+        content.publish(&mut incoming).unwrap();
+        // Linked: never written again, whoever asks.
+        assert!(incoming.truncate().is_err());
+        assert!(incoming.append(&[Bytes::from_static(b"!")]).is_err());
         content.remove(HEX).unwrap();
         assert!(content.holds(HEX));
         let blob = dir.path().join("blobs/sha256").join(HEX);
@@ -365,13 +434,13 @@ mod tests {
         assert!(content.incoming(HEX, 5).unwrap().is_none());
         drop(first);
         let mut again = content.incoming(HEX, 5).unwrap().unwrap();
-        assert_eq!(again.len(), 2);
+        assert_eq!(again.written(), 2);
         again.append(&[Bytes::from_static(b"llo")]).unwrap();
         assert!(again.matches(HEX));
         // Longer than the blob: not the blob's start, begun again.
         drop(again);
         let shorter = content.incoming(HEX, 3).unwrap().unwrap();
-        assert_eq!(shorter.len(), 0);
+        assert_eq!(shorter.written(), 0);
     }
 
     #[test]
@@ -379,11 +448,11 @@ mod tests {
         let (dir, content) = content_root();
         let mut incoming = content.incoming(HEX, 5).unwrap().unwrap();
         incoming.append(&[Bytes::from_static(b"hello")]).unwrap();
-        content.publish(&incoming).unwrap();
+        content.publish(&mut incoming).unwrap();
         drop(incoming);
         // A crash before the name was removed: the next write starts a new file.
         let mut next = content.incoming(HEX, 5).unwrap().unwrap();
-        assert_eq!(next.len(), 0);
+        assert_eq!(next.written(), 0);
         next.append(&[Bytes::from_static(b"junk!")]).unwrap();
         let blob = dir.path().join("blobs/sha256").join(HEX);
         assert_eq!(std::fs::read(blob).unwrap(), b"hello");
@@ -392,9 +461,10 @@ mod tests {
     #[test]
     fn hostile_names_and_links_in_the_content_root_are_refused() {
         let dir = tempfile::tempdir().unwrap();
-        // Not containerd's content root: no ingest directory.
+        // A content root others may write to is not taken.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
         assert!(DirectContent::open(dir.path()).is_err());
-        std::fs::create_dir(dir.path().join("ingest")).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
         // Its incoming directory a symlink elsewhere: refused, nothing written there.
         let elsewhere = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(elsewhere.path(), dir.path().join(INCOMING)).unwrap();
@@ -407,6 +477,17 @@ mod tests {
         std::os::unix::fs::symlink(&target, dir.path().join(INCOMING).join(HEX)).unwrap();
         assert!(content.incoming(HEX, 5).is_err());
         assert_eq!(std::fs::read(&target).unwrap(), b"host");
+        // A FIFO there: refused without being opened (an open could block).
+        std::fs::remove_file(dir.path().join(INCOMING).join(HEX)).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            dir.path().join(INCOMING).join(HEX),
+            rustix::fs::FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        assert!(content.incoming(HEX, 5).is_err());
         assert!(sha256_hex("sha256:../../etc/passwd").is_none());
         assert!(sha256_hex(&format!("sha512:{HEX}")).is_none());
         assert!(sha256_hex(&format!("sha256:{}", HEX.to_uppercase())).is_none());
@@ -418,9 +499,19 @@ mod tests {
         let held = content.incoming(HEX, 5).unwrap().unwrap();
         let other = "a".repeat(64);
         drop(content.incoming(&other, 5).unwrap().unwrap());
+        // A name left linked into the store (a pull stopped after its commit) goes at
+        // once; the blob stays.
+        let linked = "b".repeat(64);
+        let mut done = content.incoming(&linked, 0).unwrap().unwrap();
+        content.publish(&mut done).unwrap();
+        drop(done);
+        content.remove_stale(SystemTime::now());
+        let incoming = dir.path().join(INCOMING);
+        assert!(!incoming.join(&linked).exists());
+        assert!(dir.path().join("blobs/sha256").join(&linked).exists());
+        assert!(incoming.join(&other).exists());
         let later = SystemTime::now() + STALE_AFTER + Duration::from_secs(60);
         content.remove_stale(later);
-        let incoming = dir.path().join(INCOMING);
         assert!(incoming.join(HEX).exists());
         assert!(!incoming.join(&other).exists());
         drop(held);

@@ -53,8 +53,15 @@ pub enum StoreError {
     DigestMismatch { digest: String },
 }
 
+/// What a pull opened: ingest refs, and blobs written beside the store.
+#[derive(Debug, Default)]
+struct Opened {
+    ingests: std::collections::BTreeSet<String>,
+    direct: std::collections::BTreeSet<String>,
+}
+
 /// What a direct write of a blob found.
-enum Opened {
+enum Opening {
     /// Its file, locked by this process.
     Ours(direct::Incoming),
     /// containerd's store holds the blob already (in some namespace).
@@ -69,9 +76,9 @@ pub struct Store {
     containerd: Arc<dyn Containerd>,
     namespace: String,
     lease: Option<String>,
-    /// Ingest refs this pull opened, with their blob's digest: what `abort_opened`
-    /// frees when the disk is full.
-    opened: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<(String, String)>>>,
+    /// Ingest refs this pull opened, and the blobs (hex) it wrote beside the store:
+    /// what `abort_opened` frees when the disk is full.
+    opened: Arc<std::sync::Mutex<Opened>>,
     /// Blob writers of this pull open now: they share [`WRITE_BUDGET`].
     writers: Presence,
     /// containerd's content root, when big blobs are written into it directly.
@@ -101,26 +108,31 @@ impl Store {
     /// when the disk is full, where keeping them to resume would keep the node full.
     /// Returns how many were aborted.
     pub async fn abort_opened(&self) -> usize {
-        let refs: Vec<(String, String)> = match self.opened.lock() {
-            Ok(opened) => opened.iter().cloned().collect(),
+        let (ingests, direct): (Vec<String>, Vec<String>) = match self.opened.lock() {
+            Ok(opened) => (
+                opened.ingests.iter().cloned().collect(),
+                opened.direct.iter().cloned().collect(),
+            ),
             Err(_) => return 0,
         };
         let mut aborted = 0;
-        for (reference, digest) in refs {
-            if let Some(content) = self.direct.clone()
-                && let Some(hex) = sha256_hex(&digest).map(str::to_owned)
-            {
-                match tokio::task::spawn_blocking(move || content.discard(&hex)).await {
-                    Ok(Ok(true)) => aborted += 1,
-                    Ok(Ok(false)) => {}
-                    Ok(Err(error)) => {
-                        tracing::warn!(%digest, %error, "could not remove the blob's file")
-                    }
-                    Err(error) => {
-                        tracing::warn!(%digest, %error, "could not remove the blob's file")
-                    }
-                }
-            }
+        if let Some(content) = self.direct.clone() {
+            let removed = tokio::task::spawn_blocking(move || {
+                direct
+                    .iter()
+                    .filter(|hex| match content.discard(hex) {
+                        Ok(removed) => removed,
+                        Err(error) => {
+                            tracing::warn!(blob = %hex, %error, "could not remove the blob's file");
+                            false
+                        }
+                    })
+                    .count()
+            })
+            .await;
+            aborted += removed.unwrap_or(0);
+        }
+        for reference in ingests {
             match self.containerd.ingest_abort(self.scope(), &reference).await {
                 Ok(()) => aborted += 1,
                 Err(status) if status.code() == tonic::Code::NotFound => {}
@@ -270,17 +282,21 @@ impl Store {
                 // A blob the store holds (for another namespace) is recorded through
                 // the ingest, which answers at once that it holds all of it.
                 match opening.holds(&hex) {
-                    true => Ok(Opened::InTheStore),
+                    true => Ok(Opening::InTheStore),
                     false => opening.incoming(&hex, size).map(|incoming| match incoming {
-                        Some(incoming) => Opened::Ours(incoming),
-                        None => Opened::Held,
+                        // Stored by another process between the look and the lock.
+                        Some(_) if opening.holds(&hex) => Opening::InTheStore,
+                        Some(incoming) => Opening::Ours(incoming),
+                        None => Opening::Held,
                     }),
                 }
             })
             .await;
             match incoming {
-                Ok(Ok(Opened::Ours(incoming))) => {
-                    self.note_opened(reference, digest);
+                Ok(Ok(Opening::Ours(incoming))) => {
+                    if let Ok(mut opened) = self.opened.lock() {
+                        opened.direct.insert(incoming.hex().to_owned());
+                    }
                     return Ok(BlobWriter::direct(
                         self.clone(),
                         content.clone(),
@@ -291,10 +307,10 @@ impl Store {
                         self.writers.enter(),
                     ));
                 }
-                Ok(Ok(Opened::InTheStore)) => {}
+                Ok(Ok(Opening::InTheStore)) => {}
                 // Another process writes it now: wait for it as for containerd's
                 // ingest lock (`open_writer_waiting`).
-                Ok(Ok(Opened::Held)) => {
+                Ok(Ok(Opening::Held)) => {
                     return Err(StoreError::Write {
                         what: format!("write {digest}"),
                         detail: "locked: another process writes it beside containerd's store"
@@ -312,12 +328,6 @@ impl Store {
         self.open_ingest(reference, digest, size).await
     }
 
-    fn note_opened(&self, reference: &str, digest: &str) {
-        if let Ok(mut opened) = self.opened.lock() {
-            opened.insert((reference.to_owned(), digest.to_owned()));
-        }
-    }
-
     /// Open (or resume) the ingest `reference` for a blob of `size` bytes and `digest`.
     pub async fn open_ingest(
         &self,
@@ -326,7 +336,9 @@ impl Store {
         size: u64,
     ) -> Result<BlobWriter, StoreError> {
         let what = format!("write {digest}");
-        self.note_opened(reference, digest);
+        if let Ok(mut opened) = self.opened.lock() {
+            opened.ingests.insert(reference.to_owned());
+        }
         let mut ingest = self
             .containerd
             .ingest_open(self.scope(), reference, size, digest)

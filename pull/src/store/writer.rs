@@ -53,7 +53,7 @@ pub struct BlobWriter {
 #[derive(Debug)]
 enum Destination {
     Ingest(IngestWrite),
-    Direct(DirectWrite),
+    Direct(Box<DirectWrite>),
 }
 
 /// Writes through `Content.Write`, gathered into messages of up to [`WRITE_CHUNK_MAX`]
@@ -81,6 +81,8 @@ struct DirectWrite {
     /// Gathered pieces not written yet, and their bytes.
     pending: Vec<Bytes>,
     pending_len: usize,
+    /// Bytes in the file (what peers may read of it).
+    written: u64,
 }
 
 /// Bytes per message when `open` writers share [`WRITE_BUDGET`].
@@ -129,17 +131,18 @@ impl BlobWriter {
             reference: reference.to_owned(),
             digest: digest.to_owned(),
             size,
-            offset: incoming.len(),
+            offset: incoming.written(),
             what: format!("write {digest}"),
             open,
             arrival: None,
-            to: Destination::Direct(DirectWrite {
+            to: Destination::Direct(Box::new(DirectWrite {
                 store,
                 content,
+                written: incoming.written(),
                 incoming: Some(incoming),
                 pending: Vec::new(),
                 pending_len: 0,
-            }),
+            })),
         }
     }
 
@@ -149,9 +152,11 @@ impl BlobWriter {
     pub async fn reopen(&mut self, store: &Store) -> Result<(), StoreError> {
         let ingest = match &mut self.to {
             Destination::Direct(_) => {
-                self.write_gathered().await?;
+                // What is in the file is where the download goes on (a failed write
+                // dropped what it did not write).
+                let gathered = self.write_gathered().await;
                 self.offset = self.acked();
-                return Ok(());
+                return gathered;
             }
             Destination::Ingest(write) => write,
         };
@@ -182,17 +187,18 @@ impl BlobWriter {
     /// Where a reader finds the bytes written so far, for [`Self::announce`].
     pub fn bytes_at(&self) -> BytesAt {
         match &self.to {
-            Destination::Direct(DirectWrite {
-                incoming: Some(incoming),
-                ..
-            }) => match incoming.reader() {
-                Ok(file) => BytesAt::File(Arc::new(file)),
-                Err(error) => {
+            Destination::Direct(write) => match write
+                .incoming
+                .as_ref()
+                .map(|incoming| write.content.reader(incoming))
+            {
+                Some(Ok(file)) => BytesAt::File(Arc::new(file)),
+                Some(Err(error)) => {
                     tracing::debug!(%error, "peers cannot follow this blob as it arrives");
                     BytesAt::Nowhere
                 }
+                None => BytesAt::Nowhere,
             },
-            Destination::Direct(_) => BytesAt::Nowhere,
             Destination::Ingest(_) => BytesAt::Ingest(self.reference.clone()),
         }
     }
@@ -221,7 +227,7 @@ impl BlobWriter {
     pub fn acked(&self) -> u64 {
         match &self.to {
             Destination::Ingest(write) => write.acked,
-            Destination::Direct(write) => self.offset - write.pending_len as u64,
+            Destination::Direct(write) => write.written,
         }
     }
 
@@ -369,31 +375,80 @@ impl BlobWriter {
         };
         let (store, content) = (write.store.clone(), write.content.clone());
         let hex = sha256_hex(&self.digest).unwrap_or_default().to_owned();
-        let whole = write
-            .incoming
-            .as_ref()
-            .is_some_and(|incoming| incoming.len() == self.size && incoming.matches(&hex));
-        if !whole {
+        let Some(incoming) = &write.incoming else {
+            return Err(StoreError::Write {
+                what: self.what.clone(),
+                detail: "the blob's file was lost by an earlier failure".to_owned(),
+            });
+        };
+        if incoming.written() != self.size || !incoming.matches(&hex) {
             return Err(StoreError::DigestMismatch {
                 digest: self.digest.clone(),
             });
         }
         let publish = content.clone();
-        self.with_incoming(move |incoming| publish.publish(incoming))
-            .await?;
-        let reader = self
-            .with_incoming(|incoming| incoming.reader())
+        if let Err(error) = self
+            .with_incoming(move |incoming| publish.publish(incoming))
+            .await
+        {
+            // Not linked (another filesystem, a policy): containerd takes the bytes
+            // through its API instead.
+            tracing::warn!(digest = %self.digest, %error, "could not link the blob into containerd's store; writing it through Content.Write");
+        }
+        let file = self
+            .with_incoming(|incoming| incoming.file())
             .await
             .map(Arc::new)?;
-        record(
+        let recorded = record(
             &store,
             &self.reference,
             &self.digest,
             self.size,
-            labels,
-            &reader,
+            labels.clone(),
+            &file,
         )
-        .await?;
+        .await;
+        match recorded {
+            // The bytes here hash right: what containerd found wrong was an ingest of its
+            // own under the ref (left by an earlier write). It goes, and the file's bytes
+            // go in its place.
+            Err(StoreError::DigestMismatch { .. }) => {
+                tracing::warn!(digest = %self.digest, "containerd's ingest of the blob held other bytes; writing it again from the file");
+                match store
+                    .containerd()
+                    .ingest_abort(store.scope(), &self.reference)
+                    .await
+                {
+                    Ok(()) => {}
+                    Err(status) if status.code() == tonic::Code::NotFound => {}
+                    Err(status) => {
+                        return Err(StoreError::Write {
+                            what: self.what.clone(),
+                            detail: describe_status(&status),
+                        });
+                    }
+                }
+                match record(
+                    &store,
+                    &self.reference,
+                    &self.digest,
+                    self.size,
+                    labels,
+                    &file,
+                )
+                .await
+                {
+                    Err(StoreError::DigestMismatch { .. }) => {
+                        return Err(StoreError::Write {
+                            what: self.what.clone(),
+                            detail: "containerd found the blob's checked bytes wrong".to_owned(),
+                        });
+                    }
+                    other => other?,
+                }
+            }
+            other => other?,
+        }
         let remove = content.clone();
         self.with_incoming(move |incoming| remove.remove(incoming.hex()))
             .await
@@ -427,6 +482,7 @@ impl BlobWriter {
             what: what.clone(),
             detail: format!("writing the blob's file: {e}"),
         })?;
+        write.written = incoming.written();
         write.incoming = Some(incoming);
         result.map_err(|e| StoreError::Write {
             what,
@@ -444,12 +500,17 @@ impl BlobWriter {
         }
         let pieces = std::mem::take(&mut write.pending);
         write.pending_len = 0;
-        self.with_incoming(move |incoming| incoming.append(&pieces))
-            .await?;
+        let appended = self
+            .with_incoming(move |incoming| incoming.append(&pieces))
+            .await;
+        if appended.is_err() {
+            // What was not written is dropped: the write goes on from the file's end.
+            self.offset = self.acked();
+        }
         if let Some(arrival) = &self.arrival {
             arrival.held(self.acked());
         }
-        Ok(())
+        appended
     }
 
     async fn send_data(&mut self, data: Vec<u8>) -> Result<(), StoreError> {
