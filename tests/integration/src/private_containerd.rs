@@ -25,6 +25,27 @@ impl PrivateContainerd {
     /// `root_size`: put the root (content store and snapshots) on a tmpfs this big
     /// (`16m`), to fill it.
     pub fn start(root_size: Option<&str>) -> Self {
+        Self::start_with(root_size, |config| config)
+    }
+
+    /// A containerd whose metadata store keeps each namespace's content apart
+    /// (`content_sharing_policy = "isolated"`): a blob in its store is not a namespace's
+    /// until written through its API.
+    pub fn start_isolated() -> Self {
+        Self::start_with(None, |config| {
+            assert!(
+                config.contains("content_sharing_policy = \"shared\""),
+                "{config}"
+            );
+            config.replace(
+                "content_sharing_policy = \"shared\"",
+                "content_sharing_policy = \"isolated\"",
+            )
+        })
+    }
+
+    /// As [`Self::start`], the lab's configuration changed by `edit` first.
+    pub fn start_with(root_size: Option<&str>, edit: impl FnOnce(String) -> String) -> Self {
         let lab = Lab::get();
         let dir = tempfile::tempdir().unwrap();
         let (root, state, opt) = (
@@ -47,7 +68,7 @@ impl PrivateContainerd {
             .args(["config", "default"])
             .output()
             .unwrap();
-        let mut edit = Command::new("python3")
+        let mut lab_config = Command::new("python3")
             .arg(repo_root().join("scripts/lab-containerd-config"))
             .arg("--root")
             .arg(&root)
@@ -63,15 +84,16 @@ impl PrivateContainerd {
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
-        edit.stdin
+        lab_config
+            .stdin
             .take()
             .unwrap()
             .write_all(&default.stdout)
             .unwrap();
-        let out = edit.wait_with_output().unwrap();
+        let out = lab_config.wait_with_output().unwrap();
         assert!(out.status.success(), "lab-containerd-config");
         let config = dir.path().join("config.toml");
-        std::fs::write(&config, out.stdout).unwrap();
+        std::fs::write(&config, edit(String::from_utf8(out.stdout).unwrap())).unwrap();
         let mut containerd = Self {
             address: state.join("containerd.sock"),
             root,

@@ -177,3 +177,44 @@ fn fill(path: &std::path::Path) {
     while file.write_all(&block).is_ok() {}
     let _ = file.sync_all();
 }
+
+/// containerd keeping each namespace's content apart (`content_sharing_policy =
+/// "isolated"`) does not take a blob the agent wrote into its store: the bytes go through
+/// `Content.Write` from the agent's file instead, the image is whole, the same in a second
+/// namespace, and nothing is left beside the store.
+#[test]
+fn an_isolated_content_store_takes_the_bytes_through_its_api() {
+    let containerd = PrivateContainerd::start_isolated();
+    let state = tempfile::tempdir().unwrap();
+    let image = unique_image("isolated", 2, 4 << 20);
+    let lab = rigger_integration_tests::Lab::get();
+    let reference = format!("{}/{image}", lab.registry);
+    for ns in ["itest-isolated-a", "itest-isolated-b"] {
+        let out = pull(&containerd, state.path(), ns, &reference)
+            .env("RUST_LOG", "rigger_pull=info")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        // (The second namespace finds the blob in containerd's store and writes through
+        // the API from the start.)
+        if ns.ends_with("-a") {
+            assert!(
+                stderr.contains("containerd did not take the blob written beside its store"),
+                "{stderr}"
+            );
+        }
+        assert!(
+            image_complete(&containerd, ns),
+            "{}",
+            containerd.ctr(ns, &["images", "check"])
+        );
+    }
+    let incoming = containerd
+        .root
+        .join("io.containerd.content.v1.content/rigger-incoming");
+    let left: Vec<_> = std::fs::read_dir(&incoming)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?} left in {}", incoming.display());
+}
