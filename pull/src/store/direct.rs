@@ -35,8 +35,10 @@ const STALE_AFTER: Duration = Duration::from_secs(24 * 3600);
 /// Bytes read at a time when a resumed file is hashed again.
 const READ_PIECE: usize = 1 << 20;
 
-/// `path` beneath `dir`: no symlink, no magic link, no way out.
-fn open_beneath(dir: impl AsFd, path: &str, flags: OFlags, mode: Mode) -> io::Result<OwnedFd> {
+/// `path` beneath `dir`: no symlink, no magic link, no way out (a FIFO put there does
+/// not hang the open: callers check what they opened). Also how the agent's peer endpoint
+/// reads containerd's ingests.
+pub fn open_beneath(dir: impl AsFd, path: &str, flags: OFlags, mode: Mode) -> io::Result<OwnedFd> {
     Ok(rustix::fs::openat2(
         dir,
         path,
@@ -70,17 +72,29 @@ fn owned_by_us(dir: impl AsFd, shown: &str) -> io::Result<()> {
 
 /// Whether `name` in `dir` still leads to the file `fd` is open on.
 fn names(dir: impl AsFd, name: &str, fd: impl AsFd) -> bool {
-    let (Ok(named), Ok(open)) = (
+    match (
         rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW),
         rustix::fs::fstat(fd),
-    ) else {
-        return false;
-    };
-    named.st_ino == open.st_ino && named.st_dev == open.st_dev
+    ) {
+        (Ok(named), Ok(open)) => same_inode(&named, &open),
+        _ => false,
+    }
+}
+
+/// Whether `a` and `b` are open on one file.
+fn same_file(a: impl AsFd, b: impl AsFd) -> bool {
+    match (rustix::fs::fstat(a), rustix::fs::fstat(b)) {
+        (Ok(a), Ok(b)) => same_inode(&a, &b),
+        _ => false,
+    }
+}
+
+fn same_inode(a: &rustix::fs::Stat, b: &rustix::fs::Stat) -> bool {
+    a.st_ino == b.st_ino && a.st_dev == b.st_dev
 }
 
 /// A blob digest's hex part, when it is a sha256 this module writes.
-pub fn sha256_hex(digest: &str) -> Option<&str> {
+pub fn digest_hex(digest: &str) -> Option<&str> {
     let hex = digest.strip_prefix("sha256:")?;
     (hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))).then_some(hex)
 }
@@ -109,13 +123,11 @@ impl DirectContent {
         let incoming = directory(&root, INCOMING, Mode::from_raw_mode(0o700))?;
         // Only this agent's: a directory others may write to could hold their links.
         owned_by_us(&incoming, &format!("{}/{INCOMING}", content_root.display()))?;
-        let content = Self {
+        Ok(Self {
             root,
             incoming,
             shown: content_root.display().to_string(),
-        };
-        content.remove_stale(SystemTime::now());
-        Ok(content)
+        })
     }
 
     /// Whether containerd's local store holds the blob `hex` (in some namespace).
@@ -274,7 +286,7 @@ impl DirectContent {
             let Ok(name) = entry.file_name().to_str() else {
                 continue;
             };
-            if sha256_hex(&format!("sha256:{name}")).is_none() {
+            if digest_hex(&format!("sha256:{name}")).is_none() {
                 continue;
             }
             let Ok(fd) = open_beneath(&self.incoming, name, OFlags::RDONLY, Mode::empty()) else {
@@ -374,13 +386,6 @@ impl Incoming {
         }
         self.len = len;
         Ok(())
-    }
-}
-
-fn same_file(a: impl AsFd, b: impl AsFd) -> bool {
-    match (rustix::fs::fstat(a), rustix::fs::fstat(b)) {
-        (Ok(a), Ok(b)) => a.st_ino == b.st_ino && a.st_dev == b.st_dev,
-        _ => false,
     }
 }
 
@@ -488,9 +493,9 @@ mod tests {
         )
         .unwrap();
         assert!(content.incoming(HEX, 5).is_err());
-        assert!(sha256_hex("sha256:../../etc/passwd").is_none());
-        assert!(sha256_hex(&format!("sha512:{HEX}")).is_none());
-        assert!(sha256_hex(&format!("sha256:{}", HEX.to_uppercase())).is_none());
+        assert!(digest_hex("sha256:../../etc/passwd").is_none());
+        assert!(digest_hex(&format!("sha512:{HEX}")).is_none());
+        assert!(digest_hex(&format!("sha256:{}", HEX.to_uppercase())).is_none());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use rigger_runtime::{CallError, describe_status};
 
-use self::direct::{DirectContent, sha256_hex};
+use self::direct::{DirectContent, digest_hex};
 pub use self::writer::BlobWriter;
 use crate::containerd::{Containerd, Descriptor, ImageRecord, LeaseResource, Scope};
 use crate::presence::Presence;
@@ -51,6 +51,10 @@ pub enum StoreError {
         "digest mismatch for {digest}: the bytes received hash to something else (corrupt transfer or a registry serving wrong content)"
     )]
     DigestMismatch { digest: String },
+    /// Another process writes the blob beside containerd's store now (as containerd's
+    /// ingest lock says for a write through its API): worth waiting for.
+    #[error("{what}: another process writes it beside containerd's store")]
+    Busy { what: String },
 }
 
 /// What a pull opened: ingest refs, and blobs written beside the store.
@@ -275,7 +279,7 @@ impl Store {
     ) -> Result<BlobWriter, StoreError> {
         if size >= DIRECT_MIN_SIZE
             && let Some(content) = &self.direct
-            && let Some(hex) = sha256_hex(digest).map(str::to_owned)
+            && let Some(hex) = digest_hex(digest).map(str::to_owned)
         {
             let opening = content.clone();
             let incoming = tokio::task::spawn_blocking(move || {
@@ -308,13 +312,11 @@ impl Store {
                     ));
                 }
                 Ok(Ok(Opening::InTheStore)) => {}
-                // Another process writes it now: wait for it as for containerd's
-                // ingest lock (`open_writer_waiting`).
+                // Another process writes it now: waited for as containerd's ingest lock
+                // is (`open_writer_waiting`).
                 Ok(Ok(Opening::Held)) => {
-                    return Err(StoreError::Write {
+                    return Err(StoreError::Busy {
                         what: format!("write {digest}"),
-                        detail: "locked: another process writes it beside containerd's store"
-                            .to_owned(),
                     });
                 }
                 Ok(Err(error)) => {
@@ -381,9 +383,10 @@ impl Store {
                 Err(e) if e.to_string().contains("AlreadyExists") => return Ok(None),
                 Err(e) => {
                     let text = e.to_string();
-                    if (text.contains("locked") || text.contains("Unavailable"))
-                        && tokio::time::Instant::now() < deadline
-                    {
+                    let busy = matches!(e, StoreError::Busy { .. })
+                        || text.contains("locked")
+                        || text.contains("Unavailable");
+                    if busy && tokio::time::Instant::now() < deadline {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                         if self.blob_labels(digest).await?.is_some() {
                             return Ok(None);
@@ -431,7 +434,7 @@ impl StoreError {
         match self {
             Self::Lost { .. } => true,
             Self::Call(call) => is_gone(&call.status),
-            Self::Write { .. } | Self::DigestMismatch { .. } => false,
+            Self::Write { .. } | Self::DigestMismatch { .. } | Self::Busy { .. } => false,
         }
     }
 }

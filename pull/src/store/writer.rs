@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use rigger_runtime::describe_status;
 
-use super::direct::{DirectContent, Incoming, sha256_hex};
+use super::direct::{DirectContent, Incoming, digest_hex};
 use super::{
     Store, StoreError, WRITE_BUDGET, WRITE_CHUNK_MAX, WRITE_CHUNK_MIN, WRITES_IN_FLIGHT, is_gone,
 };
@@ -78,9 +78,8 @@ struct DirectWrite {
     content: Arc<DirectContent>,
     /// `None` only while a blocking task holds it (or after that task died).
     incoming: Option<Incoming>,
-    /// Gathered pieces not written yet, and their bytes.
+    /// Gathered pieces not written yet (`offset - written` bytes).
     pending: Vec<Bytes>,
-    pending_len: usize,
     /// Bytes in the file (what peers may read of it).
     written: u64,
 }
@@ -91,14 +90,13 @@ fn message_size(open: usize) -> usize {
 }
 
 impl BlobWriter {
-    /// A write through the ingest `ingest`, whose first answer was `offset`.
-    pub(super) fn through_ingest(
-        ingest: Box<dyn Ingest>,
+    fn new(
         reference: &str,
         digest: &str,
         size: u64,
         offset: u64,
         open: Present,
+        to: Destination,
     ) -> Self {
         Self {
             reference: reference.to_owned(),
@@ -108,13 +106,26 @@ impl BlobWriter {
             what: format!("write {digest}"),
             open,
             arrival: None,
-            to: Destination::Ingest(IngestWrite {
-                ingest,
-                acked: offset,
-                pending: Vec::new(),
-                in_flight: 0,
-            }),
+            to,
         }
+    }
+
+    /// A write through the ingest `ingest`, whose first answer was `offset`.
+    pub(super) fn through_ingest(
+        ingest: Box<dyn Ingest>,
+        reference: &str,
+        digest: &str,
+        size: u64,
+        offset: u64,
+        open: Present,
+    ) -> Self {
+        let to = Destination::Ingest(IngestWrite {
+            ingest,
+            acked: offset,
+            pending: Vec::new(),
+            in_flight: 0,
+        });
+        Self::new(reference, digest, size, offset, open, to)
     }
 
     /// A write into `incoming`, beside containerd's store.
@@ -127,23 +138,15 @@ impl BlobWriter {
         size: u64,
         open: Present,
     ) -> Self {
-        Self {
-            reference: reference.to_owned(),
-            digest: digest.to_owned(),
-            size,
-            offset: incoming.written(),
-            what: format!("write {digest}"),
-            open,
-            arrival: None,
-            to: Destination::Direct(Box::new(DirectWrite {
-                store,
-                content,
-                written: incoming.written(),
-                incoming: Some(incoming),
-                pending: Vec::new(),
-                pending_len: 0,
-            })),
-        }
+        let offset = incoming.written();
+        let to = Destination::Direct(Box::new(DirectWrite {
+            store,
+            content,
+            written: offset,
+            incoming: Some(incoming),
+            pending: Vec::new(),
+        }));
+        Self::new(reference, digest, size, offset, open, to)
     }
 
     /// Learn again the offset held (after a failed transfer, say): an ingest's stream is
@@ -248,7 +251,6 @@ impl BlobWriter {
             }
             Destination::Direct(write) => {
                 write.pending.clear();
-                write.pending_len = 0;
                 self.with_incoming(Incoming::truncate).await?;
             }
         }
@@ -292,10 +294,10 @@ impl BlobWriter {
             return self.write_ingest(&data).await;
         };
         self.offset += data.len() as u64;
-        write.pending_len += data.len();
         write.pending.push(data);
         // Gathered as an ingest's messages are (one blocking task per append).
-        if write.pending_len >= message_size(self.open.now()) {
+        let gathered = self.offset - write.written;
+        if gathered >= message_size(self.open.now()) as u64 {
             self.write_gathered().await?;
         }
         Ok(())
@@ -374,12 +376,9 @@ impl BlobWriter {
             return Ok(());
         };
         let (store, content) = (write.store.clone(), write.content.clone());
-        let hex = sha256_hex(&self.digest).unwrap_or_default().to_owned();
+        let hex = digest_hex(&self.digest).unwrap_or_default().to_owned();
         let Some(incoming) = &write.incoming else {
-            return Err(StoreError::Write {
-                what: self.what.clone(),
-                detail: "the blob's file was lost by an earlier failure".to_owned(),
-            });
+            return Err(file_lost(&self.what));
         };
         if incoming.written() != self.size || !incoming.matches(&hex) {
             return Err(StoreError::DigestMismatch {
@@ -399,55 +398,48 @@ impl BlobWriter {
             .with_incoming(|incoming| incoming.file())
             .await
             .map(Arc::new)?;
-        let recorded = record(
-            &store,
-            &self.reference,
-            &self.digest,
-            self.size,
-            labels.clone(),
-            &file,
-        )
-        .await;
-        match recorded {
-            // The bytes here hash right: what containerd found wrong was an ingest of its
-            // own under the ref (left by an earlier write). It goes, and the file's bytes
-            // go in its place.
-            Err(StoreError::DigestMismatch { .. }) => {
-                tracing::warn!(digest = %self.digest, "containerd's ingest of the blob held other bytes; writing it again from the file");
-                match store
-                    .containerd()
-                    .ingest_abort(store.scope(), &self.reference)
-                    .await
-                {
-                    Ok(()) => {}
-                    Err(status) if status.code() == tonic::Code::NotFound => {}
-                    Err(status) => {
-                        return Err(StoreError::Write {
-                            what: self.what.clone(),
-                            detail: describe_status(&status),
-                        });
+        // A digest mismatch here is not the file's (its bytes hash right): containerd
+        // checked an ingest of its own under the ref, left by an earlier write. It goes,
+        // and the file's bytes go in its place, once.
+        for attempt in 0..2 {
+            match record(
+                &store,
+                &self.reference,
+                &self.digest,
+                self.size,
+                labels.clone(),
+                &file,
+            )
+            .await
+            {
+                Err(StoreError::DigestMismatch { .. }) if attempt == 0 => {
+                    tracing::warn!(digest = %self.digest, "containerd's ingest of the blob held other bytes; writing it again from the file");
+                    match store
+                        .containerd()
+                        .ingest_abort(store.scope(), &self.reference)
+                        .await
+                    {
+                        Ok(()) => {}
+                        Err(status) if status.code() == tonic::Code::NotFound => {}
+                        Err(status) => {
+                            return Err(StoreError::Write {
+                                what: self.what.clone(),
+                                detail: describe_status(&status),
+                            });
+                        }
                     }
                 }
-                match record(
-                    &store,
-                    &self.reference,
-                    &self.digest,
-                    self.size,
-                    labels,
-                    &file,
-                )
-                .await
-                {
-                    Err(StoreError::DigestMismatch { .. }) => {
-                        return Err(StoreError::Write {
-                            what: self.what.clone(),
-                            detail: "containerd found the blob's checked bytes wrong".to_owned(),
-                        });
-                    }
-                    other => other?,
+                Err(StoreError::DigestMismatch { .. }) => {
+                    return Err(StoreError::Write {
+                        what: self.what.clone(),
+                        detail: "containerd found the blob's checked bytes wrong".to_owned(),
+                    });
+                }
+                recorded => {
+                    recorded?;
+                    break;
                 }
             }
-            other => other?,
         }
         let remove = content.clone();
         self.with_incoming(move |incoming| remove.remove(incoming.hex()))
@@ -468,10 +460,7 @@ impl BlobWriter {
             });
         };
         let Some(mut incoming) = write.incoming.take() else {
-            return Err(StoreError::Write {
-                what,
-                detail: "the blob's file was lost by an earlier failure".to_owned(),
-            });
+            return Err(file_lost(&what));
         };
         let (incoming, result) = tokio::task::spawn_blocking(move || {
             let result = work(&mut incoming);
@@ -499,7 +488,6 @@ impl BlobWriter {
             return Ok(());
         }
         let pieces = std::mem::take(&mut write.pending);
-        write.pending_len = 0;
         let appended = self
             .with_incoming(move |incoming| incoming.append(&pieces))
             .await;
@@ -560,6 +548,14 @@ impl BlobWriter {
                 what: self.what.clone(),
             })?;
         next_response(write.ingest.as_mut(), &self.what).await
+    }
+}
+
+/// The direct write's file is gone (a blocking task holding it failed).
+fn file_lost(what: &str) -> StoreError {
+    StoreError::Write {
+        what: what.to_owned(),
+        detail: "the blob's file was lost by an earlier failure".to_owned(),
     }
 }
 

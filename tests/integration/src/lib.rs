@@ -223,6 +223,19 @@ pub fn assert_ok(out: &Output) {
     );
 }
 
+/// Where the agent writes big blobs beside the content store of the containerd rooted at
+/// `containerd_root` (rigger_pull::store::direct).
+pub fn incoming_dir(containerd_root: &Path) -> PathBuf {
+    containerd_root.join("io.containerd.content.v1.content/rigger-incoming")
+}
+
+/// The names the agent left in [`incoming_dir`] (none once its pulls ended or gave back).
+pub fn incoming_left(containerd_root: &Path) -> Vec<std::ffi::OsString> {
+    std::fs::read_dir(incoming_dir(containerd_root))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default()
+}
+
 /// The image records of containerd namespace `ns` on the lab's node.
 pub fn image_records(ns: &str) -> Vec<String> {
     Lab::get()

@@ -252,9 +252,7 @@ fn active_ingests(ns: &str) -> Vec<(String, u64)> {
 /// Bytes of `layer` an interrupted pull wrote beside containerd's content store (a
 /// layer this big is written there, not through `Content.Write`).
 fn incoming_len(layer: &str) -> Option<u64> {
-    let path = Lab::get()
-        .containerd_root
-        .join("io.containerd.content.v1.content/rigger-incoming")
+    let path = rigger_integration_tests::incoming_dir(&Lab::get().containerd_root)
         .join(layer.trim_start_matches("sha256:"));
     std::fs::metadata(path).ok().map(|m| m.len())
 }

@@ -7,7 +7,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use rigger_integration_tests::{PrivateContainerd, Proxy, binary, unique_image};
+use rigger_integration_tests::{PrivateContainerd, Proxy, binary, incoming_left, unique_image};
 use serde_json::json;
 
 fn pull(containerd: &PrivateContainerd, state: &std::path::Path, ns: &str, image: &str) -> Command {
@@ -154,13 +154,8 @@ fn a_full_content_store_fails_the_pull_clearly_and_records_no_image() {
     // ingests and the files written beside the store.
     let active = containerd.ctr(ns, &["content", "active"]);
     assert_eq!(active.lines().count(), 1, "only the header: {active}");
-    let incoming = containerd
-        .root
-        .join("io.containerd.content.v1.content/rigger-incoming");
-    let left: Vec<_> = std::fs::read_dir(&incoming)
-        .map(|d| d.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
-    assert!(left.is_empty(), "{left:?} left in {}", incoming.display());
+    let left = incoming_left(&containerd.root);
+    assert!(left.is_empty(), "{left:?} left beside the store");
     // And so did the half-unpacked layers: no snapshot is left being prepared.
     let snapshots = containerd.ctr(ns, &["snapshots", "ls"]);
     assert!(
@@ -210,11 +205,6 @@ fn an_isolated_content_store_takes_the_bytes_through_its_api() {
             containerd.ctr(ns, &["images", "check"])
         );
     }
-    let incoming = containerd
-        .root
-        .join("io.containerd.content.v1.content/rigger-incoming");
-    let left: Vec<_> = std::fs::read_dir(&incoming)
-        .map(|d| d.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
-    assert!(left.is_empty(), "{left:?} left in {}", incoming.display());
+    let left = incoming_left(&containerd.root);
+    assert!(left.is_empty(), "{left:?} left beside the store");
 }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::stream::{self, BoxStream, StreamExt as _};
 use rigger_pull::arriving::{Arrival, ArrivalState, Following};
-use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::fs::{Mode, OFlags};
 use sha2::{Digest as _, Sha256};
 use tokio::sync::watch;
 
@@ -33,16 +33,9 @@ const MAX_KEY: usize = 4096;
 /// Ingests looked at, at most, to find one.
 const MAX_INGESTS: usize = 4096;
 
-/// `path` beneath `dir`: no symlink, no magic link, no way out.
+/// `path` beneath `dir`, as the pull engine opens containerd's content files.
 fn open_beneath(dir: impl AsFd, path: &str, flags: OFlags) -> std::io::Result<OwnedFd> {
-    Ok(rustix::fs::openat2(
-        dir,
-        path,
-        // NONBLOCK: a FIFO put there must not hang the open (it is refused after).
-        flags | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::NONBLOCK,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    )?)
+    rigger_pull::store::direct::open_beneath(dir, path, flags, Mode::empty())
 }
 
 /// A regular file's contents, up to `limit` bytes (`None` if longer or not a file).
