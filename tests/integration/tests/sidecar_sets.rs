@@ -142,12 +142,14 @@ spec:
         Duration::from_secs(90),
         || {
             let pod = controller.get_json(&["pod", &meshed])?;
-            let ready = pod["status"]["containerStatuses"]
+            // Settled: ready, and each reporting the image it runs (CRI fills imageID
+            // once its image cache has the record: a report or two after ready, seen).
+            let settled = pod["status"]["containerStatuses"]
                 .as_array()?
                 .iter()
-                .filter(|c| c["ready"] == true)
+                .filter(|c| c["ready"] == true && c["imageID"].is_string())
                 .count();
-            (ready == 2).then_some(pod)
+            (settled == 2).then_some(pod)
         },
     );
 
