@@ -238,21 +238,12 @@ impl SidecarRollout {
         {
             Ok(_) => {
                 tracing::info!(sidecar_set = %set.metadata.name, pod = %key, version = %hash, "sidecars of the pod upgraded in place");
-                self.inner.events.record(crate::events::Event {
-                    regarding: crate::events::Regarding {
-                        api_version: set.api_version.clone(),
-                        kind: set.kind.clone(),
-                        namespace: String::new(),
-                        name: set.metadata.name.clone(),
-                        uid: set.metadata.uid.clone().unwrap_or_default(),
-                    },
-                    warning: false,
-                    reason: crate::events::SIDECAR_UPGRADED,
-                    message: format!(
-                        "Pod {}/{}: sidecars moved to version {hash} in place",
-                        key.namespace, key.name
-                    ),
-                });
+                self.inner.events.record(crate::events::sidecar_upgraded(
+                    set,
+                    &key.namespace,
+                    &key.name,
+                    hash,
+                ));
                 if let Some(node) = &pod.spec.node_name {
                     self.inner.pods.send_to(node).await;
                 }

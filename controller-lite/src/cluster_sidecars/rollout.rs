@@ -21,7 +21,7 @@ use rigger_api::sidecar_set::{
 use tokio::sync::Notify;
 
 use super::pods::{InjectedPod, InjectedPods, member_of, patch_of};
-use crate::events::{Event, EventSink, Regarding};
+use crate::events::{Event, EventSink};
 use crate::sidecars::{Member, histories, history_key, to_upgrade, upgraded};
 use crate::store::{Precondition, Store, StoreError};
 
@@ -141,7 +141,7 @@ impl ClusterRollout {
         );
         tracing::warn!(sidecar_set = %set.metadata.name, %cause, "SidecarSet refused: injected nowhere");
         self.inner.events.record(Event {
-            regarding: regarding(set),
+            regarding: crate::events::sidecar_set(set),
             warning: true,
             reason: "InvalidSidecarSet",
             message: format!("injected into no pod and rolled out nowhere until fixed: {cause}"),
@@ -225,10 +225,18 @@ impl ClusterRollout {
                 )
                 .await
             {
-                Ok(_) => tracing::info!(
-                    sidecar_set = %set.metadata.name, pod = %format!("{}/{}", pod.namespace, pod.name),
-                    version = %hash, "sidecars of the pod updated in place"
-                ),
+                Ok(_) => {
+                    tracing::info!(
+                        sidecar_set = %set.metadata.name, pod = %format!("{}/{}", pod.namespace, pod.name),
+                        version = %hash, "sidecars of the pod updated in place"
+                    );
+                    self.inner.events.record(crate::events::sidecar_upgraded(
+                        set,
+                        &pod.namespace,
+                        &pod.name,
+                        &hash,
+                    ));
+                }
                 // Changed meanwhile (its owner, kubelet): looked at again next pass.
                 Err(error) => tracing::debug!(pod = %pod.name, %error, "sidecar update deferred"),
             }
@@ -288,7 +296,7 @@ impl ClusterRollout {
         }
         if !left.is_empty() && previous.as_ref().is_none_or(|(_, old)| old != left) {
             self.inner.events.record(Event {
-                regarding: regarding(set),
+                regarding: crate::events::sidecar_set(set),
                 warning: true,
                 reason: "NotUpgradablePods",
                 message: left.to_owned(),
@@ -312,16 +320,6 @@ impl ClusterRollout {
                 tracing::debug!(sidecar_set = %set.metadata.name, %error, "status not written yet")
             }
         }
-    }
-}
-
-fn regarding(set: &SidecarSet) -> Regarding {
-    Regarding {
-        api_version: set.api_version.clone(),
-        kind: set.kind.clone(),
-        namespace: String::new(),
-        name: set.metadata.name.clone(),
-        uid: set.metadata.uid.clone().unwrap_or_default(),
     }
 }
 

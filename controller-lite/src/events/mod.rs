@@ -87,6 +87,34 @@ pub fn peer_suspected(regarding: Regarding, node: &str, peer: &str) -> Event {
     }
 }
 
+/// The SidecarSet `set` as an event's object.
+pub fn sidecar_set(set: &rigger_api::sidecar_set::SidecarSet) -> Regarding {
+    Regarding {
+        api_version: set.api_version.clone(),
+        kind: set.kind.clone(),
+        namespace: String::new(),
+        name: set.metadata.name.clone(),
+        uid: set.metadata.uid.clone().unwrap_or_default(),
+    }
+}
+
+/// The event for a pod whose sidecars a SidecarSet's rollout moved to `version`.
+pub fn sidecar_upgraded(
+    set: &rigger_api::sidecar_set::SidecarSet,
+    pod_namespace: &str,
+    pod_name: &str,
+    version: &str,
+) -> Event {
+    Event {
+        regarding: sidecar_set(set),
+        warning: false,
+        reason: SIDECAR_UPGRADED,
+        message: format!(
+            "Pod {pod_namespace}/{pod_name}: sidecars moved to version {version} in place"
+        ),
+    }
+}
+
 /// The Node `name` as an event's object.
 pub fn node(name: &str) -> Regarding {
     Regarding {

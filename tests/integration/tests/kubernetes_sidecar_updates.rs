@@ -324,6 +324,27 @@ fn an_image_change_rolls_out_within_max_unavailable_partition_and_paused() {
         "{most} pods were unavailable at once (maxUnavailable 2)"
     );
     assert!(most >= 1, "the rollout was seen");
+    // Each pod the rollout moved is told in the cluster's Events, on the set.
+    wait_until(
+        "an event for each pod moved",
+        Duration::from_secs(30),
+        || {
+            let events = cluster.get_json(&["events", "-A"])?;
+            let told: std::collections::BTreeSet<String> = events["items"]
+                .as_array()?
+                .iter()
+                .filter(|e| {
+                    e["reason"] == "SidecarUpgraded" && e["involvedObject"]["name"] == set.as_str()
+                })
+                .filter_map(|e| {
+                    let message = e["message"].as_str()?;
+                    let pod = message.strip_prefix(&format!("Pod {}/", apps.name))?;
+                    Some(pod.split(':').next()?.to_owned())
+                })
+                .collect();
+            (told.len() == 10).then_some(())
+        },
+    );
 
     // Env only: Kubernetes cannot change it in a running pod. Reported, not dropped:
     // the pods keep their version, new pods get it.
