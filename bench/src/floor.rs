@@ -126,12 +126,11 @@ fn one_layer(path: &str, media_type: &str, out: &std::path::Path) -> anyhow::Res
         };
         apply_layer(handed, &target).with_context(|| format!("applying {path}"))?;
         let apply = thread_cpu() - start;
-        let joined = |side: std::thread::ScopedJoinHandle<'_, anyhow::Result<f64>>| match side
-            .join()
-        {
-            Ok(result) => result,
-            Err(_) => bail!("a layer's thread panicked"),
-        };
+        let joined =
+            |side: std::thread::ScopedJoinHandle<'_, anyhow::Result<f64>>| match side.join() {
+                Ok(result) => result,
+                Err(_) => bail!("a layer's thread panicked"),
+            };
         Ok(apply.max(joined(blob)?).max(joined(inflate)?))
     })
 }
