@@ -16,8 +16,10 @@ use rigger_daemon::logging::LogFormat;
 pub use crate::link::LinkConfig;
 
 mod peer;
+mod pull;
 mod tls;
 
+pub use self::pull::PullSettings;
 use self::tls::{TlsSettings, controller_endpoint};
 pub use crate::sharing::peers::PeerSettings;
 use rigger_runtime::DEFAULT_CONTAINERD_ADDRESS;
@@ -48,6 +50,7 @@ pub struct AgentConfigFile {
     pub max_document_size: Option<String>,
     pub max_parallel_image_pulls: Option<usize>,
     pub image_fs_threshold_percent: Option<u8>,
+    pub through_content_api: Option<bool>,
     pub ca_file: Option<PathBuf>,
     pub cert_file: Option<PathBuf>,
     pub key_file: Option<PathBuf>,
@@ -137,6 +140,11 @@ pub struct RunArgs {
         value_name = "PERCENT"
     )]
     pub image_fs_threshold_percent: Option<u8>,
+    /// Send every byte of a pull through containerd's content API (`Content.Write`)
+    /// instead of writing big blobs beside its store and committing them through the API
+    /// [default: off].
+    #[arg(long, env = "RIGGER_AGENT_THROUGH_CONTENT_API")]
+    pub through_content_api: bool,
     /// CA (PEM) that signed the controller's certificate (https:// controllers).
     #[arg(long, env = "RIGGER_AGENT_CA_FILE", value_name = "FILE")]
     pub ca_file: Option<PathBuf>,
@@ -189,35 +197,6 @@ pub struct RunArgs {
 
 /// Flags of `run` that are not configuration keys (the config reference skips them).
 pub const NOT_CONFIG_KEYS: &[&str] = &["config", "check_config"];
-
-/// How the agent pulls images for the controller's tasks.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PullSettings {
-    pub namespace: String,
-    pub registry_config: PathBuf,
-    pub max_connections: usize,
-    pub limit_rate: Option<u64>,
-    pub max_document_size: u64,
-    pub max_parallel_image_pulls: Option<usize>,
-    pub image_fs_threshold_percent: u8,
-}
-
-impl PullSettings {
-    /// How the agent's pulls (tasks and pods) run, their spool under `state_dir`.
-    pub fn pull_options(&self, state_dir: &Path) -> rigger_pull::PullOptions {
-        rigger_pull::PullOptions {
-            namespace: self.namespace.clone(),
-            hosts_dir: self.registry_config.clone(),
-            spool_dir: state_dir.join("spool"),
-            max_connections: self.max_connections,
-            limit_rate: self.limit_rate,
-            max_document_size: self.max_document_size,
-            max_parallel_images: self.max_parallel_image_pulls,
-            image_fs_threshold_percent: Some(self.image_fs_threshold_percent),
-            ..rigger_pull::PullOptions::default()
-        }
-    }
-}
 
 /// The validated configuration the agent runs with.
 #[derive(Debug, Clone)]
@@ -378,56 +357,20 @@ impl AgentConfig {
             args.peer_min_rate.or(file.peer_min_rate),
         )?)?;
 
-        let namespace = args
-            .namespace
-            .or(file.namespace)
-            .unwrap_or_else(|| rigger_runtime::CRI_NAMESPACE.to_owned());
-        if namespace.is_empty()
-            || !namespace
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        {
-            return Err(NAMESPACE.invalid(format!(
-                "{namespace:?} is not a containerd namespace (letters, digits, '-', '_', '.')"
-            )));
-        }
-        let registry_config = args
-            .registry_config
-            .or(file.registry_config)
-            .unwrap_or_else(|| PathBuf::from(rigger_pull::registry::hosts::DEFAULT_HOSTS_DIR));
-        let max_connections = args
-            .max_connections
-            .or(file.max_connections)
-            .unwrap_or(rigger_pull::DEFAULT_MAX_CONNECTIONS);
-        if max_connections == 0 {
-            return Err(MAX_CONNECTIONS.invalid("must be at least 1"));
-        }
-        let limit_rate = bytes(LIMIT_RATE, args.limit_rate.or(file.limit_rate))?;
-        if limit_rate == Some(0) {
-            return Err(LIMIT_RATE.invalid("must be more than 0"));
-        }
-        let max_document_size = bytes(
-            MAX_DOCUMENT_SIZE,
-            args.max_document_size.or(file.max_document_size),
-        )?
-        .unwrap_or(rigger_pull::registry::DEFAULT_MAX_DOCUMENT_SIZE);
-        if !rigger_pull::registry::MAX_DOCUMENT_SIZE_RANGE.contains(&max_document_size) {
-            return Err(MAX_DOCUMENT_SIZE.invalid("must be between 64KiB and 1GiB"));
-        }
-        let max_parallel_image_pulls = args
-            .max_parallel_image_pulls
-            .or(file.max_parallel_image_pulls);
-        if max_parallel_image_pulls.is_some_and(|n| !(1..=1024).contains(&n)) {
-            return Err(MAX_PARALLEL_IMAGE_PULLS
-                .invalid("must be between 1 and 1024 (leave it out for no limit)"));
-        }
-        let image_fs_threshold_percent = args
-            .image_fs_threshold_percent
-            .or(file.image_fs_threshold_percent)
-            .unwrap_or(rigger_pull::disk_guard::DEFAULT_THRESHOLD_PERCENT);
-        if !(1..=100).contains(&image_fs_threshold_percent) {
-            return Err(IMAGE_FS_THRESHOLD_PERCENT.invalid("must be between 1 and 100"));
-        }
+        let pull = pull::resolve(pull::PullArgs {
+            namespace: args.namespace.or(file.namespace),
+            registry_config: args.registry_config.or(file.registry_config),
+            max_connections: args.max_connections.or(file.max_connections),
+            limit_rate: args.limit_rate.or(file.limit_rate),
+            max_document_size: args.max_document_size.or(file.max_document_size),
+            max_parallel_image_pulls: args
+                .max_parallel_image_pulls
+                .or(file.max_parallel_image_pulls),
+            image_fs_threshold_percent: args
+                .image_fs_threshold_percent
+                .or(file.image_fs_threshold_percent),
+            through_content_api: args.through_content_api || file.through_content_api == Some(true),
+        })?;
 
         Ok(Self {
             containerd_address,
@@ -438,15 +381,7 @@ impl AgentConfig {
             drain_timeout,
             inventory_interval,
             link,
-            pull: PullSettings {
-                namespace,
-                registry_config,
-                max_connections,
-                limit_rate,
-                max_document_size,
-                max_parallel_image_pulls,
-                image_fs_threshold_percent,
-            },
+            pull,
             peer,
             mirror_listen,
             node_identity,
@@ -461,7 +396,7 @@ impl AgentConfig {
 }
 
 /// A size or rate like `50MiB` or `1000000` (bytes), when given.
-fn bytes(setting: Setting, value: Option<String>) -> Result<Option<u64>, ConfigError> {
+pub(super) fn bytes(setting: Setting, value: Option<String>) -> Result<Option<u64>, ConfigError> {
     value
         .map(|text| {
             text.parse::<bytesize::ByteSize>()
@@ -533,36 +468,6 @@ const NODE_LABELS: Setting = Setting {
     key: "node_labels",
     flag: "--node-labels",
     env: "RIGGER_AGENT_NODE_LABELS",
-};
-const NAMESPACE: Setting = Setting {
-    key: "namespace",
-    flag: "--namespace",
-    env: "RIGGER_AGENT_NAMESPACE",
-};
-const MAX_CONNECTIONS: Setting = Setting {
-    key: "max_connections",
-    flag: "--max-connections",
-    env: "RIGGER_AGENT_MAX_CONNECTIONS",
-};
-const LIMIT_RATE: Setting = Setting {
-    key: "limit_rate",
-    flag: "--limit-rate",
-    env: "RIGGER_AGENT_LIMIT_RATE",
-};
-const MAX_DOCUMENT_SIZE: Setting = Setting {
-    key: "max_document_size",
-    flag: "--max-document-size",
-    env: "RIGGER_AGENT_MAX_DOCUMENT_SIZE",
-};
-const MAX_PARALLEL_IMAGE_PULLS: Setting = Setting {
-    key: "max_parallel_image_pulls",
-    flag: "--max-parallel-image-pulls",
-    env: "RIGGER_AGENT_MAX_PARALLEL_IMAGE_PULLS",
-};
-const IMAGE_FS_THRESHOLD_PERCENT: Setting = Setting {
-    key: "image_fs_threshold_percent",
-    flag: "--image-fs-threshold-percent",
-    env: "RIGGER_AGENT_IMAGE_FS_THRESHOLD_PERCENT",
 };
 const CONTAINERD_ADDRESS: Setting = Setting {
     key: "containerd_address",
@@ -658,6 +563,34 @@ mod tests {
         assert_eq!(config.health_listen.to_string(), DEFAULT_HEALTH_LISTEN);
         assert_eq!(config.log_format, LogFormat::Text);
         assert_eq!(config.drain_timeout, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn big_blobs_are_written_beside_containerds_store_unless_told_otherwise() {
+        let config =
+            AgentConfig::from_layers(AgentConfigFile::default(), RunArgs::default()).unwrap();
+        assert!(config.pull.write_content_directly);
+        assert!(
+            config
+                .pull
+                .pull_options(Path::new("/s"))
+                .write_content_directly
+        );
+        let config =
+            AgentConfig::from_layers(file("through_content_api = true"), RunArgs::default())
+                .unwrap();
+        assert!(!config.pull.write_content_directly);
+        let args = RunArgs {
+            through_content_api: true,
+            ..RunArgs::default()
+        };
+        let config = AgentConfig::from_layers(AgentConfigFile::default(), args).unwrap();
+        assert!(
+            !config
+                .pull
+                .pull_options(Path::new("/s"))
+                .write_content_directly
+        );
     }
 
     #[test]

@@ -536,6 +536,7 @@ mod tests {
             max_document_size: rigger_pull::registry::DEFAULT_MAX_DOCUMENT_SIZE,
             max_parallel_image_pulls: None,
             image_fs_threshold_percent: 100,
+            write_content_directly: true,
         }
     }
 
