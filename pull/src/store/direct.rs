@@ -22,7 +22,8 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{FileExt as _, MetadataExt as _};
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
 
 use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags, ResolveFlags};
 use sha2::{Digest as _, Sha256};
@@ -99,6 +100,17 @@ pub fn digest_hex(digest: &str) -> Option<&str> {
     (hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))).then_some(hex)
 }
 
+/// After containerd did not take a blob written beside its store, how long blobs go
+/// through `Content.Write` from their first byte: an `isolated` store takes none (each
+/// would be written twice), while a link its garbage collection removed first is rare
+/// and passes.
+const NOT_TAKEN_PAUSE: Duration = Duration::from_secs(600);
+
+/// Whether direct writes rest at `now`, containerd having last not taken one at `at`.
+fn resting(at: Option<Instant>, now: Instant) -> bool {
+    at.is_some_and(|at| now.saturating_duration_since(at) < NOT_TAKEN_PAUSE)
+}
+
 /// containerd's content root, opened for writing blobs into it.
 #[derive(Debug)]
 pub struct DirectContent {
@@ -106,6 +118,8 @@ pub struct DirectContent {
     incoming: OwnedFd,
     /// Where the content root is (for messages).
     shown: String,
+    /// When containerd last did not take a blob written here.
+    not_taken_at: Mutex<Option<Instant>>,
 }
 
 impl DirectContent {
@@ -127,7 +141,31 @@ impl DirectContent {
             root,
             incoming,
             shown: content_root.display().to_string(),
+            not_taken_at: Mutex::default(),
         })
+    }
+
+    /// containerd did not take a blob written here: for a while, blobs go through
+    /// `Content.Write` from their first byte (said once per pause).
+    pub fn not_taken(&self) {
+        let now = Instant::now();
+        let mut at = self
+            .not_taken_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !resting(*at, now) {
+            tracing::info!(root = %self.shown, pause = ?NOT_TAKEN_PAUSE, "containerd does not take blobs written beside its store (content_sharing_policy \"isolated\"?): blobs go through Content.Write for a while");
+        }
+        *at = Some(now);
+    }
+
+    /// Whether blobs are written here now (not resting after containerd did not take one).
+    pub fn in_use(&self) -> bool {
+        let at = *self
+            .not_taken_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        !resting(at, Instant::now())
     }
 
     /// Whether containerd's local store holds the blob `hex` (in some namespace).
@@ -405,6 +443,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let content = DirectContent::open(dir.path()).unwrap();
         (dir, content)
+    }
+
+    #[test]
+    fn direct_writes_rest_for_a_while_after_containerd_did_not_take_one() {
+        let now = Instant::now();
+        assert!(!resting(None, now));
+        assert!(resting(Some(now), now));
+        assert!(resting(
+            Some(now),
+            now + NOT_TAKEN_PAUSE - Duration::from_secs(1)
+        ));
+        assert!(!resting(Some(now), now + NOT_TAKEN_PAUSE));
+        // A clock read before the mark (another thread) is still within it.
+        assert!(resting(Some(now + Duration::from_secs(1)), now));
     }
 
     #[test]

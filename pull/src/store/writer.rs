@@ -404,6 +404,7 @@ impl BlobWriter {
         for attempt in 0..2 {
             match record(
                 &store,
+                &content,
                 &self.reference,
                 &self.digest,
                 self.size,
@@ -566,6 +567,7 @@ fn file_lost(what: &str) -> StoreError {
 /// ingest from `file`.
 async fn record(
     store: &Store,
+    content: &DirectContent,
     reference: &str,
     digest: &str,
     size: u64,
@@ -581,6 +583,7 @@ async fn record(
     };
     if writer.offset() < size {
         tracing::info!(%digest, held = writer.offset(), "containerd did not take the blob written beside its store; writing it through Content.Write");
+        content.not_taken();
         if writer.offset() != 0 {
             writer.truncate().await?;
         }

@@ -198,6 +198,11 @@ fn an_isolated_content_store_takes_the_bytes_through_its_api() {
                 stderr.contains("containerd did not take the blob written beside its store"),
                 "{stderr}"
             );
+            // And the blobs after it go through Content.Write from their first byte.
+            assert!(
+                stderr.contains("containerd does not take blobs written beside its store"),
+                "{stderr}"
+            );
         }
         assert!(
             image_complete(&containerd, ns),
