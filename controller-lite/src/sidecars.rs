@@ -226,6 +226,7 @@ impl SidecarRollout {
     /// Store a pod moved towards the set's version, conditional on the revision read,
     /// and tell its node.
     async fn store_upgrade(&self, set: &SidecarSet, hash: &str, member: &Member, pod: Pod) {
+        let arrived = at_version(set, hash, &pod);
         let Ok(bytes) = serde_json::to_vec(&pod) else {
             return;
         };
@@ -238,12 +239,15 @@ impl SidecarRollout {
         {
             Ok(_) => {
                 tracing::info!(sidecar_set = %set.metadata.name, pod = %key, version = %hash, "sidecars of the pod upgraded in place");
-                self.inner.events.record(crate::events::sidecar_upgraded(
-                    set,
-                    &key.namespace,
-                    &key.name,
-                    hash,
-                ));
+                // A hot upgrade moves in two steps: told once, when the version is reached.
+                if arrived {
+                    self.inner.events.record(crate::events::sidecar_upgraded(
+                        set,
+                        &key.namespace,
+                        &key.name,
+                        hash,
+                    ));
+                }
                 if let Some(node) = &pod.spec.node_name {
                     self.inner.pods.send_to(node).await;
                 }
@@ -405,6 +409,14 @@ pub(crate) fn upgraded(set: &SidecarSet, hash: &str, member: &Member) -> Option<
     );
     pod.metadata.generation = Some(pod.metadata.generation.unwrap_or(1) + 1);
     Some(pod)
+}
+
+/// Whether `pod` records the set's version `hash` as its own (a hot upgrade's first step
+/// does not yet).
+pub(crate) fn at_version(set: &SidecarSet, hash: &str, pod: &Pod) -> bool {
+    sidecar_set::injected(pod)
+        .get(&set.metadata.name)
+        .is_some_and(|version| version.hash == hash)
 }
 
 /// The working and idle slot of hot-upgrade sidecar `name`.
@@ -685,6 +697,34 @@ mod tests {
         let chosen = to_upgrade(&set, &set.hash(), &members);
         let names: Vec<&str> = chosen.iter().map(|m| m.key.name.as_str()).collect();
         assert_eq!(names, ["b"]);
+    }
+
+    #[test]
+    fn a_pod_is_at_the_sets_version_once_its_annotation_records_it() {
+        let set = set(&serde_json::json!({}));
+        let hash = set.hash();
+        let mut member = member(&set, "a", true);
+        member.pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "a"},
+            "spec": {"containers": [
+                {"name": "log", "image": "r.example/log:1"},
+                {"name": "app", "image": "r.example/app:1"},
+            ]}
+        }))
+        .unwrap();
+        member.pod.metadata.annotations.insert(
+            sidecar_set::HASH_ANNOTATION.to_owned(),
+            serde_json::to_string(&BTreeMap::from([("log", &member.version)])).unwrap(),
+        );
+        assert!(!at_version(&set, &hash, &member.pod));
+        let after = upgraded(&set, &hash, &member).unwrap();
+        assert!(
+            at_version(&set, &hash, &after),
+            "a cold upgrade arrives in one step"
+        );
+        assert!(!at_version(&set, "another", &after));
     }
 
     fn set_with(base: &SidecarSet, strategy: serde_json::Value) -> SidecarSet {

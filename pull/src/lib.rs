@@ -344,9 +344,6 @@ impl Puller {
             .await
             .ok()?
             .clone();
-        if !content.in_use() {
-            return None;
-        }
         // Files killed pulls left go after a day, whatever the agent's uptime.
         let sweeping = content.clone();
         let _ = tokio::task::spawn_blocking(move || {

@@ -1,11 +1,16 @@
 //! [`EventSink`] on the API server: core/v1 Events (what `kubectl describe` and `kubectl
 //! get events` show), written by one task from a bounded queue so that no engine waits
-//! on the API server. A full queue drops the event, with a warning.
+//! on the API server. A full queue drops the event; the drops are counted and said once
+//! a minute (a wide rollout must not turn into a warning per pod).
 
 use k8s_openapi::api::core::v1::{Event as KubeEvent, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
 use tokio::sync::mpsc;
 
 use crate::events::{Event, EventSink};
@@ -14,19 +19,39 @@ use crate::events::{Event, EventSink};
 const QUEUE: usize = 1024;
 /// Who reports.
 const COMPONENT: &str = "rigger-controller";
+/// How often events dropped with the queue full are said.
+const SAY_DROPPED_EVERY: Duration = Duration::from_secs(60);
 
 /// Events written to the API server.
 #[derive(Debug, Clone)]
 pub struct KubeEvents {
     queue: mpsc::Sender<Event>,
+    /// Dropped with the queue full; said (and reset) once a minute.
+    dropped: Arc<AtomicU64>,
 }
 
 impl KubeEvents {
     /// Start the writer; it ends when every sender is gone.
     pub fn start(client: kube::Client) -> Self {
         let (queue, mut events) = mpsc::channel::<Event>(QUEUE);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let counted = dropped.clone();
         tokio::spawn(async move {
-            while let Some(event) = events.recv().await {
+            let mut say = tokio::time::interval(SAY_DROPPED_EVERY);
+            loop {
+                let event = tokio::select! {
+                    event = events.recv() => match event {
+                        Some(event) => event,
+                        None => return,
+                    },
+                    _ = say.tick() => {
+                        let lost = counted.swap(0, Ordering::Relaxed);
+                        if lost > 0 {
+                            tracing::warn!(events = lost, "the event queue was full; events were dropped");
+                        }
+                        continue;
+                    }
+                };
                 let namespace = if event.regarding.namespace.is_empty() {
                     "default".to_owned()
                 } else {
@@ -41,14 +66,14 @@ impl KubeEvents {
                 }
             }
         });
-        Self { queue }
+        Self { queue, dropped }
     }
 }
 
 impl EventSink for KubeEvents {
     fn record(&self, event: Event) {
         if self.queue.try_send(event).is_err() {
-            tracing::warn!("event queue full; an event was dropped");
+            self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
 }

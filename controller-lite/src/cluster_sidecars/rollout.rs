@@ -230,12 +230,15 @@ impl ClusterRollout {
                         sidecar_set = %set.metadata.name, pod = %format!("{}/{}", pod.namespace, pod.name),
                         version = %hash, "sidecars of the pod updated in place"
                     );
-                    self.inner.events.record(crate::events::sidecar_upgraded(
-                        set,
-                        &pod.namespace,
-                        &pod.name,
-                        &hash,
-                    ));
+                    // A hot upgrade moves in two steps: told once, when the version is reached.
+                    if crate::sidecars::at_version(set, &hash, &after) {
+                        self.inner.events.record(crate::events::sidecar_upgraded(
+                            set,
+                            &pod.namespace,
+                            &pod.name,
+                            &hash,
+                        ));
+                    }
                 }
                 // Changed meanwhile (its owner, kubelet): looked at again next pass.
                 Err(error) => tracing::debug!(pod = %pod.name, %error, "sidecar update deferred"),

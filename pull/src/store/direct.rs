@@ -154,7 +154,7 @@ impl DirectContent {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if !resting(*at, now) {
-            tracing::info!(root = %self.shown, pause = ?NOT_TAKEN_PAUSE, "containerd does not take blobs written beside its store (content_sharing_policy \"isolated\"?): blobs go through Content.Write for a while");
+            tracing::info!(root = %self.shown, pause = ?NOT_TAKEN_PAUSE, "containerd does not take blobs written beside its store (its content_sharing_policy \"isolated\", or the file could not be linked): blobs go through Content.Write for a while");
         }
         *at = Some(now);
     }

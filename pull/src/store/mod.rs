@@ -277,8 +277,10 @@ impl Store {
         digest: &str,
         size: u64,
     ) -> Result<BlobWriter, StoreError> {
+        // Asked per blob: pulls under way see a pause that started after they did.
         if size >= DIRECT_MIN_SIZE
             && let Some(content) = &self.direct
+            && content.in_use()
             && let Some(hex) = digest_hex(digest).map(str::to_owned)
         {
             let opening = content.clone();
