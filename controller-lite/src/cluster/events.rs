@@ -7,13 +7,9 @@ use k8s_openapi::api::core::v1::{Event as KubeEvent, EventSource, ObjectReferenc
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
-
-use crate::events::{Event, EventSink};
+use crate::events::{Event, EventQueue, EventSink};
 
 /// Events waiting to be written.
 const QUEUE: usize = 1024;
@@ -25,30 +21,24 @@ const SAY_DROPPED_EVERY: Duration = Duration::from_secs(60);
 /// Events written to the API server.
 #[derive(Debug, Clone)]
 pub struct KubeEvents {
-    queue: mpsc::Sender<Event>,
-    /// Dropped with the queue full; said (and reset) once a minute.
-    dropped: Arc<AtomicU64>,
+    /// Its drops are said once a minute.
+    queue: EventQueue,
 }
 
 impl KubeEvents {
     /// Start the writer; it ends when every sender is gone.
     pub fn start(client: kube::Client) -> Self {
-        let (queue, mut events) = mpsc::channel::<Event>(QUEUE);
-        let dropped = Arc::new(AtomicU64::new(0));
-        let counted = dropped.clone();
+        let (queue, mut queued) = EventQueue::new(QUEUE);
         tokio::spawn(async move {
             let mut say = tokio::time::interval(SAY_DROPPED_EVERY);
             loop {
                 let event = tokio::select! {
-                    event = events.recv() => match event {
+                    event = queued.events.recv() => match event {
                         Some(event) => event,
                         None => return,
                     },
                     _ = say.tick() => {
-                        let lost = counted.swap(0, Ordering::Relaxed);
-                        if lost > 0 {
-                            tracing::warn!(events = lost, "the event queue was full; events were dropped");
-                        }
+                        queued.say_dropped();
                         continue;
                     }
                 };
@@ -66,15 +56,13 @@ impl KubeEvents {
                 }
             }
         });
-        Self { queue, dropped }
+        Self { queue }
     }
 }
 
 impl EventSink for KubeEvents {
     fn record(&self, event: Event) {
-        if self.queue.try_send(event).is_err() {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-        }
+        self.queue.record(event);
     }
 }
 

@@ -6,6 +6,9 @@
 
 pub mod store;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 /// The object an event is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Regarding {
@@ -47,6 +50,54 @@ pub const SIDECAR_UPGRADED: &str = "SidecarUpgraded";
 /// keep up drops events (and counts them).
 pub trait EventSink: std::fmt::Debug + Send + Sync + 'static {
     fn record(&self, event: Event);
+}
+
+/// The bounded queue between the engines and one event writer: recording never waits; a
+/// full queue drops the event and counts it, and the writer says the count now and then.
+#[derive(Debug, Clone)]
+pub struct EventQueue {
+    sender: tokio::sync::mpsc::Sender<Event>,
+    dropped: Arc<AtomicU64>,
+}
+
+/// The writer's end of an [`EventQueue`].
+#[derive(Debug)]
+pub struct QueuedEvents {
+    pub events: tokio::sync::mpsc::Receiver<Event>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl EventQueue {
+    pub fn new(capacity: usize) -> (Self, QueuedEvents) {
+        let (sender, events) = tokio::sync::mpsc::channel(capacity);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let writer = QueuedEvents {
+            events,
+            dropped: dropped.clone(),
+        };
+        (Self { sender, dropped }, writer)
+    }
+}
+
+impl EventSink for EventQueue {
+    fn record(&self, event: Event) {
+        if self.sender.try_send(event).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl QueuedEvents {
+    /// Say (once, as a warning) how many events a full queue dropped since last said.
+    pub fn say_dropped(&self) {
+        let lost = self.dropped.swap(0, Ordering::Relaxed);
+        if lost > 0 {
+            tracing::warn!(
+                events = lost,
+                "the event queue was full; events were dropped"
+            );
+        }
+    }
 }
 
 /// Events go nowhere.

@@ -9,17 +9,14 @@
 //! only the leader prunes.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use rigger_api::event::{Event as StoredEvent, EventSource, InvolvedObject, KIND};
 use rigger_proto::pod::ObjectMeta;
 use rigger_proto::time::rfc3339;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{Event, EventSink};
+use super::{Event, EventQueue, EventSink};
 use crate::leader::Leadership;
 use crate::store::{ObjectKey, Precondition, Store};
 
@@ -43,16 +40,13 @@ const COMPONENT: &str = "rigger-controller";
 /// Events written to the store.
 #[derive(Debug, Clone)]
 pub struct StoreEvents {
-    queue: mpsc::Sender<Event>,
-    /// Dropped with the queue full; said (and reset) at each prune.
-    dropped: Arc<AtomicU64>,
+    /// Its drops are said at each prune.
+    queue: EventQueue,
 }
 
 impl EventSink for StoreEvents {
     fn record(&self, event: Event) {
-        if self.queue.try_send(event).is_err() {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-        }
+        self.queue.record(event);
     }
 }
 
@@ -71,24 +65,19 @@ impl StoreEvents {
     /// Start the writer; it ends with `token` (or when every sender is gone). Old
     /// events are pruned while `leadership` holds.
     pub fn start(store: Store, leadership: Leadership, token: CancellationToken) -> Self {
-        let (queue, mut events) = mpsc::channel::<Event>(QUEUE);
-        let dropped = Arc::new(AtomicU64::new(0));
-        let counted = dropped.clone();
+        let (queue, mut queued) = EventQueue::new(QUEUE);
         tokio::spawn(async move {
             let mut writer = Writer::new(store);
             let mut prune = tokio::time::interval(PRUNE_EVERY);
             loop {
                 tokio::select! {
                     () = token.cancelled() => return,
-                    event = events.recv() => match event {
+                    event = queued.events.recv() => match event {
                         Some(event) => writer.write(event, SystemTime::now()).await,
                         None => return,
                     },
                     _ = prune.tick() => {
-                        let lost = counted.swap(0, Ordering::Relaxed);
-                        if lost > 0 {
-                            tracing::warn!(events = lost, "the event queue was full; events were dropped");
-                        }
+                        queued.say_dropped();
                         if leadership.is_leader() {
                             writer.prune(SystemTime::now()).await;
                         }
@@ -96,7 +85,7 @@ impl StoreEvents {
                 }
             }
         });
-        Self { queue, dropped }
+        Self { queue }
     }
 }
 
