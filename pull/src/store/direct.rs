@@ -149,10 +149,7 @@ impl DirectContent {
     /// `Content.Write` from their first byte (said once per pause).
     pub fn not_taken(&self) {
         let now = Instant::now();
-        let mut at = self
-            .not_taken_at
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut at = self.last_not_taken();
         if !resting(*at, now) {
             tracing::info!(root = %self.shown, pause = ?NOT_TAKEN_PAUSE, "containerd does not take blobs written beside its store (its content_sharing_policy \"isolated\", or the file could not be linked): blobs go through Content.Write for a while");
         }
@@ -161,11 +158,14 @@ impl DirectContent {
 
     /// Whether blobs are written here now (not resting after containerd did not take one).
     pub fn in_use(&self) -> bool {
-        let at = *self
-            .not_taken_at
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let at = *self.last_not_taken();
         !resting(at, Instant::now())
+    }
+
+    fn last_not_taken(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.not_taken_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Whether containerd's local store holds the blob `hex` (in some namespace).
