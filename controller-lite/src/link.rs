@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
+use futures::SinkExt as _;
+use futures::channel::mpsc;
 use rigger_proto::v1::agent_link_server::AgentLink;
 use rigger_proto::v1::{
     AgentMessage, ControllerMessage, PeerAnswer, RegisterAck, agent_message, controller_message,
 };
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_stream::{Stream, StreamExt as _};
+use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -33,8 +33,13 @@ use crate::recreate_requests::{RecreateEngine, is_recreate_task};
 /// Messages queued for one agent before the engine holds back (and offers them again).
 const AGENT_QUEUE: usize = 64;
 
+/// One per controller, shared by every session's task (a clone is one pointer: each of
+/// ten thousand waiting sessions holds one).
 #[derive(Debug, Clone)]
-pub struct AgentLinkService {
+pub struct AgentLinkService(Arc<Link>);
+
+#[derive(Debug, Clone)]
+pub struct Link {
     nodes: NodeRegistry,
     jobs: JobEngine,
     recreates: RecreateEngine,
@@ -55,11 +60,19 @@ pub struct AgentLinkService {
     shutdown: CancellationToken,
 }
 
+impl std::ops::Deref for AgentLinkService {
+    type Target = Link;
+
+    fn deref(&self) -> &Link {
+        &self.0
+    }
+}
+
 impl AgentLinkService {
     /// Route NodeImage tasks' reports to `engine` (in a cluster).
     #[must_use]
     pub fn with_node_images(mut self, engine: NodeImageEngine) -> Self {
-        self.node_images = Some(engine);
+        Arc::make_mut(&mut self.0).node_images = Some(engine);
         self
     }
 
@@ -76,7 +89,7 @@ impl AgentLinkService {
         peer_grant_public_keys: Vec<String>,
         shutdown: CancellationToken,
     ) -> Self {
-        Self {
+        Self(Arc::new(Link {
             nodes,
             jobs,
             recreates,
@@ -90,7 +103,7 @@ impl AgentLinkService {
             peer_queries: Arc::default(),
             next_session: Arc::new(AtomicU64::new(1)),
             shutdown,
-        }
+        }))
     }
 }
 
@@ -177,7 +190,7 @@ impl AgentLink for AgentLinkService {
 
         let session: SessionId = self.next_session.fetch_add(1, Ordering::Relaxed);
         let node = register.node_name.clone();
-        let (tx, rx) = mpsc::channel(AGENT_QUEUE);
+        let (mut tx, rx) = mpsc::channel(AGENT_QUEUE);
         let ack = ControllerMessage {
             message: Some(controller_message::Message::RegisterAck(RegisterAck {
                 heartbeat_interval_seconds: u32::try_from(self.heartbeat_interval.as_secs())
@@ -186,8 +199,7 @@ impl AgentLink for AgentLinkService {
                 peer_grant_public_keys: self.peer_grant_public_keys.to_vec(),
             })),
         };
-        tx.send(Ok(Box::new(ack)))
-            .await
+        tx.try_send(Ok(ack))
             .map_err(|_| Status::cancelled("agent went away"))?;
         // Registered only now: the ack is queued first, so no task can overtake it.
         self.nodes
@@ -207,7 +219,7 @@ impl AgentLink for AgentLinkService {
         self.pods.send_at_registration(&node);
 
         let this = self.clone();
-        tokio::spawn(async move {
+        let task = async move {
             let outcome = this.serve_session(&node, session, &mut inbound).await;
             this.nodes.disconnect(&node, session);
             this.jobs.wake();
@@ -218,14 +230,16 @@ impl AgentLink for AgentLinkService {
                     let _ = tx.send(Err(status)).await;
                 }
             }
-        });
-        Ok(Response::new(Box::pin(
-            ReceiverStream::new(rx).map(|message| message.map(|boxed| *boxed)),
-        )))
+        };
+        tokio::spawn(task);
+        Ok(Response::new(Box::pin(rx)))
     }
 }
 
 impl AgentLinkService {
+    /// Read the agent's messages until the session ends. Kept small: ten thousand of these
+    /// wait at once, so the wait holds no message and the rare asynchronous step (a pod's
+    /// status, written to the store) is boxed.
     async fn serve_session(
         &self,
         node: &str,
@@ -233,72 +247,86 @@ impl AgentLinkService {
         inbound: &mut Streaming<AgentMessage>,
     ) -> Result<(), Status> {
         loop {
-            let next = tokio::select! {
-                _ = self.shutdown.cancelled() => {
-                    return Err(Status::unavailable("controller shutting down"));
-                }
-                next = tokio::time::timeout(self.node_timeout, inbound.message()) => next,
+            let Some(message) = self.next_message(inbound).await? else {
+                return Ok(());
             };
-            let message = match next {
-                Err(_) => return Err(Status::deadline_exceeded("heartbeats stopped")),
-                Ok(Err(status)) => return Err(status),
-                Ok(Ok(None)) => return Ok(()),
-                Ok(Ok(Some(message))) => message,
-            };
-            match message.message {
-                Some(agent_message::Message::Heartbeat(heartbeat)) => {
-                    if !self
-                        .nodes
-                        .heartbeat(node, session, heartbeat.inventory, SystemTime::now())
-                    {
-                        return Err(Status::aborted("replaced by a newer session of this node"));
-                    }
-                }
-                Some(agent_message::Message::TaskStatus(status)) => {
-                    let status = crate::report_limits::bound_task_status(status);
-                    if is_recreate_task(&status.id) {
-                        self.recreates.report(node, &status);
-                    } else if is_node_image_task(&status.id) {
-                        if let Some(engine) = &self.node_images {
-                            engine.report(node, &status);
-                        }
-                    } else {
-                        self.jobs.report(node, status);
-                    }
-                }
-                Some(agent_message::Message::PodStatus(status)) => {
-                    match crate::report_limits::check_pod_status(&status) {
-                        Ok(()) => self.pods.report(node, status).await,
-                        Err(reason) => {
-                            tracing::warn!(%node, pod = %status.uid.chars().take(64).collect::<String>(), %reason, "pod status refused");
-                        }
-                    }
-                }
-                Some(agent_message::Message::Response(response)) => {
-                    self.pods.relay().complete(node, response);
-                }
-                Some(agent_message::Message::PeerQuery(query)) => {
-                    let peers = self.mirror_peers(
-                        node,
-                        query.image_digest,
-                        query.repository,
-                        query.registry,
-                    );
-                    let answer = ControllerMessage {
-                        message: Some(controller_message::Message::PeerAnswer(PeerAnswer {
-                            id: query.id,
-                            peers,
-                        })),
-                    };
-                    if !self.nodes.send(node, answer) {
-                        tracing::debug!(%node, "peer answer not queued; the node's agent is away or busy");
-                    }
-                }
-                Some(agent_message::Message::Register(_)) => {
-                    return Err(Status::invalid_argument("Register sent twice"));
-                }
-                None => return Err(Status::invalid_argument("empty message")),
+            if let Some(status) = self.take(node, session, message)? {
+                Box::pin(self.pods.report(node, status)).await;
             }
         }
+    }
+
+    /// The agent's next message; `None` when it ended the stream.
+    async fn next_message(
+        &self,
+        inbound: &mut Streaming<AgentMessage>,
+    ) -> Result<Option<AgentMessage>, Status> {
+        tokio::select! {
+            _ = self.shutdown.cancelled() => Err(Status::unavailable("controller shutting down")),
+            next = tokio::time::timeout(self.node_timeout, inbound.message()) => {
+                next.map_err(|_| Status::deadline_exceeded("heartbeats stopped"))?
+            }
+        }
+    }
+
+    /// Act on one message of the agent; a pod status it reports is returned, for the
+    /// caller to write.
+    fn take(
+        &self,
+        node: &str,
+        session: SessionId,
+        message: AgentMessage,
+    ) -> Result<Option<rigger_proto::v1::PodStatus>, Status> {
+        match message.message {
+            Some(agent_message::Message::Heartbeat(heartbeat)) => {
+                if !self
+                    .nodes
+                    .heartbeat(node, session, heartbeat.inventory, SystemTime::now())
+                {
+                    return Err(Status::aborted("replaced by a newer session of this node"));
+                }
+            }
+            Some(agent_message::Message::TaskStatus(status)) => {
+                let status = crate::report_limits::bound_task_status(status);
+                if is_recreate_task(&status.id) {
+                    self.recreates.report(node, &status);
+                } else if is_node_image_task(&status.id) {
+                    if let Some(engine) = &self.node_images {
+                        engine.report(node, &status);
+                    }
+                } else {
+                    self.jobs.report(node, status);
+                }
+            }
+            Some(agent_message::Message::PodStatus(status)) => {
+                match crate::report_limits::check_pod_status(&status) {
+                    Ok(()) => return Ok(Some(status)),
+                    Err(reason) => {
+                        tracing::warn!(%node, pod = %status.uid.chars().take(64).collect::<String>(), %reason, "pod status refused");
+                    }
+                }
+            }
+            Some(agent_message::Message::Response(response)) => {
+                self.pods.relay().complete(node, response);
+            }
+            Some(agent_message::Message::PeerQuery(query)) => {
+                let peers =
+                    self.mirror_peers(node, query.image_digest, query.repository, query.registry);
+                let answer = ControllerMessage {
+                    message: Some(controller_message::Message::PeerAnswer(PeerAnswer {
+                        id: query.id,
+                        peers,
+                    })),
+                };
+                if !self.nodes.send(node, answer) {
+                    tracing::debug!(%node, "peer answer not queued; the node's agent is away or busy");
+                }
+            }
+            Some(agent_message::Message::Register(_)) => {
+                return Err(Status::invalid_argument("Register sent twice"));
+            }
+            None => return Err(Status::invalid_argument("empty message")),
+        }
+        Ok(None)
     }
 }

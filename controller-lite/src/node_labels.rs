@@ -56,11 +56,14 @@ pub fn take_reported(
 }
 
 /// The labels selectors see on a node: the agent's, overlaid by the admin's.
-pub fn merged(
-    reported: &BTreeMap<String, String>,
+pub fn merged<'a>(
+    reported: impl IntoIterator<Item = (&'a str, &'a str)>,
     admin: &BTreeMap<String, String>,
 ) -> BTreeMap<String, String> {
-    let mut labels = reported.clone();
+    let mut labels: BTreeMap<String, String> = reported
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
     labels.extend(admin.iter().map(|(k, v)| (k.clone(), v.clone())));
     labels
 }
@@ -231,10 +234,7 @@ mod tests {
 
     #[test]
     fn admin_labels_win_over_reported_ones() {
-        let seen = merged(
-            &labels(&[("zone", "a"), ("disk", "ssd")]),
-            &labels(&[("zone", "b")]),
-        );
+        let seen = merged([("zone", "a"), ("disk", "ssd")], &labels(&[("zone", "b")]));
         assert_eq!(seen, labels(&[("disk", "ssd"), ("zone", "b")]));
     }
 

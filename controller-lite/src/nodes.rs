@@ -6,29 +6,35 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
+use futures::channel::mpsc;
+
 use rigger_api::ObjectMeta;
 use rigger_api::node::{self, ContainerImage, Node, NodeCondition, NodeInfo, NodeStatus};
 use rigger_proto::v1::{ControllerMessage, NodeInventory, Register};
-use tokio::sync::mpsc;
 use tonic::Status;
 
-/// Where messages to one agent go. Boxed: the queue's slots are allocated in blocks per
-/// agent, and thousands of idle agents should not each hold blocks of large slots.
-pub type AgentSender = mpsc::Sender<Result<Box<ControllerMessage>, Status>>;
+/// Where messages to one agent go. A queue that allocates per queued message, not in
+/// blocks up front: thousands of idle agents each hold one, nearly always empty.
+pub type AgentSender = mpsc::Sender<Result<ControllerMessage, Status>>;
+
+/// Labels as a node's record keeps them: sorted pairs of shared strings. A node has a
+/// handful, most of them the same across a fleet; a map per node cost a B-tree node.
+type SharedLabels = Box<[(Arc<str>, Arc<str>)]>;
 
 /// One agent connection; a reconnect gets a new id, so a stale stream cannot touch the
 /// record of its successor.
 pub type SessionId = u64;
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct NodeRecord {
     /// The labels the agent reports, reserved ones dropped (see [`crate::node_labels`]).
-    reported_labels: BTreeMap<String, String>,
+    reported_labels: SharedLabels,
     /// Reserved keys the agent tried to report.
     refused_labels: Vec<String>,
-    agent_version: String,
+    agent_version: Arc<str>,
     session: Option<SessionId>,
-    sender: Option<AgentSender>,
+    /// Locked to send: a sender is `&mut` to send, and the registry is read-locked then.
+    sender: Option<Mutex<AgentSender>>,
     last_heartbeat: SystemTime,
     inventory: Option<InventorySummary>,
     /// Where the node serves blobs to peers (`host:port`), when it does.
@@ -47,13 +53,11 @@ pub type PodsByNode = HashMap<String, Vec<PodLabels>>;
 struct InventorySummary {
     containerd_version: Arc<str>,
     cri_runtime: Arc<str>,
-    images: Box<[ImageSummary]>,
+    images: NodeImages,
     /// Namespace and labels of each pod (for podSelector).
     pod_labels: Box<[PodLabels]>,
     pods: u32,
     containers: u32,
-    /// The image names alone, for "does the node still have it" (completionPolicy Never).
-    image_names: Arc<HashSet<Arc<str>>>,
     /// Running pods of kubelet's (container recreate requests find them here).
     kubelet_pods: Box<[KubeletPod]>,
     received_at: SystemTime,
@@ -72,8 +76,70 @@ pub struct KubeletPod {
 struct ImageSummary {
     namespace: Arc<str>,
     name: Arc<str>,
-    digest: Arc<str>,
+    digest: Digest,
     size: u64,
+}
+
+/// The images a node reported, shared with the views jobs take of it.
+#[derive(Debug, Clone, Default)]
+pub struct NodeImages(Arc<[ImageSummary]>);
+
+impl NodeImages {
+    /// Whether the node holds an image of this name (in any namespace).
+    pub fn has(&self, name: &str) -> bool {
+        self.0.iter().any(|image| &*image.name == name)
+    }
+
+    /// Images of these names (tests of what reads a node's images).
+    #[cfg(test)]
+    pub fn named(names: &[&str]) -> Self {
+        Self(
+            names
+                .iter()
+                .map(|name| ImageSummary {
+                    namespace: Arc::from("default"),
+                    name: Arc::from(*name),
+                    digest: Digest::Other(Arc::from("")),
+                    size: 0,
+                })
+                .collect(),
+        )
+    }
+}
+
+/// An image digest as its node reported it. A sha256 one, nearly every digest, is kept as
+/// its 32 bytes: digests differ from node to node far more than names do, so sharing
+/// their text saves little and 71 characters each add up over a fleet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Digest {
+    Sha256([u8; 32]),
+    /// Any other text, as reported (shown back unchanged).
+    Other(Arc<str>),
+}
+
+impl Digest {
+    fn read(text: &str, strings: &mut Interner) -> Self {
+        let mut bytes = [0; 32];
+        match text.strip_prefix("sha256:") {
+            // Lowercase only, so that the digest is shown back exactly as reported.
+            Some(hex)
+                if !hex.bytes().any(|b| b.is_ascii_uppercase())
+                    && hex::decode_to_slice(hex, &mut bytes).is_ok() =>
+            {
+                Self::Sha256(bytes)
+            }
+            _ => Self::Other(strings.intern(text)),
+        }
+    }
+}
+
+impl std::fmt::Display for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Sha256(bytes) => write!(f, "sha256:{}", hex::encode(bytes)),
+            Self::Other(text) => f.write_str(text),
+        }
+    }
 }
 
 /// Shared copies of repeated strings; copies no node uses any more are dropped now and then.
@@ -98,21 +164,31 @@ impl Interner {
         shared
     }
 
+    /// `labels` (sorted, as a map iterates) as shared strings.
+    fn labels(&mut self, labels: &BTreeMap<String, String>) -> SharedLabels {
+        labels
+            .iter()
+            .map(|(key, value)| (self.intern(key), self.intern(value)))
+            .collect()
+    }
+
     fn summarize(&mut self, inventory: &NodeInventory) -> InventorySummary {
         let runtime = inventory.runtime.clone().unwrap_or_default();
         InventorySummary {
             containerd_version: self.intern(&runtime.containerd_version),
             cri_runtime: self.intern(&runtime.cri_runtime_name),
-            images: inventory
-                .images
-                .iter()
-                .map(|i| ImageSummary {
-                    namespace: self.intern(&i.namespace),
-                    name: self.intern(&i.name),
-                    digest: self.intern(&i.digest),
-                    size: i.size,
-                })
-                .collect(),
+            images: NodeImages(
+                inventory
+                    .images
+                    .iter()
+                    .map(|i| ImageSummary {
+                        namespace: self.intern(&i.namespace),
+                        name: self.intern(&i.name),
+                        digest: Digest::read(&i.digest, self),
+                        size: i.size,
+                    })
+                    .collect(),
+            ),
             pod_labels: inventory
                 .pods
                 .iter()
@@ -125,13 +201,6 @@ impl Interner {
                 .collect(),
             pods: count(Some(inventory.pods.len())),
             containers: count(Some(inventory.containers.len())),
-            image_names: Arc::new(
-                inventory
-                    .images
-                    .iter()
-                    .map(|i| self.intern(&i.name))
-                    .collect(),
-            ),
             kubelet_pods: inventory
                 .pods
                 .iter()
@@ -167,8 +236,8 @@ pub struct NodeView {
     pub not_ready: Option<String>,
     /// Namespace and labels of each pod the agent reported (for podSelector).
     pub pod_labels: Vec<PodLabels>,
-    /// Image names the node holds (any namespace), and when the agent reported them.
-    pub images: Option<(SystemTime, Arc<HashSet<Arc<str>>>)>,
+    /// The images the node holds, and when the agent reported them.
+    pub images: Option<(SystemTime, NodeImages)>,
     /// Where it serves blobs to peers, when it does.
     pub peer_address: Option<Arc<str>>,
 }
@@ -222,14 +291,22 @@ impl NodeRegistry {
         if !refused_labels.is_empty() {
             tracing::warn!(node = %register.node_name, labels = ?refused_labels, "the agent reports labels under a reserved prefix; ignored (only an admin sets those: riggerctl label node)");
         }
+        let (reported_labels, agent_version, inventory) = {
+            let mut strings = self.strings();
+            (
+                strings.labels(&reported_labels),
+                strings.intern(&register.agent_version),
+                register.inventory.as_ref().map(|i| strings.summarize(i)),
+            )
+        };
         let record = NodeRecord {
             reported_labels,
             refused_labels,
-            agent_version: register.agent_version.clone(),
+            agent_version,
             session: Some(session),
-            sender: Some(sender),
+            sender: Some(Mutex::new(sender)),
             last_heartbeat: now,
-            inventory: register.inventory.as_ref().map(|i| self.summarize(i)),
+            inventory,
             peer_address: peer_address(&register.peer_address).map(Arc::from),
         };
         if !register.peer_address.is_empty() && record.peer_address.is_none() {
@@ -291,11 +368,10 @@ impl NodeRegistry {
             .is_ok_and(|nodes| nodes.contains_key(node))
     }
 
-    fn summarize(&self, inventory: &NodeInventory) -> InventorySummary {
+    fn strings(&self) -> std::sync::MutexGuard<'_, Interner> {
         self.strings
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .summarize(inventory)
     }
 
     /// Record a heartbeat. `false` if `session` is no longer the node's current one.
@@ -313,7 +389,7 @@ impl NodeRegistry {
             Some(record) if record.session == Some(session) => {
                 record.last_heartbeat = now;
                 if let Some(inventory) = inventory {
-                    record.inventory = Some(self.summarize(&inventory));
+                    record.inventory = Some(self.strings().summarize(&inventory));
                 }
                 true
             }
@@ -341,7 +417,11 @@ impl NodeRegistry {
         nodes
             .get(node)
             .and_then(|r| r.sender.as_ref())
-            .is_some_and(|sender| sender.try_send(Ok(Box::new(message))).is_ok())
+            .is_some_and(|sender| {
+                sender
+                    .lock()
+                    .is_ok_and(|mut sender| sender.try_send(Ok(message)).is_ok())
+            })
     }
 
     /// The node running kubelet pod `namespace/name`, and the pod, when an inventory
@@ -400,14 +480,17 @@ impl NodeRegistry {
                 (
                     name.clone(),
                     NodeView {
-                        labels: crate::node_labels::merged(&r.reported_labels, &admin_labels),
+                        labels: crate::node_labels::merged(
+                            label_pairs(&r.reported_labels),
+                            &admin_labels,
+                        ),
                         admin_labels,
                         not_ready: (!reason.is_empty()).then_some(reason),
                         pod_labels,
                         images: r
                             .inventory
                             .as_ref()
-                            .map(|i| (i.received_at, i.image_names.clone())),
+                            .map(|i| (i.received_at, i.images.clone())),
                         peer_address: r.peer_address.clone(),
                     },
                 )
@@ -460,7 +543,7 @@ fn node_object(
     let inventory = r.inventory.as_ref();
     let mut images = Vec::new();
     let mut seen = HashSet::new();
-    for image in inventory.map(|i| &*i.images).unwrap_or_default() {
+    for image in inventory.map(|i| &*i.images.0).unwrap_or_default() {
         if seen.insert((&image.namespace, &image.name)) {
             images.push(ContainerImage {
                 names: vec![image.name.to_string()],
@@ -476,11 +559,13 @@ fn node_object(
         kind: node::KIND.to_owned(),
         metadata: ObjectMeta {
             name: name.to_owned(),
-            labels: crate::node_labels::merged(&r.reported_labels, admin_labels),
+            labels: crate::node_labels::merged(label_pairs(&r.reported_labels), admin_labels),
             ..ObjectMeta::default()
         },
         status: NodeStatus {
-            agent_labels: r.reported_labels.clone(),
+            agent_labels: label_pairs(&r.reported_labels)
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
             refused_agent_labels: r.refused_labels.clone(),
             conditions: vec![NodeCondition {
                 condition_type: "Ready".to_owned(),
@@ -490,7 +575,7 @@ fn node_object(
                 last_heartbeat_time: rfc3339(r.last_heartbeat),
             }],
             node_info: NodeInfo {
-                agent_version: r.agent_version.clone(),
+                agent_version: r.agent_version.to_string(),
                 container_runtime_version: inventory
                     .filter(|i| !i.containerd_version.is_empty())
                     .map(|i| format!("containerd://{}", i.containerd_version))
@@ -505,6 +590,10 @@ fn node_object(
         },
     };
     serde_json::to_value(node).unwrap_or_default()
+}
+
+fn label_pairs(labels: &SharedLabels) -> impl Iterator<Item = (&str, &str)> {
+    labels.iter().map(|(k, v)| (&**k, &**v))
 }
 
 fn count(n: Option<usize>) -> u32 {
@@ -580,7 +669,7 @@ mod tests {
         }
         let nodes = registry.nodes.read().unwrap();
         let name_of = |node: &str| {
-            nodes[node].inventory.as_ref().unwrap().images[0]
+            nodes[node].inventory.as_ref().unwrap().images.0[0]
                 .name
                 .clone()
         };

@@ -537,7 +537,7 @@ pub(super) fn image_gone(view: Option<&NodeView>, image: &str, pulled_at: Option
     let name = oci_spec::distribution::Reference::from_str(image)
         .map(|r| r.whole())
         .unwrap_or_else(|_| image.to_owned());
-    fresh && !names.contains(name.as_str())
+    fresh && !names.has(&name)
 }
 
 /// A node's attempt that cannot even start (its pull secret is missing, say).

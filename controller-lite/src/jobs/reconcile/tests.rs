@@ -215,7 +215,7 @@ fn never_pulls_again_when_the_image_left_the_node() {
     let entry = never.entry("n1").unwrap();
     entry.phase = NodePullPhase::Succeeded;
     entry.completion_time = Some(rfc3339(done));
-    let names = |list: &[&str]| Arc::new(list.iter().map(|n| Arc::<str>::from(*n)).collect());
+    let names = crate::nodes::NodeImages::named;
     // An inventory from before the pull proves nothing; one after it with the image is fine.
     views.get_mut("n1").unwrap().images = Some((done - Duration::from_secs(5), names(&[])));
     assert!(step(&mut never, &views).is_empty());
