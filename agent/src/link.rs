@@ -1,8 +1,9 @@
 //! The agent's side of the agent link: one long-lived stream to the controller, opened
 //! by the agent (so nodes behind NAT work). It registers the node (with the status of
-//! every task it holds), then sends heartbeats carrying the inventory when it changed,
-//! hands arriving tasks to the [`TaskRunner`] and reports their progress; it reconnects
-//! with jittered backoff.
+//! every task it holds), reports the inventory beside the stream (`ReportInventory`, again
+//! whenever it changed; in heartbeats to a controller without that call), sends
+//! heartbeats, hands arriving tasks to the [`TaskRunner`] and reports their progress; it
+//! reconnects with jittered backoff.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -136,7 +137,10 @@ async fn session(
         )
     })?;
     let (tx, rx) = mpsc::channel::<AgentMessage>(4);
-    let (mut sent_at, current) = snapshot(inventory).await;
+    let (collected_at, current) = snapshot(inventory).await;
+    // When the node has an inventory it follows the Register, beside the session.
+    let inventory_follows = current.is_some();
+    let mut sent_at = None;
     let mut changes = tasks.subscribe();
     let mut reported = *changes.borrow_and_update();
     let mut pod_changes = pods.subscribe();
@@ -147,25 +151,30 @@ async fn session(
             node_name: config.node_name.clone(),
             labels: config.node_labels.clone(),
             agent_version: crate::VERSION.to_owned(),
-            inventory: current,
+            inventory: None,
             tasks: tasks.all_statuses(),
             peer_address: peer.address.clone().unwrap_or_default(),
+            inventory_follows,
         })),
     };
     tx.send(register)
         .await
         .map_err(|_| "link closed before Register".to_owned())?;
-    let mut inbound = AgentLinkClient::new(channel)
+    let mut client = AgentLinkClient::new(channel);
+    let mut inbound = client
+        .clone()
         .session(ReceiverStream::new(rx))
         .await
         .map_err(|s| format!("session refused: {}", s.message()))?
         .into_inner();
 
-    let interval = match inbound.message().await {
+    let (interval, session) = match inbound.message().await {
         Ok(Some(m)) => match m.message {
             Some(controller_message::Message::RegisterAck(ack)) => {
                 peer.grant_keys(&ack.peer_grant_public_keys);
-                Duration::from_secs(u64::from(ack.heartbeat_interval_seconds.max(1)))
+                let interval =
+                    Duration::from_secs(u64::from(ack.heartbeat_interval_seconds.max(1)));
+                (interval, ack.session)
             }
             _ => return Err("controller did not answer Register with RegisterAck".to_owned()),
         },
@@ -173,6 +182,12 @@ async fn session(
         Err(s) => return Err(format!("registration refused: {}", s.message())),
     };
     tracing::info!(controller = %controller.uri(), heartbeat = ?interval, "registered with the controller");
+    // 0: a controller without ReportInventory; the first heartbeat (at once) carries it.
+    let report_by_call = session != 0;
+    if report_by_call && let Some(current) = current {
+        report_inventory(&mut client, &config.node_name, session, current).await?;
+        sent_at = collected_at;
+    }
     // Up while this session lasts; down however it ends.
     let link_up = tasks.metrics().link_up.clone();
     link_up.set(1);
@@ -216,10 +231,14 @@ async fn session(
                 if changed {
                     sent_at = collected_at;
                 }
+                let mut inventory = current.filter(|_| changed);
+                if report_by_call && let Some(current) = inventory.take() {
+                    report_inventory(&mut client, &config.node_name, session, current).await?;
+                }
                 let heartbeat = AgentMessage {
                     message: Some(agent_message::Message::Heartbeat(Heartbeat {
                         sequence,
-                        inventory: if changed { current } else { None },
+                        inventory,
                     })),
                 };
                 tx.send(heartbeat).await.map_err(|_| "link closed".to_owned())?;
@@ -280,6 +299,24 @@ async fn session(
             }
         }
     }
+}
+
+/// Report the node's inventory beside session `session`.
+async fn report_inventory(
+    client: &mut AgentLinkClient<tonic::transport::Channel>,
+    node: &str,
+    session: u64,
+    inventory: proto::NodeInventory,
+) -> Result<(), String> {
+    client
+        .report_inventory(proto::InventoryReport {
+            node_name: node.to_owned(),
+            session,
+            inventory: Some(inventory),
+        })
+        .await
+        .map(drop)
+        .map_err(|s| format!("inventory report refused: {}", s.message()))
 }
 
 /// Queue `messages` on the link, in order.

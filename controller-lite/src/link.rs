@@ -13,7 +13,8 @@ use futures::SinkExt as _;
 use futures::channel::mpsc;
 use rigger_proto::v1::agent_link_server::AgentLink;
 use rigger_proto::v1::{
-    AgentMessage, ControllerMessage, PeerAnswer, RegisterAck, agent_message, controller_message,
+    AgentMessage, ControllerMessage, InventoryReport, InventoryReportAck, PeerAnswer, RegisterAck,
+    agent_message, controller_message,
 };
 use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
@@ -152,6 +153,45 @@ type MessageStream = Pin<Box<dyn Stream<Item = Result<ControllerMessage, Status>
 impl AgentLink for AgentLinkService {
     type SessionStream = MessageStream;
 
+    async fn report_inventory(
+        &self,
+        request: Request<InventoryReport>,
+    ) -> Result<Response<InventoryReportAck>, Status> {
+        self.leadership.require()?;
+        let identity = self.mtls.then(|| request.peer_certs()).flatten();
+        if self.mtls && identity.is_none() {
+            return Err(Status::unauthenticated(
+                "no client certificate: agents authenticate with mTLS",
+            ));
+        }
+        let report = request.into_inner();
+        rigger_proto::check_node_name(&report.node_name).map_err(Status::invalid_argument)?;
+        if let Some(certs) = identity {
+            crate::auth::check_certificates(&certs, &report.node_name)?;
+        }
+        let inventory = report
+            .inventory
+            .ok_or_else(|| Status::invalid_argument("InventoryReport.inventory is missing"))?;
+        let node = &report.node_name;
+        match self
+            .nodes
+            .inventory_report(node, report.session, &inventory, SystemTime::now())
+        {
+            None => Err(Status::failed_precondition(format!(
+                "session {} is not node {node}'s current session",
+                report.session
+            ))),
+            Some(was_waiting) => {
+                // Not woken: the engines' next tick (500 ms) finds the node ready; a
+                // registering fleet would otherwise wake them once more per node.
+                if was_waiting {
+                    tracing::debug!(%node, session = report.session, "inventory received; node ready");
+                }
+                Ok(Response::new(InventoryReportAck {}))
+            }
+        }
+    }
+
     async fn session(
         &self,
         request: Request<Streaming<AgentMessage>>,
@@ -197,6 +237,7 @@ impl AgentLink for AgentLinkService {
                     .unwrap_or(u32::MAX)
                     .max(1),
                 peer_grant_public_keys: self.peer_grant_public_keys.to_vec(),
+                session,
             })),
         };
         tx.try_send(Ok(ack))

@@ -37,6 +37,8 @@ struct NodeRecord {
     sender: Option<Mutex<AgentSender>>,
     last_heartbeat: SystemTime,
     inventory: Option<InventorySummary>,
+    /// The agent said its inventory follows by `ReportInventory`; not ready until it has.
+    awaiting_inventory: bool,
     /// Where the node serves blobs to peers (`host:port`), when it does.
     peer_address: Option<Arc<str>>,
 }
@@ -307,6 +309,7 @@ impl NodeRegistry {
             sender: Some(Mutex::new(sender)),
             last_heartbeat: now,
             inventory,
+            awaiting_inventory: register.inventory_follows && register.inventory.is_none(),
             peer_address: peer_address(&register.peer_address).map(Arc::from),
         };
         if !register.peer_address.is_empty() && record.peer_address.is_none() {
@@ -395,6 +398,35 @@ impl NodeRegistry {
             }
             _ => false,
         }
+    }
+
+    /// Record the inventory reported beside session `session` (`ReportInventory`).
+    /// `None` if that session is not the node's current one; else whether the node was
+    /// waiting for it (and is ready only now).
+    pub fn inventory_report(
+        &self,
+        node: &str,
+        session: SessionId,
+        inventory: &NodeInventory,
+        now: SystemTime,
+    ) -> Option<bool> {
+        let current = |nodes: &HashMap<String, NodeRecord>| {
+            nodes
+                .get(node)
+                .is_some_and(|record| record.session == Some(session))
+        };
+        // Nothing of a stale session's report is kept, not even its strings.
+        if !self.nodes.read().is_ok_and(|nodes| current(&nodes)) {
+            return None;
+        }
+        let summary = self.strings().summarize(inventory);
+        let mut nodes = self.nodes.write().ok()?;
+        let record = nodes
+            .get_mut(node)
+            .filter(|record| record.session == Some(session))?;
+        record.last_heartbeat = now;
+        record.inventory = Some(summary);
+        Some(std::mem::take(&mut record.awaiting_inventory))
     }
 
     /// The session ended; the node stays known, but not ready.
@@ -521,6 +553,8 @@ fn not_ready_reason(r: &NodeRecord, now: SystemTime, timeout: Duration) -> Strin
     let silent = now.duration_since(r.last_heartbeat).unwrap_or_default();
     if r.session.is_none() {
         "agent disconnected".to_owned()
+    } else if r.awaiting_inventory {
+        "registered; waiting for the agent's inventory".to_owned()
     } else if silent > timeout {
         format!(
             "no heartbeat for {}",
@@ -612,6 +646,7 @@ mod tests {
             inventory: None,
             tasks: Vec::new(),
             peer_address: String::new(),
+            inventory_follows: false,
         }
     }
 
@@ -679,6 +714,84 @@ mod tests {
         assert_eq!(
             object["status"]["images"][0]["names"][0],
             "registry.example/app:1"
+        );
+    }
+
+    #[test]
+    fn a_node_whose_inventory_follows_is_ready_once_its_session_reported_it() {
+        let registry = NodeRegistry::default();
+        let now = SystemTime::now();
+        let mut r = register("n1");
+        r.inventory_follows = true;
+        registry.register(&r, 7, sender(), now);
+        assert_eq!(
+            ready(&registry, now).as_deref(),
+            Some("registered; waiting for the agent's inventory")
+        );
+        let inventory = NodeInventory {
+            images: vec![rigger_proto::v1::Image {
+                name: "registry.example/app:1".to_owned(),
+                digest: format!("sha256:{}", "ab".repeat(32)),
+                ..rigger_proto::v1::Image::default()
+            }],
+            ..NodeInventory::default()
+        };
+        // Another session's report (a stale or a forged one) changes nothing.
+        assert_eq!(registry.inventory_report("n1", 6, &inventory, now), None);
+        assert_eq!(registry.inventory_report("n2", 7, &inventory, now), None);
+        assert!(ready(&registry, now).is_some());
+
+        assert_eq!(
+            registry.inventory_report("n1", 7, &inventory, now),
+            Some(true)
+        );
+        assert_eq!(ready(&registry, now), None);
+        let views = registry.views(now, Duration::from_secs(30));
+        let (_, images) = views["n1"].images.as_ref().unwrap();
+        assert!(images.has("registry.example/app:1"));
+        // A later report replaces it; the node was not waiting any more.
+        assert_eq!(
+            registry.inventory_report("n1", 7, &NodeInventory::default(), now),
+            Some(false)
+        );
+        let object = &registry.objects(now, Duration::from_secs(30))[0];
+        assert_eq!(object["status"]["images"], serde_json::json!([]));
+    }
+
+    #[test]
+    fn digests_are_shown_as_reported() {
+        let registry = NodeRegistry::default();
+        let digests = [
+            format!("sha256:{}", "0f".repeat(32)),
+            format!("sha256:{}", "0F".repeat(32)),
+            "sha256:short".to_owned(),
+            format!("sha512:{}", "1".repeat(128)),
+            String::new(),
+        ];
+        let mut r = register("n1");
+        r.inventory = Some(NodeInventory {
+            images: digests
+                .iter()
+                .enumerate()
+                .map(|(i, digest)| rigger_proto::v1::Image {
+                    name: format!("registry.example/app:{i}"),
+                    digest: digest.clone(),
+                    ..rigger_proto::v1::Image::default()
+                })
+                .collect(),
+            ..NodeInventory::default()
+        });
+        registry.register(&r, 1, sender(), SystemTime::now());
+        let object = &registry.objects(SystemTime::now(), Duration::from_secs(30))[0];
+        let shown: Vec<&str> = object["status"]["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["digest"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            shown,
+            digests.iter().map(String::as_str).collect::<Vec<_>>()
         );
     }
 

@@ -352,7 +352,7 @@ struct Controller {
     store: Store,
     engine: JobEngine,
     _dir: tempfile::TempDir,
-    _agent: tokio::sync::mpsc::Receiver<Result<Box<rigger_proto::v1::ControllerMessage>, tonic::Status>>,
+    _agent: futures::channel::mpsc::Receiver<Result<rigger_proto::v1::ControllerMessage, tonic::Status>>,
 }
 
 fn controller() -> &'static Controller {
@@ -365,7 +365,7 @@ fn controller() -> &'static Controller {
         let dir = tempfile::tempdir().expect("a directory");
         let store = Store::new(EmbeddedStore::open(dir.path()).expect("a store"));
         let nodes = NodeRegistry::default();
-        let (tx, agent) = tokio::sync::mpsc::channel(1024);
+        let (tx, agent) = futures::channel::mpsc::channel(1024);
         let register = Register {
             node_name: "n1".to_owned(),
             ..Register::default()

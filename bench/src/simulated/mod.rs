@@ -14,8 +14,8 @@ use anyhow::{Context as _, bail};
 use rigger_proto::v1::agent_link_client::AgentLinkClient;
 use rigger_proto::v1::control_client::ControlClient;
 use rigger_proto::v1::{
-    AgentMessage, Heartbeat, NodeInventory, Register, RuntimeInfo, TaskPhase, TaskStatus,
-    agent_message, controller_message,
+    AgentMessage, Heartbeat, InventoryReport, NodeInventory, Register, RuntimeInfo, TaskPhase,
+    TaskStatus, agent_message, controller_message,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -306,6 +306,7 @@ pub async fn agent(
         if !shared.reconnect.load(Ordering::Relaxed) {
             return result;
         }
+
         tokio::time::sleep(backoff.next_delay()).await;
     }
 }
@@ -320,28 +321,41 @@ pub async fn session(
     backoff: &mut rigger_daemon::backoff::Backoff,
 ) -> anyhow::Result<()> {
     let channel = endpoint.connect().await?;
+    let node_name = format!("node-{node:05}.bench.rigger");
     let (tx, rx) = mpsc::channel(8);
     tx.send(AgentMessage {
         message: Some(agent_message::Message::Register(Register {
-            node_name: format!("node-{node:05}.bench.rigger"),
+            node_name: node_name.clone(),
             labels: [("bench".to_owned(), "fleet".to_owned())].into(),
             agent_version: "bench".to_owned(),
-            inventory: Some(inventory(node, images)),
+            inventory: None,
             tasks: Vec::new(),
             peer_address: String::new(),
+            // As the agent does: the inventory beside the session, not on it.
+            inventory_follows: true,
         })),
     })
     .await?;
-    let mut inbound = AgentLinkClient::new(channel)
+    let mut client = AgentLinkClient::new(channel);
+    let mut inbound = client
+        .clone()
         .session(ReceiverStream::new(rx))
         .await?
         .into_inner();
-    let interval = match inbound.message().await?.and_then(|m| m.message) {
-        Some(controller_message::Message::RegisterAck(ack)) => {
-            Duration::from_secs(u64::from(ack.heartbeat_interval_seconds.max(1)))
-        }
+    let (interval, session) = match inbound.message().await?.and_then(|m| m.message) {
+        Some(controller_message::Message::RegisterAck(ack)) => (
+            Duration::from_secs(u64::from(ack.heartbeat_interval_seconds.max(1))),
+            ack.session,
+        ),
         _ => bail!("no RegisterAck"),
     };
+    client
+        .report_inventory(InventoryReport {
+            node_name: node_name.clone(),
+            session,
+            inventory: Some(inventory(node, images)),
+        })
+        .await?;
     shared.registered.fetch_add(1, Ordering::Relaxed);
     backoff.reset();
     drop(handshake.take());

@@ -717,7 +717,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::new(crate::store::EmbeddedStore::open(dir.path()).unwrap());
         let registry = NodeRegistry::default();
-        let (tx, _rx) = tokio::sync::mpsc::channel(8);
+        let (tx, _rx) = futures::channel::mpsc::channel(8);
         let register = rigger_proto::v1::Register {
             node_name: "n1".to_owned(),
             ..rigger_proto::v1::Register::default()

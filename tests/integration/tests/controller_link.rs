@@ -514,3 +514,125 @@ fn pods_are_placed_on_the_ready_node_with_the_fewest_and_unsupported_ones_refuse
         },
     );
 }
+
+/// A raw agent link with `node`'s certificate from `controller`'s PKI.
+async fn link_as(controller: &Controller, node: &str) -> tonic::transport::Channel {
+    let (ca, cert, key) = controller.agent_certs(node);
+    let read = |path: &Path| std::fs::read(path).unwrap();
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(read(&ca)))
+        .identity(tonic::transport::Identity::from_pem(
+            read(&cert),
+            read(&key),
+        ));
+    tonic::transport::Endpoint::from_shared(controller.server.clone())
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+#[test]
+fn an_inventory_is_taken_only_from_the_nodes_own_current_session() {
+    use rigger_proto::v1::agent_link_client::AgentLinkClient;
+    use rigger_proto::v1::{
+        AgentMessage, Image, InventoryReport, NodeInventory, Register, agent_message,
+        controller_message,
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let controller = Controller::start(dir.path());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let inventory = NodeInventory {
+        images: vec![Image {
+            namespace: "k8s.io".to_owned(),
+            name: "registry.example/app:1".to_owned(),
+            digest: format!("sha256:{}", "ab".repeat(32)),
+            ..Image::default()
+        }],
+        ..NodeInventory::default()
+    };
+    let report = |node: &str, session| InventoryReport {
+        node_name: node.to_owned(),
+        session,
+        inventory: Some(inventory.clone()),
+    };
+    let node_state = || {
+        let node = controller.get_json(&["node", "inv-a"]).unwrap();
+        let ready = &node["status"]["conditions"][0];
+        (
+            ready["status"].as_str().unwrap().to_owned(),
+            ready["message"].as_str().unwrap().to_owned(),
+            node["status"]["images"].clone(),
+        )
+    };
+
+    let channel = runtime.block_on(link_as(&controller, "inv-a"));
+    let (tx, rx) = tokio::sync::mpsc::channel::<AgentMessage>(4);
+    runtime
+        .block_on(tx.send(AgentMessage {
+            message: Some(agent_message::Message::Register(Register {
+                node_name: "inv-a".to_owned(),
+                agent_version: "0.0.0-test".to_owned(),
+                inventory_follows: true,
+                ..Register::default()
+            })),
+        }))
+        .unwrap();
+    let mut client = AgentLinkClient::new(channel);
+    let mut inbound = runtime
+        .block_on(
+            client
+                .clone()
+                .session(tokio_stream::wrappers::ReceiverStream::new(rx)),
+        )
+        .unwrap()
+        .into_inner();
+    let session = match runtime
+        .block_on(inbound.message())
+        .unwrap()
+        .unwrap()
+        .message
+    {
+        Some(controller_message::Message::RegisterAck(ack)) => ack.session,
+        other => panic!("{other:?}"),
+    };
+    assert_ne!(session, 0, "the controller names the session");
+    let (ready, why, images) = node_state();
+    assert_eq!(ready, "False");
+    assert_eq!(why, "registered; waiting for the agent's inventory");
+    assert_eq!(images, serde_json::json!([]));
+
+    // Another session's number, and another node's name with this node's certificate:
+    // refused, and nothing of them is kept.
+    let stale = runtime
+        .block_on(client.report_inventory(report("inv-a", session + 1000)))
+        .unwrap_err();
+    assert_eq!(stale.code(), tonic::Code::FailedPrecondition, "{stale:?}");
+    assert!(
+        stale
+            .message()
+            .contains("is not node inv-a's current session"),
+        "{stale:?}"
+    );
+    let impostor = runtime
+        .block_on(client.report_inventory(report("inv-b", session)))
+        .unwrap_err();
+    assert!(
+        impostor.message().contains("not issued for node \"inv-b\""),
+        "{impostor:?}"
+    );
+    assert_eq!(node_state().0, "False");
+    assert!(controller.get_json(&["node", "inv-b"]).is_none());
+
+    runtime
+        .block_on(client.report_inventory(report("inv-a", session)))
+        .unwrap();
+    let (ready, _, images) = node_state();
+    assert_eq!(ready, "True");
+    assert_eq!(images[0]["names"][0], "registry.example/app:1");
+    assert_eq!(images[0]["digest"], format!("sha256:{}", "ab".repeat(32)));
+    drop(tx);
+}
