@@ -393,6 +393,7 @@ impl NodeRegistry {
                 record.last_heartbeat = now;
                 if let Some(inventory) = inventory {
                     record.inventory = Some(self.strings().summarize(&inventory));
+                    record.awaiting_inventory = false;
                 }
                 true
             }

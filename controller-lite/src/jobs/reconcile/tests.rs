@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 
 use crate::job_status;
 use rigger_proto::time::rfc3339;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 pub(crate) fn job(spec: &serde_json::Value) -> JobState {
