@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use futures::SinkExt as _;
 use futures::channel::mpsc;
 use rigger_proto::v1::agent_link_server::AgentLink;
 use rigger_proto::v1::{
@@ -66,6 +65,24 @@ impl std::ops::Deref for AgentLinkService {
 
     fn deref(&self) -> &Link {
         &self.0
+    }
+}
+
+/// Refuses an agent-link call without a client certificate before its body is read: a
+/// unary call's message is decoded whole before the handler runs (up to the link's
+/// message limit), so checking in the handler would let anyone who reaches the port make
+/// the controller hold that much per call. Certificates are optional at the TLS layer
+/// only because riggerctl's users bring tokens instead.
+pub fn require_client_certificate(
+    mtls: bool,
+) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
+    move |request: Request<()>| {
+        if mtls && request.peer_certs().is_none() {
+            return Err(Status::unauthenticated(
+                "no client certificate: agents authenticate with mTLS",
+            ));
+        }
+        Ok(request)
     }
 }
 
@@ -145,6 +162,14 @@ impl AgentLinkService {
         self.peer_queries.answered(question, !peers.is_empty(), now);
         peers
     }
+}
+
+/// A session's id: unique, and not guessable from others (it is all that binds an
+/// inventory report to its session where no certificate names the node, with
+/// `insecure_plaintext`). Never 0, which tells an agent the controller has none.
+fn new_session_id(counter: &AtomicU64) -> SessionId {
+    let sequence = counter.fetch_add(1, Ordering::Relaxed);
+    getrandom::u64().map_or(sequence, |random| random | 1)
 }
 
 type MessageStream = Pin<Box<dyn Stream<Item = Result<ControllerMessage, Status>> + Send>>;
@@ -228,7 +253,7 @@ impl AgentLink for AgentLinkService {
             })?;
         }
 
-        let session: SessionId = self.next_session.fetch_add(1, Ordering::Relaxed);
+        let session = new_session_id(&self.next_session);
         let node = register.node_name.clone();
         let (mut tx, rx) = mpsc::channel(AGENT_QUEUE);
         let ack = ControllerMessage {
@@ -268,7 +293,9 @@ impl AgentLink for AgentLinkService {
                 Ok(()) => tracing::info!(%node, session, "agent disconnected"),
                 Err(status) => {
                     tracing::warn!(%node, session, reason = %status.message(), "agent session ended");
-                    let _ = tx.send(Err(status)).await;
+                    // Never waits: an agent that stopped reading must not keep this
+                    // task. The session's own sender always has a slot of its own.
+                    let _ = tx.try_send(Err(status));
                 }
             }
         };

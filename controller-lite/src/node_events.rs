@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::events::{Event, EventSink, NODE_NOT_READY, NODE_READY, REGISTERED_NODE, node};
 use crate::leader::Leadership;
-use crate::nodes::NodeRegistry;
+use crate::nodes::{AWAITING_INVENTORY, NodeRegistry};
 
 const SAMPLE: Duration = Duration::from_secs(2);
 
@@ -52,6 +52,25 @@ pub fn transitions(before: &Readiness, after: &Readiness) -> Vec<Event> {
     events
 }
 
+/// `after` with each node that waits for its agent's inventory (milliseconds after it
+/// registered) as it was `before` — not known yet if it was not known: that wait is
+/// the registration's second half, not news.
+pub fn settled(before: Option<&Readiness>, mut after: Readiness) -> Readiness {
+    after.retain(|name, why| {
+        if why.as_deref() != Some(AWAITING_INVENTORY) {
+            return true;
+        }
+        match before.and_then(|before| before.get(name)) {
+            Some(was) => {
+                why.clone_from(was);
+                true
+            }
+            None => false,
+        }
+    });
+    after
+}
+
 /// Record the nodes' events while this replica leads, until `token` is cancelled. A
 /// replica that takes over starts from the nodes as it finds them; those it holds as
 /// not ready then (what it knew when it led before) coming back within one
@@ -70,7 +89,10 @@ pub async fn run(
     let mut took_over: Option<(Instant, HashSet<String>)> = None;
     loop {
         if leadership.is_leader() {
-            let after = nodes.readiness(SystemTime::now(), node_timeout);
+            let after = settled(
+                before.as_ref(),
+                nodes.readiness(SystemTime::now(), node_timeout),
+            );
             let (since, stale) = took_over.get_or_insert_with(|| {
                 let stale = after
                     .iter()
@@ -144,5 +166,22 @@ mod tests {
         );
         // A node forgotten tells nothing more.
         assert_eq!(reasons(&ready, &empty), []);
+    }
+
+    #[test]
+    fn the_wait_for_an_inventory_is_no_news() {
+        let waiting = sample(&[("n1", Some(AWAITING_INVENTORY))]);
+        let ready = sample(&[("n1", None)]);
+        let lost = sample(&[("n1", Some("agent disconnected"))]);
+        // Registering: not known until the inventory came.
+        assert_eq!(settled(Some(&sample(&[])), waiting.clone()), sample(&[]));
+        assert_eq!(settled(None, waiting.clone()), sample(&[]));
+        // Reconnecting at once: as it was, ready, and no NotReady/Ready pair.
+        assert_eq!(settled(Some(&ready), waiting.clone()), ready);
+        // Back after being lost: still lost until the inventory came, then NodeReady.
+        assert_eq!(settled(Some(&lost), waiting), lost);
+        assert_eq!(settled(Some(&lost), ready.clone()), ready);
+        // Other reasons are news as ever.
+        assert_eq!(settled(Some(&ready), lost.clone()), lost);
     }
 }

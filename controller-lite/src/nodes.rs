@@ -21,6 +21,10 @@ pub type AgentSender = mpsc::Sender<Result<ControllerMessage, Status>>;
 /// handful, most of them the same across a fleet; a map per node cost a B-tree node.
 type SharedLabels = Box<[(Arc<str>, Arc<str>)]>;
 
+/// Why a node whose agent registered is not ready yet: its inventory follows the
+/// registration (`ReportInventory`), milliseconds later.
+pub const AWAITING_INVENTORY: &str = "registered; waiting for the agent's inventory";
+
 /// One agent connection; a reconnect gets a new id, so a stale stream cannot touch the
 /// record of its successor.
 pub type SessionId = u64;
@@ -63,6 +67,15 @@ struct InventorySummary {
     /// Running pods of kubelet's (container recreate requests find them here).
     kubelet_pods: Box<[KubeletPod]>,
     received_at: SystemTime,
+}
+
+/// Where a kubelet pod runs, as inventories say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KubeletPodPlace {
+    Nowhere,
+    On(String, KubeletPod),
+    /// More than one node reports it (sorted names): one of them is wrong, perhaps lying.
+    ClaimedBy(Vec<String>),
 }
 
 /// A running kubelet pod as the node's inventory shows it.
@@ -457,19 +470,37 @@ impl NodeRegistry {
             })
     }
 
-    /// The node running kubelet pod `namespace/name`, and the pod, when an inventory
-    /// shows it.
-    pub fn kubelet_pod(&self, namespace: &str, name: &str) -> Option<(String, KubeletPod)> {
-        let nodes = self.nodes.read().ok()?;
-        nodes.iter().find_map(|(node, record)| {
-            let pod = record
-                .inventory
-                .as_ref()?
-                .kubelet_pods
-                .iter()
-                .find(|p| p.namespace == namespace && p.name == name)?;
-            Some((node.clone(), pod.clone()))
-        })
+    /// Where kubelet pod `namespace/name` runs, as nodes' inventories say. A node's report
+    /// alone must not decide where another node's work goes: when more than one node
+    /// claims the pod, none is chosen.
+    pub fn kubelet_pod(&self, namespace: &str, name: &str) -> KubeletPodPlace {
+        let Ok(nodes) = self.nodes.read() else {
+            return KubeletPodPlace::Nowhere;
+        };
+        let mut claims: Vec<(String, KubeletPod)> = nodes
+            .iter()
+            .filter_map(|(node, record)| {
+                let pod = record
+                    .inventory
+                    .as_ref()?
+                    .kubelet_pods
+                    .iter()
+                    .find(|p| p.namespace == namespace && p.name == name)?;
+                Some((node.clone(), pod.clone()))
+            })
+            .collect();
+        match claims.len() {
+            0 => KubeletPodPlace::Nowhere,
+            1 => {
+                let (node, pod) = claims.remove(0);
+                KubeletPodPlace::On(node, pod)
+            }
+            _ => {
+                let mut nodes: Vec<String> = claims.into_iter().map(|(node, _)| node).collect();
+                nodes.sort();
+                KubeletPodPlace::ClaimedBy(nodes)
+            }
+        }
     }
 
     /// Every node's readiness: `None` when ready, else why not (cheaper than
@@ -555,7 +586,7 @@ fn not_ready_reason(r: &NodeRecord, now: SystemTime, timeout: Duration) -> Strin
     if r.session.is_none() {
         "agent disconnected".to_owned()
     } else if r.awaiting_inventory {
-        "registered; waiting for the agent's inventory".to_owned()
+        AWAITING_INVENTORY.to_owned()
     } else if silent > timeout {
         format!(
             "no heartbeat for {}",
@@ -793,6 +824,42 @@ mod tests {
         assert_eq!(
             shown,
             digests.iter().map(String::as_str).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn a_kubelet_pod_two_nodes_claim_is_placed_on_neither() {
+        let registry = NodeRegistry::default();
+        let with_pod = |node: &str, uid: &str| {
+            let mut r = register(node);
+            r.inventory = Some(NodeInventory {
+                pods: vec![rigger_proto::v1::PodSandbox {
+                    id: format!("sandbox-{node}"),
+                    namespace: "default".to_owned(),
+                    name: "web".to_owned(),
+                    uid: uid.to_owned(),
+                    owner: "kubelet".to_owned(),
+                    state: "ready".to_owned(),
+                    ..rigger_proto::v1::PodSandbox::default()
+                }],
+                ..NodeInventory::default()
+            });
+            r
+        };
+        registry.register(&with_pod("n1", "u1"), 1, sender(), SystemTime::now());
+        assert!(matches!(
+            registry.kubelet_pod("default", "web"),
+            KubeletPodPlace::On(node, pod) if node == "n1" && pod.uid == "u1"
+        ));
+        assert_eq!(
+            registry.kubelet_pod("default", "db"),
+            KubeletPodPlace::Nowhere
+        );
+        // A second node says it runs the same pod: neither is believed.
+        registry.register(&with_pod("n2", "u2"), 1, sender(), SystemTime::now());
+        assert_eq!(
+            registry.kubelet_pod("default", "web"),
+            KubeletPodPlace::ClaimedBy(vec!["n1".to_owned(), "n2".to_owned()])
         );
     }
 

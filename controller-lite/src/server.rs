@@ -457,7 +457,10 @@ pub async fn run(
         builder
             // An inventory of a node with many images, or a fleet's worth of objects,
             // outgrows gRPC's default 4 MiB per message.
-            .add_service(AgentLinkServer::new(link).max_decoding_message_size(MAX_AGENT_MESSAGE))
+            .add_service(tonic::service::interceptor::InterceptedService::new(
+                AgentLinkServer::new(link).max_decoding_message_size(MAX_AGENT_MESSAGE),
+                crate::link::require_client_certificate(tls.is_some()),
+            ))
             .add_service(ControlServer::new(control).max_decoding_message_size(MAX_OBJECT_MESSAGE))
             .add_service(grpc_health.clone())
             .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async move {

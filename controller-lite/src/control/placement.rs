@@ -7,6 +7,7 @@ use rigger_api::pod::Pod;
 use tonic::Status;
 
 use super::{ControlService, namespace_or_default, store_status};
+use crate::nodes::KubeletPodPlace;
 use crate::store::ObjectKey;
 
 impl ControlService {
@@ -39,8 +40,17 @@ impl ControlService {
                 ("rigger", node, uid, names)
             }
             None => match self.nodes.kubelet_pod(namespace, pod_name) {
-                Some((node, pod)) => ("kubelet", node, pod.uid, pod.containers),
-                None => {
+                KubeletPodPlace::On(node, pod) => ("kubelet", node, pod.uid, pod.containers),
+                KubeletPodPlace::ClaimedBy(nodes) => {
+                    return Err(FieldError::new(
+                        "spec.podName",
+                        format!(
+                            "kubelet pod {namespace}/{pod_name} is reported by more than one node ({}); no node's report alone decides where a request goes",
+                            nodes.join(", ")
+                        ),
+                    ));
+                }
+                KubeletPodPlace::Nowhere => {
                     return Err(FieldError::new(
                         "spec.podName",
                         format!(

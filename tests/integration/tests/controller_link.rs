@@ -626,6 +626,28 @@ fn an_inventory_is_taken_only_from_the_nodes_own_current_session() {
     );
     assert_eq!(node_state().0, "False");
     assert!(controller.get_json(&["node", "inv-b"]).is_none());
+    // Without a certificate the call is refused before its body is read.
+    let anonymous = runtime.block_on(async {
+        let ca = std::fs::read(controller.agent_certs("inv-a").0).unwrap();
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(ca));
+        let channel = tonic::transport::Endpoint::from_shared(controller.server.clone())
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        AgentLinkClient::new(channel)
+            .report_inventory(report("inv-a", session))
+            .await
+            .unwrap_err()
+    });
+    assert_eq!(
+        anonymous.code(),
+        tonic::Code::Unauthenticated,
+        "{anonymous:?}"
+    );
 
     runtime
         .block_on(client.report_inventory(report("inv-a", session)))
