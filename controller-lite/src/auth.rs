@@ -128,12 +128,15 @@ impl UserAuth {
     }
 }
 
+/// The refusal of an agent's call that came without a client certificate.
+pub fn no_client_certificate() -> Status {
+    Status::unauthenticated("no client certificate: agents authenticate with mTLS")
+}
+
 /// Check that the client certificate (leaf first) is valid for node `name`. The chain
 /// was already verified against the CA during the TLS handshake.
 pub fn check_certificates(certs: &[CertificateDer<'static>], name: &str) -> Result<(), Status> {
-    let leaf = certs.first().ok_or_else(|| {
-        Status::unauthenticated("no client certificate: agents authenticate with mTLS")
-    })?;
+    let leaf = certs.first().ok_or_else(no_client_certificate)?;
     let certificate = webpki::EndEntityCert::try_from(leaf)
         .map_err(|e| Status::unauthenticated(format!("unreadable client certificate: {e}")))?;
     let server_name = ServerName::try_from(name)

@@ -6,7 +6,6 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use futures::channel::mpsc;
@@ -56,7 +55,6 @@ pub struct Link {
     peer_grant_public_keys: Arc<[String]>,
     /// The mirrors' questions, gated per node.
     peer_queries: Arc<PeerQueryGate>,
-    next_session: Arc<AtomicU64>,
     shutdown: CancellationToken,
 }
 
@@ -78,9 +76,7 @@ pub fn require_client_certificate(
 ) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
     move |request: Request<()>| {
         if mtls && request.peer_certs().is_none() {
-            return Err(Status::unauthenticated(
-                "no client certificate: agents authenticate with mTLS",
-            ));
+            return Err(crate::auth::no_client_certificate());
         }
         Ok(request)
     }
@@ -119,7 +115,6 @@ impl AgentLinkService {
             node_timeout,
             peer_grant_public_keys: peer_grant_public_keys.into(),
             peer_queries: Arc::default(),
-            next_session: Arc::new(AtomicU64::new(1)),
             shutdown,
         }))
     }
@@ -164,12 +159,37 @@ impl AgentLinkService {
     }
 }
 
-/// A session's id: unique, and not guessable from others (it is all that binds an
-/// inventory report to its session where no certificate names the node, with
-/// `insecure_plaintext`). Never 0, which tells an agent the controller has none.
-fn new_session_id(counter: &AtomicU64) -> SessionId {
-    let sequence = counter.fetch_add(1, Ordering::Relaxed);
-    getrandom::u64().map_or(sequence, |random| random | 1)
+/// A session's id: not guessable from others (it is all that binds an inventory report
+/// to its session where no certificate names the node, with `insecure_plaintext`), so
+/// without the system's randomness there is no session. Never 0, which tells an agent
+/// the controller has none.
+fn new_session_id() -> Result<SessionId, Status> {
+    getrandom::u64()
+        .map(|random| random | 1)
+        .map_err(|e| Status::unavailable(format!("no random session id: {e}")))
+}
+
+impl AgentLinkService {
+    /// The certificates an agent's call came with: required with mTLS (the interceptor
+    /// refused calls without one already; this holds wherever the service is served),
+    /// checked against the node's name once the call names it.
+    fn identity<T>(&self, request: &Request<T>) -> Result<Option<Identity>, Status> {
+        if !self.mtls {
+            return Ok(None);
+        }
+        request
+            .peer_certs()
+            .map(Some)
+            .ok_or_else(crate::auth::no_client_certificate)
+    }
+}
+
+/// An agent's client certificates, leaf first, verified against the CA by the handshake.
+type Identity = Arc<Vec<rustls_pki_types::CertificateDer<'static>>>;
+
+/// Whether `identity` (none without mTLS) is node `name`'s.
+fn check_identity(identity: Option<&Identity>, name: &str) -> Result<(), Status> {
+    identity.map_or(Ok(()), |certs| crate::auth::check_certificates(certs, name))
 }
 
 type MessageStream = Pin<Box<dyn Stream<Item = Result<ControllerMessage, Status>> + Send>>;
@@ -183,17 +203,10 @@ impl AgentLink for AgentLinkService {
         request: Request<InventoryReport>,
     ) -> Result<Response<InventoryReportAck>, Status> {
         self.leadership.require()?;
-        let identity = self.mtls.then(|| request.peer_certs()).flatten();
-        if self.mtls && identity.is_none() {
-            return Err(Status::unauthenticated(
-                "no client certificate: agents authenticate with mTLS",
-            ));
-        }
+        let identity = self.identity(&request)?;
         let report = request.into_inner();
         rigger_proto::check_node_name(&report.node_name).map_err(Status::invalid_argument)?;
-        if let Some(certs) = identity {
-            crate::auth::check_certificates(&certs, &report.node_name)?;
-        }
+        check_identity(identity.as_ref(), &report.node_name)?;
         let inventory = report
             .inventory
             .ok_or_else(|| Status::invalid_argument("InventoryReport.inventory is missing"))?;
@@ -225,15 +238,10 @@ impl AgentLink for AgentLinkService {
         let peer = request
             .remote_addr()
             .map_or_else(|| "unknown".to_owned(), |a| a.to_string());
-        // Checked again with the name once Register arrives; refusing here spares a
-        // certificate-less client the wait.
-        if self.mtls && request.peer_certs().is_none() {
+        // Checked with the name once Register arrives.
+        let identity = self.identity(&request).inspect_err(|_| {
             tracing::warn!(%peer, "agent session refused: no client certificate");
-            return Err(Status::unauthenticated(
-                "no client certificate: agents authenticate with mTLS",
-            ));
-        }
-        let identity = self.mtls.then(|| request.peer_certs()).flatten();
+        })?;
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(self.node_timeout, inbound.message())
             .await
@@ -247,13 +255,11 @@ impl AgentLink for AgentLinkService {
             }
         };
         rigger_proto::check_node_name(&register.node_name).map_err(Status::invalid_argument)?;
-        if let Some(certs) = identity {
-            crate::auth::check_certificates(&certs, &register.node_name).inspect_err(|status| {
-                tracing::warn!(%peer, node = %register.node_name, reason = %status.message(), "agent session refused");
-            })?;
-        }
+        check_identity(identity.as_ref(), &register.node_name).inspect_err(|status| {
+            tracing::warn!(%peer, node = %register.node_name, reason = %status.message(), "agent session refused");
+        })?;
 
-        let session = new_session_id(&self.next_session);
+        let session = new_session_id()?;
         let node = register.node_name.clone();
         let (mut tx, rx) = mpsc::channel(AGENT_QUEUE);
         let ack = ControllerMessage {

@@ -81,11 +81,12 @@ impl Puller {
     /// The engine on `containerd` (another implementation than the socket: tests).
     pub fn on(containerd: Arc<dyn containerd::Containerd>, options: PullOptions) -> Self {
         let shared = fetch::Shared {
-            connections: Arc::new(Semaphore::new(options.max_connections.max(1))),
+            connections: fetch::limit::Connections::new(options.max_connections),
             rate: options.limit_rate.map(|r| Arc::new(RateLimit::new(r))),
             in_flight: Arc::default(),
             ranging: presence::Presence::default(),
             arriving: None,
+            clients: registry::endpoint_client::Clients::default(),
         };
         Self {
             containerd,
@@ -191,6 +192,7 @@ impl Puller {
             &reference,
             docker_configs,
             &self.options,
+            &self.shared.clients,
         )?);
 
         let mut store = Store::new(self.containerd.clone(), &self.options.namespace)

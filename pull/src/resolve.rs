@@ -14,6 +14,7 @@ use crate::media::{self, Platform};
 use crate::options::PullOptions;
 use crate::peers::Peers;
 use crate::registry::credentials::{credentials, secret_credentials};
+use crate::registry::endpoint_client::Clients;
 use crate::registry::{RawManifest, Registry, hosts};
 
 /// The registry client for `reference`: its endpoints from `hosts.toml`, each with its
@@ -23,6 +24,7 @@ pub(crate) fn registry(
     reference: &Reference,
     docker_configs: &[String],
     options: &PullOptions,
+    clients: &Clients,
 ) -> Result<Registry, PullError> {
     let registry_host = reference.registry().to_owned();
     let endpoints = hosts::endpoints(&options.hosts_dir, &registry_host, options.plain_http)
@@ -50,6 +52,7 @@ pub(crate) fn registry(
         credentials,
         options.stall_timeout,
         options.max_document_size,
+        clients,
     )?)
 }
 

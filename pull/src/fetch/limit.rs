@@ -1,8 +1,41 @@
-//! Node-wide transfer limits: a cap on bytes per second shared by every download.
+//! Node-wide transfer limits: the connections every download shares, and a cap on
+//! bytes per second.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Semaphore, SemaphorePermit};
+
+use crate::presence::Presence;
+
+/// The node's connections to registries: a permit per request, and a count of the
+/// requests waiting for one. A permit free while nobody waits is an idle connection,
+/// which a blob's last long request may share its work with.
+#[derive(Debug, Clone)]
+pub(crate) struct Connections {
+    permits: Arc<Semaphore>,
+    waiting: Presence,
+}
+
+impl Connections {
+    pub(crate) fn new(max: usize) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(max.max(1))),
+            waiting: Presence::default(),
+        }
+    }
+
+    /// Wait for a connection of the node's; held until the permit drops.
+    pub(crate) async fn acquire(&self) -> Option<SemaphorePermit<'_>> {
+        let _waiting = self.waiting.enter();
+        self.permits.acquire().await.ok()
+    }
+
+    /// Whether a connection is free and no request waits for one.
+    pub(crate) fn idle(&self) -> bool {
+        self.waiting.now() == 0 && self.permits.available_permits() > 0
+    }
+}
 
 /// A token bucket holding up to one second of bytes.
 #[derive(Debug)]
@@ -44,6 +77,24 @@ impl RateLimit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_connection_is_idle_only_when_free_and_nobody_waits() {
+        let connections = Connections::new(1);
+        assert!(connections.idle());
+        let held = connections.acquire().await;
+        assert!(held.is_some());
+        assert!(!connections.idle(), "none free");
+        let waiter = connections.clone();
+        let waiting = tokio::spawn(async move { waiter.acquire().await.is_some() });
+        while connections.waiting.now() == 0 {
+            tokio::task::yield_now().await;
+        }
+        drop(held);
+        // Free, but promised to the waiter until it takes it.
+        assert!(waiting.await.unwrap());
+        assert!(connections.idle());
+    }
 
     #[tokio::test(start_paused = true)]
     async fn debt_is_paid_in_time() {

@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Mutex;
 
-use self::limit::RateLimit;
+use self::limit::{Connections, RateLimit};
 use self::spool::SpoolError;
 use oci_client::Reference;
 
@@ -53,7 +53,7 @@ const PROBE_TIME: Duration = Duration::from_millis(50);
 /// What every pull of one engine shares, so the limits are the node's.
 #[derive(Debug, Clone)]
 pub(crate) struct Shared {
-    pub(crate) connections: Arc<tokio::sync::Semaphore>,
+    pub(crate) connections: Connections,
     pub(crate) rate: Option<Arc<RateLimit>>,
     /// One fetch per blob at a time in this agent; concurrent pulls wait and reuse it.
     pub(crate) in_flight: Arc<Mutex<HashMap<String, Arc<Mutex<()>>>>>,
@@ -63,6 +63,8 @@ pub(crate) struct Shared {
     /// Where the node's peer endpoint follows blobs still being written (`None`: the
     /// node serves no peers).
     pub(crate) arriving: Option<crate::arriving::Arriving>,
+    /// The registries' HTTP clients: the pulls share their connections.
+    pub(crate) clients: crate::registry::endpoint_client::Clients,
 }
 
 /// Everything one blob transfer needs, cheap to clone into a task.
@@ -72,7 +74,7 @@ pub(crate) struct Transfer {
     pub(crate) registry: Arc<Registry>,
     pub(crate) store: Store,
     pub(crate) progress: Arc<dyn Progress>,
-    pub(crate) connections: Arc<Semaphore>,
+    pub(crate) connections: Connections,
     pub(crate) rate: Option<Arc<RateLimit>>,
     pub(crate) in_flight: Arc<Mutex<HashMap<String, Arc<Mutex<()>>>>>,
     /// Blobs fetched as ranges now, node-wide, and the connections they share.

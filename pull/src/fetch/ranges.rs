@@ -7,11 +7,11 @@
 //! registry a lookup: 2 MiB requests of a 128 MiB layer cost the lab's registry 0.38 s of
 //! CPU, 8 MiB ones 0.15 s).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::{Notify, Semaphore, mpsc, watch};
+use tokio::sync::{Notify, Semaphore, TryAcquireError, mpsc, watch};
 
 use super::spool::{Spool, SpoolError};
 use super::{RANGE_WINDOW, RangeOutcome, SPOOL_PIECE, Sink, Transfer, backoff};
@@ -25,8 +25,12 @@ const MAX_SPAN: u64 = 8;
 /// the download run ahead of an applier that cannot catch up anyway).
 const AHEAD: u64 = 64;
 
-/// What a request brings: its span and the bytes it fetched now.
-type SpanResult = Result<(Span, u64), RangeOutcome>;
+/// How often a blob whose ranges are all requested looks for an idle connection to
+/// share its longest request with.
+const IDLE_LOOK: Duration = Duration::from_millis(10);
+
+/// What a request brings: the bytes it fetched now.
+type SpanResult = Result<u64, RangeOutcome>;
 
 /// Consecutive ranges `first..first + count` fetched by one request (or, when a retry or
 /// an earlier run left some of them partly there, by a few).
@@ -52,6 +56,104 @@ fn next_span(k: u64, ranges: u64, issued: u64, sharing: u64) -> Span {
     Span {
         first: k,
         count: (1u64 << wave.min(8)).min(MAX_SPAN).min(share),
+    }
+}
+
+/// Of a request filling range `filling` whose ranges end at `end`, the ranges another
+/// request takes over: the back half (the larger, as the request going on still has its
+/// current range to finish) of the untouched ranges after the one being filled, when
+/// there are two or more. One untouched range is left to the request: a new one would
+/// spend about as long reaching the registry as it saves.
+fn split_off(filling: u64, end: u64) -> Option<Span> {
+    let untouched = end.saturating_sub(filling + 1);
+    (untouched >= 2).then(|| {
+        let count = untouched.div_ceil(2);
+        Span {
+            first: end - count,
+            count,
+        }
+    })
+}
+
+/// How far one request may go. At a blob's end its last requests can be long (up to
+/// [`MAX_SPAN`] ranges, a second at 16 MiB/s) while the node's other connections idle:
+/// their last untouched ranges are then split off to requests of their own
+/// ([`split_off`]). The request checks here before it fills each next range, so a range
+/// is only ever filled by the one request that holds it.
+#[derive(Debug)]
+struct Reach {
+    first: u64,
+    state: Mutex<ReachState>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ReachState {
+    /// The range the request fills now (or fills first).
+    filling: u64,
+    /// Ranges from here on are not the request's.
+    end: u64,
+    /// Ended (every range of its own filled, or failed), or not to be split.
+    closed: bool,
+}
+
+impl Reach {
+    fn new(span: Span) -> Self {
+        Self {
+            first: span.first,
+            state: Mutex::new(ReachState {
+                filling: span.first,
+                end: span.first + span.count,
+                closed: false,
+            }),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, ReachState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn end(&self) -> u64 {
+        self.state().end
+    }
+
+    /// The request goes on into range `k`: whether `k` is still its own.
+    fn enter(&self, k: u64) -> bool {
+        let mut state = self.state();
+        if k >= state.end {
+            return false;
+        }
+        state.filling = state.filling.max(k);
+        true
+    }
+
+    /// Untouched ranges after the one being filled (0 once closed).
+    fn untouched(&self) -> u64 {
+        let state = self.state();
+        match state.closed {
+            true => 0,
+            false => state.end.saturating_sub(state.filling + 1),
+        }
+    }
+
+    /// Take the ranges a new request fetches instead ([`split_off`]), when none of them
+    /// holds a byte (`untouched`): an earlier run's partial ranges stay where they are,
+    /// and such a request is not split again.
+    fn split(&self, untouched: impl Fn(u64) -> bool) -> Option<Span> {
+        let mut state = self.state();
+        if state.closed {
+            return None;
+        }
+        let span = split_off(state.filling, state.end)?;
+        if !(span.first..span.first + span.count).all(untouched) {
+            state.closed = true;
+            return None;
+        }
+        state.end = span.first;
+        Some(span)
+    }
+
+    fn close(&self) {
+        self.state().closed = true;
     }
 }
 
@@ -88,12 +190,12 @@ impl Transfer {
         let _ranging = self.ranging.enter();
         let (mut started, _dispatcher) =
             self.dispatch_spans(digest, &spool, first, head_rx, &arrived);
-        // Written ranges leave the spool once containerd confirmed holding them.
-        let mut written = std::collections::VecDeque::new();
-        // Requests finish in any order; their ranges go to containerd in order.
+        // Ranges containerd confirmed holding leave the spool, in order from here.
+        let mut discarded = first;
+        // Requests finish in any order; their bytes go to containerd in order.
         while let Some(request) = started.recv().await {
             let mut request = std::pin::pin!(request);
-            let (span, fetched) = loop {
+            let fetched = loop {
                 tokio::select! {
                     joined = &mut request => break joined.map_err(|e| {
                         RangeOutcome::Failed(PullError::Image {
@@ -101,28 +203,22 @@ impl Transfer {
                             detail: format!("range task failed: {e}"),
                         })
                     })??,
-                    // What arrived so far of the range at the write position goes to
-                    // containerd now, not when its request is complete.
+                    // What arrived at the write position goes to containerd now, not
+                    // when its request is complete.
                     () = arrived.notified() => {
-                        let head = sink.writer.offset() / chunk;
-                        self.write_spooled(&spool, head, sink).await?;
+                        self.write_arrived(&spool, sink).await?;
                         head_tx.send_replace(sink.writer.offset() / chunk);
                     }
                 }
             };
             sink.fetched += fetched;
-            for k in span.first..span.first + span.count {
-                self.write_spooled(&spool, k, sink).await?;
-                written.push_back(k);
-            }
+            self.write_arrived(&spool, sink).await?;
             head_tx.send_replace(sink.writer.offset() / chunk);
-            while let Some(&done) = written.front()
-                && (done + 1) * chunk <= sink.writer.acked()
-            {
-                written.pop_front();
-                if let Err(error) = spool.discard(done) {
+            while discarded < spool.ranges() && (discarded + 1) * chunk <= sink.writer.acked() {
+                if let Err(error) = spool.discard(discarded) {
                     tracing::debug!(%error, "could not free a written range");
                 }
+                discarded += 1;
             }
         }
         if sink.writer.offset() < size {
@@ -164,6 +260,8 @@ impl Transfer {
         let dispatcher = tokio::spawn(async move {
             let ranges = spool.ranges();
             let (mut k, mut issued) = (first, 0);
+            // The requests started, while they may still be split.
+            let mut live: Vec<Arc<Reach>> = Vec::new();
             while k < ranges {
                 let Ok(slot) = window.clone().acquire_owned().await else {
                     return;
@@ -174,26 +272,77 @@ impl Transfer {
                     return;
                 }
                 (k, issued) = (k + span.count, issued + 1);
-                let (transfer, digest, spool, arrived) = (
-                    transfer.clone(),
-                    digest.clone(),
-                    spool.clone(),
-                    arrived.clone(),
-                );
-                let request = AbortOnDrop(tokio::spawn(async move {
-                    let fetched = transfer.fetch_span(&digest, &spool, span, &arrived).await;
-                    if fetched.is_err() {
-                        // The blob fails (or ranges are ignored): start nothing more.
-                        slot.semaphore().close();
+                let reach = Arc::new(Reach::new(span));
+                live.push(reach.clone());
+                let request = transfer.start_span(&digest, &spool, reach, &arrived, slot);
+                if started_tx.send(request).is_err() {
+                    return;
+                }
+            }
+            // Every range is requested. While the node has a connection nobody waits
+            // for, the request with the most untouched ranges shares them with a new
+            // one: the blob's end does not wait on one long request.
+            loop {
+                live.retain(|reach| reach.untouched() > 0);
+                let Some(longest) = live.iter().max_by_key(|reach| reach.untouched()) else {
+                    return;
+                };
+                if longest.untouched() < 2 {
+                    // Untouched ranges only ever get fewer: nothing left to share.
+                    return;
+                }
+                if !transfer.connections.idle() {
+                    tokio::time::sleep(IDLE_LOOK).await;
+                    continue;
+                }
+                let slot = match window.clone().try_acquire_owned() {
+                    Ok(slot) => slot,
+                    Err(TryAcquireError::NoPermits) => {
+                        tokio::time::sleep(IDLE_LOOK).await;
+                        continue;
                     }
-                    fetched
-                }));
+                    Err(TryAcquireError::Closed) => return,
+                };
+                let Some(span) = longest.split(|k| spool.received(k) == 0) else {
+                    continue;
+                };
+                tracing::debug!(%digest, first = span.first, ranges = span.count, "ranges shared with an idle connection");
+                let reach = Arc::new(Reach::new(span));
+                live.push(reach.clone());
+                let request = transfer.start_span(&digest, &spool, reach, &arrived, slot);
                 if started_tx.send(request).is_err() {
                     return;
                 }
             }
         });
         (started, AbortOnDrop(dispatcher))
+    }
+
+    /// A request for the ranges `reach` holds, in a task of its own holding `slot` of the
+    /// blob's window.
+    fn start_span(
+        &self,
+        digest: &str,
+        spool: &Arc<Spool>,
+        reach: Arc<Reach>,
+        arrived: &Arc<Notify>,
+        slot: tokio::sync::OwnedSemaphorePermit,
+    ) -> AbortOnDrop<SpanResult> {
+        let (transfer, digest, spool, arrived) = (
+            self.clone(),
+            digest.to_owned(),
+            spool.clone(),
+            arrived.clone(),
+        );
+        AbortOnDrop(tokio::spawn(async move {
+            let fetched = transfer.fetch_span(&digest, &spool, &reach, &arrived).await;
+            reach.close();
+            if fetched.is_err() {
+                // The blob fails (or ranges are ignored): start nothing more.
+                slot.semaphore().close();
+            }
+            fetched
+        }))
     }
 
     /// How many requests of one blob run at once: its window, or its share of the
@@ -203,19 +352,15 @@ impl Transfer {
         (self.max_connections / blobs).clamp(1, RANGE_WINDOW) as u64
     }
 
-    /// Write range `k`'s spooled bytes from the write position on, as far as they go
-    /// without a gap (nothing when the write position is not in range `k`).
-    async fn write_spooled(
-        &self,
-        spool: &Spool,
-        k: u64,
-        sink: &mut Sink,
-    ) -> Result<(), RangeOutcome> {
+    /// Write the spooled bytes from the write position on, as far as they go without a
+    /// gap (across ranges).
+    async fn write_arrived(&self, spool: &Spool, sink: &mut Sink) -> Result<(), RangeOutcome> {
         let chunk = spool.range_size();
-        let end = k * chunk + spool.received(k);
         loop {
             let from = sink.writer.offset();
-            if from < k * chunk || from >= end {
+            let k = from / chunk;
+            let end = k * chunk + spool.received(k);
+            if k >= spool.ranges() || from >= end {
                 return Ok(());
             }
             let len = (end - from).min(SPOOL_PIECE as u64 * 4);
@@ -228,36 +373,41 @@ impl Transfer {
         }
     }
 
-    /// Fetch the ranges of `span` into the spool, each from where its bytes end. One
+    /// Fetch the ranges `reach` holds into the spool, each from where its bytes end. One
     /// request covers the first range missing bytes and the untouched ones after it;
-    /// ranges an earlier run left partly there start requests of their own. Returns the
-    /// span and the bytes fetched now.
+    /// ranges an earlier run left partly there start requests of their own. Ranges split
+    /// off meanwhile are left to their new request. Returns the bytes fetched now.
     async fn fetch_span(
         &self,
         digest: &str,
         spool: &Spool,
-        span: Span,
+        reach: &Reach,
         arrived: &Notify,
     ) -> SpanResult {
-        let end_range = span.first + span.count;
         let mut last = String::new();
         let mut fetched = 0u64;
         let mut attempt = 0;
         loop {
+            let end_range = reach.end();
             // The first range still missing bytes, and the run of untouched ones after it.
-            let Some(k) = (span.first..end_range).find(|&k| spool.received(k) < spool.range_len(k))
+            let Some(k) =
+                (reach.first..end_range).find(|&k| spool.received(k) < spool.range_len(k))
             else {
-                return Ok((span, fetched));
+                return Ok(fetched);
             };
             if attempt >= self.attempts {
                 return Err(RangeOutcome::Failed(self.exhausted(
                     &format!(
                         "{digest} bytes {}-{}",
-                        span.first * spool.range_size(),
+                        reach.first * spool.range_size(),
                         (end_range * spool.range_size()).min(spool.size()) - 1
                     ),
                     last,
                 )));
+            }
+            if !reach.enter(k) {
+                // Split off since `end_range` was read: look again.
+                continue;
             }
             let run_end = (k + 1..end_range)
                 .find(|&j| spool.received(j) > 0)
@@ -290,6 +440,8 @@ impl Transfer {
                     spool,
                     range: k,
                     end_range: run_end,
+                    reach,
+                    left_to_another: false,
                     pending: Vec::with_capacity(SPOOL_PIECE),
                     arrived,
                 };
@@ -318,6 +470,11 @@ impl Transfer {
                                 digest: digest.to_owned(),
                                 bytes: piece.len() as u64,
                             });
+                            if filling.left_to_another {
+                                // The rest is another request's now: this body is dropped
+                                // (its connection with it).
+                                break;
+                            }
                         }
                         Ok(None) => break,
                         Err(e) => {
@@ -331,8 +488,8 @@ impl Transfer {
                     .flush()
                     .map_err(|e| RangeOutcome::Failed(self.spool_err(e)))?;
                 match failed {
-                    None if filling.range == run_end => {
-                        tracing::debug!(%digest, ranges = run_end - k, bytes = end + 1 - start, elapsed = ?began.elapsed(), "ranges fetched");
+                    None if filling.range == run_end || filling.left_to_another => {
+                        tracing::debug!(%digest, ranges = filling.range - k, bytes = end + 1 - start, elapsed = ?began.elapsed(), "ranges fetched");
                     }
                     None => last = format!("range {start}-{end}: the body ended early"),
                     Some(e) => last = e,
@@ -360,12 +517,18 @@ enum SpanError {
 }
 
 /// Bytes of one request going into consecutive ranges of the spool, in pieces of at
-/// least [`SPOOL_PIECE`].
+/// least [`SPOOL_PIECE`], each next range only while the request still holds it
+/// ([`Reach`]).
 struct SpanFill<'a> {
     spool: &'a Spool,
     /// The range being filled; `end_range` when all are full.
     range: u64,
+    /// Where the request's bytes end.
     end_range: u64,
+    reach: &'a Reach,
+    /// The range filled next was split off to another request: what else arrives is
+    /// not this request's to write.
+    left_to_another: bool,
     pending: Vec<u8>,
     arrived: &'a Notify,
 }
@@ -373,6 +536,9 @@ struct SpanFill<'a> {
 impl SpanFill<'_> {
     fn add(&mut self, mut piece: &[u8]) -> Result<(), SpanError> {
         while !piece.is_empty() {
+            if self.left_to_another {
+                return Ok(());
+            }
             if self.range >= self.end_range {
                 return Err(SpanError::Excess);
             }
@@ -382,7 +548,7 @@ impl SpanFill<'_> {
             if room == 0 {
                 // Full: appending what is pending moves on to the next range.
                 if self.pending.is_empty() {
-                    self.range += 1;
+                    self.next_range();
                 } else {
                     self.flush().map_err(SpanError::Spool)?;
                 }
@@ -411,7 +577,7 @@ impl SpanFill<'_> {
 
     /// Append what is pending to the range being filled; on to the next when full.
     fn flush(&mut self) -> Result<(), SpoolError> {
-        if self.pending.is_empty() || self.range >= self.end_range {
+        if self.pending.is_empty() || self.range >= self.end_range || self.left_to_another {
             return Ok(());
         }
         let mut pending = std::mem::take(&mut self.pending);
@@ -426,10 +592,18 @@ impl SpanFill<'_> {
     fn append(&mut self, data: &[u8]) -> Result<(), SpoolError> {
         self.spool.append(self.range, data)?;
         if self.spool.received(self.range) == self.spool.range_len(self.range) {
-            self.range += 1;
+            self.next_range();
         }
         self.arrived.notify_one();
         Ok(())
+    }
+
+    /// On to the next range, if it is still this request's.
+    fn next_range(&mut self) {
+        self.range += 1;
+        if self.range < self.end_range && !self.reach.enter(self.range) {
+            self.left_to_another = true;
+        }
     }
 }
 
@@ -549,10 +723,13 @@ mod tests {
         let arrived = Notify::new();
         // Range 1 already holds 100 bytes (an earlier run): a request covers range 0 only.
         spool.append(1, &[7u8; 100]).unwrap();
+        let reach = Reach::new(Span { first: 0, count: 3 });
         let mut fill = SpanFill {
             spool: &spool,
             range: 0,
             end_range: 1,
+            reach: &reach,
+            left_to_another: false,
             pending: Vec::new(),
             arrived: &arrived,
         };
@@ -567,6 +744,8 @@ mod tests {
             spool: &spool,
             range: 1,
             end_range: 3,
+            reach: &reach,
+            left_to_another: false,
             pending: Vec::new(),
             arrived: &arrived,
         };
@@ -585,10 +764,13 @@ mod tests {
         let spool = Spool::open(dir.path(), "sha256:abc", size, range).unwrap();
         let arrived = Notify::new();
         let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        let reach = Reach::new(Span { first: 0, count: 4 });
         let mut fill = SpanFill {
             spool: &spool,
             range: 0,
             end_range: 4,
+            reach: &reach,
+            left_to_another: false,
             pending: Vec::with_capacity(SPOOL_PIECE),
             arrived: &arrived,
         };
@@ -611,5 +793,85 @@ mod tests {
         fill.flush().unwrap();
         assert_eq!(fill.range, 4);
         assert_eq!(spool.read(0, data.len()).unwrap(), data);
+    }
+
+    #[test]
+    fn the_back_half_of_a_requests_untouched_ranges_is_split_off() {
+        // Filling range 10 of 10..20: nine untouched, five go.
+        assert_eq!(
+            split_off(10, 20),
+            Some(Span {
+                first: 15,
+                count: 5
+            })
+        );
+        assert_eq!(
+            split_off(10, 13),
+            Some(Span {
+                first: 12,
+                count: 1
+            })
+        );
+        // One untouched range (or none) stays with its request.
+        assert_eq!(split_off(10, 12), None);
+        assert_eq!(split_off(10, 11), None);
+        assert_eq!(split_off(10, 10), None);
+    }
+
+    #[test]
+    fn a_range_split_off_is_never_filled_by_the_request_it_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool = Spool::open(dir.path(), "sha256:abc", 6 * 4096, 4096).unwrap();
+        let arrived = Notify::new();
+        let reach = Reach::new(Span { first: 0, count: 6 });
+        assert_eq!(reach.untouched(), 5);
+        let mut fill = SpanFill {
+            spool: &spool,
+            range: 0,
+            end_range: 6,
+            reach: &reach,
+            left_to_another: false,
+            pending: Vec::new(),
+            arrived: &arrived,
+        };
+        fill.add(&[1u8; 4096 + 100]).unwrap();
+        // Filling range 1: ranges 2..6 untouched, 4..6 go to another request.
+        let taken = reach.split(|k| spool.received(k) == 0).unwrap();
+        assert_eq!(taken, Span { first: 4, count: 2 });
+        assert_eq!((reach.end(), reach.untouched()), (4, 2));
+        // The request goes on to the end of range 3, and what it brings past that
+        // (the rest of its body) is dropped.
+        fill.add(&vec![2u8; 3 * 4096]).unwrap();
+        fill.flush().unwrap();
+        assert!(fill.left_to_another);
+        assert_eq!(fill.range, 4);
+        assert_eq!(
+            (0..6).map(|k| spool.received(k)).collect::<Vec<_>>(),
+            [4096, 4096, 4096, 4096, 0, 0]
+        );
+        // The new request fills them.
+        let thief = Reach::new(taken);
+        let mut fill = SpanFill {
+            spool: &spool,
+            range: 4,
+            end_range: 6,
+            reach: &thief,
+            left_to_another: false,
+            pending: Vec::new(),
+            arrived: &arrived,
+        };
+        fill.add(&[3u8; 2 * 4096]).unwrap();
+        assert_eq!(spool.read(4 * 4096 - 1, 2).unwrap(), [2, 3]);
+        // A closed request is not split; nor are ranges an earlier run left bytes in.
+        reach.close();
+        assert_eq!(reach.split(|_| true), None);
+        let partly = Reach::new(Span { first: 0, count: 6 });
+        assert_eq!(partly.split(|k| k != 5), None);
+        assert_eq!(partly.untouched(), 0, "not offered again");
+        // A request does not enter a range split off before it got there.
+        let late = Reach::new(Span { first: 0, count: 6 });
+        let taken = late.split(|_| true).unwrap();
+        assert!(!late.enter(taken.first));
+        assert!(late.enter(taken.first - 1));
     }
 }

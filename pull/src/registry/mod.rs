@@ -130,11 +130,12 @@ impl Registry {
         credentials: Vec<Credential>,
         stall_timeout: Duration,
         max_document_size: u64,
+        clients: &endpoint_client::Clients,
     ) -> Result<Self, RegistryError> {
         rigger_daemon::tls::install_crypto_provider();
         let http = endpoints
             .iter()
-            .map(|e| endpoint_client::build(e, stall_timeout))
+            .map(|e| clients.get(e, stall_timeout))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| RegistryError::Client(e.to_string()))?;
         let mut credentials = credentials.into_iter();

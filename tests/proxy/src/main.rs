@@ -146,6 +146,8 @@ struct Served {
     /// the epoch; the request's arrival until one was): a request was in flight from
     /// `arrived_us` to this, whoever else's overlapped.
     last_sent_us: u64,
+    /// The client's TCP connection, numbered in the order they were accepted (from 1).
+    connection: u64,
     /// The scheme of the `Authorization` header, when one came.
     authorization: Option<String>,
     /// The other request headers (names lowercase).
@@ -214,8 +216,11 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listen on {}", args.listen))?;
     println!("listening on {}", listener.local_addr()?);
+    let mut accepted = 0u64;
     loop {
         let (stream, _) = listener.accept().await?;
+        accepted += 1;
+        let connection = accepted;
         let state = state.clone();
         tokio::spawn(async move {
             if let Some(latency) = state.latency {
@@ -223,7 +228,9 @@ async fn main() -> anyhow::Result<()> {
             }
             // One bandwidth budget per TCP connection, shared by its requests.
             let bucket = Arc::new(tokio::sync::Mutex::new(Bucket::new(state.rate)));
-            let service = service_fn(move |request| handle(state.clone(), bucket.clone(), request));
+            let service = service_fn(move |request| {
+                handle(state.clone(), bucket.clone(), connection, request)
+            });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
@@ -234,6 +241,7 @@ async fn main() -> anyhow::Result<()> {
 async fn handle(
     state: Arc<State>,
     bucket: Arc<tokio::sync::Mutex<Bucket>>,
+    connection: u64,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let path = request
@@ -318,6 +326,7 @@ async fn handle(
             sent: 0,
             arrived_us,
             last_sent_us: arrived_us,
+            connection,
             authorization: authorization.clone(),
             headers: headers.clone(),
         });
