@@ -87,6 +87,7 @@ impl Puller {
             ranging: presence::Presence::default(),
             arriving: None,
             clients: registry::endpoint_client::Clients::default(),
+            speeds: Default::default(),
         };
         Self {
             containerd,

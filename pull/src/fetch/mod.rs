@@ -7,13 +7,13 @@
 pub mod limit;
 mod peer;
 mod ranges;
+mod speed;
 pub mod spool;
 mod stream;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -65,6 +65,8 @@ pub(crate) struct Shared {
     pub(crate) arriving: Option<crate::arriving::Arriving>,
     /// The registries' HTTP clients: the pulls share their connections.
     pub(crate) clients: crate::registry::endpoint_client::Clients,
+    /// What the pulls learnt of each registry host's speed.
+    pub(crate) speeds: speed::HostSpeeds,
 }
 
 /// Everything one blob transfer needs, cheap to clone into a task.
@@ -85,8 +87,9 @@ pub(crate) struct Transfer {
     pub(crate) source_label: (String, String),
     /// More than one connection allowed: ranges can help a slow single stream.
     pub(crate) parallel: bool,
-    /// A stream from this registry proved slow: later blobs start with ranges.
-    pub(crate) slow_registry: Arc<AtomicBool>,
+    /// What the node's pulls learnt of the registry host's speed: after a slow stream,
+    /// blobs start with ranges.
+    pub(crate) speed: Arc<speed::HostSpeed>,
     pub(crate) spool_dir: PathBuf,
     /// How far this image's layers are unpacked.
     pub(crate) stack: Arc<tokio::sync::watch::Sender<Stack>>,
@@ -128,7 +131,7 @@ impl Transfer {
             attempts: options.attempts.max(1),
             source_label: distribution_source(reference),
             parallel: options.max_connections > 1,
-            slow_registry: Arc::default(),
+            speed: shared.speeds.of(reference.registry()),
             spool_dir: options.spool_dir.clone(),
             stack: Arc::new(tokio::sync::watch::Sender::new(Stack::default())),
             peers,
@@ -431,32 +434,32 @@ impl Transfer {
             } else {
                 // One connection first: on a fast registry it is all we need, and ranges only
                 // cost CPU. When it proves slow, the rest comes as parallel ranges; once
-                // one blob found the registry slow, the others start with ranges. So does
+                // a blob found the host slow, the node's others start with ranges (one
+                // blob at a time judges a host the node has no recent word on). So does
                 // a blob an interrupted pull left ranges of.
                 let ranged =
                     ranges_supported && self.parallel && size - start > 2 * self.chunk_size;
-                let first = if ranged
-                    && (self.slow_registry.load(Ordering::Relaxed)
-                        || spool::exists(&self.spool_dir, digest))
-                {
+                let first = if !ranged {
+                    self.fetch_stream(digest, size, sink, None).await
+                } else if spool::exists(&self.spool_dir, digest) {
                     Ok(StreamEnd::Slow)
                 } else {
-                    self.fetch_stream(digest, size, sink, ranged).await
+                    match self.speed.verdict_or_turn().await {
+                        (speed::Verdict::Slow, _) => Ok(StreamEnd::Slow),
+                        (_, turn) => self.fetch_stream(digest, size, sink, Some(turn)).await,
+                    }
                 };
                 match first {
                     Ok(StreamEnd::Complete) => Ok(()),
-                    Ok(StreamEnd::Slow) => {
-                        self.slow_registry.store(true, Ordering::Relaxed);
-                        match self.fetch_ranges(digest, size, sink).await {
-                            Err(RangeOutcome::Ignored) => {
-                                ranges_supported = false;
-                                self.remove_spool(digest);
-                                self.fetch_stream(digest, size, sink, false).await.map(drop)
-                            }
-                            Err(RangeOutcome::Failed(e)) => Err(e),
-                            Ok(()) => Ok(()),
+                    Ok(StreamEnd::Slow) => match self.fetch_ranges(digest, size, sink).await {
+                        Err(RangeOutcome::Ignored) => {
+                            ranges_supported = false;
+                            self.remove_spool(digest);
+                            self.fetch_stream(digest, size, sink, None).await.map(drop)
                         }
-                    }
+                        Err(RangeOutcome::Failed(e)) => Err(e),
+                        Ok(()) => Ok(()),
+                    },
                     Err(e) => Err(e),
                 }
             };

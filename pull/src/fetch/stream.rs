@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::speed::{Judging, Verdict};
 use super::{PROBE_TIME, SLOW_STREAM_RATE, Sink, StreamEnd, Transfer};
 use crate::error::PullError;
 use crate::progress::ProgressEvent;
@@ -9,15 +10,18 @@ use crate::registry::RegistryError;
 
 impl Transfer {
     /// One stream from the writer's offset to the end, written as it arrives. With
-    /// `probe`, gives up early (`Slow`) when the connection is slower than
-    /// [`SLOW_STREAM_RATE`], so the rest can be fetched as parallel ranges.
+    /// `probe`, it is judged: it gives up early (`Slow`) when the connection is slower
+    /// than [`SLOW_STREAM_RATE`], so the rest can be fetched as parallel ranges, and the
+    /// host's verdict is recorded either way; the turn to judge the host (`Some(Some)`)
+    /// is given back with it.
     pub(super) async fn fetch_stream(
         &self,
         digest: &str,
         size: u64,
         sink: &mut Sink,
-        probe: bool,
+        probe: Option<Option<Judging<'_>>>,
     ) -> Result<StreamEnd, PullError> {
+        let (probe, mut turn) = (probe.is_some(), probe.flatten());
         let _permit = self.connections.acquire().await;
         let mut last: Option<RegistryError> = None;
         for i in self.registry.blob_endpoints() {
@@ -77,12 +81,16 @@ impl Transfer {
                             bytes: piece.len() as u64,
                         });
                         probed += piece.len() as u64;
-                        if probe
-                            && waited >= PROBE_TIME
-                            && (probed as f64 / waited.as_secs_f64()) < SLOW_STREAM_RATE as f64
-                            && size - sink.writer.offset() > 2 * self.chunk_size
-                        {
-                            return Ok(StreamEnd::Slow);
+                        if probe && waited >= PROBE_TIME {
+                            let slow =
+                                (probed as f64 / waited.as_secs_f64()) < SLOW_STREAM_RATE as f64;
+                            if slow && size - sink.writer.offset() > 2 * self.chunk_size {
+                                self.speed.judge(Verdict::Slow);
+                                return Ok(StreamEnd::Slow);
+                            }
+                            if !slow && turn.take().is_some() {
+                                self.speed.judge(Verdict::Fast);
+                            }
                         }
                     }
                     Ok(None) => break,
