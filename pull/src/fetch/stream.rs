@@ -45,6 +45,7 @@ impl Transfer {
             // socket's buffers, and the node fetched it twice.
             let mut waited = Duration::ZERO;
             let mut probed = 0u64;
+            let began = std::time::Instant::now();
             loop {
                 let asked = std::time::Instant::now();
                 let next = body.next().await;
@@ -81,16 +82,20 @@ impl Transfer {
                             bytes: piece.len() as u64,
                         });
                         probed += piece.len() as u64;
-                        if probe && waited >= PROBE_TIME {
-                            let slow =
-                                (probed as f64 / waited.as_secs_f64()) < SLOW_STREAM_RATE as f64;
-                            if slow && size - sink.writer.offset() > 2 * self.chunk_size {
+                        match probe.then(|| judge(probed, waited)).flatten() {
+                            Some(Verdict::Slow)
+                                if size - sink.writer.offset() > 2 * self.chunk_size =>
+                            {
+                                tracing::debug!(%digest, probed, ?waited, elapsed = ?began.elapsed(), "stream slow");
                                 self.speed.judge(Verdict::Slow);
                                 return Ok(StreamEnd::Slow);
                             }
-                            if !slow && turn.take().is_some() {
+                            Some(Verdict::Fast) if turn.take().is_some() => {
+                                // Given as soon as it is sure: blobs of this host wait for it.
+                                tracing::debug!(%digest, probed, ?waited, elapsed = ?began.elapsed(), "host judged fast");
                                 self.speed.judge(Verdict::Fast);
                             }
+                            _ => {}
                         }
                     }
                     Ok(None) => break,
@@ -126,5 +131,41 @@ impl Transfer {
             },
             PullError::from,
         ))
+    }
+}
+
+/// What a stream that brought `probed` bytes while waiting `waited` for them shows: slow
+/// once it waited [`PROBE_TIME`] at less than [`SLOW_STREAM_RATE`]; fast as soon as it
+/// brought what that rate brings in that time, sooner (a fast host's blob may spend most
+/// of its time being stored, not waited for, and never wait that long).
+fn judge(probed: u64, waited: Duration) -> Option<Verdict> {
+    let fast_enough = SLOW_STREAM_RATE as f64 * PROBE_TIME.as_secs_f64();
+    if waited >= PROBE_TIME {
+        let rate = probed as f64 / waited.as_secs_f64();
+        return Some(match rate < SLOW_STREAM_RATE as f64 {
+            true => Verdict::Slow,
+            false => Verdict::Fast,
+        });
+    }
+    (probed as f64 >= fast_enough).then_some(Verdict::Fast)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_is_judged_slow_after_its_probe_and_fast_as_soon_as_it_shows_it() {
+        let mib = 1u64 << 20;
+        // 16 MiB/s (the bench's distant registry) over the probe: slow.
+        assert_eq!(judge(mib * 16 / 20, PROBE_TIME), Some(Verdict::Slow));
+        // Not waited long enough, not enough bytes: no word yet.
+        assert_eq!(judge(mib, PROBE_TIME / 2), None);
+        // 3 MiB after 5 ms of waiting: fast at once.
+        assert_eq!(
+            judge(3 * mib, Duration::from_millis(5)),
+            Some(Verdict::Fast)
+        );
+        assert_eq!(judge(100 * mib, 2 * PROBE_TIME), Some(Verdict::Fast));
     }
 }
