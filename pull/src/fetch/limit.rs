@@ -4,13 +4,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::{Mutex, Semaphore, SemaphorePermit};
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 
 use crate::presence::Presence;
 
 /// The node's connections to registries: a permit per request, and a count of the
 /// requests waiting for one. A permit free while nobody waits is an idle connection,
-/// which a blob's last long request may share its work with.
+/// which a blob's last long request may share its work with ([`Self::take_idle`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Connections {
     permits: Arc<Semaphore>,
@@ -26,14 +26,17 @@ impl Connections {
     }
 
     /// Wait for a connection of the node's; held until the permit drops.
-    pub(crate) async fn acquire(&self) -> Option<SemaphorePermit<'_>> {
+    pub(crate) async fn acquire(&self) -> Option<OwnedSemaphorePermit> {
         let _waiting = self.waiting.enter();
-        self.permits.acquire().await.ok()
+        self.permits.clone().acquire_owned().await.ok()
     }
 
-    /// Whether a connection is free and no request waits for one.
-    pub(crate) fn idle(&self) -> bool {
-        self.waiting.now() == 0 && self.permits.available_permits() > 0
+    /// A connection that is free while no request waits for one, taken.
+    pub(crate) fn take_idle(&self) -> Option<OwnedSemaphorePermit> {
+        match self.waiting.now() {
+            0 => self.permits.clone().try_acquire_owned().ok(),
+            _ => None,
+        }
     }
 }
 
@@ -79,21 +82,21 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn a_connection_is_idle_only_when_free_and_nobody_waits() {
+    async fn an_idle_connection_is_taken_only_when_free_and_nobody_waits() {
         let connections = Connections::new(1);
-        assert!(connections.idle());
-        let held = connections.acquire().await;
+        let held = connections.take_idle();
         assert!(held.is_some());
-        assert!(!connections.idle(), "none free");
+        assert!(connections.take_idle().is_none(), "none free");
         let waiter = connections.clone();
         let waiting = tokio::spawn(async move { waiter.acquire().await.is_some() });
         while connections.waiting.now() == 0 {
             tokio::task::yield_now().await;
         }
         drop(held);
-        // Free, but promised to the waiter until it takes it.
+        // Free, but the waiter's: not idle.
+        assert!(connections.take_idle().is_none());
         assert!(waiting.await.unwrap());
-        assert!(connections.idle());
+        assert!(connections.take_idle().is_some());
     }
 
     #[tokio::test(start_paused = true)]

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::{Notify, Semaphore, TryAcquireError, mpsc, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError, mpsc, watch};
 
 use super::spool::{Spool, SpoolError};
 use super::{RANGE_WINDOW, RangeOutcome, SPOOL_PIECE, Sink, Transfer, backoff};
@@ -274,7 +274,7 @@ impl Transfer {
                 (k, issued) = (k + span.count, issued + 1);
                 let reach = Arc::new(Reach::new(span));
                 live.push(reach.clone());
-                let request = transfer.start_span(&digest, &spool, reach, &arrived, slot);
+                let request = transfer.start_span(&digest, &spool, reach, &arrived, slot, None);
                 if started_tx.send(request).is_err() {
                     return;
                 }
@@ -291,13 +291,16 @@ impl Transfer {
                     // Untouched ranges only ever get fewer: nothing left to share.
                     return;
                 }
-                if !transfer.connections.idle() {
+                // The connection is taken here, so one idle connection starts one
+                // request, whichever blob sees it first.
+                let Some(connection) = transfer.connections.take_idle() else {
                     tokio::time::sleep(IDLE_LOOK).await;
                     continue;
-                }
+                };
                 let slot = match window.clone().try_acquire_owned() {
                     Ok(slot) => slot,
                     Err(TryAcquireError::NoPermits) => {
+                        drop(connection);
                         tokio::time::sleep(IDLE_LOOK).await;
                         continue;
                     }
@@ -309,7 +312,8 @@ impl Transfer {
                 tracing::debug!(%digest, first = span.first, ranges = span.count, "ranges shared with an idle connection");
                 let reach = Arc::new(Reach::new(span));
                 live.push(reach.clone());
-                let request = transfer.start_span(&digest, &spool, reach, &arrived, slot);
+                let request =
+                    transfer.start_span(&digest, &spool, reach, &arrived, slot, Some(connection));
                 if started_tx.send(request).is_err() {
                     return;
                 }
@@ -319,14 +323,15 @@ impl Transfer {
     }
 
     /// A request for the ranges `reach` holds, in a task of its own holding `slot` of the
-    /// blob's window.
+    /// blob's window (and, for its first try, `connection` when one was taken for it).
     fn start_span(
         &self,
         digest: &str,
         spool: &Arc<Spool>,
         reach: Arc<Reach>,
         arrived: &Arc<Notify>,
-        slot: tokio::sync::OwnedSemaphorePermit,
+        slot: OwnedSemaphorePermit,
+        connection: Option<OwnedSemaphorePermit>,
     ) -> AbortOnDrop<SpanResult> {
         let (transfer, digest, spool, arrived) = (
             self.clone(),
@@ -335,7 +340,9 @@ impl Transfer {
             arrived.clone(),
         );
         AbortOnDrop(tokio::spawn(async move {
-            let fetched = transfer.fetch_span(&digest, &spool, &reach, &arrived).await;
+            let fetched = transfer
+                .fetch_span(&digest, &spool, &reach, &arrived, connection)
+                .await;
             reach.close();
             if fetched.is_err() {
                 // The blob fails (or ranges are ignored): start nothing more.
@@ -383,6 +390,7 @@ impl Transfer {
         spool: &Spool,
         reach: &Reach,
         arrived: &Notify,
+        mut connection: Option<OwnedSemaphorePermit>,
     ) -> SpanResult {
         let mut last = String::new();
         let mut fetched = 0u64;
@@ -409,14 +417,20 @@ impl Transfer {
                 // Split off since `end_range` was read: look again.
                 continue;
             }
-            let run_end = (k + 1..end_range)
-                .find(|&j| spool.received(j) > 0)
-                .unwrap_or(end_range);
             let start = k * spool.range_size() + spool.received(k);
-            let end = (run_end * spool.range_size()).min(spool.size()) - 1;
             let mut progressed = false;
             for i in self.registry.blob_endpoints() {
-                let _permit = self.connections.acquire().await;
+                let _permit = match connection.take() {
+                    Some(taken) => Some(taken),
+                    None => self.connections.acquire().await,
+                };
+                // Read once the connection is ours: ranges split off while the request
+                // waited for it are not asked for.
+                let end_range = reach.end();
+                let run_end = (k + 1..end_range)
+                    .find(|&j| spool.received(j) > 0)
+                    .unwrap_or(end_range);
+                let end = (run_end * spool.range_size()).min(spool.size()) - 1;
                 let began = std::time::Instant::now();
                 let (partial, mut body) = match self
                     .registry
@@ -452,8 +466,8 @@ impl Transfer {
                             if let Some(rate) = &self.rate {
                                 rate.acquire(piece.len()).await;
                             }
-                            match filling.add(&piece) {
-                                Ok(()) => {}
+                            let kept = match filling.add(&piece) {
+                                Ok(kept) => kept,
                                 Err(SpanError::Excess) => {
                                     failed = Some(format!(
                                         "range {start}-{end}: the registry returned more than asked"
@@ -463,12 +477,12 @@ impl Transfer {
                                 Err(SpanError::Spool(e)) => {
                                     return Err(RangeOutcome::Failed(self.spool_err(e)));
                                 }
-                            }
-                            fetched += piece.len() as u64;
+                            };
+                            fetched += kept as u64;
                             progressed = true;
                             self.progress.event(ProgressEvent::BlobBytes {
                                 digest: digest.to_owned(),
-                                bytes: piece.len() as u64,
+                                bytes: kept as u64,
                             });
                             if filling.left_to_another {
                                 // The rest is another request's now: this body is dropped
@@ -534,10 +548,12 @@ struct SpanFill<'a> {
 }
 
 impl SpanFill<'_> {
-    fn add(&mut self, mut piece: &[u8]) -> Result<(), SpanError> {
+    /// Take `piece`; the bytes kept (fewer when the rest is another request's).
+    fn add(&mut self, mut piece: &[u8]) -> Result<usize, SpanError> {
+        let whole = piece.len();
         while !piece.is_empty() {
             if self.left_to_another {
-                return Ok(());
+                return Ok(whole - piece.len());
             }
             if self.range >= self.end_range {
                 return Err(SpanError::Excess);
@@ -572,7 +588,7 @@ impl SpanFill<'_> {
                 self.flush().map_err(SpanError::Spool)?;
             }
         }
-        Ok(())
+        Ok(whole)
     }
 
     /// Append what is pending to the range being filled; on to the next when full.
@@ -840,8 +856,8 @@ mod tests {
         assert_eq!(taken, Span { first: 4, count: 2 });
         assert_eq!((reach.end(), reach.untouched()), (4, 2));
         // The request goes on to the end of range 3, and what it brings past that
-        // (the rest of its body) is dropped.
-        fill.add(&vec![2u8; 3 * 4096]).unwrap();
+        // (the rest of its body) is dropped, not counted.
+        assert_eq!(fill.add(&vec![2u8; 3 * 4096]).unwrap(), 3 * 4096 - 100);
         fill.flush().unwrap();
         assert!(fill.left_to_another);
         assert_eq!(fill.range, 4);

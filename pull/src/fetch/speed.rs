@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 
 /// How long a verdict holds: networks change, and a judgement costs only one blob's start.
 const VERDICT_HOLDS: Duration = Duration::from_secs(60);
+/// How long a blob waits for another's verdict before it judges its stream itself: a
+/// judge whose connection stalls (until the stall timeout) holds no other blob longer.
+const VERDICT_WAIT: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
@@ -55,14 +58,18 @@ impl HostSpeed {
         *self.given() = Some((verdict, Instant::now()));
     }
 
-    /// The verdict, waiting for the blob judging the host when there is none; `Unknown`
-    /// comes with the turn to judge.
+    /// The verdict, waiting (up to [`VERDICT_WAIT`]) for the blob judging the host when
+    /// there is none; `Unknown` comes with the turn to judge, or without it when the wait
+    /// ran out (the blob's own stream is judged then, for it alone until it gives a
+    /// verdict).
     pub(crate) async fn verdict_or_turn(&self) -> (Verdict, Option<Judging<'_>>) {
         match self.verdict() {
             Verdict::Unknown => {}
             known => return (known, None),
         }
-        let turn = self.judging.lock().await;
+        let Ok(turn) = tokio::time::timeout(VERDICT_WAIT, self.judging.lock()).await else {
+            return (self.verdict(), None);
+        };
         match self.verdict() {
             Verdict::Unknown => (Verdict::Unknown, Some(turn)),
             known => (known, None),
@@ -134,5 +141,16 @@ mod tests {
             speeds.of("mirror.example").verdict_or_turn().await.0,
             Verdict::Unknown
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_judge_that_stalls_holds_the_others_a_second_at_most() {
+        let speed = HostSpeed::default();
+        let (_, stalled) = speed.verdict_or_turn().await;
+        assert!(stalled.is_some());
+        let started = tokio::time::Instant::now();
+        let (verdict, turn) = speed.verdict_or_turn().await;
+        assert_eq!((verdict, turn.is_some()), (Verdict::Unknown, false));
+        assert_eq!(started.elapsed(), VERDICT_WAIT);
     }
 }

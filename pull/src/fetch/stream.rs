@@ -83,12 +83,16 @@ impl Transfer {
                         });
                         probed += piece.len() as u64;
                         match probe.then(|| judge(probed, waited)).flatten() {
-                            Some(Verdict::Slow)
-                                if size - sink.writer.offset() > 2 * self.chunk_size =>
-                            {
-                                tracing::debug!(%digest, probed, ?waited, elapsed = ?began.elapsed(), "stream slow");
-                                self.speed.judge(Verdict::Slow);
-                                return Ok(StreamEnd::Slow);
+                            Some(Verdict::Slow) => {
+                                // Said at once, whatever is left of this blob: the host's
+                                // other blobs wait for it.
+                                if turn.take().is_some() || self.speed.verdict() != Verdict::Slow {
+                                    tracing::debug!(%digest, probed, ?waited, elapsed = ?began.elapsed(), "host judged slow");
+                                    self.speed.judge(Verdict::Slow);
+                                }
+                                if size - sink.writer.offset() > 2 * self.chunk_size {
+                                    return Ok(StreamEnd::Slow);
+                                }
                             }
                             Some(Verdict::Fast) if turn.take().is_some() => {
                                 // Given as soon as it is sure: blobs of this host wait for it.
@@ -98,7 +102,14 @@ impl Transfer {
                             _ => {}
                         }
                     }
-                    Ok(None) => break,
+                    Ok(None) => {
+                        // Ended before the probe's time: judged by what it brought then
+                        // (a fast host's small blobs would otherwise never say).
+                        if turn.take().is_some() && ended_fast(probed, waited) {
+                            self.speed.judge(Verdict::Fast);
+                        }
+                        break;
+                    }
                     Err(detail) => {
                         return Err(RegistryError::Transfer {
                             what: format!("blob {digest}"),
@@ -150,6 +161,12 @@ fn judge(probed: u64, waited: Duration) -> Option<Verdict> {
     (probed as f64 >= fast_enough).then_some(Verdict::Fast)
 }
 
+/// Whether a judged stream that ended after bringing `probed` bytes while waiting
+/// `waited` for them came at least at [`SLOW_STREAM_RATE`].
+fn ended_fast(probed: u64, waited: Duration) -> bool {
+    probed as f64 >= SLOW_STREAM_RATE as f64 * waited.as_secs_f64()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,5 +184,9 @@ mod tests {
             Some(Verdict::Fast)
         );
         assert_eq!(judge(100 * mib, 2 * PROBE_TIME), Some(Verdict::Fast));
+        // A small blob that ended sooner: fast if it came at the rate.
+        assert!(ended_fast(mib, Duration::from_millis(10)));
+        assert!(!ended_fast(mib / 4, Duration::from_millis(10)));
+        assert!(ended_fast(0, Duration::ZERO));
     }
 }

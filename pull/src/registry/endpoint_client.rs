@@ -3,7 +3,7 @@
 //! to the host (manifests, blobs, its token service) goes through it.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -38,20 +38,34 @@ pub struct Clients(Arc<Mutex<HashMap<[u8; 32], reqwest::Client>>>);
 
 impl Clients {
     /// The client for `endpoint`: the one built before for the same settings and the same
-    /// contents of its files (a CA file rewritten gets a new client), else a new one.
+    /// contents of its files (a CA file rewritten gets a new client), else a new one,
+    /// built from the very bytes the key was made of.
     pub fn get(
         &self,
         endpoint: &Endpoint,
         stall_timeout: Duration,
     ) -> Result<reqwest::Client, ClientError> {
-        let key = settings_key(endpoint, stall_timeout);
-        let mut clients = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(client) = key.as_ref().and_then(|key| clients.get(key)) {
+        let files = endpoint_files(endpoint);
+        let key = files
+            .as_ref()
+            .map(|files| settings_key(endpoint, stall_timeout, files));
+        if let Some(key) = &key
+            && let Some(client) = self.lock().get(key)
+        {
             return Ok(client.clone());
         }
-        // A file that cannot be read is not cached: `build` says what is wrong with it.
-        let client = build(endpoint, stall_timeout)?;
+        let client = match &files {
+            Some(files) => build_from(endpoint, stall_timeout, &|path: &Path| {
+                files
+                    .get(path)
+                    .cloned()
+                    .ok_or_else(|| format!("{}: not read", path.display()))
+            })?,
+            // A file that cannot be read is not cached: `build` says what is wrong with it.
+            None => build(endpoint, stall_timeout)?,
+        };
         if let Some(key) = key {
+            let mut clients = self.lock();
             if clients.len() >= CLIENTS_KEPT {
                 clients.clear();
             }
@@ -59,37 +73,74 @@ impl Clients {
         }
         Ok(client)
     }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], reqwest::Client>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
-/// What a client is built from: the host, its settings and its files' contents (`None`
-/// when a file cannot be read).
-fn settings_key(endpoint: &Endpoint, stall_timeout: Duration) -> Option<[u8; 32]> {
+/// The contents of every file `endpoint` names (`None` when one cannot be read).
+fn endpoint_files(endpoint: &Endpoint) -> Option<HashMap<PathBuf, Vec<u8>>> {
+    let pairs = endpoint.tls.client_pairs.iter();
+    let paths =
+        endpoint.tls.ca_files.iter().chain(
+            pairs.flat_map(|pair| std::iter::once(&pair.certificate).chain(pair.key.as_ref())),
+        );
+    paths
+        .map(|path| read(path).ok().map(|bytes| (path.clone(), bytes)))
+        .collect()
+}
+
+/// What a client is built from: the host, its settings and its files' contents, each
+/// list counted and each field length-prefixed, so no two configurations share a key.
+fn settings_key(
+    endpoint: &Endpoint,
+    stall_timeout: Duration,
+    files: &HashMap<PathBuf, Vec<u8>>,
+) -> [u8; 32] {
     let mut hasher = Sha256::new();
     let mut field = |bytes: &[u8]| {
         hasher.update((bytes.len() as u64).to_le_bytes());
         hasher.update(bytes);
     };
+    let file = |path: &PathBuf| files.get(path).map_or(&[][..], Vec::as_slice);
     field(endpoint.url.as_bytes());
     field(&[u8::from(endpoint.tls.skip_verify)]);
     field(format!("{:?} {stall_timeout:?}", endpoint.dial_timeout).as_bytes());
+    field(&(endpoint.headers.len() as u64).to_le_bytes());
     for (name, value) in &endpoint.headers {
         field(name.as_bytes());
         field(value.as_bytes());
     }
-    for file in &endpoint.tls.ca_files {
-        field(&read(file).ok()?);
+    field(&(endpoint.tls.ca_files.len() as u64).to_le_bytes());
+    for ca in &endpoint.tls.ca_files {
+        field(file(ca));
     }
+    field(&(endpoint.tls.client_pairs.len() as u64).to_le_bytes());
     for pair in &endpoint.tls.client_pairs {
-        field(&read(&pair.certificate).ok()?);
-        if let Some(key) = &pair.key {
-            field(&read(key).ok()?);
+        field(file(&pair.certificate));
+        match &pair.key {
+            Some(key) => {
+                field(b"key");
+                field(file(key));
+            }
+            None => field(b"no key"),
         }
     }
-    Some(hasher.finalize().into())
+    hasher.finalize().into()
 }
 
 /// The client for `endpoint`; a byte-less `stall_timeout` on a response is a failure.
 pub fn build(endpoint: &Endpoint, stall_timeout: Duration) -> Result<reqwest::Client, ClientError> {
+    build_from(endpoint, stall_timeout, &read)
+}
+
+/// [`build`], its files' bytes from `read`.
+fn build_from(
+    endpoint: &Endpoint,
+    stall_timeout: Duration,
+    read: &dyn Fn(&Path) -> Result<Vec<u8>, String>,
+) -> Result<reqwest::Client, ClientError> {
     let fail = |detail: String| ClientError {
         origin: endpoint
             .source
@@ -275,11 +326,15 @@ mod tests {
         );
         assert!(clients.get(&with_ca, stall).is_err());
         assert_eq!(clients.0.lock().unwrap().len(), 3);
-        let key = settings_key(&plain, stall);
+        let key =
+            |endpoint: &Endpoint| settings_key(endpoint, stall, &endpoint_files(endpoint).unwrap());
         std::fs::write(&ca, "one").unwrap();
-        let first = settings_key(&with_ca, stall);
+        let first = key(&with_ca);
         std::fs::write(&ca, "two").unwrap();
-        let second = settings_key(&with_ca, stall);
-        assert!(first.is_some() && first != second && first != key);
+        assert!(first != key(&with_ca) && first != key(&plain));
+        // A CA file's bytes are not a header's: lists are counted.
+        std::fs::write(&ca, "x").unwrap();
+        let header = endpoint(Tls::default(), vec![("x".to_owned(), String::new())]);
+        assert_ne!(key(&with_ca), key(&header));
     }
 }
