@@ -445,7 +445,9 @@ impl Transfer {
                     Ok(StreamEnd::Slow)
                 } else {
                     match self.speed.verdict_or_turn().await {
-                        (speed::Verdict::Slow, _) => Ok(StreamEnd::Slow),
+                        (speed::Verdict::Slow, _) | (speed::Verdict::Unknown, None) => {
+                            Ok(StreamEnd::Slow)
+                        }
                         (_, turn) => self.fetch_stream(digest, size, sink, Some(turn)).await,
                     }
                 };

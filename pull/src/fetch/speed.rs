@@ -14,9 +14,11 @@ use std::time::{Duration, Instant};
 
 /// How long a verdict holds: networks change, and a judgement costs only one blob's start.
 const VERDICT_HOLDS: Duration = Duration::from_secs(60);
-/// How long a blob waits for another's verdict before it judges its stream itself: a
-/// judge whose connection stalls (until the stall timeout) holds no other blob longer.
-const VERDICT_WAIT: Duration = Duration::from_secs(1);
+/// How long a blob waits for another's verdict: a judge whose stream is slow to start
+/// (its unpacker's start is not counted as waiting for the network) or stalls holds no
+/// other blob longer. A blob left without a word fetches as ranges, which a fast host
+/// serves too.
+const VERDICT_WAIT: Duration = Duration::from_millis(100);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
@@ -60,8 +62,7 @@ impl HostSpeed {
 
     /// The verdict, waiting (up to [`VERDICT_WAIT`]) for the blob judging the host when
     /// there is none; `Unknown` comes with the turn to judge, or without it when the wait
-    /// ran out (the blob's own stream is judged then, for it alone until it gives a
-    /// verdict).
+    /// ran out.
     pub(crate) async fn verdict_or_turn(&self) -> (Verdict, Option<Judging<'_>>) {
         match self.verdict() {
             Verdict::Unknown => {}
@@ -144,7 +145,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_judge_that_stalls_holds_the_others_a_second_at_most() {
+    async fn a_judge_that_stalls_holds_the_others_a_moment_at_most() {
         let speed = HostSpeed::default();
         let (_, stalled) = speed.verdict_or_turn().await;
         assert!(stalled.is_some());
