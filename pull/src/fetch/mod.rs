@@ -21,6 +21,7 @@ use tokio::sync::Mutex;
 
 use self::limit::{Connections, RateLimit};
 use self::spool::SpoolError;
+use self::stream::Probe;
 use oci_client::Reference;
 
 use crate::error::PullError;
@@ -440,7 +441,7 @@ impl Transfer {
                 let ranged =
                     ranges_supported && self.parallel && size - start > 2 * self.chunk_size;
                 let first = if !ranged {
-                    self.fetch_stream(digest, size, sink, None).await
+                    self.fetch_stream(digest, size, sink, Probe::Off).await
                 } else if spool::exists(&self.spool_dir, digest) {
                     Ok(StreamEnd::Slow)
                 } else {
@@ -448,7 +449,10 @@ impl Transfer {
                         (speed::Verdict::Slow, _) | (speed::Verdict::Unknown, None) => {
                             Ok(StreamEnd::Slow)
                         }
-                        (_, turn) => self.fetch_stream(digest, size, sink, Some(turn)).await,
+                        (_, turn) => {
+                            self.fetch_stream(digest, size, sink, Probe::Judged(turn))
+                                .await
+                        }
                     }
                 };
                 match first {
@@ -457,7 +461,9 @@ impl Transfer {
                         Err(RangeOutcome::Ignored) => {
                             ranges_supported = false;
                             self.remove_spool(digest);
-                            self.fetch_stream(digest, size, sink, None).await.map(drop)
+                            self.fetch_stream(digest, size, sink, Probe::Off)
+                                .await
+                                .map(drop)
                         }
                         Err(RangeOutcome::Failed(e)) => Err(e),
                         Ok(()) => Ok(()),

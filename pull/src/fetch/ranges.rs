@@ -86,7 +86,7 @@ struct Reach {
     state: Mutex<ReachState>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct ReachState {
     /// The range the request fills now (or fills first).
     filling: u64,
@@ -284,10 +284,12 @@ impl Transfer {
             // one: the blob's end does not wait on one long request.
             loop {
                 live.retain(|reach| reach.untouched() > 0);
-                let Some(longest) = live.iter().max_by_key(|reach| reach.untouched()) else {
+                let most = live.iter().map(|reach| (reach.untouched(), reach));
+                let Some((untouched, longest)) = most.max_by_key(|(untouched, _)| *untouched)
+                else {
                     return;
                 };
-                if longest.untouched() < 2 {
+                if untouched < 2 {
                     // Untouched ranges only ever get fewer: nothing left to share.
                     return;
                 }

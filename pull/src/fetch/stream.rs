@@ -8,20 +8,31 @@ use crate::error::PullError;
 use crate::progress::ProgressEvent;
 use crate::registry::RegistryError;
 
+/// Whether a stream is judged for speed.
+pub(super) enum Probe<'a> {
+    /// Not judged: the blob is too small for ranges, or they are not to be used.
+    Off,
+    /// Judged, by the blob holding the host's turn to judge (`Some`) or on its own.
+    Judged(Option<Judging<'a>>),
+}
+
 impl Transfer {
-    /// One stream from the writer's offset to the end, written as it arrives. With
-    /// `probe`, it is judged: it gives up early (`Slow`) when the connection is slower
+    /// One stream from the writer's offset to the end, written as it arrives. A
+    /// [`Probe::Judged`] stream gives up early (`Slow`) when the connection is slower
     /// than [`SLOW_STREAM_RATE`], so the rest can be fetched as parallel ranges, and the
-    /// host's verdict is recorded either way; the turn to judge the host (`Some(Some)`)
-    /// is given back with it.
+    /// host's verdict is recorded either way; the turn to judge the host, when it holds
+    /// it, is given back with it.
     pub(super) async fn fetch_stream(
         &self,
         digest: &str,
         size: u64,
         sink: &mut Sink,
-        probe: Option<Option<Judging<'_>>>,
+        probe: Probe<'_>,
     ) -> Result<StreamEnd, PullError> {
-        let (probe, mut turn) = (probe.is_some(), probe.flatten());
+        let (probe, mut turn) = match probe {
+            Probe::Off => (false, None),
+            Probe::Judged(turn) => (true, turn),
+        };
         let _permit = self.connections.acquire().await;
         let mut last: Option<RegistryError> = None;
         for i in self.registry.blob_endpoints() {
@@ -150,19 +161,17 @@ impl Transfer {
 /// brought what that rate brings in that time, sooner (a fast host's blob may spend most
 /// of its time being stored, not waited for, and never wait that long).
 fn judge(probed: u64, waited: Duration) -> Option<Verdict> {
-    let fast_enough = SLOW_STREAM_RATE as f64 * PROBE_TIME.as_secs_f64();
     if waited >= PROBE_TIME {
-        let rate = probed as f64 / waited.as_secs_f64();
-        return Some(match rate < SLOW_STREAM_RATE as f64 {
-            true => Verdict::Slow,
-            false => Verdict::Fast,
+        return Some(match ended_fast(probed, waited) {
+            true => Verdict::Fast,
+            false => Verdict::Slow,
         });
     }
-    (probed as f64 >= fast_enough).then_some(Verdict::Fast)
+    ended_fast(probed, PROBE_TIME).then_some(Verdict::Fast)
 }
 
-/// Whether a judged stream that ended after bringing `probed` bytes while waiting
-/// `waited` for them came at least at [`SLOW_STREAM_RATE`].
+/// Whether `probed` bytes brought while waiting `waited` for them came at least at
+/// [`SLOW_STREAM_RATE`] (also how a judged stream that ended early is judged).
 fn ended_fast(probed: u64, waited: Duration) -> bool {
     probed as f64 >= SLOW_STREAM_RATE as f64 * waited.as_secs_f64()
 }
