@@ -1,7 +1,7 @@
 //! Fetch: blobs from the registry into containerd's ingest, resuming what it holds.
 //!
-//! One connection first; when it proves slow, the rest comes as parallel byte ranges
-//! ([`ranges`]) that wait in an on-disk [`spool`] until the ingest reaches them. Bytes go
+//! One connection first; when it proves slow, it goes on as the first of parallel byte
+//! ranges ([`ranges`]) that wait in an on-disk [`spool`] until the ingest reaches them. Bytes go
 //! to the content store and, for a layer, to its unpacker at once ([`Sink`]).
 
 pub mod limit;
@@ -434,40 +434,35 @@ impl Transfer {
                 Ok(())
             } else {
                 // One connection first: on a fast registry it is all we need, and ranges only
-                // cost CPU. When it proves slow, the rest comes as parallel ranges; once
-                // a blob found the host slow, the node's others start with ranges (one
-                // blob at a time judges a host the node has no recent word on). So does
-                // a blob an interrupted pull left ranges of.
+                // cost CPU. When it proves slow, it goes on as the first of parallel ranges
+                // for the rest; once a blob found the host slow, the node's others start
+                // with ranges. So does a blob an interrupted pull left ranges of.
                 let ranged =
                     ranges_supported && self.parallel && size - start > 2 * self.chunk_size;
                 let first = if !ranged {
                     self.fetch_stream(digest, size, sink, Probe::Off).await
-                } else if spool::exists(&self.spool_dir, digest) {
-                    Ok(StreamEnd::Slow)
+                } else if spool::exists(&self.spool_dir, digest)
+                    || self.speed.verdict() == speed::Verdict::Slow
+                {
+                    Ok(StreamEnd::Ranges(None))
                 } else {
-                    match self.speed.verdict_or_turn().await {
-                        (speed::Verdict::Slow, _) | (speed::Verdict::Unknown, None) => {
-                            Ok(StreamEnd::Slow)
-                        }
-                        (_, turn) => {
-                            self.fetch_stream(digest, size, sink, Probe::Judged(turn))
-                                .await
-                        }
-                    }
+                    self.fetch_stream(digest, size, sink, Probe::Judged).await
                 };
                 match first {
                     Ok(StreamEnd::Complete) => Ok(()),
-                    Ok(StreamEnd::Slow) => match self.fetch_ranges(digest, size, sink).await {
-                        Err(RangeOutcome::Ignored) => {
-                            ranges_supported = false;
-                            self.remove_spool(digest);
-                            self.fetch_stream(digest, size, sink, Probe::Off)
-                                .await
-                                .map(drop)
+                    Ok(StreamEnd::Ranges(open)) => {
+                        match self.fetch_ranges(digest, size, sink, open).await {
+                            Err(RangeOutcome::Ignored) => {
+                                ranges_supported = false;
+                                self.remove_spool(digest);
+                                self.fetch_stream(digest, size, sink, Probe::Off)
+                                    .await
+                                    .map(drop)
+                            }
+                            Err(RangeOutcome::Failed(e)) => Err(e),
+                            Ok(()) => Ok(()),
                         }
-                        Err(RangeOutcome::Failed(e)) => Err(e),
-                        Ok(()) => Ok(()),
-                    },
+                    }
                     Err(e) => Err(e),
                 }
             };
@@ -710,8 +705,20 @@ impl Sink {
 /// How a single stream ended.
 enum StreamEnd {
     Complete,
-    /// Slower than [`SLOW_STREAM_RATE`]: fetch the rest as ranges.
-    Slow,
+    /// The rest comes as ranges: slower than [`SLOW_STREAM_RATE`] (the stream, still
+    /// open, goes on as the first of them), or a blob started as ranges.
+    Ranges(Option<OpenStream>),
+}
+
+/// A blob's stream found slow, still open.
+struct OpenStream {
+    /// The registry endpoint answering it.
+    endpoint: usize,
+    /// The blob's byte its body goes on with.
+    at: u64,
+    body: crate::registry::BlobBody,
+    /// The node's connection it holds.
+    connection: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 enum RangeOutcome {

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError, mpsc, watch};
 
 use super::spool::{Spool, SpoolError};
-use super::{RANGE_WINDOW, RangeOutcome, SPOOL_PIECE, Sink, Transfer, backoff};
+use super::{OpenStream, RANGE_WINDOW, RangeOutcome, SPOOL_PIECE, Sink, Transfer, backoff};
 use crate::error::PullError;
 use crate::progress::ProgressEvent;
 
@@ -163,12 +163,14 @@ impl Transfer {
     /// its bytes end. [`RANGE_WINDOW`] requests run at once, whatever order they finish
     /// in, none starting more than [`AHEAD`] ranges past the write position. The range
     /// at the write position goes to containerd as its bytes arrive, not when it is
-    /// complete.
+    /// complete. A stream found slow (`open`) is the request for the ranges from the
+    /// write position on, shared out as connections come free.
     pub(super) async fn fetch_ranges(
         &self,
         digest: &str,
         size: u64,
         sink: &mut Sink,
+        open: Option<OpenStream>,
     ) -> Result<(), RangeOutcome> {
         let spool = Spool::open(&self.spool_dir, digest, size, self.chunk_size)
             .map_err(|e| RangeOutcome::Failed(self.spool_err(e)))?;
@@ -189,7 +191,7 @@ impl Transfer {
         let (head_tx, head_rx) = watch::channel(first);
         let _ranging = self.ranging.enter();
         let (mut started, _dispatcher) =
-            self.dispatch_spans(digest, &spool, first, head_rx, &arrived);
+            self.dispatch_spans(digest, &spool, first, head_rx, &arrived, open);
         // Ranges containerd confirmed holding leave the spool, in order from here.
         let mut discarded = first;
         // Requests finish in any order; their bytes go to containerd in order.
@@ -238,8 +240,9 @@ impl Transfer {
     /// the bytes (waiting for the writer left most connections idle). Each is sized by
     /// [`next_span`] for the connections this blob gets now (the node's, shared by the
     /// blobs fetched as ranges). A request starts only within [`AHEAD`] ranges of the
-    /// write position (`head`), which bounds the spool on disk. The started requests come
-    /// out in order; dropping the receiver and the dispatcher cancels them all.
+    /// write position (`head`), which bounds the spool on disk. An `open` stream is the
+    /// first request, for as many ranges as may be ahead. The started requests come out
+    /// in order; dropping the receiver and the dispatcher cancels them all.
     fn dispatch_spans(
         &self,
         digest: &str,
@@ -247,6 +250,7 @@ impl Transfer {
         first: u64,
         mut head: watch::Receiver<u64>,
         arrived: &Arc<Notify>,
+        open: Option<OpenStream>,
     ) -> (
         mpsc::UnboundedReceiver<AbortOnDrop<SpanResult>>,
         AbortOnDrop<()>,
@@ -262,6 +266,23 @@ impl Transfer {
             let (mut k, mut issued) = (first, 0);
             // The requests started, while they may still be split.
             let mut live: Vec<Arc<Reach>> = Vec::new();
+            if let Some(open) = open {
+                let span = Span {
+                    first,
+                    count: (ranges - first).min(AHEAD),
+                };
+                let Ok(slot) = window.clone().try_acquire_owned() else {
+                    return;
+                };
+                (k, issued) = (first + span.count, 1);
+                let reach = Arc::new(Reach::new(span));
+                live.push(reach.clone());
+                let start = Start::Open(open);
+                let request = transfer.start_span(&digest, &spool, reach, &arrived, slot, start);
+                if started_tx.send(request).is_err() {
+                    return;
+                }
+            }
             while k < ranges {
                 let Ok(slot) = window.clone().acquire_owned().await else {
                     return;
@@ -274,7 +295,8 @@ impl Transfer {
                 (k, issued) = (k + span.count, issued + 1);
                 let reach = Arc::new(Reach::new(span));
                 live.push(reach.clone());
-                let request = transfer.start_span(&digest, &spool, reach, &arrived, slot, None);
+                let request =
+                    transfer.start_span(&digest, &spool, reach, &arrived, slot, Start::Fresh);
                 if started_tx.send(request).is_err() {
                     return;
                 }
@@ -314,8 +336,8 @@ impl Transfer {
                 tracing::debug!(%digest, first = span.first, ranges = span.count, "ranges shared with an idle connection");
                 let reach = Arc::new(Reach::new(span));
                 live.push(reach.clone());
-                let request =
-                    transfer.start_span(&digest, &spool, reach, &arrived, slot, Some(connection));
+                let start = Start::Connection(connection);
+                let request = transfer.start_span(&digest, &spool, reach, &arrived, slot, start);
                 if started_tx.send(request).is_err() {
                     return;
                 }
@@ -325,7 +347,7 @@ impl Transfer {
     }
 
     /// A request for the ranges `reach` holds, in a task of its own holding `slot` of the
-    /// blob's window (and, for its first try, `connection` when one was taken for it).
+    /// blob's window, its first try as `start` says.
     fn start_span(
         &self,
         digest: &str,
@@ -333,7 +355,7 @@ impl Transfer {
         reach: Arc<Reach>,
         arrived: &Arc<Notify>,
         slot: OwnedSemaphorePermit,
-        connection: Option<OwnedSemaphorePermit>,
+        start: Start,
     ) -> AbortOnDrop<SpanResult> {
         let (transfer, digest, spool, arrived) = (
             self.clone(),
@@ -343,7 +365,7 @@ impl Transfer {
         );
         AbortOnDrop(tokio::spawn(async move {
             let fetched = transfer
-                .fetch_span(&digest, &spool, &reach, &arrived, connection)
+                .fetch_span(&digest, &spool, &reach, &arrived, start)
                 .await;
             reach.close();
             if fetched.is_err() {
@@ -385,14 +407,15 @@ impl Transfer {
     /// Fetch the ranges `reach` holds into the spool, each from where its bytes end. One
     /// request covers the first range missing bytes and the untouched ones after it;
     /// ranges an earlier run left partly there start requests of their own. Ranges split
-    /// off meanwhile are left to their new request. Returns the bytes fetched now.
+    /// off meanwhile are left to their new request. The first try is as `start` says.
+    /// Returns the bytes fetched now.
     async fn fetch_span(
         &self,
         digest: &str,
         spool: &Spool,
         reach: &Reach,
         arrived: &Notify,
-        mut connection: Option<OwnedSemaphorePermit>,
+        mut start: Start,
     ) -> SpanResult {
         let mut last = String::new();
         let mut fetched = 0u64;
@@ -419,43 +442,29 @@ impl Transfer {
                 // Split off since `end_range` was read: look again.
                 continue;
             }
-            let start = k * spool.range_size() + spool.received(k);
             let mut progressed = false;
-            for i in self.registry.blob_endpoints() {
-                let _permit = match connection.take() {
-                    Some(taken) => Some(taken),
-                    None => self.connections.acquire().await,
-                };
-                // Read once the connection is ours: ranges split off while the request
-                // waited for it are not asked for.
-                let end_range = reach.end();
-                let run_end = (k + 1..end_range)
-                    .find(|&j| spool.received(j) > 0)
-                    .unwrap_or(end_range);
-                let end = (run_end * spool.range_size()).min(spool.size()) - 1;
-                let began = std::time::Instant::now();
-                let (partial, mut body) = match self
-                    .registry
-                    .fetch_blob(i, digest, Some((start, end)))
-                    .await
-                {
-                    Ok(ok) => ok,
-                    Err(e) if e.is_retryable() => {
-                        last = e.to_string();
-                        if let Some(after) = e.retry_after() {
-                            tokio::time::sleep(after.min(Duration::from_secs(60))).await;
-                        }
-                        continue;
-                    }
-                    Err(e) => return Err(RangeOutcome::Failed(e.into())),
-                };
-                if !partial {
-                    return Err(RangeOutcome::Ignored);
+            let from = k * spool.range_size() + spool.received(k);
+            let request = match std::mem::replace(&mut start, Start::Fresh) {
+                // Its body runs on to the blob's end from the write position, which is
+                // where range `k` misses bytes.
+                Start::Open(open) if open.at == from => Some(SpanRequest {
+                    endpoint: open.endpoint,
+                    body: open.body,
+                    run_end: spool.ranges(),
+                    _connection: open.connection,
+                }),
+                taken => {
+                    self.request_span(digest, spool, reach, k, taken, &mut last)
+                        .await?
                 }
+            };
+            if let Some(mut request) = request {
+                let to = (request.run_end * spool.range_size()).min(spool.size()) - 1;
+                let began = std::time::Instant::now();
                 let mut filling = SpanFill {
                     spool,
                     range: k,
-                    end_range: run_end,
+                    end_range: request.run_end,
                     reach,
                     left_to_another: false,
                     pending: Vec::with_capacity(SPOOL_PIECE),
@@ -463,7 +472,7 @@ impl Transfer {
                 };
                 let mut failed = None;
                 loop {
-                    match body.next().await {
+                    match request.body.next().await {
                         Ok(Some(piece)) => {
                             if let Some(rate) = &self.rate {
                                 rate.acquire(piece.len()).await;
@@ -472,7 +481,7 @@ impl Transfer {
                                 Ok(kept) => kept,
                                 Err(SpanError::Excess) => {
                                     failed = Some(format!(
-                                        "range {start}-{end}: the registry returned more than asked"
+                                        "range {from}-{to}: the registry returned more than asked"
                                     ));
                                     break;
                                 }
@@ -494,7 +503,8 @@ impl Transfer {
                         }
                         Ok(None) => break,
                         Err(e) => {
-                            failed = Some(format!("{}: {e}", self.registry.endpoint_url(i)));
+                            let host = self.registry.endpoint_url(request.endpoint);
+                            failed = Some(format!("{host}: {e}"));
                             break;
                         }
                     }
@@ -504,14 +514,12 @@ impl Transfer {
                     .flush()
                     .map_err(|e| RangeOutcome::Failed(self.spool_err(e)))?;
                 match failed {
-                    None if filling.range == run_end || filling.left_to_another => {
-                        tracing::debug!(%digest, ranges = filling.range - k, bytes = end + 1 - start, elapsed = ?began.elapsed(), "ranges fetched");
+                    None if filling.range == request.run_end || filling.left_to_another => {
+                        tracing::debug!(%digest, ranges = filling.range - k, bytes = to + 1 - from, elapsed = ?began.elapsed(), "ranges fetched");
                     }
-                    None => last = format!("range {start}-{end}: the body ended early"),
+                    None => last = format!("range {from}-{to}: the body ended early"),
                     Some(e) => last = e,
                 }
-                // Where the next request starts has moved: work it out again.
-                break;
             }
             // Every request counts against `attempts` (a registry dripping a few bytes
             // per request must not keep a range going for ever); one that brought bytes
@@ -522,6 +530,76 @@ impl Transfer {
             }
         }
     }
+
+    /// Ask a registry host for range `k` from where its bytes end and the untouched ranges
+    /// after it that `reach` holds, on the connection `start` took for it or the next
+    /// free one. `None` when every host failed in a way worth another try (`last` says
+    /// how).
+    async fn request_span(
+        &self,
+        digest: &str,
+        spool: &Spool,
+        reach: &Reach,
+        k: u64,
+        start: Start,
+        last: &mut String,
+    ) -> Result<Option<SpanRequest>, RangeOutcome> {
+        let mut taken = match start {
+            Start::Connection(connection) => Some(connection),
+            Start::Fresh | Start::Open(_) => None,
+        };
+        let from = k * spool.range_size() + spool.received(k);
+        for i in self.registry.blob_endpoints() {
+            let connection = match taken.take() {
+                Some(connection) => Some(connection),
+                None => self.connections.acquire().await,
+            };
+            // Read once the connection is ours: ranges split off while the request
+            // waited for it are not asked for.
+            let end_range = reach.end();
+            let run_end = (k + 1..end_range)
+                .find(|&j| spool.received(j) > 0)
+                .unwrap_or(end_range);
+            let to = (run_end * spool.range_size()).min(spool.size()) - 1;
+            match self.registry.fetch_blob(i, digest, Some((from, to))).await {
+                Ok((true, body)) => {
+                    return Ok(Some(SpanRequest {
+                        endpoint: i,
+                        body,
+                        run_end,
+                        _connection: connection,
+                    }));
+                }
+                Ok((false, _)) => return Err(RangeOutcome::Ignored),
+                Err(e) if e.is_retryable() => {
+                    *last = e.to_string();
+                    if let Some(after) = e.retry_after() {
+                        tokio::time::sleep(after.min(Duration::from_secs(60))).await;
+                    }
+                }
+                Err(e) => return Err(RangeOutcome::Failed(e.into())),
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// How a request's first try starts.
+enum Start {
+    /// Asking on the next free connection.
+    Fresh,
+    /// Asking on a connection taken for it.
+    Connection(OwnedSemaphorePermit),
+    /// Reading a stream found slow, already open at the blob's write position.
+    Open(OpenStream),
+}
+
+/// A request's answer being read: ranges `..run_end` come on `body`.
+struct SpanRequest {
+    endpoint: usize,
+    body: crate::registry::BlobBody,
+    run_end: u64,
+    _connection: Option<OwnedSemaphorePermit>,
 }
 
 /// Why a request's bytes could not go into the spool.

@@ -2,38 +2,37 @@
 
 use std::time::Duration;
 
-use super::speed::{Judging, Verdict};
-use super::{PROBE_TIME, SLOW_STREAM_RATE, Sink, StreamEnd, Transfer};
+use super::speed::Verdict;
+use super::{OpenStream, PROBE_TIME, SLOW_STREAM_RATE, Sink, StreamEnd, Transfer};
 use crate::error::PullError;
 use crate::progress::ProgressEvent;
 use crate::registry::RegistryError;
 
 /// Whether a stream is judged for speed.
-pub(super) enum Probe<'a> {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Probe {
     /// Not judged: the blob is too small for ranges, or they are not to be used.
     Off,
-    /// Judged, by the blob holding the host's turn to judge (`Some`) or on its own.
-    Judged(Option<Judging<'a>>),
+    /// Judged: when slow, it goes on as the blob's first ranged request.
+    Judged,
 }
 
 impl Transfer {
     /// One stream from the writer's offset to the end, written as it arrives. A
-    /// [`Probe::Judged`] stream gives up early (`Slow`) when the connection is slower
-    /// than [`SLOW_STREAM_RATE`], so the rest can be fetched as parallel ranges, and the
-    /// host's verdict is recorded either way; the turn to judge the host, when it holds
-    /// it, is given back with it.
+    /// [`Probe::Judged`] stream stops being written here (`Slow`, handing the open stream
+    /// on) when the connection is slower than [`SLOW_STREAM_RATE`], so the rest can be
+    /// fetched as parallel ranges beside it; the host's verdict is recorded either way.
     pub(super) async fn fetch_stream(
         &self,
         digest: &str,
         size: u64,
         sink: &mut Sink,
-        probe: Probe<'_>,
+        probe: Probe,
     ) -> Result<StreamEnd, PullError> {
-        let (probe, mut turn) = match probe {
-            Probe::Off => (false, None),
-            Probe::Judged(turn) => (true, turn),
-        };
-        let _permit = self.connections.acquire().await;
+        let probe = probe == Probe::Judged;
+        // Said once per stream: a fast host's blobs do not each take the lock per piece.
+        let mut said_fast = false;
+        let mut connection = self.connections.acquire().await;
         let mut last: Option<RegistryError> = None;
         for i in self.registry.blob_endpoints() {
             let start = sink.writer.offset();
@@ -95,20 +94,27 @@ impl Transfer {
                         probed += piece.len() as u64;
                         match probe.then(|| judge(probed, waited)).flatten() {
                             Some(Verdict::Slow) => {
-                                // Said at once, whatever is left of this blob: the host's
-                                // other blobs wait for it.
-                                if turn.take().is_some() || self.speed.verdict() != Verdict::Slow {
+                                if self.speed.verdict() != Verdict::Slow {
                                     tracing::debug!(%digest, probed, ?waited, elapsed = ?began.elapsed(), "host judged slow");
                                     self.speed.judge(Verdict::Slow);
                                 }
                                 if size - sink.writer.offset() > 2 * self.chunk_size {
-                                    return Ok(StreamEnd::Slow);
+                                    // Not dropped (HTTP/1.1 would close its connection):
+                                    // it goes on as the first of the blob's ranges.
+                                    return Ok(StreamEnd::Ranges(Some(OpenStream {
+                                        endpoint: i,
+                                        at: sink.writer.offset(),
+                                        body,
+                                        connection: connection.take(),
+                                    })));
                                 }
                             }
-                            Some(Verdict::Fast) if turn.take().is_some() => {
-                                // Given as soon as it is sure: blobs of this host wait for it.
-                                tracing::debug!(%digest, probed, ?waited, elapsed = ?began.elapsed(), "host judged fast");
-                                self.speed.judge(Verdict::Fast);
+                            Some(Verdict::Fast) if !said_fast => {
+                                said_fast = true;
+                                if self.speed.verdict() != Verdict::Fast {
+                                    tracing::debug!(%digest, probed, ?waited, elapsed = ?began.elapsed(), "host judged fast");
+                                    self.speed.judge(Verdict::Fast);
+                                }
                             }
                             _ => {}
                         }
@@ -116,7 +122,7 @@ impl Transfer {
                     Ok(None) => {
                         // Ended before the probe's time: judged by what it brought then
                         // (a fast host's small blobs would otherwise never say).
-                        if turn.take().is_some() && ended_fast(probed, waited) {
+                        if probe && !said_fast && ended_fast(probed, waited) {
                             self.speed.judge(Verdict::Fast);
                         }
                         break;

@@ -492,6 +492,43 @@ fn a_killed_parallel_pull_refetches_less_than_a_range_per_layer() {
     );
 }
 
+/// A stream found slow is not dropped (HTTP/1.1 would close its connection, and its
+/// ranges would wait for new ones): it goes on as the blob's first request, and the rest
+/// of the blob is shared out to the node's idle connections as ranges. No byte comes
+/// twice beyond what was in flight when a request's ranges went to another.
+#[test]
+fn a_slow_stream_goes_on_as_its_blobs_first_request() {
+    let image = unique_image("slow-stream", 1, 12 << 20);
+    let layer = layer_digest(&image);
+    let size = lab_layer_size(&image);
+    let ns = TestNamespace::new("slow-stream");
+    let proxy = Proxy::start(&json!([]), &["--connection-rate", "4MiB"]);
+    assert_ok(&pull_through(&proxy.address, &ns.name, &image, &[]));
+    let requests: Vec<_> = blob_requests(&proxy)
+        .into_iter()
+        .filter(|r| r["path"].as_str().unwrap().ends_with(&layer))
+        .collect();
+    let stream = requests
+        .iter()
+        .find(|r| r["range"].is_null())
+        .expect("the layer started as a stream");
+    let streamed = stream["sent"].as_u64().unwrap();
+    // Judged slow after 50 ms of waiting (~0.2 MiB at 4 MiB/s): it went on well past that.
+    assert!(streamed >= 2 << 20, "the stream sent only {streamed} bytes");
+    let ranged = requests.iter().filter(|r| r["range"].is_string()).count();
+    assert!(
+        ranged >= 1,
+        "the rest was shared out as ranges: {requests:?}"
+    );
+    let sent: u64 = requests.iter().map(|r| r["sent"].as_u64().unwrap()).sum();
+    assert!(
+        sent < size + rigger_pull::DEFAULT_CHUNK_SIZE,
+        "{sent} bytes sent for a layer of {size}"
+    );
+    assert_eq!(image_records(&ns.name).len(), 1);
+    assert!(active_ingests(&ns.name).is_empty(), "no ingest left behind");
+}
+
 /// A slow registry that answers range requests with the whole blob (no range support):
 /// the pull notices at the first answers, starts no more range requests than its window
 /// (16), and finishes on one stream from where containerd's ingest is.
