@@ -31,6 +31,14 @@ impl Connections {
         self.permits.clone().acquire_owned().await.ok()
     }
 
+    /// Connections free while no request waits for one.
+    pub(crate) fn idle(&self) -> usize {
+        match self.waiting.now() {
+            0 => self.permits.available_permits(),
+            _ => 0,
+        }
+    }
+
     /// A connection that is free while no request waits for one, taken.
     pub(crate) fn take_idle(&self) -> Option<OwnedSemaphorePermit> {
         match self.waiting.now() {
@@ -84,8 +92,10 @@ mod tests {
     #[tokio::test]
     async fn an_idle_connection_is_taken_only_when_free_and_nobody_waits() {
         let connections = Connections::new(1);
+        assert_eq!(connections.idle(), 1);
         let held = connections.take_idle();
         assert!(held.is_some());
+        assert_eq!(connections.idle(), 0);
         assert!(connections.take_idle().is_none(), "none free");
         let waiter = connections.clone();
         let waiting = tokio::spawn(async move { waiter.acquire().await.is_some() });

@@ -59,6 +59,20 @@ fn next_span(k: u64, ranges: u64, issued: u64, sharing: u64) -> Span {
     }
 }
 
+/// The ranges `first..` of `ranges` a stream found slow goes on fetching, when the node
+/// has `idle` connections nobody waits for: an even share of them and of the blob's rest
+/// with the new requests (so it ends with them; it closes its connection there), all of
+/// them when there are none (the node's connections are busy, and a stream costs the
+/// registry one lookup), never more than [`AHEAD`].
+fn open_span(first: u64, ranges: u64, idle: usize) -> Span {
+    let rest = ranges.saturating_sub(first);
+    let sharing = 1 + idle as u64;
+    Span {
+        first,
+        count: rest.div_ceil(sharing).clamp(1, AHEAD),
+    }
+}
+
 /// Of a request filling range `filling` whose ranges end at `end`, the ranges another
 /// request takes over: the back half (the larger, as the request going on still has its
 /// current range to finish) of the untouched ranges after the one being filled, when
@@ -210,18 +224,16 @@ impl Transfer {
                     () = arrived.notified() => {
                         self.write_arrived(&spool, sink).await?;
                         head_tx.send_replace(sink.writer.offset() / chunk);
+                        // A long request (a stream found slow) does not keep what
+                        // containerd holds on disk twice until it ends.
+                        discard_written(&spool, &mut discarded, sink.writer.acked());
                     }
                 }
             };
             sink.fetched += fetched;
             self.write_arrived(&spool, sink).await?;
             head_tx.send_replace(sink.writer.offset() / chunk);
-            while discarded < spool.ranges() && (discarded + 1) * chunk <= sink.writer.acked() {
-                if let Err(error) = spool.discard(discarded) {
-                    tracing::debug!(%error, "could not free a written range");
-                }
-                discarded += 1;
-            }
+            discard_written(&spool, &mut discarded, sink.writer.acked());
         }
         if sink.writer.offset() < size {
             return Err(RangeOutcome::Failed(PullError::Image {
@@ -267,10 +279,7 @@ impl Transfer {
             // The requests started, while they may still be split.
             let mut live: Vec<Arc<Reach>> = Vec::new();
             if let Some(open) = open {
-                let span = Span {
-                    first,
-                    count: (ranges - first).min(AHEAD),
-                };
+                let span = open_span(first, ranges, transfer.connections.idle());
                 let Ok(slot) = window.clone().try_acquire_owned() else {
                     return;
                 };
@@ -443,6 +452,7 @@ impl Transfer {
                 continue;
             }
             let mut progressed = false;
+            let mut filled_a_range = false;
             let from = k * spool.range_size() + spool.received(k);
             let request = match std::mem::replace(&mut start, Start::Fresh) {
                 // Its body runs on to the blob's end from the write position, which is
@@ -513,6 +523,7 @@ impl Transfer {
                 filling
                     .flush()
                     .map_err(|e| RangeOutcome::Failed(self.spool_err(e)))?;
+                filled_a_range = filling.range > k;
                 match failed {
                     None if filling.range == request.run_end || filling.left_to_another => {
                         tracing::debug!(%digest, ranges = filling.range - k, bytes = to + 1 - from, elapsed = ?began.elapsed(), "ranges fetched");
@@ -522,9 +533,14 @@ impl Transfer {
                 }
             }
             // Every request counts against `attempts` (a registry dripping a few bytes
-            // per request must not keep a range going for ever); one that brought bytes
-            // is retried at once, from where it stopped.
-            attempt += 1;
+            // per request must not keep a range going for ever) unless it filled a range:
+            // a long request (up to [`AHEAD`] ranges) broken now and then still ends, each
+            // try a range further. One that brought bytes is retried at once, from where it
+            // stopped.
+            attempt = match filled_a_range {
+                true => 1,
+                false => attempt + 1,
+            };
             if !progressed && attempt < self.attempts {
                 backoff(attempt - 1, None).await;
             }
@@ -546,7 +562,13 @@ impl Transfer {
     ) -> Result<Option<SpanRequest>, RangeOutcome> {
         let mut taken = match start {
             Start::Connection(connection) => Some(connection),
-            Start::Fresh | Start::Open(_) => None,
+            Start::Fresh => None,
+            // Not at the range's missing bytes: of no use, and its connection is freed
+            // before this request waits for one.
+            Start::Open(open) => {
+                drop(open);
+                None
+            }
         };
         let from = k * spool.range_size() + spool.received(k);
         for i in self.registry.blob_endpoints() {
@@ -581,6 +603,18 @@ impl Transfer {
             }
         }
         Ok(None)
+    }
+}
+
+/// Free the spool's ranges from `discarded` on that containerd confirmed holding
+/// (`acked` bytes), in order.
+fn discard_written(spool: &Spool, discarded: &mut u64, acked: u64) {
+    let chunk = spool.range_size();
+    while *discarded < spool.ranges() && (*discarded + 1) * chunk <= acked {
+        if let Err(error) = spool.discard(*discarded) {
+            tracing::debug!(%error, "could not free a written range");
+        }
+        *discarded += 1;
     }
 }
 
@@ -889,6 +923,26 @@ mod tests {
         fill.flush().unwrap();
         assert_eq!(fill.range, 4);
         assert_eq!(spool.read(0, data.len()).unwrap(), data);
+    }
+
+    #[test]
+    fn a_slow_stream_keeps_its_share_of_the_blob() {
+        // The node's connections all busy: the stream keeps the whole rest.
+        assert_eq!(
+            open_span(3, 15, 0),
+            Span {
+                first: 3,
+                count: 12
+            }
+        );
+        // Fifteen idle: it keeps a sixteenth, the others take the rest.
+        assert_eq!(open_span(0, 64, 15), Span { first: 0, count: 4 });
+        assert_eq!(open_span(0, 10, 15), Span { first: 0, count: 1 });
+        // Never more than the spool may hold ahead of containerd.
+        assert_eq!(open_span(0, 1000, 0).count, AHEAD);
+        assert_eq!(open_span(5, 5 + 3 * AHEAD, 1).count, AHEAD);
+        // At least the range it is in.
+        assert_eq!(open_span(7, 7, 3).count, 1);
     }
 
     #[test]

@@ -122,7 +122,11 @@ impl Transfer {
                     Ok(None) => {
                         // Ended before the probe's time: judged by what it brought then
                         // (a fast host's small blobs would otherwise never say).
-                        if probe && !said_fast && ended_fast(probed, waited) {
+                        if probe
+                            && !said_fast
+                            && sink.writer.offset() >= size
+                            && ended_fast(probed, waited)
+                        {
                             self.speed.judge(Verdict::Fast);
                         }
                         break;
