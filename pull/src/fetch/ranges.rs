@@ -60,16 +60,22 @@ fn next_span(k: u64, ranges: u64, issued: u64, sharing: u64) -> Span {
 }
 
 /// The ranges `first..` of `ranges` a stream found slow goes on fetching, when the node
-/// has `idle` connections nobody waits for: an even share of them and of the blob's rest
-/// with the new requests (so it ends with them; it closes its connection there), all of
-/// them when there are none (the node's connections are busy, and a stream costs the
-/// registry one lookup), never more than [`AHEAD`].
+/// has `idle` connections nobody waits for: an even share of them and of the blob's next
+/// [`AHEAD`] ranges with the new requests (so it ends with them; it closes its
+/// connection there), all of those when there are none (the node's connections are
+/// busy, and a stream costs the registry one lookup). Of a blob longer than that, no
+/// more than a request's [`MAX_SPAN`]: the requests past [`AHEAD`] wait for the write
+/// position, which only this stream moves.
 fn open_span(first: u64, ranges: u64, idle: usize) -> Span {
     let rest = ranges.saturating_sub(first);
-    let sharing = 1 + idle as u64;
+    let share = rest.min(AHEAD).div_ceil(1 + idle as u64);
+    let count = match rest > AHEAD {
+        true => share.min(MAX_SPAN),
+        false => share,
+    };
     Span {
         first,
-        count: rest.div_ceil(sharing).clamp(1, AHEAD),
+        count: count.max(1),
     }
 }
 
@@ -938,9 +944,12 @@ mod tests {
         // Fifteen idle: it keeps a sixteenth, the others take the rest.
         assert_eq!(open_span(0, 64, 15), Span { first: 0, count: 4 });
         assert_eq!(open_span(0, 10, 15), Span { first: 0, count: 1 });
-        // Never more than the spool may hold ahead of containerd.
-        assert_eq!(open_span(0, 1000, 0).count, AHEAD);
-        assert_eq!(open_span(5, 5 + 3 * AHEAD, 1).count, AHEAD);
+        // Of a blob longer than the spool may hold ahead of containerd, a request's
+        // span at most: the others wait for the write position it moves.
+        assert_eq!(open_span(0, AHEAD, 0).count, AHEAD);
+        assert_eq!(open_span(0, 1000, 0).count, MAX_SPAN);
+        assert_eq!(open_span(5, 5 + 3 * AHEAD, 1).count, MAX_SPAN);
+        assert_eq!(open_span(0, 1000, 15).count, AHEAD / 16);
         // At least the range it is in.
         assert_eq!(open_span(7, 7, 3).count, 1);
     }
