@@ -30,8 +30,6 @@ impl Transfer {
         probe: Probe,
     ) -> Result<StreamEnd, PullError> {
         let probe = probe == Probe::Judged;
-        // Said once per stream: a fast host's blobs do not each take the lock per piece.
-        let mut said_fast = false;
         let mut connection = self.connections.acquire().await;
         let mut last: Option<RegistryError> = None;
         for i in self.registry.blob_endpoints() {
@@ -92,40 +90,32 @@ impl Transfer {
                             bytes: piece.len() as u64,
                         });
                         probed += piece.len() as u64;
-                        match probe.then(|| judge(probed, waited)).flatten() {
-                            Some(Verdict::Slow) => {
-                                if self.speed.verdict() != Verdict::Slow {
-                                    tracing::debug!(%digest, probed, ?waited, elapsed = ?began.elapsed(), "host judged slow");
-                                    self.speed.judge(Verdict::Slow);
-                                }
-                                if size - sink.writer.offset() > 2 * self.chunk_size {
-                                    // Not dropped (HTTP/1.1 would close its connection):
-                                    // it goes on as the first of the blob's ranges.
-                                    return Ok(StreamEnd::Ranges(Some(OpenStream {
-                                        endpoint: i,
-                                        at: sink.writer.offset(),
-                                        body,
-                                        connection: connection.take(),
-                                    })));
-                                }
-                            }
-                            Some(Verdict::Fast) if !said_fast => {
-                                said_fast = true;
-                                if self.speed.verdict() != Verdict::Fast {
-                                    tracing::debug!(%digest, probed, ?waited, elapsed = ?began.elapsed(), "host judged fast");
-                                    self.speed.judge(Verdict::Fast);
-                                }
-                            }
-                            _ => {}
+                        if !probe {
+                            continue;
+                        }
+                        let (record, hand_on) = step(judge(probed, waited), self.speed.verdict());
+                        if let Some(verdict) = record {
+                            tracing::debug!(%digest, probed, ?waited, elapsed = ?began.elapsed(), ?verdict, "host judged");
+                            self.speed.judge(verdict);
+                        }
+                        if hand_on && size - sink.writer.offset() > 2 * self.chunk_size {
+                            // Not dropped (HTTP/1.1 would close its connection): it goes
+                            // on as the first of the blob's ranges.
+                            return Ok(StreamEnd::Ranges(Some(OpenStream {
+                                endpoint: i,
+                                at: sink.writer.offset(),
+                                body,
+                                connection: connection.take(),
+                            })));
                         }
                     }
                     Ok(None) => {
                         // Ended before the probe's time: judged by what it brought then
                         // (a fast host's small blobs would otherwise never say).
                         if probe
-                            && !said_fast
                             && sink.writer.offset() >= size
                             && ended_fast(probed, waited)
+                            && self.speed.verdict() == Verdict::Unknown
                         {
                             self.speed.judge(Verdict::Fast);
                         }
@@ -163,6 +153,23 @@ impl Transfer {
             },
             PullError::from,
         ))
+    }
+}
+
+/// What a judged stream does after its latest piece, from what it shows itself (`own`)
+/// and the host's `standing` verdict: the verdict to record, and whether it is handed on
+/// as the first of its blob's ranges. A stream found slow says so and is handed on. So is
+/// any stream of a host found slow, whatever it shows itself: judged by the time spent
+/// waiting for bytes, a stream whose bytes gathered in its buffers while the agent was
+/// busy looks fast, and left alone it would run to its blob's end on one connection. A
+/// fast showing is recorded only when nothing is known: it must not undo a slow verdict.
+fn step(own: Option<Verdict>, standing: Verdict) -> (Option<Verdict>, bool) {
+    match (own, standing) {
+        (Some(Verdict::Slow), Verdict::Slow) => (None, true),
+        (Some(Verdict::Slow), _) => (Some(Verdict::Slow), true),
+        (_, Verdict::Slow) => (None, true),
+        (Some(Verdict::Fast), Verdict::Unknown) => (Some(Verdict::Fast), false),
+        _ => (None, false),
     }
 }
 
@@ -207,5 +214,23 @@ mod tests {
         assert!(ended_fast(mib, Duration::from_millis(10)));
         assert!(!ended_fast(mib / 4, Duration::from_millis(10)));
         assert!(ended_fast(0, Duration::ZERO));
+    }
+
+    #[test]
+    fn a_stream_of_a_host_found_slow_is_handed_on_and_a_fast_one_never_undoes_it() {
+        use Verdict::{Fast, Slow, Unknown};
+        // Found slow: said (once) and handed on.
+        assert_eq!(step(Some(Slow), Unknown), (Some(Slow), true));
+        assert_eq!(step(Some(Slow), Fast), (Some(Slow), true));
+        assert_eq!(step(Some(Slow), Slow), (None, true));
+        // The host was found slow: handed on, even looking fast (its bytes may have
+        // waited in its buffers while the agent was busy), and the verdict stands.
+        assert_eq!(step(None, Slow), (None, true));
+        assert_eq!(step(Some(Fast), Slow), (None, true));
+        // Fast: said when nothing is known, and the stream goes on.
+        assert_eq!(step(Some(Fast), Unknown), (Some(Fast), false));
+        assert_eq!(step(Some(Fast), Fast), (None, false));
+        assert_eq!(step(None, Unknown), (None, false));
+        assert_eq!(step(None, Fast), (None, false));
     }
 }
