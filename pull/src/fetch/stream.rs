@@ -30,6 +30,8 @@ impl Transfer {
         probe: Probe,
     ) -> Result<StreamEnd, PullError> {
         let probe = probe == Probe::Judged;
+        // What this stream last showed: each change is one vote on the host.
+        let mut shown: Option<Verdict> = None;
         let mut connection = self.connections.acquire().await;
         let mut last: Option<RegistryError> = None;
         for i in self.registry.blob_endpoints() {
@@ -93,11 +95,13 @@ impl Transfer {
                         if !probe {
                             continue;
                         }
-                        let (record, hand_on) = step(judge(probed, waited), self.speed.verdict());
-                        if let Some(verdict) = record {
-                            tracing::debug!(%digest, probed, ?waited, elapsed = ?began.elapsed(), ?verdict, "host judged");
-                            self.speed.judge(verdict);
+                        let own = judge(probed, waited);
+                        if let Some(verdict) = own.filter(|&v| shown != Some(v)) {
+                            shown = Some(verdict);
+                            tracing::debug!(%digest, probed, ?waited, elapsed = ?began.elapsed(), ?verdict, "stream judged");
+                            self.speed.show(verdict);
                         }
+                        let hand_on = hands_on(own, self.speed.verdict());
                         if hand_on && size - sink.writer.offset() > 2 * self.chunk_size {
                             // Not dropped (HTTP/1.1 would close its connection): it goes
                             // on as the first of the blob's ranges.
@@ -113,11 +117,11 @@ impl Transfer {
                         // Ended before the probe's time: judged by what it brought then
                         // (a fast host's small blobs would otherwise never say).
                         if probe
+                            && shown.is_none()
                             && sink.writer.offset() >= size
                             && ended_fast(probed, waited)
-                            && self.speed.verdict() == Verdict::Unknown
                         {
-                            self.speed.judge(Verdict::Fast);
+                            self.speed.show(Verdict::Fast);
                         }
                         break;
                     }
@@ -156,21 +160,13 @@ impl Transfer {
     }
 }
 
-/// What a judged stream does after its latest piece, from what it shows itself (`own`)
-/// and the host's `standing` verdict: the verdict to record, and whether it is handed on
-/// as the first of its blob's ranges. A stream found slow says so and is handed on. So is
-/// any stream of a host found slow, whatever it shows itself: judged by the time spent
-/// waiting for bytes, a stream whose bytes gathered in its buffers while the agent was
-/// busy looks fast, and left alone it would run to its blob's end on one connection. A
-/// fast showing is recorded only when nothing is known: it must not undo a slow verdict.
-fn step(own: Option<Verdict>, standing: Verdict) -> (Option<Verdict>, bool) {
-    match (own, standing) {
-        (Some(Verdict::Slow), Verdict::Slow) => (None, true),
-        (Some(Verdict::Slow), _) => (Some(Verdict::Slow), true),
-        (_, Verdict::Slow) => (None, true),
-        (Some(Verdict::Fast), Verdict::Unknown) => (Some(Verdict::Fast), false),
-        _ => (None, false),
-    }
+/// Whether a judged stream is handed on as the first of its blob's ranges, from what it
+/// shows itself (`own`) and the host's `standing` verdict: when found slow, and when the
+/// host was, whatever it shows itself — judged by the time spent waiting for bytes, a
+/// stream whose bytes gathered in its buffers while the agent was busy looks fast, and
+/// left alone it would run to its blob's end on one connection.
+fn hands_on(own: Option<Verdict>, standing: Verdict) -> bool {
+    own == Some(Verdict::Slow) || standing == Verdict::Slow
 }
 
 /// What a stream that brought `probed` bytes while waiting `waited` for them shows: slow
@@ -217,20 +213,15 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_of_a_host_found_slow_is_handed_on_and_a_fast_one_never_undoes_it() {
+    fn a_stream_is_handed_on_when_it_or_its_host_was_found_slow() {
         use Verdict::{Fast, Slow, Unknown};
-        // Found slow: said (once) and handed on.
-        assert_eq!(step(Some(Slow), Unknown), (Some(Slow), true));
-        assert_eq!(step(Some(Slow), Fast), (Some(Slow), true));
-        assert_eq!(step(Some(Slow), Slow), (None, true));
-        // The host was found slow: handed on, even looking fast (its bytes may have
-        // waited in its buffers while the agent was busy), and the verdict stands.
-        assert_eq!(step(None, Slow), (None, true));
-        assert_eq!(step(Some(Fast), Slow), (None, true));
-        // Fast: said when nothing is known, and the stream goes on.
-        assert_eq!(step(Some(Fast), Unknown), (Some(Fast), false));
-        assert_eq!(step(Some(Fast), Fast), (None, false));
-        assert_eq!(step(None, Unknown), (None, false));
-        assert_eq!(step(None, Fast), (None, false));
+        assert!(hands_on(Some(Slow), Unknown));
+        assert!(hands_on(Some(Slow), Fast));
+        // The host was found slow: even looking fast (its bytes may have waited in its
+        // buffers while the agent was busy).
+        assert!(hands_on(Some(Fast), Slow));
+        assert!(hands_on(None, Slow));
+        assert!(!hands_on(Some(Fast), Unknown));
+        assert!(!hands_on(None, Fast));
     }
 }
