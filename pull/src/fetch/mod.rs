@@ -7,6 +7,7 @@
 pub mod limit;
 mod peer;
 mod ranges;
+mod span;
 mod speed;
 pub mod spool;
 mod stream;
