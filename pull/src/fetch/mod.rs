@@ -1,8 +1,8 @@
 //! Fetch: blobs from the registry into containerd's ingest, resuming what it holds.
 //!
 //! One connection first; when it proves slow, it goes on as the first of parallel byte
-//! ranges ([`ranges`]) that wait in an on-disk [`spool`] until the ingest reaches them. Bytes go
-//! to the content store and, for a layer, to its unpacker at once ([`Sink`]).
+//! ranges ([`ranges`]) that wait in an on-disk [`spool`] until the ingest reaches them.
+//! Bytes go to the content store and, for a layer, to its unpacker at once ([`Sink`]).
 
 pub mod limit;
 mod peer;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError, mpsc, watch};
 
-use super::span::{AHEAD, Reach, next_span, open_span};
+use super::span::{AHEAD, Reach, Span, next_span, open_span};
 use super::spool::{Spool, SpoolError};
 use super::{OpenStream, RANGE_WINDOW, RangeOutcome, SPOOL_PIECE, Sink, Transfer, backoff};
 use crate::error::PullError;
@@ -108,8 +108,8 @@ impl Transfer {
     /// [`next_span`] for the connections this blob gets now (the node's, shared by the
     /// blobs fetched as ranges). A request starts only within [`AHEAD`] ranges of the
     /// write position (`head`), which bounds the spool on disk. An `open` stream is the
-    /// first request, for as many ranges as may be ahead. The started requests come out
-    /// in order; dropping the receiver and the dispatcher cancels them all.
+    /// first request, for its share of the ranges ([`open_span`]). The started requests
+    /// come out in order; dropping the receiver and the dispatcher cancels them all.
     fn dispatch_spans(
         &self,
         digest: &str,
@@ -133,17 +133,21 @@ impl Transfer {
             let (mut k, mut issued) = (first, 0);
             // The requests started, while they may still be split.
             let mut live: Vec<Arc<Reach>> = Vec::new();
+            // Start a request for `span`, kept among the live ones; false once nobody
+            // takes the requests any more.
+            let launch = |live: &mut Vec<Arc<Reach>>, span: Span, slot, start| {
+                let reach = Arc::new(Reach::new(span));
+                live.push(reach.clone());
+                let request = transfer.start_span(&digest, &spool, reach, &arrived, slot, start);
+                started_tx.send(request).is_ok()
+            };
             if let Some(open) = open {
                 let span = open_span(first, ranges, transfer.connections.idle());
                 let Ok(slot) = window.clone().try_acquire_owned() else {
                     return;
                 };
                 (k, issued) = (first + span.count, 1);
-                let reach = Arc::new(Reach::new(span));
-                live.push(reach.clone());
-                let start = Start::Open(open);
-                let request = transfer.start_span(&digest, &spool, reach, &arrived, slot, start);
-                if started_tx.send(request).is_err() {
+                if !launch(&mut live, span, slot, Start::Open(open)) {
                     return;
                 }
             }
@@ -157,11 +161,7 @@ impl Transfer {
                     return;
                 }
                 (k, issued) = (k + span.count, issued + 1);
-                let reach = Arc::new(Reach::new(span));
-                live.push(reach.clone());
-                let request =
-                    transfer.start_span(&digest, &spool, reach, &arrived, slot, Start::Fresh);
-                if started_tx.send(request).is_err() {
+                if !launch(&mut live, span, slot, Start::Fresh) {
                     return;
                 }
             }
@@ -198,11 +198,7 @@ impl Transfer {
                     continue;
                 };
                 tracing::debug!(%digest, first = span.first, ranges = span.count, "ranges shared with an idle connection");
-                let reach = Arc::new(Reach::new(span));
-                live.push(reach.clone());
-                let start = Start::Connection(connection);
-                let request = transfer.start_span(&digest, &spool, reach, &arrived, slot, start);
-                if started_tx.send(request).is_err() {
+                if !launch(&mut live, span, slot, Start::Connection(connection)) {
                     return;
                 }
             }
@@ -616,7 +612,6 @@ impl<T> std::future::Future for AbortOnDrop<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fetch::span::Span;
 
     #[test]
     fn a_request_fills_its_ranges_in_turn_and_refuses_bytes_past_its_end() {

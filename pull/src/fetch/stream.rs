@@ -19,9 +19,9 @@ pub(super) enum Probe {
 
 impl Transfer {
     /// One stream from the writer's offset to the end, written as it arrives. A
-    /// [`Probe::Judged`] stream stops being written here (`Slow`, handing the open stream
-    /// on) when the connection is slower than [`SLOW_STREAM_RATE`], so the rest can be
-    /// fetched as parallel ranges beside it; the host's verdict is recorded either way.
+    /// [`Probe::Judged`] stream's showing is a vote on the host's speed, and it is handed
+    /// on open ([`StreamEnd::Ranges`]) when it or its host was found slower than
+    /// [`SLOW_STREAM_RATE`] ([`hands_on`]), so the rest comes as parallel ranges beside it.
     pub(super) async fn fetch_stream(
         &self,
         digest: &str,

@@ -32,6 +32,14 @@ fn blob_requests(proxy: &Proxy) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The proxy's requests for the blob `digest`.
+fn requests_for(proxy: &Proxy, digest: &str) -> Vec<serde_json::Value> {
+    blob_requests(proxy)
+        .into_iter()
+        .filter(|r| r["path"].as_str().unwrap().contains(digest))
+        .collect()
+}
+
 fn layer_digest(repo_tag: &str) -> String {
     let (manifest, _) = Lab::get().manifest(repo_tag);
     manifest["layers"][0]["digest"].as_str().unwrap().to_owned()
@@ -110,10 +118,7 @@ fn a_truncated_body_is_resumed_and_the_image_is_whole() {
     );
     let ns = TestNamespace::new("fault-truncate");
     assert_ok(&pull_through(&proxy.address, &ns.name, &image, &[]));
-    let fetches: Vec<_> = blob_requests(&proxy)
-        .into_iter()
-        .filter(|r| r["path"].as_str().unwrap().contains(&layer))
-        .collect();
+    let fetches = requests_for(&proxy, &layer);
     assert!(
         fetches.len() >= 2 && fetches[0]["fault"].as_str().is_some(),
         "the truncated layer was fetched again: {fetches:?}"
@@ -133,10 +138,7 @@ fn a_wrong_digest_is_downloaded_again() {
     );
     let ns = TestNamespace::new("fault-digest");
     assert_ok(&pull_through(&proxy.address, &ns.name, &image, &[]));
-    let fetches = blob_requests(&proxy)
-        .iter()
-        .filter(|r| r["path"].as_str().unwrap().contains(&layer))
-        .count();
+    let fetches = requests_for(&proxy, &layer).len();
     assert!(fetches >= 2, "the corrupt layer was fetched again");
     assert_eq!(image_records(&ns.name).len(), 1);
 }
@@ -382,10 +384,7 @@ fn concurrent_pulls_of_shared_layers_fetch_each_blob_once() {
     let (manifest, _) = lab.manifest(&image);
     for layer in manifest["layers"].as_array().unwrap() {
         let digest = layer["digest"].as_str().unwrap();
-        let fetches = blob_requests(&proxy)
-            .iter()
-            .filter(|r| r["path"].as_str().unwrap().contains(digest))
-            .count();
+        let fetches = requests_for(&proxy, digest).len();
         assert_eq!(fetches, 1, "layer {digest} fetched {fetches} times");
     }
     assert_eq!(image_records(&ns.name).len(), 1);
@@ -504,10 +503,7 @@ fn a_slow_stream_goes_on_as_its_blobs_first_request() {
     let ns = TestNamespace::new("slow-stream");
     let proxy = Proxy::start(&json!([]), &["--connection-rate", "4MiB"]);
     assert_ok(&pull_through(&proxy.address, &ns.name, &image, &[]));
-    let requests: Vec<_> = blob_requests(&proxy)
-        .into_iter()
-        .filter(|r| r["path"].as_str().unwrap().ends_with(&layer))
-        .collect();
+    let requests = requests_for(&proxy, &layer);
     let stream = requests
         .iter()
         .find(|r| r["range"].is_null())
@@ -555,10 +551,7 @@ fn a_long_request_broken_now_and_then_still_ends() {
         &["--max-connections", "2"],
     );
     assert_ok(&out);
-    let requests = blob_requests(&proxy)
-        .into_iter()
-        .filter(|r| r["path"].as_str().unwrap().ends_with(&layer))
-        .count();
+    let requests = requests_for(&proxy, &layer).len();
     // More requests than a span's tries: tries are counted per range, not per request.
     assert!(requests > 5, "{requests} requests");
     assert_eq!(image_records(&ns.name).len(), 1);
@@ -575,9 +568,9 @@ fn a_registry_ignoring_ranges_costs_at_most_one_window_of_requests() {
     let ns = TestNamespace::new("no-ranges");
     let proxy = Proxy::start(&json!([]), &["--connection-rate", "4MiB", "--ignore-range"]);
     assert_ok(&pull_through(&proxy.address, &ns.name, &image, &[]));
-    let ranged = blob_requests(&proxy)
-        .into_iter()
-        .filter(|r| r["path"].as_str().unwrap().contains(&layer) && r["range"].is_string())
+    let ranged = requests_for(&proxy, &layer)
+        .iter()
+        .filter(|r| r["range"].is_string())
         .count();
     assert!(ranged >= 1, "the slow stream was supplemented by ranges");
     assert!(ranged <= 16 + 1, "{ranged} range requests");
