@@ -7,14 +7,6 @@ CARGO ?= cargo
 LAB := scripts/lab
 export RIGGER_LAB_DIR ?= /tmp/rigger-lab
 
-# nextest runs each test in its own process, so the slow lab tests run in parallel.
-NEXTEST := $(shell $(CARGO) nextest --version >/dev/null 2>&1 && echo yes)
-ifeq ($(NEXTEST),yes)
-TEST_CMD := $(CARGO) nextest run --workspace --no-fail-fast
-else
-TEST_CMD := $(CARGO) test --workspace --no-fail-fast
-endif
-
 .PHONY: all build deps fmt-check clippy test demo lab-up lab-down lab-status clean \
 	docs deb package-test k8s-check deny fuzz-test fresh-root-test
 
@@ -26,24 +18,28 @@ all: build
 deps:
 	@$(LAB) install
 
+# Every binary, test and benchmark: the tests' dev-dependencies add features to shared
+# crates (tokio's test-util), so a build of the binaries alone would be a second build of
+# most dependencies once the tests are built; one build serves the demo, the tests and the
+# packages.
 build: deps
-	$(CARGO) build --workspace --bins
+	$(CARGO) build --workspace --all-targets --locked
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
 
 clippy: deps
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 # Supply chain: licenses, sources, advisories (scripts/deny, deny.toml).
 deny:
 	scripts/deny
 
-# Unit and integration tests against the real lab (containerd 1.6, 1.7 and 2.1); the lab
-# is stopped afterwards.
-test: deps fmt-check clippy deny build
-	@$(LAB) up --containerd $(TEST_CONTAINERDS) --k8s
-	@set +e; RIGGER_LAB_CONTAINERD=$(TEST_CONTAINERDS) $(TEST_CMD); rc=$$?; $(LAB) down; exit $$rc
+# Lint, build, and the unit and integration tests against the real lab (containerd 1.6,
+# 1.7 and 2.1, the Kubernetes API), each step timed (scripts/test); the lab is stopped
+# afterwards.
+test:
+	RIGGER_TEST_CONTAINERDS=$(TEST_CONTAINERDS) scripts/test
 
 demo: build
 	scripts/demo

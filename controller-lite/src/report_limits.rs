@@ -114,7 +114,9 @@ mod tests {
             recreate_states: vec![
                 ContainerRecreateState {
                     name: "c".repeat(1000),
-                    message: "m".repeat(1 << 20),
+                    // Four times the bound: 10,000 of 1 MiB each made this test allocate
+                    // 10 GiB, for no more than this proves.
+                    message: "m".repeat(4 * MAX_MESSAGE_BYTES),
                     ..ContainerRecreateState::default()
                 };
                 10_000

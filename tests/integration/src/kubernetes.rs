@@ -65,8 +65,17 @@ impl Cluster {
     }
 
     /// The cluster to this test alone while the guard lives (a controller acts on every
-    /// namespace).
+    /// namespace). Under nextest, such a test belongs to a test group that runs its tests
+    /// one at a time (.config/nextest.toml): outside one it would wait for the lock while
+    /// holding one of the run's test threads.
     pub fn exclusive(&self) -> Exclusive {
+        if let Ok(group) = std::env::var("NEXTEST_TEST_GROUP") {
+            assert!(
+                SERIAL_TEST_GROUPS.contains(&group.as_str()),
+                "this test takes the lab's cluster in turn but runs in nextest's test group \
+                 {group:?}: add it to one of {SERIAL_TEST_GROUPS:?} in .config/nextest.toml"
+            );
+        }
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -389,6 +398,10 @@ impl Cluster {
         calls
     }
 }
+
+/// nextest's test groups whose tests run one at a time (.config/nextest.toml): the tests
+/// that run a controller on the cluster, and the docs' sessions (one of which does).
+const SERIAL_TEST_GROUPS: [&str; 2] = ["kubernetes-controller", "docs"];
 
 /// Holds the cluster for one test (see [`Cluster::exclusive`]).
 #[derive(Debug)]
