@@ -4,7 +4,8 @@
 //! (measured on its own clock, so clocks that disagree cannot shorten a term), and
 //! every write is conditional on the resourceVersion read, so two replicas never both
 //! believe they won. A holder that cannot renew within two thirds of the duration
-//! stops, before any other replica may take over.
+//! (counted from the start of its last successful round, so a slow answer is allowed
+//! what is left of it) stops, before any other replica may take over.
 //!
 //! [`decide`] is the whole decision, pure; [`campaign`] does the I/O around it.
 
@@ -133,15 +134,21 @@ async fn run(
     tracing::info!(lease = %name, %identity, ?duration, "campaigning for leadership");
     loop {
         let held = *leading.borrow();
-        // A hung API connection must not keep a leader leading: each round is bounded,
-        // and a round that times out counts as a failed renewal.
-        let bound = retry / 2;
-        let round = tokio::time::timeout(bound, attempt(&api, &identity, duration, &mut observed))
-            .await
-            .unwrap_or_else(|_| Err(format!("no answer within {bound:?}")));
+        let started = Instant::now();
+        let round = match round_bound(held, last_renewal.elapsed(), retry, renew_deadline) {
+            Some(bound) => {
+                tokio::time::timeout(bound, attempt(&api, &identity, duration, &mut observed))
+                    .await
+                    .unwrap_or_else(|_| Err(format!("no answer within {bound:?}")))
+            }
+            None => Err(format!("not renewed within {renew_deadline:?}")),
+        };
         match round {
             Ok(true) => {
-                last_renewal = Instant::now();
+                // The round's start, not its answer: the write happened after it, so
+                // the renew deadline counted from here ends before any other replica,
+                // counting a whole term from seeing the write, may take over.
+                last_renewal = started;
                 if !held {
                     tracing::info!(lease = %name, %identity, "elected leader");
                     leading.send_replace(true);
@@ -168,8 +175,11 @@ async fn run(
                 }
             }
         }
+        // Rounds start a retry period apart, however long one took (a slow round does
+        // not eat into the next one's share of the deadline); never back to back.
+        let pause = retry.saturating_sub(started.elapsed()).max(retry / 10);
         tokio::select! {
-            () = tokio::time::sleep(retry) => {}
+            () = tokio::time::sleep(pause) => {}
             () = token.cancelled() => {
                 if *leading.borrow() {
                     release(&api, &identity).await;
@@ -180,6 +190,22 @@ async fn run(
             }
         }
     }
+}
+
+/// How long one round may take. A holder's round may take what is left of its renew
+/// deadline, as client-go's: a slow API server (a busy one answers in seconds) must not
+/// unseat a leader whose renewal would have succeeded, while a hung connection still
+/// ends the term in time. `None`: the deadline has passed, the term is over.
+fn round_bound(
+    held: bool,
+    since_last_renewal: Duration,
+    retry: Duration,
+    renew_deadline: Duration,
+) -> Option<Duration> {
+    if !held {
+        return Some(retry);
+    }
+    Some(renew_deadline.saturating_sub(since_last_renewal)).filter(|left| !left.is_zero())
 }
 
 /// One round: read the Lease, decide, write. `Ok(true)`: we hold it now.
@@ -267,6 +293,19 @@ mod tests {
             lease_duration_seconds: Some(seconds),
             ..LeaseSpec::default()
         }
+    }
+
+    #[test]
+    fn a_holders_round_may_take_what_is_left_of_its_renew_deadline() {
+        let (retry, deadline) = (Duration::from_secs(1), Duration::from_secs(2));
+        let ms = Duration::from_millis;
+        // A slow answer (700 ms) fits while the deadline lasts; none after it.
+        assert_eq!(round_bound(true, ms(0), retry, deadline), Some(ms(2000)));
+        assert_eq!(round_bound(true, ms(1300), retry, deadline), Some(ms(700)));
+        assert_eq!(round_bound(true, ms(2000), retry, deadline), None);
+        assert_eq!(round_bound(true, ms(2500), retry, deadline), None);
+        // A follower's round is bounded by the retry period only.
+        assert_eq!(round_bound(false, ms(9000), retry, deadline), Some(retry));
     }
 
     #[test]
