@@ -1,22 +1,24 @@
 //! Running a pod's handlers — probes and lifecycle hooks — the way kubelet does: `exec`
 //! through CRI ExecSync in the container, `httpGet` to the pod's address (the host's:
-//! pods use host networking) where a status in 200–399 succeeds, `tcpSocket` a connect.
+//! pods use host networking) where a status in 200–399 succeeds, `tcpSocket` a connect,
+//! `sleep` (hooks only) a wait in the agent, bounded by the grace period as kubelet's.
 //! (OpenKruise ignores tcpSocket preStop hooks, kruise #2505; Rigger does not.)
 
 use std::time::Duration;
 
 use rigger_proto::pod::{
-    Container, ExecAction, Handler, HttpGetAction, IntOrName, Probe, TcpSocketAction,
+    Container, ExecAction, Handler, HttpGetAction, IntOrName, Probe, SleepAction, TcpSocketAction,
 };
 
 use crate::cri::Cri;
 
-/// One of a handler's three kinds.
+/// One of a handler's kinds (a probe's three, and a hook's `sleep`).
 #[derive(Debug, Clone, Copy)]
 pub enum Action<'a> {
     Exec(&'a ExecAction),
     HttpGet(&'a HttpGetAction),
     TcpSocket(&'a TcpSocketAction),
+    Sleep(&'a SleepAction),
 }
 
 impl<'a> Action<'a> {
@@ -26,6 +28,7 @@ impl<'a> Action<'a> {
             handler.http_get.as_ref(),
             handler.tcp_socket.as_ref(),
         )
+        .or(handler.sleep.as_ref().map(Self::Sleep))
     }
 
     pub fn of_probe(probe: &'a Probe) -> Option<Self> {
@@ -121,6 +124,21 @@ pub async fn run(
                 .map_err(|_| format!("connect {host}:{port} timed out"))?
                 .map(drop)
                 .map_err(|e| format!("connect {host}:{port}: {e}"))
+        }
+        Action::Sleep(sleep) => {
+            // As kubelet: the whole sleep if the grace period allows, else as much of it
+            // as it does, and the hook counts as failed (the stop follows either way).
+            let wanted = Duration::from_secs(u64::try_from(sleep.seconds).unwrap_or(0));
+            tokio::time::sleep(wanted.min(timeout)).await;
+            if wanted <= timeout {
+                Ok(())
+            } else {
+                Err(format!(
+                    "sleep of {}s cut short by the grace period ({}s left)",
+                    wanted.as_secs(),
+                    timeout.as_secs()
+                ))
+            }
         }
     }
 }

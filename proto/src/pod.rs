@@ -262,7 +262,7 @@ pub struct Lifecycle {
     pub pre_stop: Option<Handler>,
 }
 
-/// One of exec, httpGet, tcpSocket (exactly one).
+/// One of exec, httpGet, sleep, tcpSocket (exactly one).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Handler {
@@ -271,7 +271,33 @@ pub struct Handler {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http_get: Option<HttpGetAction>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sleep: Option<SleepAction>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tcp_socket: Option<TcpSocketAction>,
+}
+
+impl Handler {
+    /// How many actions it names: exactly one is a hook; none is what Kruise writes for a
+    /// hook it cannot copy.
+    pub fn action_count(&self) -> usize {
+        [
+            self.exec.is_some(),
+            self.http_get.is_some(),
+            self.sleep.is_some(),
+            self.tcp_socket.is_some(),
+        ]
+        .into_iter()
+        .filter(|named| *named)
+        .count()
+    }
+}
+
+/// Kubernetes' `sleep` hook (on by default since 1.30): wait this many seconds — 0 is
+/// allowed — within the termination grace period; nothing runs in the container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SleepAction {
+    pub seconds: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]

@@ -15,6 +15,7 @@
 //! Progress is saved after every step, so an agent restart resumes a request without
 //! stopping a container twice.
 
+mod kubelet_records;
 #[cfg(test)]
 mod scenarios;
 mod stop;

@@ -324,6 +324,57 @@ async fn a_kubelet_container_gets_its_pre_stop_one_stop_with_kubelets_grace_and_
 }
 
 #[tokio::test]
+async fn a_kubelet_containers_sleep_pre_stop_waits_then_stops_with_the_grace_left() {
+    let runtime = FakeRuntime::default();
+    let old = kubelet_pod(&runtime, "u1");
+    runtime
+        .world()
+        .annotate(&old, KUBELET_PRE_STOP, r#"{"sleep":{"seconds":1}}"#);
+    let host = host(&runtime, None, &[]);
+    let mut work = work("u1", &["app"]);
+    let began = std::time::Instant::now();
+    assert_eq!(
+        run(&host, &runtime, &mut work, None).await,
+        Ok(String::new())
+    );
+    let world = runtime.world();
+    assert!(
+        world.execs.is_empty(),
+        "a sleep runs nothing in the container"
+    );
+    let (stopped, grace) = &world.stops[0];
+    assert_eq!(stopped, &old);
+    assert!(began.elapsed() >= Duration::from_secs(1), "slept first");
+    assert!((5..=6).contains(grace), "7 s less the sleep: {grace}");
+    assert_eq!(work.containers[0].phase, Phase::Succeeded);
+}
+
+#[tokio::test]
+async fn a_sleep_longer_than_the_grace_is_cut_short_and_the_stop_still_gets_two_seconds() {
+    let runtime = FakeRuntime::default();
+    let old = kubelet_pod(&runtime, "u1");
+    {
+        let mut world = runtime.world();
+        world.annotate(&old, KUBELET_GRACE, "1");
+        world.annotate(&old, KUBELET_PRE_STOP, r#"{"sleep":{"seconds":30}}"#);
+    }
+    let host = host(&runtime, None, &[]);
+    let mut work = work("u1", &["app"]);
+    let began = std::time::Instant::now();
+    assert_eq!(
+        run(&host, &runtime, &mut work, None).await,
+        Ok(String::new())
+    );
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "bounded by the grace"
+    );
+    let message = &work.containers[0].message;
+    assert!(message.contains("cut short by the grace period"), "{message}");
+    assert_eq!(runtime.world().stops, vec![(old, MIN_STOP_SECONDS)]);
+}
+
+#[tokio::test]
 async fn a_sandbox_wearing_kubelets_uid_label_for_another_pod_is_left_alone() {
     let runtime = FakeRuntime::default();
     {

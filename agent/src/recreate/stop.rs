@@ -5,11 +5,12 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use k8s_cri::v1::ContainerState;
-use rigger_proto::pod::{Container, ContainerPort, Handler};
+use rigger_proto::pod::{Container, Handler};
 
 use crate::cri::Cri;
 use crate::handlers::{self, Action};
 
+use super::kubelet_records;
 use super::wait::latest_container;
 use super::work::ContainerProgress;
 use super::{
@@ -155,7 +156,10 @@ impl<R: Cri> Recreate<'_, R> {
                         None => notes.push("preStop has no action; skipped".to_owned()),
                     }
                 }
-                Err(reason) => notes.push(reason),
+                Err(reason) => {
+                    tracing::warn!(pod = %work.what(), container = %name, %reason, "preStop not run; recreating anyway");
+                    notes.push(reason);
+                }
             }
             work.containers[i].pre_stop_done = true;
             (self.save)(work);
@@ -260,9 +264,12 @@ impl<R: Cri> Recreate<'_, R> {
             Target::Kubelet { .. } => kubelet_pre_stop(name, &current.annotations)
                 .map(|found| found.map(|(c, handler)| (c, Some(handler)))),
         };
-        let (mut container, handler) = match (own, &progress.pre_stop) {
+        // A request's hook with no action is Kruise's copy of one it cannot represent
+        // (`sleep`): the container's own runs.
+        let requested = progress.pre_stop.as_ref().filter(|h| h.action_count() > 0);
+        let (mut container, handler) = match (own, requested) {
             (Ok(Some((container, own_handler))), requested) => {
-                (container, requested.clone().or(own_handler))
+                (container, requested.cloned().or(own_handler))
             }
             // The container's own hook cannot be read, but the request brings one.
             (Err(_) | Ok(None), Some(requested)) => (
@@ -290,12 +297,16 @@ pub(super) fn kubelet_pre_stop(
     let Some(text) = annotations.get(KUBELET_PRE_STOP) else {
         return Ok(None);
     };
-    let handler: Handler = serde_json::from_str(text)
+    let handler = kubelet_records::lifecycle_handler(text)
         .map_err(|e| format!("preStop skipped: kubelet's {KUBELET_PRE_STOP} is unreadable: {e}"))?;
-    let ports: Vec<ContainerPort> = annotations
-        .get(KUBELET_PORTS)
-        .and_then(|p| serde_json::from_str(p).ok())
-        .unwrap_or_default();
+    // Only a named port needs them; its own error says so when one is missing.
+    let ports = match annotations.get(KUBELET_PORTS) {
+        Some(text) => kubelet_records::container_ports(text).unwrap_or_else(|error| {
+            tracing::warn!(container = name, %error, "kubelet's {KUBELET_PORTS} is unreadable");
+            Vec::new()
+        }),
+        None => Vec::new(),
+    };
     let container = Container {
         name: name.to_owned(),
         ports,

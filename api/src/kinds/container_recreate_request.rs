@@ -259,15 +259,20 @@ impl CrrContainer {
             }
         }
         if let Some(hook) = &self.pre_stop {
-            let actions = [
-                hook.exec.is_some(),
-                hook.http_get.is_some(),
-                hook.tcp_socket.is_some(),
-            ];
-            if actions.iter().filter(|a| **a).count() != 1 {
+            // None at all is what Kruise's webhook writes for a hook it cannot copy
+            // (`sleep`): no hook of the request's, the container's own runs.
+            if hook.action_count() > 1 {
                 return Err(FieldError::new(
                     format!("{at}.preStop"),
-                    "exactly one of exec, httpGet and tcpSocket",
+                    "at most one of exec, httpGet, sleep and tcpSocket",
+                ));
+            }
+            if let Some(sleep) = &hook.sleep
+                && sleep.seconds < 0
+            {
+                return Err(FieldError::new(
+                    format!("{at}.preStop.sleep.seconds"),
+                    format!("{}: must not be negative", sleep.seconds),
                 ));
             }
             if let Some(exec) = &hook.exec
@@ -498,6 +503,21 @@ mod tests {
     }
 
     #[test]
+    fn a_sleep_pre_stop_is_accepted_and_kruises_empty_one_means_the_containers_own() {
+        for hook in [
+            serde_json::json!({"sleep": {"seconds": 3}}),
+            serde_json::json!({"sleep": {"seconds": 0}}),
+            serde_json::json!({}),
+        ] {
+            let request = crr(&serde_json::json!({"podName": "web-0",
+                "containers": [{"name": "a", "preStop": hook}]}))
+            .unwrap_or_else(|e| panic!("{hook}: {e}"));
+            let hook = request.spec.containers[0].pre_stop.as_ref().unwrap();
+            assert!(hook.action_count() <= 1);
+        }
+    }
+
+    #[test]
     fn kruise_example_applies_with_kruise_defaults() {
         let c = crr(&serde_json::json!({
             "podName": "web-0",
@@ -577,8 +597,14 @@ mod tests {
                 "spec.podName:",
             ),
             (
-                serde_json::json!({"podName": "web-0", "containers": [{"name": "a", "preStop": {}}]}),
-                "spec.containers[0].preStop: exactly one of exec, httpGet and tcpSocket",
+                serde_json::json!({"podName": "web-0", "containers": [{"name": "a",
+                    "preStop": {"exec": {"command": ["true"]}, "sleep": {"seconds": 1}}}]}),
+                "spec.containers[0].preStop: at most one of exec, httpGet, sleep and tcpSocket",
+            ),
+            (
+                serde_json::json!({"podName": "web-0", "containers": [{"name": "a",
+                    "preStop": {"sleep": {"seconds": -5}}}]}),
+                "spec.containers[0].preStop.sleep.seconds: -5: must not be negative",
             ),
             (
                 serde_json::json!({"podName": "web-0", "containers": [{"name": "a",

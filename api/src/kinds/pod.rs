@@ -152,7 +152,13 @@ pub fn validate(pod: &Pod) -> Result<(), FieldError> {
                 format!("{:?} is used twice", container.name),
             ));
         }
-        validate_container(container, &at, init, &volumes)?;
+        validate_container(
+            container,
+            &at,
+            init,
+            &volumes,
+            spec.termination_grace_period_seconds,
+        )?;
     }
     Ok(())
 }
@@ -162,6 +168,7 @@ fn validate_container(
     at: &str,
     init: bool,
     volumes: &HashSet<&str>,
+    grace_seconds: u64,
 ) -> Result<(), FieldError> {
     if container.image.trim().is_empty() {
         return Err(FieldError::new(format!("{at}.image"), "is required"));
@@ -276,12 +283,17 @@ fn validate_container(
             ("preStop", &lifecycle.pre_stop),
         ] {
             if let Some(handler) = handler {
+                let here = format!("{at}.lifecycle.{name}");
                 check_handler(
-                    &format!("{at}.lifecycle.{name}"),
+                    &here,
                     handler.exec.as_ref(),
                     handler.http_get.as_ref(),
                     handler.tcp_socket.as_ref(),
+                    Some(handler.sleep.as_ref()),
                 )?;
+                if let Some(sleep) = &handler.sleep {
+                    check_sleep(&format!("{here}.sleep.seconds"), sleep, grace_seconds)?;
+                }
             }
         }
     }
@@ -300,6 +312,7 @@ fn validate_container(
             probe.exec.as_ref(),
             probe.http_get.as_ref(),
             probe.tcp_socket.as_ref(),
+            None,
         )?;
         check_range(
             &format!("{here}.initialDelaySeconds"),
@@ -327,14 +340,24 @@ fn validate_container(
     Ok(())
 }
 
+/// A hook's or a probe's action. `sleep` is `Some` for lifecycle hooks, which may sleep
+/// (probes may not): `Some(None)` is a hook without one.
 fn check_handler(
     at: &str,
     exec: Option<&ExecAction>,
     http: Option<&HttpGetAction>,
     tcp: Option<&TcpSocketAction>,
+    sleep: Option<Option<&SleepAction>>,
 ) -> Result<(), FieldError> {
-    match (exec, http, tcp) {
-        (Some(exec), None, None) => {
+    let one_of = if sleep.is_some() {
+        "exactly one of exec, httpGet, sleep and tcpSocket"
+    } else {
+        "exactly one of exec, httpGet and tcpSocket"
+    };
+    match (exec, http, tcp, sleep.flatten()) {
+        (None, None, None, Some(_)) => {}
+        (_, _, _, Some(_)) => return Err(FieldError::new(at, one_of)),
+        (Some(exec), None, None, None) => {
             if exec.command.is_empty() {
                 return Err(FieldError::new(
                     format!("{at}.exec.command"),
@@ -342,7 +365,7 @@ fn check_handler(
                 ));
             }
         }
-        (None, Some(http), None) => {
+        (None, Some(http), None, None) => {
             if let Some(scheme) = &http.scheme
                 && scheme != "HTTP"
                 && scheme != "HTTPS"
@@ -354,15 +377,24 @@ fn check_handler(
             }
             http.port.validate(&format!("{at}.httpGet.port"))?;
         }
-        (None, None, Some(tcp)) => tcp.port.validate(&format!("{at}.tcpSocket.port"))?,
-        _ => {
-            return Err(FieldError::new(
-                at,
-                "exactly one of exec, httpGet and tcpSocket",
-            ));
-        }
+        (None, None, Some(tcp), None) => tcp.port.validate(&format!("{at}.tcpSocket.port"))?,
+        _ => return Err(FieldError::new(at, one_of)),
     }
     Ok(())
+}
+
+/// Kubernetes' rule for a `sleep` hook: 0 up to the pod's termination grace period.
+pub fn check_sleep(at: &str, sleep: &SleepAction, grace_seconds: u64) -> Result<(), FieldError> {
+    match u64::try_from(sleep.seconds) {
+        Ok(seconds) if seconds <= grace_seconds => Ok(()),
+        _ => Err(FieldError::new(
+            at,
+            format!(
+                "{}: must be 0 to terminationGracePeriodSeconds ({grace_seconds})",
+                sleep.seconds
+            ),
+        )),
+    }
 }
 
 /// A DNS-1123 label: container and volume names.
@@ -580,6 +612,25 @@ mod tests {
     }
 
     #[test]
+    fn a_sleep_hook_is_kubernetes_own_within_the_grace_period() {
+        for (seconds, grace) in [(0, 30), (5, 30), (30, 30), (0, 0)] {
+            let p = pod(&serde_json::json!({
+                "hostNetwork": true,
+                "terminationGracePeriodSeconds": grace,
+                "containers": [{"name": "app", "image": "r.example/app:1",
+                    "lifecycle": {"preStop": {"sleep": {"seconds": seconds}},
+                                  "postStart": {"sleep": {"seconds": seconds}}}}]
+            }))
+            .unwrap_or_else(|e| panic!("sleep {seconds} within {grace}: {e}"));
+            let hook = p.spec.containers[0].lifecycle.as_ref().unwrap();
+            assert_eq!(
+                hook.pre_stop.as_ref().unwrap().sleep,
+                Some(SleepAction { seconds })
+            );
+        }
+    }
+
+    #[test]
     fn what_the_agent_cannot_run_is_refused_with_the_field() {
         let base = |container: serde_json::Value, extra: serde_json::Value| {
             let mut spec = serde_json::json!({"hostNetwork": true, "containers": [container]});
@@ -621,6 +672,34 @@ mod tests {
                     serde_json::json!({}),
                 ),
                 "spec.containers[0].livenessProbe: exactly one of exec, httpGet and tcpSocket",
+            ),
+            (
+                base(
+                    serde_json::json!({"name": "app", "image": "r.example/app:1", "lifecycle": {"preStop": {"sleep": {"seconds": 45}}}}),
+                    serde_json::json!({}),
+                ),
+                "spec.containers[0].lifecycle.preStop.sleep.seconds: 45: must be 0 to terminationGracePeriodSeconds (30)",
+            ),
+            (
+                base(
+                    serde_json::json!({"name": "app", "image": "r.example/app:1", "lifecycle": {"postStart": {"sleep": {"seconds": -1}}}}),
+                    serde_json::json!({}),
+                ),
+                "spec.containers[0].lifecycle.postStart.sleep.seconds: -1: must be 0",
+            ),
+            (
+                base(
+                    serde_json::json!({"name": "app", "image": "r.example/app:1", "lifecycle": {"preStop": {"sleep": {"seconds": 1}, "exec": {"command": ["true"]}}}}),
+                    serde_json::json!({}),
+                ),
+                "spec.containers[0].lifecycle.preStop: exactly one of exec, httpGet, sleep and tcpSocket",
+            ),
+            (
+                base(
+                    serde_json::json!({"name": "app", "image": "r.example/app:1", "readinessProbe": {"sleep": {"seconds": 1}}}),
+                    serde_json::json!({}),
+                ),
+                "unknown field `sleep`",
             ),
             (
                 base(

@@ -31,6 +31,10 @@ pub struct Secret {
     pub metadata: ObjectMeta,
     #[serde(rename = "type")]
     pub secret_type: String,
+    /// Kubernetes' `immutable`: once true, the data and type never change and it stays
+    /// true (the API server enforces it in a cluster, the store in standalone mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub immutable: Option<bool>,
     /// Base64 values, as in Kubernetes.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub data: BTreeMap<String, String>,
@@ -160,7 +164,32 @@ impl Object for Secret {
     }
 
     fn spec_differs(&self, old: &Self) -> bool {
-        self.data != old.data || self.secret_type != old.secret_type
+        self.data != old.data
+            || self.secret_type != old.secret_type
+            || self.immutable != old.immutable
+    }
+
+    /// As the API server: an immutable secret's data, type and immutability stay.
+    fn check_update(&self, old: &Self) -> Result<(), FieldError> {
+        if old.immutable != Some(true) {
+            return Ok(());
+        }
+        let changed = if self.immutable != Some(true) {
+            Some("immutable")
+        } else if self.data != old.data {
+            Some("data")
+        } else if self.secret_type != old.secret_type {
+            Some("type")
+        } else {
+            None
+        };
+        match changed {
+            Some(field) => Err(FieldError::new(
+                field,
+                "cannot change: the secret is immutable (delete and create it again)",
+            )),
+            None => Ok(()),
+        }
     }
 }
 
@@ -212,6 +241,33 @@ mod tests {
             "{shown}"
         );
         assert!(!format!("{s:?}").contains("auths"));
+    }
+
+    #[test]
+    fn an_immutable_secret_is_read_and_keeps_its_data() {
+        let document = r#"{"auths":{"reg.example":{"auth":"dXNlcjpzM2NyZXQ="}}}"#;
+        let old = secret(&serde_json::json!({"immutable": true,
+            "stringData": {".dockerconfigjson": document}}))
+        .unwrap();
+        assert_eq!(old.immutable, Some(true));
+        assert!(old.check_update(&old.clone()).is_ok());
+        let mut changed = old.clone();
+        changed.data.insert(
+            DOCKER_CONFIG_JSON_KEY.to_owned(),
+            base64::engine::general_purpose::STANDARD.encode(r#"{"auths":{}}"#),
+        );
+        let err = changed.check_update(&old).unwrap_err().to_string();
+        assert!(err.starts_with("data: cannot change"), "{err}");
+        let mut mutable_again = old.clone();
+        mutable_again.immutable = Some(false);
+        let err = mutable_again.check_update(&old).unwrap_err().to_string();
+        assert!(err.starts_with("immutable: cannot change"), "{err}");
+        let mut now_immutable = old.clone();
+        now_immutable.immutable = None;
+        assert!(
+            old.check_update(&now_immutable).is_ok(),
+            "a mutable one may become immutable"
+        );
     }
 
     #[test]
