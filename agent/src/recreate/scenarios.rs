@@ -370,7 +370,10 @@ async fn a_sleep_longer_than_the_grace_is_cut_short_and_the_stop_still_gets_two_
         "bounded by the grace"
     );
     let message = &work.containers[0].message;
-    assert!(message.contains("cut short by the grace period"), "{message}");
+    assert!(
+        message.contains("cut short by the grace period"),
+        "{message}"
+    );
     assert_eq!(runtime.world().stops, vec![(old, MIN_STOP_SECONDS)]);
 }
 
