@@ -90,6 +90,7 @@ pub async fn maintain(
     token: CancellationToken,
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    let mut followers_in_a_row = 0;
     let mut next = 0;
     loop {
         let started = std::time::Instant::now();
@@ -108,14 +109,68 @@ pub async fn maintain(
         if started.elapsed() > Duration::from_secs(60) {
             backoff.reset();
         }
-        let delay = backoff.next_delay();
+        followers_in_a_row = match &outcome {
+            Err(SessionError::Follower(_)) => followers_in_a_row + 1,
+            _ => 0,
+        };
+        let delay = match retry_after_follower(followers_in_a_row, fastrand::f64()) {
+            Some(soon) => soon,
+            None => backoff.next_delay(),
+        };
         match outcome {
             Ok(()) => tracing::info!(retry_in = ?delay, "controller closed the link"),
-            Err(reason) => tracing::warn!(%reason, retry_in = ?delay, "controller link down"),
+            Err(SessionError::Follower(reason)) => {
+                tracing::info!(%reason, retry_in = ?delay, "a follower answered; trying again");
+            }
+            Err(SessionError::Down(reason)) => {
+                tracing::warn!(%reason, retry_in = ?delay, "controller link down");
+            }
         }
         tokio::select! {
             _ = token.cancelled() => return,
             _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+/// Quick tries after a follower's refusal before the usual backoff takes over.
+const FOLLOWER_RETRIES: u32 = 5;
+
+/// The wait after the `in_a_row`-th follower refusal in a row (`jitter` in 0..1), or `None`
+/// for the usual backoff. Behind a Service every controller replica is Ready and each new
+/// connection lands on any of them: a follower answering is the normal case, not a fault,
+/// so the agent soon tries a new connection. After [`FOLLOWER_RETRIES`] (no replica seems
+/// to lead: an election under way) it backs off like from any failure, so that a fleet
+/// does not hammer the followers.
+fn retry_after_follower(in_a_row: u32, jitter: f64) -> Option<Duration> {
+    (1..=FOLLOWER_RETRIES)
+        .contains(&in_a_row)
+        .then(|| Duration::from_millis(100).mul_f64(1.0 + 2.0 * jitter.clamp(0.0, 1.0)))
+}
+
+/// How a session ended badly.
+#[derive(Debug)]
+enum SessionError {
+    /// A follower refused it: another replica leads.
+    Follower(String),
+    /// Anything else: unreachable, refused, broken.
+    Down(String),
+}
+
+impl From<String> for SessionError {
+    fn from(reason: String) -> Self {
+        Self::Down(reason)
+    }
+}
+
+impl SessionError {
+    /// A refusal by the controller, told apart by whether a follower made it.
+    fn refused(what: &str, status: &tonic::Status) -> Self {
+        let reason = format!("{what}: {}", status.message());
+        if rigger_proto::refused_by_follower(status) {
+            Self::Follower(reason)
+        } else {
+            Self::Down(reason)
         }
     }
 }
@@ -128,7 +183,7 @@ async fn session(
     tasks: &TaskRunner,
     pods: &PodRunner,
     peer: &PeerLink,
-) -> Result<(), String> {
+) -> Result<(), SessionError> {
     let channel = controller.connect().await.map_err(|e| {
         format!(
             "cannot connect to {}: {}",
@@ -165,7 +220,7 @@ async fn session(
         .clone()
         .session(ReceiverStream::new(rx))
         .await
-        .map_err(|s| format!("session refused: {}", s.message()))?
+        .map_err(|s| SessionError::refused("session refused", &s))?
         .into_inner();
 
     let (interval, session) = match inbound.message().await {
@@ -176,10 +231,18 @@ async fn session(
                     Duration::from_secs(u64::from(ack.heartbeat_interval_seconds.max(1)));
                 (interval, ack.session)
             }
-            _ => return Err("controller did not answer Register with RegisterAck".to_owned()),
+            _ => {
+                return Err("controller did not answer Register with RegisterAck"
+                    .to_owned()
+                    .into());
+            }
         },
-        Ok(None) => return Err("controller closed the link during registration".to_owned()),
-        Err(s) => return Err(format!("registration refused: {}", s.message())),
+        Ok(None) => {
+            return Err("controller closed the link during registration"
+                .to_owned()
+                .into());
+        }
+        Err(s) => return Err(SessionError::refused("registration refused", &s)),
     };
     tracing::info!(controller = %controller.uri(), heartbeat = ?interval, "registered with the controller");
     // 0: a controller without ReportInventory; the first heartbeat (at once) carries it.
@@ -275,11 +338,11 @@ async fn session(
                     Some(controller_message::Message::RegisterAck(_)) | None => {}
                 },
                 Ok(None) => return Ok(()),
-                Err(s) => return Err(s.message().to_owned()),
+                Err(s) => return Err(s.message().to_owned().into()),
             },
             changed = changes.changed() => {
                 if changed.is_err() {
-                    return Err("the task runner stopped".to_owned());
+                    return Err("the task runner stopped".to_owned().into());
                 }
                 let now = *changes.borrow_and_update();
                 let statuses = tasks.statuses_since(reported);
@@ -290,7 +353,7 @@ async fn session(
             }
             changed = pod_changes.changed() => {
                 if changed.is_err() {
-                    return Err("the pod runner stopped".to_owned());
+                    return Err("the pod runner stopped".to_owned().into());
                 }
                 let now = *pod_changes.borrow_and_update();
                 let statuses = pods.statuses_since(pods_reported);
@@ -444,6 +507,53 @@ fn for_this_node(task: proto::Task, node: &str) -> Result<proto::Task, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_followers_refusal_is_tried_again_soon_a_few_times_then_backed_off() {
+        assert_eq!(
+            retry_after_follower(0, 0.5),
+            None,
+            "no follower: the backoff"
+        );
+        for in_a_row in 1..=FOLLOWER_RETRIES {
+            for jitter in [0.0, 0.5, 1.0, 7.0] {
+                let soon = retry_after_follower(in_a_row, jitter).unwrap();
+                assert!(
+                    (Duration::from_millis(100)..=Duration::from_millis(300)).contains(&soon),
+                    "{soon:?}"
+                );
+            }
+        }
+        assert_eq!(retry_after_follower(FOLLOWER_RETRIES + 1, 0.5), None);
+    }
+
+    #[test]
+    fn a_refusal_is_a_followers_by_its_metadata_or_older_controllers_words() {
+        let mut marked = tonic::Status::unavailable("busy");
+        marked.metadata_mut().insert(
+            rigger_proto::NOT_LEADER,
+            tonic::metadata::MetadataValue::from_static("1"),
+        );
+        assert!(matches!(
+            SessionError::refused("session refused", &marked),
+            SessionError::Follower(reason) if reason == "session refused: busy"
+        ));
+        let older =
+            tonic::Status::unavailable("not the leader: this controller replica is a follower");
+        assert!(matches!(
+            SessionError::refused("session refused", &older),
+            SessionError::Follower(_)
+        ));
+        for other in [
+            tonic::Status::unavailable("connection reset"),
+            tonic::Status::permission_denied("not the leader"),
+        ] {
+            assert!(matches!(
+                SessionError::refused("session refused", &other),
+                SessionError::Down(_)
+            ));
+        }
+    }
 
     #[test]
     fn tasks_for_another_node_are_refused() {

@@ -105,7 +105,9 @@ pub async fn connect(cli: &ConnectArgs) -> anyhow::Result<Client> {
     // Several servers: replicas of an HA controller; the one whose gRPC health service
     // says the API is SERVING leads, followers say NOT_SERVING and the next is tried.
     let mut errors: Vec<String> = Vec::new();
-    let replicated = servers.split(',').filter(|s| !s.trim().is_empty()).count() > 1;
+    // A server that answers as a follower is one replica of several, even when it is the
+    // only address given (a Service in front of them, which picks one per connection).
+    let mut replicated = servers.split(',').filter(|s| !s.trim().is_empty()).count() > 1;
     // Whether every server failed in a way waiting may mend (unreachable, a follower).
     let mut unanswered = true;
     for server in servers.split(',').map(str::trim).filter(|s| !s.is_empty()) {
@@ -120,6 +122,7 @@ pub async fn connect(cli: &ConnectArgs) -> anyhow::Result<Client> {
         match leads(channel.clone()).await {
             Ok(true) => {}
             Ok(false) => {
+                replicated = true;
                 errors.push(format!(
                     "{server}: not the leader: this controller replica is a follower"
                 ));

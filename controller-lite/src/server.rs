@@ -164,7 +164,9 @@ pub async fn run(
         }
     };
     // In a cluster, Rigger alone: the SidecarSet webhook (every replica serves; the
-    // leader keeps its configuration).
+    // leader keeps its configuration). `webhook_serving`: whether it answers reviews yet
+    // (true at once without a webhook).
+    let (webhook_serving_sender, webhook_serving) = tokio::sync::watch::channel(false);
     let webhook = match (&elector, webhook_listener, &config.sidecar_webhook) {
         (Some(Elector::Kubernetes(kubernetes)), Some(listener), Some(settings)) => {
             let webhook = crate::cluster_sidecars::SidecarWebhook {
@@ -174,9 +176,16 @@ pub async fn run(
                 store: store.clone(),
                 namespace: kubernetes.namespace().to_owned(),
             };
-            Some(tokio::spawn(webhook.run(leadership.clone(), token.clone())))
+            Some(tokio::spawn(webhook.run(
+                leadership.clone(),
+                webhook_serving_sender,
+                token.clone(),
+            )))
         }
-        _ => None,
+        _ => {
+            webhook_serving_sender.send_replace(true);
+            None
+        }
     };
     let nodes = NodeRegistry::default();
     let grants = match &config.peer_grant_key {
@@ -417,8 +426,8 @@ pub async fn run(
             }
         })
     };
-    // grpc.health.v1: SERVING on the leader only, for the whole server ("") and for the
-    // API, so that riggerctl finds the leader and Kubernetes' gRPC probes ask the
+    // grpc.health.v1: SERVING on the leader only for the API (and, outside a cluster, the
+    // whole server ""), so that riggerctl finds the leader and Kubernetes' gRPC probes ask the
     // standard question (on the health listener too, which has no TLS, as they need).
     let (health_reporter, grpc_health) = tonic_health::server::health_reporter();
     for service in ["", CONTROL_SERVICE] {
@@ -426,13 +435,21 @@ pub async fn run(
             .set_service_status(service, tonic_health::ServingStatus::NotServing)
             .await;
     }
+    // In a cluster the whole server ("") is SERVING as soon as it is ready (below), so that
+    // a `grpc:` readiness probe means what `/readyz` does.
+    let in_cluster = matches!(elector, Some(Elector::Kubernetes(_)));
     {
         let (mut leadership, reporter) = (leadership.clone(), health_reporter.clone());
         tokio::spawn(async move {
             if leadership.elected().await {
-                for service in ["", CONTROL_SERVICE] {
+                let services: &[&str] = if in_cluster {
+                    &[CONTROL_SERVICE]
+                } else {
+                    &["", CONTROL_SERVICE]
+                };
+                for service in services {
                     reporter
-                        .set_service_status(service, tonic_health::ServingStatus::Serving)
+                        .set_service_status(*service, tonic_health::ServingStatus::Serving)
                         .await;
                 }
             }
@@ -479,15 +496,33 @@ pub async fn run(
             .with_graceful_shutdown(async move { health_token.cancelled().await })
             .into_future(),
     );
-    // A follower is alive but not ready: traffic belongs to the leader.
+    // Ready: in a cluster, once this replica serves (every replica answers the webhook
+    // and tells agents and users that another leads, as Kruise's manager is ready on its
+    // webhook, not its leadership: with readiness on leadership a Deployment's rolling
+    // update never finishes). Elsewhere (etcd behind a load balancer, which has no other
+    // way to find the leader) a follower is alive but not ready.
     {
         let (mut leadership, readiness) = (leadership.clone(), readiness.clone());
-        if !leadership.is_leader() {
+        let reporter = health_reporter.clone();
+        let mut webhook_serving = webhook_serving.clone();
+        if in_cluster {
+            readiness.set_not_ready("starting: the SidecarSet webhook does not serve yet");
+        } else if !leadership.is_leader() {
             readiness.set_not_ready("follower: another replica leads");
         }
         tokio::spawn(async move {
-            if leadership.elected().await {
+            let ready = if in_cluster {
+                webhook_serving.wait_for(|serving| *serving).await.is_ok()
+            } else {
+                leadership.elected().await
+            };
+            if ready {
                 readiness.set_ready();
+                if in_cluster {
+                    reporter
+                        .set_service_status("", tonic_health::ServingStatus::Serving)
+                        .await;
+                }
             }
         });
     }

@@ -16,6 +16,20 @@ pub mod time;
 /// has no Retry-After of its own).
 pub const RETRY_AFTER_MS: &str = "rigger-retry-after-ms";
 
+/// Metadata of a follower's refusal (`unavailable`, value `1`): another replica leads.
+/// Behind a Service every replica is Ready and a connection lands on any of them, so a
+/// client that meets a follower tries a new connection soon rather than backing off as
+/// from a fault.
+pub const NOT_LEADER: &str = "rigger-not-leader";
+
+/// Whether a refusal is a follower's: [`NOT_LEADER`], or the message of controllers
+/// from before it was sent.
+pub fn refused_by_follower(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Unavailable
+        && (status.metadata().get(NOT_LEADER).is_some()
+            || status.message().starts_with("not the leader"))
+}
+
 /// `rigger.v1`: node inventory and the agent link.
 pub mod v1 {
     tonic::include_proto!("rigger.v1");

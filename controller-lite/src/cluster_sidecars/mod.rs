@@ -57,7 +57,15 @@ impl std::fmt::Debug for SidecarWebhook {
 
 impl SidecarWebhook {
     /// Serve until `token`; the leader also keeps the webhook configuration current.
-    pub async fn run(self, mut leadership: Leadership, token: CancellationToken) {
+    /// `serving` turns true once this replica answers reviews as well as the leader would
+    /// (its certificate loaded, the SidecarSets and their histories read once, which
+    /// starts the watches a review reads): what the replica's readiness waits for.
+    pub async fn run(
+        self,
+        mut leadership: Leadership,
+        serving: watch::Sender<bool>,
+        token: CancellationToken,
+    ) {
         let (tls_sender, tls) = watch::channel(None);
         let (ca_sender, ca_bundle) = watch::channel(None);
         let names = self.settings.reached_at.certificate_names();
@@ -70,6 +78,7 @@ impl SidecarWebhook {
             token.clone(),
         );
         let namespaces = Arc::new(namespaces::NamespaceLabels::new(self.client.clone()));
+        let primed = primed(tls.clone(), self.store.clone(), serving, token.clone());
         let serving = serve::serve(
             self.listener,
             tls,
@@ -90,7 +99,50 @@ impl SidecarWebhook {
                 .await;
             }
         };
-        tokio::join!(certificates, serving, configuring);
+        tokio::join!(certificates, primed, serving, configuring);
+    }
+}
+
+/// After a failure to read the SidecarSets while priming.
+const PRIMING_RETRY: Duration = Duration::from_secs(1);
+
+/// Say `serving` once a certificate is served and a review's reads answer: the first read
+/// of a kind starts its watch and waits for its first list (up to the cache's sync
+/// timeout), longer than the API server waits for a review.
+async fn primed(
+    mut tls: watch::Receiver<Option<Arc<rustls::ServerConfig>>>,
+    store: Store,
+    serving: watch::Sender<bool>,
+    token: CancellationToken,
+) {
+    tokio::select! {
+        () = token.cancelled() => return,
+        loaded = tls.wait_for(Option::is_some) => if loaded.is_err() { return },
+    }
+    loop {
+        let read = async {
+            store
+                .list_objects::<rigger_api::sidecar_set::SidecarSet>()
+                .await
+                .map_err(|e| e.to_string())?;
+            crate::sidecars::histories(&store)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match read.await {
+            Ok(_) => {
+                serving.send_replace(true);
+                tracing::info!("the SidecarSet webhook serves");
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the SidecarSet webhook cannot read SidecarSets yet");
+            }
+        }
+        tokio::select! {
+            () = token.cancelled() => return,
+            () = tokio::time::sleep(PRIMING_RETRY) => {}
+        }
     }
 }
 

@@ -28,6 +28,10 @@ pub enum LeaderError {
     KubernetesLeaseLost { lease: String, detail: String },
 }
 
+/// The metadata key of a follower's refusal (`unavailable`): agents and riggerctl read it
+/// (`rigger_proto::NOT_LEADER` names the same key for them).
+pub const NOT_LEADER: &str = rigger_proto::NOT_LEADER;
+
 /// Whether this replica leads, as every request handler sees it.
 #[derive(Debug, Clone)]
 pub struct Leadership {
@@ -53,14 +57,20 @@ impl Leadership {
         *self.leading.borrow()
     }
 
-    /// Refuse work on a follower.
+    /// Refuse work on a follower. The refusal carries [`NOT_LEADER`] in its metadata, so
+    /// that a client behind a Service (which picks a replica per connection) tries again
+    /// at once instead of backing off as from a fault.
     pub fn require(&self) -> Result<(), Status> {
         if self.is_leader() {
             Ok(())
         } else {
-            Err(Status::unavailable(
+            let mut refusal = Status::unavailable(
                 "not the leader: this controller replica is a follower; try another",
-            ))
+            );
+            refusal
+                .metadata_mut()
+                .insert(NOT_LEADER, tonic::metadata::MetadataValue::from_static("1"));
+            Err(refusal)
         }
     }
 
