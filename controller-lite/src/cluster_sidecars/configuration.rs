@@ -22,6 +22,7 @@ use kube::api::{Api, PostParams};
 use rigger_api::sidecar_set::{NAMESPACE_NAME_LABEL, SidecarSet};
 use tokio_util::sync::CancellationToken;
 
+use super::usable::{self, SetState};
 use crate::config::WebhookAddress;
 use crate::store::Store;
 
@@ -39,27 +40,40 @@ const TIMEOUT_SECONDS: i32 = 10;
 const RESYNC: Duration = Duration::from_secs(60);
 
 /// The webhook entries for `sets` (pure): one per SidecarSet whose injection is not
-/// paused, named after it, in the sets' order.
+/// paused, named after it, in the sets' order. A set Rigger cannot use keeps the entry
+/// `stored` holds for it (its last good selectors, with the current CA), and the webhook
+/// refuses the pods it sends ([`super::usable`]); one never written gets none — never an
+/// entry made from an empty or unreadable selector, which would send every pod.
 pub fn desired(
-    sets: &[SidecarSet],
+    sets: &[SetState],
+    stored: &[MutatingWebhook],
     address: &WebhookAddress,
     ca_bundle: &str,
     own_namespace: &str,
 ) -> Vec<MutatingWebhook> {
     sets.iter()
-        // A set Rigger refuses (its selector empty, a typo the API server pruned into
-        // `{}`) would send every pod to the webhook: it gets no entry (the rollout
-        // reports it).
-        .filter(|set| set.validate_served().is_ok() && !set.spec.injection_strategy.paused)
-        .filter_map(|set| {
-            let name = format!("{}.sidecarsets.rigger.dev", set.metadata.name);
+        .filter_map(|state| {
+            let name = entry_name(state.name());
             // A webhook's name is a DNS subdomain; the longest set names do not fit.
             if name.len() > 253 {
                 return None;
             }
-            entry(set, name, address, ca_bundle, own_namespace)
+            match state {
+                SetState::Usable(set) if set.spec.injection_strategy.paused => None,
+                SetState::Usable(set) => entry(set, name, address, ca_bundle, own_namespace),
+                SetState::Unusable { .. } => {
+                    let mut kept = stored.iter().find(|entry| entry.name == name)?.clone();
+                    kept.client_config.ca_bundle = Some(ByteString(ca_bundle.as_bytes().to_vec()));
+                    Some(kept)
+                }
+            }
         })
         .collect()
+}
+
+/// The entry of SidecarSet `set`.
+fn entry_name(set: &str) -> String {
+    format!("{set}.sidecarsets.rigger.dev")
 }
 
 fn entry(
@@ -176,15 +190,19 @@ pub async fn keep_current(
     loop {
         let bundle = ca_bundle.borrow_and_update().clone();
         if let Some(bundle) = bundle {
-            match store.list_objects::<SidecarSet>().await {
-                Ok(sets) => {
-                    let sets: Vec<SidecarSet> = sets.into_iter().map(|s| s.value).collect();
-                    let want = desired(&sets, &address, &bundle, &own_namespace);
+            match store.list_all_objects::<SidecarSet>().await {
+                Ok(listed) => {
+                    let sets = usable::states(listed);
+                    // What was last written stands for what is stored (read back every
+                    // RESYNC, and on every write).
+                    let want = written
+                        .as_deref()
+                        .map(|stored| desired(&sets, stored, &address, &bundle, &own_namespace));
                     let stale = last_read.elapsed() >= RESYNC;
-                    if written.as_ref() != Some(&want) || stale {
+                    if want.is_none() || written != want || stale {
                         last_read = tokio::time::Instant::now();
-                        match write(&api, &want).await {
-                            Ok(()) => written = Some(want),
+                        match write(&api, &sets, &address, &bundle, &own_namespace).await {
+                            Ok(entries) => written = Some(entries),
                             Err(error) => {
                                 written = None;
                                 tracing::warn!(%error, "the sidecar webhook's configuration is not current");
@@ -203,12 +221,15 @@ pub async fn keep_current(
     }
 }
 
-/// Replace the configuration's entries with `want` (at the version read), when they
-/// differ.
+/// Make the configuration's entries those `desired` says for `sets` (at the version
+/// read), when they differ; the entries it then holds.
 async fn write(
     api: &Api<MutatingWebhookConfiguration>,
-    want: &[MutatingWebhook],
-) -> Result<(), String> {
+    sets: &[SetState],
+    address: &WebhookAddress,
+    ca_bundle: &str,
+    own_namespace: &str,
+) -> Result<Vec<MutatingWebhook>, String> {
     let Some(mut stored) = api
         .get_opt(CONFIGURATION_NAME)
         .await
@@ -218,19 +239,22 @@ async fn write(
             "MutatingWebhookConfiguration {CONFIGURATION_NAME} does not exist: apply deploy/kubernetes, which holds it (pods get no sidecars until it exists)"
         ));
     };
-    if current(stored.webhooks.as_deref().unwrap_or_default(), want) {
-        return Ok(());
+    let entries = stored.webhooks.as_deref().unwrap_or_default();
+    let want = desired(sets, entries, address, ca_bundle, own_namespace);
+    if current(entries, &want) {
+        return Ok(want);
     }
-    stored.webhooks = Some(want.to_vec());
+    stored.webhooks = Some(want.clone());
     api.replace(CONFIGURATION_NAME, &PostParams::default(), &stored)
         .await
         .map(|_| {
             tracing::info!(
                 webhooks = want.len(),
                 "sidecar webhook configuration written"
-            )
+            );
         })
-        .map_err(|e| format!("MutatingWebhookConfiguration {CONFIGURATION_NAME}: {e}"))
+        .map_err(|e| format!("MutatingWebhookConfiguration {CONFIGURATION_NAME}: {e}"))?;
+    Ok(want)
 }
 
 #[cfg(test)]
@@ -238,6 +262,16 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use serde_json::json;
+
+    fn state(set: SidecarSet) -> SetState {
+        match set.validate_served() {
+            Ok(()) => SetState::Usable(set),
+            Err(error) => SetState::Unusable {
+                name: set.metadata.name,
+                cause: error.to_string(),
+            },
+        }
+    }
 
     fn set(name: &str, extra: &serde_json::Value) -> SidecarSet {
         let mut spec = json!({"selector": {"matchLabels": {"app": "web"}},
@@ -256,8 +290,8 @@ mod tests {
     fn one_entry_per_set_with_its_selectors_and_never_the_system_namespaces() {
         let sets = [
             set("mesh", &json!({"namespace": "shop"})),
-            // Refused by Rigger (as a typo the API server pruned would leave it): no
-            // entry, so it cannot send every pod to the webhook.
+            // Refused by Rigger (as a typo the API server pruned would leave it) and
+            // never served: no entry, so it cannot send every pod to the webhook.
             set("typo", &json!({"selector": {}})),
             set("paused", &json!({"injectionStrategy": {"paused": true}})),
             set(
@@ -265,12 +299,13 @@ mod tests {
                 &json!({"namespaceSelector": {"matchLabels": {"team": "a"},
                 "matchExpressions": [{"key": "tier", "operator": "Exists"}]}}),
             ),
-        ];
+        ]
+        .map(state);
         let address = WebhookAddress::Service {
             namespace: "rigger-system".to_owned(),
             name: "rigger-controller".to_owned(),
         };
-        let entries = desired(&sets, &address, "CA", "rigger-system");
+        let entries = desired(&sets, &[], &address, "CA", "rigger-system");
         let value = serde_json::to_value(&entries).unwrap();
         assert_eq!(entries.len(), 2, "{value:#}");
         assert_eq!(value[0]["name"], "mesh.sidecarsets.rigger.dev");
@@ -304,11 +339,68 @@ mod tests {
             base: "https://127.0.0.1:9443".to_owned(),
             host: "127.0.0.1".to_owned(),
         };
-        let by_url = desired(&sets[..1], &url, "CA", "rigger-system");
+        let by_url = desired(&sets[..1], &[], &url, "CA", "rigger-system");
         assert_eq!(
             by_url[0].client_config.url.as_deref(),
             Some("https://127.0.0.1:9443/inject-sidecars/mesh")
         );
         assert!(!current(&by_url, &entries[..1]));
+    }
+
+    #[test]
+    fn a_set_rigger_cannot_use_keeps_its_last_entry_and_a_deleted_or_paused_one_loses_it() {
+        let address = WebhookAddress::Service {
+            namespace: "rigger-system".to_owned(),
+            name: "rigger-controller".to_owned(),
+        };
+        let good = [
+            set("mesh", &json!({})),
+            set(
+                "logs",
+                &json!({"selector": {"matchLabels": {"app": "logs"}}}),
+            ),
+        ]
+        .map(state);
+        let stored = desired(&good, &[], &address, "OLD-CA", "rigger-system");
+        assert_eq!(stored.len(), 2);
+
+        // mesh edited into what Rigger refuses, logs no longer decodable, a new set
+        // that never decoded: the two keep their entries (with the new CA), the new
+        // one gets none.
+        let unusable = |name: &str| SetState::Unusable {
+            name: name.to_owned(),
+            cause: "it does not decode: unknown field `x`".to_owned(),
+        };
+        let now = [
+            unusable("fresh"),
+            unusable("logs"),
+            state(set("mesh", &json!({"selector": {}}))),
+        ];
+        let kept = desired(&now, &stored, &address, "NEW-CA", "rigger-system");
+        let names: Vec<_> = kept.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["logs.sidecarsets.rigger.dev", "mesh.sidecarsets.rigger.dev"]
+        );
+        assert_eq!(
+            kept[0].object_selector, stored[1].object_selector,
+            "last good selector"
+        );
+        assert!(
+            kept.iter()
+                .all(|e| e.client_config.ca_bundle == Some(ByteString(b"NEW-CA".to_vec())))
+        );
+        assert!(current(
+            &kept,
+            &desired(&now, &kept, &address, "NEW-CA", "rigger-system")
+        ));
+
+        // Deleted (not listed) or paused: gone.
+        let paused = [state(set(
+            "mesh",
+            &json!({"injectionStrategy": {"paused": true}}),
+        ))];
+        assert!(desired(&paused, &stored, &address, "NEW-CA", "rigger-system").is_empty());
+        assert!(desired(&[], &stored, &address, "NEW-CA", "rigger-system").is_empty());
     }
 }

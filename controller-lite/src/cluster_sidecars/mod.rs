@@ -8,7 +8,8 @@
 //! - [`configuration`]: the MutatingWebhookConfiguration's entries, one per SidecarSet,
 //!   kept by the leader (and why its failure policy is `Fail`);
 //! - [`rollout`]: versions recorded, status written, pods updated in place (leader),
-//!   on the injected pods [`pods`] keeps.
+//!   on the injected pods [`pods`] keeps;
+//! - [`usable`]: which sets can be served, and what happens to pods of one that cannot.
 
 pub mod certificate;
 pub mod configuration;
@@ -17,6 +18,7 @@ pub mod pods;
 pub mod review;
 pub mod rollout;
 pub mod serve;
+pub mod usable;
 
 use std::sync::Arc;
 use std::time::Duration;

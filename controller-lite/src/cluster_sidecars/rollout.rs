@@ -75,6 +75,8 @@ impl ClusterRollout {
 #[derive(Debug)]
 pub struct Snapshot {
     sets: Vec<(SidecarSet, History, Precondition)>,
+    /// Sets that do not decode, by name, with why.
+    undecodable: Vec<(String, String)>,
     pods: Option<Vec<InjectedPod>>,
 }
 
@@ -91,7 +93,13 @@ impl crate::engine::Engine for ClusterRollout {
         let store = &self.inner.store;
         let mut histories = histories(store).await?;
         let mut sets = Vec::new();
-        for stored in store.list_objects::<SidecarSet>().await? {
+        let listed = store.list_all_objects::<SidecarSet>().await?;
+        let undecodable = listed
+            .undecodable
+            .into_iter()
+            .map(|(key, detail)| (key.name, format!("it does not decode: {detail}")))
+            .collect();
+        for stored in listed.decoded {
             let set = stored.value;
             let (history, precondition) = histories
                 .remove(&set.metadata.name)
@@ -100,16 +108,21 @@ impl crate::engine::Engine for ClusterRollout {
         }
         Ok(Snapshot {
             sets,
+            undecodable,
             pods: self.inner.pods.snapshot(),
         })
     }
 
     async fn pass(&self, snapshot: Snapshot) {
+        for (name, cause) in &snapshot.undecodable {
+            self.refused(&undecodable_set(name), cause);
+        }
         for (set, mut history, precondition) in snapshot.sets {
             // What Rigger refuses (an empty selector, say: the API server prunes a
-            // typo'd one to `{}`) is injected nowhere and rolled nowhere; said once.
+            // typo'd one to `{}`) is rolled nowhere, and the pods its webhook entry
+            // sends are refused (`usable`); said once.
             if let Err(error) = set.validate_served() {
-                self.refused(&set, &error.to_string());
+                self.refused(&crate::events::sidecar_set(&set), &error.to_string());
                 continue;
             }
             if history.record(&set) {
@@ -124,27 +137,29 @@ impl crate::engine::Engine for ClusterRollout {
 }
 
 impl ClusterRollout {
-    /// Tell, once per cause, that `set` is refused.
-    fn refused(&self, set: &SidecarSet, cause: &str) {
+    /// Tell, once per cause, that the set `regarding` names is refused.
+    fn refused(&self, regarding: &crate::events::Regarding, cause: &str) {
         let Ok(mut written) = self.inner.written.lock() else {
             return;
         };
         let said = written
-            .get(&set.metadata.name)
+            .get(&regarding.name)
             .is_some_and(|(_, said)| said == cause);
         if said {
             return;
         }
         written.insert(
-            set.metadata.name.clone(),
+            regarding.name.clone(),
             (SidecarSetStatus::default(), cause.to_owned()),
         );
-        tracing::warn!(sidecar_set = %set.metadata.name, %cause, "SidecarSet refused: injected nowhere");
+        tracing::warn!(sidecar_set = %regarding.name, %cause, "SidecarSet refused: its pods are refused");
         self.inner.events.record(Event {
-            regarding: crate::events::sidecar_set(set),
+            regarding: regarding.clone(),
             warning: true,
             reason: "InvalidSidecarSet",
-            message: format!("injected into no pod and rolled out nowhere until fixed: {cause}"),
+            message: format!(
+                "the pods it selects are refused (not started without their sidecars) and nothing is rolled out until it is fixed: {cause}"
+            ),
         });
     }
 
@@ -352,4 +367,15 @@ fn left_behind(set: &SidecarSet, hash: &str, history: &History, members: &[Membe
         })
         .collect();
     reports.join(". ")
+}
+/// What an event about a SidecarSet that does not decode names: its name (its uid and
+/// version are in what does not decode).
+fn undecodable_set(name: &str) -> crate::events::Regarding {
+    crate::events::Regarding {
+        api_version: rigger_api::fields::KRUISE_API_VERSION.to_owned(),
+        kind: "SidecarSet".to_owned(),
+        namespace: String::new(),
+        name: name.to_owned(),
+        uid: String::new(),
+    }
 }

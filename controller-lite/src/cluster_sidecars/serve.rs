@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::configuration::WEBHOOK_PATH;
 use super::namespaces::NamespaceLabels;
 use super::review;
+use super::usable::{self, SetState};
 use crate::store::Store;
 
 /// The largest review read: the API server's own request limit is 3 MiB.
@@ -271,11 +272,9 @@ async fn handle(
                 }
             }
         }
-        // No answer from the store: refuse the pod rather than start it without its
-        // sidecars (its owner retries).
-        Err(error) => kube::core::admission::AdmissionResponse::from(&request).deny(format!(
-            "SidecarSets cannot be read, so the pod's sidecars are unknown; retry: {error}"
-        )),
+        // No answer from the store, or a set Rigger cannot use: refuse the pod rather
+        // than start it without its sidecars (its owner retries).
+        Err(refusal) => kube::core::admission::AdmissionResponse::from(&request).deny(refusal),
     };
     match serde_json::to_vec(&response.into_review()) {
         Ok(bytes) => Response::builder()
@@ -284,6 +283,11 @@ async fn handle(
             .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))),
         Err(error) => plain(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()),
     }
+}
+
+/// Why a pod is refused when what a review reads cannot be read.
+fn unknown_sidecars(error: impl std::fmt::Display) -> String {
+    format!("SidecarSets cannot be read, so the pod's sidecars are unknown; retry: {error}")
 }
 
 /// SidecarSet `only` with its recorded versions when it matches the pod under review,
@@ -304,26 +308,32 @@ async fn catalog_for(
         .or(request.namespace.as_deref())
         .unwrap_or("default");
     let labels = pod.metadata.labels.clone().unwrap_or_default();
-    let sets: Vec<_> = reading
+    let listed = reading
         .store
-        .list_objects::<SidecarSet>()
+        .list_all_objects::<SidecarSet>()
         .await
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .filter(|s| s.value.metadata.name == only)
-        .collect();
-    let namespace_labels = if sets.iter().any(|s| s.value.selects_namespaces()) {
+        .map_err(unknown_sidecars)?;
+    let mut sets = Vec::new();
+    for state in usable::states(listed) {
+        match state {
+            SetState::Usable(set) if set.metadata.name == only => sets.push(set),
+            SetState::Unusable { name, cause } if name == only => {
+                return Err(usable::refusal(&name, &cause));
+            }
+            _ => {}
+        }
+    }
+    let namespace_labels = if sets.iter().any(SidecarSet::selects_namespaces) {
         reading
             .namespaces
             .of(namespace)
             .await
-            .map_err(|e| format!("namespace {namespace}: {e}"))?
+            .map_err(|e| unknown_sidecars(format!("namespace {namespace}: {e}")))?
     } else {
         BTreeMap::from([(NAMESPACE_NAME_LABEL.to_owned(), namespace.to_owned())])
     };
     let matched: Vec<SidecarSet> = sets
         .into_iter()
-        .map(|stored| stored.value)
         .filter(|set| set.matches_in(namespace, &namespace_labels, &labels))
         .collect();
     let mut histories = if matched.is_empty() {
@@ -331,7 +341,7 @@ async fn catalog_for(
     } else {
         crate::sidecars::histories(reading.store)
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(unknown_sidecars)?
     };
     let catalog = matched
         .into_iter()

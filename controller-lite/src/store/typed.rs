@@ -36,6 +36,16 @@ pub fn decode<T: DeserializeOwned>(stored: Stored) -> Result<Versioned<T>, Store
     }
 }
 
+/// A listing that says what it left out: for a reader that must not take a missing object
+/// for an absent one (the SidecarSet webhook: a set it cannot read still has pods that
+/// must not start without their sidecars).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Listed<T> {
+    pub decoded: Vec<Versioned<T>>,
+    /// The objects that do not decode, by key, with why.
+    pub undecodable: Vec<(ObjectKey, String)>,
+}
+
 /// `value` as the store keeps it.
 pub fn encode<T: Serialize>(key: &ObjectKey, value: &T) -> Result<Vec<u8>, StoreError> {
     serde_json::to_vec(value).map_err(|error| StoreError::Undecodable {
@@ -78,6 +88,36 @@ impl Store {
                 }
             })
             .collect())
+    }
+
+    /// Every record of `kind`, decoded as `T` where it can be, the others named.
+    pub async fn list_all_as<T: DeserializeOwned>(
+        &self,
+        kind: &str,
+    ) -> Result<Listed<T>, StoreError> {
+        let mut listed = Listed {
+            decoded: Vec::new(),
+            undecodable: Vec::new(),
+        };
+        for stored in self.list(kind).await? {
+            let key = stored.key.clone();
+            match decode(stored) {
+                Ok(versioned) => listed.decoded.push(versioned),
+                Err(error) => {
+                    let detail = match error {
+                        StoreError::Undecodable { detail, .. } => detail,
+                        other => other.to_string(),
+                    };
+                    listed.undecodable.push((key, detail));
+                }
+            }
+        }
+        Ok(listed)
+    }
+
+    /// Every object of kind `T`, those that do not decode named.
+    pub async fn list_all_objects<T: Object>(&self) -> Result<Listed<T>, StoreError> {
+        self.list_all_as(T::INFO.name).await
     }
 
     /// The user's object `name` of kind `T`.
@@ -150,5 +190,14 @@ mod tests {
         assert!(refused.starts_with("Secret/default/bad: "), "{refused}");
         let listed = store.list_objects::<Secret>().await.unwrap();
         assert_eq!(listed.len(), 1, "the bad one is left out");
+        let all = store.list_all_objects::<Secret>().await.unwrap();
+        assert_eq!(all.decoded.len(), 1);
+        assert_eq!(all.undecodable.len(), 1, "the bad one is named");
+        assert_eq!(all.undecodable[0].0, key_of::<Secret>("default", "bad"));
+        assert!(
+            all.undecodable[0].1.contains("invalid type"),
+            "{:?}",
+            all.undecodable[0].1
+        );
     }
 }
