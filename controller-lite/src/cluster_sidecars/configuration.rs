@@ -265,7 +265,7 @@ mod tests {
 
     fn state(set: SidecarSet) -> SetState {
         match set.validate_served() {
-            Ok(()) => SetState::Usable(set),
+            Ok(()) => SetState::Usable(Box::new(set)),
             Err(error) => SetState::Unusable {
                 name: set.metadata.name,
                 cause: error.to_string(),

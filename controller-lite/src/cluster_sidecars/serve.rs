@@ -316,7 +316,7 @@ async fn catalog_for(
     let mut sets = Vec::new();
     for state in usable::states(listed) {
         match state {
-            SetState::Usable(set) if set.metadata.name == only => sets.push(set),
+            SetState::Usable(set) if set.metadata.name == only => sets.push(*set),
             SetState::Unusable { name, cause } if name == only => {
                 return Err(usable::refusal(&name, &cause));
             }

@@ -14,7 +14,7 @@ use crate::store::typed::Listed;
 /// One SidecarSet as the webhook sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SetState {
-    Usable(SidecarSet),
+    Usable(Box<SidecarSet>),
     Unusable { name: String, cause: String },
 }
 
@@ -35,7 +35,7 @@ pub fn states(listed: Listed<SidecarSet>) -> Vec<SetState> {
         .map(|stored| {
             let set = stored.value;
             match set.validate_served() {
-                Ok(()) => SetState::Usable(set),
+                Ok(()) => SetState::Usable(Box::new(set)),
                 Err(error) => SetState::Unusable {
                     name: set.metadata.name,
                     cause: error.to_string(),
@@ -71,7 +71,7 @@ mod tests {
     use crate::store::typed::Versioned;
     use serde_json::json;
 
-    fn set(name: &str, selector: serde_json::Value) -> Versioned<SidecarSet> {
+    fn set(name: &str, selector: &serde_json::Value) -> Versioned<SidecarSet> {
         Versioned {
             key: ObjectKey::new("SidecarSet", "", name),
             revision: 1,
@@ -88,8 +88,8 @@ mod tests {
     fn a_set_that_does_not_decode_or_is_refused_is_unusable_with_its_cause() {
         let listed = Listed {
             decoded: vec![
-                set("mesh", json!({"matchLabels": {"app": "web"}})),
-                set("typo", json!({})),
+                set("mesh", &json!({"matchLabels": {"app": "web"}})),
+                set("typo", &json!({})),
             ],
             undecodable: vec![(
                 ObjectKey::new("SidecarSet", "", "logs"),
