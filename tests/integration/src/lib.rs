@@ -11,6 +11,7 @@ mod etcd;
 pub mod fake_node;
 pub mod fidelity;
 pub mod kubernetes;
+pub mod real_cluster;
 mod lab;
 mod pki;
 mod private_containerd;

@@ -1,0 +1,301 @@
+//! The lab's real Kubernetes cluster (`scripts/lab-cluster`: kube-apiserver,
+//! kube-controller-manager, kube-scheduler, kube-proxy and CoreDNS, and nodes that are
+//! each a kubelet on a containerd of their own) with Rigger deployed in it as a user
+//! deploys it (`scripts/lab-rigger`: its image, the Secrets, `kubectl apply -k`). `make
+//! test` brings both up in its lab step; a test run alone brings them up on first use.
+//!
+//! The tests on it run one at a time (nextest's `real-cluster` group): some restart
+//! Rigger's own pods or add a node, which every other test there would see.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::{Lab, repo_root, wait_until};
+
+/// The cluster, as kubectl and the tests reach it.
+#[derive(Debug)]
+pub struct RealCluster {
+    pub dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub kubectl: PathBuf,
+    /// `HOST:PORT` of the registry as the cluster's nodes and pods reach it (the lab
+    /// registry's data).
+    pub registry: String,
+    /// The API server's audit log (every request, who made it).
+    pub audit_log: PathBuf,
+    /// Where `scripts/lab-rigger` keeps Rigger's PKI (`riggerctl.toml`, `tokens.csv`).
+    pub rigger_pki: PathBuf,
+}
+
+fn read_env(path: &std::path::Path) -> Option<std::collections::HashMap<String, String>> {
+    let text = std::fs::read_to_string(path).ok()?;
+    Some(
+        text.lines()
+            .filter_map(|line| line.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+    )
+}
+
+fn run_script(script: &str, args: &[&str]) -> String {
+    let out = Command::new(repo_root().join(script))
+        .args(args)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script} {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+impl RealCluster {
+    /// The cluster, started if it is not running, with Rigger deployed and rolled out.
+    pub fn get() -> &'static RealCluster {
+        static CLUSTER: OnceLock<RealCluster> = OnceLock::new();
+        CLUSTER.get_or_init(|| {
+            let lab = Lab::get();
+            let env_file = lab.dir.join("cluster/env");
+            if read_env(&env_file).is_none() {
+                run_script("scripts/lab-cluster", &["up"]);
+            }
+            let env = read_env(&env_file).expect("scripts/lab-cluster wrote no env file");
+            let cluster = RealCluster {
+                dir: env["RIGGER_LAB_CLUSTER_DIR"].clone().into(),
+                kubeconfig: env["RIGGER_LAB_CLUSTER_KUBECONFIG"].clone().into(),
+                kubectl: env["RIGGER_LAB_CLUSTER_KUBECTL"].clone().into(),
+                registry: env["RIGGER_LAB_CLUSTER_REGISTRY"].clone(),
+                audit_log: env["RIGGER_LAB_CLUSTER_AUDIT_LOG"].clone().into(),
+                rigger_pki: lab.dir.join("cluster/rigger-pki"),
+            };
+            let deployed = cluster
+                .kubectl(&["-n", "rigger-system", "get", "deployment/rigger-controller"])
+                .status
+                .success();
+            if !deployed {
+                run_script("scripts/lab-rigger", &["up", "--no-build"]);
+            }
+            cluster
+        })
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(&self.kubectl);
+        command.arg("--kubeconfig").arg(&self.kubeconfig).args(args);
+        command
+    }
+
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.command(args).output().unwrap()
+    }
+
+    /// kubectl's standard output; panics with its error when it fails.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// `kubectl ARGS -f -` with `stdin`.
+    pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
+        use std::io::Write as _;
+        let mut child = self
+            .command(args)
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    }
+
+    /// `kubectl apply -f -` of `yaml`; panics with the error.
+    pub fn apply(&self, yaml: &str) {
+        let out = self.kubectl_stdin(&["apply"], yaml);
+        assert!(
+            out.status.success(),
+            "kubectl apply: {}\n{yaml}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `kubectl get ARGS -o json`, parsed; `None` when it fails (absent).
+    pub fn get_json(&self, args: &[&str]) -> Option<serde_json::Value> {
+        let mut all = vec!["get"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-o", "json"]);
+        let out = self.kubectl(&all);
+        out.status
+            .success()
+            .then(|| serde_json::from_slice(&out.stdout).unwrap())
+    }
+
+    /// The nodes' names (kube-1, kube-2, ...).
+    pub fn nodes(&self) -> Vec<String> {
+        self.kubectl_ok(&["get", "nodes", "-o", "jsonpath={.items[*].metadata.name}"])
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// `REGISTRY/REPO:TAG` as the cluster pulls it, of an image the lab pushed as
+    /// `repo_and_tag` (`rigger-lab/...`).
+    pub fn image(&self, repo_and_tag: &str) -> String {
+        format!("{}/{repo_and_tag}", self.registry)
+    }
+
+    /// `ctr ARGS` in namespace `k8s.io` of `node`'s containerd (in the node's own mount
+    /// namespace, where its socket is containerd's default).
+    pub fn ctr(&self, node: &str, args: &[&str]) -> String {
+        let series = std::fs::read_to_string(self.dir.join(format!("nodes/{node}/series")))
+            .unwrap_or_else(|e| panic!("node {node} is not one of the lab's: {e}"));
+        let cache = std::env::var("RIGGER_LAB_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| Lab::get().dir.join("cache"));
+        let ctr = cache.join(format!("containerd/{}/usr/bin/ctr", series.trim()));
+        let out = Command::new("nsenter")
+            .arg(format!("--mount={}", self.dir.join("ns").join(node).display()))
+            .arg("--")
+            .arg(ctr)
+            .args(["-n", "k8s.io"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ctr {} on {node}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Whether `node`'s containerd has an image record named `reference`.
+    pub fn has_image(&self, node: &str, reference: &str) -> bool {
+        self.ctr(node, &["images", "ls", "-q"])
+            .lines()
+            .any(|line| line == reference)
+    }
+
+    /// A namespace of the test's own (deleted, with what is in it, when dropped).
+    pub fn namespace(&'static self, prefix: &str) -> ClusterNamespace {
+        let name = format!("{prefix}-{}", std::process::id());
+        self.kubectl_ok(&["create", "namespace", &name]);
+        // Pods need the namespace's default ServiceAccount, which a controller makes.
+        wait_until(
+            "the namespace's default ServiceAccount",
+            Duration::from_secs(30),
+            || {
+                self.kubectl(&["-n", &name, "get", "serviceaccount", "default"])
+                    .status
+                    .success()
+                    .then_some(())
+            },
+        );
+        ClusterNamespace {
+            cluster: self,
+            name,
+        }
+    }
+
+    /// Wait for `kubectl rollout status KIND/NAME -n NAMESPACE` to succeed within `timeout`.
+    pub fn rollout_status(&self, namespace: &str, object: &str, timeout: Duration) {
+        let timeout = format!("--timeout={}s", timeout.as_secs());
+        self.kubectl_ok(&["-n", namespace, "rollout", "status", object, &timeout]);
+    }
+
+    /// The events of `namespace` about `object` (`NAME`), as `reason: message` lines.
+    pub fn events_of(&self, namespace: &str, object: &str) -> Vec<String> {
+        let selector = format!("involvedObject.name={object}");
+        let events = self
+            .get_json(&["events", "-n", namespace, "--field-selector", &selector])
+            .unwrap();
+        events["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                format!(
+                    "{}: {}",
+                    e["reason"].as_str().unwrap_or_default(),
+                    e["message"].as_str().unwrap_or_default()
+                )
+            })
+            .collect()
+    }
+
+    /// The agent pod on `node`.
+    pub fn agent_pod(&self, node: &str) -> String {
+        let selector = format!("spec.nodeName={node}");
+        self.kubectl_ok(&[
+            "-n",
+            "rigger-system",
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/name=rigger-agent",
+            "--field-selector",
+            &selector,
+            "-o",
+            "jsonpath={.items[0].metadata.name}",
+        ])
+    }
+
+    /// The logs of every pod of Rigger's component `name` (rigger-agent,
+    /// rigger-controller), including the ones before a restart.
+    pub fn rigger_logs(&self, name: &str) -> String {
+        let selector = format!("app.kubernetes.io/name={name}");
+        let out = self.kubectl(&[
+            "-n",
+            "rigger-system",
+            "logs",
+            "-l",
+            &selector,
+            "--tail=-1",
+            "--prefix",
+        ]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+/// A namespace of one test in the real cluster: its namespace controller empties it.
+#[derive(Debug)]
+pub struct ClusterNamespace {
+    cluster: &'static RealCluster,
+    pub name: String,
+}
+
+impl Drop for ClusterNamespace {
+    fn drop(&mut self) {
+        let _ = self
+            .cluster
+            .kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
+    }
+}
+
+/// `scripts/lab-cluster ARGS` (join a node, let one leave); its standard output.
+pub fn lab_cluster(args: &[&str]) -> String {
+    run_script("scripts/lab-cluster", args).trim().to_owned()
+}
+
+/// `scripts/lab-rigger ARGS`; its standard output.
+pub fn lab_rigger(args: &[&str]) -> String {
+    run_script("scripts/lab-rigger", args).trim().to_owned()
+}
