@@ -12,7 +12,7 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     Container, ContainerFilter, ContainerStatus, ContainerStatusRequest, ExecSyncRequest,
     ListContainersRequest, ListPodSandboxRequest, PodSandbox, PodSandboxFilter,
-    StopContainerRequest,
+    PodSandboxStatusRequest, StopContainerRequest,
 };
 use tonic::transport::Channel;
 
@@ -46,6 +46,10 @@ pub trait Cri: Send + Sync {
         id: &str,
         timeout_seconds: u64,
     ) -> impl Future<Output = Result<(), String>> + Send;
+
+    /// The IP of sandbox `id`'s own network (the pod IP kubelet reports); `None` when it
+    /// has none (on the host's network).
+    fn sandbox_ip(&self, id: &str) -> impl Future<Output = Result<Option<String>, String>> + Send;
 
     /// Run `command` in container `id`, bounded by `timeout`; its exit code.
     fn exec(
@@ -139,6 +143,23 @@ impl Cri for RuntimeServiceClient<Channel> {
             .await
             .map_err(|s| format!("stopping container {id}: {}", s.message()))?;
         Ok(())
+    }
+
+    async fn sandbox_ip(&self, id: &str) -> Result<Option<String>, String> {
+        let request = PodSandboxStatusRequest {
+            pod_sandbox_id: id.to_owned(),
+            verbose: false,
+        };
+        Ok(self
+            .clone()
+            .pod_sandbox_status(request)
+            .await
+            .map_err(|s| format!("status of pod sandbox {id}: {}", s.message()))?
+            .into_inner()
+            .status
+            .and_then(|status| status.network)
+            .map(|network| network.ip)
+            .filter(|ip| !ip.is_empty()))
     }
 
     async fn exec(&self, id: &str, command: &[String], timeout: Duration) -> Result<i32, String> {

@@ -356,6 +356,10 @@ mod tests {
             }))
         }
 
+        async fn sandbox_ip(&self, _: &str) -> Result<Option<String>, String> {
+            Ok(None)
+        }
+
         async fn stop(&self, _: &str, _: u64) -> Result<(), String> {
             Ok(())
         }

@@ -166,6 +166,10 @@ impl Cri for FakeRuntime {
         Ok(())
     }
 
+    async fn sandbox_ip(&self, _: &str) -> Result<Option<String>, String> {
+        Ok(None)
+    }
+
     async fn exec(&self, id: &str, command: &[String], _: Duration) -> Result<i32, String> {
         self.world().execs.push((id.to_owned(), command.to_vec()));
         Ok(0)

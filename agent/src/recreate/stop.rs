@@ -131,7 +131,11 @@ impl<R: Cri> Recreate<'_, R> {
             }
             match self.pre_stop(target, &work.containers[i], &current) {
                 Ok(None) => {}
-                Ok(Some((container, handler))) => {
+                Ok(Some((container, mut handler))) => {
+                    if let Target::Kubelet { .. } = target {
+                        self.aim_at_the_pod(&mut handler, &current.pod_sandbox_id)
+                            .await;
+                    }
                     let bound = Duration::from_secs(grace_left());
                     match Action::of_handler(&handler) {
                         Some(action) => {
@@ -242,6 +246,31 @@ impl<R: Cri> Recreate<'_, R> {
 
     /// The preStop hook to run (the request's, else the container's own) and the spec
     /// its named ports resolve against (the request's ports, else the container's).
+    /// A kubelet pod's httpGet or tcpSocket hook without a host goes to the pod's IP, as
+    /// kubelet sends it (the agent's own 127.0.0.1 is its pod's, not this one's). Without
+    /// an IP (a pod on the host's network) it stays 127.0.0.1.
+    async fn aim_at_the_pod(&self, handler: &mut Handler, sandbox: &str) {
+        let wants_host = handler.http_get.as_ref().is_some_and(|h| h.host.is_none())
+            || handler.tcp_socket.as_ref().is_some_and(|t| t.host.is_none());
+        if !wants_host {
+            return;
+        }
+        match self.runtime.sandbox_ip(sandbox).await {
+            Ok(Some(ip)) => {
+                if let Some(http) = handler.http_get.as_mut() {
+                    http.host.get_or_insert_with(|| ip.clone());
+                }
+                if let Some(tcp) = handler.tcp_socket.as_mut() {
+                    tcp.host.get_or_insert(ip);
+                }
+            }
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(%sandbox, %error, "the pod's IP is unknown; its hook goes to 127.0.0.1");
+            }
+        }
+    }
+
     pub(super) fn pre_stop(
         &self,
         target: &Target,

@@ -1,0 +1,120 @@
+//! ContainerRecreateRequests on kubelet's own pods in the lab's real cluster: the agent
+//! runs each container's preStop as kubelet would, stops it, and kubelet starts it again.
+
+use std::time::Duration;
+
+use rigger_integration_tests::real_cluster::RealCluster;
+use rigger_integration_tests::wait_until;
+use serde_json::Value;
+
+/// A container that stops at once on SIGTERM (a shell's `sleep` as PID 1 would not).
+const WAITS: &str = "[sh, -c, 'trap \"exit 0\" TERM; while true; do sleep 1; done']";
+
+fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("the pod has no container {name}: {pod}"))
+}
+
+fn seconds(rfc3339: &Value) -> i64 {
+    let text = rfc3339.as_str().unwrap_or_else(|| panic!("not a time: {rfc3339}"));
+    // `2026-11-29T14:10:42Z`: what the API server writes (whole seconds, UTC).
+    let out = std::process::Command::new("date")
+        .args(["-u", "-d", text, "+%s"])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap().trim().parse().unwrap()
+}
+
+/// Scenario 2: a ContainerRecreateRequest on a Deployment's pod runs each container's own
+/// preStop — exec, httpGet (at the pod's IP, as kubelet sends it) and `sleep` — then
+/// kubelet starts the container again: its restartCount one more, the pod's uid the same,
+/// the container not named untouched, the request completed.
+#[test]
+fn a_recreate_runs_the_containers_own_pre_stops_and_kubelet_starts_them_again() {
+    let cluster = RealCluster::get();
+    let ns = cluster.namespace("recreate");
+    cluster.apply(&format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: hooks, namespace: {ns}}}\n\
+         spec:\n  replicas: 1\n  selector: {{matchLabels: {{app: hooks}}}}\n  template:\n    \
+         metadata: {{labels: {{app: hooks}}}}\n    spec:\n      terminationGracePeriodSeconds: 20\n      \
+         volumes: [{{name: shared, emptyDir: {{}}}}]\n      containers:\n      \
+         - name: recorder\n        image: {busybox}\n        volumeMounts: [{{name: shared, mountPath: /shared}}]\n        \
+           command: [sh, -c, 'mkdir -p /shared/www && echo ok > /shared/www/drain && exec httpd -f -vv -p 8080 -h /shared/www 2>>/shared/http.log']\n      \
+         - name: exec-hook\n        image: {busybox}\n        volumeMounts: [{{name: shared, mountPath: /shared}}]\n        \
+           command: {WAITS}\n        lifecycle: {{preStop: {{exec: {{command: [sh, -c, 'date +%s > /shared/exec-pre-stop']}}}}}}\n      \
+         - name: http-hook\n        image: {busybox}\n        command: {WAITS}\n        \
+           lifecycle: {{preStop: {{httpGet: {{path: /drain, port: 8080}}}}}}\n      \
+         - name: sleep-hook\n        image: {busybox}\n        command: {WAITS}\n        \
+           lifecycle: {{preStop: {{sleep: {{seconds: 4}}}}}}\n",
+        ns = ns.name,
+        busybox = cluster.image("rigger-lab/busybox:1"),
+    ));
+    cluster.rollout_status(&ns.name, "deployment/hooks", Duration::from_secs(120));
+    let pods = cluster
+        .get_json(&["pods", "-n", &ns.name, "-l", "app=hooks"])
+        .unwrap();
+    let before = pods["items"][0].clone();
+    let pod = before["metadata"]["name"].as_str().unwrap().to_owned();
+    let recorder_id = container(&before, "recorder")["containerID"].clone();
+
+    cluster.apply(&format!(
+        "apiVersion: apps.kruise.io/v1alpha1\nkind: ContainerRecreateRequest\n\
+         metadata: {{name: again, namespace: {ns}}}\nspec:\n  podName: {pod}\n  \
+         containers: [{{name: exec-hook}}, {{name: http-hook}}, {{name: sleep-hook}}]\n",
+        ns = ns.name
+    ));
+    let request = wait_until(
+        "the recreate request to complete",
+        Duration::from_secs(120),
+        || {
+            let request = cluster.get_json(&["containerrecreaterequest", "again", "-n", &ns.name])?;
+            (request["status"]["phase"] == "Completed").then_some(request)
+        },
+    );
+    let states = request["status"]["containerRecreateStates"].as_array().unwrap();
+    assert_eq!(states.len(), 3, "{request}");
+    for state in states {
+        assert_eq!(state["phase"], "Succeeded", "{request}");
+    }
+
+    // kubelet started each container again; the pod and the container not named stay.
+    let after = wait_until("kubelet to start them again", Duration::from_secs(60), || {
+        let pod = cluster.get_json(&["pod", &pod, "-n", &ns.name])?;
+        ["exec-hook", "http-hook", "sleep-hook"]
+            .iter()
+            .all(|name| {
+                let c = container(&pod, name);
+                c["restartCount"] == 1 && c["ready"] == true
+            })
+            .then_some(pod)
+    });
+    assert_eq!(after["metadata"]["uid"], before["metadata"]["uid"]);
+    let recorder = container(&after, "recorder");
+    assert_eq!(recorder["containerID"], recorder_id, "the recorder was recreated");
+    assert_eq!(recorder["restartCount"], 0);
+
+    // Each hook did what it says.
+    let exec = |command: &str| {
+        cluster.kubectl_ok(&["-n", &ns.name, "exec", &pod, "-c", "recorder", "--", "sh", "-c", command])
+    };
+    assert!(
+        !exec("cat /shared/exec-pre-stop").trim().is_empty(),
+        "the exec preStop did not run"
+    );
+    let requests = exec("cat /shared/http.log");
+    assert!(
+        requests.contains("url:/drain"),
+        "the httpGet preStop did not reach the pod: {requests}"
+    );
+    let sleep = container(&after, "sleep-hook");
+    let stopped = seconds(&sleep["lastState"]["terminated"]["finishedAt"]);
+    let asked = seconds(&request["metadata"]["creationTimestamp"]);
+    assert!(
+        stopped - asked >= 3,
+        "the sleep preStop (4 s) did not delay the stop: asked at {asked}, stopped at {stopped}"
+    );
+}
