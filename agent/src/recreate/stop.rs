@@ -251,7 +251,10 @@ impl<R: Cri> Recreate<'_, R> {
     /// an IP (a pod on the host's network) it stays 127.0.0.1.
     async fn aim_at_the_pod(&self, handler: &mut Handler, sandbox: &str) {
         let wants_host = handler.http_get.as_ref().is_some_and(|h| h.host.is_none())
-            || handler.tcp_socket.as_ref().is_some_and(|t| t.host.is_none());
+            || handler
+                .tcp_socket
+                .as_ref()
+                .is_some_and(|t| t.host.is_none());
         if !wants_host {
             return;
         }

@@ -133,6 +133,15 @@ impl JobEngine {
         }
     }
 
+    /// As if the engine had started at `started` (tests: past its starting window).
+    #[cfg(test)]
+    fn started_at(mut self, started: Instant) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.started = started;
+        }
+        self
+    }
+
     /// Tell each node's pull that ends to `events` (before the engine runs).
     #[must_use]
     pub fn with_events(mut self, events: Arc<dyn crate::events::EventSink>) -> Self {
@@ -723,7 +732,9 @@ mod tests {
             ..rigger_proto::v1::Register::default()
         };
         registry.register(&register, 1, tx, SystemTime::now());
-        let engine = JobEngine::new(store, registry, Duration::from_secs(30), None);
+        // Past its start: agents that will come are back.
+        let engine = JobEngine::new(store, registry, Duration::from_secs(30), None)
+            .started_at(Instant::now().checked_sub(Duration::from_secs(60)).unwrap());
         let j =
             job(&serde_json::json!({"image": "r.example/a:1", "pullPolicy": {"backoffLimit": 1}}));
         engine.lock().jobs.insert(key(), j);

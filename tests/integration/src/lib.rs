@@ -11,10 +11,10 @@ mod etcd;
 pub mod fake_node;
 pub mod fidelity;
 pub mod kubernetes;
-pub mod real_cluster;
 mod lab;
 mod pki;
 mod private_containerd;
+pub mod real_cluster;
 mod registries;
 mod relay;
 

@@ -171,7 +171,10 @@ impl RealCluster {
             .unwrap_or_else(|_| Lab::get().dir.join("cache"));
         let ctr = cache.join(format!("containerd/{}/usr/bin/ctr", series.trim()));
         let out = Command::new("nsenter")
-            .arg(format!("--mount={}", self.dir.join("ns").join(node).display()))
+            .arg(format!(
+                "--mount={}",
+                self.dir.join("ns").join(node).display()
+            ))
             .arg("--")
             .arg(ctr)
             .args(["-n", "k8s.io"])

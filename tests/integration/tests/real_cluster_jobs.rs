@@ -23,13 +23,21 @@ fn a_job_warms_the_labelled_nodes_and_kubelet_then_starts_pods_without_pulling()
     let cluster = RealCluster::get();
     let ns = cluster.namespace("warm");
     let nodes = cluster.nodes();
-    assert!(nodes.len() >= 3, "the lab's cluster has three nodes: {nodes:?}");
+    assert!(
+        nodes.len() >= 3,
+        "the lab's cluster has three nodes: {nodes:?}"
+    );
     let (chosen, unchosen) = (&nodes[..2], &nodes[2]);
     let label = format!("rigger-test-warm-{}", std::process::id());
     for node in chosen {
         cluster.kubectl_ok(&["label", "node", node, &format!("{label}=yes")]);
     }
-    let image = cluster.image(&unique_image_with("warm", 3, 256 << 10, &["--base", "busybox"]));
+    let image = cluster.image(&unique_image_with(
+        "warm",
+        3,
+        256 << 10,
+        &["--base", "busybox"],
+    ));
     cluster.apply(&format!(
         "apiVersion: apps.kruise.io/v1beta1\nkind: ImagePullJob\nmetadata: {{name: warm, namespace: {ns}}}\n\
          spec:\n  image: {image}\n  selector: {{matchLabels: {{{label}: 'yes'}}}}\n  \
@@ -71,8 +79,9 @@ fn a_job_warms_the_labelled_nodes_and_kubelet_then_starts_pods_without_pulling()
         let name = pod["metadata"]["name"].as_str().unwrap();
         let events = cluster.events_of(&ns.name, name);
         assert!(
-            events.iter().any(|e| e.starts_with("Pulled: ")
-                && e.contains("already present on machine")),
+            events
+                .iter()
+                .any(|e| e.starts_with("Pulled: ") && e.contains("already present on machine")),
             "kubelet did not find {image} present for {name}: {events:?}"
         );
         assert!(
@@ -92,7 +101,12 @@ fn a_job_warms_the_labelled_nodes_and_kubelet_then_starts_pods_without_pulling()
 fn a_node_that_joins_later_gets_the_images_of_a_job_that_never_completes() {
     let cluster = RealCluster::get();
     let ns = cluster.namespace("joins");
-    let image = cluster.image(&unique_image_with("joins", 2, 128 << 10, &["--base", "none"]));
+    let image = cluster.image(&unique_image_with(
+        "joins",
+        2,
+        128 << 10,
+        &["--base", "none"],
+    ));
     cluster.apply(&format!(
         "apiVersion: apps.kruise.io/v1beta1\nkind: ImagePullJob\nmetadata: {{name: always, namespace: {ns}}}\n\
          spec:\n  image: {image}\n  completionPolicy: {{type: Never}}\n",
@@ -145,8 +159,14 @@ impl Drop for Leave {
 fn a_job_whose_pull_secret_is_immutable_completes() {
     let cluster = RealCluster::get();
     let ns = cluster.namespace("immutable");
-    let image = cluster.image(&unique_image_with("immutable", 1, 64 << 10, &["--base", "none"]));
-    let config = serde_json::json!({"auths": {cluster.registry.as_str(): {"auth": "cmlnZ2VyOnNlY3JldA=="}}});
+    let image = cluster.image(&unique_image_with(
+        "immutable",
+        1,
+        64 << 10,
+        &["--base", "none"],
+    ));
+    let config =
+        serde_json::json!({"auths": {cluster.registry.as_str(): {"auth": "cmlnZ2VyOnNlY3JldA=="}}});
     cluster.apply(&format!(
         "apiVersion: v1\nkind: Secret\nmetadata: {{name: cred, namespace: {ns}}}\ntype: kubernetes.io/dockerconfigjson\n\
          immutable: true\nstringData:\n  .dockerconfigjson: '{config}'\n",

@@ -20,13 +20,19 @@ fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
 }
 
 fn seconds(rfc3339: &Value) -> i64 {
-    let text = rfc3339.as_str().unwrap_or_else(|| panic!("not a time: {rfc3339}"));
+    let text = rfc3339
+        .as_str()
+        .unwrap_or_else(|| panic!("not a time: {rfc3339}"));
     // `2026-11-29T14:10:42Z`: what the API server writes (whole seconds, UTC).
     let out = std::process::Command::new("date")
         .args(["-u", "-d", text, "+%s"])
         .output()
         .unwrap();
-    String::from_utf8(out.stdout).unwrap().trim().parse().unwrap()
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// Scenario 2: a ContainerRecreateRequest on a Deployment's pod runs each container's own
@@ -71,35 +77,47 @@ fn a_recreate_runs_the_containers_own_pre_stops_and_kubelet_starts_them_again() 
         "the recreate request to complete",
         Duration::from_secs(120),
         || {
-            let request = cluster.get_json(&["containerrecreaterequest", "again", "-n", &ns.name])?;
+            let request =
+                cluster.get_json(&["containerrecreaterequest", "again", "-n", &ns.name])?;
             (request["status"]["phase"] == "Completed").then_some(request)
         },
     );
-    let states = request["status"]["containerRecreateStates"].as_array().unwrap();
+    let states = request["status"]["containerRecreateStates"]
+        .as_array()
+        .unwrap();
     assert_eq!(states.len(), 3, "{request}");
     for state in states {
         assert_eq!(state["phase"], "Succeeded", "{request}");
     }
 
     // kubelet started each container again; the pod and the container not named stay.
-    let after = wait_until("kubelet to start them again", Duration::from_secs(60), || {
-        let pod = cluster.get_json(&["pod", &pod, "-n", &ns.name])?;
-        ["exec-hook", "http-hook", "sleep-hook"]
-            .iter()
-            .all(|name| {
-                let c = container(&pod, name);
-                c["restartCount"] == 1 && c["ready"] == true
-            })
-            .then_some(pod)
-    });
+    let after = wait_until(
+        "kubelet to start them again",
+        Duration::from_secs(60),
+        || {
+            let pod = cluster.get_json(&["pod", &pod, "-n", &ns.name])?;
+            ["exec-hook", "http-hook", "sleep-hook"]
+                .iter()
+                .all(|name| {
+                    let c = container(&pod, name);
+                    c["restartCount"] == 1 && c["ready"] == true
+                })
+                .then_some(pod)
+        },
+    );
     assert_eq!(after["metadata"]["uid"], before["metadata"]["uid"]);
     let recorder = container(&after, "recorder");
-    assert_eq!(recorder["containerID"], recorder_id, "the recorder was recreated");
+    assert_eq!(
+        recorder["containerID"], recorder_id,
+        "the recorder was recreated"
+    );
     assert_eq!(recorder["restartCount"], 0);
 
     // Each hook did what it says.
     let exec = |command: &str| {
-        cluster.kubectl_ok(&["-n", &ns.name, "exec", &pod, "-c", "recorder", "--", "sh", "-c", command])
+        cluster.kubectl_ok(&[
+            "-n", &ns.name, "exec", &pod, "-c", "recorder", "--", "sh", "-c", command,
+        ])
     };
     assert!(
         !exec("cat /shared/exec-pre-stop").trim().is_empty(),

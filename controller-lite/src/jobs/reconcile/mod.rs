@@ -80,10 +80,15 @@ pub(super) fn reconcile_job(pass: &Pass<'_>, job: &mut JobState, out: &mut Out<'
     let first = job.status.start_time.is_none();
     if first {
         job.status.start_time = Some(pass.now.rfc3339());
+        job.started_while_starting = pass.starting;
         job.dirty = true;
     }
-    // Membership: fixed at the start for Always; Never takes nodes that join later.
-    if first || job.job.spec.completion_policy.kind == CompletionPolicyType::Never {
+    // Membership: fixed at the start for Always (once the agents had time to reconnect,
+    // for a job started before); Never takes nodes that join later.
+    let open = first
+        || (job.started_while_starting && pass.starting)
+        || job.job.spec.completion_policy.kind == CompletionPolicyType::Never;
+    if open {
         take_members(job, pass.views);
     }
     let deadline = deadline(job);
@@ -101,7 +106,7 @@ pub(super) fn reconcile_job(pass: &Pass<'_>, job: &mut JobState, out: &mut Out<'
         watch_nodes(pass, job, &holders, window, out.effects);
         dispatch(pass, job, &mut holders, window, out);
     }
-    sum_up(pass.key, job, deadline_passed, pass.now);
+    sum_up(pass, job, deadline_passed);
 }
 
 /// Whether a finished job's `ttlSecondsAfterFinished` has passed at `now`.
@@ -438,8 +443,12 @@ fn send(
 }
 
 /// Counts and message; completion for Always once every node succeeded or failed (lost
-/// nodes count as failed but may still come back: the job waits for them).
-fn sum_up(key: &ObjectKey, job: &mut JobState, deadline_passed: bool, now: Now) {
+/// nodes count as failed but may still come back: the job waits for them). A job started
+/// while the controller was starting (or had just taken over) does not complete before
+/// that ends: agents are still reconnecting, so the nodes it selects may not all have
+/// joined it yet — it would complete over the first to reconnect, or over none.
+fn sum_up(pass: &Pass<'_>, job: &mut JobState, deadline_passed: bool) {
+    let (key, now) = (pass.key, pass.now);
     let always = job.job.spec.completion_policy.kind == CompletionPolicyType::Always;
     let paused = job.job.spec.paused();
     let status = &mut job.status;
@@ -447,7 +456,8 @@ fn sum_up(key: &ObjectKey, job: &mut JobState, deadline_passed: bool, now: Now) 
     status.desired = u32::try_from(desired).unwrap_or(u32::MAX);
     let (succeeded, failed) = count_nodes(status);
     let lost = status.nodes.iter().filter(|n| n.node_lost).count();
-    if always && succeeded + failed == desired && lost == 0 {
+    let settling = pass.starting && job.started_while_starting && !deadline_passed;
+    if always && succeeded + failed == desired && lost == 0 && !settling {
         status.completion_time = Some(now.rfc3339());
         status.conditions = vec![Condition {
             kind: "Complete".to_owned(),

@@ -75,6 +75,17 @@ fn pass_with(
     credentials: &TaskCredentials<'_>,
     now: Now,
 ) -> Effects {
+    pass_starting(job, views, credentials, now, false)
+}
+
+/// One pass at `now`, right after a controller start (`starting`) or not; its effects.
+fn pass_starting(
+    job: &mut JobState,
+    views: &HashMap<String, NodeView>,
+    credentials: &TaskCredentials<'_>,
+    now: Now,
+    starting: bool,
+) -> Effects {
     let mut effects = Effects::default();
     let mut tasks = HashMap::new();
     let key = key();
@@ -82,7 +93,7 @@ fn pass_with(
         key: &key,
         views,
         credentials,
-        starting: false,
+        starting,
         now,
     };
     reconcile_job(
@@ -458,4 +469,31 @@ fn a_silent_node_is_given_up_after_its_timeout_and_a_margin() {
         j.status.nodes[0].message,
         "no result within pullPolicy.timeoutSeconds (60s)"
     );
+}
+
+/// Found in the real cluster: a job made right after a leader took over, before any agent
+/// reconnected, completed at once over no node. While starting, a job waits for the
+/// nodes it selects to join it; once started, one that selects no node completes.
+#[test]
+fn a_job_made_while_agents_reconnect_waits_for_them_rather_than_completing_over_none() {
+    let mut always = job(&serde_json::json!({"image": "r.example/app:1",
+        "completionPolicy": {"type": "Always"}}));
+    let none = HashMap::new();
+    pass_starting(&mut always, &none, &no_credentials(), at(0), true);
+    assert!(!always.finished(), "{:?}", always.status);
+    assert_eq!(always.status.desired, 0);
+
+    // The agents are back: the job takes them, and is not done until they pulled.
+    let back = nodes(&["a", "b"]);
+    pass_starting(&mut always, &back, &no_credentials(), at(1), true);
+    assert_eq!(always.status.desired, 2);
+    assert!(!always.finished());
+
+    // After the start, a job that selects no node completes, saying so.
+    let mut empty = job(&serde_json::json!({"image": "r.example/app:1",
+        "selector": {"matchLabels": {"pool": "none"}},
+        "completionPolicy": {"type": "Always"}}));
+    pass_at(&mut empty, &back, at(2));
+    assert!(empty.finished());
+    assert_eq!(empty.status.message, "no node matches the job's selector");
 }

@@ -1,0 +1,207 @@
+//! Rigger's own workloads handled as a cluster operator handles them, on the lab's real
+//! cluster: the controller's Deployment rolled and its leader's pod deleted, the agent's
+//! DaemonSet moved to a new image, each while jobs run.
+
+use std::time::Duration;
+
+use rigger_integration_tests::real_cluster::{ClusterNamespace, RealCluster};
+use rigger_integration_tests::{repo_root, unique_image_with, wait_until};
+use serde_json::Value;
+
+fn job(cluster: &RealCluster, ns: &ClusterNamespace, name: &str) -> Value {
+    cluster
+        .get_json(&["imagepulljob", name, "-n", &ns.name])
+        .map(|job| job["status"].clone())
+        .unwrap_or_default()
+}
+
+/// A job over every node, one node at a time, of an image big enough to be mid-pull when
+/// something happens to Rigger's pods.
+fn start_job(cluster: &RealCluster, ns: &ClusterNamespace, name: &str) -> String {
+    let image = cluster.image(&unique_image_with(name, 2, 3 << 20, &["--base", "none"]));
+    cluster.apply(&format!(
+        "apiVersion: apps.kruise.io/v1beta1\nkind: ImagePullJob\nmetadata: {{name: {name}, namespace: {ns}}}\n\
+         spec:\n  image: {image}\n  parallelism: 1\n  completionPolicy: {{type: Always}}\n",
+        ns = ns.name
+    ));
+    wait_until("the job to start", Duration::from_secs(60), || {
+        let status = job(cluster, ns, name);
+        (status["active"] == 1 || status["succeeded"].as_u64().unwrap_or(0) >= 1).then_some(())
+    });
+    image
+}
+
+fn wait_for_job(cluster: &RealCluster, ns: &ClusterNamespace, name: &str, nodes: usize) {
+    let waited = cluster.kubectl(&[
+        "-n",
+        &ns.name,
+        "wait",
+        &format!("imagepulljob/{name}"),
+        &format!("--for=jsonpath={{.status.succeeded}}={nodes}"),
+        "--timeout=180s",
+    ]);
+    assert!(
+        waited.status.success(),
+        "job {name}: {}\n{}\ncontroller:\n{}",
+        String::from_utf8_lossy(&waited.stderr),
+        job(cluster, ns, name),
+        tail(&cluster.rigger_logs("rigger-controller"), 40)
+    );
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// How many pulls of `image` each node's agent accepted (its log lines `task accepted`).
+fn pulls_per_node(cluster: &RealCluster, image: &str) -> Vec<(String, usize)> {
+    cluster
+        .nodes()
+        .into_iter()
+        .map(|node| {
+            let pod = cluster.agent_pod(&node);
+            let logs = cluster.kubectl_ok(&["-n", "rigger-system", "logs", &pod, "--tail=-1"]);
+            let pulls = logs
+                .lines()
+                .filter(|l| l.contains("\"task accepted\"") && l.contains(image))
+                .count();
+            (node, pulls)
+        })
+        .collect()
+}
+
+/// Scenario 5 (controller): `kubectl rollout restart` of the controller completes
+/// (`rollout status` succeeds: every replica that serves is Ready, not the leader alone),
+/// and a job over every node completes when the leader's pod is deleted in the middle of
+/// it, with no node pulling twice.
+#[test]
+fn the_controller_rolls_and_loses_its_leader_mid_job_and_nothing_is_pulled_twice() {
+    let cluster = RealCluster::get();
+    let ns = cluster.namespace("leader");
+    cluster.kubectl_ok(&[
+        "-n",
+        "rigger-system",
+        "rollout",
+        "restart",
+        "deployment/rigger-controller",
+    ]);
+    cluster.rollout_status(
+        "rigger-system",
+        "deployment/rigger-controller",
+        Duration::from_secs(180),
+    );
+    let ready = cluster
+        .get_json(&["deployment", "rigger-controller", "-n", "rigger-system"])
+        .unwrap();
+    assert_eq!(ready["status"]["readyReplicas"], 2, "{ready:#}");
+
+    let nodes = cluster.nodes().len();
+    let image = start_job(cluster, &ns, "leader");
+    let holder = cluster.kubectl_ok(&[
+        "-n",
+        "rigger-system",
+        "get",
+        "lease",
+        "rigger-controller",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    let leader = holder.split('/').next().unwrap().to_owned();
+    cluster.kubectl_ok(&[
+        "-n",
+        "rigger-system",
+        "delete",
+        "pod",
+        &leader,
+        "--wait=false",
+    ]);
+    wait_for_job(cluster, &ns, "leader", nodes);
+    let successor = cluster.kubectl_ok(&[
+        "-n",
+        "rigger-system",
+        "get",
+        "lease",
+        "rigger-controller",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    assert!(
+        !successor.starts_with(&format!("{leader}/")),
+        "the deleted pod {leader} still holds the Lease"
+    );
+    for (node, pulls) in pulls_per_node(cluster, &image) {
+        assert_eq!(pulls, 1, "{node} pulled {image} {pulls} times");
+    }
+    cluster.rollout_status(
+        "rigger-system",
+        "deployment/rigger-controller",
+        Duration::from_secs(180),
+    );
+}
+
+/// Scenario 5 (agents): the agent DaemonSet moved to a new image while a job runs rolls
+/// out node by node (`rollout status` completes) and the job completes.
+#[test]
+fn the_agent_daemonset_rolls_to_a_new_image_while_a_job_runs() {
+    let cluster = RealCluster::get();
+    let ns = cluster.namespace("agents");
+    // The same binaries under another tag: what an upgrade changes in the DaemonSet.
+    let out = std::process::Command::new(repo_root().join("scripts/rigger-image"))
+        .args([
+            "--profile",
+            "debug",
+            "--no-build",
+            "--registry",
+            &cluster.registry,
+        ])
+        .args(["--tag", "lab-next"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let next = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let current = cluster.kubectl_ok(&[
+        "-n",
+        "rigger-system",
+        "get",
+        "daemonset/rigger-agent",
+        "-o",
+        "jsonpath={.spec.template.spec.containers[0].image}",
+    ]);
+
+    let nodes = cluster.nodes().len();
+    start_job(cluster, &ns, "agents");
+    cluster.kubectl_ok(&[
+        "-n",
+        "rigger-system",
+        "set",
+        "image",
+        "daemonset/rigger-agent",
+        &format!("agent={next}"),
+    ]);
+    cluster.rollout_status(
+        "rigger-system",
+        "daemonset/rigger-agent",
+        Duration::from_secs(180),
+    );
+    wait_for_job(cluster, &ns, "agents", nodes);
+
+    // Back to the deployed image, as a rollback would.
+    cluster.kubectl_ok(&[
+        "-n",
+        "rigger-system",
+        "set",
+        "image",
+        "daemonset/rigger-agent",
+        &format!("agent={current}"),
+    ]);
+    cluster.rollout_status(
+        "rigger-system",
+        "daemonset/rigger-agent",
+        Duration::from_secs(180),
+    );
+}
