@@ -67,10 +67,6 @@ pub(super) struct JobState {
     pub(super) dirty: bool,
     /// What of the status is in the store (which shards to write again).
     pub(super) written: job_status::Written,
-    /// Started while this controller was starting: its membership stays open until the
-    /// agents have had time to reconnect (a completionPolicy Always job's is otherwise
-    /// fixed at its start).
-    pub(super) started_while_starting: bool,
 }
 
 impl JobState {
@@ -86,7 +82,6 @@ impl JobState {
             status,
             index: HashMap::new(),
             runs: HashMap::new(),
-            started_while_starting: false,
             dirty: false,
             written,
         };

@@ -80,13 +80,14 @@ pub(super) fn reconcile_job(pass: &Pass<'_>, job: &mut JobState, out: &mut Out<'
     let first = job.status.start_time.is_none();
     if first {
         job.status.start_time = Some(pass.now.rfc3339());
-        job.started_while_starting = pass.starting;
         job.dirty = true;
     }
-    // Membership: fixed at the start for Always (once the agents had time to reconnect,
-    // for a job started before); Never takes nodes that join later.
+    // Membership: fixed at the start for Always — once this controller's agents have had
+    // time to reconnect: the nodes whose agents come back join a job that started before
+    // (under the last leader, which may itself have been starting) or meanwhile; Never
+    // takes nodes that join later.
     let open = first
-        || (job.started_while_starting && pass.starting)
+        || pass.starting
         || job.job.spec.completion_policy.kind == CompletionPolicyType::Never;
     if open {
         take_members(job, pass.views);
@@ -443,10 +444,10 @@ fn send(
 }
 
 /// Counts and message; completion for Always once every node succeeded or failed (lost
-/// nodes count as failed but may still come back: the job waits for them). A job started
-/// while the controller was starting (or had just taken over) does not complete before
-/// that ends: agents are still reconnecting, so the nodes it selects may not all have
-/// joined it yet — it would complete over the first to reconnect, or over none.
+/// nodes count as failed but may still come back: the job waits for them). Not while the
+/// controller is starting (or has just taken over): agents are still reconnecting, so the
+/// nodes a job selects may not all have joined it yet — it would complete over the first
+/// to reconnect, or over none.
 fn sum_up(pass: &Pass<'_>, job: &mut JobState, deadline_passed: bool) {
     let (key, now) = (pass.key, pass.now);
     let always = job.job.spec.completion_policy.kind == CompletionPolicyType::Always;
@@ -456,7 +457,7 @@ fn sum_up(pass: &Pass<'_>, job: &mut JobState, deadline_passed: bool) {
     status.desired = u32::try_from(desired).unwrap_or(u32::MAX);
     let (succeeded, failed) = count_nodes(status);
     let lost = status.nodes.iter().filter(|n| n.node_lost).count();
-    let settling = pass.starting && job.started_while_starting && !deadline_passed;
+    let settling = pass.starting && !deadline_passed;
     if always && succeeded + failed == desired && lost == 0 && !settling {
         status.completion_time = Some(now.rfc3339());
         status.conditions = vec![Condition {

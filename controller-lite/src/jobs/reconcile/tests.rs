@@ -472,8 +472,10 @@ fn a_silent_node_is_given_up_after_its_timeout_and_a_margin() {
 }
 
 /// Found in the real cluster: a job made right after a leader took over, before any agent
-/// reconnected, completed at once over no node. While starting, a job waits for the
-/// nodes it selects to join it; once started, one that selects no node completes.
+/// reconnected, completed at once over no node (and one started under a leader that was
+/// itself starting, over the one node back by then). While the controller starts, a job
+/// takes the nodes whose agents come back and does not complete; once started, one that
+/// selects no node completes.
 #[test]
 fn a_job_made_while_agents_reconnect_waits_for_them_rather_than_completing_over_none() {
     let mut always = job(&serde_json::json!({"image": "r.example/app:1",
