@@ -88,11 +88,39 @@ fn completion_event(key: &ObjectKey, job: &JobState) -> crate::events::Event {
             warning: true,
             reason: crate::events::PULL_IMAGE_FAILED,
             message: format!(
-                "Image {image} pulled on {} nodes, failed on {}",
-                status.succeeded, status.failed
+                "Image {image} pulled on {} nodes, failed on {}{}",
+                status.succeeded,
+                status.failed,
+                failure_reasons(status)
             ),
         }
     }
+}
+
+/// Why the first few failed nodes failed (`: n1: why; n2: why`), so that a cluster user
+/// sees it with `kubectl describe` (the status has only the failed nodes' names, as
+/// Kruise's).
+fn failure_reasons(status: &rigger_api::image_pull_job::ImagePullJobStatus) -> String {
+    const SHOWN: usize = 3;
+    let failed: Vec<String> = status
+        .nodes
+        .iter()
+        .filter(|n| n.phase == NodePullPhase::Failed)
+        .take(SHOWN)
+        .map(|n| format!("{}: {}", n.name, n.message))
+        .collect();
+    if failed.is_empty() {
+        return String::new();
+    }
+    let more = usize::try_from(status.failed)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(failed.len());
+    let more = if more > 0 {
+        format!("; and {more} more")
+    } else {
+        String::new()
+    };
+    format!(": {}{more}", failed.join("; "))
 }
 
 /// The job `key` as its events' object.
@@ -643,6 +671,36 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::reconcile::tests::{job, key};
     use super::*;
+
+    #[test]
+    fn a_failed_jobs_event_says_why_its_first_nodes_failed() {
+        use rigger_api::image_pull_job::NodePullStatus;
+        let node = |name: &str, phase, message: &str| NodePullStatus {
+            name: name.to_owned(),
+            phase,
+            message: message.to_owned(),
+            ..NodePullStatus::default()
+        };
+        let mut j = job(&serde_json::json!({"image": "r.example/a:1"}));
+        j.status.nodes = vec![
+            node(
+                "a",
+                NodePullPhase::Failed,
+                "pull secret \"cred\" does not exist",
+            ),
+            node("b", NodePullPhase::Succeeded, ""),
+            node("c", NodePullPhase::Failed, "x"),
+            node("d", NodePullPhase::Failed, "y"),
+            node("e", NodePullPhase::Failed, "z"),
+        ];
+        j.status.succeeded = 1;
+        j.status.failed = 4;
+        let event = completion_event(&key(), &j);
+        assert_eq!(
+            event.message,
+            "Image r.example/a:1 pulled on 1 nodes, failed on 4: a: pull secret \"cred\" does not exist; c: x; d: y; and 1 more"
+        );
+    }
     use rigger_proto::v1::TaskPhase;
 
     /// A job stored past today's bounds (written around the API, or by an older

@@ -1,0 +1,181 @@
+//! RBAC on the lab's real cluster, enforced by its API server (`Node,RBAC`): Rigger's
+//! controller has only deploy/kubernetes/rbac.yaml, and a tenant with rights in one
+//! namespace cannot make Rigger act in another.
+
+use std::time::Duration;
+
+use rigger_integration_tests::real_cluster::RealCluster;
+use rigger_integration_tests::{unique_image_with, wait_until};
+use serde_json::Value;
+
+const CONTROLLER: &str = "system:serviceaccount:rigger-system:rigger-controller";
+
+/// Every request the controller's ServiceAccount made in this cluster (all the real
+/// cluster's tests before this one too) was allowed: rbac.yaml grants what its code does.
+#[test]
+fn the_controller_is_never_refused_by_rbac() {
+    let cluster = RealCluster::get();
+    // At least one job's worth of calls.
+    let ns = cluster.namespace("rbac");
+    let image = cluster.image(&unique_image_with("rbac", 1, 16 << 10, &["--base", "none"]));
+    cluster.apply(&format!(
+        "apiVersion: apps.kruise.io/v1beta1\nkind: ImagePullJob\nmetadata: {{name: j, namespace: {ns}}}\n\
+         spec:\n  image: {image}\n  completionPolicy: {{type: Always}}\n",
+        ns = ns.name
+    ));
+    cluster.kubectl_ok(&[
+        "-n",
+        &ns.name,
+        "wait",
+        "imagepulljob/j",
+        "--for=jsonpath={.status.completionTime}",
+        "--timeout=120s",
+    ]);
+    let audit = std::fs::read_to_string(&cluster.audit_log).unwrap();
+    let mut calls = 0;
+    let refused: Vec<String> = audit
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|event| event["user"]["username"] == CONTROLLER)
+        .inspect(|_| calls += 1)
+        .filter(|event| event["responseStatus"]["code"] == 403)
+        .map(|event| format!("{} {}", event["verb"], event["requestURI"]))
+        .collect();
+    assert!(calls > 0, "the audit log has no call of {CONTROLLER}");
+    assert!(
+        refused.is_empty(),
+        "RBAC refused the controller: {refused:#?}"
+    );
+}
+
+/// A tenant with every right on Rigger's kinds, pods and Secrets in namespace A only:
+/// a recreate request of theirs that names B's pod does not touch it, a job of theirs
+/// that names B's pull Secret does not get it, and they can make no SidecarSet (a
+/// cluster-wide kind) and nothing in B.
+#[test]
+fn a_tenant_of_one_namespace_cannot_make_rigger_act_in_another() {
+    let cluster = RealCluster::get();
+    let (mine, theirs) = (cluster.namespace("tenant"), cluster.namespace("victim"));
+    let tenant = format!("tenant-{}", std::process::id());
+    cluster.apply(&format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: everything, namespace: {ns}}}\n\
+         rules:\n- {{apiGroups: [apps.kruise.io, '', apps], resources: ['*'], verbs: ['*']}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: everything, namespace: {ns}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: everything}}\n\
+         subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: {tenant}}}]\n",
+        ns = mine.name
+    ));
+    let busybox = cluster.image("rigger-lab/busybox:1");
+    cluster.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: app, namespace: {ns}}}\nspec:\n  \
+         terminationGracePeriodSeconds: 1\n  containers:\n  - name: app\n    image: {busybox}\n    \
+         command: [sleep, '3600']\n---\napiVersion: v1\nkind: Secret\nmetadata: {{name: cred, namespace: {ns}}}\n\
+         type: kubernetes.io/dockerconfigjson\nstringData:\n  .dockerconfigjson: '{{\"auths\": {{}}}}'\n",
+        ns = theirs.name
+    ));
+    let running = |cluster: &RealCluster| {
+        let pod = cluster.get_json(&["pod", "app", "-n", &theirs.name])?;
+        let status = pod["status"]["containerStatuses"][0].clone();
+        (status["ready"] == true).then_some(status)
+    };
+    let before = wait_until(
+        "the other namespace's pod",
+        Duration::from_secs(120),
+        || running(cluster),
+    );
+    let as_tenant = |args: &[&str], yaml: &str| {
+        let mut all = vec!["--as", tenant.as_str()];
+        all.extend_from_slice(args);
+        cluster.kubectl_stdin(&all, yaml)
+    };
+
+    // Nothing in the other namespace, and no cluster-wide SidecarSet.
+    let refused = as_tenant(
+        &["create"],
+        &format!(
+            "apiVersion: apps.kruise.io/v1alpha1\nkind: ContainerRecreateRequest\n\
+             metadata: {{name: r, namespace: {ns}}}\nspec: {{podName: app, containers: [{{name: app}}]}}\n",
+            ns = theirs.name
+        ),
+    );
+    assert!(
+        !refused.status.success(),
+        "the tenant made a request in another namespace"
+    );
+    let refused = as_tenant(
+        &["create"],
+        &format!(
+            "apiVersion: apps.kruise.io/v1alpha1\nkind: SidecarSet\nmetadata: {{name: {tenant}}}\n\
+             spec: {{selector: {{matchLabels: {{app: x}}}}, containers: [{{name: s, image: {busybox}}}]}}\n"
+        ),
+    );
+    assert!(!refused.status.success(), "the tenant made a SidecarSet");
+
+    // A recreate request in their own namespace names the other's pod: there is no such
+    // pod in theirs; the other's is not touched.
+    let out = as_tenant(
+        &["create"],
+        &format!(
+            "apiVersion: apps.kruise.io/v1alpha1\nkind: ContainerRecreateRequest\n\
+             metadata: {{name: r, namespace: {ns}}}\nspec: {{podName: app, containers: [{{name: app}}]}}\n",
+            ns = mine.name
+        ),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let request = wait_until("the request to end", Duration::from_secs(60), || {
+        let request = cluster.get_json(&["containerrecreaterequest", "r", "-n", &mine.name])?;
+        (request["status"]["phase"] == "Completed").then_some(request)
+    });
+    assert_ne!(
+        request["status"]["containerRecreateStates"][0]["phase"], "Succeeded",
+        "{request}"
+    );
+
+    // A job in their namespace names a pull Secret that exists only in the other's.
+    let image = cluster.image(&unique_image_with(
+        "tenant",
+        1,
+        16 << 10,
+        &["--base", "none"],
+    ));
+    let node = &cluster.nodes()[0];
+    let out = as_tenant(
+        &["create"],
+        &format!(
+            "apiVersion: apps.kruise.io/v1alpha1\nkind: ImagePullJob\nmetadata: {{name: j, namespace: {ns}}}\n\
+             spec:\n  image: {image}\n  selector: {{names: [{node}]}}\n  pullSecrets: [cred]\n  \
+             completionPolicy: {{type: Always}}\n",
+            ns = mine.name
+        ),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let job = wait_until("the job to end", Duration::from_secs(60), || {
+        let job = cluster.get_json(&["imagepulljob", "j", "-n", &mine.name])?;
+        job["status"]["completionTime"].is_string().then_some(job)
+    });
+    assert_eq!(job["status"]["failed"], 1, "{job}");
+    // Why, as Kruise tells a node's pull: an Event on the job.
+    let said = wait_until("the job's event", Duration::from_secs(30), || {
+        let events = cluster.events_of(&mine.name, "j");
+        events
+            .iter()
+            .any(|e| e.contains("cred") && e.contains("does not exist"))
+            .then_some(events)
+    });
+    assert!(
+        !said.iter().any(|e| e.contains(&theirs.name)),
+        "the other namespace's Secret was read: {said:?}"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let after = running(cluster).expect("the other namespace's pod is still running");
+    assert_eq!(after["containerID"], before["containerID"]);
+    assert_eq!(after["restartCount"], before["restartCount"]);
+}
