@@ -528,8 +528,17 @@ impl NodeRegistry {
         ) else {
             return HashMap::new();
         };
+        // In a cluster the Nodes say which nodes exist: an agent whose Node is gone (or
+        // never was) is chosen by no job.
+        let cluster = self
+            .cluster_labels_only
+            .load(std::sync::atomic::Ordering::Relaxed)
+            && self
+                .admin_labels_loaded
+                .load(std::sync::atomic::Ordering::Acquire);
         nodes
             .iter()
+            .filter(|(name, _)| !cluster || admin.contains_key(*name))
             .map(|(name, r)| {
                 let reason = not_ready_reason(r, now, timeout);
                 let pod_labels = match &*cluster_pods {
@@ -714,6 +723,32 @@ mod tests {
             Some("agent disconnected")
         );
         assert!(!registry.send("n1", ControllerMessage::default()));
+    }
+
+    /// Found in the real cluster: a Node deleted (kubectl delete node) kept its agent's
+    /// record, and jobs over every node waited for it.
+    #[test]
+    fn in_a_cluster_an_agent_whose_node_is_gone_is_no_job_s_node() {
+        let registry = NodeRegistry::default();
+        let now = SystemTime::now();
+        registry.register(&register("n1"), 1, sender(), now);
+        registry.register(&register("gone"), 2, sender(), now);
+        registry.use_cluster_labels_only();
+        let chosen = |registry: &NodeRegistry| {
+            let mut names: Vec<String> = registry
+                .views(now, Duration::from_secs(30))
+                .into_keys()
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(
+            chosen(&registry),
+            ["gone", "n1"],
+            "before the Nodes are listed"
+        );
+        registry.set_admin_labels([("n1".to_owned(), BTreeMap::new())].into());
+        assert_eq!(chosen(&registry), ["n1"]);
     }
 
     #[test]

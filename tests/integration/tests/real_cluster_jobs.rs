@@ -137,7 +137,24 @@ fn a_node_that_joins_later_gets_the_images_of_a_job_that_never_completes() {
         },
     );
     assert!(cluster.has_image(&node, &image), "{node} has no {image}");
+
+    // The node leaves (its Node deleted): a job over every node no longer waits for it.
     drop(left);
+    cluster.apply(&format!(
+        "apiVersion: apps.kruise.io/v1beta1\nkind: ImagePullJob\nmetadata: {{name: after, namespace: {ns}}}\n\
+         spec:\n  image: {image}\n  completionPolicy: {{type: Always}}\n",
+        ns = ns.name
+    ));
+    let status = wait_until(
+        "the job after the node left",
+        Duration::from_secs(90),
+        || {
+            let status = job_status(cluster, &ns.name, "imagepulljob", "after");
+            status["completionTime"].is_string().then_some(status)
+        },
+    );
+    assert_eq!(status["desired"], before, "{status}");
+    assert_eq!(status["succeeded"], before, "{status}");
 }
 
 /// The node a test joined leaves when the test ends, passed or not.
