@@ -8,7 +8,10 @@
 //! - an agent may not report a label under a reserved prefix ([`reserved`]): those are
 //!   the admin's alone, for fencing workloads onto nodes;
 //! - anything that carries credentials (a job with pull secrets, a pod with image pull
-//!   secrets) chooses nodes by name or by admin-set labels only.
+//!   secrets) chooses nodes by name or by admin-set labels only. In a cluster the Nodes'
+//!   labels are the admin's, but a kubelet may set most labels of its own Node: there,
+//!   only labels under `node-restriction.kubernetes.io/` ([`kept_from_kubelets`]), which
+//!   the API server's NodeRestriction keeps from kubelets, choose nodes for credentials.
 //!
 //! The decisions here are pure; [`load`], [`save`] and [`keep_loaded`] are the store edge.
 
@@ -25,6 +28,16 @@ pub const KIND: &str = "Node.labels";
 /// How often a controller reads admin labels again (another replica may have led when
 /// they were set); the leader also takes its own changes at once.
 const RELOAD: Duration = Duration::from_secs(5);
+
+/// Whether a Node label `key` is one the API server's NodeRestriction admission keeps a
+/// node's own kubelet from setting or changing: under `node-restriction.kubernetes.io/`
+/// (or a subdomain of it), as Kubernetes documents for isolating workloads.
+pub fn kept_from_kubelets(key: &str) -> bool {
+    key.rsplit_once('/').is_some_and(|(prefix, _)| {
+        prefix == "node-restriction.kubernetes.io"
+            || prefix.ends_with(".node-restriction.kubernetes.io")
+    })
+}
 
 /// Label prefixes only an admin may set. `node-restriction.kubernetes.io/` is
 /// Kubernetes' own; `rigger.dev` (and its subdomains, such as
@@ -203,6 +216,22 @@ pub async fn keep_loaded(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_node_restriction_labels_are_kept_from_kubelets() {
+        assert!(kept_from_kubelets("node-restriction.kubernetes.io/pool"));
+        assert!(kept_from_kubelets(
+            "team.node-restriction.kubernetes.io/pool"
+        ));
+        for key in [
+            "pool",
+            "rigger.dev/pool",
+            "kubernetes.io/hostname",
+            "x-node-restriction.kubernetes.io/a",
+        ] {
+            assert!(!kept_from_kubelets(key), "{key}");
+        }
+    }
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs

@@ -245,8 +245,10 @@ pub struct NodeView {
     /// The agent's labels overlaid by the admin's: for choosing nodes for work that
     /// carries no credentials.
     pub labels: BTreeMap<String, String>,
-    /// The labels an admin set: the only ones that may choose a node for credentials.
-    pub admin_labels: BTreeMap<String, String>,
+    /// The labels that may choose a node for credentials: those an admin set
+    /// (`riggerctl label node`); in a cluster, the Node's labels the node's own kubelet
+    /// cannot set ([`crate::node_labels::kept_from_kubelets`]).
+    pub credential_labels: BTreeMap<String, String>,
     /// Connected with heartbeats on time; otherwise why not.
     pub not_ready: Option<String>,
     /// Namespace and labels of each pod the agent reported (for podSelector).
@@ -530,9 +532,10 @@ impl NodeRegistry {
         };
         // In a cluster the Nodes say which nodes exist: an agent whose Node is gone (or
         // never was) is chosen by no job.
-        let cluster = self
+        let cluster_labels = self
             .cluster_labels_only
-            .load(std::sync::atomic::Ordering::Relaxed)
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let cluster = cluster_labels
             && self
                 .admin_labels_loaded
                 .load(std::sync::atomic::Ordering::Acquire);
@@ -550,6 +553,15 @@ impl NodeRegistry {
                         .unwrap_or_default(),
                 };
                 let admin_labels = admin.get(name).cloned().unwrap_or_default();
+                let credential_labels = if cluster_labels {
+                    admin_labels
+                        .iter()
+                        .filter(|(key, _)| crate::node_labels::kept_from_kubelets(key))
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect()
+                } else {
+                    admin_labels.clone()
+                };
                 (
                     name.clone(),
                     NodeView {
@@ -557,7 +569,7 @@ impl NodeRegistry {
                             label_pairs(&r.reported_labels),
                             &admin_labels,
                         ),
-                        admin_labels,
+                        credential_labels,
                         not_ready: (!reason.is_empty()).then_some(reason),
                         pod_labels,
                         images: r
@@ -747,8 +759,27 @@ mod tests {
             ["gone", "n1"],
             "before the Nodes are listed"
         );
-        registry.set_admin_labels([("n1".to_owned(), BTreeMap::new())].into());
+        let labels: BTreeMap<String, String> = [
+            ("pool".to_owned(), "warm".to_owned()),
+            (
+                "node-restriction.kubernetes.io/pool".to_owned(),
+                "warm".to_owned(),
+            ),
+        ]
+        .into();
+        registry.set_admin_labels([("n1".to_owned(), labels)].into());
         assert_eq!(chosen(&registry), ["n1"]);
+        // Credentials follow only what the node's kubelet cannot set on its own Node.
+        let view = &registry.views(now, Duration::from_secs(30))["n1"];
+        assert_eq!(view.labels["pool"], "warm");
+        assert_eq!(
+            view.credential_labels,
+            [(
+                "node-restriction.kubernetes.io/pool".to_owned(),
+                "warm".to_owned()
+            )]
+            .into()
+        );
     }
 
     #[test]

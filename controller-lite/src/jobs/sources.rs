@@ -224,7 +224,7 @@ mod tests {
     fn view(address: Option<&str>, ready: bool) -> NodeView {
         NodeView {
             labels: BTreeMap::new(),
-            admin_labels: BTreeMap::new(),
+            credential_labels: BTreeMap::new(),
             not_ready: (!ready).then(|| "link down".to_owned()),
             pod_labels: Vec::new(),
             images: None,

@@ -130,7 +130,7 @@ impl JobState {
             }
             // Credentials go only where an admin's labels point (crate::node_labels).
             (Some(selector), _) if !spec.pull_secrets.is_empty() => {
-                selector.labels.matches(&node.admin_labels)
+                selector.labels.matches(&node.credential_labels)
             }
             (Some(selector), _) => selector.labels.matches(&node.labels),
             // As in Kruise, only pods in the job's namespace count.

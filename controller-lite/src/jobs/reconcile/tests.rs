@@ -33,7 +33,7 @@ fn nodes(names: &[&str]) -> HashMap<String, NodeView> {
                 (*n).to_owned(),
                 NodeView {
                     labels: [("zone".to_owned(), "a".to_owned())].into(),
-                    admin_labels: BTreeMap::new(),
+                    credential_labels: BTreeMap::new(),
                     not_ready: None,
                     pod_labels: Vec::new(),
                     images: None,
@@ -287,7 +287,7 @@ fn a_job_with_pull_secrets_believes_only_the_labels_an_admin_set() {
     views.get_mut("claims").unwrap().labels = team();
     let chosen = views.get_mut("chosen").unwrap();
     chosen.labels = team();
-    chosen.admin_labels = team();
+    chosen.credential_labels = team();
     let selected = |spec| selected(&spec, &views);
     let selector = serde_json::json!({"matchLabels": {"team": "payments"}});
     assert_eq!(
