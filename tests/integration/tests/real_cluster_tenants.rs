@@ -180,3 +180,105 @@ fn a_tenant_of_one_namespace_cannot_make_rigger_act_in_another() {
     assert_eq!(after["containerID"], before["containerID"]);
     assert_eq!(after["restartCount"], before["restartCount"]);
 }
+
+/// Scenario 6: a node's own credentials (its kubelet's) may label its Node, but cannot draw
+/// a job's pull secrets to it. The rule: a job with `pullSecrets` chooses nodes by name or
+/// by Node labels under `node-restriction.kubernetes.io/`, which the API server's
+/// NodeRestriction keeps from kubelets.
+#[test]
+fn a_nodes_own_credentials_labelling_its_node_cannot_draw_a_jobs_pull_secrets() {
+    let cluster = RealCluster::get();
+    let ns = cluster.namespace("drawn");
+    let nodes = cluster.nodes();
+    let (chosen, greedy) = (&nodes[0], &nodes[1]);
+    let id = std::process::id();
+    let (plain, fenced) = (
+        format!("pool-{id}"),
+        format!("node-restriction.kubernetes.io/pool-{id}"),
+    );
+    let as_kubelet = |args: &[&str]| {
+        let kubeconfig = cluster.dir.join(format!("kubelet-{greedy}.kubeconfig"));
+        std::process::Command::new(&cluster.kubectl)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    // The kubelet labels its own Node as the job's selector asks; it may not set the
+    // fenced label.
+    let out = as_kubelet(&["label", "node", greedy, &format!("{plain}=warm")]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = as_kubelet(&["label", "node", greedy, &format!("{fenced}=warm")]);
+    assert!(
+        !out.status.success(),
+        "NodeRestriction let a kubelet set {fenced}"
+    );
+    // The admin fences the chosen node.
+    cluster.kubectl_ok(&[
+        "label",
+        "node",
+        chosen,
+        &format!("{fenced}=warm"),
+        &format!("{plain}=warm"),
+    ]);
+
+    cluster.apply(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: cred, namespace: {ns}}}\ntype: kubernetes.io/dockerconfigjson\n\
+         stringData:\n  .dockerconfigjson: '{{\"auths\": {{}}}}'\n",
+        ns = ns.name
+    ));
+    let image = cluster.image(&unique_image_with(
+        "drawn",
+        1,
+        16 << 10,
+        &["--base", "none"],
+    ));
+    for (job, key) in [("by-plain", &plain), ("by-fenced", &fenced)] {
+        cluster.apply(&format!(
+            "apiVersion: apps.kruise.io/v1beta1\nkind: ImagePullJob\nmetadata: {{name: {job}, namespace: {ns}}}\n\
+             spec:\n  image: {image}\n  selector: {{matchLabels: {{{key}: warm}}}}\n  pullSecrets: [cred]\n  \
+             completionPolicy: {{type: Always}}\n",
+            ns = ns.name
+        ));
+    }
+    let done = |job: &str| {
+        wait_until(
+            &format!("job {job} to end"),
+            Duration::from_secs(90),
+            || {
+                let job = cluster.get_json(&["imagepulljob", job, "-n", &ns.name])?;
+                job["status"]["completionTime"]
+                    .is_string()
+                    .then_some(job["status"].clone())
+            },
+        )
+    };
+    let by_plain = done("by-plain");
+    assert_eq!(
+        by_plain["desired"], 0,
+        "a label a kubelet can set chose nodes for a secret: {by_plain}"
+    );
+    let by_fenced = done("by-fenced");
+    assert_eq!(by_fenced["desired"], 1, "{by_fenced}");
+    assert_eq!(by_fenced["succeeded"], 1, "{by_fenced}");
+    assert!(cluster.has_image(chosen, &image));
+    assert!(
+        !cluster.has_image(greedy, &image),
+        "{greedy} drew the job to it"
+    );
+
+    for node in [chosen, greedy] {
+        let _ = cluster.kubectl(&[
+            "label",
+            "node",
+            node,
+            &format!("{plain}-"),
+            &format!("{fenced}-"),
+        ]);
+    }
+}
