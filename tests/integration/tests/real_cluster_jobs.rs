@@ -1,6 +1,8 @@
 //! ImagePullJobs on the lab's real cluster (scripts/lab-cluster), Rigger deployed as users
 //! deploy it: kubelet then finds the images the agents pulled, as it finds its own.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
 use std::time::Duration;
 
 use rigger_integration_tests::real_cluster::{RealCluster, lab_cluster, lab_rigger};

@@ -1,6 +1,8 @@
 //! ContainerRecreateRequests on kubelet's own pods in the lab's real cluster: the agent
 //! runs each container's preStop as kubelet would, stops it, and kubelet starts it again.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
 use std::time::Duration;
 
 use rigger_integration_tests::real_cluster::RealCluster;

@@ -1,6 +1,8 @@
 //! SidecarSets on the lab's real cluster: the API server calls Rigger's webhook through
 //! its Service, kubelet starts what it injected and restarts what a rollout changed.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
 use std::io::{Read as _, Write as _};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -201,7 +203,7 @@ fn a_hot_upgrade_under_load_fails_no_request() {
     let stop = Arc::new(AtomicBool::new(false));
     let (ok, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let load = {
-        let (stop, ok, failed, ip) = (stop.clone(), ok.clone(), failed.clone(), ip.clone());
+        let (stop, ok, failed, ip) = (stop.clone(), ok.clone(), failed.clone(), ip);
         std::thread::spawn(move || {
             let mut last = String::new();
             while !stop.load(Ordering::Relaxed) {

@@ -2,6 +2,8 @@
 //! controller has only deploy/kubernetes/rbac.yaml, and a tenant with rights in one
 //! namespace cannot make Rigger act in another.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
 use std::time::Duration;
 
 use rigger_integration_tests::real_cluster::RealCluster;

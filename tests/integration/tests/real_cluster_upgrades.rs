@@ -2,6 +2,8 @@
 //! cluster: the controller's Deployment rolled and its leader's pod deleted, the agent's
 //! DaemonSet moved to a new image, each while jobs run.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
 use std::time::Duration;
 
 use rigger_integration_tests::real_cluster::{ClusterNamespace, RealCluster};
