@@ -368,6 +368,28 @@ impl NodeRegistry {
             && self.cluster_pods.read().is_ok_and(|pods| pods.is_some())
     }
 
+    /// In a cluster (its Nodes listed): whether every Node's agent is connected, with a
+    /// heartbeat within `timeout`; `None` elsewhere.
+    pub fn cluster_nodes_connected(&self, now: SystemTime, timeout: Duration) -> Option<bool> {
+        let cluster = self
+            .cluster_labels_only
+            .load(std::sync::atomic::Ordering::Relaxed)
+            && self
+                .admin_labels_loaded
+                .load(std::sync::atomic::Ordering::Acquire);
+        if !cluster {
+            return None;
+        }
+        let (Ok(admin), Ok(nodes)) = (self.admin_labels.read(), self.nodes.read()) else {
+            return Some(false);
+        };
+        Some(admin.keys().all(|name| {
+            nodes
+                .get(name)
+                .is_some_and(|r| not_ready_reason(r, now, timeout).is_empty())
+        }))
+    }
+
     /// One node's admin labels changed.
     pub fn set_node_admin_labels(&self, node: &str, labels: BTreeMap<String, String>) {
         if let Ok(mut admin) = self.admin_labels.write() {
@@ -759,6 +781,20 @@ mod tests {
             ["gone", "n1"],
             "before the Nodes are listed"
         );
+        let timeout = Duration::from_secs(30);
+        assert_eq!(registry.cluster_nodes_connected(now, timeout), None);
+        registry.set_admin_labels(
+            [
+                ("n1".to_owned(), BTreeMap::new()),
+                ("n2".to_owned(), BTreeMap::new()),
+            ]
+            .into(),
+        );
+        assert_eq!(
+            registry.cluster_nodes_connected(now, timeout),
+            Some(false),
+            "n2's agent is not back"
+        );
         let labels: BTreeMap<String, String> = [
             ("pool".to_owned(), "warm".to_owned()),
             (
@@ -769,6 +805,7 @@ mod tests {
         .into();
         registry.set_admin_labels([("n1".to_owned(), labels)].into());
         assert_eq!(chosen(&registry), ["n1"]);
+        assert_eq!(registry.cluster_nodes_connected(now, timeout), Some(true));
         // Credentials follow only what the node's kubelet cannot set on its own Node.
         let view = &registry.views(now, Duration::from_secs(30))["n1"];
         assert_eq!(view.labels["pool"], "warm");

@@ -48,6 +48,9 @@ struct Inner {
     nodes: NodeRegistry,
     node_timeout: Duration,
     started: Instant,
+    /// What the first look at the store found: jobs started before this controller (a
+    /// restart or a takeover), whose agents were connected to another life of it.
+    resumed: std::sync::OnceLock<bool>,
     state: Mutex<EngineState>,
     wake: Notify,
     /// Signs the peer grants tasks carry; `None`: sharing is off.
@@ -123,6 +126,19 @@ fn failure_reasons(status: &rigger_api::image_pull_job::ImagePullJobStatus) -> S
     format!(": {}{more}", failed.join("; "))
 }
 
+/// Whether agents may still be reconnecting to this controller, so that no job may yet
+/// complete over the nodes back so far (pure). Only within `node_timeout` of its start,
+/// and then: in a cluster, until every Node's agent is connected (`all_connected`, the
+/// Nodes say who is expected); elsewhere, only when it `resumed` jobs an earlier life of
+/// the controller started (a new controller has no agents to wait for).
+fn agents_may_be_reconnecting(within: bool, all_connected: Option<bool>, resumed: bool) -> bool {
+    within
+        && match all_connected {
+            Some(all) => !all,
+            None => resumed,
+        }
+}
+
 /// The job `key` as its events' object.
 fn regarding(key: &ObjectKey, job: &JobState) -> crate::events::Regarding {
     crate::events::Regarding {
@@ -153,6 +169,7 @@ impl JobEngine {
                 nodes,
                 node_timeout,
                 started: Instant::now(),
+                resumed: std::sync::OnceLock::new(),
                 state: Mutex::default(),
                 wake: Notify::new(),
                 grants,
@@ -296,6 +313,10 @@ impl crate::engine::Engine for JobEngine {
                 loaded,
             });
         }
+        let _ =
+            self.inner.resumed.set(changed.iter().any(
+                |c| matches!(&c.loaded, Some(Some((status, _))) if status.start_time.is_some()),
+            ));
         let secrets = self.read_secrets(&changed).await;
         Ok(JobSnapshot {
             present,
@@ -496,8 +517,13 @@ impl JobEngine {
             return Effects::default();
         }
         let views = self.inner.nodes.views(now.wall, self.inner.node_timeout);
-        let starting =
-            now.mono.saturating_duration_since(self.inner.started) < self.inner.node_timeout;
+        let starting = agents_may_be_reconnecting(
+            now.mono.saturating_duration_since(self.inner.started) < self.inner.node_timeout,
+            self.inner
+                .nodes
+                .cluster_nodes_connected(now.wall, self.inner.node_timeout),
+            self.inner.resumed.get().copied().unwrap_or(false),
+        );
         let mut effects = Effects::default();
         let credentials = tasks::TaskCredentials {
             secrets,
@@ -671,6 +697,18 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::reconcile::tests::{job, key};
     use super::*;
+
+    #[test]
+    fn agents_are_waited_for_only_when_some_may_still_come_back() {
+        // Past the node timeout: never.
+        assert!(!agents_may_be_reconnecting(false, Some(false), true));
+        // A cluster: until every Node's agent is back.
+        assert!(agents_may_be_reconnecting(true, Some(false), false));
+        assert!(!agents_may_be_reconnecting(true, Some(true), true));
+        // Elsewhere: only after a restart that found jobs begun before it.
+        assert!(agents_may_be_reconnecting(true, None, true));
+        assert!(!agents_may_be_reconnecting(true, None, false));
+    }
 
     #[test]
     fn a_failed_jobs_event_says_why_its_first_nodes_failed() {
