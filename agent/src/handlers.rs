@@ -50,6 +50,16 @@ impl<'a> Action<'a> {
     }
 }
 
+/// `host` as a URL's host: an IPv6 address in brackets (a pod's IP may be one), as
+/// kubelet joins host and port.
+fn url_host(host: &str) -> std::borrow::Cow<'_, str> {
+    if host.contains(':') && !host.starts_with('[') {
+        std::borrow::Cow::Owned(format!("[{host}]"))
+    } else {
+        std::borrow::Cow::Borrowed(host)
+    }
+}
+
 /// A port by number, or by the name of one of the container's ports.
 fn port(container: &Container, port: &IntOrName) -> Result<u16, String> {
     match port {
@@ -91,7 +101,7 @@ pub async fn run(
                 Some("HTTPS") => "https",
                 _ => "http",
             };
-            let host = http.host.as_deref().unwrap_or("127.0.0.1");
+            let host = url_host(http.host.as_deref().unwrap_or("127.0.0.1"));
             let path = http.path.as_deref().unwrap_or("/");
             let url = format!("{scheme}://{host}:{port}{path}");
             // kubelet does not verify probe certificates; neither does the agent.
@@ -140,5 +150,18 @@ pub async fn run(
                 ))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv6_host_is_bracketed_in_a_url() {
+        assert_eq!(url_host("10.244.1.7"), "10.244.1.7");
+        assert_eq!(url_host("fd00::7"), "[fd00::7]");
+        assert_eq!(url_host("[fd00::7]"), "[fd00::7]");
+        assert_eq!(url_host("pod.example"), "pod.example");
     }
 }

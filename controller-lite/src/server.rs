@@ -85,6 +85,10 @@ const MAX_AGENT_MESSAGE: usize = 64 << 20;
 const MAX_OBJECT_MESSAGE: usize = 4 << 20;
 
 /// Serve until `stop` resolves, then drain within the configured timeout.
+/// How long a replica in a cluster waits for its SidecarSet webhook to serve before it is
+/// Ready anyway (the webhook's reads wait up to 30 s for their first list).
+const WEBHOOK_PRIMING_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub async fn run(
     config: ControllerConfig,
     stop: impl Future<Output = ()>,
@@ -512,7 +516,16 @@ pub async fn run(
         }
         tokio::spawn(async move {
             let ready = if in_cluster {
-                webhook_serving.wait_for(|serving| *serving).await.is_ok()
+                // A webhook that cannot read SidecarSets (their CRD or its rights missing)
+                // denies the pods they match; it must not also keep the leader from
+                // agents and users: Ready after a while, whatever the webhook says.
+                tokio::select! {
+                    serving = webhook_serving.wait_for(|serving| *serving) => serving.is_ok(),
+                    () = tokio::time::sleep(WEBHOOK_PRIMING_PATIENCE) => {
+                        tracing::warn!(patience = ?WEBHOOK_PRIMING_PATIENCE, "the SidecarSet webhook does not serve yet; ready anyway");
+                        true
+                    }
+                }
             } else {
                 leadership.elected().await
             };
@@ -558,6 +571,11 @@ pub async fn run(
     tracing::info!(timeout = ?config.drain_timeout, "shutting down");
     systemd::stopping("draining");
     readiness.set_not_ready("shutting down");
+    if in_cluster {
+        health_reporter
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+    }
     let outcome = drain(&token, config.drain_timeout, async {
         let grpc_result = grpc.await;
         let _ = health_server.await;

@@ -47,7 +47,10 @@ struct Inner {
     store: Store,
     nodes: NodeRegistry,
     node_timeout: Duration,
-    started: Instant,
+    /// When this engine first looked at the store: when the replica began to lead (the
+    /// engines run on the leader only), not when its process started — a follower that
+    /// waited long takes over with no agent connected yet.
+    started: std::sync::OnceLock<Instant>,
     /// What the first look at the store found: jobs started before this controller (a
     /// restart or a takeover), whose agents were connected to another life of it.
     resumed: std::sync::OnceLock<bool>,
@@ -168,7 +171,7 @@ impl JobEngine {
                 store,
                 nodes,
                 node_timeout,
-                started: Instant::now(),
+                started: std::sync::OnceLock::new(),
                 resumed: std::sync::OnceLock::new(),
                 state: Mutex::default(),
                 wake: Notify::new(),
@@ -182,7 +185,7 @@ impl JobEngine {
     #[cfg(test)]
     fn started_at(mut self, started: Instant) -> Self {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.started = started;
+            inner.started = std::sync::OnceLock::from(started);
         }
         self
     }
@@ -313,6 +316,7 @@ impl crate::engine::Engine for JobEngine {
                 loaded,
             });
         }
+        self.inner.started.get_or_init(Instant::now);
         let _ =
             self.inner.resumed.set(changed.iter().any(
                 |c| matches!(&c.loaded, Some(Some((status, _))) if status.start_time.is_some()),
@@ -518,7 +522,9 @@ impl JobEngine {
         }
         let views = self.inner.nodes.views(now.wall, self.inner.node_timeout);
         let starting = agents_may_be_reconnecting(
-            now.mono.saturating_duration_since(self.inner.started) < self.inner.node_timeout,
+            now.mono
+                .saturating_duration_since(*self.inner.started.get_or_init(Instant::now))
+                < self.inner.node_timeout,
             self.inner
                 .nodes
                 .cluster_nodes_connected(now.wall, self.inner.node_timeout),
