@@ -10,6 +10,7 @@ mod cri_pod;
 mod etcd;
 pub mod fake_node;
 pub mod fidelity;
+pub mod kubectl;
 pub mod kubernetes;
 mod lab;
 mod pki;

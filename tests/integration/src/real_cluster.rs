@@ -84,46 +84,35 @@ impl RealCluster {
         })
     }
 
+    /// kubectl with the admin kubeconfig.
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(&self.kubectl);
-        command.arg("--kubeconfig").arg(&self.kubeconfig).args(args);
-        command
+        self.client().command(args)
     }
 
     pub fn kubectl(&self, args: &[&str]) -> Output {
-        self.command(args).output().unwrap()
+        self.client().run(args)
     }
 
     /// kubectl's standard output; panics with its error when it fails.
     pub fn kubectl_ok(&self, args: &[&str]) -> String {
-        let out = self.kubectl(args);
-        assert!(
-            out.status.success(),
-            "kubectl {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        self.client().ok(args)
     }
 
     /// `kubectl ARGS -f -` with `stdin`.
     pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
-        use std::io::Write as _;
-        let mut child = self
-            .command(args)
-            .args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(stdin.as_bytes())
-            .unwrap();
-        child.wait_with_output().unwrap()
+        self.client().stdin(args, stdin)
+    }
+
+    /// `kubectl get ARGS -o json`, parsed; `None` when it fails.
+    pub fn get_json(&self, args: &[&str]) -> Option<serde_json::Value> {
+        self.client().get_json(args)
+    }
+
+    fn client(&self) -> crate::kubectl::Kubectl {
+        crate::kubectl::Kubectl {
+            binary: self.kubectl.clone(),
+            kubeconfig: self.kubeconfig.clone(),
+        }
     }
 
     /// `kubectl apply -f -` of `yaml`; panics with the error.
@@ -134,17 +123,6 @@ impl RealCluster {
             "kubectl apply: {}\n{yaml}",
             String::from_utf8_lossy(&out.stderr)
         );
-    }
-
-    /// `kubectl get ARGS -o json`, parsed; `None` when it fails (absent).
-    pub fn get_json(&self, args: &[&str]) -> Option<serde_json::Value> {
-        let mut all = vec!["get"];
-        all.extend_from_slice(args);
-        all.extend_from_slice(&["-o", "json"]);
-        let out = self.kubectl(&all);
-        out.status
-            .success()
-            .then(|| serde_json::from_slice(&out.stdout).unwrap())
     }
 
     /// The nodes' names (kube-1, kube-2, ...).
