@@ -1,5 +1,6 @@
 //! kubectl against one cluster as its admin: what every test of a Kubernetes API server
-//! runs (the lab's test API server, `kubernetes`, and its real cluster, `real_cluster`).
+//! runs (the lab's test API server, `kubernetes`, and its real cluster, `real_cluster`,
+//! both of which deref to their [`Kubectl`]).
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -19,13 +20,13 @@ impl Kubectl {
         command
     }
 
-    pub fn run(&self, args: &[&str]) -> Output {
+    pub fn kubectl(&self, args: &[&str]) -> Output {
         self.command(args).output().unwrap()
     }
 
     /// kubectl's standard output; panics with its error when it fails.
-    pub fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
         assert!(
             out.status.success(),
             "kubectl {}: {}",
@@ -36,7 +37,7 @@ impl Kubectl {
     }
 
     /// `kubectl ARGS -f -` with `stdin`.
-    pub fn stdin(&self, args: &[&str], stdin: &str) -> Output {
+    pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
         use std::io::Write as _;
         let mut child = self
             .command(args)
@@ -60,7 +61,7 @@ impl Kubectl {
         let mut all = vec!["get"];
         all.extend_from_slice(args);
         all.extend_from_slice(&["-o", "json"]);
-        let out = self.run(&all);
+        let out = self.kubectl(&all);
         out.status
             .success()
             .then(|| serde_json::from_slice(&out.stdout).unwrap())

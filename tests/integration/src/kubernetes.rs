@@ -9,7 +9,7 @@
 //! tests in separate processes).
 
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 use crate::{Agent, Controller, LabNode, repo_root};
@@ -17,6 +17,8 @@ use crate::{Agent, Controller, LabNode, repo_root};
 /// The lab's API server, as kubectl reaches it.
 #[derive(Debug)]
 pub struct Cluster {
+    /// kubectl as the cluster's admin (what `cluster.kubectl_ok(...)` and the others run).
+    pub client: crate::kubectl::Kubectl,
     pub kubeconfig: PathBuf,
     /// The identity Rigger's controller runs as in tests (`CN=rigger-controller`): its
     /// calls are told apart in the audit log.
@@ -57,6 +59,10 @@ impl Cluster {
                 controller_kubeconfig: env["RIGGER_LAB_CONTROLLER_KUBECONFIG"].clone().into(),
                 audit_log: env["RIGGER_LAB_K8S_AUDIT_LOG"].clone().into(),
                 kubectl: env["RIGGER_LAB_KUBECTL"].clone().into(),
+                client: crate::kubectl::Kubectl {
+                    binary: env["RIGGER_LAB_KUBECTL"].clone().into(),
+                    kubeconfig: env["RIGGER_LAB_KUBECONFIG"].clone().into(),
+                },
                 dir: env["RIGGER_LAB_K8S_DIR"].clone().into(),
             };
             cluster.install_crds();
@@ -83,37 +89,6 @@ impl Cluster {
             .open(self.dir.join("tests.lock"))
             .unwrap();
         Exclusive(nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).unwrap())
-    }
-
-    /// kubectl with the admin kubeconfig.
-    pub fn command(&self, args: &[&str]) -> Command {
-        self.client().command(args)
-    }
-
-    pub fn kubectl(&self, args: &[&str]) -> Output {
-        self.client().run(args)
-    }
-
-    /// kubectl's standard output; panics with its error when it fails.
-    pub fn kubectl_ok(&self, args: &[&str]) -> String {
-        self.client().ok(args)
-    }
-
-    /// `kubectl ARGS -f -` with `stdin`.
-    pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
-        self.client().stdin(args, stdin)
-    }
-
-    /// `kubectl get ARGS -o json`, parsed; `None` when it fails.
-    pub fn get_json(&self, args: &[&str]) -> Option<serde_json::Value> {
-        self.client().get_json(args)
-    }
-
-    fn client(&self) -> crate::kubectl::Kubectl {
-        crate::kubectl::Kubectl {
-            binary: self.kubectl.clone(),
-            kubeconfig: self.kubeconfig.clone(),
-        }
     }
 
     /// Rigger's CRDs (`deploy/kubernetes/crds.yaml`), applied and established.
@@ -411,5 +386,13 @@ impl Drop for Namespace {
         let _ = self
             .cluster
             .kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
+    }
+}
+
+impl std::ops::Deref for Cluster {
+    type Target = crate::kubectl::Kubectl;
+
+    fn deref(&self) -> &Self::Target {
+        &self.client
     }
 }

@@ -8,7 +8,7 @@
 //! Rigger's own pods or add a node, which every other test there would see.
 
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -17,6 +17,8 @@ use crate::{Lab, repo_root, wait_until};
 /// The cluster, as kubectl and the tests reach it.
 #[derive(Debug)]
 pub struct RealCluster {
+    /// kubectl as the cluster's admin (what `cluster.kubectl_ok(...)` and the others run).
+    pub client: crate::kubectl::Kubectl,
     pub dir: PathBuf,
     pub kubeconfig: PathBuf,
     pub kubectl: PathBuf,
@@ -69,6 +71,10 @@ impl RealCluster {
                 dir: env["RIGGER_LAB_CLUSTER_DIR"].clone().into(),
                 kubeconfig: env["RIGGER_LAB_CLUSTER_KUBECONFIG"].clone().into(),
                 kubectl: env["RIGGER_LAB_CLUSTER_KUBECTL"].clone().into(),
+                client: crate::kubectl::Kubectl {
+                    binary: env["RIGGER_LAB_CLUSTER_KUBECTL"].clone().into(),
+                    kubeconfig: env["RIGGER_LAB_CLUSTER_KUBECONFIG"].clone().into(),
+                },
                 registry: env["RIGGER_LAB_CLUSTER_REGISTRY"].clone(),
                 audit_log: env["RIGGER_LAB_CLUSTER_AUDIT_LOG"].clone().into(),
                 rigger_pki: lab.dir.join("cluster/rigger-pki"),
@@ -82,37 +88,6 @@ impl RealCluster {
             }
             cluster
         })
-    }
-
-    /// kubectl with the admin kubeconfig.
-    pub fn command(&self, args: &[&str]) -> Command {
-        self.client().command(args)
-    }
-
-    pub fn kubectl(&self, args: &[&str]) -> Output {
-        self.client().run(args)
-    }
-
-    /// kubectl's standard output; panics with its error when it fails.
-    pub fn kubectl_ok(&self, args: &[&str]) -> String {
-        self.client().ok(args)
-    }
-
-    /// `kubectl ARGS -f -` with `stdin`.
-    pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
-        self.client().stdin(args, stdin)
-    }
-
-    /// `kubectl get ARGS -o json`, parsed; `None` when it fails.
-    pub fn get_json(&self, args: &[&str]) -> Option<serde_json::Value> {
-        self.client().get_json(args)
-    }
-
-    fn client(&self) -> crate::kubectl::Kubectl {
-        crate::kubectl::Kubectl {
-            binary: self.kubectl.clone(),
-            kubeconfig: self.kubeconfig.clone(),
-        }
     }
 
     /// `kubectl apply -f -` of `yaml`; panics with the error.
@@ -279,4 +254,12 @@ pub fn lab_cluster(args: &[&str]) -> String {
 /// `scripts/lab-rigger ARGS`; its standard output.
 pub fn lab_rigger(args: &[&str]) -> String {
     run_script("scripts/lab-rigger", args).trim().to_owned()
+}
+
+impl std::ops::Deref for RealCluster {
+    type Target = crate::kubectl::Kubectl;
+
+    fn deref(&self) -> &Self::Target {
+        &self.client
+    }
 }
