@@ -30,7 +30,10 @@ pub struct Cluster {
     pub dir: PathBuf,
 }
 
-fn read_env(path: &std::path::Path) -> Option<std::collections::HashMap<String, String>> {
+/// The `NAME=value` lines of a lab script's env file.
+pub(crate) fn read_env(
+    path: &std::path::Path,
+) -> Option<std::collections::HashMap<String, String>> {
     let text = std::fs::read_to_string(path).ok()?;
     Some(
         text.lines()

@@ -31,15 +31,7 @@ pub struct RealCluster {
     pub rigger_pki: PathBuf,
 }
 
-fn read_env(path: &std::path::Path) -> Option<std::collections::HashMap<String, String>> {
-    let text = std::fs::read_to_string(path).ok()?;
-    Some(
-        text.lines()
-            .filter_map(|line| line.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect(),
-    )
-}
+use crate::kubernetes::read_env;
 
 fn run_script(script: &str, args: &[&str]) -> String {
     let out = Command::new(repo_root().join(script))
