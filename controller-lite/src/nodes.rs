@@ -371,13 +371,7 @@ impl NodeRegistry {
     /// In a cluster (its Nodes listed): whether every Node's agent is connected, with a
     /// heartbeat within `timeout`; `None` elsewhere.
     pub fn cluster_nodes_connected(&self, now: SystemTime, timeout: Duration) -> Option<bool> {
-        let cluster = self
-            .cluster_labels_only
-            .load(std::sync::atomic::Ordering::Relaxed)
-            && self
-                .admin_labels_loaded
-                .load(std::sync::atomic::Ordering::Acquire);
-        if !cluster {
+        if !self.cluster_nodes_listed() {
             return None;
         }
         let (Ok(admin), Ok(nodes)) = (self.admin_labels.read(), self.nodes.read()) else {
@@ -388,6 +382,15 @@ impl NodeRegistry {
                 .get(name)
                 .is_some_and(|r| not_ready_reason(r, now, timeout).is_empty())
         }))
+    }
+
+    /// In a cluster, with its Nodes listed: they say which nodes exist.
+    fn cluster_nodes_listed(&self) -> bool {
+        self.cluster_labels_only
+            .load(std::sync::atomic::Ordering::Relaxed)
+            && self
+                .admin_labels_loaded
+                .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// One node's admin labels changed.
@@ -557,10 +560,7 @@ impl NodeRegistry {
         let cluster_labels = self
             .cluster_labels_only
             .load(std::sync::atomic::Ordering::Relaxed);
-        let cluster = cluster_labels
-            && self
-                .admin_labels_loaded
-                .load(std::sync::atomic::Ordering::Acquire);
+        let cluster = self.cluster_nodes_listed();
         nodes
             .iter()
             .filter(|(name, _)| !cluster || admin.contains_key(*name))

@@ -84,11 +84,11 @@ const MAX_AGENT_MESSAGE: usize = 64 << 20;
 /// Largest request from a user (one object, well below this).
 const MAX_OBJECT_MESSAGE: usize = 4 << 20;
 
-/// Serve until `stop` resolves, then drain within the configured timeout.
 /// How long a replica in a cluster waits for its SidecarSet webhook to serve before it is
 /// Ready anyway (the webhook's reads wait up to 30 s for their first list).
 const WEBHOOK_PRIMING_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// Serve until `stop` resolves, then drain within the configured timeout.
 pub async fn run(
     config: ControllerConfig,
     stop: impl Future<Output = ()>,

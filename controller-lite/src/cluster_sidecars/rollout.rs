@@ -97,7 +97,7 @@ impl crate::engine::Engine for ClusterRollout {
         let undecodable = listed
             .undecodable
             .into_iter()
-            .map(|(key, detail)| (key.name, format!("it does not decode: {detail}")))
+            .map(|(key, detail)| (key.name, super::usable::undecodable(&detail)))
             .collect();
         for stored in listed.decoded {
             let set = stored.value;

@@ -48,12 +48,17 @@ pub fn states(listed: Listed<SidecarSet>) -> Vec<SetState> {
                 .into_iter()
                 .map(|(key, detail)| SetState::Unusable {
                     name: key.name,
-                    cause: format!("it does not decode: {detail}"),
+                    cause: undecodable(&detail),
                 }),
         )
         .collect();
     states.sort_by(|a, b| a.name().cmp(b.name()));
     states
+}
+
+/// Why a set that does not decode (`detail`: the decoder's words) cannot be used.
+pub fn undecodable(detail: &str) -> String {
+    format!("it does not decode: {detail}")
 }
 
 /// Why a pod the entry of unusable set `name` sent is refused.

@@ -317,10 +317,11 @@ impl crate::engine::Engine for JobEngine {
             });
         }
         self.inner.started.get_or_init(Instant::now);
-        let _ =
-            self.inner.resumed.set(changed.iter().any(
+        self.inner.resumed.get_or_init(|| {
+            changed.iter().any(
                 |c| matches!(&c.loaded, Some(Some((status, _))) if status.start_time.is_some()),
-            ));
+            )
+        });
         let secrets = self.read_secrets(&changed).await;
         Ok(JobSnapshot {
             present,

@@ -28,10 +28,6 @@ pub enum LeaderError {
     KubernetesLeaseLost { lease: String, detail: String },
 }
 
-/// The metadata key of a follower's refusal (`unavailable`): agents and riggerctl read it
-/// (`rigger_proto::NOT_LEADER` names the same key for them).
-pub const NOT_LEADER: &str = rigger_proto::NOT_LEADER;
-
 /// Whether this replica leads, as every request handler sees it.
 #[derive(Debug, Clone)]
 pub struct Leadership {
@@ -57,7 +53,8 @@ impl Leadership {
         *self.leading.borrow()
     }
 
-    /// Refuse work on a follower. The refusal carries [`NOT_LEADER`] in its metadata, so
+    /// Refuse work on a follower. The refusal carries [`rigger_proto::NOT_LEADER`] in its
+    /// metadata, so
     /// that a client behind a Service (which picks a replica per connection) tries again
     /// at once instead of backing off as from a fault.
     pub fn require(&self) -> Result<(), Status> {
@@ -67,9 +64,10 @@ impl Leadership {
             let mut refusal = Status::unavailable(
                 "not the leader: this controller replica is a follower; try another",
             );
-            refusal
-                .metadata_mut()
-                .insert(NOT_LEADER, tonic::metadata::MetadataValue::from_static("1"));
+            refusal.metadata_mut().insert(
+                rigger_proto::NOT_LEADER,
+                tonic::metadata::MetadataValue::from_static("1"),
+            );
             Err(refusal)
         }
     }

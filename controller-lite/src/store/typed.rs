@@ -76,18 +76,11 @@ impl Store {
         &self,
         kind: &str,
     ) -> Result<Vec<Versioned<T>>, StoreError> {
-        Ok(self
-            .list(kind)
-            .await?
-            .into_iter()
-            .filter_map(|stored| match decode(stored) {
-                Ok(versioned) => Some(versioned),
-                Err(error) => {
-                    tracing::warn!(%error, "a stored object does not decode; left out");
-                    None
-                }
-            })
-            .collect())
+        let listed = self.list_all_as(kind).await?;
+        for (key, detail) in &listed.undecodable {
+            tracing::warn!(%key, %detail, "a stored object does not decode; left out");
+        }
+        Ok(listed.decoded)
     }
 
     /// Every record of `kind`, decoded as `T` where it can be, the others named.
