@@ -3,7 +3,7 @@
 //! both of which deref to their [`Kubectl`]).
 
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 /// kubectl and the admin kubeconfig of one cluster.
 #[derive(Debug, Clone)]
@@ -38,22 +38,7 @@ impl Kubectl {
 
     /// `kubectl ARGS -f -` with `stdin`.
     pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
-        use std::io::Write as _;
-        let mut child = self
-            .command(args)
-            .args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(stdin.as_bytes())
-            .unwrap();
-        child.wait_with_output().unwrap()
+        crate::output_with_stdin(self.command(args).args(["-f", "-"]), stdin)
     }
 
     /// `kubectl get ARGS -o json`, parsed; `None` when it fails (absent).

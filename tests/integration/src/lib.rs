@@ -216,6 +216,23 @@ pub fn lab_image(args: &[&str]) {
     );
 }
 
+/// Run `command` with `stdin` as its standard input; its output.
+pub fn output_with_stdin(command: &mut Command, stdin: &str) -> Output {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
 /// Fail with the command's stderr unless it succeeded.
 pub fn assert_ok(out: &Output) {
     assert!(
@@ -529,24 +546,15 @@ impl Controller {
     }
 
     pub fn apply(&self, yaml: &str) -> Output {
-        let mut child = Command::new(binary("riggerctl"))
-            .args(["--server", &self.endpoints])
-            .arg("--ca-file")
-            .arg(self.pki.join("ca.pem"))
-            .args(["--token", &token(&self.pki, "admin")])
-            .args(["apply", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(yaml.as_bytes())
-            .unwrap();
-        child.wait_with_output().unwrap()
+        output_with_stdin(
+            Command::new(binary("riggerctl"))
+                .args(["--server", &self.endpoints])
+                .arg("--ca-file")
+                .arg(self.pki.join("ca.pem"))
+                .args(["--token", &token(&self.pki, "admin")])
+                .args(["apply", "-f", "-"]),
+            yaml,
+        )
     }
 }
 

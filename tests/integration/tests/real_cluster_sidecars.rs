@@ -46,6 +46,24 @@ fn ready(pod: &Value) -> bool {
     })
 }
 
+/// The webhook's entry reaches the API server a moment after its set: of `pods`, those
+/// not `injected` (made before it) are deleted, as a user would, and their ReplicaSet
+/// makes them again. Whether any of them was not already going.
+fn replace_uninjected(
+    cluster: &RealCluster,
+    ns: &ClusterNamespace,
+    pods: &[Value],
+    injected: impl Fn(&Value) -> bool,
+) -> bool {
+    let mut replaced = false;
+    for pod in pods.iter().filter(|p| !injected(p)) {
+        replaced |= pod["metadata"]["deletionTimestamp"].is_null();
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+        let _ = cluster.kubectl(&["-n", &ns.name, "delete", "pod", name, "--wait=false"]);
+    }
+    replaced
+}
+
 fn deployment(ns: &ClusterNamespace, app: &str, replicas: u32, busybox: &str) -> String {
     format!(
         "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {app}, namespace: {ns}}}\n\
@@ -90,15 +108,7 @@ fn injected_sidecars_roll_in_place_within_max_unavailable() {
                 .iter()
                 .filter(|p| status(p, "proxy").is_some() && ready(p))
                 .count();
-            if pods.iter().any(|p| {
-                status(p, "proxy").is_none() && p["metadata"]["deletionTimestamp"].is_null()
-            }) {
-                // A pod made before the entry: replaced, as a user would.
-                for p in pods.iter().filter(|p| status(p, "proxy").is_none()) {
-                    let name = p["metadata"]["name"].as_str().unwrap_or_default();
-                    let _ =
-                        cluster.kubectl(&["-n", &ns.name, "delete", "pod", name, "--wait=false"]);
-                }
+            if replace_uninjected(cluster, &ns, &pods, |p| status(p, "proxy").is_some()) {
                 return None;
             }
             (injected == 5 && pods.len() == 5).then_some(pods)
@@ -179,14 +189,11 @@ fn a_hot_upgrade_under_load_fails_no_request() {
         Duration::from_secs(180),
         || {
             let pods = pods(cluster, &ns, &set);
-            for p in pods.iter().filter(|p| {
+            replace_uninjected(cluster, &ns, &pods, |p| {
                 p["spec"]["containers"]
                     .as_array()
-                    .is_some_and(|c| c.len() == 1)
-            }) {
-                let name = p["metadata"]["name"].as_str().unwrap_or_default();
-                let _ = cluster.kubectl(&["-n", &ns.name, "delete", "pod", name, "--wait=false"]);
-            }
+                    .is_some_and(|c| c.len() > 1)
+            });
             let p = pods.into_iter().find(|p| {
                 p["spec"]["containers"]
                     .as_array()
@@ -294,13 +301,9 @@ fn a_native_sidecar_is_injected_and_runs() {
         Duration::from_secs(180),
         || {
             let pods = pods(cluster, &ns, &set);
-            for p in pods
-                .iter()
-                .filter(|p| p["spec"]["initContainers"].is_null())
-            {
-                let name = p["metadata"]["name"].as_str().unwrap_or_default();
-                let _ = cluster.kubectl(&["-n", &ns.name, "delete", "pod", name, "--wait=false"]);
-            }
+            replace_uninjected(cluster, &ns, &pods, |p| {
+                !p["spec"]["initContainers"].is_null()
+            });
             pods.into_iter().find(|p| {
                 ready(p)
                     && p["status"]["initContainerStatuses"]

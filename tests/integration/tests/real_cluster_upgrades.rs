@@ -51,6 +51,19 @@ fn wait_for_job(cluster: &RealCluster, ns: &ClusterNamespace, name: &str, nodes:
     );
 }
 
+/// Who holds the controller's Lease (`POD/ADDRESS`).
+fn lease_holder(cluster: &RealCluster) -> String {
+    cluster.kubectl_ok(&[
+        "-n",
+        "rigger-system",
+        "get",
+        "lease",
+        "rigger-controller",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ])
+}
+
 fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
@@ -100,15 +113,7 @@ fn the_controller_rolls_and_loses_its_leader_mid_job_and_nothing_is_pulled_twice
 
     let nodes = cluster.nodes().len();
     let image = start_job(cluster, &ns, "leader");
-    let holder = cluster.kubectl_ok(&[
-        "-n",
-        "rigger-system",
-        "get",
-        "lease",
-        "rigger-controller",
-        "-o",
-        "jsonpath={.spec.holderIdentity}",
-    ]);
+    let holder = lease_holder(cluster);
     let leader = holder.split('/').next().unwrap().to_owned();
     cluster.kubectl_ok(&[
         "-n",
@@ -119,15 +124,7 @@ fn the_controller_rolls_and_loses_its_leader_mid_job_and_nothing_is_pulled_twice
         "--wait=false",
     ]);
     wait_for_job(cluster, &ns, "leader", nodes);
-    let successor = cluster.kubectl_ok(&[
-        "-n",
-        "rigger-system",
-        "get",
-        "lease",
-        "rigger-controller",
-        "-o",
-        "jsonpath={.spec.holderIdentity}",
-    ]);
+    let successor = lease_holder(cluster);
     assert!(
         !successor.starts_with(&format!("{leader}/")),
         "the deleted pod {leader} still holds the Lease"
