@@ -164,9 +164,57 @@ impl RealCluster {
     }
 
     /// Wait for `kubectl rollout status KIND/NAME -n NAMESPACE` to succeed within `timeout`.
+    /// `kubectl rollout status` of `object` in `namespace`; on failure, panics with what
+    /// Rigger's pods look like (`rigger_state`).
     pub fn rollout_status(&self, namespace: &str, object: &str, timeout: Duration) {
         let timeout = format!("--timeout={}s", timeout.as_secs());
-        self.kubectl_ok(&["-n", namespace, "rollout", "status", object, &timeout]);
+        let out = self.kubectl(&["-n", namespace, "rollout", "status", object, &timeout]);
+        assert!(
+            out.status.success(),
+            "rollout status {object}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.rigger_state()
+        );
+    }
+
+    /// What Rigger's pods look like now, for a failure's message: its pods, the latest
+    /// events of rigger-system, the Lease's holder and the controllers' last log lines.
+    pub fn rigger_state(&self) -> String {
+        let text = |args: &[&str]| {
+            let out = self.kubectl(args);
+            format!(
+                "$ kubectl {}\n{}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        };
+        let logs = self.rigger_logs("rigger-controller");
+        let lines: Vec<&str> = logs.lines().collect();
+        [
+            text(&["-n", "rigger-system", "get", "pods", "-o", "wide"]),
+            text(&[
+                "-n",
+                "rigger-system",
+                "get",
+                "events",
+                "--sort-by=.lastTimestamp",
+            ]),
+            text(&[
+                "-n",
+                "rigger-system",
+                "get",
+                "lease",
+                "rigger-controller",
+                "-o",
+                "yaml",
+            ]),
+            format!(
+                "controller logs (last 60 lines):\n{}",
+                lines[lines.len().saturating_sub(60)..].join("\n")
+            ),
+        ]
+        .join("\n")
     }
 
     /// The events of `namespace` about `object` (`NAME`), as `reason: message` lines.
@@ -220,6 +268,21 @@ impl RealCluster {
             "--prefix",
         ]);
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+/// A test's steps on its standard error with the time since it began: when a step hangs
+/// until the harness ends the test, its output says which.
+#[derive(Debug)]
+pub struct Progress(std::time::Instant);
+
+impl Progress {
+    pub fn start() -> Self {
+        Self(std::time::Instant::now())
+    }
+
+    pub fn say(&self, what: &str) {
+        eprintln!("[{:6.1} s] {what}", self.0.elapsed().as_secs_f64());
     }
 }
 

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use rigger_integration_tests::real_cluster::{ClusterNamespace, RealCluster};
+use rigger_integration_tests::real_cluster::{ClusterNamespace, Progress, RealCluster};
 use rigger_integration_tests::{repo_root, unique_image_with, wait_until};
 use serde_json::Value;
 
@@ -40,14 +40,14 @@ fn wait_for_job(cluster: &RealCluster, ns: &ClusterNamespace, name: &str, nodes:
         "wait",
         &format!("imagepulljob/{name}"),
         &format!("--for=jsonpath={{.status.succeeded}}={nodes}"),
-        "--timeout=180s",
+        "--timeout=90s",
     ]);
     assert!(
         waited.status.success(),
-        "job {name}: {}\n{}\ncontroller:\n{}",
+        "job {name}: {}\n{}\n{}",
         String::from_utf8_lossy(&waited.stderr),
         job(cluster, ns, name),
-        tail(&cluster.rigger_logs("rigger-controller"), 40)
+        cluster.rigger_state()
     );
 }
 
@@ -62,11 +62,6 @@ fn lease_holder(cluster: &RealCluster) -> String {
         "-o",
         "jsonpath={.spec.holderIdentity}",
     ])
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// How many pulls of `image` each node's agent accepted (its log lines `task accepted`).
@@ -94,6 +89,7 @@ fn pulls_per_node(cluster: &RealCluster, image: &str) -> Vec<(String, usize)> {
 fn the_controller_rolls_and_loses_its_leader_mid_job_and_nothing_is_pulled_twice() {
     let cluster = RealCluster::get();
     let ns = cluster.namespace("leader");
+    let progress = Progress::start();
     cluster.kubectl_ok(&[
         "-n",
         "rigger-system",
@@ -104,8 +100,9 @@ fn the_controller_rolls_and_loses_its_leader_mid_job_and_nothing_is_pulled_twice
     cluster.rollout_status(
         "rigger-system",
         "deployment/rigger-controller",
-        Duration::from_secs(180),
+        Duration::from_secs(60),
     );
+    progress.say("the controller's Deployment rolled");
     let ready = cluster
         .get_json(&["deployment", "rigger-controller", "-n", "rigger-system"])
         .unwrap();
@@ -113,6 +110,7 @@ fn the_controller_rolls_and_loses_its_leader_mid_job_and_nothing_is_pulled_twice
 
     let nodes = cluster.nodes().len();
     let image = start_job(cluster, &ns, "leader");
+    progress.say("the job started");
     let holder = lease_holder(cluster);
     let leader = holder.split('/').next().unwrap().to_owned();
     cluster.kubectl_ok(&[
@@ -123,7 +121,9 @@ fn the_controller_rolls_and_loses_its_leader_mid_job_and_nothing_is_pulled_twice
         &leader,
         "--wait=false",
     ]);
+    progress.say(&format!("the leader's pod {leader} deleted"));
     wait_for_job(cluster, &ns, "leader", nodes);
+    progress.say("the job completed");
     let successor = lease_holder(cluster);
     assert!(
         !successor.starts_with(&format!("{leader}/")),
@@ -135,8 +135,9 @@ fn the_controller_rolls_and_loses_its_leader_mid_job_and_nothing_is_pulled_twice
     cluster.rollout_status(
         "rigger-system",
         "deployment/rigger-controller",
-        Duration::from_secs(180),
+        Duration::from_secs(60),
     );
+    progress.say("the deleted pod replaced");
 }
 
 /// Scenario 5 (agents): the agent DaemonSet moved to a new image while a job runs rolls
@@ -172,8 +173,10 @@ fn the_agent_daemonset_rolls_to_a_new_image_while_a_job_runs() {
         "jsonpath={.spec.template.spec.containers[0].image}",
     ]);
 
+    let progress = Progress::start();
     let nodes = cluster.nodes().len();
     start_job(cluster, &ns, "agents");
+    progress.say("the job started");
     cluster.kubectl_ok(&[
         "-n",
         "rigger-system",
@@ -185,9 +188,11 @@ fn the_agent_daemonset_rolls_to_a_new_image_while_a_job_runs() {
     cluster.rollout_status(
         "rigger-system",
         "daemonset/rigger-agent",
-        Duration::from_secs(180),
+        Duration::from_secs(90),
     );
+    progress.say("the agents' DaemonSet rolled to the new image");
     wait_for_job(cluster, &ns, "agents", nodes);
+    progress.say("the job completed");
 
     // Back to the deployed image, as a rollback would.
     cluster.kubectl_ok(&[
@@ -201,6 +206,7 @@ fn the_agent_daemonset_rolls_to_a_new_image_while_a_job_runs() {
     cluster.rollout_status(
         "rigger-system",
         "daemonset/rigger-agent",
-        Duration::from_secs(180),
+        Duration::from_secs(90),
     );
+    progress.say("the agents' DaemonSet rolled back");
 }
