@@ -48,10 +48,14 @@ pub enum ApplyError {
     Fs(#[from] FsError),
     #[error("reading the layer: {0}")]
     Read(std::io::Error),
-    /// containerd's applier fails the same way (its `mkparent` looks the directory up in
-    /// each lower layer and stops at `ENOTDIR`), so the image stays refused on both.
+    /// containerd's applier fails the same way when it unpacks layer by layer (on the
+    /// layers below, mounted: its `mkparent` stops at `ENOTDIR`), so the image stays
+    /// refused on both. containerd 2.2 and later, told to unpack layers in parallel
+    /// (`max_concurrent_unpacks` > 1, overlayfs), unpack each onto an empty directory that
+    /// the snapshot is rebased on later: they do not see the lower layers, and the
+    /// implied directory hides the non-directory. Rigger refuses as the default unpack does.
     #[error(
-        "directory {0:?} is implied below a non-directory of a lower layer (containerd refuses the layer too)"
+        "directory {0:?} is implied below a non-directory of a lower layer (containerd's layer-by-layer unpack refuses the layer too)"
     )]
     ImpliedBelowNonDirectory(PathBuf),
     /// containerd sets directory times in a last pass, by name: one the layer removed or

@@ -5,9 +5,7 @@
 use std::collections::HashMap;
 use std::process::{Command, Output};
 
-use crate::{
-    Containerd, Lab, LabNode, MountedSnapshot, TestNamespace, binary, top_chain_id, tree_listing,
-};
+use crate::{Lab, LabNode, MountedSnapshot, TestNamespace, binary, top_chain_id, tree_listing};
 
 /// `rigger-agent pull` into namespace `ns` of the lab's first node.
 pub fn agent_pull(ns: &str, images: &[&str]) -> Output {
@@ -125,10 +123,20 @@ pub fn compare_outcome_with_ctr(node: &LabNode, repo_tag: &str, test: &str) -> b
     let image = Lab::get().image(repo_tag);
 
     let agent = agent_pull_with(node, "overlayfs", &ours.name, &[&image]);
+    let mut ctr_args = ctr_pull_args(node, "overlayfs", &image);
+    if node.containerd.unpacks_in_parallel() {
+        // Unpacked in parallel, each layer onto an empty directory that is rebased later,
+        // containerd does not see the layers below: a directory a layer only implies
+        // comes out 0755 root-owned over the lower one, and one implied below a lower
+        // non-directory hides it instead of failing the layer. Rigger applies layers in
+        // order, as containerd's layer-by-layer unpack (`--local`) does; the random
+        // stacks draw such layers, so they are compared with that.
+        ctr_args.insert(ctr_args.len() - 1, "--local".to_owned());
+    }
     let ctr = node
         .ctr_command()
         .args(["--namespace", &theirs.name])
-        .args(ctr_pull_args(node, "overlayfs", &image))
+        .args(&ctr_args)
         .output()
         .unwrap();
     let said = |out: &Output| {
@@ -184,7 +192,7 @@ fn ctr_pull_args(node: &LabNode, snapshotter: &str, image: &str) -> Vec<String> 
         "--hosts-dir".to_owned(),
         node.hosts_dir.display().to_string(),
     ];
-    if node.containerd == Containerd::V2_1 && snapshotter != "overlayfs" {
+    if node.containerd.ctr_pulls_by_transfer() && snapshotter != "overlayfs" {
         // 2.x's transfer service unpacks only for the snapshotters its config lists
         // (overlayfs by default); ctr's own client-side pull unpacks anywhere.
         pull.push("--local".to_owned());

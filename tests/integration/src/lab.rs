@@ -11,24 +11,43 @@ use crate::{repo_root, sha256_hex};
 
 /// A containerd version the lab runs, each on a node of its own: 1.6 is Debian 12's
 /// package (the lab's `node1`, and `node2` for fleet tests); 1.7 and 2.1 are Debian's
-/// trixie and sid packages, unpacked privately by `scripts/lab`.
+/// trixie and sid packages, unpacked privately by `scripts/lab`; 2.3 (the first
+/// long-term release) and 2.4 are built from the Go module proxy (`scripts/lab-containerd`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Containerd {
     V1_6,
     V1_7,
     V2_1,
+    V2_3,
+    V2_4,
 }
 
 impl Containerd {
-    pub const ALL: [Self; 3] = [Self::V1_6, Self::V1_7, Self::V2_1];
+    pub const ALL: [Self; 5] = [Self::V1_6, Self::V1_7, Self::V2_1, Self::V2_3, Self::V2_4];
 
-    /// `1.6`, `1.7` or `2.1`, as `scripts/lab up --containerd` takes it.
+    /// `1.6`, `1.7`, `2.1`, `2.3` or `2.4`, as `scripts/lab up --containerd` takes it.
     pub fn series(self) -> &'static str {
         match self {
             Self::V1_6 => "1.6",
             Self::V1_7 => "1.7",
             Self::V2_1 => "2.1",
+            Self::V2_3 => "2.3",
+            Self::V2_4 => "2.4",
         }
+    }
+
+    /// Whether the lab's node of this version unpacks an image's layers in parallel
+    /// (2.3 and later, tuned by `scripts/lab-containerd-config --multipart-fetch`:
+    /// `max_concurrent_unpacks = 4` in the transfer service, which `ctr images pull` and
+    /// CRI use).
+    pub fn unpacks_in_parallel(self) -> bool {
+        matches!(self, Self::V2_3 | Self::V2_4)
+    }
+
+    /// Whether `ctr images pull` goes through the daemon's transfer service (2.x) rather
+    /// than pulling in the client (1.x).
+    pub fn ctr_pulls_by_transfer(self) -> bool {
+        !matches!(self, Self::V1_6 | Self::V1_7)
     }
 
     /// The prefix of this version's settings in `scripts/lab env`.
@@ -117,7 +136,7 @@ pub struct Lab {
 
 /// The containerd versions the tests want the lab to run: `RIGGER_LAB_CONTAINERD`, or all.
 fn wanted_containerds() -> String {
-    std::env::var("RIGGER_LAB_CONTAINERD").unwrap_or_else(|_| "1.6,1.7,2.1".to_owned())
+    std::env::var("RIGGER_LAB_CONTAINERD").unwrap_or_else(|_| "1.6,1.7,2.1,2.3,2.4".to_owned())
 }
 
 impl Lab {
@@ -189,7 +208,7 @@ impl Lab {
             .find(|n| n.containerd == containerd)
             .unwrap_or_else(|| {
                 panic!(
-                    "the lab runs no containerd {}: RIGGER_LAB_CONTAINERD={} (scripts/lab up --containerd 1.6,1.7,2.1 starts every version)",
+                    "the lab runs no containerd {}: RIGGER_LAB_CONTAINERD={} (scripts/lab up --containerd 1.6,1.7,2.1,2.3,2.4 starts every version)",
                     containerd.series(),
                     wanted_containerds()
                 )
@@ -264,8 +283,9 @@ fn read_env(dir: &Path) -> Option<HashMap<String, String>> {
 }
 
 /// Tests run once per containerd version the lab runs. Each `fn NAME(node: &LabNode)`
-/// listed becomes a module `NAME` of three tests, `containerd_1_6`, `containerd_1_7` and
-/// `containerd_2_1`, so a failure names the version it happened on.
+/// listed becomes a module `NAME` of five tests, `containerd_1_6`, `containerd_1_7`,
+/// `containerd_2_1`, `containerd_2_3` and `containerd_2_4`, so a failure names the
+/// version it happened on.
 #[macro_export]
 macro_rules! on_every_containerd {
     ($($name:ident),+ $(,)?) => {$(
@@ -284,6 +304,16 @@ macro_rules! on_every_containerd {
             fn containerd_2_1() {
                 let lab = $crate::Lab::get();
                 super::$name(lab.node($crate::Containerd::V2_1));
+            }
+            #[test]
+            fn containerd_2_3() {
+                let lab = $crate::Lab::get();
+                super::$name(lab.node($crate::Containerd::V2_3));
+            }
+            #[test]
+            fn containerd_2_4() {
+                let lab = $crate::Lab::get();
+                super::$name(lab.node($crate::Containerd::V2_4));
             }
         }
     )+};
