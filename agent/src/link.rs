@@ -100,13 +100,17 @@ pub async fn maintain(
         else {
             return;
         };
+        let mut registered = false;
         let outcome = tokio::select! {
             _ = token.cancelled() => return,
-            outcome = session(controller, &config, &inventory, &tasks, &pods, &peer) => outcome,
+            outcome = session(controller, &config, &inventory, &tasks, &pods, &peer, &mut registered) => outcome,
         };
         // The next attempt goes to the next replica (a follower refuses agents).
         next += 1;
-        if started.elapsed() > Duration::from_secs(60) {
+        // A controller that took the node in (or a link that lasted) was reached: what
+        // ended it is new, not one more failure in a row — otherwise each leader change
+        // of a rolling controller upgrade would add to the wait before the next.
+        if registered || started.elapsed() > Duration::from_secs(60) {
             backoff.reset();
         }
         followers_in_a_row = match &outcome {
@@ -183,6 +187,7 @@ async fn session(
     tasks: &TaskRunner,
     pods: &PodRunner,
     peer: &PeerLink,
+    registered: &mut bool,
 ) -> Result<(), SessionError> {
     let channel = controller.connect().await.map_err(|e| {
         format!(
@@ -245,6 +250,7 @@ async fn session(
         Err(s) => return Err(SessionError::refused("registration refused", &s)),
     };
     tracing::info!(controller = %controller.uri(), heartbeat = ?interval, "registered with the controller");
+    *registered = true;
     // 0: a controller without ReportInventory; the first heartbeat (at once) carries it.
     let report_by_call = session != 0;
     if report_by_call && let Some(current) = current {
@@ -338,7 +344,7 @@ async fn session(
                     Some(controller_message::Message::RegisterAck(_)) | None => {}
                 },
                 Ok(None) => return Ok(()),
-                Err(s) => return Err(s.message().to_owned().into()),
+                Err(s) => return Err(SessionError::refused("link ended", &s)),
             },
             changed = changes.changed() => {
                 if changed.is_err() {

@@ -336,7 +336,9 @@ impl AgentLinkService {
         inbound: &mut Streaming<AgentMessage>,
     ) -> Result<Option<AgentMessage>, Status> {
         tokio::select! {
-            _ = self.shutdown.cancelled() => Err(Status::unavailable("controller shutting down")),
+            // Another replica leads next (or this one, restarted): the agent tries again
+            // soon rather than backing off as from a fault.
+            _ = self.shutdown.cancelled() => Err(rigger_proto::not_leader("controller shutting down")),
             next = tokio::time::timeout(self.node_timeout, inbound.message()) => {
                 next.map_err(|_| Status::deadline_exceeded("heartbeats stopped"))?
             }

@@ -509,6 +509,7 @@ pub async fn run(
         let (mut leadership, readiness) = (leadership.clone(), readiness.clone());
         let reporter = health_reporter.clone();
         let mut webhook_serving = webhook_serving.clone();
+        let shutdown = token.clone();
         if in_cluster {
             readiness.set_not_ready("starting: the SidecarSet webhook does not serve yet");
         } else if !leadership.is_leader() {
@@ -519,8 +520,15 @@ pub async fn run(
                 // A webhook that cannot read SidecarSets (their CRD or its rights missing)
                 // denies the pods they match; it must not also keep the leader from
                 // agents and users: Ready after a while, whatever the webhook says.
+                // A webhook task that ended without serving is waited out like a slow one.
+                let serving = async {
+                    if webhook_serving.wait_for(|serving| *serving).await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                };
                 tokio::select! {
-                    serving = webhook_serving.wait_for(|serving| *serving) => serving.is_ok(),
+                    () = shutdown.cancelled() => false,
+                    () = serving => true,
                     () = tokio::time::sleep(WEBHOOK_PRIMING_PATIENCE) => {
                         tracing::warn!(patience = ?WEBHOOK_PRIMING_PATIENCE, "the SidecarSet webhook does not serve yet; ready anyway");
                         true

@@ -22,6 +22,16 @@ pub const RETRY_AFTER_MS: &str = "rigger-retry-after-ms";
 /// from a fault.
 pub const NOT_LEADER: &str = "rigger-not-leader";
 
+/// A refusal marked as a follower's ([`NOT_LEADER`]): another replica leads, or will
+/// once this one is gone (a leader shutting down says so too).
+pub fn not_leader(message: &str) -> tonic::Status {
+    let mut refusal = tonic::Status::unavailable(message);
+    refusal
+        .metadata_mut()
+        .insert(NOT_LEADER, tonic::metadata::MetadataValue::from_static("1"));
+    refusal
+}
+
 /// Whether a refusal is a follower's: [`NOT_LEADER`], or the message of controllers
 /// from before it was sent.
 pub fn refused_by_follower(status: &tonic::Status) -> bool {

@@ -54,6 +54,8 @@ struct Inner {
     /// What the first look at the store found: jobs started before this controller (a
     /// restart or a takeover), whose agents were connected to another life of it.
     resumed: std::sync::OnceLock<bool>,
+    /// Whether the last pass was within the start (agents may be reconnecting).
+    was_starting: std::sync::atomic::AtomicBool,
     state: Mutex<EngineState>,
     wake: Notify,
     /// Signs the peer grants tasks carry; `None`: sharing is off.
@@ -172,6 +174,7 @@ impl JobEngine {
                 nodes,
                 node_timeout,
                 started: std::sync::OnceLock::new(),
+                was_starting: std::sync::atomic::AtomicBool::new(false),
                 resumed: std::sync::OnceLock::new(),
                 state: Mutex::default(),
                 wake: Notify::new(),
@@ -531,6 +534,11 @@ impl JobEngine {
                 .cluster_nodes_connected(now.wall, self.inner.node_timeout),
             self.inner.resumed.get().copied().unwrap_or(false),
         );
+        let admitting = self
+            .inner
+            .was_starting
+            .swap(starting, std::sync::atomic::Ordering::Relaxed)
+            || starting;
         let mut effects = Effects::default();
         let credentials = tasks::TaskCredentials {
             secrets,
@@ -549,6 +557,7 @@ impl JobEngine {
                 views: &views,
                 credentials: &credentials,
                 starting,
+                admitting,
                 now,
             };
             let was_finished = job.finished();

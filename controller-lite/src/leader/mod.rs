@@ -61,14 +61,9 @@ impl Leadership {
         if self.is_leader() {
             Ok(())
         } else {
-            let mut refusal = Status::unavailable(
+            Err(rigger_proto::not_leader(
                 "not the leader: this controller replica is a follower; try another",
-            );
-            refusal.metadata_mut().insert(
-                rigger_proto::NOT_LEADER,
-                tonic::metadata::MetadataValue::from_static("1"),
-            );
-            Err(refusal)
+            ))
         }
     }
 

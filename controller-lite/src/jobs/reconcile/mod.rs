@@ -40,6 +40,10 @@ pub(super) struct Pass<'a> {
     pub(super) credentials: &'a TaskCredentials<'a>,
     /// Right after a controller start agents are still reconnecting: none is lost yet.
     pub(super) starting: bool,
+    /// Nodes may join an Always job that started: while `starting`, and on the pass
+    /// the start ends — when the last agent to come back is what ended it, that pass is
+    /// the first to see it.
+    pub(super) admitting: bool,
     pub(super) now: Now,
 }
 
@@ -87,7 +91,7 @@ pub(super) fn reconcile_job(pass: &Pass<'_>, job: &mut JobState, out: &mut Out<'
     // (under the last leader, which may itself have been starting) or meanwhile; Never
     // takes nodes that join later.
     let open = first
-        || pass.starting
+        || pass.admitting
         || job.job.spec.completion_policy.kind == CompletionPolicyType::Never;
     if open {
         take_members(job, pass.views);

@@ -86,6 +86,18 @@ fn pass_starting(
     now: Now,
     starting: bool,
 ) -> Effects {
+    pass_admitting(job, views, credentials, now, starting, starting)
+}
+
+/// One pass at `now`, `starting` or not, that lets nodes join (`admitting`) or not.
+fn pass_admitting(
+    job: &mut JobState,
+    views: &HashMap<String, NodeView>,
+    credentials: &TaskCredentials<'_>,
+    now: Now,
+    starting: bool,
+    admitting: bool,
+) -> Effects {
     let mut effects = Effects::default();
     let mut tasks = HashMap::new();
     let key = key();
@@ -94,6 +106,7 @@ fn pass_starting(
         views,
         credentials,
         starting,
+        admitting,
         now,
     };
     reconcile_job(
@@ -476,6 +489,33 @@ fn a_silent_node_is_given_up_after_its_timeout_and_a_margin() {
 /// itself starting, over the one node back by then). While the controller starts, a job
 /// takes the nodes whose agents come back and does not complete; once started, one that
 /// selects no node completes.
+/// Found in CI on the real cluster: the last agent to come back to a new leader ends its
+/// start, so the first pass that sees that agent is already past the start — it never
+/// joined the job, which completed over the others. The pass the start ends on still
+/// takes members; the passes after it do not.
+#[test]
+fn the_agent_whose_return_ends_the_start_still_joins_the_job() {
+    let mut always = job(&serde_json::json!({"image": "r.example/app:1",
+        "completionPolicy": {"type": "Always"}}));
+    pass_starting(
+        &mut always,
+        &nodes(&["a", "b"]),
+        &no_credentials(),
+        at(0),
+        true,
+    );
+    assert_eq!(always.status.desired, 2);
+
+    let all = nodes(&["a", "b", "c"]);
+    pass_admitting(&mut always, &all, &no_credentials(), at(1), false, true);
+    assert_eq!(always.status.desired, 3, "{:?}", always.status);
+
+    // Once started, a node that registers later does not join an Always job.
+    let more = nodes(&["a", "b", "c", "d"]);
+    pass_admitting(&mut always, &more, &no_credentials(), at(2), false, false);
+    assert_eq!(always.status.desired, 3, "{:?}", always.status);
+}
+
 #[test]
 fn a_job_made_while_agents_reconnect_waits_for_them_rather_than_completing_over_none() {
     let mut always = job(&serde_json::json!({"image": "r.example/app:1",
