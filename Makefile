@@ -11,7 +11,7 @@ export RIGGER_LAB_DIR ?= /tmp/rigger-lab
 	docs deb package-test k8s-check deny fuzz-test fresh-root-test
 
 # The containerd versions the tests run against: one lab node each (scripts/lab).
-TEST_CONTAINERDS := 1.6,1.7,2.1
+TEST_CONTAINERDS := 1.6,1.7,2.1,2.3,2.4
 
 all: build
 
@@ -36,8 +36,8 @@ deny:
 	scripts/deny
 
 # Lint, build, and the unit and integration tests against the real lab (containerd 1.6,
-# 1.7 and 2.1, the Kubernetes API), each step timed (scripts/test); the lab is stopped
-# afterwards.
+# 1.7, 2.1, 2.3 and 2.4, the Kubernetes API and cluster), each step timed (scripts/test);
+# the lab is stopped afterwards.
 test:
 	RIGGER_TEST_CONTAINERDS=$(TEST_CONTAINERDS) scripts/test
 
