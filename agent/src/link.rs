@@ -107,10 +107,11 @@ pub async fn maintain(
         };
         // The next attempt goes to the next replica (a follower refuses agents).
         next += 1;
-        // A controller that took the node in (or a link that lasted) was reached: what
-        // ended it is new, not one more failure in a row — otherwise each leader change
-        // of a rolling controller upgrade would add to the wait before the next.
-        if registered || started.elapsed() > Duration::from_secs(60) {
+        // A link the controller took in and kept a while worked: what ended it is new,
+        // not one more failure in a row — otherwise each leader change of a rolling
+        // controller upgrade would add to the wait before the next. One that ends at
+        // once (a controller crash-looping, a hostile one) keeps backing off.
+        if registered && started.elapsed() >= STEADY_SESSION {
             backoff.reset();
         }
         followers_in_a_row = match &outcome {
@@ -136,6 +137,9 @@ pub async fn maintain(
         }
     }
 }
+
+/// A registered session that lasted this long starts the backoff again.
+const STEADY_SESSION: Duration = Duration::from_secs(10);
 
 /// Quick tries after a follower's refusal before the usual backoff takes over.
 const FOLLOWER_RETRIES: u32 = 5;

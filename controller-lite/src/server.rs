@@ -520,15 +520,12 @@ pub async fn run(
                 // A webhook that cannot read SidecarSets (their CRD or its rights missing)
                 // denies the pods they match; it must not also keep the leader from
                 // agents and users: Ready after a while, whatever the webhook says.
-                // A webhook task that ended without serving is waited out like a slow one.
-                let serving = async {
-                    if webhook_serving.wait_for(|serving| *serving).await.is_err() {
-                        std::future::pending::<()>().await;
-                    }
-                };
+                // A webhook task that ended without serving leaves the replica not
+                // Ready: its listener is gone, and the API server's calls routed to it
+                // would fail pods (`failurePolicy: Fail`).
                 tokio::select! {
                     () = shutdown.cancelled() => false,
-                    () = serving => true,
+                    serving = webhook_serving.wait_for(|serving| *serving) => serving.is_ok(),
                     () = tokio::time::sleep(WEBHOOK_PRIMING_PATIENCE) => {
                         tracing::warn!(patience = ?WEBHOOK_PRIMING_PATIENCE, "the SidecarSet webhook does not serve yet; ready anyway");
                         true
@@ -537,7 +534,7 @@ pub async fn run(
             } else {
                 leadership.elected().await
             };
-            if ready {
+            if ready && !shutdown.is_cancelled() {
                 readiness.set_ready();
                 if in_cluster {
                     reporter

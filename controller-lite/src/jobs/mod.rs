@@ -524,7 +524,8 @@ impl JobEngine {
         if self.lock().jobs.is_empty() {
             return Effects::default();
         }
-        let views = self.inner.nodes.views(now.wall, self.inner.node_timeout);
+        // Whether the start goes on before the fleet's views: an agent that registers
+        // between the two reads is then in the views of a pass that still admits it.
         let starting = agents_may_be_reconnecting(
             now.mono
                 .saturating_duration_since(*self.inner.started.get_or_init(Instant::now))
@@ -539,6 +540,7 @@ impl JobEngine {
             .was_starting
             .swap(starting, std::sync::atomic::Ordering::Relaxed)
             || starting;
+        let views = self.inner.nodes.views(now.wall, self.inner.node_timeout);
         let mut effects = Effects::default();
         let credentials = tasks::TaskCredentials {
             secrets,

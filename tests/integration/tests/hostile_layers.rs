@@ -14,7 +14,7 @@ use rigger_integration_tests::fidelity::{
     agent_pull_on, assert_left_nothing, compare_with_ctr, compare_with_ctr_in,
 };
 use rigger_integration_tests::{
-    Lab, LabNode, TestNamespace, binary, on_every_containerd, tree_listing,
+    Containerd, Lab, LabNode, TestNamespace, binary, on_every_containerd, tree_listing,
 };
 
 /// Not overlayfs: whiteouts there are removals, not overlayfs' device nodes, so layers go
@@ -26,6 +26,28 @@ fn the_native_snapshotter_unpacks_as_containerd_does(node: &LabNode) {
     let image = hostile_image("symlink-to-target", Some(canary.dir.path()));
     compare_with_ctr_in(node, "native", &image, "hostile-native");
     canary.assert_untouched();
+}
+
+/// containerd 2.3 and 2.4's erofs snapshotter (this kernel mounts erofs; mkfs.erofs is
+/// Debian 12's erofs-utils): each committed layer an erofs image, the rootfs an overlay of
+/// them. Rigger's pull goes through containerd's diff service there, as for native, and
+/// ends as containerd's own: the same tree, a hostile layer's included, the host untouched.
+fn the_erofs_snapshotter_unpacks_as_containerd_does(node: &LabNode) {
+    compare_with_ctr_in(node, "erofs", "rigger-lab/fixtures:1", "pull-erofs");
+    let canary = Canary::new();
+    let image = hostile_image("symlink-to-target", Some(canary.dir.path()));
+    compare_with_ctr_in(node, "erofs", &image, "hostile-erofs");
+    canary.assert_untouched();
+}
+
+#[test]
+fn the_erofs_snapshotter_unpacks_as_containerd_does_on_containerd_2_3() {
+    the_erofs_snapshotter_unpacks_as_containerd_does(Lab::get().node(Containerd::V2_3));
+}
+
+#[test]
+fn the_erofs_snapshotter_unpacks_as_containerd_does_on_containerd_2_4() {
+    the_erofs_snapshotter_unpacks_as_containerd_does(Lab::get().node(Containerd::V2_4));
 }
 
 /// A hostile lab image of `kind` (scripts/lab-images), its symlinks aimed at `target`.

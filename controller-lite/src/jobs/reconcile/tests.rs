@@ -484,12 +484,7 @@ fn a_silent_node_is_given_up_after_its_timeout_and_a_margin() {
     );
 }
 
-/// Found in the real cluster: a job made right after a leader took over, before any agent
-/// reconnected, completed at once over no node (and one started under a leader that was
-/// itself starting, over the one node back by then). While the controller starts, a job
-/// takes the nodes whose agents come back and does not complete; once started, one that
-/// selects no node completes.
-/// Found in CI on the real cluster: the last agent to come back to a new leader ends its
+/// Found looking into a CI hang on the real cluster: the last agent to come back to a new leader ends its
 /// start, so the first pass that sees that agent is already past the start — it never
 /// joined the job, which completed over the others. The pass the start ends on still
 /// takes members; the passes after it do not.
@@ -516,6 +511,11 @@ fn the_agent_whose_return_ends_the_start_still_joins_the_job() {
     assert_eq!(always.status.desired, 3, "{:?}", always.status);
 }
 
+/// Found in the real cluster: a job made right after a leader took over, before any agent
+/// reconnected, completed at once over no node (and one started under a leader that was
+/// itself starting, over the one node back by then). While the controller starts, a job
+/// takes the nodes whose agents come back and does not complete; once started, one that
+/// selects no node completes.
 #[test]
 fn a_job_made_while_agents_reconnect_waits_for_them_rather_than_completing_over_none() {
     let mut always = job(&serde_json::json!({"image": "r.example/app:1",
