@@ -391,11 +391,54 @@ impl Drop for TestNamespace {
 #[derive(Debug)]
 pub struct MountedSnapshot {
     pub path: PathBuf,
+    /// The mounts below `path` (an erofs view's layers), unmounted after it.
+    layers: Vec<PathBuf>,
     snapshotter: String,
     namespace: String,
     key: String,
     node: LabNode,
     _dir: tempfile::TempDir,
+}
+
+/// `mount -t KIND -o OPTIONS SOURCE TARGET`; panics naming `what` when it fails.
+fn mount(kind: &str, options: &[String], source: &str, target: &Path, what: &str) {
+    let status = Command::new("mount")
+        .args(["-t", kind])
+        .args(["-o", &options.join(",")])
+        .arg(source)
+        .arg(target)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mount of {what} failed");
+}
+
+/// An option of a containerd 2.3+ formatted mount (`format/...`) with its templates
+/// filled in: `{{ overlay A B }}` is the targets of mounts A to B, `:`-joined.
+fn fill_mount_template(option: &str, targets: &[PathBuf]) -> String {
+    let (Some(start), Some(end)) = (option.find("{{"), option.find("}}")) else {
+        return option.to_owned();
+    };
+    let words: Vec<&str> = option[start + 2..end].split_whitespace().collect();
+    let ["overlay", from, to] = words[..] else {
+        panic!("a mount template the tests do not know: {option}");
+    };
+    let (from, to): (usize, usize) = (from.parse().unwrap(), to.parse().unwrap());
+    let range: Vec<String> = if from <= to {
+        (from..=to)
+            .map(|i| targets[i].display().to_string())
+            .collect()
+    } else {
+        (to..=from)
+            .rev()
+            .map(|i| targets[i].display().to_string())
+            .collect()
+    };
+    format!(
+        "{}{}{}",
+        &option[..start],
+        range.join(":"),
+        &option[end + 2..]
+    )
 }
 
 impl MountedSnapshot {
@@ -422,24 +465,42 @@ impl MountedSnapshot {
             ],
         );
         let mounts: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap();
-        assert_eq!(mounts.len(), 1, "{json}");
-        let m = &mounts[0];
-        let options: Vec<&str> = m["Options"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|o| o.as_str().unwrap())
-            .collect();
-        let status = Command::new("mount")
-            .args(["-t", m["Type"].as_str().unwrap()])
-            .args(["-o", &options.join(",")])
-            .arg(m["Source"].as_str().unwrap())
-            .arg(dir.path())
-            .status()
-            .unwrap();
-        assert!(status.success(), "mount of {chain_id} failed");
+        assert!(!mounts.is_empty(), "{json}");
+        // All but the last mount are layers (containerd 2.3+'s erofs: one erofs image
+        // each) that the last one's `{{ overlay A B }}` names.
+        let mut layers = Vec::new();
+        for (i, m) in mounts.iter().enumerate() {
+            let last = i == mounts.len() - 1;
+            let target = if last {
+                dir.path().to_owned()
+            } else {
+                let target = dir.path().with_extension(format!("layer{i}"));
+                std::fs::create_dir_all(&target).unwrap();
+                target
+            };
+            let options: Vec<String> = m["Options"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|o| fill_mount_template(o.as_str().unwrap(), &layers))
+                .collect();
+            // `format/mkdir/overlay`: the mount is an overlay once its templates are filled.
+            let kind = m["Type"].as_str().unwrap();
+            let kind = kind.rsplit('/').next().unwrap();
+            mount(
+                kind,
+                &options,
+                m["Source"].as_str().unwrap(),
+                &target,
+                chain_id,
+            );
+            if !last {
+                layers.push(target);
+            }
+        }
         Self {
             path: dir.path().to_owned(),
+            layers,
             snapshotter: snapshotter.to_owned(),
             namespace: ns.to_owned(),
             key,
@@ -452,6 +513,10 @@ impl MountedSnapshot {
 impl Drop for MountedSnapshot {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.path).status();
+        for layer in self.layers.iter().rev() {
+            let _ = Command::new("umount").arg(layer).status();
+            let _ = std::fs::remove_dir(layer);
+        }
         let _ = self
             .node
             .ctr_command()
