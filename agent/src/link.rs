@@ -90,7 +90,7 @@ pub async fn maintain(
     token: CancellationToken,
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
-    let mut followers_in_a_row = 0;
+    let mut followers_in_a_row: u32 = 0;
     let mut next = 0;
     loop {
         let started = std::time::Instant::now();
@@ -115,7 +115,11 @@ pub async fn maintain(
             backoff.reset();
         }
         followers_in_a_row = match &outcome {
-            Err(SessionError::Follower(_)) => followers_in_a_row + 1,
+            Err(SessionError::Follower(_)) => {
+                // A replica answered: the controllers are up, whatever failed before.
+                backoff.reset();
+                followers_in_a_row.saturating_add(1)
+            }
             _ => 0,
         };
         let delay = match retry_after_follower(followers_in_a_row, fastrand::f64()) {
@@ -141,19 +145,25 @@ pub async fn maintain(
 /// A registered session that lasted this long starts the backoff again.
 const STEADY_SESSION: Duration = Duration::from_secs(10);
 
-/// Quick tries after a follower's refusal before the usual backoff takes over.
+/// Quick tries after a follower's refusal before the agent slows down.
 const FOLLOWER_RETRIES: u32 = 5;
 
 /// The wait after the `in_a_row`-th follower refusal in a row (`jitter` in 0..1), or `None`
-/// for the usual backoff. Behind a Service every controller replica is Ready and each new
-/// connection lands on any of them: a follower answering is the normal case, not a fault,
-/// so the agent soon tries a new connection. After [`FOLLOWER_RETRIES`] (no replica seems
-/// to lead: an election under way) it backs off like from any failure, so that a fleet
-/// does not hammer the followers.
+/// for the usual backoff (no follower answered). Behind a Service every controller replica
+/// is Ready and each new connection lands on any of them: a follower answering is the
+/// normal case, not a fault, so the agent soon tries a new connection — 100–300 ms apart
+/// [`FOLLOWER_RETRIES`] times, then 1–2 s apart (no replica seems to lead yet: an election,
+/// or the new leader not yet behind the Service), never the failure backoff's growing
+/// wait: a controller that answers is up, and an agent that waited 30 s there came back
+/// to a new leader after its start had ended (found in CI: agents 20–70 s late, a job
+/// completed without them).
 fn retry_after_follower(in_a_row: u32, jitter: f64) -> Option<Duration> {
-    (1..=FOLLOWER_RETRIES)
-        .contains(&in_a_row)
-        .then(|| Duration::from_millis(100).mul_f64(1.0 + 2.0 * jitter.clamp(0.0, 1.0)))
+    let jitter = 1.0 + jitter.clamp(0.0, 1.0);
+    match in_a_row {
+        0 => None,
+        n if n <= FOLLOWER_RETRIES => Some(Duration::from_millis(100).mul_f64(2.0 * jitter - 1.0)),
+        _ => Some(Duration::from_secs(1).mul_f64(jitter)),
+    }
 }
 
 /// How a session ended badly.
@@ -519,22 +529,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_followers_refusal_is_tried_again_soon_a_few_times_then_backed_off() {
+    fn a_followers_refusal_is_tried_again_soon_a_few_times_then_every_second_or_two() {
         assert_eq!(
             retry_after_follower(0, 0.5),
             None,
             "no follower: the backoff"
         );
-        for in_a_row in 1..=FOLLOWER_RETRIES {
-            for jitter in [0.0, 0.5, 1.0, 7.0] {
+        for jitter in [0.0, 0.5, 1.0, 7.0, -3.0] {
+            for in_a_row in 1..=FOLLOWER_RETRIES {
                 let soon = retry_after_follower(in_a_row, jitter).unwrap();
                 assert!(
                     (Duration::from_millis(100)..=Duration::from_millis(300)).contains(&soon),
                     "{soon:?}"
                 );
             }
+            // However long no replica leads, never the failure backoff's 30 s.
+            for in_a_row in [FOLLOWER_RETRIES + 1, 50, u32::MAX] {
+                let later = retry_after_follower(in_a_row, jitter).unwrap();
+                assert!(
+                    (Duration::from_secs(1)..=Duration::from_secs(2)).contains(&later),
+                    "{later:?}"
+                );
+            }
         }
-        assert_eq!(retry_after_follower(FOLLOWER_RETRIES + 1, 0.5), None);
     }
 
     #[test]
