@@ -158,11 +158,11 @@ const FOLLOWER_RETRIES: u32 = 5;
 /// to a new leader after its start had ended (found in CI: agents 20–70 s late, a job
 /// completed without them).
 fn retry_after_follower(in_a_row: u32, jitter: f64) -> Option<Duration> {
-    let jitter = 1.0 + jitter.clamp(0.0, 1.0);
+    let jitter = jitter.clamp(0.0, 1.0);
     match in_a_row {
         0 => None,
-        n if n <= FOLLOWER_RETRIES => Some(Duration::from_millis(100).mul_f64(2.0 * jitter - 1.0)),
-        _ => Some(Duration::from_secs(1).mul_f64(jitter)),
+        n if n <= FOLLOWER_RETRIES => Some(Duration::from_millis(100).mul_f64(1.0 + 2.0 * jitter)),
+        _ => Some(Duration::from_secs(1).mul_f64(1.0 + jitter)),
     }
 }
 

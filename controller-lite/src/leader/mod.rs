@@ -54,9 +54,8 @@ impl Leadership {
     }
 
     /// Refuse work on a follower. The refusal carries [`rigger_proto::NOT_LEADER`] in its
-    /// metadata, so
-    /// that a client behind a Service (which picks a replica per connection) tries again
-    /// at once instead of backing off as from a fault.
+    /// metadata, so that a client behind a Service (which picks a replica per connection)
+    /// tries again at once instead of backing off as from a fault.
     pub fn require(&self) -> Result<(), Status> {
         if self.is_leader() {
             Ok(())

@@ -106,7 +106,7 @@ pub fn compare_with_ctr_in(node: &LabNode, snapshotter: &str, repo_tag: &str, te
 
     // The agent first, so it really downloads (content is shared across namespaces).
     assert_pulled(&agent_pull_with(node, snapshotter, &ours.name, &[&image]));
-    let pull = ctr_pull_args(node, snapshotter, &image);
+    let pull = ctr_pull_args(node, snapshotter, &image, false);
     node.ctr(
         &theirs.name,
         &pull.iter().map(String::as_str).collect::<Vec<_>>(),
@@ -123,20 +123,17 @@ pub fn compare_outcome_with_ctr(node: &LabNode, repo_tag: &str, test: &str) -> b
     let image = Lab::get().image(repo_tag);
 
     let agent = agent_pull_with(node, "overlayfs", &ours.name, &[&image]);
-    let mut ctr_args = ctr_pull_args(node, "overlayfs", &image);
-    if node.containerd.unpacks_in_parallel() {
-        // Unpacked in parallel, each layer onto an empty directory that is rebased later,
-        // containerd does not see the layers below: a directory a layer only implies
-        // comes out 0755 root-owned over the lower one, and one implied below a lower
-        // non-directory hides it instead of failing the layer. Rigger applies layers in
-        // order, as containerd's layer-by-layer unpack (`--local`) does; the random
-        // stacks draw such layers, so they are compared with that.
-        ctr_args.insert(ctr_args.len() - 1, "--local".to_owned());
-    }
+    // Unpacked in parallel, each layer onto an empty directory that is rebased later,
+    // containerd does not see the layers below: a directory a layer only implies comes
+    // out 0755 root-owned over the lower one, and one implied below a lower non-directory
+    // hides it instead of failing the layer. Rigger applies layers in order, as
+    // containerd's layer-by-layer unpack does; the random stacks draw such layers, so
+    // they are compared with that.
+    let layer_by_layer = node.containerd.unpacks_in_parallel();
     let ctr = node
         .ctr_command()
         .args(["--namespace", &theirs.name])
-        .args(&ctr_args)
+        .args(ctr_pull_args(node, "overlayfs", &image, layer_by_layer))
         .output()
         .unwrap();
     let said = |out: &Output| {
@@ -182,8 +179,14 @@ pub fn assert_left_nothing(node: &LabNode, ns: &str) {
     assert!(!snapshots.contains("Active"), "{snapshots}");
 }
 
-/// `ctr images pull` of `image` into `snapshotter`, from the node's registry settings.
-fn ctr_pull_args(node: &LabNode, snapshotter: &str, image: &str) -> Vec<String> {
+/// `ctr images pull` of `image` into `snapshotter`, from the node's registry settings;
+/// unpacked `layer_by_layer` (in the client, `--local`) when asked.
+fn ctr_pull_args(
+    node: &LabNode,
+    snapshotter: &str,
+    image: &str,
+    layer_by_layer: bool,
+) -> Vec<String> {
     let mut pull = vec![
         "images".to_owned(),
         "pull".to_owned(),
@@ -192,9 +195,10 @@ fn ctr_pull_args(node: &LabNode, snapshotter: &str, image: &str) -> Vec<String> 
         "--hosts-dir".to_owned(),
         node.hosts_dir.display().to_string(),
     ];
-    if node.containerd.ctr_pulls_by_transfer() && snapshotter != "overlayfs" {
-        // 2.x's transfer service unpacks only for the snapshotters its config lists
-        // (overlayfs by default); ctr's own client-side pull unpacks anywhere.
+    // 2.x's transfer service unpacks only for the snapshotters its config lists
+    // (overlayfs by default); ctr's own client-side pull unpacks anywhere, a layer at a
+    // time.
+    if layer_by_layer || (node.containerd.ctr_pulls_by_transfer() && snapshotter != "overlayfs") {
         pull.push("--local".to_owned());
     }
     pull.push(image.to_owned());

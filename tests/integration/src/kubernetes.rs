@@ -17,15 +17,14 @@ use crate::{Agent, Controller, LabNode, repo_root};
 /// The lab's API server, as kubectl reaches it.
 #[derive(Debug)]
 pub struct Cluster {
-    /// kubectl as the cluster's admin (what `cluster.kubectl_ok(...)` and the others run).
+    /// kubectl as the cluster's admin (what `cluster.kubectl_ok(...)` and the others run;
+    /// `cluster.binary` and `cluster.kubeconfig` are its paths).
     pub client: crate::kubectl::Kubectl,
-    pub kubeconfig: PathBuf,
     /// The identity Rigger's controller runs as in tests (`CN=rigger-controller`): its
     /// calls are told apart in the audit log.
     pub controller_kubeconfig: PathBuf,
     /// Every request the API server served, with who made it (JSON lines).
     pub audit_log: PathBuf,
-    pub kubectl: PathBuf,
     /// Where the lab's Kubernetes CA lives (`ca.pem`, `ca-key.pem`).
     pub dir: PathBuf,
 }
@@ -58,10 +57,8 @@ impl Cluster {
             let env_file = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
             let env = read_env(&env_file).expect("scripts/lab-k8s wrote no env file");
             let cluster = Cluster {
-                kubeconfig: env["RIGGER_LAB_KUBECONFIG"].clone().into(),
                 controller_kubeconfig: env["RIGGER_LAB_CONTROLLER_KUBECONFIG"].clone().into(),
                 audit_log: env["RIGGER_LAB_K8S_AUDIT_LOG"].clone().into(),
-                kubectl: env["RIGGER_LAB_KUBECTL"].clone().into(),
                 client: crate::kubectl::Kubectl {
                     binary: env["RIGGER_LAB_KUBECTL"].clone().into(),
                     kubeconfig: env["RIGGER_LAB_KUBECONFIG"].clone().into(),

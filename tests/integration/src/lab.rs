@@ -391,8 +391,10 @@ impl Drop for TestNamespace {
 #[derive(Debug)]
 pub struct MountedSnapshot {
     pub path: PathBuf,
-    /// The mounts below `path` (an erofs view's layers), unmounted after it.
+    /// The mounts below `path` (an erofs view's layers, in `_layers_dir`), unmounted
+    /// after it.
     layers: Vec<PathBuf>,
+    _layers_dir: tempfile::TempDir,
     snapshotter: String,
     namespace: String,
     key: String,
@@ -423,20 +425,19 @@ fn fill_mount_template(option: &str, targets: &[PathBuf]) -> String {
         panic!("a mount template the tests do not know: {option}");
     };
     let (from, to): (usize, usize) = (from.parse().unwrap(), to.parse().unwrap());
-    let range: Vec<String> = if from <= to {
-        (from..=to)
-            .map(|i| targets[i].display().to_string())
-            .collect()
+    let indices: Vec<usize> = if from <= to {
+        (from..=to).collect()
     } else {
-        (to..=from)
-            .rev()
-            .map(|i| targets[i].display().to_string())
-            .collect()
+        (to..=from).rev().collect()
     };
+    let dirs: Vec<String> = indices
+        .into_iter()
+        .map(|i| targets[i].display().to_string())
+        .collect();
     format!(
         "{}{}{}",
         &option[..start],
-        range.join(":"),
+        dirs.join(":"),
         &option[end + 2..]
     )
 }
@@ -468,14 +469,15 @@ impl MountedSnapshot {
         assert!(!mounts.is_empty(), "{json}");
         // All but the last mount are layers (containerd 2.3+'s erofs: one erofs image
         // each) that the last one's `{{ overlay A B }}` names.
+        let layers_dir = tempfile::tempdir().unwrap();
         let mut layers = Vec::new();
         for (i, m) in mounts.iter().enumerate() {
             let last = i == mounts.len() - 1;
             let target = if last {
                 dir.path().to_owned()
             } else {
-                let target = dir.path().with_extension(format!("layer{i}"));
-                std::fs::create_dir_all(&target).unwrap();
+                let target = layers_dir.path().join(i.to_string());
+                std::fs::create_dir(&target).unwrap();
                 target
             };
             let options: Vec<String> = m["Options"]
@@ -501,6 +503,7 @@ impl MountedSnapshot {
         Self {
             path: dir.path().to_owned(),
             layers,
+            _layers_dir: layers_dir,
             snapshotter: snapshotter.to_owned(),
             namespace: ns.to_owned(),
             key,
@@ -515,7 +518,6 @@ impl Drop for MountedSnapshot {
         let _ = Command::new("umount").arg(&self.path).status();
         for layer in self.layers.iter().rev() {
             let _ = Command::new("umount").arg(layer).status();
-            let _ = std::fs::remove_dir(layer);
         }
         let _ = self
             .node

@@ -17,11 +17,10 @@ use crate::{Lab, repo_root, wait_until};
 /// The cluster, as kubectl and the tests reach it.
 #[derive(Debug)]
 pub struct RealCluster {
-    /// kubectl as the cluster's admin (what `cluster.kubectl_ok(...)` and the others run).
+    /// kubectl as the cluster's admin (what `cluster.kubectl_ok(...)` and the others run;
+    /// `cluster.binary` and `cluster.kubeconfig` are its paths).
     pub client: crate::kubectl::Kubectl,
     pub dir: PathBuf,
-    pub kubeconfig: PathBuf,
-    pub kubectl: PathBuf,
     /// `HOST:PORT` of the registry as the cluster's nodes and pods reach it (the lab
     /// registry's data).
     pub registry: String,
@@ -61,8 +60,6 @@ impl RealCluster {
             let env = read_env(&env_file).expect("scripts/lab-cluster wrote no env file");
             let cluster = RealCluster {
                 dir: env["RIGGER_LAB_CLUSTER_DIR"].clone().into(),
-                kubeconfig: env["RIGGER_LAB_CLUSTER_KUBECONFIG"].clone().into(),
-                kubectl: env["RIGGER_LAB_CLUSTER_KUBECTL"].clone().into(),
                 client: crate::kubectl::Kubectl {
                     binary: env["RIGGER_LAB_CLUSTER_KUBECTL"].clone().into(),
                     kubeconfig: env["RIGGER_LAB_CLUSTER_KUBECONFIG"].clone().into(),
@@ -163,9 +160,8 @@ impl RealCluster {
         }
     }
 
-    /// Wait for `kubectl rollout status KIND/NAME -n NAMESPACE` to succeed within `timeout`.
-    /// `kubectl rollout status` of `object` in `namespace`; on failure, panics with what
-    /// Rigger's pods look like (`rigger_state`).
+    /// `kubectl rollout status` of `object` (`KIND/NAME`) in `namespace` within `timeout`;
+    /// on failure, panics with what Rigger's pods look like (`rigger_state`).
     pub fn rollout_status(&self, namespace: &str, object: &str, timeout: Duration) {
         let timeout = format!("--timeout={}s", timeout.as_secs());
         let out = self.kubectl(&["-n", namespace, "rollout", "status", object, &timeout]);
@@ -189,17 +185,22 @@ impl RealCluster {
                 String::from_utf8_lossy(&out.stderr)
             )
         };
-        let logs = self.rigger_logs("rigger-controller");
-        let lines: Vec<&str> = logs.lines().collect();
+        // The namespace's events reach back to the cluster's start (a failure in CI
+        // printed hundreds): the newest, as the controller's log lines.
+        let events = self.kubectl(&[
+            "-n",
+            "rigger-system",
+            "get",
+            "events",
+            "--sort-by=.lastTimestamp",
+        ]);
         [
             text(&["-n", "rigger-system", "get", "pods", "-o", "wide"]),
-            text(&[
-                "-n",
-                "rigger-system",
-                "get",
-                "events",
-                "--sort-by=.lastTimestamp",
-            ]),
+            format!(
+                "events of rigger-system (the last 30):\n{}{}",
+                last_lines(&String::from_utf8_lossy(&events.stdout), 30),
+                String::from_utf8_lossy(&events.stderr)
+            ),
             text(&[
                 "-n",
                 "rigger-system",
@@ -211,7 +212,7 @@ impl RealCluster {
             ]),
             format!(
                 "controller logs (last 60 lines):\n{}",
-                lines[lines.len().saturating_sub(60)..].join("\n")
+                last_lines(&self.rigger_logs("rigger-controller"), 60)
             ),
         ]
         .join("\n")
@@ -269,6 +270,12 @@ impl RealCluster {
         ]);
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
+}
+
+/// The last `n` lines of `text`.
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// A test's steps on its standard error with the time since it began: when a step hangs

@@ -272,7 +272,7 @@ fn the_readme_kubernetes_quick_start_runs_against_the_lab_cluster() {
     let namespace = cluster.namespace("docs");
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::copy(&cluster.kubeconfig, &kubeconfig).unwrap();
-    let out = Command::new(&cluster.kubectl)
+    let out = Command::new(&cluster.binary)
         .arg("--kubeconfig")
         .arg(&kubeconfig)
         .args([
@@ -310,7 +310,7 @@ fn the_readme_kubernetes_quick_start_runs_against_the_lab_cluster() {
         &["README.md"],
         "sh kubernetes",
         &[("KUBECONFIG", &kubeconfig)],
-        &[cluster.kubectl.parent().unwrap()],
+        &[cluster.binary.parent().unwrap()],
     );
     let _ = cluster.kubectl(&["delete", "node", "worker-1", "--ignore-not-found"]);
 }

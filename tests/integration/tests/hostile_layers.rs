@@ -21,10 +21,21 @@ use rigger_integration_tests::{
 /// through containerd's own diff service (whiteouts, opaque directories, hostile names
 /// handled as containerd handles them).
 fn the_native_snapshotter_unpacks_as_containerd_does(node: &LabNode) {
-    compare_with_ctr_in(node, "native", "rigger-lab/fixtures:1", "pull-native");
+    unpacks_in_the_snapshotter_as_containerd_does(node, "native");
+}
+
+/// The fixtures image and a hostile one pulled into `snapshotter` (one Rigger hands to
+/// containerd's diff service) end as containerd's own pull of them, the host untouched.
+fn unpacks_in_the_snapshotter_as_containerd_does(node: &LabNode, snapshotter: &str) {
+    compare_with_ctr_in(
+        node,
+        snapshotter,
+        "rigger-lab/fixtures:1",
+        &format!("pull-{snapshotter}"),
+    );
     let canary = Canary::new();
     let image = hostile_image("symlink-to-target", Some(canary.dir.path()));
-    compare_with_ctr_in(node, "native", &image, "hostile-native");
+    compare_with_ctr_in(node, snapshotter, &image, &format!("hostile-{snapshotter}"));
     canary.assert_untouched();
 }
 
@@ -33,11 +44,7 @@ fn the_native_snapshotter_unpacks_as_containerd_does(node: &LabNode) {
 /// them. Rigger's pull goes through containerd's diff service there, as for native, and
 /// ends as containerd's own: the same tree, a hostile layer's included, the host untouched.
 fn the_erofs_snapshotter_unpacks_as_containerd_does(node: &LabNode) {
-    compare_with_ctr_in(node, "erofs", "rigger-lab/fixtures:1", "pull-erofs");
-    let canary = Canary::new();
-    let image = hostile_image("symlink-to-target", Some(canary.dir.path()));
-    compare_with_ctr_in(node, "erofs", &image, "hostile-erofs");
-    canary.assert_untouched();
+    unpacks_in_the_snapshotter_as_containerd_does(node, "erofs");
 }
 
 #[test]

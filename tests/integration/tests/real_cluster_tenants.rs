@@ -200,7 +200,7 @@ fn a_nodes_own_credentials_labelling_its_node_cannot_draw_a_jobs_pull_secrets() 
     );
     let as_kubelet = |args: &[&str]| {
         let kubeconfig = cluster.dir.join(format!("kubelet-{greedy}.kubeconfig"));
-        std::process::Command::new(&cluster.kubectl)
+        std::process::Command::new(&cluster.binary)
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .args(args)
