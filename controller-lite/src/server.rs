@@ -212,14 +212,21 @@ pub async fn run(
     };
     let jobs = JobEngine::new(store.clone(), nodes.clone(), config.node_timeout, grants)
         .with_events(events.clone());
+    let kruise_manager =
+        matches!(&config.store, StoreConfig::Kubernetes(settings) if settings.kruise_manager);
     let recreates = match &elector {
         Some(Elector::Kubernetes(kubernetes)) => {
-            crate::recreate_requests::RecreateEngine::in_cluster(
+            let engine = crate::recreate_requests::RecreateEngine::in_cluster(
                 store.clone(),
                 nodes.clone(),
                 config.node_timeout,
                 crate::cluster::pods::KubePods::new(kubernetes.client()),
-            )
+            );
+            if kruise_manager {
+                engine.beside_kruise_manager()
+            } else {
+                engine
+            }
         }
         _ => crate::recreate_requests::RecreateEngine::new(
             store.clone(),
@@ -249,8 +256,6 @@ pub async fn run(
     }
     let sidecars = crate::sidecars::SidecarRollout::new(store.clone(), pods.clone())
         .with_events(events.clone());
-    let kruise_manager =
-        matches!(&config.store, StoreConfig::Kubernetes(settings) if settings.kruise_manager);
     // Beside Kruise's manager, the NodeImages it writes are pulled (Kruise's daemon's part);
     // alone, Rigger writes each node's NodeImage itself (Kruise's manager's part).
     let node_images = kruise_manager.then(|| {

@@ -128,6 +128,9 @@ struct Inner {
     wake: Notify,
     /// In a cluster: where requests created on the API server find their pod.
     cluster_pods: Option<Arc<dyn ClusterPods>>,
+    /// Kruise's manager runs beside: its webhook labels requests (and refuses any change
+    /// of their spec) and its controller clears `active`, so Rigger writes only status.
+    beside_kruise_manager: bool,
     /// Where a request's completion is told.
     events: Arc<dyn crate::events::EventSink>,
 }
@@ -148,6 +151,7 @@ impl RecreateEngine {
                 state: Mutex::default(),
                 wake: Notify::new(),
                 cluster_pods: None,
+                beside_kruise_manager: false,
                 events: Arc::new(crate::events::NoEvents),
             }),
         }
@@ -175,6 +179,18 @@ impl RecreateEngine {
             inner.cluster_pods = Some(Arc::new(pods));
         }
         engine
+    }
+
+    /// The engine beside Kruise's manager (`kruise_manager`): requests are still admitted
+    /// from their Pod (the node and the pod a recreate acts on are Rigger's own finding),
+    /// but only in memory — Kruise's webhook has labelled them and makes their spec
+    /// immutable, and Kruise's controller clears `active` — and only status is written.
+    #[must_use]
+    pub fn beside_kruise_manager(mut self) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.beside_kruise_manager = true;
+        }
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -290,6 +306,9 @@ impl crate::engine::Engine for RecreateEngine {
                 let before = request.clone();
                 match admission::admit(&mut request, pod.as_ref()) {
                     Ok(()) if request == before => {}
+                    Ok(()) if self.inner.beside_kruise_manager => {
+                        tracing::info!(request = %stored.key, pod = %request.spec.pod_name, node = %request.metadata.labels.get(NODE_NAME_LABEL).map_or("", String::as_str), "recreate request admitted (Kruise's webhook labelled it)");
+                    }
                     Ok(()) => {
                         // Labelled where users and Kruise's tools look for them; a
                         // request changed meanwhile is read again next pass.
@@ -307,7 +326,13 @@ impl crate::engine::Engine for RecreateEngine {
                                 present.remove(&stored.key);
                                 continue;
                             }
-                            Err(error) => return Err(error),
+                            // Refused by the API server (a webhook, say): that request's
+                            // trouble alone, tried again next pass.
+                            Err(error) => {
+                                tracing::warn!(request = %stored.key, %error, "cannot label the recreate request; trying again next pass");
+                                present.remove(&stored.key);
+                                continue;
+                            }
                         }
                         tracing::info!(request = %stored.key, pod = %request.spec.pod_name, node = %request.metadata.labels.get(NODE_NAME_LABEL).map_or("", String::as_str), "recreate request admitted");
                     }
@@ -511,8 +536,9 @@ impl RecreateEngine {
 
     /// In a cluster, as Kruise's manager does: a finished request loses its
     /// `crr.apps.kruise.io/active` label (Kruise's daemon watches only active ones).
+    /// Beside Kruise's manager, that manager does it.
     async fn clear_active(&self) {
-        if self.inner.cluster_pods.is_none() {
+        if self.inner.cluster_pods.is_none() || self.inner.beside_kruise_manager {
             return;
         }
         let finished: Vec<(ObjectKey, ContainerRecreateRequest)> = {

@@ -47,36 +47,88 @@ fn run_script(script: &str, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-impl RealCluster {
-    /// The cluster, started if it is not running, with Rigger deployed and rolled out.
-    pub fn get() -> &'static RealCluster {
-        static CLUSTER: OnceLock<RealCluster> = OnceLock::new();
-        CLUSTER.get_or_init(|| {
-            let lab = Lab::get();
-            let env_file = lab.dir.join("cluster/env");
-            if read_env(&env_file).is_none() {
-                run_script("scripts/lab-cluster", &["up"]);
-            }
-            let env = read_env(&env_file).expect("scripts/lab-cluster wrote no env file");
-            let cluster = RealCluster {
-                dir: env["RIGGER_LAB_CLUSTER_DIR"].clone().into(),
-                client: crate::kubectl::Kubectl {
-                    binary: env["RIGGER_LAB_CLUSTER_KUBECTL"].clone().into(),
-                    kubeconfig: env["RIGGER_LAB_CLUSTER_KUBECONFIG"].clone().into(),
-                },
-                registry: env["RIGGER_LAB_CLUSTER_REGISTRY"].clone(),
-                audit_log: env["RIGGER_LAB_CLUSTER_AUDIT_LOG"].clone().into(),
-                rigger_pki: lab.dir.join("cluster/rigger-pki"),
-            };
-            let deployed = cluster
-                .kubectl(&["-n", "rigger-system", "get", "deployment/rigger-controller"])
-                .status
-                .success();
-            if !deployed {
+/// How Rigger is deployed in the cluster: alone (`deploy/kubernetes-lab`), or as Kruise's
+/// daemon beside Kruise's own manager (`deploy/kubernetes-lab-beside-kruise`, with
+/// `scripts/lab-kruise up --without-daemon`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Deployment {
+    Alone,
+    BesideKruise,
+}
+
+impl Deployment {
+    /// The deployment `scripts/lab-rigger` last made (the overlay it records), if any.
+    fn current(dir: &std::path::Path) -> Option<Deployment> {
+        let overlay = std::fs::read_to_string(dir.join(".rigger-overlay")).ok()?;
+        Some(
+            if overlay.trim().ends_with("kubernetes-lab-beside-kruise") {
+                Deployment::BesideKruise
+            } else {
+                Deployment::Alone
+            },
+        )
+    }
+
+    /// Make it so: Kruise's manager installed or removed, Rigger deployed to match.
+    fn make(self) {
+        match self {
+            Deployment::Alone => {
+                run_script("scripts/lab-kruise", &["down"]);
                 run_script("scripts/lab-rigger", &["up", "--no-build"]);
             }
-            cluster
-        })
+            Deployment::BesideKruise => {
+                run_script("scripts/lab-kruise", &["up", "--without-daemon"]);
+                run_script(
+                    "scripts/lab-rigger",
+                    &["up", "--no-build", "--beside-kruise"],
+                );
+            }
+        }
+    }
+}
+
+impl RealCluster {
+    /// The cluster, started if it is not running, with Rigger deployed alone and rolled
+    /// out (redeployed so if it runs beside Kruise's manager).
+    pub fn get() -> &'static RealCluster {
+        static CLUSTER: OnceLock<RealCluster> = OnceLock::new();
+        CLUSTER.get_or_init(|| RealCluster::connect(Deployment::Alone))
+    }
+
+    /// The cluster with Kruise v1.9.0's own manager (its controllers and webhooks,
+    /// `scripts/lab-kruise`) and Rigger's agents in kruise-daemon's place, deployed so if
+    /// it is not. The tests on it run in a stage of their own (nextest's `beside-kruise`
+    /// profile), never beside the tests of Rigger alone.
+    pub fn beside_kruise() -> &'static RealCluster {
+        static CLUSTER: OnceLock<RealCluster> = OnceLock::new();
+        CLUSTER.get_or_init(|| RealCluster::connect(Deployment::BesideKruise))
+    }
+
+    fn connect(wanted: Deployment) -> RealCluster {
+        let lab = Lab::get();
+        let env_file = lab.dir.join("cluster/env");
+        if read_env(&env_file).is_none() {
+            run_script("scripts/lab-cluster", &["up"]);
+        }
+        let env = read_env(&env_file).expect("scripts/lab-cluster wrote no env file");
+        let cluster = RealCluster {
+            dir: env["RIGGER_LAB_CLUSTER_DIR"].clone().into(),
+            client: crate::kubectl::Kubectl {
+                binary: env["RIGGER_LAB_CLUSTER_KUBECTL"].clone().into(),
+                kubeconfig: env["RIGGER_LAB_CLUSTER_KUBECONFIG"].clone().into(),
+            },
+            registry: env["RIGGER_LAB_CLUSTER_REGISTRY"].clone(),
+            audit_log: env["RIGGER_LAB_CLUSTER_AUDIT_LOG"].clone().into(),
+            rigger_pki: lab.dir.join("cluster/rigger-pki"),
+        };
+        let deployed = cluster
+            .kubectl(&["-n", "rigger-system", "get", "deployment/rigger-controller"])
+            .status
+            .success();
+        if !deployed || Deployment::current(&cluster.dir) != Some(wanted) {
+            wanted.make();
+        }
+        cluster
     }
 
     /// `kubectl apply -f -` of `yaml`; panics with the error.
