@@ -87,6 +87,38 @@ pub fn admit(request: &mut ContainerRecreateRequest, pod: Option<&PodFacts>) -> 
     Ok(())
 }
 
+/// Beside Kruise's manager: its webhook labelled `written` with the pod's uid and node
+/// when the request was made (labels it keeps immutable). The pod Rigger found now
+/// (`admitted`, from [`admit`]) must be that one: a pod of the same name made since is
+/// not the request's.
+pub fn matches_kruise_labels(
+    written: &ContainerRecreateRequest,
+    admitted: &ContainerRecreateRequest,
+) -> Result<(), String> {
+    for label in [POD_UID_LABEL, NODE_NAME_LABEL] {
+        let (was, is) = (
+            written.metadata.labels.get(label),
+            admitted.metadata.labels.get(label),
+        );
+        match was {
+            None => {
+                return Err(format!(
+                    "Kruise's webhook did not label it ({label} is missing)"
+                ));
+            }
+            Some(was) if Some(was) != is => {
+                return Err(format!(
+                    "pod {} is not the one it was made for ({label} {was}, the pod's {})",
+                    written.spec.pod_name,
+                    is.map_or("none", String::as_str)
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -176,5 +208,33 @@ mod tests {
         facts.containers[0].1 = "cri-o://abc".into();
         admit(&mut r, Some(&facts)).unwrap();
         assert!(r.spec.containers[0].status_context.is_none());
+    }
+
+    #[test]
+    fn beside_kruise_the_pod_must_be_the_one_kruise_s_webhook_labelled() {
+        let pod = pod(Some("n1"));
+        let mut written = request();
+        written
+            .metadata
+            .labels
+            .insert(POD_UID_LABEL.into(), "u1".into());
+        written
+            .metadata
+            .labels
+            .insert(NODE_NAME_LABEL.into(), "n1".into());
+        let mut admitted = written.clone();
+        admit(&mut admitted, Some(&pod)).unwrap();
+        assert_eq!(matches_kruise_labels(&written, &admitted), Ok(()));
+        // A pod of the same name made since: another uid.
+        written
+            .metadata
+            .labels
+            .insert(POD_UID_LABEL.into(), "earlier-uid".into());
+        let error = matches_kruise_labels(&written, &admitted).unwrap_err();
+        assert!(error.contains("earlier-uid"), "{error}");
+        // Not labelled by Kruise's webhook at all.
+        written.metadata.labels.clear();
+        let error = matches_kruise_labels(&written, &admitted).unwrap_err();
+        assert!(error.contains("missing"), "{error}");
     }
 }

@@ -307,6 +307,12 @@ impl crate::engine::Engine for RecreateEngine {
                 match admission::admit(&mut request, pod.as_ref()) {
                     Ok(()) if request == before => {}
                     Ok(()) if self.inner.beside_kruise_manager => {
+                        if let Err(reason) = admission::matches_kruise_labels(&before, &request) {
+                            refused.push((stored.key.clone(), reason));
+                            pod_keys.extend(pod_key(&stored.key, &request));
+                            new.push((stored.key, request, status));
+                            continue;
+                        }
                         tracing::info!(request = %stored.key, pod = %request.spec.pod_name, node = %request.metadata.labels.get(NODE_NAME_LABEL).map_or("", String::as_str), "recreate request admitted (Kruise's webhook labelled it)");
                     }
                     Ok(()) => {

@@ -69,14 +69,27 @@ impl Deployment {
         )
     }
 
-    /// Make it so: Kruise's manager installed or removed, Rigger deployed to match.
-    fn make(self) {
+    /// Make it so, unless it is (one test process at a time: the others wait, then find
+    /// it made): Kruise's manager installed or removed, Rigger deployed to match.
+    fn make_unless_made(self, dir: &std::path::Path, deployed: impl Fn() -> bool) {
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(".deployment-lock"))
+            .unwrap();
+        let _only_us = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).unwrap();
+        if deployed() && Deployment::current(dir) == Some(self) {
+            return;
+        }
         match self {
             Deployment::Alone => {
                 run_script("scripts/lab-kruise", &["down"]);
                 run_script("scripts/lab-rigger", &["up", "--no-build"]);
             }
             Deployment::BesideKruise => {
+                // Rigger alone goes first: its CRDs have the names of Kruise's.
+                run_script("scripts/lab-rigger", &["down"]);
                 run_script("scripts/lab-kruise", &["up", "--without-daemon"]);
                 run_script(
                     "scripts/lab-rigger",
@@ -121,13 +134,12 @@ impl RealCluster {
             audit_log: env["RIGGER_LAB_CLUSTER_AUDIT_LOG"].clone().into(),
             rigger_pki: lab.dir.join("cluster/rigger-pki"),
         };
-        let deployed = cluster
-            .kubectl(&["-n", "rigger-system", "get", "deployment/rigger-controller"])
-            .status
-            .success();
-        if !deployed || Deployment::current(&cluster.dir) != Some(wanted) {
-            wanted.make();
-        }
+        wanted.make_unless_made(&cluster.dir, || {
+            cluster
+                .kubectl(&["-n", "rigger-system", "get", "deployment/rigger-controller"])
+                .status
+                .success()
+        });
         cluster
     }
 
