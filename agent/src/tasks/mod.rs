@@ -147,6 +147,9 @@ struct Entry {
     /// The runner's version when this entry last changed.
     version: u64,
     cancel: CancellationToken,
+    /// A pull's `pullPolicy.timeoutSeconds`, which an edit of its job may change while
+    /// it runs (the controller sends the task again; kruise#2221).
+    timeout: watch::Sender<u32>,
 }
 
 impl Entry {
@@ -334,6 +337,10 @@ impl TaskRunner {
 
     fn insert(&self, record: TaskRecord) {
         let version = self.bump();
+        let timeout = match &record.work {
+            Work::Pull(pull) => pull.timeout_seconds,
+            Work::Recreate(_) => 0,
+        };
         self.lock().insert(
             record.id.clone(),
             Entry {
@@ -342,6 +349,7 @@ impl TaskRunner {
                 bytes_total: 0,
                 version,
                 cancel: self.inner.shutdown.child_token(),
+                timeout: watch::Sender::new(timeout),
             },
         );
     }
@@ -374,7 +382,8 @@ impl TaskRunner {
     }
 
     /// Take a task from the controller. A known id is not run again; its status is
-    /// reported again instead (the controller resends what it has not seen finish).
+    /// reported again instead (the controller resends what it has not seen finish), and
+    /// a pull still going takes the time limit it now brings (its job was edited).
     pub fn accept(&self, task: proto::Task) {
         let id = task.id;
         if id.is_empty() || id.len() > MAX_TASK_ID {
@@ -407,6 +416,22 @@ impl TaskRunner {
                         entry.record.phase == Phase::Accepted && entry.record.work.needs_secrets();
                     if !waiting {
                         entry.version = self.bump();
+                        let changed = match &mut entry.record.work {
+                            Work::Pull(work)
+                                if !entry.record.phase.finished()
+                                    && work.timeout_seconds != pull.timeout_seconds =>
+                            {
+                                work.timeout_seconds = pull.timeout_seconds;
+                                entry.timeout.send_replace(pull.timeout_seconds);
+                                Some(entry.record.clone())
+                            }
+                            _ => None,
+                        };
+                        drop(tasks);
+                        if let Some(record) = changed {
+                            tracing::info!(task = %id, timeout_seconds = pull.timeout_seconds, "the pull's time limit changed (pullPolicy.timeoutSeconds)");
+                            self.persist(&record);
+                        }
                         return;
                     }
                     true

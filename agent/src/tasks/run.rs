@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 use rigger_pull::peers::{PeerSource, Peers};
 use rigger_pull::{LayerBytes, Progress, ProgressEvent, PulledImage, Puller};
 
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{Phase, TaskRunner, TaskSecrets, Work};
@@ -55,9 +56,13 @@ impl TaskRunner {
 
     #[tracing::instrument(level = "info", skip(self, secrets))]
     pub(super) async fn run(&self, id: &str, secrets: TaskSecrets) {
-        let Some((work, cancel)) = self.update(id, |entry| {
+        let Some((work, cancel, timeout)) = self.update(id, |entry| {
             entry.record.phase = Phase::Running;
-            (entry.record.work.clone(), entry.cancel.clone())
+            (
+                entry.record.work.clone(),
+                entry.cancel.clone(),
+                entry.timeout.subscribe(),
+            )
         }) else {
             return;
         };
@@ -114,10 +119,7 @@ impl TaskRunner {
                 peer_bytes: pulled.bytes_from_peers,
             })
         };
-        let limit = match work.timeout_seconds {
-            0 => Duration::MAX,
-            n => Duration::from_secs(u64::from(n)),
-        };
+        let timed_out = time_limit(started.into(), timeout);
         let outcome = tokio::select! {
             _ = cancel.cancelled() => {
                 if self.inner.shutdown.is_cancelled() {
@@ -128,13 +130,10 @@ impl TaskRunner {
                 }
                 Err(None)
             }
-            outcome = tokio::time::timeout(limit, pulled) => match outcome {
-                Ok(result) => result.map_err(Some),
-                Err(_) => Err(Some(format!(
-                    "timed out after {}s (pullPolicy.timeoutSeconds)",
-                    work.timeout_seconds
-                ))),
-            },
+            result = pulled => result.map_err(Some),
+            seconds = timed_out => Err(Some(format!(
+                "timed out after {seconds}s (pullPolicy.timeoutSeconds)"
+            ))),
         };
         metrics.tasks_active.dec();
         let result = match &outcome {
@@ -311,5 +310,63 @@ impl std::fmt::Debug for TaskProgress {
         f.debug_struct("TaskProgress")
             .field("id", &self.id)
             .finish()
+    }
+}
+
+/// Resolves when the pull started at `started` is past its time limit (seconds, 0 for
+/// none), which an edit of its job may change meanwhile (kruise#2221): with the limit
+/// that was passed.
+async fn time_limit(started: tokio::time::Instant, mut seconds: watch::Receiver<u32>) -> u32 {
+    loop {
+        let limit = *seconds.borrow_and_update();
+        let until = (limit > 0).then(|| started + Duration::from_secs(u64::from(limit)));
+        let passed = async {
+            match until {
+                Some(until) => tokio::time::sleep_until(until).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = passed => return limit,
+            changed = seconds.changed() => {
+                if changed.is_err() {
+                    // The task's entry is gone: the last limit stays.
+                    match until {
+                        Some(until) => tokio::time::sleep_until(until).await,
+                        None => std::future::pending().await,
+                    }
+                    return limit;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pull_takes_the_time_limit_its_edited_job_brings() {
+        let started = tokio::time::Instant::now();
+        let (limit, seconds) = watch::channel(0);
+        let waiting = tokio::spawn(time_limit(started, seconds));
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        assert!(!waiting.is_finished(), "no limit: it waits");
+        // Edited to 120 s: counted from the start, 20 s are left.
+        limit.send_replace(120);
+        tokio::time::sleep(Duration::from_secs(19)).await;
+        assert!(!waiting.is_finished());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(waiting.await.unwrap(), 120);
+
+        // Edited to less than has passed: at once.
+        let started = tokio::time::Instant::now();
+        let (limit, seconds) = watch::channel(600);
+        let waiting = tokio::spawn(time_limit(started, seconds));
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        limit.send_replace(10);
+        assert_eq!(waiting.await.unwrap(), 10);
     }
 }

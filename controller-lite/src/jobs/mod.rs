@@ -354,8 +354,15 @@ impl JobEngine {
             let state = &mut *state;
             match (state.jobs.get_mut(&changed.key), changed.loaded) {
                 (Some(existing), _) => {
+                    let timeout_changed = existing.job.spec.pull_policy.timeout_seconds
+                        != changed.job.spec.pull_policy.timeout_seconds;
                     existing.job = changed.job;
                     existing.spec_revision = changed.revision;
+                    if timeout_changed {
+                        // The pulls going on take the new limit (kruise#2221): the task
+                        // again, same id, with it.
+                        existing.resend_pulling();
+                    }
                 }
                 (None, None) => {
                     // Forgotten meanwhile (a concurrent delete): the next pass loads it.

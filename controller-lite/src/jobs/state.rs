@@ -5,7 +5,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Instant, SystemTime};
 
-use rigger_api::image_pull_job::{ImagePullJob, ImagePullJobStatus, NodePullStatus};
+use rigger_api::image_pull_job::{ImagePullJob, ImagePullJobStatus, NodePullPhase, NodePullStatus};
 
 use crate::job_status;
 use crate::nodes::NodeView;
@@ -97,6 +97,21 @@ impl JobState {
             .enumerate()
             .map(|(i, n)| (n.name.clone(), i))
             .collect();
+    }
+
+    /// Send each node's pull still going again (same task id, the job's spec as it is
+    /// now): an edit of the job that its pulls must learn.
+    pub(super) fn resend_pulling(&mut self) {
+        let pulling: Vec<String> = self
+            .status
+            .nodes
+            .iter()
+            .filter(|n| n.phase == NodePullPhase::Pulling)
+            .map(|n| n.name.clone())
+            .collect();
+        for node in pulling {
+            self.run(&node).resend = true;
+        }
     }
 
     pub(super) fn finished(&self) -> bool {

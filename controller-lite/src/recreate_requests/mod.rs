@@ -184,7 +184,8 @@ impl RecreateEngine {
     /// The engine beside Kruise's manager (`kruise_manager`): requests are still admitted
     /// from their Pod (the node and the pod a recreate acts on are Rigger's own finding),
     /// but only in memory — Kruise's webhook has labelled them and makes their spec
-    /// immutable, and Kruise's controller clears `active` — and only status is written.
+    /// immutable, and Kruise's controller clears `active` — and only status is written
+    /// (a finished request is still deleted at its TTL, which Kruise's manager does too).
     #[must_use]
     pub fn beside_kruise_manager(mut self) -> Self {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {

@@ -331,7 +331,7 @@ fn a_list_job_pulls_two_images_on_every_node_and_goes_at_its_ttl_with_its_childr
         &ns.name,
         "imagelistpulljob",
         "test-imagelistpulljob",
-        Duration::from_secs(270),
+        Duration::from_secs(120),
         |s| !s["completionTime"].is_null(),
     );
     assert_eq!(done["desired"], 2, "{done}");
@@ -386,7 +386,7 @@ fn a_list_job_naming_one_node_pulls_both_images_there() {
         &ns.name,
         "imagelistpulljob",
         "test-imagelistpulljob",
-        Duration::from_secs(360),
+        Duration::from_secs(120),
         |s| !s["completionTime"].is_null(),
     );
     assert_eq!(done["succeeded"], 2, "{done}");

@@ -1,11 +1,16 @@
 //! ContainerRecreateRequests carried out by Rigger's agents beside OpenKruise v1.9.0's own
 //! manager on the lab's real cluster (see `beside_kruise_jobs.rs`): Kruise's webhook labels
-//! each request and records the containers' state, Kruise's manager marks the pod not ready,
-//! enforces the deadline and TTL and fills the v1beta1 snapshot; the agent runs preStop,
-//! stops the containers and reports, and kubelet starts them again. The scenarios are
-//! Kruise's own (`test/e2e/apps/v1alpha1/containerrecreate.go`,
+//! each request and records the containers' state, Kruise's manager enforces the deadline
+//! and the TTL and clears `active`; the agent runs preStop, stops the containers and
+//! reports, and kubelet starts them again. The scenarios are Kruise's own
+//! (`test/e2e/apps/v1alpha1/containerrecreate.go`,
 //! `test/e2e/apps/v1beta1/containerrecreaterequest.go` of Kruise v1.9.0), written again
-//! here with the lab's busybox, pods made by a CloneSet as there.
+//! here with the lab's busybox, pods made by a CloneSet as there. Not run: v1beta1's
+//! "status.containerStatusSnapshot is populated on completion" (Rigger's status has no
+//! snapshot, and Kruise's manager writes one only while it sees the request Recreating,
+//! every 3 s, which Rigger's agents usually finish sooner: it failed here), and the
+//! scenarios of postStart ordering, forceRecreate and unreadyGracePeriodSeconds (not
+//! written yet).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
@@ -165,7 +170,8 @@ fn restarted(cluster: &RealCluster, namespace: &str, pod: &Value, names: &[&str]
 /// Kruise e2e "recreates simple containers" (v1alpha1, and v1beta1's "via v1beta1
 /// client"): Kruise's webhook labels the request and records each container's ID; the
 /// app alone is recreated, started for `minStartedSeconds` before the request completes,
-/// and the request goes at its TTL; then both containers of the second pod.
+/// and the request goes at its TTL; then both containers of the second pod, asked for
+/// through v1beta1 (Kruise's conversion webhook between the versions).
 #[test]
 fn a_request_recreates_the_named_containers_after_kruise_s_webhook_labelled_it() {
     let cluster = RealCluster::beside_kruise();
@@ -223,7 +229,7 @@ fn a_request_recreates_the_named_containers_after_kruise_s_webhook_labelled_it()
     let second = &pods[1];
     let pod = second["metadata"]["name"].as_str().unwrap();
     cluster.apply(&format!(
-        "apiVersion: apps.kruise.io/v1alpha1\nkind: ContainerRecreateRequest\nmetadata: {{name: crr-1, namespace: {ns}}}\n\
+        "apiVersion: apps.kruise.io/v1beta1\nkind: ContainerRecreateRequest\nmetadata: {{name: crr-1, namespace: {ns}}}\n\
          spec:\n  podName: {pod}\n  containers: [{{name: app}}, {{name: sidecar}}]\n",
         ns = ns.name
     ));

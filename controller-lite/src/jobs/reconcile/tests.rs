@@ -539,3 +539,33 @@ fn a_job_made_while_agents_reconnect_waits_for_them_rather_than_completing_over_
     assert!(empty.finished());
     assert_eq!(empty.status.message, "no node matches the job's selector");
 }
+
+/// kruise#2221: a job's `pullPolicy.timeoutSeconds` edited while its pulls go on reaches
+/// them — each node still pulling gets its task again, same id, with the new limit; a
+/// node done gets nothing.
+#[test]
+fn an_edited_timeout_is_sent_to_the_pulls_still_going() {
+    let mut j = job(&serde_json::json!({
+        "image": "r.example/a:1", "parallelism": 2, "pullPolicy": {"timeoutSeconds": 600}
+    }));
+    let views = nodes(&["n1", "n2"]);
+    assert_eq!(step(&mut j, &views), ["n1", "n2"]);
+    finish(&mut j, "n2", NodePullPhase::Succeeded);
+    j.job.spec.pull_policy.timeout_seconds = 60;
+    j.resend_pulling();
+    let effects = pass_at(&mut j, &views, at(5));
+    let sent: Vec<(String, String, u32)> = effects
+        .messages
+        .iter()
+        .filter_map(|(node, m)| match &m.message {
+            Some(controller_message::Message::Task(task)) => match &task.work {
+                Some(rigger_proto::v1::task::Work::PullImage(pull)) => {
+                    Some((node.clone(), task.id.clone(), pull.timeout_seconds))
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent, [("n1".to_owned(), "u1/n1/1".to_owned(), 60)]);
+}
