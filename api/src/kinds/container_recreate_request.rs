@@ -345,7 +345,12 @@ pub const INFO: KindInfo = KindInfo {
              makes them read-only) for Rigger's pods; in a cluster they are the Pod's own, as \
              Kruise's webhook makes them; `statusContext` is filled in from the pod's status for \
              Rigger's pods; preStop may also be `tcpSocket`; kubelet's pods are found in the \
-             nodes' inventories.",
+             nodes' inventories. At `activeDeadlineSeconds`, a container not yet done is \
+             `Failed` with the deadline as its message (Kruise leaves it `Pending`, \
+             kruise#2353). v1beta1's `status.containerStatusSnapshot` (Kruise 1.9) is not \
+             written by Rigger; beside Kruise's manager, that manager writes it only while it \
+             sees the request `Recreating` (every 3 s), which Rigger's agents usually finish \
+             sooner, so it is often empty there.",
     ),
     schema: Some(crate::kind::schema_of::<ContainerRecreateRequest>),
     crd: Some(&crate::crd::CrdInfo {

@@ -398,7 +398,10 @@ pub const INFO: KindInfo = KindInfo {
              Differs from Kruise: `sandboxConfig` is kept on the job but sent nowhere (Rigger \
              pulls through containerd's API, where a pull has no sandbox); a job choosing \
              nodes by `podSelector` cannot carry `pullSecrets` (nodes report their pods' \
-             labels themselves); `status.nodes` adds each node's phase and bytes.",
+             labels themselves); `status.nodes` adds each node's phase and bytes. An edit of \
+             `pullPolicy.timeoutSeconds` reaches the pulls still going (each node's task is \
+             sent again with the new limit, counted from that pull's start; kruise#2221: \
+             Kruise's daemon keeps the limit it started with).",
     ),
     schema: Some(crate::kind::schema_of::<ImagePullJob>),
     crd: Some(&crate::crd::CrdInfo {
