@@ -33,6 +33,7 @@ use rigger_api::pod::{self, Pod};
 pub const STATUS_KIND: &str = "ContainerRecreateRequest.status";
 pub use rigger_api::container_recreate_request::{NODE_NAME_LABEL, POD_UID_LABEL};
 
+mod active;
 mod admission;
 mod decide;
 mod events;
@@ -539,53 +540,6 @@ impl RecreateEngine {
             }
         }
         self.clear_active().await;
-    }
-
-    /// In a cluster, as Kruise's manager does: a finished request loses its
-    /// `crr.apps.kruise.io/active` label (Kruise's daemon watches only active ones).
-    /// Beside Kruise's manager, that manager does it.
-    async fn clear_active(&self) {
-        if self.inner.cluster_pods.is_none() || self.inner.beside_kruise_manager {
-            return;
-        }
-        let finished: Vec<(ObjectKey, ContainerRecreateRequest)> = {
-            let mut state = self.lock();
-            state
-                .requests
-                .iter_mut()
-                .filter(|(_, t)| t.finished() && t.label(ACTIVE_LABEL) == "true")
-                .map(|(key, t)| {
-                    t.request.metadata.labels.remove(ACTIVE_LABEL);
-                    (key.clone(), t.request.clone())
-                })
-                .collect()
-        };
-        for (key, request) in finished {
-            // Only over the request as it is now: one deleted meanwhile stays deleted.
-            let written = match self.inner.store.get(key.clone()).await {
-                Ok(None) => Ok(0),
-                Ok(Some(current)) => match crate::store::typed::encode(&key, &request) {
-                    Ok(bytes) => {
-                        let at = Precondition::Revision(current.revision);
-                        self.inner.store.put(key.clone(), bytes, at).await
-                    }
-                    Err(error) => Err(error),
-                },
-                Err(error) => Err(error),
-            };
-            match written {
-                Ok(_) | Err(StoreError::NotFound { .. }) => {}
-                Err(error) => {
-                    tracing::warn!(request = %key, %error, "cannot clear the request's active label");
-                    if let Some(t) = self.lock().requests.get_mut(&key) {
-                        t.request
-                            .metadata
-                            .labels
-                            .insert(ACTIVE_LABEL.to_owned(), "true".to_owned());
-                    }
-                }
-            }
-        }
     }
 
     /// An agent (re)registered: send its open requests again (it recognizes the ids)
