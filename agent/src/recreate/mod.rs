@@ -228,6 +228,7 @@ impl<R: Cri> Recreate<'_, R> {
                 if work.containers[i].phase.finished() {
                     continue;
                 }
+                cancelled(cancel)?;
                 self.stop(target, work, i).await?;
                 self.wait(target, work, &[i], cancel).await?;
                 self.check_failure_policy(work)?;
@@ -237,6 +238,9 @@ impl<R: Cri> Recreate<'_, R> {
                 .filter(|&i| !work.containers[i].phase.finished())
                 .collect();
             for &i in &open {
+                // A stop begun goes on (as Kruise's daemon); a cancelled request (its
+                // deadline passed) stops no further container.
+                cancelled(cancel)?;
                 self.stop(target, work, i).await?;
                 self.check_failure_policy(work)?;
             }
@@ -286,6 +290,14 @@ impl<R: Cri> Recreate<'_, R> {
             )),
         }
     }
+}
+
+/// `Err("cancelled")` once the request is cancelled (the controller's word).
+fn cancelled(cancel: &CancellationToken) -> Result<(), String> {
+    if cancel.is_cancelled() {
+        return Err("cancelled".to_owned());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

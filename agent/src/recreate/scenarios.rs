@@ -30,6 +30,8 @@ struct World {
     stops: Vec<(String, u64)>,
     execs: Vec<(String, Vec<String>)>,
     kubelet: bool,
+    /// Cancelled when a preStop runs: the controller's cancel arriving meanwhile.
+    cancel_on_exec: Option<CancellationToken>,
 }
 
 impl World {
@@ -171,7 +173,11 @@ impl Cri for FakeRuntime {
     }
 
     async fn exec(&self, id: &str, command: &[String], _: Duration) -> Result<i32, String> {
-        self.world().execs.push((id.to_owned(), command.to_vec()));
+        let mut world = self.world();
+        world.execs.push((id.to_owned(), command.to_vec()));
+        if let Some(cancel) = &world.cancel_on_exec {
+            cancel.cancel();
+        }
         Ok(0)
     }
 }
@@ -611,4 +617,36 @@ async fn the_requests_pre_stop_runs_instead_of_the_containers_and_a_garbled_one_
         "{reason}"
     );
     assert!(runtime.world().stops.is_empty());
+}
+
+/// A request cancelled while its first container's preStop runs (its deadline passed;
+/// Kruise's e2e "recreates containers with preStopHook"): the stop begun goes on, the
+/// next container is left alone.
+#[tokio::test]
+async fn a_request_cancelled_during_a_pre_stop_leaves_the_next_container_alone() {
+    let runtime = FakeRuntime::default();
+    let app = kubelet_pod(&runtime, "u1");
+    {
+        let mut world = runtime.world();
+        let sidecar = world.add_container("s-kubelet", &[(KUBELET_CONTAINER_NAME, "sidecar")], 0);
+        world.annotate(&sidecar, KUBELET_GRACE, "7");
+    }
+    let cancel = CancellationToken::new();
+    runtime.world().cancel_on_exec = Some(cancel.clone());
+    let host = host(&runtime, None, &[]);
+    let mut work = work("u1", &["app", "sidecar"]);
+    let save = |_: &RecreateWork| {};
+    let recreate = Recreate {
+        pods: &host,
+        runtime: &runtime,
+        save: &save,
+        operation: None,
+    };
+    let outcome = tokio::time::timeout(Duration::from_secs(10), recreate.run(&mut work, &cancel))
+        .await
+        .unwrap();
+    assert!(outcome.is_err(), "{outcome:?}");
+    let world = runtime.world();
+    let stopped: Vec<&str> = world.stops.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(stopped, [app.as_str()], "stopped after the cancel");
 }

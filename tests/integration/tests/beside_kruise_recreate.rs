@@ -20,8 +20,10 @@ use rigger_integration_tests::real_cluster::RealCluster;
 use rigger_integration_tests::wait_until;
 use serde_json::Value;
 
-/// A container that serves HTTP and stops at once on SIGTERM (Kruise's tests run httpd).
-const APP: &str = "[sh, -c, 'mkdir -p /www && exec httpd -f -p 8080 -h /www']";
+/// A container that serves HTTP and stops at once on SIGTERM (Kruise's tests run httpd;
+/// busybox's, as PID 1, would ignore SIGTERM and wait out the grace period).
+const APP: &str =
+    "[sh, -c, 'mkdir -p /www; httpd -f -p 8080 -h /www & trap \"exit 0\" TERM; wait']";
 /// A container that stops at once on SIGTERM (Kruise's run agnhost).
 const SIDECAR: &str = "[sh, -c, 'trap \"exit 0\" TERM; while true; do sleep 1; done']";
 
