@@ -167,14 +167,27 @@ pub fn http_recorder() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
 }
 
 /// Poll `check` every 100 ms until it returns `Some`, or panic after `timeout`.
-pub fn wait_until<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+pub fn wait_until<T>(what: &str, timeout: Duration, check: impl FnMut() -> Option<T>) -> T {
+    poll_until(timeout, Duration::from_millis(100), check)
+        .unwrap_or_else(|| panic!("timed out waiting for {what}"))
+}
+
+/// Poll `check` every `period` until it returns `Some`; `None` after `timeout` (for a
+/// caller that says more than "timed out" when it fails).
+pub fn poll_until<T>(
+    timeout: Duration,
+    period: Duration,
+    mut check: impl FnMut() -> Option<T>,
+) -> Option<T> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(value) = check() {
-            return value;
+            return Some(value);
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(period);
     }
 }
 

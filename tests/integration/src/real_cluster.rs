@@ -372,6 +372,33 @@ impl Drop for ClusterNamespace {
     }
 }
 
+/// The status of container `name` in `pod` (a Pod as kubectl prints it in JSON).
+pub fn container_status<'a>(pod: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("the pod has no container {name}: {pod}"))
+}
+
+/// Seconds since the epoch of an RFC 3339 time the API server wrote
+/// (`2026-11-29T14:10:42Z`: whole seconds, UTC).
+pub fn epoch_seconds(rfc3339: &serde_json::Value) -> i64 {
+    let text = rfc3339
+        .as_str()
+        .unwrap_or_else(|| panic!("not a time: {rfc3339}"));
+    let out = Command::new("date")
+        .args(["-u", "-d", text, "+%s"])
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 /// `scripts/lab-cluster ARGS` (join a node, let one leave); its standard output.
 pub fn lab_cluster(args: &[&str]) -> String {
     run_script("scripts/lab-cluster", args).trim().to_owned()

@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use rigger_integration_tests::real_cluster::RealCluster;
-use rigger_integration_tests::{unique_image, wait_until};
+use rigger_integration_tests::{poll_until, unique_image, wait_until};
 use serde_json::Value;
 
 fn status(cluster: &RealCluster, namespace: &str, kind: &str, name: &str) -> Value {
@@ -35,7 +35,7 @@ fn wait_status(
     done: impl Fn(&Value) -> bool,
 ) -> Value {
     let mut last = Value::Null;
-    let found = wait_until_or_none(within, || {
+    let found = poll_until(within, Duration::from_millis(500), || {
         last = status(cluster, namespace, kind, name);
         done(&last).then(|| last.clone())
     });
@@ -45,19 +45,6 @@ fn wait_status(
             cluster.rigger_state()
         )
     })
-}
-
-fn wait_until_or_none<T>(within: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = std::time::Instant::now() + within;
-    loop {
-        if let Some(value) = check() {
-            return Some(value);
-        }
-        if std::time::Instant::now() > deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
 }
 
 fn gone(cluster: &RealCluster, namespace: &str, kind: &str, name: &str) -> bool {

@@ -16,8 +16,8 @@
 
 use std::time::Duration;
 
-use rigger_integration_tests::real_cluster::RealCluster;
-use rigger_integration_tests::wait_until;
+use rigger_integration_tests::real_cluster::{RealCluster, container_status, epoch_seconds};
+use rigger_integration_tests::{poll_until, wait_until};
 use serde_json::Value;
 
 /// A container that serves HTTP and stops at once on SIGTERM (Kruise's tests run httpd;
@@ -26,31 +26,6 @@ const APP: &str =
     "[sh, -c, 'mkdir -p /www; httpd -f -p 8080 -h /www & trap \"exit 0\" TERM; wait']";
 /// A container that stops at once on SIGTERM (Kruise's run agnhost).
 const SIDECAR: &str = "[sh, -c, 'trap \"exit 0\" TERM; while true; do sleep 1; done']";
-
-fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
-    pod["status"]["containerStatuses"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == name)
-        .unwrap_or_else(|| panic!("the pod has no container {name}: {pod}"))
-}
-
-/// Seconds since the epoch of an RFC 3339 time the API server wrote.
-fn seconds(rfc3339: &Value) -> i64 {
-    let text = rfc3339
-        .as_str()
-        .unwrap_or_else(|| panic!("not a time: {rfc3339}"));
-    let out = std::process::Command::new("date")
-        .args(["-u", "-d", text, "+%s"])
-        .output()
-        .unwrap();
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
 
 /// A CloneSet of `replicas` pods with containers `app` (with `app_lifecycle`, a YAML
 /// flow mapping or empty) and `sidecar`, spread over the nodes; its ready pods.
@@ -99,7 +74,7 @@ fn request(cluster: &RealCluster, namespace: &str, name: &str) -> Option<Value> 
 
 fn wait_completed(cluster: &RealCluster, namespace: &str, name: &str, within: Duration) -> Value {
     let mut last = None;
-    let done = wait_until_or_none(within, || {
+    let done = poll_until(within, Duration::from_millis(500), || {
         last = request(cluster, namespace, name);
         last.clone().filter(|r| r["status"]["phase"] == "Completed")
     });
@@ -109,19 +84,6 @@ fn wait_completed(cluster: &RealCluster, namespace: &str, name: &str, within: Du
             cluster.rigger_state()
         )
     })
-}
-
-fn wait_until_or_none<T>(within: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = std::time::Instant::now() + within;
-    loop {
-        if let Some(value) = check() {
-            return Some(value);
-        }
-        if std::time::Instant::now() > deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
 }
 
 fn states(request: &Value) -> Vec<(String, String, bool)> {
@@ -163,7 +125,7 @@ fn restarted(cluster: &RealCluster, namespace: &str, pod: &Value, names: &[&str]
             (ready
                 && names
                     .iter()
-                    .all(|c| container(&now, c)["restartCount"] == 1))
+                    .all(|c| container_status(&now, c)["restartCount"] == 1))
             .then_some(now)
         },
     )
@@ -201,23 +163,23 @@ fn a_request_recreates_the_named_containers_after_kruise_s_webhook_labelled_it()
     assert_eq!(made["spec"]["strategy"]["failurePolicy"], "Fail", "{made}");
     assert_eq!(
         made["spec"]["containers"][0]["statusContext"]["containerID"],
-        container(first, "app")["containerID"],
+        container_status(first, "app")["containerID"],
         "{made}"
     );
     let done = wait_completed(cluster, &ns.name, "crr-0", Duration::from_secs(70));
     assert_eq!(states(&done), succeeded(&["app"]), "{done}");
     let after = restarted(cluster, &ns.name, first, &["app"]);
     assert_ne!(
-        container(&after, "app")["containerID"],
-        container(first, "app")["containerID"]
+        container_status(&after, "app")["containerID"],
+        container_status(first, "app")["containerID"]
     );
     assert_eq!(
-        container(&after, "sidecar")["restartCount"],
+        container_status(&after, "sidecar")["restartCount"],
         0,
         "the sidecar was not named"
     );
-    let started = seconds(&container(&after, "app")["state"]["running"]["startedAt"]);
-    let completed = seconds(&done["status"]["completionTime"]);
+    let started = epoch_seconds(&container_status(&after, "app")["state"]["running"]["startedAt"]);
+    let completed = epoch_seconds(&done["status"]["completionTime"]);
     assert!(
         completed - started > 4,
         "minStartedSeconds 5: completed at {completed}, the app started at {started}"
@@ -250,8 +212,8 @@ fn a_request_recreates_the_named_containers_after_kruise_s_webhook_labelled_it()
     let after = restarted(cluster, &ns.name, second, &["app", "sidecar"]);
     for name in ["app", "sidecar"] {
         assert_ne!(
-            container(&after, name)["containerID"],
-            container(second, name)["containerID"]
+            container_status(&after, name)["containerID"],
+            container_status(second, name)["containerID"]
         );
     }
 }
@@ -279,9 +241,10 @@ fn a_request_waits_for_the_pre_stop_and_a_deadline_ends_it_early() {
     let done = wait_completed(cluster, &ns.name, "crr-0", Duration::from_secs(60));
     assert_eq!(states(&done), succeeded(&["app", "sidecar"]), "{done}");
     let after = restarted(cluster, &ns.name, first, &["app", "sidecar"]);
-    let sidecar_stopped =
-        seconds(&container(&after, "sidecar")["lastState"]["terminated"]["finishedAt"]);
-    let asked = seconds(&done["metadata"]["creationTimestamp"]);
+    let sidecar_stopped = epoch_seconds(
+        &container_status(&after, "sidecar")["lastState"]["terminated"]["finishedAt"],
+    );
+    let asked = epoch_seconds(&done["metadata"]["creationTimestamp"]);
     assert!(
         sidecar_stopped - asked >= 8,
         "the app's preStop (8 s) ran before the sidecar stopped: asked at {asked}, sidecar stopped at {sidecar_stopped}"
@@ -309,10 +272,10 @@ fn a_request_waits_for_the_pre_stop_and_a_deadline_ends_it_early() {
     // The app's stop, already begun, goes on: kubelet starts it again.
     let now = wait_until("the app to start again", Duration::from_secs(60), || {
         let now = cluster.get_json(&["pod", pod, "-n", &ns.name])?;
-        (container(&now, "app")["restartCount"] == 1).then_some(now)
+        (container_status(&now, "app")["restartCount"] == 1).then_some(now)
     });
     assert_eq!(
-        container(&now, "sidecar")["restartCount"],
+        container_status(&now, "sidecar")["restartCount"],
         0,
         "the sidecar was recreated after the deadline"
     );

@@ -5,37 +5,11 @@
 
 use std::time::Duration;
 
-use rigger_integration_tests::real_cluster::RealCluster;
+use rigger_integration_tests::real_cluster::{RealCluster, container_status, epoch_seconds};
 use rigger_integration_tests::wait_until;
-use serde_json::Value;
 
 /// A container that stops at once on SIGTERM (a shell's `sleep` as PID 1 would not).
 const WAITS: &str = "[sh, -c, 'trap \"exit 0\" TERM; while true; do sleep 1; done']";
-
-fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
-    pod["status"]["containerStatuses"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == name)
-        .unwrap_or_else(|| panic!("the pod has no container {name}: {pod}"))
-}
-
-fn seconds(rfc3339: &Value) -> i64 {
-    let text = rfc3339
-        .as_str()
-        .unwrap_or_else(|| panic!("not a time: {rfc3339}"));
-    // `2026-11-29T14:10:42Z`: what the API server writes (whole seconds, UTC).
-    let out = std::process::Command::new("date")
-        .args(["-u", "-d", text, "+%s"])
-        .output()
-        .unwrap();
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
 
 /// Scenario 2: a ContainerRecreateRequest on a Deployment's pod runs each container's own
 /// preStop — exec, httpGet (at the pod's IP, as kubelet sends it) and `sleep` — then
@@ -67,7 +41,7 @@ fn a_recreate_runs_the_containers_own_pre_stops_and_kubelet_starts_them_again() 
         .unwrap();
     let before = pods["items"][0].clone();
     let pod = before["metadata"]["name"].as_str().unwrap().to_owned();
-    let recorder_id = container(&before, "recorder")["containerID"].clone();
+    let recorder_id = container_status(&before, "recorder")["containerID"].clone();
 
     cluster.apply(&format!(
         "apiVersion: apps.kruise.io/v1alpha1\nkind: ContainerRecreateRequest\n\
@@ -101,14 +75,14 @@ fn a_recreate_runs_the_containers_own_pre_stops_and_kubelet_starts_them_again() 
             ["exec-hook", "http-hook", "sleep-hook"]
                 .iter()
                 .all(|name| {
-                    let c = container(&pod, name);
+                    let c = container_status(&pod, name);
                     c["restartCount"] == 1 && c["ready"] == true
                 })
                 .then_some(pod)
         },
     );
     assert_eq!(after["metadata"]["uid"], before["metadata"]["uid"]);
-    let recorder = container(&after, "recorder");
+    let recorder = container_status(&after, "recorder");
     assert_eq!(
         recorder["containerID"], recorder_id,
         "the recorder was recreated"
@@ -130,9 +104,9 @@ fn a_recreate_runs_the_containers_own_pre_stops_and_kubelet_starts_them_again() 
         requests.contains("url:/drain"),
         "the httpGet preStop did not reach the pod: {requests}"
     );
-    let sleep = container(&after, "sleep-hook");
-    let stopped = seconds(&sleep["lastState"]["terminated"]["finishedAt"]);
-    let asked = seconds(&request["metadata"]["creationTimestamp"]);
+    let sleep = container_status(&after, "sleep-hook");
+    let stopped = epoch_seconds(&sleep["lastState"]["terminated"]["finishedAt"]);
+    let asked = epoch_seconds(&request["metadata"]["creationTimestamp"]);
     assert!(
         stopped - asked >= 3,
         "the sleep preStop (4 s) did not delay the stop: asked at {asked}, stopped at {stopped}"
