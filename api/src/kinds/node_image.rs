@@ -157,16 +157,34 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-/// An image reference split as Kruise keys it: the name, and the tag (`latest` when
-/// none) or the digest.
+/// An image reference split as Kruise keys it: the name in Docker's familiar form
+/// (`nginx`, not `docker.io/library/nginx`: one image, one key, whichever way a job
+/// spells it), and the tag (`latest` when none) or the digest.
 pub fn split_reference(reference: &str) -> (&str, &str) {
-    if let Some((name, digest)) = reference.split_once('@') {
-        return (name, digest);
-    }
-    let slash = reference.rfind('/').map_or(0, |i| i + 1);
-    match reference[slash..].rfind(':') {
-        Some(i) => (&reference[..slash + i], &reference[slash + i + 1..]),
-        None => (reference, "latest"),
+    let (name, tag) = match reference.split_once('@') {
+        Some((name, digest)) => (name, digest),
+        None => {
+            let slash = reference.rfind('/').map_or(0, |i| i + 1);
+            match reference[slash..].rfind(':') {
+                Some(i) => (&reference[..slash + i], &reference[slash + i + 1..]),
+                None => (reference, "latest"),
+            }
+        }
+    };
+    (familiar(name), tag)
+}
+
+/// Docker Hub's names without its domain, and its official images without `library/`.
+fn familiar(name: &str) -> &str {
+    let Some(path) = name
+        .strip_prefix("docker.io/")
+        .or_else(|| name.strip_prefix("index.docker.io/"))
+    else {
+        return name;
+    };
+    match path.strip_prefix("library/") {
+        Some(official) if !official.contains('/') => official,
+        _ => path,
     }
 }
 
@@ -388,6 +406,18 @@ mod tests {
     fn references_split_as_kruise_keys_them() {
         assert_eq!(split_reference("nginx:1.27"), ("nginx", "1.27"));
         assert_eq!(split_reference("nginx"), ("nginx", "latest"));
+        assert_eq!(
+            split_reference("docker.io/library/nginx:1.27"),
+            ("nginx", "1.27")
+        );
+        assert_eq!(
+            split_reference("index.docker.io/grafana/agent:v1"),
+            ("grafana/agent", "v1")
+        );
+        assert_eq!(
+            split_reference("docker.io/library/a/b"),
+            ("library/a/b", "latest")
+        );
         assert_eq!(
             split_reference("localhost:5000/app:v2"),
             ("localhost:5000/app", "v2")

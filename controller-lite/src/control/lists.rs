@@ -247,16 +247,41 @@ async fn reconcile_list(
     list: &ImageListPullJob,
     written: &mut std::collections::HashMap<ObjectKey, ImageListPullJobStatus>,
 ) -> Result<(), Status> {
-    control.sync_list_jobs(list).await?;
-    let status = control.image_list_status(list).await?;
-    if written.get(key) == Some(&status) {
-        return Ok(());
-    }
     let status_key = ObjectKey::new(
         &format!("{}.status", rigger_api::image_list_pull_job::KIND),
         &key.namespace,
         &key.name,
     );
+    if !written.contains_key(key) {
+        // After a restart, or a list another controller (Kruise's) ran until now.
+        if let Some(stored) = control
+            .store
+            .get_as::<ImageListPullJobStatus>(status_key.clone())
+            .await
+            .map_err(store_status)?
+        {
+            written.insert(key.clone(), stored.value);
+        }
+    }
+    // A finished list is done, as Kruise's is: the jobs its template's
+    // `ttlSecondsAfterFinished` deleted are not made again (each would pull on every
+    // node, then go at its ttl, then be made again), nor is its status rewritten; at its
+    // own ttl it is deleted (its jobs then go as orphans, the next pass).
+    if let Some(status) = written.get(key).filter(|s| s.completion_time.is_some()) {
+        if ttl_passed(list, status, std::time::SystemTime::now()) {
+            tracing::info!(list = %key, "ttlSecondsAfterFinished passed; deleting the image list");
+            match control.store.delete(key.clone(), Precondition::Any).await {
+                Ok(()) | Err(crate::store::StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(store_status(e)),
+            }
+        }
+        return Ok(());
+    }
+    control.sync_list_jobs(list).await?;
+    let status = control.image_list_status(list).await?;
+    if written.get(key) == Some(&status) {
+        return Ok(());
+    }
     let bytes = serde_json::to_vec(&status).map_err(|e| Status::internal(e.to_string()))?;
     control
         .store
@@ -265,6 +290,25 @@ async fn reconcile_list(
         .map_err(store_status)?;
     written.insert(key.clone(), status);
     Ok(())
+}
+
+/// Whether finished `list`'s `ttlSecondsAfterFinished` has passed at `now`.
+fn ttl_passed(
+    list: &ImageListPullJob,
+    status: &ImageListPullJobStatus,
+    now: std::time::SystemTime,
+) -> bool {
+    let policy = &list.spec.template.completion_policy;
+    let (Some(ttl), Some(done)) = (
+        policy.ttl_seconds_after_finished,
+        status.completion_time.as_deref(),
+    ) else {
+        return false;
+    };
+    humantime::parse_rfc3339(done).is_ok_and(|done| {
+        now.duration_since(done)
+            .is_ok_and(|since| since >= std::time::Duration::from_secs(ttl))
+    })
 }
 
 /// Run [`reconcile_in_cluster`] every second until `token` is cancelled.
@@ -278,5 +322,38 @@ pub async fn keep_in_cluster(control: ControlService, token: tokio_util::sync::C
             () = token.cancelled() => return,
             () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    fn list(ttl: Option<u64>) -> ImageListPullJob {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps.kruise.io/v1beta1",
+            "kind": "ImageListPullJob",
+            "metadata": {"name": "l", "namespace": "default"},
+            "spec": {"images": ["r.example/a:1"],
+                     "completionPolicy": {"type": "Always", "ttlSecondsAfterFinished": ttl}},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_finished_list_goes_at_its_ttl_and_not_before_nor_without_one() {
+        let done = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let status = ImageListPullJobStatus {
+            completion_time: Some(rigger_proto::time::rfc3339(done)),
+            ..ImageListPullJobStatus::default()
+        };
+        let later = |s| done + Duration::from_secs(s);
+        assert!(!ttl_passed(&list(Some(30)), &status, later(29)));
+        assert!(ttl_passed(&list(Some(30)), &status, later(30)));
+        assert!(!ttl_passed(&list(None), &status, later(3_000)));
+        let unfinished = ImageListPullJobStatus::default();
+        assert!(!ttl_passed(&list(Some(0)), &unfinished, later(3_000)));
     }
 }

@@ -302,6 +302,12 @@ impl crate::engine::Engine for JobEngine {
                 continue;
             }
             let job = stored.value;
+            // Deleted, and kept only by a finalizer (Kruise's `deletion-protection`, say):
+            // gone for the engine, never loaded again as a new job that pulls again.
+            if job.metadata.deletion_timestamp.is_some() {
+                present.remove(&stored.key);
+                continue;
+            }
             // A job stored before today's bounds (or written around the API) is checked
             // as an apply would check it: one bad object never reaches the engine.
             if let Err(error) = job.validate() {

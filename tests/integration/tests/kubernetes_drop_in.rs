@@ -496,13 +496,13 @@ fn the_controllers_roles_grant_exactly_the_calls_it_makes() {
         );
     };
     // A list with a pull secret: its job made, pulled, its status written; then the list
-    // deleted, and its job and the job's records with it.
+    // deleted at its ttl, and its job and the job's records with it.
     apply(&format!(
         "apiVersion: v1\nkind: Secret\nmetadata: {{name: cred}}\ntype: kubernetes.io/dockerconfigjson\n\
          stringData: {{.dockerconfigjson: '{{\"auths\":{{}}}}'}}\n---\n\
          apiVersion: apps.kruise.io/v1beta1\nkind: ImageListPullJob\nmetadata: {{name: list}}\n\
          spec:\n  images: [{image}]\n  selector: {{names: [{node_name}]}}\n  pullSecrets: [cred]\n  \
-         completionPolicy: {{type: Always}}\n"
+         completionPolicy: {{type: Always, ttlSecondsAfterFinished: 20}}\n"
     ));
     wait_until("the list to pull", Duration::from_secs(60), || {
         let list = cluster.get_json(&["imagelistpulljob", "list", "-n", &namespace.name])?;
@@ -523,7 +523,13 @@ fn the_controllers_roles_grant_exactly_the_calls_it_makes() {
         Duration::from_secs(30),
         tagged(true),
     );
-    cluster.kubectl_ok(&["delete", "imagelistpulljob", "list", "-n", &namespace.name]);
+    // NodeImages are written every 10 s: the ttl (20 s) comes after the write above.
+    wait_until("the list to go at its ttl", Duration::from_secs(60), || {
+        cluster
+            .get_json(&["imagelistpulljob", "list", "-n", &namespace.name])
+            .is_none()
+            .then_some(())
+    });
     wait_until("the list's job to go", Duration::from_secs(30), || {
         let jobs = cluster.get_json(&["imagepulljobs", "-n", &namespace.name])?;
         jobs["items"].as_array()?.is_empty().then_some(())

@@ -206,3 +206,96 @@ fn a_job_whose_pull_secret_is_immutable_completes() {
     assert_eq!(status["succeeded"], 1, "{status}");
     assert!(cluster.has_image(node, &image));
 }
+
+/// Kruise's manager marks its jobs with a finalizer, and a list's jobs go at the ttl of
+/// its template: in both cases a job Rigger ended must stay ended. A list that finished
+/// does not make again the job its ttl deleted (and goes itself at its ttl, as Kruise's
+/// lists do), and a job deleted at its ttl but kept by a finalizer is not loaded again as
+/// a new job: the image taken from the node meanwhile is not pulled back.
+#[test]
+fn jobs_ended_at_their_ttl_stay_ended_when_a_finalizer_keeps_them_or_their_list_finished() {
+    let cluster = RealCluster::get();
+    let ns = cluster.namespace("ended");
+    let node = &cluster.nodes()[0];
+    let listed = cluster.image(&unique_image_with(
+        "ended-list",
+        1,
+        64 << 10,
+        &["--base", "none"],
+    ));
+    let held = cluster.image(&unique_image_with(
+        "ended-held",
+        1,
+        64 << 10,
+        &["--base", "none"],
+    ));
+    cluster.apply(&format!(
+        "apiVersion: apps.kruise.io/v1beta1\nkind: ImageListPullJob\nmetadata: {{name: list, namespace: {ns}}}\n\
+         spec:\n  images: [{listed}]\n  selector: {{names: [{node}]}}\n  \
+         completionPolicy: {{type: Always, ttlSecondsAfterFinished: 8}}\n---\n\
+         apiVersion: apps.kruise.io/v1beta1\nkind: ImagePullJob\nmetadata: {{name: held, namespace: {ns}, \
+         finalizers: [example.com/hold]}}\n\
+         spec:\n  image: {held}\n  selector: {{names: [{node}]}}\n  \
+         completionPolicy: {{type: Always, ttlSecondsAfterFinished: 1}}\n",
+        ns = ns.name
+    ));
+    let children = || {
+        cluster
+            .get_json(&[
+                "imagepulljob",
+                "-n",
+                &ns.name,
+                "-l",
+                "imagelistpulljob.rigger.dev/name=list",
+            ])
+            .and_then(|l| l["items"].as_array().map(Vec::len))
+            .unwrap_or(0)
+    };
+    // Its job goes at the template's ttl (8 s), and it at the same ttl, about when its
+    // job does: between the two, the job is not made again.
+    wait_until("the list to finish", Duration::from_secs(120), || {
+        let status = job_status(cluster, &ns.name, "imagelistpulljob", "list");
+        (!status["completionTime"].is_null()).then_some(())
+    });
+    let mut went = false;
+    wait_until("the list to go at its ttl", Duration::from_secs(60), || {
+        let list = cluster.get_json(&["imagelistpulljob", "list", "-n", &ns.name]);
+        let count = children();
+        assert!(
+            !(went && count > 0 && list.is_some()),
+            "the finished list made its job again"
+        );
+        went |= count == 0;
+        list.is_none().then_some(())
+    });
+    wait_until("the list's job to be gone", Duration::from_secs(30), || {
+        (children() == 0).then_some(())
+    });
+    wait_until(
+        "the held job to be deleted at its ttl",
+        Duration::from_secs(120),
+        || {
+            cluster
+                .get_json(&["imagepulljob", "held", "-n", &ns.name])
+                .is_some_and(|job| !job["metadata"]["deletionTimestamp"].is_null())
+                .then_some(())
+        },
+    );
+    cluster.ctr(node, &["images", "rm", "--sync", &held]);
+    // Several of the controller's passes (one a second).
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(
+        !cluster.has_image(node, &held),
+        "the job kept by a finalizer pulled {held} again"
+    );
+    cluster.kubectl_ok(&[
+        "patch",
+        "imagepulljob",
+        "held",
+        "-n",
+        &ns.name,
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":null}}"#,
+    ]);
+}

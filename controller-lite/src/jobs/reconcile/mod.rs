@@ -90,7 +90,13 @@ pub(super) fn reconcile_job(pass: &Pass<'_>, job: &mut JobState, out: &mut Out<'
     // time to reconnect: the nodes whose agents come back join a job that started before
     // (under the last leader, which may itself have been starting) or meanwhile; Never
     // takes nodes that join later.
+    // A job started without a node of its own is one another controller began (Kruise's
+    // manager, whose status holds counts but no nodes), or whose records were lost:
+    // it takes its nodes now, as a new job does; those that pulled already answer
+    // "already present" and fetch nothing.
+    let taken_over = !first && job.status.nodes.is_empty();
     let open = first
+        || taken_over
         || pass.admitting
         || job.job.spec.completion_policy.kind == CompletionPolicyType::Never;
     if open {

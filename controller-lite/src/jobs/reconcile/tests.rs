@@ -569,3 +569,30 @@ fn an_edited_timeout_is_sent_to_the_pulls_still_going() {
         .collect();
     assert_eq!(sent, [("n1".to_owned(), "u1/n1/1".to_owned(), 60)]);
 }
+
+#[test]
+fn a_job_another_controller_started_takes_its_nodes_rather_than_completing_over_none() {
+    // Kruise's manager's status: counts and a start time, no node of Rigger's.
+    let mut j = job(&serde_json::json!({"image": "r.example/a:1", "parallelism": 1}));
+    j.status.start_time = Some(rfc3339(at(0).wall));
+    j.status.desired = 3;
+    j.status.succeeded = 2;
+    let views = nodes(&["n1", "n2", "n3"]);
+    // No start window (every agent already connected): the job still takes its nodes.
+    let sent = sent_to(
+        &pass_admitting(&mut j, &views, &no_credentials(), at(5), false, false),
+        false,
+    );
+    assert_eq!(sent, ["n1"], "one at a time, as its parallelism says");
+    assert_eq!(j.status.desired, 3);
+    assert!(j.status.completion_time.is_none(), "{:?}", j.status);
+    assert_eq!(
+        j.status.start_time.as_deref(),
+        Some(rfc3339(at(0).wall).as_str()),
+        "its deadline still counts from the start the other controller made"
+    );
+    // Once it has nodes, it takes no newcomer (Always).
+    let more = nodes(&["n1", "n2", "n3", "n4"]);
+    pass_admitting(&mut j, &more, &no_credentials(), at(6), false, false);
+    assert_eq!(j.status.desired, 3);
+}
