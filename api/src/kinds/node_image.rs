@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::image_pull_job::{ImagePullJob, NodePullPhase, NodePullStatus};
+use super::image_pull_job::{CompletionPolicyType, ImagePullJob, NodePullPhase, NodePullStatus};
 use super::node::Node;
 use crate::fields::ObjectMeta;
 
@@ -188,6 +188,42 @@ fn familiar(name: &str) -> &str {
     }
 }
 
+/// A tag's pull policy as Kruise's manager writes it for `job` (its NodeImage webhook
+/// refuses a tag without `ttlSecondsAfterFinished`, so a NodeImage Rigger wrote must have
+/// one for Kruise's manager to take it over): the job's ttl, else its deadline, else its
+/// attempts' whole time, plus Kruise's default grace of 300 s for Always; a day for
+/// Never, with a deadline of at least half an hour. Kruise adds up to 300 s (Always) or
+/// ±600 s (Never) at random to spread its daemons' cleanups; Rigger's are exact.
+fn tag_pull_policy(job: &ImagePullJob) -> TagPullPolicy {
+    const ALWAYS_GRACE: u64 = 300;
+    const NEVER_TTL: u64 = 24 * 3600;
+    const NEVER_DEADLINE: u64 = 1800;
+    let pull = &job.spec.pull_policy;
+    let completion = &job.spec.completion_policy;
+    let (ttl, deadline) = match completion.kind {
+        CompletionPolicyType::Never => (NEVER_TTL, Some(pull.timeout_seconds.max(NEVER_DEADLINE))),
+        CompletionPolicyType::Always => {
+            let lifetime = completion
+                .ttl_seconds_after_finished
+                .or(completion.active_deadline_seconds)
+                .unwrap_or_else(|| {
+                    pull.timeout_seconds
+                        .saturating_mul(u64::from(pull.backoff_limit))
+                });
+            (
+                lifetime.saturating_add(ALWAYS_GRACE),
+                completion.active_deadline_seconds,
+            )
+        }
+    };
+    TagPullPolicy {
+        timeout_seconds: Some(pull.timeout_seconds),
+        backoff_limit: Some(pull.backoff_limit),
+        ttl_seconds_after_finished: Some(ttl),
+        active_deadline_seconds: deadline,
+    }
+}
+
 /// `node`'s NodeImage: `pulls` are the jobs (with their status) that include the node,
 /// each with the node's entry.
 pub fn node_image(node: &Node, pulls: &[(&ImagePullJob, &NodePullStatus)]) -> NodeImage {
@@ -227,15 +263,7 @@ pub fn node_image(node: &Node, pulls: &[(&ImagePullJob, &NodePullStatus)]) -> No
             Some(existing) => existing.owner_references.push(owner),
             None => image.tags.push(ImageTagSpec {
                 tag: tag.to_owned(),
-                pull_policy: TagPullPolicy {
-                    timeout_seconds: Some(job.spec.pull_policy.timeout_seconds),
-                    backoff_limit: Some(job.spec.pull_policy.backoff_limit),
-                    ttl_seconds_after_finished: job
-                        .spec
-                        .completion_policy
-                        .ttl_seconds_after_finished,
-                    active_deadline_seconds: job.spec.completion_policy.active_deadline_seconds,
-                },
+                pull_policy: tag_pull_policy(job),
                 owner_references: vec![owner],
                 image_pull_policy: format!("{:?}", job.spec.image_pull_policy),
                 created_at: job.metadata.creation_timestamp.clone(),
@@ -471,6 +499,12 @@ mod tests {
         assert_eq!(image.metadata.name, "n1");
         let spec = &image.spec.images["r.example/app"];
         assert_eq!(spec.tags[0].tag, "1");
+        // What Kruise's NodeImage webhook requires, as its manager computes it (600 s
+        // a try, 3 tries, 300 s of grace).
+        assert_eq!(
+            spec.tags[0].pull_policy.ttl_seconds_after_finished,
+            Some(600 * 3 + 300)
+        );
         assert_eq!(spec.tags[0].owner_references[0].name, "warm-a");
         assert_eq!(spec.pull_secrets[0].name, "regcred");
         let status = &image.status;

@@ -811,3 +811,38 @@ pub fn pod_ready(pod: &serde_json::Value) -> bool {
             .any(|c| c["type"] == "Ready" && c["status"] == "True")
     })
 }
+
+/// A fenced code block of a Markdown document: its info string, its text, the line it
+/// starts on.
+#[derive(Debug)]
+pub struct CodeBlock {
+    pub info: String,
+    pub text: String,
+    pub line: usize,
+}
+
+/// The fenced code blocks of `markdown`, in order.
+pub fn code_blocks(markdown: &str) -> Vec<CodeBlock> {
+    let mut found = Vec::new();
+    let mut open: Option<CodeBlock> = None;
+    for (index, line) in markdown.lines().enumerate() {
+        let fence = line.trim_start().strip_prefix("```");
+        match (&mut open, fence) {
+            (None, Some(info)) => {
+                open = Some(CodeBlock {
+                    info: info.trim().to_owned(),
+                    text: String::new(),
+                    line: index + 1,
+                });
+            }
+            (Some(_), Some(_)) => found.push(open.take().unwrap()),
+            (Some(block), None) => {
+                block.text.push_str(line);
+                block.text.push('\n');
+            }
+            (None, None) => {}
+        }
+    }
+    assert!(open.is_none(), "an unclosed code block");
+    found
+}

@@ -49,11 +49,13 @@ fn run_script(script: &str, args: &[&str]) -> String {
 
 /// How Rigger is deployed in the cluster: alone (`deploy/kubernetes-lab`), or as Kruise's
 /// daemon beside Kruise's own manager (`deploy/kubernetes-lab-beside-kruise`, with
-/// `scripts/lab-kruise up --without-daemon`).
+/// `scripts/lab-kruise up --without-daemon`), or not at all, Kruise (manager and daemon)
+/// in its place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Deployment {
     Alone,
     BesideKruise,
+    KruiseAlone,
 }
 
 impl Deployment {
@@ -79,7 +81,7 @@ impl Deployment {
             .open(dir.join(".deployment-lock"))
             .unwrap();
         let _only_us = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).unwrap();
-        if deployed() && Deployment::current(dir) == Some(self) {
+        if self != Deployment::KruiseAlone && deployed() && Deployment::current(dir) == Some(self) {
             return;
         }
         match self {
@@ -95,6 +97,10 @@ impl Deployment {
                     "scripts/lab-rigger",
                     &["up", "--no-build", "--beside-kruise"],
                 );
+            }
+            Deployment::KruiseAlone => {
+                run_script("scripts/lab-rigger", &["down"]);
+                run_script("scripts/lab-kruise", &["up"]);
             }
         }
     }
@@ -115,6 +121,22 @@ impl RealCluster {
     pub fn beside_kruise() -> &'static RealCluster {
         static CLUSTER: OnceLock<RealCluster> = OnceLock::new();
         CLUSTER.get_or_init(|| RealCluster::connect(Deployment::BesideKruise))
+    }
+
+    /// The cluster with OpenKruise v1.9.0 alone (its manager and kruise-daemon) and no
+    /// Rigger: where a move to Rigger starts. Made anew in each test process that asks;
+    /// the one test that uses it runs in a stage of its own (nextest's `migration`
+    /// profile), and ends with [`RealCluster::forget_deployment`]: the next
+    /// [`RealCluster::get`] removes Kruise and deploys Rigger afresh.
+    pub fn kruise_alone() -> &'static RealCluster {
+        static CLUSTER: OnceLock<RealCluster> = OnceLock::new();
+        CLUSTER.get_or_init(|| RealCluster::connect(Deployment::KruiseAlone))
+    }
+
+    /// Forget which deployment `scripts/lab-rigger` made last (a test changed it by
+    /// other means).
+    pub fn forget_deployment(&self) {
+        let _ = std::fs::remove_file(self.dir.join(".rigger-overlay"));
     }
 
     fn connect(wanted: Deployment) -> RealCluster {
@@ -201,6 +223,34 @@ impl RealCluster {
         self.ctr(node, &["images", "ls", "-q"])
             .lines()
             .any(|line| line == reference)
+    }
+
+    /// The cluster's nodes (their containerd, and so kubelet, kruise-daemon and Rigger's
+    /// agent) reach `address` (`HOST:PORT`) as a plain-HTTP registry, by containerd's
+    /// hosts directory; undone when dropped.
+    pub fn registry_host(&self, address: &str) -> RegistryHost {
+        let dirs: Vec<PathBuf> = self
+            .nodes()
+            .iter()
+            .map(|node| {
+                self.dir
+                    .join("nodes")
+                    .join(node)
+                    .join("etc/upper/containerd/certs.d")
+                    .join(address)
+            })
+            .collect();
+        for dir in &dirs {
+            std::fs::create_dir_all(dir).unwrap();
+            std::fs::write(
+                dir.join("hosts.toml"),
+                format!(
+                    "server = \"http://{address}\"\n[host.\"http://{address}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+                ),
+            )
+            .unwrap();
+        }
+        RegistryHost { dirs }
     }
 
     /// A namespace of the test's own (deleted, with what is in it, when dropped).
@@ -358,6 +408,20 @@ impl Progress {
 }
 
 /// A namespace of one test in the real cluster: its namespace controller empties it.
+/// What [`RealCluster::registry_host`] wrote, removed when dropped.
+#[derive(Debug)]
+pub struct RegistryHost {
+    dirs: Vec<PathBuf>,
+}
+
+impl Drop for RegistryHost {
+    fn drop(&mut self) {
+        for dir in &self.dirs {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct ClusterNamespace {
     cluster: &'static RealCluster,

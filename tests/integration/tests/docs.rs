@@ -25,39 +25,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use rigger_integration_tests::kubernetes::Cluster;
-use rigger_integration_tests::{Lab, assert_ok, binary, lab_image, repo_root};
-
-/// A fenced block: its info string, its text, the line it starts on.
-struct Block {
-    info: String,
-    text: String,
-    line: usize,
-}
-
-fn blocks(markdown: &str) -> Vec<Block> {
-    let mut found = Vec::new();
-    let mut open: Option<Block> = None;
-    for (index, line) in markdown.lines().enumerate() {
-        let fence = line.trim_start().strip_prefix("```");
-        match (&mut open, fence) {
-            (None, Some(info)) => {
-                open = Some(Block {
-                    info: info.trim().to_owned(),
-                    text: String::new(),
-                    line: index + 1,
-                });
-            }
-            (Some(_), Some(_)) => found.push(open.take().unwrap()),
-            (Some(block), None) => {
-                block.text.push_str(line);
-                block.text.push('\n');
-            }
-            (None, None) => {}
-        }
-    }
-    assert!(open.is_none(), "an unclosed code block");
-    found
-}
+use rigger_integration_tests::{
+    Lab, assert_ok, binary, code_blocks as blocks, lab_image, repo_root,
+};
 
 /// The public images the docs name, and the lab's copies.
 fn lab_images() -> Vec<(&'static str, String)> {

@@ -239,6 +239,24 @@ fn jobs_ended_at_their_ttl_stay_ended_when_a_finalizer_keeps_them_or_their_list_
          completionPolicy: {{type: Always, ttlSecondsAfterFinished: 1}}\n",
         ns = ns.name
     ));
+    // The finalizer goes when the test ends, passed or not: a job it holds would keep
+    // the CRD from going when the lab deletes it.
+    struct Release<'a>(&'a RealCluster, &'a str);
+    impl Drop for Release<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kubectl(&[
+                "patch",
+                "imagepulljob",
+                "held",
+                "-n",
+                self.1,
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"finalizers":null}}"#,
+            ]);
+        }
+    }
+    let _release = Release(cluster, &ns.name);
     let children = || {
         cluster
             .get_json(&[
@@ -288,14 +306,4 @@ fn jobs_ended_at_their_ttl_stay_ended_when_a_finalizer_keeps_them_or_their_list_
         !cluster.has_image(node, &held),
         "the job kept by a finalizer pulled {held} again"
     );
-    cluster.kubectl_ok(&[
-        "patch",
-        "imagepulljob",
-        "held",
-        "-n",
-        &ns.name,
-        "--type=merge",
-        "-p",
-        r#"{"metadata":{"finalizers":null}}"#,
-    ]);
 }
