@@ -192,7 +192,7 @@ fn familiar(name: &str) -> &str {
 /// refuses a tag without `ttlSecondsAfterFinished`, so a NodeImage Rigger wrote must have
 /// one for Kruise's manager to take it over): the job's ttl, else its deadline, else its
 /// attempts' whole time, plus Kruise's default grace of 300 s for Always; a day for
-/// Never, with a deadline of at least half an hour. Kruise adds up to 300 s (Always) or
+/// Never, with a deadline of every attempt's time, at least half an hour. Kruise adds up to 300 s (Always) or
 /// ±600 s (Never) at random to spread its daemons' cleanups; Rigger's are exact.
 fn tag_pull_policy(job: &ImagePullJob) -> TagPullPolicy {
     const ALWAYS_GRACE: u64 = 300;
@@ -201,7 +201,16 @@ fn tag_pull_policy(job: &ImagePullJob) -> TagPullPolicy {
     let pull = &job.spec.pull_policy;
     let completion = &job.spec.completion_policy;
     let (ttl, deadline) = match completion.kind {
-        CompletionPolicyType::Never => (NEVER_TTL, Some(pull.timeout_seconds.max(NEVER_DEADLINE))),
+        // Every attempt with its whole timeout (kruise#2071: Kruise's manager gives the
+        // node max(1800 s, one timeout) in all).
+        CompletionPolicyType::Never => (
+            NEVER_TTL,
+            Some(
+                pull.timeout_seconds
+                    .saturating_mul(u64::from(pull.backoff_limit) + 1)
+                    .max(NEVER_DEADLINE),
+            ),
+        ),
         CompletionPolicyType::Always => {
             let lifetime = completion
                 .ttl_seconds_after_finished

@@ -99,7 +99,10 @@ impl Deployment {
                 );
             }
             Deployment::KruiseAlone => {
+                // Kruise afresh: a manager that saw its CRDs deleted (by `lab-rigger down`
+                // of Rigger alone, whose CRDs have the same names) keeps stale caches.
                 run_script("scripts/lab-rigger", &["down"]);
+                run_script("scripts/lab-kruise", &["down"]);
                 run_script("scripts/lab-kruise", &["up"]);
             }
         }

@@ -187,6 +187,17 @@ fn scale_and_check(cluster: &RealCluster, ns: &ClusterNamespace, replicas: usize
     }
 }
 
+/// The test's SidecarSet (cluster-wide), deleted when the test ends.
+struct SetGuard(&'static RealCluster, String);
+
+impl Drop for SetGuard {
+    fn drop(&mut self) {
+        let _ = self
+            .0
+            .kubectl(&["delete", "sidecarset", &self.1, "--wait=false"]);
+    }
+}
+
 #[test]
 fn a_cluster_moves_from_kruise_to_rigger_with_jobs_in_flight_and_back() {
     let cluster = RealCluster::kruise_alone();
@@ -224,17 +235,38 @@ fn a_cluster_moves_from_kruise_to_rigger_with_jobs_in_flight_and_back() {
          apiVersion: apps.kruise.io/v1beta1\nkind: SidecarSet\nmetadata: {{name: migrated-{pid}}}\n\
          spec:\n  selector: {{matchLabels: {{app: migrated}}}}\n  \
          namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {ns}}}}}\n  \
-         containers:\n  - name: proxy\n    image: {busybox}\n    command: [/bin/sleep, '3600']\n---\n\
-         apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: migrated, namespace: {ns}}}\n\
-         spec:\n  replicas: 2\n  selector: {{matchLabels: {{app: migrated}}}}\n  template:\n    \
-         metadata: {{labels: {{app: migrated}}}}\n    spec:\n      terminationGracePeriodSeconds: 1\n      \
-         containers:\n      - name: app\n        image: {busybox}\n        command: [/bin/sleep, '3600']\n",
+         containers:\n  - name: proxy\n    image: {busybox}\n    command: [/bin/sleep, '3600']\n",
         ns = ns.name,
         done = via_proxy(&done_repo),
         small = via_proxy(&small_repo),
         listed = via_proxy(&listed_repo),
         first = nodes[0],
         pid = std::process::id(),
+        busybox = cluster.image("rigger-lab/busybox:1"),
+    ));
+    let _set = SetGuard(cluster, format!("migrated-{}", std::process::id()));
+    // Kruise's webhook reads SidecarSets from its cache: the Deployment comes once a pod
+    // of its labels would be injected.
+    let probe = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{generateName: probe-, namespace: {ns}, labels: {{app: migrated}}}}\n\
+         spec: {{containers: [{{name: app, image: {busybox}}}]}}\n",
+        ns = ns.name,
+        busybox = cluster.image("rigger-lab/busybox:1"),
+    );
+    wait_until("Kruise to inject the set", Duration::from_secs(60), || {
+        let out = cluster.kubectl_stdin(&["create", "--dry-run=server", "-o", "json"], &probe);
+        let pod: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        pod["spec"]["containers"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["name"] == "proxy"))
+            .then_some(())
+    });
+    cluster.apply(&format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: migrated, namespace: {ns}}}\n\
+         spec:\n  replicas: 2\n  selector: {{matchLabels: {{app: migrated}}}}\n  template:\n    \
+         metadata: {{labels: {{app: migrated}}}}\n    spec:\n      terminationGracePeriodSeconds: 1\n      \
+         containers:\n      - name: app\n        image: {busybox}\n        command: [/bin/sleep, '3600']\n",
+        ns = ns.name,
         busybox = cluster.image("rigger-lab/busybox:1"),
     ));
     wait_status(
@@ -396,10 +428,5 @@ fn a_cluster_moves_from_kruise_to_rigger_with_jobs_in_flight_and_back() {
     );
     scale_and_check(cluster, &ns, 4, "Kruise");
 
-    cluster.kubectl_ok(&[
-        "delete",
-        "sidecarset",
-        &format!("migrated-{}", std::process::id()),
-    ]);
     cluster.forget_deployment();
 }

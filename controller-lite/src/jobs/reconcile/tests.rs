@@ -596,3 +596,51 @@ fn a_job_another_controller_started_takes_its_nodes_rather_than_completing_over_
     pass_admitting(&mut j, &more, &no_credentials(), at(6), false, false);
     assert_eq!(j.status.desired, 3);
 }
+
+/// kruise#2071: with `completionPolicy: Never`, Kruise's manager gives a node at most
+/// max(1800 s, timeoutSeconds) in all, so slow pulls never reach their retries. Here each
+/// attempt has its `timeoutSeconds` and a node has all of its `backoffLimit` retries.
+#[test]
+fn a_never_job_gives_each_node_every_retry_each_with_its_whole_timeout() {
+    let mut j = job(&serde_json::json!({
+        "image": "r.example/big:1",
+        "completionPolicy": {"type": "Never"},
+        "pullPolicy": {"timeoutSeconds": 3600, "backoffLimit": 3},
+    }));
+    let views = nodes(&["n1"]);
+    let mut sent = 0;
+    let mut now = 0;
+    for attempt in 1..=4 {
+        // Sent after its back-off (2, 4, 8 s), never cut short in between.
+        while sent_to(&pass_at(&mut j, &views, at(now)), false).is_empty() {
+            assert_eq!(
+                j.status.nodes[0].phase,
+                NodePullPhase::Waiting,
+                "at {now} s"
+            );
+            now += 1;
+        }
+        sent += 1;
+        for check in [1800, 3599] {
+            pass_at(&mut j, &views, at(now + check));
+            assert_eq!(
+                j.status.nodes[0].phase,
+                NodePullPhase::Pulling,
+                "attempt {attempt}, {check} s in"
+            );
+        }
+        now += 3600;
+        super::super::report::fold(
+            &key(),
+            &mut j,
+            "n1",
+            failed(&format!("u1/n1/{attempt}")),
+            at(now),
+        );
+    }
+    pass_at(&mut j, &views, at(now));
+    assert_eq!(sent, 4, "the first attempt and three retries");
+    assert!(now > 4 * 3600, "{now} s in all");
+    assert_eq!(j.status.nodes[0].phase, NodePullPhase::Failed);
+    assert!(j.status.completion_time.is_none(), "Never");
+}
