@@ -442,3 +442,72 @@ fn a_sidecarset_rigger_cannot_use_refuses_its_pods_and_leaves_others_alone() {
         },
     );
 }
+
+/// Kruise 1.9's `resourcesPolicy` through the cluster's own admission: a pod created (as
+/// the API server would, `--dry-run=server`) gets a sidecar sized from its containers
+/// (Kruise's e2e story: the sum of two apps' limits and requests through expressions),
+/// and a pod none of whose containers the policy names is refused, the cause in the
+/// API server's answer.
+#[test]
+fn a_sidecar_is_sized_from_the_pods_containers_and_a_pod_it_cannot_size_is_refused() {
+    let cluster = RealCluster::get();
+    let ns = cluster.namespace("sized");
+    let set = format!("sized-{}", std::process::id());
+    let _guard = SetGuard(cluster, set.clone());
+    let busybox = cluster.image("rigger-lab/busybox:1");
+    cluster.apply(&format!(
+        "apiVersion: apps.kruise.io/v1beta1\nkind: SidecarSet\nmetadata: {{name: {set}}}\n\
+         spec:\n  selector: {{matchLabels: {{app: {set}}}}}\n  \
+         namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {ns}}}}}\n  containers:\n  \
+         - name: proxy\n    image: {busybox}\n    resourcesPolicy:\n      targetContainersMode: sum\n      \
+         targetContainersNameRegex: '^app'\n      resourcesExpr:\n        \
+         limits: {{cpu: 'cpu*50% + 100m', memory: 'max(memory*20% + 100Mi, 200Mi)'}}\n        \
+         requests: {{cpu: 'cpu*30% + 50m', memory: 'memory*15% + 50Mi'}}\n",
+        ns = ns.name
+    ));
+    let pod = |containers: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{generateName: sized-, namespace: {ns}, labels: {{app: {set}}}}}\n\
+             spec:\n  containers:\n{containers}",
+            ns = ns.name
+        )
+    };
+    let app = |name: &str, limits: (&str, &str), requests: (&str, &str)| {
+        format!(
+            "  - name: {name}\n    image: {busybox}\n    resources:\n      \
+             limits: {{cpu: {}, memory: {}}}\n      requests: {{cpu: {}, memory: {}}}\n",
+            limits.0, limits.1, requests.0, requests.1
+        )
+    };
+    let sized = pod(&(app("app1", ("200m", "400Mi"), ("100m", "200Mi"))
+        + &app("app2", ("400m", "600Mi"), ("200m", "300Mi"))));
+    let created = wait_until("the set's webhook entry", Duration::from_secs(60), || {
+        let out = cluster.kubectl_stdin(&["create", "--dry-run=server", "-o", "json"], &sized);
+        let created: Value = serde_json::from_slice(&out.stdout).ok()?;
+        let injected = created["spec"]["containers"]
+            .as_array()?
+            .iter()
+            .any(|c| c["name"] == "proxy");
+        injected.then_some(created)
+    });
+    let proxy = created["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "proxy")
+        .unwrap();
+    assert_eq!(
+        proxy["resources"],
+        serde_json::json!({"limits": {"cpu": "400m", "memory": "300Mi"},
+                           "requests": {"cpu": "140m", "memory": "125Mi"}}),
+        "{created}"
+    );
+    let unsized_pod = pod(&app("db", ("1", "1Gi"), ("1", "1Gi")));
+    let out = cluster.kubectl_stdin(&["create", "--dry-run=server", "-o", "json"], &unsized_pod);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && stderr.contains("resourcesPolicy: no containers match the regex pattern"),
+        "{stderr}"
+    );
+}

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use rigger_proto::pod::{Container, FieldRef};
 
+use super::resources::ResourcesPolicy;
 use crate::fields::FieldError;
 use crate::kube_types;
 
@@ -41,9 +42,10 @@ pub struct SidecarContainer {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     #[schemars(default)]
     pub transfer_env: Vec<TransferEnvVar>,
-    /// Kept only to be refused with its path (see `validate`).
+    /// The sidecar's resources computed from the pod's containers when it is injected
+    /// (Kruise 1.9); not with `resources`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub resources_policy: Option<serde_json::Value>,
+    pub resources_policy: Option<ResourcesPolicy>,
 }
 
 /// How a sidecar is written (stored, hashed into its version and revision names):
@@ -65,7 +67,7 @@ struct Written<'a, C: Serialize> {
     #[serde(skip_serializing_if = "<[TransferEnvVar]>::is_empty")]
     transfer_env: &'a [TransferEnvVar],
     #[serde(skip_serializing_if = "Option::is_none")]
-    resources_policy: Option<&'a serde_json::Value>,
+    resources_policy: Option<&'a ResourcesPolicy>,
 }
 
 impl Serialize for SidecarContainer {
@@ -211,11 +213,25 @@ impl SidecarContainer {
             }
             _ => {}
         }
-        if self.resources_policy.is_some() {
-            return Err(FieldError::new(
-                format!("{at}.resourcesPolicy"),
-                "not supported: Rigger does not derive a sidecar's resources from the pod's containers; set resources instead",
-            ));
+        if let Some(policy) = &self.resources_policy {
+            let path = format!("{at}.resourcesPolicy");
+            if init && !self.is_native() {
+                return Err(FieldError::new(
+                    path,
+                    "is only for native sidecars (restartPolicy Always): an init container runs before the pod's",
+                ));
+            }
+            let resources = self.container.resources.as_ref();
+            if resources.is_some_and(|r| {
+                r.limits.as_ref().is_some_and(|l| !l.is_empty())
+                    || r.requests.as_ref().is_some_and(|l| !l.is_empty())
+            }) {
+                return Err(FieldError::new(
+                    path,
+                    "resourcesPolicy and resources cannot be configured together",
+                ));
+            }
+            policy.validate(&path)?;
         }
         for (i, transfer) in self.transfer_env.iter().enumerate() {
             transfer.validate(&format!("{at}.transferEnv[{i}]"))?;

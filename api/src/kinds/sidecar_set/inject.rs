@@ -141,6 +141,19 @@ pub fn inject_kube(
         .chain(&spec.containers)
         .map(|c| c.name.clone())
         .collect();
+    // Every sidecar injected now: never a target of a resourcesPolicy.
+    let sidecar_names: BTreeSet<String> = matched
+        .iter()
+        .flat_map(|v| {
+            v.set
+                .spec
+                .init_containers
+                .iter()
+                .chain(&v.set.spec.containers)
+        })
+        .map(|c| c.container.name.clone())
+        .collect();
+    let own_init: Vec<core::Container> = spec.init_containers.clone().unwrap_or_default();
     let mut init = Placed::default();
     let mut init_sidecars: Vec<(PodInjectPolicy, core::Container)> = Vec::new();
     let mut containers = Placed::default();
@@ -164,8 +177,28 @@ pub fn inject_kube(
         };
         let mut mounted = BTreeSet::new();
         let mut sidecar_list = Vec::new();
+        let sized = |sidecar: &SidecarContainer| {
+            let mut prepared = prepare(sidecar, &own, pod_labels, &annotations);
+            if let Some(policy) = &sidecar.resources_policy {
+                prepared.resources = Some(
+                    policy
+                        .targets(&own_init, &own, &sidecar_names)
+                        .and_then(|targets| policy.resources(&targets))
+                        .map_err(|cause| {
+                            FieldError::new(
+                                "spec.containers",
+                                format!(
+                                    "SidecarSet {}: sidecar {}: resourcesPolicy: {cause}",
+                                    set.metadata.name, sidecar.container.name
+                                ),
+                            )
+                        })?,
+                );
+            }
+            Ok::<_, FieldError>(prepared)
+        };
         for sidecar in &set.spec.init_containers {
-            let prepared = prepare(sidecar, &own, pod_labels, &annotations);
+            let prepared = sized(sidecar)?;
             mounted.extend(mounts_of(&sidecar.container));
             // A native sidecar (restartPolicy Always) runs beside the pod's containers:
             // one of the set's sidecars (and hot-upgradable), as in Kruise.
@@ -187,7 +220,7 @@ pub fn inject_kube(
             }
         }
         for sidecar in &set.spec.containers {
-            let prepared = prepare(sidecar, &own, pod_labels, &annotations);
+            let prepared = sized(sidecar)?;
             mounted.extend(mounts_of(&sidecar.container));
             let slots = slots_of(sidecar, prepared);
             for slot in &slots {

@@ -6,6 +6,7 @@
 
 mod container;
 mod inject;
+pub mod resources;
 mod revision;
 mod update_strategy;
 mod volumes;
@@ -585,7 +586,11 @@ pub const INFO: KindInfo = KindInfo {
         "Sidecar containers injected into matching pods created after it, and upgraded \
              in place. Both Kruise versions: `spec.namespace` is v1alpha1's, \
              `spec.customVersion` v1beta1's.\n\n\
-             Differs from Kruise (refused, naming the field): `resourcesPolicy`, \
+             `containers[].resourcesPolicy` (Kruise 1.9) sizes a sidecar from the pod's \
+             containers as Kruise's webhook does; where Kruise reads a malformed number \
+             (`2x`) as 0, or accepts an expression no pod could compute (`cpu*cpu`), \
+             Rigger refuses the set, naming the field.\n\n\
+             Differs from Kruise (refused, naming the field): \
              `patchPodMetadata` keys the injection keeps itself, HotUpgrade on init containers, and a sidecar named like \
              a container of the pod (Kruise would replace the pod's container).\n\n\
              Containers and volumes take every Kubernetes field, as written. On a cluster's \

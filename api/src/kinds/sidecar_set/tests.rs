@@ -101,8 +101,16 @@ fn kruise_shapes_apply_and_refusals_name_the_field() {
             "spec.imagePullSecrets[0].name:",
         ),
         (
-            serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "containers": [{"name": "p", "image": "r.example/p:1", "resourcesPolicy": {"targetContainersMode": "sum"}}]}),
-            "spec.containers[0].resourcesPolicy: not supported",
+            serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "containers": [{"name": "p", "image": "r.example/p:1", "resources": {"limits": {"cpu": "1"}}, "resourcesPolicy": {"targetContainersMode": "sum", "resourcesExpr": {"limits": {"cpu": "cpu"}}}}]}),
+            "spec.containers[0].resourcesPolicy: resourcesPolicy and resources cannot be configured together",
+        ),
+        (
+            serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "initContainers": [{"name": "i", "image": "r.example/i:1", "resourcesPolicy": {"targetContainersMode": "sum", "resourcesExpr": {"limits": {"cpu": "cpu"}}}}]}),
+            "spec.initContainers[0].resourcesPolicy: is only for native sidecars",
+        ),
+        (
+            serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "containers": [{"name": "p", "image": "r.example/p:1", "resourcesPolicy": {"targetContainersMode": "sum", "resourcesExpr": {"limits": {"cpu": "cpu*cpu"}}}}]}),
+            "spec.containers[0].resourcesPolicy.resourcesExpr.limits.cpu: invalid expression: multiplication of two quantities",
         ),
         (
             serde_json::json!({"selector": {"matchLabels": {"a": "b"}}, "injectionStrategy": {"revision": {"policy": "Always"}}, "containers": [{"name": "p", "image": "r.example/p:1"}]}),

@@ -614,3 +614,66 @@ fn sets_injected_one_call_at_a_time_end_up_as_all_at_once() {
     );
     assert_eq!(read_annotations(&one_by_one), read_annotations(&at_once));
 }
+
+#[test]
+fn a_sidecars_resources_come_from_the_pods_containers_and_a_pod_none_matches_is_refused() {
+    // Kruise 1.9's e2e story: a sidecar sized from the app's containers, hot-upgraded
+    // slots alike, the set's other sidecar never a target.
+    let versioned = kube_set(
+        "sized",
+        crate::fields::KRUISE_API_VERSION_V1BETA1,
+        &json!({
+            "selector": {"matchLabels": {"app": "nginx"}},
+            "containers": [
+                {"name": "proxy", "image": "r.example/p:1",
+                 "upgradeStrategy": {"upgradeType": "HotUpgrade", "hotUpgradeEmptyImage": "r.example/e:1"},
+                 "resourcesPolicy": {"targetContainersMode": "sum", "resourcesExpr": {
+                    "limits": {"cpu": "cpu*50% + 100m", "memory": "max(memory*20% + 100Mi, 200Mi)"},
+                    "requests": {"cpu": "cpu*30% + 50m", "memory": "memory*15% + 50Mi"}}}},
+                {"name": "logger", "image": "r.example/l:1",
+                 "resources": {"limits": {"cpu": "8", "memory": "8Gi"}}},
+            ],
+        }),
+    );
+    let mut pod = kube_pod(&json!({"containers": [
+        {"name": "app1", "image": "r.example/a:1",
+         "resources": {"limits": {"cpu": "200m", "memory": "400Mi"}, "requests": {"cpu": "100m", "memory": "200Mi"}}},
+        {"name": "app2", "image": "r.example/a:1",
+         "resources": {"limits": {"cpu": "400m", "memory": "600Mi"}, "requests": {"cpu": "200m", "memory": "300Mi"}}},
+    ]}));
+    inject_kube(&mut pod, std::slice::from_ref(&versioned), &shop(), NOW).unwrap();
+    let spec = serde_json::to_value(pod.spec.as_ref().unwrap()).unwrap();
+    for slot in ["proxy-1", "proxy-2"] {
+        let container = spec["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == slot)
+            .unwrap();
+        assert_eq!(
+            container["resources"],
+            json!({"limits": {"cpu": "400m", "memory": "300Mi"},
+                   "requests": {"cpu": "140m", "memory": "125Mi"}}),
+            "{slot}"
+        );
+    }
+    // No container matches: the pod is refused, naming the set, the sidecar and why.
+    let strict = kube_set(
+        "strict",
+        crate::fields::KRUISE_API_VERSION_V1BETA1,
+        &json!({
+            "selector": {"matchLabels": {"app": "nginx"}},
+            "containers": [{"name": "proxy", "image": "r.example/p:1",
+                "resourcesPolicy": {"targetContainersMode": "max", "targetContainersNameRegex": "^db$",
+                    "resourcesExpr": {"limits": {"cpu": "cpu"}}}}],
+        }),
+    );
+    let mut pod = kube_pod(&json!({"containers": [{"name": "nginx", "image": "nginx:1.25"}]}));
+    let error = inject_kube(&mut pod, std::slice::from_ref(&strict), &shop(), NOW)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("SidecarSet strict: sidecar proxy: resourcesPolicy: no containers match the regex pattern \"^db$\""),
+        "{error}"
+    );
+}
