@@ -310,14 +310,21 @@ spec:
 
     // Init container first, then both containers; Ready only once the readiness probe
     // (httpd serving /ready after 2 s) passes.
-    let ready = wait_until("the pod to be ready", Duration::from_secs(60), || {
-        let pod = controller.get_json(&["pod", &name])?;
-        let ready = pod["status"]["conditions"]
-            .as_array()?
-            .iter()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True");
-        ready.then_some(pod)
-    });
+    let mut last = serde_json::Value::Null;
+    let ready = rigger_integration_tests::poll_until(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || {
+            let pod = controller.get_json(&["pod", &name])?;
+            let ready = pod["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            last = pod.clone();
+            ready.then_some(pod)
+        },
+    )
+    .unwrap_or_else(|| panic!("the pod was not ready within 60 s: {last:#}"));
     assert_eq!(
         ready["status"]["initContainerStatuses"][0]["state"]["terminated"]["exitCode"], 0,
         "{ready:#}"
