@@ -21,11 +21,10 @@ const MAX_DEPTH: usize = 32;
 
 impl Value {
     /// A number as a quantity: to the thousandth, truncated (Kruise's `toQuantity`).
-    #[allow(clippy::cast_possible_truncation)] // truncation is the rule
-    fn quantity(self) -> Quantity {
+    fn quantity(self) -> Result<Quantity, String> {
         match self {
-            Value::Quantity(q) => q,
-            Value::Number(n) => Quantity::from_milli((n * 1000.0) as i128, Format::DecimalSi),
+            Value::Quantity(q) => Ok(q),
+            Value::Number(n) => Quantity::from_float_milli(n * 1000.0, Format::DecimalSi),
         }
     }
 
@@ -187,9 +186,9 @@ impl Parser<'_> {
         let mut value = self.term()?;
         loop {
             if self.eat('+') {
-                value = add(value, self.term()?, false);
+                value = add(value, self.term()?, false)?;
             } else if self.eat('-') {
-                value = add(value, self.term()?, true);
+                value = add(value, self.term()?, true)?;
             } else {
                 break;
             }
@@ -267,15 +266,18 @@ impl Parser<'_> {
                 args.len()
             ));
         };
-        Ok(extreme(left, right, pick_max))
+        extreme(left, right, pick_max)
     }
 }
 
-fn add(left: Value, right: Value, subtract: bool) -> Value {
+fn add(left: Value, right: Value, subtract: bool) -> Result<Value, String> {
     match (left, right) {
-        (Value::Number(l), Value::Number(r)) => Value::Number(if subtract { l - r } else { l + r }),
+        (Value::Number(l), Value::Number(r)) => {
+            Ok(Value::Number(if subtract { l - r } else { l + r }))
+        }
         _ => {
-            let (l, r) = (left.quantity(), right.quantity());
+            let (l, r) = (left.quantity()?, right.quantity()?);
+            // Both within 10^33: no overflow.
             let milli = if subtract {
                 l.milli - r.milli
             } else {
@@ -283,24 +285,26 @@ fn add(left: Value, right: Value, subtract: bool) -> Value {
             };
             // The format is the left's, unless the left is zero (Kubernetes' `Add`).
             let format = if l.is_zero() { r.format } else { l.format };
-            Value::Quantity(Quantity::from_milli(milli, format))
+            Ok(Value::Quantity(Quantity::checked(milli, format)?))
         }
     }
 }
 
 /// `q` times (or over) `by`, in thousandths through a float, truncated (Kruise's rule).
-#[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
-fn scaled(q: Quantity, by: f64, over: bool) -> Value {
+#[allow(clippy::cast_precision_loss)]
+fn scaled(q: Quantity, by: f64, over: bool) -> Result<Value, String> {
     let milli = q.milli as f64;
     let milli = if over { milli / by } else { milli * by };
-    Value::Quantity(Quantity::from_milli(milli as i128, q.format))
+    Ok(Value::Quantity(Quantity::from_float_milli(
+        milli, q.format,
+    )?))
 }
 
 fn multiply(left: Value, right: Value) -> Result<Value, String> {
     match (left, right) {
         (Value::Number(l), Value::Number(r)) => Ok(Value::Number(l * r)),
         (Value::Quantity(q), Value::Number(n)) | (Value::Number(n), Value::Quantity(q)) => {
-            Ok(scaled(q, n, false))
+            scaled(q, n, false)
         }
         (Value::Quantity(_), Value::Quantity(_)) => {
             Err("multiplication of two quantities".to_owned())
@@ -313,18 +317,18 @@ fn divide(left: Value, right: Value) -> Result<Value, String> {
         (_, Value::Quantity(_)) => Err("division by quantity".to_owned()),
         (_, Value::Number(0.0)) => Err("division by zero".to_owned()),
         (Value::Number(l), Value::Number(r)) => Ok(Value::Number(l / r)),
-        (Value::Quantity(q), Value::Number(n)) => Ok(scaled(q, n, true)),
+        (Value::Quantity(q), Value::Number(n)) => scaled(q, n, true),
     }
 }
 
 /// `max` (or `min`) of two; a tie keeps the left; a number against a quantity is
 /// compared, and returned, as a quantity.
-fn extreme(left: Value, right: Value, pick_max: bool) -> Value {
+fn extreme(left: Value, right: Value, pick_max: bool) -> Result<Value, String> {
     let left_wins = |l: f64, r: f64| if pick_max { l >= r } else { l <= r };
-    match (left, right) {
+    Ok(match (left, right) {
         (Value::Number(l), Value::Number(r)) => Value::Number(if left_wins(l, r) { l } else { r }),
         _ => {
-            let (l, r) = (left.quantity(), right.quantity());
+            let (l, r) = (left.quantity()?, right.quantity()?);
             let left_first = if pick_max {
                 l.milli >= r.milli
             } else {
@@ -332,7 +336,7 @@ fn extreme(left: Value, right: Value, pick_max: bool) -> Value {
             };
             Value::Quantity(if left_first { l } else { r })
         }
-    }
+    })
 }
 
 #[cfg(test)]
@@ -417,6 +421,15 @@ mod tests {
                 .unwrap_err()
                 .contains("nested deeper")
         );
+        for huge in [
+            "cpu * 1e300",
+            "cpu / 1e-300",
+            "max(1e300, cpu)",
+            "2Pi * 1e20 + cpu",
+        ] {
+            let error = evaluate(huge, ("cpu", q("1"))).unwrap_err();
+            assert!(error.contains("too large"), "{huge}: {error}");
+        }
         let long = "1+".repeat(600) + "1";
         assert!(
             evaluate(&long, ("cpu", q("1")))

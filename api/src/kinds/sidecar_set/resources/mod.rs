@@ -181,7 +181,8 @@ impl ResourcesPolicy {
                     .map_err(|cause| format!("{kind}.{resource} {text:?}: {cause}"))?;
                 let quantity = match value {
                     Value::Quantity(q) => q,
-                    Value::Number(n) => number_as(resource, n),
+                    Value::Number(n) => number_as(resource, n)
+                        .map_err(|cause| format!("{kind}.{resource} {text:?}: {cause}"))?,
                 };
                 computed.insert(resource.to_owned(), KubeQuantity(quantity.to_string()));
             }
@@ -229,10 +230,11 @@ impl ResourcesPolicy {
             return Ok(None);
         };
         let total = match self.target_containers_mode {
-            TargetContainersMode::Sum => rest.iter().fold(*first, |acc, q| {
+            TargetContainersMode::Sum => rest.iter().try_fold(*first, |acc, q| {
                 let format = if acc.is_zero() { q.format } else { acc.format };
-                Quantity::from_milli(acc.milli + q.milli, format)
-            }),
+                Quantity::checked(acc.milli + q.milli, format)
+                    .map_err(|cause| format!("the targets' {resource}: {cause}"))
+            })?,
             TargetContainersMode::Max => rest
                 .iter()
                 .fold(*first, |acc, q| if q.milli > acc.milli { *q } else { acc }),
@@ -242,14 +244,13 @@ impl ResourcesPolicy {
 }
 
 /// A plain number as a quantity of `resource`: cores to the thousandth, whole bytes.
-#[allow(clippy::cast_possible_truncation)] // truncation is Kruise's rule
-fn number_as(resource: &str, n: f64) -> Quantity {
+fn number_as(resource: &str, n: f64) -> Result<Quantity, String> {
     let milli = if resource == "cpu" {
-        (n * 1000.0) as i128
+        n * 1000.0
     } else {
-        (n as i128) * 1000
+        n.trunc() * 1000.0
     };
-    Quantity::from_milli(milli, Format::DecimalSi)
+    Quantity::from_float_milli(milli, Format::DecimalSi)
 }
 
 #[cfg(test)]

@@ -31,6 +31,24 @@ impl Quantity {
         Quantity { milli, format }
     }
 
+    /// `milli` thousandths, refused past about 10^30 (so no sum or print overflows).
+    pub fn checked(milli: i128, format: Format) -> Result<Quantity, String> {
+        if milli.unsigned_abs() > LIMIT.unsigned_abs() {
+            return Err("the result is too large".to_owned());
+        }
+        Ok(Quantity { milli, format })
+    }
+
+    /// `milli` thousandths from a float (Kruise's calculator multiplies in floats),
+    /// truncated; refused when not finite or too large.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+    pub fn from_float_milli(milli: f64, format: Format) -> Result<Quantity, String> {
+        if !milli.is_finite() || milli.abs() > LIMIT as f64 {
+            return Err("the result is too large".to_owned());
+        }
+        Quantity::checked(milli as i128, format)
+    }
+
     pub fn is_zero(&self) -> bool {
         self.milli == 0
     }
