@@ -161,26 +161,32 @@ fn is_zero(n: &u32) -> bool {
 /// (`nginx`, not `docker.io/library/nginx`: one image, one key, whichever way a job
 /// spells it), and the tag (`latest` when none) or the digest.
 pub fn split_reference(reference: &str) -> (&str, &str) {
-    let (name, tag) = match reference.split_once('@') {
-        Some((name, digest)) => (name, digest),
-        None => {
-            let slash = reference.rfind('/').map_or(0, |i| i + 1);
-            match reference[slash..].rfind(':') {
-                Some(i) => (&reference[..slash + i], &reference[slash + i + 1..]),
-                None => (reference, "latest"),
-            }
-        }
+    // The name and its tag, if any; a digest, when there is one, is what is kept.
+    let (named, digest) = match reference.split_once('@') {
+        Some((named, digest)) => (named, Some(digest)),
+        None => (reference, None),
     };
-    (familiar(name), tag)
+    let slash = named.rfind('/').map_or(0, |i| i + 1);
+    let (name, tag) = match named[slash..].rfind(':') {
+        Some(i) => (&named[..slash + i], &named[slash + i + 1..]),
+        None => (named, "latest"),
+    };
+    (familiar(name), digest.unwrap_or(tag))
 }
 
-/// Docker Hub's names without its domain, and its official images without `library/`.
+/// Docker Hub's names without its domain, and its official images without `library/`
+/// (a name whose first part is no host, `library/nginx`, is Docker Hub's too).
 fn familiar(name: &str) -> &str {
-    let Some(path) = name
+    let hub = name
         .strip_prefix("docker.io/")
-        .or_else(|| name.strip_prefix("index.docker.io/"))
-    else {
-        return name;
+        .or_else(|| name.strip_prefix("index.docker.io/"));
+    let has_host = name
+        .split_once('/')
+        .is_some_and(|(first, _)| first.contains(['.', ':']) || first == "localhost");
+    let path = match hub {
+        Some(path) => path,
+        None if !has_host => name,
+        None => return name,
     };
     match path.strip_prefix("library/") {
         Some(official) if !official.contains('/') => official,
@@ -225,11 +231,13 @@ fn tag_pull_policy(job: &ImagePullJob) -> TagPullPolicy {
             )
         }
     };
+    // Kruise's fields are int32 (its manager could not read a NodeImage past that back).
+    let int32 = |n: u64| n.min(u64::from(i32::MAX.unsigned_abs()));
     TagPullPolicy {
-        timeout_seconds: Some(pull.timeout_seconds),
+        timeout_seconds: Some(int32(pull.timeout_seconds)),
         backoff_limit: Some(pull.backoff_limit),
-        ttl_seconds_after_finished: Some(ttl),
-        active_deadline_seconds: deadline,
+        ttl_seconds_after_finished: Some(int32(ttl)),
+        active_deadline_seconds: deadline.map(int32),
     }
 }
 
@@ -454,6 +462,15 @@ mod tests {
         assert_eq!(
             split_reference("docker.io/library/a/b"),
             ("library/a/b", "latest")
+        );
+        assert_eq!(split_reference("library/nginx:1"), ("nginx", "1"));
+        assert_eq!(
+            split_reference("nginx:1.27@sha256:abc"),
+            ("nginx", "sha256:abc")
+        );
+        assert_eq!(
+            split_reference("localhost/library/x"),
+            ("localhost/library/x", "latest")
         );
         assert_eq!(
             split_reference("localhost:5000/app:v2"),

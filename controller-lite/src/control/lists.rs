@@ -187,7 +187,7 @@ impl ControlService {
 /// changed (`written`: what was last written, by list).
 pub async fn reconcile_in_cluster(
     control: &ControlService,
-    written: &mut std::collections::HashMap<ObjectKey, ImageListPullJobStatus>,
+    written: &mut Written,
 ) -> Result<(), Status> {
     let lists = control
         .store
@@ -213,7 +213,7 @@ pub async fn reconcile_in_cluster(
             continue;
         }
         // One list's trouble (deleted meanwhile, say) is logged, not every list's.
-        if let Err(error) = reconcile_list(control, &stored.key, list, written).await {
+        if let Err(error) = reconcile_list(control, stored, written).await {
             tracing::warn!(list = %stored.key, %error, "image list: not reconciled this pass");
         }
     }
@@ -240,13 +240,21 @@ pub async fn reconcile_in_cluster(
     Ok(())
 }
 
+/// What was last written of each list's status, with the list's uid (a list deleted and
+/// made again under its name is another list).
+pub type Written = std::collections::HashMap<ObjectKey, (Option<String>, ImageListPullJobStatus)>;
+
 /// One list's jobs made, and its status written when it changed.
 async fn reconcile_list(
     control: &ControlService,
-    key: &ObjectKey,
-    list: &ImageListPullJob,
-    written: &mut std::collections::HashMap<ObjectKey, ImageListPullJobStatus>,
+    stored: &Versioned<ImageListPullJob>,
+    written: &mut Written,
 ) -> Result<(), Status> {
+    let (key, list) = (&stored.key, &stored.value);
+    let uid = &list.metadata.uid;
+    if written.get(key).is_some_and(|(seen, _)| seen != uid) {
+        written.remove(key);
+    }
     let status_key = ObjectKey::new(
         &format!("{}.status", rigger_api::image_list_pull_job::KIND),
         &key.namespace,
@@ -260,17 +268,22 @@ async fn reconcile_list(
             .await
             .map_err(store_status)?
         {
-            written.insert(key.clone(), stored.value);
+            written.insert(key.clone(), (uid.clone(), stored.value));
         }
     }
     // A finished list is done, as Kruise's is: the jobs its template's
     // `ttlSecondsAfterFinished` deleted are not made again (each would pull on every
     // node, then go at its ttl, then be made again), nor is its status rewritten; at its
     // own ttl it is deleted (its jobs then go as orphans, the next pass).
-    if let Some(status) = written.get(key).filter(|s| s.completion_time.is_some()) {
+    if let Some((_, status)) = written
+        .get(key)
+        .filter(|(_, s)| s.completion_time.is_some())
+    {
         if ttl_passed(list, status, std::time::SystemTime::now()) {
             tracing::info!(list = %key, "ttlSecondsAfterFinished passed; deleting the image list");
-            match control.store.delete(key.clone(), Precondition::Any).await {
+            // This list, as read: not one made again under its name meanwhile.
+            let this = Precondition::Revision(stored.revision);
+            match control.store.delete(key.clone(), this).await {
                 Ok(()) | Err(crate::store::StoreError::NotFound { .. }) => {}
                 Err(e) => return Err(store_status(e)),
             }
@@ -279,7 +292,7 @@ async fn reconcile_list(
     }
     control.sync_list_jobs(list).await?;
     let status = control.image_list_status(list).await?;
-    if written.get(key) == Some(&status) {
+    if written.get(key).is_some_and(|(_, last)| *last == status) {
         return Ok(());
     }
     let bytes = serde_json::to_vec(&status).map_err(|e| Status::internal(e.to_string()))?;
@@ -288,7 +301,7 @@ async fn reconcile_list(
         .put(status_key, bytes, Precondition::Any)
         .await
         .map_err(store_status)?;
-    written.insert(key.clone(), status);
+    written.insert(key.clone(), (uid.clone(), status));
     Ok(())
 }
 

@@ -153,7 +153,15 @@ pub fn inject_kube(
         })
         .map(|c| c.container.name.clone())
         .collect();
-    let own_init: Vec<core::Container> = spec.init_containers.clone().unwrap_or_default();
+    // The pod's own init containers: a native sidecar another set injected (the webhook
+    // is called once per set) is no target, as in Kruise, where all sets inject at once.
+    let own_init: Vec<core::Container> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .filter(|c| !is_injected_kube(c))
+        .cloned()
+        .collect();
     let mut init = Placed::default();
     let mut init_sidecars: Vec<(PodInjectPolicy, core::Container)> = Vec::new();
     let mut containers = Placed::default();

@@ -677,3 +677,34 @@ fn a_sidecars_resources_come_from_the_pods_containers_and_a_pod_none_matches_is_
         "{error}"
     );
 }
+
+#[test]
+fn a_native_sidecar_another_set_injected_is_no_target_of_a_resources_policy() {
+    // The webhook is called once per set: the pod it sees for the second set already has
+    // the first set's native sidecar, marked injected. Kruise injects all sets at once, so
+    // that sidecar is never a target there either.
+    let sized = kube_set(
+        "sized",
+        crate::fields::KRUISE_API_VERSION_V1BETA1,
+        &json!({
+            "selector": {"matchLabels": {"app": "nginx"}},
+            "containers": [{"name": "proxy", "image": "r.example/p:1",
+                "resourcesPolicy": {"targetContainersMode": "sum",
+                    "resourcesExpr": {"limits": {"cpu": "cpu"}}}}],
+        }),
+    );
+    let mut pod = kube_pod(&json!({
+        "initContainers": [{"name": "mesh", "image": "r.example/m:1", "restartPolicy": "Always",
+            "env": [{"name": "IS_INJECTED", "value": "true"}],
+            "resources": {"limits": {"cpu": "2"}}}],
+        "containers": [{"name": "nginx", "image": "nginx:1.25", "resources": {"limits": {"cpu": "100m"}}}]}));
+    inject_kube(&mut pod, std::slice::from_ref(&sized), &shop(), NOW).unwrap();
+    let spec = serde_json::to_value(pod.spec.as_ref().unwrap()).unwrap();
+    let proxy = spec["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "proxy")
+        .unwrap();
+    assert_eq!(proxy["resources"]["limits"]["cpu"], "100m", "{spec}");
+}
