@@ -262,13 +262,18 @@ async fn reconcile_list(
     );
     if !written.contains_key(key) {
         // After a restart, or a list another controller (Kruise's) ran until now.
-        if let Some(stored) = control
+        // A status that does not decode (written around Rigger) is none: the list is
+        // carried out and its status written again, not stuck.
+        match control
             .store
             .get_as::<ImageListPullJobStatus>(status_key.clone())
             .await
-            .map_err(store_status)?
         {
-            written.insert(key.clone(), (uid.clone(), stored.value));
+            Ok(Some(stored)) => {
+                written.insert(key.clone(), (uid.clone(), stored.value));
+            }
+            Ok(None) | Err(crate::store::StoreError::Undecodable { .. }) => {}
+            Err(error) => return Err(store_status(error)),
         }
     }
     // A finished list is done, as Kruise's is: the jobs its template's

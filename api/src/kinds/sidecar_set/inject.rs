@@ -185,7 +185,7 @@ pub fn inject_kube(
         };
         let mut mounted = BTreeSet::new();
         let mut sidecar_list = Vec::new();
-        let sized = |sidecar: &SidecarContainer| {
+        let sized = |sidecar: &SidecarContainer, field: &str| {
             let mut prepared = prepare(sidecar, &own, pod_labels, &annotations);
             if let Some(policy) = &sidecar.resources_policy {
                 prepared.resources = Some(
@@ -194,7 +194,7 @@ pub fn inject_kube(
                         .and_then(|targets| policy.resources(&targets))
                         .map_err(|cause| {
                             FieldError::new(
-                                "spec.containers",
+                                field,
                                 format!(
                                     "SidecarSet {}: sidecar {}: resourcesPolicy: {cause}",
                                     set.metadata.name, sidecar.container.name
@@ -206,7 +206,7 @@ pub fn inject_kube(
             Ok::<_, FieldError>(prepared)
         };
         for sidecar in &set.spec.init_containers {
-            let prepared = sized(sidecar)?;
+            let prepared = sized(sidecar, "spec.initContainers")?;
             mounted.extend(mounts_of(&sidecar.container));
             // A native sidecar (restartPolicy Always) runs beside the pod's containers:
             // one of the set's sidecars (and hot-upgradable), as in Kruise.
@@ -228,7 +228,7 @@ pub fn inject_kube(
             }
         }
         for sidecar in &set.spec.containers {
-            let prepared = sized(sidecar)?;
+            let prepared = sized(sidecar, "spec.containers")?;
             mounted.extend(mounts_of(&sidecar.container));
             let slots = slots_of(sidecar, prepared);
             for slot in &slots {

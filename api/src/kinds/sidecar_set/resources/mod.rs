@@ -181,7 +181,7 @@ impl ResourcesPolicy {
                     .map_err(|cause| format!("{kind}.{resource} {text:?}: {cause}"))?;
                 let quantity = match value {
                     Value::Quantity(q) => q,
-                    Value::Number(n) => number_as(resource, n)
+                    Value::Number(n) => number_as(n)
                         .map_err(|cause| format!("{kind}.{resource} {text:?}: {cause}"))?,
                 };
                 computed.insert(resource.to_owned(), KubeQuantity(quantity.to_string()));
@@ -243,14 +243,10 @@ impl ResourcesPolicy {
     }
 }
 
-/// A plain number as a quantity of `resource`: cores to the thousandth, whole bytes.
-fn number_as(resource: &str, n: f64) -> Result<Quantity, String> {
-    let milli = if resource == "cpu" {
-        n * 1000.0
-    } else {
-        n.trunc() * 1000.0
-    };
-    Quantity::from_float_milli(milli, Format::DecimalSi)
+/// A plain number as a quantity, to the thousandth (Kruise's: `0.5` in a memory field is
+/// `500m` bytes, never a `0` that kubelet would read as no limit).
+fn number_as(n: f64) -> Result<Quantity, String> {
+    Quantity::from_float_milli(n * 1000.0, Format::DecimalSi)
 }
 
 #[cfg(test)]
