@@ -228,6 +228,36 @@ impl RealCluster {
             .any(|line| line == reference)
     }
 
+    /// `kind/name`'s status in `namespace` (`null` when it is absent).
+    pub fn object_status(&self, namespace: &str, kind: &str, name: &str) -> serde_json::Value {
+        self.get_json(&[kind, name, "-n", namespace])
+            .map(|object| object["status"].clone())
+            .unwrap_or_default()
+    }
+
+    /// Wait until `kind/name`'s status satisfies `done`; that status. Panics with the last
+    /// status seen and Rigger's state.
+    pub fn wait_status(
+        &self,
+        namespace: &str,
+        kind: &str,
+        name: &str,
+        within: Duration,
+        done: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let mut last = serde_json::Value::Null;
+        let found = crate::poll_until(within, Duration::from_millis(500), || {
+            last = self.object_status(namespace, kind, name);
+            done(&last).then(|| last.clone())
+        });
+        found.unwrap_or_else(|| {
+            panic!(
+                "{kind}/{name}: not done within {within:?}; its status: {last}\n{}",
+                self.rigger_state()
+            )
+        })
+    }
+
     /// The cluster's nodes (their containerd, and so kubelet, kruise-daemon and Rigger's
     /// agent) reach `address` (`HOST:PORT`) as a plain-HTTP registry, by containerd's
     /// hosts directory; undone when dropped.
@@ -411,6 +441,17 @@ impl Progress {
 }
 
 /// A namespace of one test in the real cluster: its namespace controller empties it.
+/// A cluster-scoped object the test made (`KIND`, `NAME`), deleted when the test ends,
+/// passed or not.
+#[derive(Debug)]
+pub struct DeletedOnDrop(pub &'static RealCluster, pub &'static str, pub String);
+
+impl Drop for DeletedOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kubectl(&["delete", self.1, &self.2, "--wait=false"]);
+    }
+}
+
 /// What [`RealCluster::registry_host`] wrote, removed when dropped.
 #[derive(Debug)]
 pub struct RegistryHost {

@@ -15,37 +15,8 @@
 use std::time::Duration;
 
 use rigger_integration_tests::real_cluster::RealCluster;
-use rigger_integration_tests::{poll_until, unique_image, wait_until};
+use rigger_integration_tests::{unique_image, wait_until};
 use serde_json::Value;
-
-fn status(cluster: &RealCluster, namespace: &str, kind: &str, name: &str) -> Value {
-    cluster
-        .get_json(&[kind, name, "-n", namespace])
-        .map(|job| job["status"].clone())
-        .unwrap_or_default()
-}
-
-/// Wait until `kind/name`'s status satisfies `done`; returns that status.
-fn wait_status(
-    cluster: &RealCluster,
-    namespace: &str,
-    kind: &str,
-    name: &str,
-    within: Duration,
-    done: impl Fn(&Value) -> bool,
-) -> Value {
-    let mut last = Value::Null;
-    let found = poll_until(within, Duration::from_millis(500), || {
-        last = status(cluster, namespace, kind, name);
-        done(&last).then(|| last.clone())
-    });
-    found.unwrap_or_else(|| {
-        panic!(
-            "{kind}/{name}: not done within {within:?}; its status: {last}\n{}",
-            cluster.rigger_state()
-        )
-    })
-}
 
 fn gone(cluster: &RealCluster, namespace: &str, kind: &str, name: &str) -> bool {
     cluster.get_json(&[kind, name, "-n", namespace]).is_none()
@@ -112,8 +83,7 @@ fn an_always_job_with_a_secret_pulls_on_every_node_and_goes_at_its_ttl() {
          completionPolicy: {{type: Always, activeDeadlineSeconds: 50, ttlSecondsAfterFinished: 20}}\n",
         ns = ns.name
     ));
-    wait_status(
-        cluster,
+    cluster.wait_status(
         &ns.name,
         "imagepulljob",
         "test-imagepulljob",
@@ -122,8 +92,7 @@ fn an_always_job_with_a_secret_pulls_on_every_node_and_goes_at_its_ttl() {
     );
     // (The copy made while a job runs is checked with the Never job, which keeps
     // running: this one may complete, and its copy go, within a second.)
-    let done = wait_status(
-        cluster,
+    let done = cluster.wait_status(
         &ns.name,
         "imagepulljob",
         "test-imagepulljob",
@@ -195,8 +164,7 @@ fn a_never_job_pulls_on_every_node_follows_its_secret_and_never_completes() {
             (copies.len() == 1 && copies[0]["data"] == source["data"]).then_some(())
         },
     );
-    let done = wait_status(
-        cluster,
+    let done = cluster.wait_status(
         &ns.name,
         "imagepulljob",
         "test-imagepulljob",
@@ -205,7 +173,7 @@ fn a_never_job_pulls_on_every_node_follows_its_secret_and_never_completes() {
     );
     assert_eq!(done["desired"], nodes.len(), "{done}");
     std::thread::sleep(Duration::from_secs(3));
-    let later = status(cluster, &ns.name, "imagepulljob", "test-imagepulljob");
+    let later = cluster.object_status(&ns.name, "imagepulljob", "test-imagepulljob");
     assert!(
         later["completionTime"].is_null(),
         "a Never job completed: {later}"
@@ -251,8 +219,7 @@ fn jobs_naming_one_node_pull_there_only_and_a_second_job_for_the_image_succeeds(
             ns = ns.name,
             node = nodes[0],
         ));
-        let done = wait_status(
-            cluster,
+        let done = cluster.wait_status(
             &ns.name,
             "imagepulljob",
             job,
@@ -313,8 +280,7 @@ fn a_list_job_pulls_two_images_on_every_node_and_goes_at_its_ttl_with_its_childr
     wait_until("two child ImagePullJobs", Duration::from_secs(10), || {
         (child_jobs(cluster, &ns.name).len() == 2).then_some(())
     });
-    let done = wait_status(
-        cluster,
+    let done = cluster.wait_status(
         &ns.name,
         "imagelistpulljob",
         "test-imagelistpulljob",
@@ -368,8 +334,7 @@ fn a_list_job_naming_one_node_pulls_both_images_there() {
         b = images[1],
         node = nodes[0],
     ));
-    let done = wait_status(
-        cluster,
+    let done = cluster.wait_status(
         &ns.name,
         "imagelistpulljob",
         "test-imagelistpulljob",

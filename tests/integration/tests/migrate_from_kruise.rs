@@ -21,7 +21,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use rigger_integration_tests::real_cluster::{ClusterNamespace, RealCluster};
+use rigger_integration_tests::real_cluster::{ClusterNamespace, DeletedOnDrop, RealCluster};
 use rigger_integration_tests::{Proxy, code_blocks, repo_root, unique_image_with, wait_until};
 use serde_json::{Value, json};
 
@@ -110,30 +110,27 @@ fn run_guide(cluster: &RealCluster, dir: &Path, direction: &str, namespace: &str
     );
 }
 
-fn status(cluster: &RealCluster, ns: &str, kind: &str, name: &str) -> Value {
-    cluster
-        .get_json(&[kind, name, "-n", ns])
-        .map(|o| o["status"].clone())
-        .unwrap_or_default()
-}
-
+/// Wait (3 minutes at most) until `kind/name`'s status satisfies `done`.
 fn wait_status(
     cluster: &RealCluster,
     ns: &str,
     kind: &str,
     name: &str,
-    what: &str,
     done: impl Fn(&Value) -> bool,
 ) -> Value {
-    let mut last = Value::Null;
-    wait_until(
-        &format!("{kind}/{name}: {what}"),
-        Duration::from_secs(180),
-        || {
-            last = status(cluster, ns, kind, name);
-            done(&last).then(|| last.clone())
-        },
-    )
+    cluster.wait_status(ns, kind, name, Duration::from_secs(180), done)
+}
+
+/// The `Never` job on every node and the `Never` list's image done: what each owner in
+/// turn shows of the work done before the move. The job's status.
+fn never_work_done(cluster: &RealCluster, ns: &str, nodes: usize) -> Value {
+    let always_on = wait_status(cluster, ns, "imagepulljob", "always-on", |s| {
+        s["succeeded"] == nodes
+    });
+    wait_status(cluster, ns, "imagelistpulljob", "listed", |s| {
+        s["succeeded"] == 1
+    });
+    always_on
 }
 
 /// Bytes the proxy served of the blobs of `repo` (`rigger-lab/NAME-PID`).
@@ -187,17 +184,6 @@ fn scale_and_check(cluster: &RealCluster, ns: &ClusterNamespace, replicas: usize
     }
 }
 
-/// The test's SidecarSet (cluster-wide), deleted when the test ends.
-struct SetGuard(&'static RealCluster, String);
-
-impl Drop for SetGuard {
-    fn drop(&mut self) {
-        let _ = self
-            .0
-            .kubectl(&["delete", "sidecarset", &self.1, "--wait=false"]);
-    }
-}
-
 #[test]
 fn a_cluster_moves_from_kruise_to_rigger_with_jobs_in_flight_and_back() {
     let cluster = RealCluster::kruise_alone();
@@ -244,7 +230,11 @@ fn a_cluster_moves_from_kruise_to_rigger_with_jobs_in_flight_and_back() {
         pid = std::process::id(),
         busybox = cluster.image("rigger-lab/busybox:1"),
     ));
-    let _set = SetGuard(cluster, format!("migrated-{}", std::process::id()));
+    let _set = DeletedOnDrop(
+        cluster,
+        "sidecarset",
+        format!("migrated-{}", std::process::id()),
+    );
     // Kruise's webhook reads SidecarSets from its cache: the Deployment comes once a pod
     // of its labels would be injected.
     let probe = format!(
@@ -269,30 +259,10 @@ fn a_cluster_moves_from_kruise_to_rigger_with_jobs_in_flight_and_back() {
         ns = ns.name,
         busybox = cluster.image("rigger-lab/busybox:1"),
     ));
-    wait_status(
-        cluster,
-        &ns.name,
-        "imagepulljob",
-        "done",
-        "completed",
-        |s| !s["completionTime"].is_null(),
-    );
-    wait_status(
-        cluster,
-        &ns.name,
-        "imagepulljob",
-        "always-on",
-        "on every node",
-        |s| s["succeeded"] == nodes.len(),
-    );
-    wait_status(
-        cluster,
-        &ns.name,
-        "imagelistpulljob",
-        "listed",
-        "on every node",
-        |s| s["succeeded"] == 1,
-    );
+    wait_status(cluster, &ns.name, "imagepulljob", "done", |s| {
+        !s["completionTime"].is_null()
+    });
+    never_work_done(cluster, &ns.name, nodes.len());
     cluster.rollout_status(&ns.name, "deployment/migrated", Duration::from_secs(180));
     assert!(app_pods(cluster, &ns).iter().all(|(_, sidecar)| *sidecar));
     cluster.apply(&format!(
@@ -302,15 +272,10 @@ fn a_cluster_moves_from_kruise_to_rigger_with_jobs_in_flight_and_back() {
         ns = ns.name,
         big = via_proxy(&big_repo),
     ));
-    wait_status(
-        cluster,
-        &ns.name,
-        "imagepulljob",
-        "in-flight",
-        "a first node",
-        |s| s["succeeded"].as_u64().unwrap_or(0) >= 1,
-    );
-    let done_before = status(cluster, &ns.name, "imagepulljob", "done");
+    wait_status(cluster, &ns.name, "imagepulljob", "in-flight", |s| {
+        s["succeeded"].as_u64().unwrap_or(0) >= 1
+    });
+    let done_before = cluster.object_status(&ns.name, "imagepulljob", "done");
 
     // Kruise to Rigger, by the guide.
     run_guide(cluster, work.path(), "to-rigger", &ns.name);
@@ -333,39 +298,19 @@ fn a_cluster_moves_from_kruise_to_rigger_with_jobs_in_flight_and_back() {
     );
     eprintln!("in-flight at the move (Kruise's status): {at_move}");
 
-    let big = wait_status(
-        cluster,
-        &ns.name,
-        "imagepulljob",
-        "in-flight",
-        "completed by Rigger",
-        |s| !s["completionTime"].is_null(),
-    );
+    let big = wait_status(cluster, &ns.name, "imagepulljob", "in-flight", |s| {
+        !s["completionTime"].is_null()
+    });
     assert_eq!(big["succeeded"], nodes.len(), "{big}");
-    let always_on = wait_status(
-        cluster,
-        &ns.name,
-        "imagepulljob",
-        "always-on",
-        "carried on",
-        |s| s["succeeded"] == nodes.len(),
-    );
+    let always_on = never_work_done(cluster, &ns.name, nodes.len());
     assert!(
         always_on["completionTime"].is_null(),
         "a Never job completed: {always_on}"
     );
-    let done = status(cluster, &ns.name, "imagepulljob", "done");
+    let done = cluster.object_status(&ns.name, "imagepulljob", "done");
     assert_eq!(
         done["completionTime"], done_before["completionTime"],
         "{done}"
-    );
-    wait_status(
-        cluster,
-        &ns.name,
-        "imagelistpulljob",
-        "listed",
-        "carried on",
-        |s| s["succeeded"] == 1,
     );
     for node in &nodes {
         assert!(
@@ -400,24 +345,9 @@ fn a_cluster_moves_from_kruise_to_rigger_with_jobs_in_flight_and_back() {
     // And back, by the guide.
     run_guide(cluster, work.path(), "to-kruise", &ns.name);
 
-    let big = status(cluster, &ns.name, "imagepulljob", "in-flight");
+    let big = cluster.object_status(&ns.name, "imagepulljob", "in-flight");
     assert!(!big["completionTime"].is_null(), "{big}");
-    wait_status(
-        cluster,
-        &ns.name,
-        "imagepulljob",
-        "always-on",
-        "counted by Kruise",
-        |s| s["succeeded"] == nodes.len(),
-    );
-    wait_status(
-        cluster,
-        &ns.name,
-        "imagelistpulljob",
-        "listed",
-        "counted by Kruise",
-        |s| s["succeeded"] == 1,
-    );
+    never_work_done(cluster, &ns.name, nodes.len());
     let after: Vec<u64> = images
         .iter()
         .map(|(repo, _)| blob_bytes(&proxy, repo))

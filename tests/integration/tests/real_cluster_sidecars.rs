@@ -8,20 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use rigger_integration_tests::real_cluster::{ClusterNamespace, RealCluster};
+use rigger_integration_tests::real_cluster::{ClusterNamespace, DeletedOnDrop, RealCluster};
 use rigger_integration_tests::{lab_image, wait_until};
 use serde_json::Value;
-
-/// The SidecarSet `name` (cluster-wide) deleted when the test ends.
-struct SetGuard(&'static RealCluster, String);
-
-impl Drop for SetGuard {
-    fn drop(&mut self) {
-        let _ = self
-            .0
-            .kubectl(&["delete", "sidecarset", &self.1, "--wait=false"]);
-    }
-}
 
 const IDLE: &str = "[sh, -c, 'trap \"exit 0\" TERM; while true; do sleep 1; done']";
 
@@ -83,7 +72,7 @@ fn injected_sidecars_roll_in_place_within_max_unavailable() {
     lab_image(&["sidecar"]);
     let ns = cluster.namespace("roll");
     let set = format!("roll-{}", std::process::id());
-    let _guard = SetGuard(cluster, set.clone());
+    let _guard = DeletedOnDrop(cluster, "sidecarset", set.clone());
     let manifest = |version: u32| {
         format!(
             "apiVersion: apps.kruise.io/v1alpha1\nkind: SidecarSet\nmetadata: {{name: {set}}}\n\
@@ -169,7 +158,7 @@ fn a_hot_upgrade_under_load_fails_no_request() {
     lab_image(&["sidecar"]);
     let ns = cluster.namespace("hot");
     let set = format!("hot-{}", std::process::id());
-    let _guard = SetGuard(cluster, set.clone());
+    let _guard = DeletedOnDrop(cluster, "sidecarset", set.clone());
     let manifest = |version: u32| {
         format!(
             "apiVersion: apps.kruise.io/v1alpha1\nkind: SidecarSet\nmetadata: {{name: {set}}}\n\
@@ -288,7 +277,7 @@ fn a_native_sidecar_is_injected_and_runs() {
     let cluster = RealCluster::get();
     let ns = cluster.namespace("native");
     let set = format!("native-{}", std::process::id());
-    let _guard = SetGuard(cluster, set.clone());
+    let _guard = DeletedOnDrop(cluster, "sidecarset", set.clone());
     let busybox = cluster.image("rigger-lab/busybox:1");
     cluster.apply(&format!(
         "apiVersion: apps.kruise.io/v1alpha1\nkind: SidecarSet\nmetadata: {{name: {set}}}\n\
@@ -333,7 +322,7 @@ fn a_sidecarset_rigger_cannot_use_refuses_its_pods_and_leaves_others_alone() {
     let cluster = RealCluster::get();
     let ns = cluster.namespace("unusable");
     let set = format!("unusable-{}", std::process::id());
-    let _guard = SetGuard(cluster, set.clone());
+    let _guard = DeletedOnDrop(cluster, "sidecarset", set.clone());
     let busybox = cluster.image("rigger-lab/busybox:1");
     cluster.apply(&format!(
         "apiVersion: apps.kruise.io/v1alpha1\nkind: SidecarSet\nmetadata: {{name: {set}}}\n\
@@ -453,7 +442,7 @@ fn a_sidecar_is_sized_from_the_pods_containers_and_a_pod_it_cannot_size_is_refus
     let cluster = RealCluster::get();
     let ns = cluster.namespace("sized");
     let set = format!("sized-{}", std::process::id());
-    let _guard = SetGuard(cluster, set.clone());
+    let _guard = DeletedOnDrop(cluster, "sidecarset", set.clone());
     let busybox = cluster.image("rigger-lab/busybox:1");
     cluster.apply(&format!(
         "apiVersion: apps.kruise.io/v1beta1\nkind: SidecarSet\nmetadata: {{name: {set}}}\n\
