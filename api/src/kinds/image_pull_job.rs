@@ -128,6 +128,23 @@ pub struct CompletionPolicy {
     pub ttl_seconds_after_finished: Option<u64>,
 }
 
+impl CompletionPolicy {
+    /// Whether `ttlSecondsAfterFinished` has passed at `now` for what finished at
+    /// `completion_time` (RFC 3339; `None`, or unreadable, is not finished): a job's, or
+    /// an image list's (whose template this is).
+    pub fn ttl_passed(&self, completion_time: Option<&str>, now: SystemTime) -> bool {
+        self.kind == CompletionPolicyType::Always
+            && self.ttl_seconds_after_finished.is_some_and(|ttl| {
+                completion_time
+                    .and_then(|text| humantime::parse_rfc3339(text).ok())
+                    .is_some_and(|done| {
+                        now.duration_since(done)
+                            .is_ok_and(|since| since >= std::time::Duration::from_secs(ttl))
+                    })
+            })
+    }
+}
+
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
 )]

@@ -103,7 +103,12 @@ impl ControlService {
     }
 
     async fn delete_job(&self, key: &ObjectKey) -> Result<(), Status> {
-        match self.store.delete(key.clone(), Precondition::Any).await {
+        self.delete_at(key, Precondition::Any).await
+    }
+
+    /// Delete `key` if `precondition` holds; one already gone is no error.
+    async fn delete_at(&self, key: &ObjectKey, precondition: Precondition) -> Result<(), Status> {
+        match self.store.delete(key.clone(), precondition).await {
             Ok(()) | Err(crate::store::StoreError::NotFound { .. }) => Ok(()),
             Err(e) => Err(store_status(e)),
         }
@@ -284,14 +289,16 @@ async fn reconcile_list(
         .get(key)
         .filter(|(_, s)| s.completion_time.is_some())
     {
-        if ttl_passed(list, status, std::time::SystemTime::now()) {
+        let policy = &list.spec.template.completion_policy;
+        if policy.ttl_passed(
+            status.completion_time.as_deref(),
+            std::time::SystemTime::now(),
+        ) {
             tracing::info!(list = %key, "ttlSecondsAfterFinished passed; deleting the image list");
             // This list, as read: not one made again under its name meanwhile.
-            let this = Precondition::Revision(stored.revision);
-            match control.store.delete(key.clone(), this).await {
-                Ok(()) | Err(crate::store::StoreError::NotFound { .. }) => {}
-                Err(e) => return Err(store_status(e)),
-            }
+            control
+                .delete_at(key, Precondition::Revision(stored.revision))
+                .await?;
         }
         return Ok(());
     }
@@ -308,25 +315,6 @@ async fn reconcile_list(
         .map_err(store_status)?;
     written.insert(key.clone(), (uid.clone(), status));
     Ok(())
-}
-
-/// Whether finished `list`'s `ttlSecondsAfterFinished` has passed at `now`.
-fn ttl_passed(
-    list: &ImageListPullJob,
-    status: &ImageListPullJobStatus,
-    now: std::time::SystemTime,
-) -> bool {
-    let policy = &list.spec.template.completion_policy;
-    let (Some(ttl), Some(done)) = (
-        policy.ttl_seconds_after_finished,
-        status.completion_time.as_deref(),
-    ) else {
-        return false;
-    };
-    humantime::parse_rfc3339(done).is_ok_and(|done| {
-        now.duration_since(done)
-            .is_ok_and(|since| since >= std::time::Duration::from_secs(ttl))
-    })
 }
 
 /// Run [`reconcile_in_cluster`] every second until `token` is cancelled.
@@ -368,10 +356,14 @@ mod tests {
             ..ImageListPullJobStatus::default()
         };
         let later = |s| done + Duration::from_secs(s);
-        assert!(!ttl_passed(&list(Some(30)), &status, later(29)));
-        assert!(ttl_passed(&list(Some(30)), &status, later(30)));
-        assert!(!ttl_passed(&list(None), &status, later(3_000)));
+        let ttl_passed = |list: ImageListPullJob, status: &ImageListPullJobStatus, now| {
+            let policy = &list.spec.template.completion_policy;
+            policy.ttl_passed(status.completion_time.as_deref(), now)
+        };
+        assert!(!ttl_passed(list(Some(30)), &status, later(29)));
+        assert!(ttl_passed(list(Some(30)), &status, later(30)));
+        assert!(!ttl_passed(list(None), &status, later(3_000)));
         let unfinished = ImageListPullJobStatus::default();
-        assert!(!ttl_passed(&list(Some(0)), &unfinished, later(3_000)));
+        assert!(!ttl_passed(list(Some(0)), &unfinished, later(3_000)));
     }
 }

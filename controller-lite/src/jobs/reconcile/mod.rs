@@ -76,7 +76,8 @@ pub(super) fn cancel(id: &str, reason: &str) -> ControllerMessage {
 /// One pass over `job`.
 pub(super) fn reconcile_job(pass: &Pass<'_>, job: &mut JobState, out: &mut Out<'_>) {
     if job.finished() {
-        if ttl_passed(job, pass.now.wall) {
+        let policy = &job.job.spec.completion_policy;
+        if policy.ttl_passed(job.status.completion_time.as_deref(), pass.now.wall) {
             out.effects.expired.push(pass.key.clone());
         }
         return;
@@ -121,17 +122,6 @@ pub(super) fn reconcile_job(pass: &Pass<'_>, job: &mut JobState, out: &mut Out<'
 }
 
 /// Whether a finished job's `ttlSecondsAfterFinished` has passed at `now`.
-fn ttl_passed(job: &JobState, now: SystemTime) -> bool {
-    let policy = &job.job.spec.completion_policy;
-    policy.kind == CompletionPolicyType::Always
-        && policy.ttl_seconds_after_finished.is_some_and(|ttl| {
-            parse_time(job.status.completion_time.as_deref()).is_some_and(|done| {
-                now.duration_since(done)
-                    .is_ok_and(|d| d >= Duration::from_secs(ttl))
-            })
-        })
-}
-
 /// The nodes the job selects join it (named nodes that never registered too: they
 /// fail as such).
 fn take_members(job: &mut JobState, views: &HashMap<String, NodeView>) {
