@@ -7,14 +7,6 @@ use std::time::Duration;
 
 use rigger_integration_tests::real_cluster::{RealCluster, lab_cluster, lab_rigger};
 use rigger_integration_tests::{unique_image_with, wait_until};
-use serde_json::Value;
-
-fn job_status(cluster: &RealCluster, namespace: &str, kind: &str, name: &str) -> Value {
-    cluster
-        .get_json(&[kind, name, "-n", namespace])
-        .map(|job| job["status"].clone())
-        .unwrap_or_default()
-}
 
 /// Scenario 1: an ImagePullJob (v1beta1) warms exactly the nodes a label set with `kubectl
 /// label node` chooses; a Deployment whose pods use that image with `IfNotPresent` then
@@ -54,7 +46,7 @@ fn a_job_warms_the_labelled_nodes_and_kubelet_then_starts_pods_without_pulling()
         "--for=jsonpath={.status.succeeded}=2",
         "--timeout=120s",
     ]);
-    let status = job_status(cluster, &ns.name, "imagepulljob", "warm");
+    let status = cluster.object_status(&ns.name, "imagepulljob", "warm");
     assert_eq!(status["desired"], 2, "{status}");
     assert_eq!(status["failed"], 0, "{status}");
     for node in chosen {
@@ -116,7 +108,7 @@ fn a_node_that_joins_later_gets_the_images_of_a_job_that_never_completes() {
     ));
     let before = cluster.nodes().len() as u64;
     wait_until("every node to pull", Duration::from_secs(120), || {
-        (job_status(cluster, &ns.name, "imagepulljob", "always")["succeeded"] == before)
+        (cluster.object_status(&ns.name, "imagepulljob", "always")["succeeded"] == before)
             .then_some(())
     });
 
@@ -134,7 +126,7 @@ fn a_node_that_joins_later_gets_the_images_of_a_job_that_never_completes() {
         "the job to count the new node",
         Duration::from_secs(180),
         || {
-            let status = job_status(cluster, &ns.name, "imagepulljob", "always");
+            let status = cluster.object_status(&ns.name, "imagepulljob", "always");
             (status["succeeded"] == before + 1).then_some(())
         },
     );
@@ -151,7 +143,7 @@ fn a_node_that_joins_later_gets_the_images_of_a_job_that_never_completes() {
         "the job after the node left",
         Duration::from_secs(90),
         || {
-            let status = job_status(cluster, &ns.name, "imagepulljob", "after");
+            let status = cluster.object_status(&ns.name, "imagepulljob", "after");
             status["completionTime"].is_string().then_some(status)
         },
     );
@@ -199,10 +191,10 @@ fn a_job_whose_pull_secret_is_immutable_completes() {
         ns = ns.name
     ));
     wait_until("the list job to complete", Duration::from_secs(120), || {
-        let status = job_status(cluster, &ns.name, "imagelistpulljob", "list");
+        let status = cluster.object_status(&ns.name, "imagelistpulljob", "list");
         (status["completed"] == 1).then_some(status)
     });
-    let status = job_status(cluster, &ns.name, "imagelistpulljob", "list");
+    let status = cluster.object_status(&ns.name, "imagelistpulljob", "list");
     assert_eq!(status["succeeded"], 1, "{status}");
     assert!(cluster.has_image(node, &image));
 }
@@ -272,7 +264,7 @@ fn jobs_ended_at_their_ttl_stay_ended_when_a_finalizer_keeps_them_or_their_list_
     // Its job goes at the template's ttl (8 s), and it at the same ttl, about when its
     // job does: between the two, the job is not made again.
     wait_until("the list to finish", Duration::from_secs(120), || {
-        let status = job_status(cluster, &ns.name, "imagelistpulljob", "list");
+        let status = cluster.object_status(&ns.name, "imagelistpulljob", "list");
         (!status["completionTime"].is_null()).then_some(())
     });
     let mut went = false;

@@ -11,10 +11,7 @@ use rigger_integration_tests::{repo_root, unique_image_with, wait_until};
 use serde_json::Value;
 
 fn job(cluster: &RealCluster, ns: &ClusterNamespace, name: &str) -> Value {
-    cluster
-        .get_json(&["imagepulljob", name, "-n", &ns.name])
-        .map(|job| job["status"].clone())
-        .unwrap_or_default()
+    cluster.object_status(&ns.name, "imagepulljob", name)
 }
 
 /// A job over every node, one node at a time, of an image big enough to be mid-pull when
