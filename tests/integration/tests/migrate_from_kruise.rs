@@ -69,33 +69,23 @@ fn script(direction: &str) -> String {
 
 /// Run the guide's `direction` in `dir` (its backups stay there between directions).
 fn run_guide(cluster: &RealCluster, dir: &Path, direction: &str, namespace: &str) {
-    let bin = dir.join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    let kubectl = bin.join("kubectl");
-    std::fs::write(
-        &kubectl,
-        format!(
-            "#!/bin/sh\nexec {} --kubeconfig {} \"$@\"\n",
-            cluster.client.binary.display(),
-            cluster.client.kubeconfig.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &kubectl,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
     let deploy = dir.join("deploy");
     if !deploy.exists() {
         std::os::unix::fs::symlink(repo_root().join("deploy"), &deploy).unwrap();
     }
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    // The lab's kubectl, as the README's cluster quick start runs it (docs.rs).
+    let kubectl_dir = cluster.client.binary.parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        kubectl_dir.display(),
+        std::env::var("PATH").unwrap()
+    );
     let out = Command::new("bash")
         .arg("-c")
         .arg(script(direction))
         .current_dir(dir)
         .env("PATH", path)
+        .env("KUBECONFIG", &cluster.client.kubeconfig)
         .env("RIGGER_REPO", repo_root())
         .env("PROBE_NAMESPACE", namespace)
         .env("PROBE_SET", format!("migrated-{}", std::process::id()))
