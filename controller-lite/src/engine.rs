@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::StoreError;
+use crate::store::{Store, StoreError};
 
 /// One engine, as the runner drives it.
 pub trait Engine: Send + Sync {
@@ -19,6 +19,9 @@ pub trait Engine: Send + Sync {
     const NAME: &'static str;
     /// Passes run at least this often, woken or not (deadlines, retries, timeouts).
     const TICK: Duration;
+    /// The kinds whose changes by another writer wake a pass, where the store tells
+    /// them ([`supervise_watching`]).
+    const WATCHES: &'static [&'static str] = &[];
     /// What one pass decides on, read from the store once, at the pass's start.
     type Snapshot: Send;
 
@@ -88,6 +91,38 @@ pub async fn supervise<E: Engine + Clone + 'static>(engine: E, token: Cancellati
             }
             Err(_) => break,
         }
+    }
+}
+
+/// [`supervise`], with a pass also woken by each change another writer makes to an
+/// object of the kinds the engine [watches](Engine::WATCHES), where the store sees them
+/// ([`Store::changes`]): in a cluster, a `kubectl apply` is acted on at once rather
+/// than at the next tick.
+pub async fn supervise_watching<E: Engine + Clone + 'static>(
+    engine: E,
+    store: &Store,
+    token: CancellationToken,
+) {
+    let woken = engine.clone();
+    let forwarders = E::WATCHES
+        .iter()
+        .filter_map(|kind| store.changes(kind))
+        .map(|mut changes| {
+            let wake = woken.wake_signal();
+            async move {
+                while changes.changed().await.is_ok() {
+                    wake.notify_one();
+                }
+            }
+        });
+    // No changes to forward (none told, or their watches gone) is no reason to stop.
+    let forwarding = async {
+        futures::future::join_all(forwarders).await;
+        std::future::pending::<()>().await;
+    };
+    tokio::select! {
+        () = supervise(engine, token) => {}
+        () = forwarding => {}
     }
 }
 

@@ -335,6 +335,8 @@ pub async fn run(
         _ => (None, None),
     };
     let gate = nodes.clone();
+    // Others' changes (in a cluster, what users apply) wake the engines that read them.
+    let watched = store.clone();
     // The engines run on the leader only (at once with the embedded store).
     let engine = {
         let (mut leadership, token) = (leadership.clone(), token.clone());
@@ -377,7 +379,8 @@ pub async fn run(
                 let cluster_only = async {
                     let node_images = async {
                         if let Some(engine) = node_images {
-                            crate::engine::supervise(engine, token.clone()).await;
+                            crate::engine::supervise_watching(engine, &watched, token.clone())
+                                .await;
                         }
                     };
                     let lists = async {
@@ -418,18 +421,26 @@ pub async fn run(
                         let sidecar_sets = async {
                             match cluster_rollout {
                                 Some(rollout) => {
-                                    crate::engine::supervise(rollout, token.clone()).await;
+                                    crate::engine::supervise_watching(
+                                        rollout,
+                                        &watched,
+                                        token.clone(),
+                                    )
+                                    .await;
                                 }
                                 None => crate::engine::supervise(sidecars, token.clone()).await,
                             }
                         };
-                        tokio::join!(crate::engine::supervise(jobs, token.clone()), sidecar_sets);
+                        tokio::join!(
+                            crate::engine::supervise_watching(jobs, &watched, token.clone()),
+                            sidecar_sets
+                        );
                     }
                 };
                 tokio::join!(
                     labels,
                     managers,
-                    crate::engine::supervise(recreates, token.clone()),
+                    crate::engine::supervise_watching(recreates, &watched, token.clone()),
                     cluster_only
                 );
             }

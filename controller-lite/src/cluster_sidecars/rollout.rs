@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
+use rigger_api::Object as _;
 use rigger_api::fields::Condition;
 use rigger_api::sidecar_set::{
     History, IN_PLACE_UPDATE_CONDITION, NAMESPACE_NAME_LABEL, SidecarSet, SidecarSetStatus,
@@ -83,6 +84,7 @@ pub struct Snapshot {
 impl crate::engine::Engine for ClusterRollout {
     const NAME: &'static str = "sidecar rollout (cluster)";
     const TICK: Duration = TICK;
+    const WATCHES: &'static [&'static str] = &[SidecarSet::INFO.name];
     type Snapshot = Snapshot;
 
     fn wake_signal(&self) -> &Notify {

@@ -317,15 +317,29 @@ async fn reconcile_list(
     Ok(())
 }
 
-/// Run [`reconcile_in_cluster`] every second until `token` is cancelled.
+/// Run [`reconcile_in_cluster`] at once when a list is applied or edited, or its jobs'
+/// statuses were written, and every second, until `token` is cancelled.
 pub async fn keep_in_cluster(control: ControlService, token: tokio_util::sync::CancellationToken) {
     let mut written = std::collections::HashMap::new();
+    let mut lists_changed = control.store.changes(ImageListPullJob::INFO.name);
+    let mut statuses = control.jobs.statuses_written();
     loop {
         if let Err(error) = reconcile_in_cluster(&control, &mut written).await {
             tracing::warn!(%error, "image lists: pass skipped");
         }
+        let list_changed = async {
+            let told = match lists_changed.as_mut() {
+                Some(changes) => changes.changed().await.is_ok(),
+                None => false,
+            };
+            if !told {
+                std::future::pending::<()>().await;
+            }
+        };
         tokio::select! {
             () = token.cancelled() => return,
+            () = list_changed => {}
+            Ok(()) = statuses.changed() => {}
             () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
         }
     }

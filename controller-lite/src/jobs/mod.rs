@@ -30,6 +30,7 @@ use self::state::{JobState, Now};
 use crate::job_status;
 use crate::nodes::NodeRegistry;
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
+use rigger_api::Object as _;
 use rigger_api::image_pull_job::{ImagePullJob, ImagePullJobStatus, NodePullPhase};
 use rigger_api::secret::{self, Secret};
 
@@ -58,6 +59,8 @@ struct Inner {
     was_starting: std::sync::atomic::AtomicBool,
     state: Mutex<EngineState>,
     wake: Notify,
+    /// Counts the passes that wrote a job's status (image lists add theirs up).
+    statuses_written: tokio::sync::watch::Sender<u64>,
     /// Signs the peer grants tasks carry; `None`: sharing is off.
     grants: Option<Arc<rigger_proto::peer_grant::GrantSigner>>,
     /// Where each node's pull that ends is told (Kruise's events, in a cluster).
@@ -178,6 +181,7 @@ impl JobEngine {
                 resumed: std::sync::OnceLock::new(),
                 state: Mutex::default(),
                 wake: Notify::new(),
+                statuses_written: tokio::sync::watch::channel(0).0,
                 grants,
                 events: Arc::new(crate::events::NoEvents),
             }),
@@ -255,6 +259,11 @@ impl JobEngine {
     pub fn wake(&self) {
         self.inner.wake.notify_one();
     }
+
+    /// Told each time jobs' statuses were written.
+    pub fn statuses_written(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.statuses_written.subscribe()
+    }
 }
 
 /// What a job pass reads from the store.
@@ -280,6 +289,7 @@ struct ChangedJob {
 impl crate::engine::Engine for JobEngine {
     const NAME: &'static str = "image pull jobs";
     const TICK: Duration = TICK;
+    const WATCHES: &'static [&'static str] = &[ImagePullJob::INFO.name];
     type Snapshot = JobSnapshot;
 
     fn wake_signal(&self) -> &Notify {
@@ -623,6 +633,7 @@ impl JobEngine {
                 })
                 .collect()
         };
+        let wrote_any = !dirty.is_empty();
         for (key, status, mut written) in dirty {
             let result = job_status::write(&self.inner.store, &key, status, &mut written).await;
             let mut state = self.lock();
@@ -636,6 +647,11 @@ impl JobEngine {
                     job.dirty = true;
                 }
             }
+        }
+        if wrote_any {
+            self.inner
+                .statuses_written
+                .send_modify(|count| *count = count.wrapping_add(1));
         }
     }
 

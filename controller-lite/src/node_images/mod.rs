@@ -357,6 +357,7 @@ fn cancel(id: &str, reason: &str) -> ControllerMessage {
 impl crate::engine::Engine for NodeImageEngine {
     const NAME: &'static str = "node images";
     const TICK: Duration = TICK;
+    const WATCHES: &'static [&'static str] = &[node_image::KIND];
     type Snapshot = NodeImageSnapshot;
 
     fn wake_signal(&self) -> &Notify {

@@ -23,6 +23,7 @@ use tokio::sync::Notify;
 use crate::nodes::NodeRegistry;
 use crate::store::{ObjectKey, Precondition, Store, StoreError};
 use rigger_api::Condition;
+use rigger_api::Object as _;
 use rigger_api::container_recreate_request::{
     self as crr, ContainerRecreatePhase, ContainerRecreateRequest, ContainerRecreateState,
     CrrPhase, CrrStatus, FailurePolicy,
@@ -241,6 +242,7 @@ pub struct RecreateSnapshot {
 impl crate::engine::Engine for RecreateEngine {
     const NAME: &'static str = "container recreate requests";
     const TICK: Duration = TICK;
+    const WATCHES: &'static [&'static str] = &[ContainerRecreateRequest::INFO.name];
     type Snapshot = RecreateSnapshot;
 
     fn wake_signal(&self) -> &Notify {

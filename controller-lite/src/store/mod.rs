@@ -139,6 +139,14 @@ pub trait Backend: std::fmt::Debug + Send + Sync + 'static {
 
     /// Delete `key` if `precondition` holds; deleting what is not there is `NotFound`.
     async fn delete(&self, key: ObjectKey, precondition: Precondition) -> Result<(), StoreError>;
+
+    /// Changes to objects of `kind` that others made (its value counts them), where the
+    /// backend sees them: a Kubernetes API server's watches (a user's `kubectl apply`).
+    /// `None` where every write comes through this controller's API, which wakes the
+    /// engines itself.
+    fn changes(&self, _kind: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
 }
 
 /// The store the controller runs on: one backend, shared by every task (cheap to clone).
@@ -171,6 +179,11 @@ impl Store {
     }
 
     /// Every object of `kind`, ordered by namespace and name.
+    /// See [`Backend::changes`].
+    pub fn changes(&self, kind: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.0.changes(kind)
+    }
+
     pub async fn list(&self, kind: &str) -> Result<Vec<Stored>, StoreError> {
         self.0.list(kind).await
     }

@@ -175,6 +175,103 @@ fn the_store_keeps_its_promises_on_the_api_server() {
     assert!(rt.block_on(store.get(status_key)).unwrap().is_none());
 }
 
+/// Engines act on a user's apply when the watch delivers it, not at their next tick:
+/// the store tells of changes others make to the kinds an engine reads (its own writes
+/// are known by their version and wake nothing: the cache's unit tests).
+#[test]
+fn a_kubectl_apply_is_told_by_the_store_as_it_happens() {
+    let cluster = Cluster::get();
+    let namespace = cluster.namespace("store-changes");
+    let rt = runtime();
+    let store = connect(&rt, cluster, &namespace.name);
+    let mut changes = store
+        .changes("ImagePullJob")
+        .expect("the Kubernetes store tells of changes");
+    assert!(
+        store.changes("ImagePullJob.nodes").is_none(),
+        "the controller's own records are not told"
+    );
+    // The first list starts the watch; its first listing counts as one change.
+    rt.block_on(store.list("ImagePullJob")).unwrap();
+    let told = |changes: &mut tokio::sync::watch::Receiver<u64>| {
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(30), changes.changed()).await
+        })
+    };
+    told(&mut changes)
+        .expect("the watch's first listing is told")
+        .unwrap();
+    let before = *changes.borrow_and_update();
+    let job = format!(
+        "apiVersion: apps.kruise.io/v1alpha1\nkind: ImagePullJob\n\
+         metadata: {{name: applied, namespace: {}}}\n\
+         spec: {{image: registry.invalid/app:1, completionPolicy: {{type: Never}}}}\n",
+        namespace.name
+    );
+    let out = cluster.kubectl_stdin(&["apply"], &job);
+    assert!(out.status.success(), "{out:?}");
+    told(&mut changes)
+        .expect("a kubectl apply is told")
+        .unwrap();
+    assert!(*changes.borrow() > before);
+
+    // A write "whatever is there" starts from the version the watch knows, which another
+    // writer may just have made stale: it still lands, once, over the newest.
+    let key = rigger_controller::store::ObjectKey::new("ImagePullJob", &namespace.name, "applied");
+    let edited = cluster.kubectl_ok(&[
+        "-n",
+        &namespace.name,
+        "patch",
+        "imagepulljob",
+        "applied",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"parallelism":2}}"#,
+    ]);
+    assert!(edited.contains("patched"), "{edited}");
+    let ours = serde_json::json!({
+        "apiVersion": "apps.kruise.io/v1alpha1", "kind": "ImagePullJob",
+        "metadata": {"name": "applied", "namespace": namespace.name},
+        "spec": {"image": "registry.invalid/app:2", "completionPolicy": {"type": "Never"}},
+    });
+    let written = rt
+        .block_on(store.put(
+            key.clone(),
+            ours.to_string().into_bytes(),
+            Precondition::Any,
+        ))
+        .unwrap();
+    let status_key =
+        rigger_controller::store::ObjectKey::new("ImagePullJob.status", &namespace.name, "applied");
+    let status = serde_json::json!({"desired": 1, "active": 1, "succeeded": 0, "failed": 0,
+                                    "message": "pulling"});
+    let with_status = rt
+        .block_on(store.put(
+            status_key.clone(),
+            status.to_string().into_bytes(),
+            Precondition::Any,
+        ))
+        .unwrap();
+    assert!(with_status > written);
+    // The whole status is replaced, not merged: a field left out is gone.
+    let status = serde_json::json!({"desired": 1, "active": 0, "succeeded": 1, "failed": 0});
+    rt.block_on(store.put(
+        status_key.clone(),
+        status.to_string().into_bytes(),
+        Precondition::Any,
+    ))
+    .unwrap();
+    let read = cluster
+        .get_json(&["-n", &namespace.name, "imagepulljob", "applied"])
+        .unwrap();
+    assert_eq!(read["spec"]["image"], "registry.invalid/app:2", "{read}");
+    assert_eq!(
+        read["status"],
+        serde_json::json!({"desired": 1, "active": 0, "succeeded": 1, "failed": 0}),
+        "{read}"
+    );
+}
+
 #[test]
 fn a_job_applied_with_kubectl_runs_on_the_nodes_kubectl_labelled() {
     let cluster = Cluster::get();

@@ -7,7 +7,7 @@
 //! an overlay until the watch has caught up with it: a list shows, per object, whichever
 //! of the two is newer. [`merge`] is that rule, pure.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,6 +20,36 @@ use super::route;
 
 /// How long the first listing of a resource may take before a list fails.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How many of its own writes' resourceVersions a watch keeps to recognise them.
+const OWN_WRITES_KEPT: usize = 1024;
+
+/// The resourceVersions of this controller's writes that a watch has not delivered yet,
+/// so that their events wake nothing. One the watch never delivers (the object changed
+/// again during a relist) stays until the next relist; past [`OWN_WRITES_KEPT`] all are
+/// forgotten. Either way the worst is a write of ours taken for another's: one pass more.
+/// So is a write whose event comes before its response does.
+#[derive(Debug, Default)]
+struct OwnWrites(HashSet<u64>);
+
+impl OwnWrites {
+    fn wrote(&mut self, revision: u64) {
+        if self.0.len() >= OWN_WRITES_KEPT {
+            self.0.clear();
+        }
+        self.0.insert(revision);
+    }
+
+    /// Whether the event at `revision` is a write of ours (then forgotten).
+    fn delivered(&mut self, revision: Option<u64>) -> bool {
+        revision.is_some_and(|revision| self.0.remove(&revision))
+    }
+
+    /// The watch listed everything again: what it delivered meanwhile is not known.
+    fn relisted(&mut self) {
+        self.0.clear();
+    }
+}
 
 /// This controller's own write of one object, until the watch shows it.
 #[derive(Debug, Clone)]
@@ -101,6 +131,8 @@ struct Watched {
     /// The newest resourceVersion the watch delivered.
     seen: Arc<std::sync::atomic::AtomicU64>,
     overlay: HashMap<Name, Written>,
+    /// The resourceVersions of this controller's writes the watch has not delivered yet.
+    own_writes: Arc<Mutex<OwnWrites>>,
     _watch: AbortOnDrop,
 }
 
@@ -116,6 +148,9 @@ impl Drop for AbortOnDrop {
 #[derive(Default)]
 pub struct ListCache {
     watched: Mutex<HashMap<String, Watched>>,
+    /// Per resource, a count of the changes others made, for [`ListCache::changes`];
+    /// made by whichever comes first, the watch or a subscriber.
+    changes: Mutex<HashMap<String, tokio::sync::watch::Sender<u64>>>,
 }
 
 impl std::fmt::Debug for ListCache {
@@ -165,6 +200,27 @@ impl ListCache {
         Ok(merge(reader.state(), &mut entry.overlay, seen))
     }
 
+    /// Changes to `resource`'s objects (in `namespace`, or all) that this controller did
+    /// not write: the value counts them, and a relist counts as one. Subscribing does not
+    /// start the watch; the first list does.
+    pub fn changes(
+        &self,
+        resource: &ApiResource,
+        namespace: Option<&str>,
+    ) -> tokio::sync::watch::Receiver<u64> {
+        self.changes_sender(&cache_key(resource, namespace))
+            .subscribe()
+    }
+
+    fn changes_sender(&self, key: &str) -> tokio::sync::watch::Sender<u64> {
+        self.changes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(key.to_owned())
+            .or_insert_with(|| tokio::sync::watch::channel(0).0)
+            .clone()
+    }
+
     fn reader(
         &self,
         client: &kube::Client,
@@ -189,6 +245,9 @@ impl ListCache {
         let (ready_tx, ready) = tokio::sync::watch::channel(false);
         let seen = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let seen_by_watch = seen.clone();
+        let own_writes = Arc::new(Mutex::new(OwnWrites::default()));
+        let own_writes_of_watch = own_writes.clone();
+        let changed = self.changes_sender(key);
         let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
             .default_backoff();
         let task = tokio::spawn(async move {
@@ -197,12 +256,20 @@ impl ListCache {
                 match event {
                     Ok(watcher::Event::InitDone) => {
                         ready_tx.send_replace(true);
+                        // What changed while the watch was down is not known: all of it.
+                        lock(&own_writes_of_watch).relisted();
+                        changed.send_modify(|count| *count = count.wrapping_add(1));
                     }
-                    Ok(
-                        watcher::Event::Apply(object)
-                        | watcher::Event::Delete(object)
-                        | watcher::Event::InitApply(object),
-                    ) => {
+                    Ok(watcher::Event::Apply(object) | watcher::Event::Delete(object)) => {
+                        let revision =
+                            route::revision_of(object.metadata.resource_version.as_deref());
+                        seen_by_watch
+                            .fetch_max(revision.unwrap_or(0), std::sync::atomic::Ordering::AcqRel);
+                        if !lock(&own_writes_of_watch).delivered(revision) {
+                            changed.send_modify(|count| *count = count.wrapping_add(1));
+                        }
+                    }
+                    Ok(watcher::Event::InitApply(object)) => {
                         let revision =
                             route::revision_of(object.metadata.resource_version.as_deref());
                         seen_by_watch
@@ -222,10 +289,38 @@ impl ListCache {
                 ready: ready.clone(),
                 seen,
                 overlay: HashMap::new(),
+                own_writes,
                 _watch: AbortOnDrop(task),
             },
         );
         (reader, ready)
+    }
+
+    /// The newest resourceVersion of object `name` of `resource` (cached as `namespace`
+    /// says) that the watch or this controller's last write knows; `None` when the watch
+    /// does not run, or knows it absent or deleted.
+    pub fn known_revision(
+        &self,
+        resource: &ApiResource,
+        namespace: Option<&str>,
+        name: &Name,
+    ) -> Option<u64> {
+        let watched = lock(&self.watched);
+        let entry = watched.get(&cache_key(resource, namespace))?;
+        let mut object = reflector::ObjectRef::new_with(&name.1, resource.clone());
+        if !name.0.is_empty() {
+            object = object.within(&name.0);
+        }
+        let from_watch = entry
+            .reader
+            .get(&object)
+            .and_then(|watched| route::revision_of(watched.metadata.resource_version.as_deref()));
+        match (entry.overlay.get(name), from_watch) {
+            (Some(written), Some(seen)) if written.revision() < seen => Some(seen),
+            (Some(Written::Present(_)), _) => entry.overlay.get(name).map(Written::revision),
+            (Some(Written::Deleted(_)), _) => None,
+            (None, seen) => seen,
+        }
     }
 
     /// Remember this controller's write of an object (for resources listed through the
@@ -243,6 +338,7 @@ impl ListCache {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(entry) = watched.get_mut(&key) {
+            lock(&entry.own_writes).wrote(written.revision());
             let newer = entry
                 .overlay
                 .get(&name)
@@ -252,6 +348,12 @@ impl ListCache {
             }
         }
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]
@@ -281,6 +383,33 @@ mod tests {
             .collect();
         out.sort();
         out
+    }
+
+    #[test]
+    fn own_writes_are_known_once_by_revision_and_forgotten_at_a_relist() {
+        let mut own = OwnWrites::default();
+        own.wrote(7);
+        own.wrote(9);
+        assert!(!own.delivered(Some(8)), "another's write between ours");
+        assert!(own.delivered(Some(7)));
+        assert!(!own.delivered(Some(7)), "an event of ours is ours once");
+        assert!(
+            !own.delivered(None),
+            "an event without a version is another's"
+        );
+        own.relisted();
+        assert!(
+            !own.delivered(Some(9)),
+            "after a relist, nothing is known as ours"
+        );
+        for revision in 0..=OWN_WRITES_KEPT as u64 {
+            own.wrote(revision);
+        }
+        assert!(own.0.len() <= OWN_WRITES_KEPT, "bounded");
+        assert!(
+            own.delivered(Some(OWN_WRITES_KEPT as u64)),
+            "the newest kept"
+        );
     }
 
     #[test]

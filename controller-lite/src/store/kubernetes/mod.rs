@@ -9,7 +9,9 @@
 pub mod cache;
 pub mod route;
 
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams, Preconditions};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions,
+};
 use kube::{Client, Config};
 use serde_json::Value;
 
@@ -228,13 +230,47 @@ impl KubernetesStore {
         let at = match precondition {
             Precondition::Absent => None,
             Precondition::Revision(revision) => Some(revision),
-            Precondition::Any => match self.get_object(api, key, name).await? {
-                Some(current) => Some(self.revision(key, &current)?),
-                None => None,
-            },
+            Precondition::Any => {
+                // The version the watch or the last write knows saves reading it: a stale
+                // one is refused as a conflict, and the object is read afresh.
+                // (A record lives in the records' namespace, an object in its own.)
+                let namespace = scope
+                    .namespace
+                    .map_or_else(|| key.namespace.clone(), str::to_owned);
+                if let Some(known) = self.cache.known_revision(
+                    &api_resource(scope.resource),
+                    scope.namespace,
+                    &(namespace, name.to_owned()),
+                ) {
+                    match self
+                        .replace_or_create(api, scope, key, name, body.clone(), Some(known))
+                        .await
+                    {
+                        Err(StoreError::Conflict { .. }) => {}
+                        written => return written,
+                    }
+                }
+                match self.get_object(api, key, name).await? {
+                    Some(current) => Some(self.revision(key, &current)?),
+                    None => None,
+                }
+            }
         };
-        let object: DynamicObject = decode_dynamic(key, body)?;
-        let mut object = object;
+        self.replace_or_create(api, scope, key, name, body, at)
+            .await
+    }
+
+    /// Create `body` (`at` is `None`) or replace it at revision `at`.
+    async fn replace_or_create(
+        &self,
+        api: &Api<DynamicObject>,
+        scope: Scope<'_>,
+        key: &ObjectKey,
+        name: &str,
+        body: Value,
+        at: Option<u64>,
+    ) -> Result<u64, StoreError> {
+        let mut object: DynamicObject = decode_dynamic(key, body)?;
         object.metadata.resource_version = at.map(|revision| revision.to_string());
         let written = match at {
             None => api.create(&PostParams::default(), &object).await,
@@ -293,6 +329,9 @@ impl KubernetesStore {
     ) -> Result<u64, StoreError> {
         let status = parse(&key, &status)?;
         let api = self.api(resource, &key.namespace);
+        if precondition == Precondition::Any {
+            return self.patch_status(resource, &api, &key, status).await;
+        }
         let Some(mut current) = self.get_object(&api, &key, &key.name).await? else {
             return Err(StoreError::NotFound {
                 key: key.to_string(),
@@ -336,6 +375,45 @@ impl KubernetesStore {
             Err(error) => Err(self
                 .write_error(&api, &key, &key.name, revision, error)
                 .await),
+        }
+    }
+
+    /// Replace an object's whole status, whatever is there, in one request (a JSON patch
+    /// adding `/status` replaces it: no read first).
+    async fn patch_status(
+        &self,
+        resource: &Resource,
+        api: &Api<DynamicObject>,
+        key: &ObjectKey,
+        status: Value,
+    ) -> Result<u64, StoreError> {
+        let patch = json_patch::Patch(vec![json_patch::PatchOperation::Add(
+            json_patch::AddOperation {
+                path: json_patch::jsonptr::PointerBuf::from_tokens(["status"]),
+                value: status,
+            },
+        )]);
+        match api
+            .patch_status(
+                &key.name,
+                &PatchParams::default(),
+                &Patch::Json::<()>(patch),
+            )
+            .await
+        {
+            Ok(written) => {
+                let revision = self.revision(key, &written)?;
+                let scope = Scope {
+                    resource,
+                    namespace: None,
+                };
+                self.remember(scope, written);
+                Ok(revision)
+            }
+            Err(error) if status_code(&error) == Some(404) => Err(StoreError::NotFound {
+                key: key.to_string(),
+            }),
+            Err(error) => Err(self.error(&key.to_string(), &error)),
         }
     }
 
@@ -581,6 +659,16 @@ impl Backend for KubernetesStore {
         }
         listed.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(listed)
+    }
+
+    fn changes(&self, kind: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
+        // Records are this controller's own state; only objects others write are told.
+        match route::route(kind) {
+            Route::Object(resource) | Route::Status(resource) => {
+                Some(self.cache.changes(&api_resource(&resource), None))
+            }
+            Route::Record => None,
+        }
     }
 
     async fn delete(&self, key: ObjectKey, precondition: Precondition) -> Result<(), StoreError> {
