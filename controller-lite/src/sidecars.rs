@@ -368,13 +368,22 @@ pub(crate) fn to_upgrade<'a>(
 }
 
 /// The pod moved one step towards the set's version (`None`: nothing to do yet): new
-/// images for its ColdUpgrade sidecars; for HotUpgrade ones, first the idle slot gets
+/// images for its ColdUpgrade sidecars, native ones (init containers with `restartPolicy:
+/// Always`, which kubelet restarts in place on an image change) too; for HotUpgrade ones, first the idle slot gets
 /// the new image, and once it runs it and is ready the old slot gets the empty image
 /// and the idle one becomes the working one. The version in the annotation moves when
 /// all is done.
 pub(crate) fn upgraded(set: &SidecarSet, hash: &str, member: &Member) -> Option<Pod> {
     let mut pod = member.pod.clone();
     let mut all_switched = true;
+    // Kruise leaves native sidecars at their old image (kruise#1671). Only Kubernetes
+    // mode has them: Rigger's own pods refuse them.
+    for sidecar in set.spec.init_containers.iter().filter(|s| s.is_native()) {
+        let name = sidecar.name();
+        if let Some(container) = pod.spec.init_containers.iter_mut().find(|c| c.name == name) {
+            sidecar.image().clone_into(&mut container.image);
+        }
+    }
     for sidecar in &set.spec.containers {
         let name = sidecar.name();
         match sidecar.upgrade_strategy.upgrade_type {
@@ -529,10 +538,14 @@ fn hot_step(
 
 /// Whether each of `sidecars` runs (per the agent's status) the image the spec names.
 fn runs_spec(pod: &Pod, status: &serde_json::Value, sidecars: &[String]) -> bool {
-    let statuses = status["containerStatuses"].as_array();
     sidecars.iter().all(|name| {
-        let Some(spec) = pod.spec.containers.iter().find(|c| &c.name == name) else {
-            return true;
+        // A native sidecar's status is among the init containers'.
+        let (spec, statuses) = match pod.spec.containers.iter().find(|c| &c.name == name) {
+            Some(spec) => (spec, status["containerStatuses"].as_array()),
+            None => match pod.spec.init_containers.iter().find(|c| &c.name == name) {
+                Some(spec) => (spec, status["initContainerStatuses"].as_array()),
+                None => return true,
+            },
         };
         statuses
             .and_then(|s| s.iter().find(|c| c["name"] == name.as_str()))

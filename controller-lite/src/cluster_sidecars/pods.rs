@@ -35,6 +35,8 @@ pub struct InjectedPod {
     pub annotations: BTreeMap<String, String>,
     /// Name and image of each of `spec.containers`, in order.
     pub containers: Vec<(String, String)>,
+    /// The same of `spec.initContainers` (native sidecars are updated in place too).
+    pub init_containers: Vec<(String, String)>,
     /// The containers (and init containers) marked injected (`IS_INJECTED=true`): only
     /// those are a set's sidecars, whatever the annotations say.
     pub marked: std::collections::BTreeSet<String>,
@@ -67,6 +69,12 @@ fn injected_of(pod: &Pod) -> Option<(String, InjectedPod)> {
             containers: spec
                 .containers
                 .iter()
+                .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
+                .collect(),
+            init_containers: spec
+                .init_containers
+                .iter()
+                .flatten()
                 .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
                 .collect(),
             marked: spec
@@ -161,25 +169,24 @@ pub(crate) fn member_of(set: &SidecarSet, hash: &str, pod: &InjectedPod) -> Opti
         },
         spec: PodSpec {
             node_name: pod.node.clone(),
-            containers: pod
-                .containers
-                .iter()
-                .map(|(name, image)| Container {
-                    name: name.clone(),
-                    image: image.clone(),
-                    ..Container::default()
-                })
-                .collect(),
+            init_containers: shadow_containers(&pod.init_containers),
+            containers: shadow_containers(&pod.containers),
             ..PodSpec::default()
         },
         status: None,
     };
     let records = recorded(pod, &set.metadata.name);
     let mut status = pod.status.clone();
-    if let Some(statuses) = status["containerStatuses"].as_array_mut() {
+    for (statuses, specs) in [
+        ("containerStatuses", &pod.containers),
+        ("initContainerStatuses", &pod.init_containers),
+    ] {
+        let Some(statuses) = status[statuses].as_array_mut() else {
+            continue;
+        };
         for container in statuses {
             let name = container["name"].as_str().unwrap_or_default().to_owned();
-            let Some((_, spec_image)) = pod.containers.iter().find(|(n, _)| *n == name) else {
+            let Some((_, spec_image)) = specs.iter().find(|(n, _)| *n == name) else {
                 continue;
             };
             let id = |key: &str| container[key].as_str().unwrap_or_default().to_owned();
@@ -211,6 +218,17 @@ pub(crate) fn member_of(set: &SidecarSet, hash: &str, pod: &InjectedPod) -> Opti
         .then_some(member)
 }
 
+fn shadow_containers(containers: &[(String, String)]) -> Vec<Container> {
+    containers
+        .iter()
+        .map(|(name, image)| Container {
+            name: name.clone(),
+            image: image.clone(),
+            ..Container::default()
+        })
+        .collect()
+}
+
 /// The JSON patch (RFC 6902) moving `pod` to `after` (the rollout's next step for it):
 /// only if it is still at the version read; each container whose image changes, by its
 /// place; and the annotations, with what the changed containers run now recorded under
@@ -219,7 +237,6 @@ pub fn patch_of(pod: &InjectedPod, after: &RiggerPod, set: &str, hash: &str, now
     let mut operations = vec![json!({
         "op": "test", "path": "/metadata/resourceVersion", "value": pod.resource_version,
     })];
-    let statuses = pod.status["containerStatuses"].as_array();
     let mut state: Value = pod
         .annotations
         .get(IN_PLACE_STATE_ANNOTATION)
@@ -235,27 +252,46 @@ pub fn patch_of(pod: &InjectedPod, after: &RiggerPod, set: &str, hash: &str, now
     if !entry["lastContainerStatuses"].is_object() {
         entry["lastContainerStatuses"] = json!({});
     }
-    for (i, (name, image)) in pod.containers.iter().enumerate() {
-        let Some(new) = after.spec.containers.iter().find(|c| c.name == *name) else {
-            continue;
-        };
-        if new.image == *image {
-            continue;
+    for (field, statuses, before, now) in [
+        (
+            "containers",
+            "containerStatuses",
+            &pod.containers,
+            &after.spec.containers,
+        ),
+        (
+            "initContainers",
+            "initContainerStatuses",
+            &pod.init_containers,
+            &after.spec.init_containers,
+        ),
+    ] {
+        let statuses = pod.status[statuses].as_array();
+        for (i, (name, image)) in before.iter().enumerate() {
+            let Some(new) = now.iter().find(|c| c.name == *name) else {
+                continue;
+            };
+            if new.image == *image {
+                continue;
+            }
+            operations.push(json!({
+                "op": "replace", "path": format!("/spec/{field}/{i}/image"), "value": new.image,
+            }));
+            let running = statuses
+                .and_then(|s| s.iter().find(|c| c["name"] == name.as_str()))
+                .cloned()
+                .unwrap_or(Value::Null);
+            entry["lastContainerStatuses"][name] = json!({
+                "imageID": running["imageID"].as_str().unwrap_or_default(),
+                "containerID": running["containerID"].as_str().unwrap_or_default(),
+            });
         }
-        operations.push(json!({
-            "op": "replace", "path": format!("/spec/containers/{i}/image"), "value": new.image,
-        }));
-        let running = statuses
-            .and_then(|s| s.iter().find(|c| c["name"] == name.as_str()))
-            .cloned()
-            .unwrap_or(Value::Null);
-        entry["lastContainerStatuses"][name] = json!({
-            "imageID": running["imageID"].as_str().unwrap_or_default(),
-            "containerID": running["containerID"].as_str().unwrap_or_default(),
-        });
     }
     let mut annotations = after.metadata.annotations.clone();
     annotations.insert(IN_PLACE_STATE_ANNOTATION.to_owned(), state.to_string());
     operations.push(json!({"op": "add", "path": "/metadata/annotations", "value": annotations}));
     Value::Array(operations)
 }
+
+#[cfg(test)]
+mod tests;

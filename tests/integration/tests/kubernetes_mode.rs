@@ -235,11 +235,7 @@ fn a_kubectl_apply_is_told_by_the_store_as_it_happens() {
         "spec": {"image": "registry.invalid/app:2", "completionPolicy": {"type": "Never"}},
     });
     let written = rt
-        .block_on(store.put(
-            key.clone(),
-            ours.to_string().into_bytes(),
-            Precondition::Any,
-        ))
+        .block_on(store.put(key, ours.to_string().into_bytes(), Precondition::Any))
         .unwrap();
     let status_key =
         rigger_controller::store::ObjectKey::new("ImagePullJob.status", &namespace.name, "applied");
@@ -256,7 +252,7 @@ fn a_kubectl_apply_is_told_by_the_store_as_it_happens() {
     // The whole status is replaced, not merged: a field left out is gone.
     let status = serde_json::json!({"desired": 1, "active": 0, "succeeded": 1, "failed": 0});
     rt.block_on(store.put(
-        status_key.clone(),
+        status_key,
         status.to_string().into_bytes(),
         Precondition::Any,
     ))

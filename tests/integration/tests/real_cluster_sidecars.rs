@@ -271,46 +271,110 @@ fn get(ip: &str) -> Option<String> {
 
 /// Scenario 3, native sidecars: a SidecarSet's `initContainers` with `restartPolicy:
 /// Always` are injected as Kubernetes' native sidecars, and kubelet runs them beside the
-/// app.
+/// app; an image change updates them in place as it does other sidecars (Kruise leaves
+/// them at their old image: kruise#1671) — kubelet restarts only the native sidecar.
 #[test]
-fn a_native_sidecar_is_injected_and_runs() {
+fn a_native_sidecar_is_injected_runs_and_is_updated_in_place() {
     let cluster = RealCluster::get();
+    lab_image(&["sidecar"]);
     let ns = cluster.namespace("native");
     let set = format!("native-{}", std::process::id());
     let _guard = DeletedOnDrop(cluster, "sidecarset", set.clone());
     let busybox = cluster.image("rigger-lab/busybox:1");
-    cluster.apply(&format!(
-        "apiVersion: apps.kruise.io/v1alpha1\nkind: SidecarSet\nmetadata: {{name: {set}}}\n\
-         spec:\n  selector: {{matchLabels: {{app: {set}}}}}\n  initContainers:\n  - name: native\n    \
-         image: {busybox}\n    restartPolicy: Always\n    command: {IDLE}\n"
-    ));
-    cluster.apply(&deployment(&ns, &set, 1, &busybox));
-    let pod = wait_until(
-        "the pod with its native sidecar running",
+    let manifest = |version: u32| {
+        format!(
+            "apiVersion: apps.kruise.io/v1alpha1\nkind: SidecarSet\nmetadata: {{name: {set}}}\n\
+             spec:\n  selector: {{matchLabels: {{app: {set}}}}}\n  \
+             updateStrategy: {{maxUnavailable: 2}}\n  initContainers:\n  - name: native\n    \
+             image: {image}\n    restartPolicy: Always\n    \
+             command: [/usr/local/bin/rigger-lab-sidecar, --port, '8080']\n    \
+             readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}\n",
+            image = cluster.image(&format!("rigger-lab/sidecar:{version}"))
+        )
+    };
+    let native = |pod: &Value| -> Option<Value> {
+        pod["status"]["initContainerStatuses"]
+            .as_array()?
+            .iter()
+            .find(|c| c["name"] == "native")
+            .cloned()
+    };
+    cluster.apply(&manifest(1));
+    cluster.apply(&deployment(&ns, &set, 2, &busybox));
+    let before = wait_until(
+        "the pods with their native sidecar running",
         Duration::from_secs(180),
         || {
             let pods = pods(cluster, &ns, &set);
-            replace_uninjected(cluster, &ns, &pods, |p| {
+            if replace_uninjected(cluster, &ns, &pods, |p| {
                 !p["spec"]["initContainers"].is_null()
-            });
-            pods.into_iter().find(|p| {
-                ready(p)
-                    && p["status"]["initContainerStatuses"]
-                        .as_array()
-                        .is_some_and(|s| {
-                            s.iter().any(|c| {
-                                c["name"] == "native"
-                                    && c["started"] == true
-                                    && !c["state"]["running"].is_null()
-                            })
+            }) {
+                return None;
+            }
+            let running = pods
+                .iter()
+                .filter(|p| {
+                    ready(p)
+                        && native(p).is_some_and(|c| {
+                            c["started"] == true && !c["state"]["running"].is_null()
                         })
-            })
+                })
+                .count();
+            (running == 2 && pods.len() == 2).then_some(pods)
         },
     );
     assert_eq!(
-        pod["spec"]["initContainers"][0]["restartPolicy"], "Always",
-        "{pod}"
+        before[0]["spec"]["initContainers"][0]["restartPolicy"], "Always",
+        "{}",
+        before[0]
     );
+    let app_ids: Vec<(String, Value)> = before
+        .iter()
+        .map(|p| {
+            (
+                p["metadata"]["uid"].as_str().unwrap().to_owned(),
+                status(p, "app").unwrap()["containerID"].clone(),
+            )
+        })
+        .collect();
+
+    cluster.apply(&manifest(2));
+    let new_image = cluster.image("rigger-lab/sidecar:2");
+    let after = wait_until(
+        "every native sidecar on version 2",
+        Duration::from_secs(180),
+        || {
+            let pods = pods(cluster, &ns, &set);
+            pods.iter()
+                .all(|p| {
+                    native(p)
+                        .is_some_and(|c| c["image"] == new_image.as_str() && c["ready"] == true)
+                })
+                .then_some(pods)
+        },
+    );
+    for pod in &after {
+        let uid = pod["metadata"]["uid"].as_str().unwrap();
+        let (_, app_id) = app_ids
+            .iter()
+            .find(|(u, _)| u == uid)
+            .unwrap_or_else(|| panic!("pod {uid} was replaced, not updated in place"));
+        assert_eq!(
+            &status(pod, "app").unwrap()["containerID"],
+            app_id,
+            "the app container was restarted"
+        );
+        assert_eq!(native(pod).unwrap()["restartCount"], 1, "{pod}");
+    }
+    // (A cluster's object: the namespace is not read.)
+    let counted = cluster.wait_status(
+        "default",
+        "sidecarset",
+        &set,
+        Duration::from_secs(60),
+        |status| status["updatedPods"] == 2 && status["updatedReadyPods"] == 2,
+    );
+    assert_eq!(counted["matchedPods"], 2, "{counted}");
 }
 
 /// Defect: a SidecarSet edit Rigger cannot use (the API server stores it: an integer past

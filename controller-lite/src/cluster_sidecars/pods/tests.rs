@@ -1,0 +1,120 @@
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+use crate::sidecars::{to_upgrade, upgraded};
+
+/// A set whose one sidecar is native (an init container with `restartPolicy: Always`).
+fn native_set(image: &str) -> SidecarSet {
+    serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1alpha1",
+        "kind": "SidecarSet",
+        "metadata": {"name": "mesh"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "web"}},
+            "initContainers": [{"name": "proxy", "image": image, "restartPolicy": "Always"}],
+        }
+    }))
+    .unwrap()
+}
+
+fn running(name: &str, image: &str, image_id: &str, container_id: &str) -> Value {
+    json!({"name": name, "image": image, "imageID": image_id, "containerID": container_id,
+           "ready": true, "state": {"running": {}}})
+}
+
+/// A ready pod the set's previous version was injected into, its proxy running `proxy`.
+fn injected(set: &SidecarSet, old_hash: &str, proxy: &Value, proxy_image: &str) -> InjectedPod {
+    let version = json!({"mesh": {
+        "sidecarSetName": "mesh", "hash": old_hash,
+        "hashWithoutImage": set.hash_without_image(), "sidecarList": ["proxy"]}});
+    InjectedPod {
+        namespace: "shop".to_owned(),
+        name: "web-1".to_owned(),
+        uid: "u1".to_owned(),
+        resource_version: "7".to_owned(),
+        labels: BTreeMap::from([("app".to_owned(), "web".to_owned())]),
+        annotations: BTreeMap::from([(HASH_ANNOTATION.to_owned(), version.to_string())]),
+        containers: vec![("app".to_owned(), "r.example/app:1".to_owned())],
+        init_containers: vec![("proxy".to_owned(), proxy_image.to_owned())],
+        marked: ["proxy".to_owned()].into(),
+        node: Some("n1".to_owned()),
+        status: json!({
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "initContainerStatuses": [proxy],
+            "containerStatuses": [running("app", "r.example/app:1", "app-id", "c-app")],
+        }),
+    }
+}
+
+#[test]
+fn a_native_sidecar_is_updated_in_place_and_counts_once_it_runs_the_new_image() {
+    let old = native_set("r.example/proxy:1");
+    let set = native_set("r.example/proxy:2");
+    let hash = set.hash();
+    assert_ne!(
+        hash,
+        old.hash(),
+        "an init container's image is part of the version"
+    );
+    let pod = injected(
+        &set,
+        &old.hash(),
+        &running("proxy", "r.example/proxy:1", "proxy-1", "c-1"),
+        "r.example/proxy:1",
+    );
+    let member = member_of(&set, &hash, &pod).unwrap();
+    assert!(!member.updated(&hash));
+    assert!(!member.unavailable(&hash), "ready, on its old version");
+    let members = [member];
+    let chosen = to_upgrade(&set, &hash, &members);
+    assert_eq!(chosen.len(), 1);
+    let after = upgraded(&set, &hash, chosen[0]).unwrap();
+    assert_eq!(after.spec.init_containers[0].image, "r.example/proxy:2");
+    assert_eq!(
+        after.spec.containers[0].image, "r.example/app:1",
+        "the app is not touched"
+    );
+
+    let patch = patch_of(&pod, &after, "mesh", &hash, "2026-11-30T00:00:00Z");
+    let operations = patch.as_array().unwrap();
+    assert_eq!(operations[0]["op"], "test", "only at the version read");
+    let images: Vec<&Value> = operations.iter().filter(|o| o["op"] == "replace").collect();
+    assert_eq!(
+        images,
+        [
+            &json!({"op": "replace", "path": "/spec/initContainers/0/image",
+                 "value": "r.example/proxy:2"})
+        ],
+        "one image replaced, by its place among the init containers"
+    );
+    let annotations = &operations.last().unwrap()["value"];
+    let state: Value =
+        serde_json::from_str(annotations[IN_PLACE_STATE_ANNOTATION].as_str().unwrap()).unwrap();
+    assert_eq!(
+        state["mesh"]["lastContainerStatuses"]["proxy"],
+        json!({"imageID": "proxy-1", "containerID": "c-1"}),
+        "what ran before is recorded, to tell kubelet's restart"
+    );
+
+    // The patch applied, kubelet not yet done: the pod is at the version, unavailable.
+    let mut patched = injected(
+        &set,
+        &hash,
+        &running("proxy", "docker.io/r/proxy:1", "proxy-1", "c-1"),
+        "r.example/proxy:2",
+    );
+    let mut kept: BTreeMap<String, String> = serde_json::from_value(annotations.clone()).unwrap();
+    kept.insert(
+        HASH_ANNOTATION.to_owned(),
+        after.metadata.annotations[HASH_ANNOTATION].clone(),
+    );
+    patched.annotations = kept;
+    let waiting = member_of(&set, &hash, &patched).unwrap();
+    assert!(waiting.updated(&hash));
+    assert!(waiting.unavailable(&hash), "the old proxy still runs");
+    // kubelet restarted it on the new image.
+    patched.status["initContainerStatuses"] =
+        json!([running("proxy", "docker.io/r/proxy:2", "proxy-2", "c-2")]);
+    let done = member_of(&set, &hash, &patched).unwrap();
+    assert!(!done.unavailable(&hash), "runs the new image, ready");
+}
