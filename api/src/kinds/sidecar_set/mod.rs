@@ -590,6 +590,9 @@ pub const INFO: KindInfo = KindInfo {
              containers as Kruise's webhook does; where Kruise reads a malformed number \
              (`2x`) as 0, or accepts an expression no pod could compute (`cpu*cpu`), \
              Rigger refuses the set, naming the field.\n\n\
+             Native sidecars (`initContainers` with `restartPolicy: Always`) are upgraded \
+             in place like the others, kubelet restarting only them; Kruise leaves them at \
+             their old image (kruise#1671).\n\n\
              Differs from Kruise (refused, naming the field): \
              `patchPodMetadata` keys the injection keeps itself, HotUpgrade on init containers, and a sidecar named like \
              a container of the pod (Kruise would replace the pod's container).\n\n\
