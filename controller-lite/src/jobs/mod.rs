@@ -353,12 +353,12 @@ impl crate::engine::Engine for JobEngine {
         self.sync_specs(snapshot.present, snapshot.changed).await;
         let effects = self.reconcile(&snapshot.secrets);
         self.apply(effects).await;
-        self.flush().await;
+        self.flush(false).await;
     }
 
     /// Last statuses reach the store before the controller exits.
     async fn finish(&self) {
-        self.flush().await;
+        self.flush(true).await;
     }
 }
 
@@ -619,16 +619,21 @@ impl JobEngine {
         }
     }
 
-    /// Write the statuses that changed.
-    async fn flush(&self) {
+    /// Write the statuses that changed and are due ([`state::status_write_due`]); all of
+    /// them when the controller stops.
+    async fn flush(&self, stopping: bool) {
+        let now = Instant::now();
         let dirty: Vec<(ObjectKey, ImagePullJobStatus, job_status::Written)> = {
             let mut state = self.lock();
             state
                 .jobs
                 .iter_mut()
-                .filter(|(_, j)| j.dirty)
+                .filter(|(_, j)| {
+                    j.dirty && state::status_write_due(j.finished(), j.written_at, now, stopping)
+                })
                 .map(|(key, j)| {
                     j.dirty = false;
+                    j.written_at = Some(now);
                     (key.clone(), j.status.clone(), j.written.clone())
                 })
                 .collect()

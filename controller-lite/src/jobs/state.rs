@@ -67,6 +67,27 @@ pub(super) struct JobState {
     pub(super) dirty: bool,
     /// What of the status is in the store (which shards to write again).
     pub(super) written: job_status::Written,
+    /// When the status was last written.
+    pub(super) written_at: Option<Instant>,
+}
+
+/// The least time between two writes of a running job's status: the nodes' reports
+/// within it are one write (each write is a request to a Kubernetes API server, and
+/// one more for each node shard that changed).
+pub(super) const STATUS_WRITE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whether a job's changed status is written now (pure): at once when it starts, ends,
+/// or the controller stops (`now_anyway`); else at most every [`STATUS_WRITE_EVERY`]
+/// (passes run at least every tick, so a change held back lands within one tick of it).
+pub(super) fn status_write_due(
+    finished: bool,
+    written_at: Option<Instant>,
+    now: Instant,
+    now_anyway: bool,
+) -> bool {
+    now_anyway
+        || finished
+        || written_at.is_none_or(|at| now.saturating_duration_since(at) >= STATUS_WRITE_EVERY)
 }
 
 impl JobState {
@@ -84,6 +105,7 @@ impl JobState {
             runs: HashMap::new(),
             dirty: false,
             written,
+            written_at: None,
         };
         state.reindex();
         state
@@ -158,5 +180,34 @@ impl JobState {
             }
             (None, None) => true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_running_jobs_status_is_written_at_most_every_second_and_its_end_at_once() {
+        let start = Instant::now();
+        let soon = start + std::time::Duration::from_millis(300);
+        let later = start + STATUS_WRITE_EVERY;
+        assert!(
+            status_write_due(false, None, start, false),
+            "the first write"
+        );
+        assert!(
+            !status_write_due(false, Some(start), soon, false),
+            "held back"
+        );
+        assert!(status_write_due(false, Some(start), later, false));
+        assert!(
+            status_write_due(true, Some(start), soon, false),
+            "its end at once"
+        );
+        assert!(
+            status_write_due(false, Some(start), soon, true),
+            "the controller stops"
+        );
     }
 }
