@@ -88,7 +88,7 @@ impl KubernetesStore {
             location,
             cache: std::sync::Arc::default(),
         };
-        store.check_definitions().await?;
+        store.check_definitions(settings.kruise_manager).await?;
         Ok(store)
     }
 
@@ -103,8 +103,9 @@ impl KubernetesStore {
         &self.records_namespace
     }
 
-    /// Every CRD the controller uses is served, and its own namespace exists.
-    async fn check_definitions(&self) -> Result<(), StoreError> {
+    /// Every CRD the controller uses is served (alone, without a conversion webhook:
+    /// [`conversion_refused`]), and its own namespace exists.
+    async fn check_definitions(&self, kruise_manager: bool) -> Result<(), StoreError> {
         let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
         let found = namespaces
             .get_opt(&self.records_namespace)
@@ -133,13 +134,19 @@ impl KubernetesStore {
                 .get_opt(name)
                 .await
                 .map_err(|e| self.error(&format!("CustomResourceDefinition {name}"), &e))?;
-            if found.is_none() {
+            let Some(found) = found else {
                 return Err(StoreError::Backend {
                     location: self.location.clone(),
                     detail: format!(
                         "the API server does not serve {name}: apply Rigger's CRDs first \
                          (kubectl apply -f deploy/kubernetes/crds.yaml)"
                     ),
+                });
+            };
+            if let Some(detail) = conversion_refused(name, &found.data, kruise_manager) {
+                return Err(StoreError::Backend {
+                    location: self.location.clone(),
+                    detail,
                 });
             }
         }
@@ -434,6 +441,29 @@ impl KubernetesStore {
         self.write(&self.records(), scope, &key, &name, body, precondition)
             .await
     }
+}
+
+/// Why CRD `name` (its object as read) cannot serve Rigger alone, if it cannot: it
+/// converts between versions through a webhook — Kruise's, left from before a move —
+/// which would answer for objects of both versions while its manager runs, and fail every
+/// read of the other version once it is gone. Beside Kruise's manager, that is its own.
+fn conversion_refused(name: &str, crd: &Value, kruise_manager: bool) -> Option<String> {
+    let strategy = crd["spec"]["conversion"]["strategy"]
+        .as_str()
+        .unwrap_or("None");
+    (strategy == "Webhook" && !kruise_manager).then(|| {
+        let service = &crd["spec"]["conversion"]["webhook"]["clientConfig"]["service"];
+        let by = match (service["namespace"].as_str(), service["name"].as_str()) {
+            (Some(namespace), Some(service)) => format!(" (service {namespace}/{service})"),
+            _ => String::new(),
+        };
+        format!(
+            "{name} converts between versions through a webhook{by}: Rigger alone serves \
+             both versions itself and needs `conversion: None` (kubectl apply -f \
+             deploy/kubernetes/crds.yaml; moving from Kruise, see \
+             docs/guides/migrate-from-kruise.md)"
+        )
+    })
 }
 
 fn api_resource(resource: &Resource) -> ApiResource {
@@ -747,3 +777,6 @@ impl Backend for KubernetesStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,29 @@
+use serde_json::json;
+
+use super::conversion_refused;
+
+#[test]
+fn a_crd_converting_through_a_webhook_is_refused_alone_and_named() {
+    let kruises = json!({"spec": {"conversion": {"strategy": "Webhook", "webhook": {
+        "clientConfig": {"service": {"namespace": "kruise-system", "name": "kruise-webhook-service"}},
+        "conversionReviewVersions": ["v1"]}}}});
+    let name = "containerrecreaterequests.apps.kruise.io";
+    let refused = conversion_refused(name, &kruises, false).expect("refused");
+    assert!(refused.starts_with(name), "{refused}");
+    assert!(
+        refused.contains("kruise-system/kruise-webhook-service"),
+        "{refused}"
+    );
+    assert!(refused.contains("conversion: None"), "{refused}");
+    assert_eq!(
+        conversion_refused(name, &kruises, true),
+        None,
+        "beside Kruise's manager"
+    );
+    for rigger in [
+        json!({"spec": {}}),
+        json!({"spec": {"conversion": {"strategy": "None"}}}),
+    ] {
+        assert_eq!(conversion_refused(name, &rigger, false), None, "{rigger}");
+    }
+}
