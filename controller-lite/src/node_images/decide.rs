@@ -117,6 +117,14 @@ pub fn sync(
                 wanted.insert(key.clone());
                 match pulls.get_mut(&key) {
                     Some(pull) if pull.version == tag.version => {
+                        // A new time limit reaches the attempt under way: its task is sent
+                        // again under the same id, which the agent takes as the edit
+                        // (Kruise's daemon keeps the old limit until the next attempt).
+                        if pull.task.is_some()
+                            && pull.policy.timeout_seconds != tag.pull_policy.timeout_seconds
+                        {
+                            pull.sent = false;
+                        }
                         pull.policy = tag.pull_policy.clone();
                         pull.secrets.clone_from(&image_spec.pull_secrets);
                     }
@@ -333,6 +341,31 @@ mod tests {
             &BTreeMap::new(),
         );
         assert_eq!(to_start(&pulls, &ready, now, 4), vec![key]);
+    }
+
+    #[test]
+    fn a_new_time_limit_reaches_the_attempt_under_way() {
+        let mut pulls = BTreeMap::new();
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let with_timeout = |seconds: u64| {
+            let mut spec = spec(&[("1", 0)], None);
+            for image in spec.images.values_mut() {
+                image.tags[0].pull_policy.timeout_seconds = Some(seconds);
+            }
+            vec![("n1".to_owned(), spec)]
+        };
+        sync(&mut pulls, &with_timeout(60), &BTreeMap::new());
+        let key = ("n1".to_owned(), "r.example/app".to_owned(), "1".to_owned());
+        let pull = pulls.get_mut(&key).unwrap();
+        started(pull, task_id(&key, 0, 1), now);
+        sync(&mut pulls, &with_timeout(60), &BTreeMap::new());
+        assert!(pulls[&key].sent, "the same limit: nothing to send");
+        sync(&mut pulls, &with_timeout(900), &BTreeMap::new());
+        let pull = &pulls[&key];
+        assert!(!pull.sent, "sent again, under the same id");
+        assert_eq!(pull.task.as_deref(), Some(task_id(&key, 0, 1).as_str()));
+        assert_eq!(pull.timeout(), Duration::from_secs(900));
+        assert_eq!(pull.attempts, 1, "not another attempt");
     }
 
     #[test]
