@@ -376,10 +376,17 @@ pub(crate) fn to_upgrade<'a>(
 pub(crate) fn upgraded(set: &SidecarSet, hash: &str, member: &Member) -> Option<Pod> {
     let mut pod = member.pod.clone();
     let mut all_switched = true;
+    // Only what the injection recorded as this set's: never a container of the pod's own
+    // that happens to bear a sidecar's name.
+    let injected = |name: &str| member.version.sidecar_list.iter().any(|s| s == name);
     // Kruise leaves native sidecars at their old image (kruise#1671). Only Kubernetes
-    // mode has them: Rigger's own pods refuse them.
+    // mode has them (Rigger's own pods refuse them), and its pods show only their native
+    // init containers here: an ordinary one is never changed.
     for sidecar in set.spec.init_containers.iter().filter(|s| s.is_native()) {
         let name = sidecar.name();
+        if !injected(name) {
+            continue;
+        }
         if let Some(container) = pod.spec.init_containers.iter_mut().find(|c| c.name == name) {
             sidecar.image().clone_into(&mut container.image);
         }
@@ -388,6 +395,9 @@ pub(crate) fn upgraded(set: &SidecarSet, hash: &str, member: &Member) -> Option<
         let name = sidecar.name();
         match sidecar.upgrade_strategy.upgrade_type {
             UpgradeType::ColdUpgrade => {
+                if !injected(name) {
+                    continue;
+                }
                 if let Some(container) = pod.spec.containers.iter_mut().find(|c| c.name == name) {
                     sidecar.image().clone_into(&mut container.image);
                 }

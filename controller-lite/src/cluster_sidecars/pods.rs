@@ -37,6 +37,9 @@ pub struct InjectedPod {
     pub containers: Vec<(String, String)>,
     /// The same of `spec.initContainers` (native sidecars are updated in place too).
     pub init_containers: Vec<(String, String)>,
+    /// The init containers that are native sidecars (`restartPolicy: Always`): the only
+    /// ones the rollout may change.
+    pub native: std::collections::BTreeSet<String>,
     /// The containers (and init containers) marked injected (`IS_INJECTED=true`): only
     /// those are a set's sidecars, whatever the annotations say.
     pub marked: std::collections::BTreeSet<String>,
@@ -76,6 +79,13 @@ fn injected_of(pod: &Pod) -> Option<(String, InjectedPod)> {
                 .iter()
                 .flatten()
                 .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
+                .collect(),
+            native: spec
+                .init_containers
+                .iter()
+                .flatten()
+                .filter(|c| c.restart_policy.as_deref() == Some("Always"))
+                .map(|c| c.name.clone())
                 .collect(),
             marked: spec
                 .containers
@@ -169,7 +179,13 @@ pub(crate) fn member_of(set: &SidecarSet, hash: &str, pod: &InjectedPod) -> Opti
         },
         spec: PodSpec {
             node_name: pod.node.clone(),
-            init_containers: shadow_containers(&pod.init_containers),
+            init_containers: shadow_containers(
+                &pod.init_containers
+                    .iter()
+                    .filter(|(name, _)| pod.native.contains(name))
+                    .cloned()
+                    .collect::<Vec<_>>(),
+            ),
             containers: shadow_containers(&pod.containers),
             ..PodSpec::default()
         },

@@ -59,7 +59,8 @@ struct Inner {
     was_starting: std::sync::atomic::AtomicBool,
     state: Mutex<EngineState>,
     wake: Notify,
-    /// Counts the passes that wrote a job's status (image lists add theirs up).
+    /// Counts the passes that wrote the status of a job of an image list (lists add
+    /// theirs up).
     statuses_written: tokio::sync::watch::Sender<u64>,
     /// Signs the peer grants tasks carry; `None`: sharing is off.
     grants: Option<Arc<rigger_proto::peer_grant::GrantSigner>>,
@@ -260,7 +261,7 @@ impl JobEngine {
         self.inner.wake.notify_one();
     }
 
-    /// Told each time jobs' statuses were written.
+    /// Told each time statuses of image lists' jobs were written.
     pub fn statuses_written(&self) -> tokio::sync::watch::Receiver<u64> {
         self.inner.statuses_written.subscribe()
     }
@@ -638,7 +639,8 @@ impl JobEngine {
                 })
                 .collect()
         };
-        let wrote_any = !dirty.is_empty();
+        // Image lists add up their jobs' statuses: told when one of theirs was written.
+        let mut listed_written = false;
         for (key, status, mut written) in dirty {
             let result = job_status::write(&self.inner.store, &key, status, &mut written).await;
             let mut state = self.lock();
@@ -646,14 +648,21 @@ impl JobEngine {
                 continue;
             };
             match result {
-                Ok(()) => job.written = written,
+                Ok(()) => {
+                    job.written = written;
+                    listed_written |= job
+                        .job
+                        .metadata
+                        .labels
+                        .contains_key(rigger_api::image_pull_job::OWNER_LABEL);
+                }
                 Err(error) => {
                     tracing::warn!(job = %key, %error, "cannot write the job's status");
                     job.dirty = true;
                 }
             }
         }
-        if wrote_any {
+        if listed_written {
             self.inner
                 .statuses_written
                 .send_modify(|count| *count = count.wrapping_add(1));

@@ -248,20 +248,7 @@ impl NodeImageEngine {
             let Some(pull) = pulls.get_mut(&key) else {
                 continue;
             };
-            let mut configs = Vec::new();
-            let mut refused = None;
-            for reference in &pull.secrets {
-                match secrets.get(&(reference.namespace.clone(), reference.name.clone())) {
-                    Some(Ok(document)) => configs.push(document.clone()),
-                    Some(Err(reason)) => {
-                        refused = Some(format!(
-                            "pull secret {}/{} {reason}",
-                            reference.namespace, reference.name
-                        ));
-                    }
-                    None => refused = Some("pull secrets not read yet".to_owned()),
-                }
-            }
+            let (configs, refused) = docker_configs(pull, secrets);
             if let Some(reason) = refused {
                 pull.status.phase = rigger_api::image_pull_job::NodePullPhase::Failed;
                 pull.status.message = reason;
@@ -276,13 +263,15 @@ impl NodeImageEngine {
                 dirty.insert(key.0.clone());
             }
         }
-        // Tasks in flight whose node came back: sent again under the same id (the
-        // agent runs a task id once, and reports it again).
+        // Tasks in flight whose node came back, or whose time limit changed: sent again
+        // under the same id (the agent runs a task id once, reports it again, and takes
+        // a new limit), with their secrets (an agent that restarted waits for them).
         for (key, pull) in pulls.iter_mut() {
             if let (Some(id), false) = (pull.task.clone(), pull.sent)
                 && ready.contains(&key.0)
             {
-                let message = pull_message(key, pull, &id, Vec::new());
+                let (configs, _) = docker_configs(pull, secrets);
+                let message = pull_message(key, pull, &id, configs);
                 pull.sent = self.inner.nodes.send(&key.0, message);
             }
         }
@@ -322,6 +311,28 @@ impl NodeImageEngine {
             }
         }
     }
+}
+
+/// The docker configs of `pull`'s secrets as read, and why one cannot be used, if so.
+fn docker_configs(
+    pull: &TagPull,
+    secrets: &HashMap<(String, String), Result<String, String>>,
+) -> (Vec<String>, Option<String>) {
+    let mut configs = Vec::new();
+    let mut refused = None;
+    for reference in &pull.secrets {
+        match secrets.get(&(reference.namespace.clone(), reference.name.clone())) {
+            Some(Ok(document)) => configs.push(document.clone()),
+            Some(Err(reason)) => {
+                refused = Some(format!(
+                    "pull secret {}/{} {reason}",
+                    reference.namespace, reference.name
+                ));
+            }
+            None => refused = Some("pull secrets not read yet".to_owned()),
+        }
+    }
+    (configs, refused)
 }
 
 fn pull_message(

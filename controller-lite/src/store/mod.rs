@@ -178,12 +178,12 @@ impl Store {
         self.0.get(key).await
     }
 
-    /// Every object of `kind`, ordered by namespace and name.
     /// See [`Backend::changes`].
     pub fn changes(&self, kind: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
         self.0.changes(kind)
     }
 
+    /// Every object of `kind`, ordered by namespace and name.
     pub async fn list(&self, kind: &str) -> Result<Vec<Stored>, StoreError> {
         self.0.list(kind).await
     }

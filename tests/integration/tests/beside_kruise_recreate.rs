@@ -8,9 +8,13 @@
 //! here with the lab's busybox, pods made by a CloneSet as there. Not run: v1beta1's
 //! "status.containerStatusSnapshot is populated on completion" (Rigger's status has no
 //! snapshot, and Kruise's manager writes one only while it sees the request Recreating,
-//! every 3 s, which Rigger's agents usually finish sooner: it failed here), and the
-//! scenarios of postStart ordering, forceRecreate and unreadyGracePeriodSeconds (not
-//! written yet).
+//! every 3 s, which Rigger's agents usually finish sooner: it failed here); the ordered
+//! halves of "recreates containers with postStartHook" and "by force", and v1beta1's
+//! "orderedRecreate works" (an ordered request stops the next container once the one
+//! before runs again, as CRI shows it; Kruise waits for the Pod's `started`, after its
+//! postStart: the stops were 0–1 s apart here, where Kruise wants ≥ 5 s); and the
+//! `unreadyGracePeriodSeconds` half of "with preStopHook" (the grace is waited, but
+//! Kruise's `KruisePodReady` condition on a kubelet pod is not set to False).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
@@ -279,4 +283,60 @@ fn a_request_waits_for_the_pre_stop_and_a_deadline_ends_it_early() {
         0,
         "the sidecar was recreated after the deadline"
     );
+}
+
+/// The two containers' last stops, as kubelet recorded them: (app, sidecar), in seconds.
+fn stopped_at(pod: &Value) -> (i64, i64) {
+    let stopped = |name: &str| {
+        epoch_seconds(&container_status(pod, name)["lastState"]["terminated"]["finishedAt"])
+    };
+    (stopped("app"), stopped("sidecar"))
+}
+
+/// Kruise e2e "recreates containers with postStartHook" and "recreates containers by
+/// force", their unordered halves: the app's postStart takes 5 s; a request for both
+/// containers stops the sidecar without waiting for the app's next attempt to start
+/// (their stops under 3 s apart), with and without `forceRecreate`.
+#[test]
+fn an_unordered_request_stops_every_container_without_waiting_for_a_post_start() {
+    let cluster = RealCluster::beside_kruise();
+    let ns = cluster.namespace("kruise-crr-poststart");
+    let pods = clone_set(
+        cluster,
+        &ns.name,
+        2,
+        "{postStart: {exec: {command: [sleep, '5']}}}",
+    );
+    for (i, (pod, strategy)) in pods
+        .iter()
+        .zip(["", "\n  strategy: {forceRecreate: true}"])
+        .enumerate()
+    {
+        let name = pod["metadata"]["name"].as_str().unwrap();
+        cluster.apply(&format!(
+            "apiVersion: apps.kruise.io/v1alpha1\nkind: ContainerRecreateRequest\n\
+             metadata: {{name: crr-{i}, namespace: {ns}}}\n\
+             spec:\n  podName: {name}\n  containers: [{{name: app}}, {{name: sidecar}}]{strategy}\n",
+            ns = ns.name
+        ));
+        let done = wait_completed(
+            cluster,
+            &ns.name,
+            &format!("crr-{i}"),
+            Duration::from_secs(60),
+        );
+        assert_eq!(states(&done), succeeded(&["app", "sidecar"]), "{done}");
+        let after = restarted(cluster, &ns.name, pod, &["app", "sidecar"]);
+        for container in ["app", "sidecar"] {
+            assert_ne!(
+                container_status(&after, container)["containerID"],
+                container_status(pod, container)["containerID"]
+            );
+        }
+        let (app, sidecar) = stopped_at(&after);
+        assert!(
+            (sidecar - app).abs() < 3,
+            "{strategy:?}: the sidecar stopped at {sidecar}, the app at {app}: it waited for the app's postStart"
+        );
+    }
 }

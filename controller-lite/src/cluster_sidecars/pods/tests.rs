@@ -35,7 +35,12 @@ fn injected(set: &SidecarSet, old_hash: &str, proxy: &Value, proxy_image: &str) 
         labels: BTreeMap::from([("app".to_owned(), "web".to_owned())]),
         annotations: BTreeMap::from([(HASH_ANNOTATION.to_owned(), version.to_string())]),
         containers: vec![("app".to_owned(), "r.example/app:1".to_owned())],
-        init_containers: vec![("proxy".to_owned(), proxy_image.to_owned())],
+        // The pod's own init container first: the sidecar's place is not the first.
+        init_containers: vec![
+            ("setup".to_owned(), "r.example/setup:1".to_owned()),
+            ("proxy".to_owned(), proxy_image.to_owned()),
+        ],
+        native: ["proxy".to_owned()].into(),
         marked: ["proxy".to_owned()].into(),
         node: Some("n1".to_owned()),
         status: json!({
@@ -69,6 +74,11 @@ fn a_native_sidecar_is_updated_in_place_and_counts_once_it_runs_the_new_image() 
     let chosen = to_upgrade(&set, &hash, &members);
     assert_eq!(chosen.len(), 1);
     let after = upgraded(&set, &hash, chosen[0]).unwrap();
+    assert_eq!(
+        after.spec.init_containers.len(),
+        1,
+        "only native ones are seen"
+    );
     assert_eq!(after.spec.init_containers[0].image, "r.example/proxy:2");
     assert_eq!(
         after.spec.containers[0].image, "r.example/app:1",
@@ -82,7 +92,7 @@ fn a_native_sidecar_is_updated_in_place_and_counts_once_it_runs_the_new_image() 
     assert_eq!(
         images,
         [
-            &json!({"op": "replace", "path": "/spec/initContainers/0/image",
+            &json!({"op": "replace", "path": "/spec/initContainers/1/image",
                  "value": "r.example/proxy:2"})
         ],
         "one image replaced, by its place among the init containers"
@@ -117,4 +127,26 @@ fn a_native_sidecar_is_updated_in_place_and_counts_once_it_runs_the_new_image() 
         json!([running("proxy", "docker.io/r/proxy:2", "proxy-2", "c-2")]);
     let done = member_of(&set, &hash, &patched).unwrap();
     assert!(!done.unavailable(&hash), "runs the new image, ready");
+}
+
+#[test]
+fn a_pods_own_init_container_named_like_a_native_sidecar_is_never_changed() {
+    let old = native_set("r.example/proxy:1");
+    let set = native_set("r.example/proxy:2");
+    let hash = set.hash();
+    let proxy = running("proxy", "r.example/proxy:1", "proxy-1", "c-1");
+    // Its own "proxy" is an ordinary init container: the set's sidecar was not injected
+    // as native here (and the pod says so in neither place).
+    let mut own = injected(&set, &old.hash(), &proxy, "r.example/proxy:1");
+    own.native.clear();
+    if let Some(member) = member_of(&set, &hash, &own) {
+        assert!(
+            upgraded(&set, &hash, &member).is_none(),
+            "nothing to change"
+        );
+    }
+    // A forged list naming a container the webhook did not inject: not a member.
+    let mut forged = injected(&set, &old.hash(), &proxy, "r.example/proxy:1");
+    forged.marked.clear();
+    assert!(member_of(&set, &hash, &forged).is_none());
 }

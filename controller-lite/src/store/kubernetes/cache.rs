@@ -28,7 +28,11 @@ const OWN_WRITES_KEPT: usize = 1024;
 /// so that their events wake nothing. One the watch never delivers (the object changed
 /// again during a relist) stays until the next relist; past [`OWN_WRITES_KEPT`] all are
 /// forgotten. Either way the worst is a write of ours taken for another's: one pass more.
-/// So is a write whose event comes before its response does.
+/// So is a write whose event comes before its response does. The other way round, an
+/// event of another writer's is taken for ours only if the API server answered our write
+/// with that version: a no-op write answered while another's change was in flight (not
+/// recorded when the watch has delivered that version already); that change is then
+/// acted on at the engine's next tick.
 #[derive(Debug, Default)]
 struct OwnWrites(HashSet<u64>);
 
@@ -317,7 +321,7 @@ impl ListCache {
             .and_then(|watched| route::revision_of(watched.metadata.resource_version.as_deref()));
         match (entry.overlay.get(name), from_watch) {
             (Some(written), Some(seen)) if written.revision() < seen => Some(seen),
-            (Some(Written::Present(_)), _) => entry.overlay.get(name).map(Written::revision),
+            (Some(written @ Written::Present(_)), _) => Some(written.revision()),
             (Some(Written::Deleted(_)), _) => None,
             (None, seen) => seen,
         }
@@ -338,7 +342,13 @@ impl ListCache {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(entry) = watched.get_mut(&key) {
-            lock(&entry.own_writes).wrote(written.revision());
+            // A write at or below what the watch delivered changed nothing (the API server
+            // answered a no-op with the current version) or was seen already: no event of
+            // it is to come, and the version may be another writer's.
+            let seen = entry.seen.load(std::sync::atomic::Ordering::Acquire);
+            if written.revision() > seen {
+                lock(&entry.own_writes).wrote(written.revision());
+            }
             let newer = entry
                 .overlay
                 .get(&name)

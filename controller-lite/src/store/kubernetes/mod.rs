@@ -253,13 +253,15 @@ impl KubernetesStore {
                         .replace_or_create(api, scope, key, name, body.clone(), Some(known))
                         .await
                     {
-                        Err(StoreError::Conflict { .. }) => {}
+                        // The conflict read the version there is (0: none): at that one.
+                        Err(StoreError::Conflict { actual, .. }) => (actual > 0).then_some(actual),
                         written => return written,
                     }
-                }
-                match self.get_object(api, key, name).await? {
-                    Some(current) => Some(self.revision(key, &current)?),
-                    None => None,
+                } else {
+                    match self.get_object(api, key, name).await? {
+                        Some(current) => Some(self.revision(key, &current)?),
+                        None => None,
+                    }
                 }
             }
         };
@@ -444,14 +446,18 @@ impl KubernetesStore {
 }
 
 /// Why CRD `name` (its object as read) cannot serve Rigger alone, if it cannot: it
-/// converts between versions through a webhook — Kruise's, left from before a move —
+/// serves more than one version and converts between them through a webhook — Kruise's, left from before a move —
 /// which would answer for objects of both versions while its manager runs, and fail every
 /// read of the other version once it is gone. Beside Kruise's manager, that is its own.
 fn conversion_refused(name: &str, crd: &Value, kruise_manager: bool) -> Option<String> {
     let strategy = crd["spec"]["conversion"]["strategy"]
         .as_str()
         .unwrap_or("None");
-    (strategy == "Webhook" && !kruise_manager).then(|| {
+    // One version served is never converted.
+    let served = crd["spec"]["versions"].as_array().map_or(0, |versions| {
+        versions.iter().filter(|v| v["served"] == true).count()
+    });
+    (strategy == "Webhook" && served > 1 && !kruise_manager).then(|| {
         let service = &crd["spec"]["conversion"]["webhook"]["clientConfig"]["service"];
         let by = match (service["namespace"].as_str(), service["name"].as_str()) {
             (Some(namespace), Some(service)) => format!(" (service {namespace}/{service})"),
