@@ -12,7 +12,7 @@
 //! halves of "recreates containers with postStartHook" and "by force", and v1beta1's
 //! "orderedRecreate works" (an ordered request stops the next container once the one
 //! before runs again, as CRI shows it; Kruise waits for the Pod's `started`, after its
-//! postStart: the stops were 0–1 s apart here, where Kruise wants ≥ 5 s); and the
+//! postStart: the stops were 1 s apart here, where Kruise wants ≥ 5 s); and the
 //! `unreadyGracePeriodSeconds` half of "with preStopHook" (the grace is waited, but
 //! Kruise's `KruisePodReady` condition on a kubelet pod is not set to False).
 
