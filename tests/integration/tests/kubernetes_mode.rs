@@ -252,7 +252,7 @@ fn a_kubectl_apply_is_told_by_the_store_as_it_happens() {
     // The whole status is replaced, not merged: a field left out is gone.
     let status = serde_json::json!({"desired": 1, "active": 0, "succeeded": 1, "failed": 0});
     rt.block_on(store.put(
-        status_key,
+        status_key.clone(),
         status.to_string().into_bytes(),
         Precondition::Any,
     ))
@@ -261,6 +261,21 @@ fn a_kubectl_apply_is_told_by_the_store_as_it_happens() {
         .get_json(&["-n", &namespace.name, "imagepulljob", "applied"])
         .unwrap();
     assert_eq!(read["spec"]["image"], "registry.invalid/app:2", "{read}");
+    // A status cleared is gone from the object, which stays; clearing none is no error.
+    for _ in 0..2 {
+        rt.block_on(store.delete(status_key.clone(), Precondition::Any))
+            .unwrap();
+        let read = cluster
+            .get_json(&["-n", &namespace.name, "imagepulljob", "applied"])
+            .unwrap();
+        assert!(read["status"].is_null(), "{read}");
+    }
+    rt.block_on(store.put(
+        status_key,
+        status.to_string().into_bytes(),
+        Precondition::Any,
+    ))
+    .unwrap();
     assert_eq!(
         read["status"],
         serde_json::json!({"desired": 1, "active": 0, "succeeded": 1, "failed": 0}),

@@ -717,20 +717,35 @@ impl Backend for KubernetesStore {
                 None,
             ),
             Route::Status(resource) => {
-                // A status goes with its object; clearing it is writing none.
+                // A status goes with its object; clearing it is writing none: one JSON
+                // patch, whether there was one or not (added empty, then removed).
                 let api = self.api(&resource, &key.namespace);
-                let Some(mut current) = self.get_object(&api, &key, &key.name).await? else {
-                    return Err(StoreError::NotFound {
-                        key: key.to_string(),
-                    });
-                };
-                if let Value::Object(data) = &mut current.data {
-                    data.remove("status");
-                }
-                let written = api
-                    .replace_status(&key.name, &PostParams::default(), &current)
+                let status = json_patch::jsonptr::PointerBuf::from_tokens(["status"]);
+                let patch = json_patch::Patch(vec![
+                    json_patch::PatchOperation::Add(json_patch::AddOperation {
+                        path: status.clone(),
+                        value: Value::Object(serde_json::Map::new()),
+                    }),
+                    json_patch::PatchOperation::Remove(json_patch::RemoveOperation {
+                        path: status,
+                    }),
+                ]);
+                let written = match api
+                    .patch_status(
+                        &key.name,
+                        &PatchParams::default(),
+                        &Patch::Json::<()>(patch),
+                    )
                     .await
-                    .map_err(|e| self.error(&key.to_string(), &e))?;
+                {
+                    Ok(written) => written,
+                    Err(error) if status_code(&error) == Some(404) => {
+                        return Err(StoreError::NotFound {
+                            key: key.to_string(),
+                        });
+                    }
+                    Err(error) => return Err(self.error(&key.to_string(), &error)),
+                };
                 let scope = Scope {
                     resource: &resource,
                     namespace: None,
