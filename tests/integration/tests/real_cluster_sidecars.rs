@@ -63,6 +63,33 @@ fn deployment(ns: &ClusterNamespace, app: &str, replicas: u32, busybox: &str) ->
     )
 }
 
+/// Each pod's uid and its `app` container's ID.
+fn app_container_ids(pods: &[Value]) -> Vec<(String, Value)> {
+    pods.iter()
+        .map(|p| {
+            (
+                p["metadata"]["uid"].as_str().unwrap().to_owned(),
+                status(p, "app").unwrap()["containerID"].clone(),
+            )
+        })
+        .collect()
+}
+
+/// `pod` is one of those `app_ids` were read from (updated in place, not replaced), and
+/// its `app` container was not restarted.
+fn assert_app_kept(pod: &Value, app_ids: &[(String, Value)]) {
+    let uid = pod["metadata"]["uid"].as_str().unwrap();
+    let (_, app_id) = app_ids
+        .iter()
+        .find(|(u, _)| u == uid)
+        .unwrap_or_else(|| panic!("pod {uid} was replaced, not updated in place"));
+    assert_eq!(
+        &status(pod, "app").unwrap()["containerID"],
+        app_id,
+        "the app container was restarted"
+    );
+}
+
 /// Scenario 3: a Deployment's pods get the sidecar from the webhook, through its Service;
 /// an image change rolls out in place — kubelet restarts only the sidecar, the app
 /// container's ID unchanged, never more than `maxUnavailable` pods not Ready at once.
@@ -103,15 +130,7 @@ fn injected_sidecars_roll_in_place_within_max_unavailable() {
             (injected == 5 && pods.len() == 5).then_some(pods)
         },
     );
-    let app_ids: Vec<(String, Value)> = before
-        .iter()
-        .map(|p| {
-            (
-                p["metadata"]["uid"].as_str().unwrap().to_owned(),
-                status(p, "app").unwrap()["containerID"].clone(),
-            )
-        })
-        .collect();
+    let app_ids = app_container_ids(&before);
 
     cluster.apply(&manifest(2));
     let new_image = cluster.image("rigger-lab/sidecar:2");
@@ -135,16 +154,7 @@ fn injected_sidecars_roll_in_place_within_max_unavailable() {
         "{most_unready} pods were not Ready at once (maxUnavailable 2)"
     );
     for pod in &after {
-        let uid = pod["metadata"]["uid"].as_str().unwrap();
-        let (_, app_id) = app_ids
-            .iter()
-            .find(|(u, _)| u == uid)
-            .unwrap_or_else(|| panic!("pod {uid} was replaced, not updated in place"));
-        assert_eq!(
-            &status(pod, "app").unwrap()["containerID"],
-            app_id,
-            "the app container was restarted"
-        );
+        assert_app_kept(pod, &app_ids);
         assert_eq!(status(pod, "proxy").unwrap()["restartCount"], 1, "{pod}");
     }
 }
@@ -328,15 +338,7 @@ fn a_native_sidecar_is_injected_runs_and_is_updated_in_place() {
         "{}",
         before[0]
     );
-    let app_ids: Vec<(String, Value)> = before
-        .iter()
-        .map(|p| {
-            (
-                p["metadata"]["uid"].as_str().unwrap().to_owned(),
-                status(p, "app").unwrap()["containerID"].clone(),
-            )
-        })
-        .collect();
+    let app_ids = app_container_ids(&before);
 
     cluster.apply(&manifest(2));
     let new_image = cluster.image("rigger-lab/sidecar:2");
@@ -354,16 +356,7 @@ fn a_native_sidecar_is_injected_runs_and_is_updated_in_place() {
         },
     );
     for pod in &after {
-        let uid = pod["metadata"]["uid"].as_str().unwrap();
-        let (_, app_id) = app_ids
-            .iter()
-            .find(|(u, _)| u == uid)
-            .unwrap_or_else(|| panic!("pod {uid} was replaced, not updated in place"));
-        assert_eq!(
-            &status(pod, "app").unwrap()["containerID"],
-            app_id,
-            "the app container was restarted"
-        );
+        assert_app_kept(pod, &app_ids);
         assert_eq!(native(pod).unwrap()["restartCount"], 1, "{pod}");
     }
     // (A cluster's object: the namespace is not read.)

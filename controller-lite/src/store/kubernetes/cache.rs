@@ -193,10 +193,7 @@ impl ListCache {
                 )
             })?
             .map_err(|_| format!("the watch of {} stopped", resource.plural))?;
-        let mut watched = self
-            .watched
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut watched = lock(&self.watched);
         let Some(entry) = watched.get_mut(&key) else {
             return Ok(reader.state());
         };
@@ -217,9 +214,7 @@ impl ListCache {
     }
 
     fn changes_sender(&self, key: &str) -> tokio::sync::watch::Sender<u64> {
-        self.changes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.changes)
             .entry(key.to_owned())
             .or_insert_with(|| tokio::sync::watch::channel(0).0)
             .clone()
@@ -232,10 +227,7 @@ impl ListCache {
         namespace: Option<&str>,
         key: &str,
     ) -> (Store<DynamicObject>, tokio::sync::watch::Receiver<bool>) {
-        let mut watched = self
-            .watched
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut watched = lock(&self.watched);
         if let Some(entry) = watched.get(key) {
             return (entry.reader.clone(), entry.ready.clone());
         }
@@ -337,10 +329,7 @@ impl ListCache {
         written: Written,
     ) {
         let key = cache_key(resource, namespace);
-        let mut watched = self
-            .watched
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut watched = lock(&self.watched);
         if let Some(entry) = watched.get_mut(&key) {
             // A write at or below what the watch delivered changed nothing (the API server
             // answered a no-op with the current version) or was seen already: no event of

@@ -396,29 +396,39 @@ impl KubernetesStore {
         key: &ObjectKey,
         status: Value,
     ) -> Result<u64, StoreError> {
-        let patch = json_patch::Patch(vec![json_patch::PatchOperation::Add(
-            json_patch::AddOperation {
-                path: json_patch::jsonptr::PointerBuf::from_tokens(["status"]),
-                value: status,
-            },
-        )]);
-        match api
-            .patch_status(
-                &key.name,
-                &PatchParams::default(),
-                &Patch::Json::<()>(patch),
+        let written = self
+            .patch_status_with(
+                api,
+                key,
+                vec![json_patch::PatchOperation::Add(json_patch::AddOperation {
+                    path: status_pointer(),
+                    value: status,
+                })],
             )
+            .await?;
+        let revision = self.revision(key, &written)?;
+        let scope = Scope {
+            resource,
+            namespace: None,
+        };
+        self.remember(scope, written);
+        Ok(revision)
+    }
+
+    /// The object after `operations` (a JSON patch) on its status subresource, in one
+    /// request; a missing object is `NotFound`.
+    async fn patch_status_with(
+        &self,
+        api: &Api<DynamicObject>,
+        key: &ObjectKey,
+        operations: Vec<json_patch::PatchOperation>,
+    ) -> Result<DynamicObject, StoreError> {
+        let patch = Patch::Json::<()>(json_patch::Patch(operations));
+        match api
+            .patch_status(&key.name, &PatchParams::default(), &patch)
             .await
         {
-            Ok(written) => {
-                let revision = self.revision(key, &written)?;
-                let scope = Scope {
-                    resource,
-                    namespace: None,
-                };
-                self.remember(scope, written);
-                Ok(revision)
-            }
+            Ok(written) => Ok(written),
             Err(error) if status_code(&error) == Some(404) => Err(StoreError::NotFound {
                 key: key.to_string(),
             }),
@@ -470,6 +480,11 @@ fn conversion_refused(name: &str, crd: &Value, kruise_manager: bool) -> Option<S
              docs/guides/migrate-from-kruise.md)"
         )
     })
+}
+
+/// `/status`, where a JSON patch of the status subresource writes.
+fn status_pointer() -> json_patch::jsonptr::PointerBuf {
+    json_patch::jsonptr::PointerBuf::from_tokens(["status"])
 }
 
 fn api_resource(resource: &Resource) -> ApiResource {
@@ -720,32 +735,16 @@ impl Backend for KubernetesStore {
                 // A status goes with its object; clearing it is writing none: one JSON
                 // patch, whether there was one or not (added empty, then removed).
                 let api = self.api(&resource, &key.namespace);
-                let status = json_patch::jsonptr::PointerBuf::from_tokens(["status"]);
-                let patch = json_patch::Patch(vec![
+                let cleared = vec![
                     json_patch::PatchOperation::Add(json_patch::AddOperation {
-                        path: status.clone(),
+                        path: status_pointer(),
                         value: Value::Object(serde_json::Map::new()),
                     }),
                     json_patch::PatchOperation::Remove(json_patch::RemoveOperation {
-                        path: status,
+                        path: status_pointer(),
                     }),
-                ]);
-                let written = match api
-                    .patch_status(
-                        &key.name,
-                        &PatchParams::default(),
-                        &Patch::Json::<()>(patch),
-                    )
-                    .await
-                {
-                    Ok(written) => written,
-                    Err(error) if status_code(&error) == Some(404) => {
-                        return Err(StoreError::NotFound {
-                            key: key.to_string(),
-                        });
-                    }
-                    Err(error) => return Err(self.error(&key.to_string(), &error)),
-                };
+                ];
+                let written = self.patch_status_with(&api, &key, cleared).await?;
                 let scope = Scope {
                     resource: &resource,
                     namespace: None,
