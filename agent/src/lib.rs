@@ -33,7 +33,7 @@ pub mod sharing;
 pub mod tasks;
 
 /// The agent's version, as reported to users and to the controller.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub use rigger_version::VERSION;
 
 /// Where the agent keeps what must outlive it (spooled downloads, accepted tasks).
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/rigger";

@@ -242,13 +242,13 @@ async fn session(
         .map_err(|s| SessionError::refused("session refused", &s))?
         .into_inner();
 
-    let (interval, session) = match inbound.message().await {
+    let (interval, session, controller_version) = match inbound.message().await {
         Ok(Some(m)) => match m.message {
             Some(controller_message::Message::RegisterAck(ack)) => {
                 peer.grant_keys(&ack.peer_grant_public_keys);
                 let interval =
                     Duration::from_secs(u64::from(ack.heartbeat_interval_seconds.max(1)));
-                (interval, ack.session)
+                (interval, ack.session, ack.controller_version)
             }
             _ => {
                 return Err("controller did not answer Register with RegisterAck"
@@ -263,7 +263,13 @@ async fn session(
         }
         Err(s) => return Err(SessionError::refused("registration refused", &s)),
     };
-    tracing::info!(controller = %controller.uri(), heartbeat = ?interval, "registered with the controller");
+    // Empty from a controller older than 0.2.0, which named no version.
+    let controller_version = if controller_version.is_empty() {
+        "older than 0.2.0"
+    } else {
+        controller_version.as_str()
+    };
+    tracing::info!(controller = %controller.uri(), %controller_version, agent_version = crate::VERSION, heartbeat = ?interval, "registered with the controller");
     *registered = true;
     // 0: a controller without ReportInventory; the first heartbeat (at once) carries it.
     let report_by_call = session != 0;

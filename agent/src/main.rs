@@ -19,7 +19,7 @@ use rigger_runtime::{
 #[derive(Debug, Parser)]
 #[command(
     name = "rigger-agent",
-    version,
+    version = rigger_version::LONG,
     about = "Rigger's node agent for containerd nodes"
 )]
 struct Cli {

@@ -16,11 +16,11 @@ use clap::{Parser, Subcommand};
 
 use self::client::ConnectArgs;
 use self::commands::{
-    apply, delete, describe, exec, explain, get, label, logs, recreate, set, wait,
+    apply, delete, describe, exec, explain, get, label, logs, recreate, set, version, wait,
 };
 
 #[derive(Debug, Parser)]
-#[command(name = "riggerctl", version, about = "Talk to a Rigger controller")]
+#[command(name = "riggerctl", version = rigger_version::LONG, about = "Talk to a Rigger controller")]
 struct Cli {
     #[command(flatten)]
     connection: ConnectArgs,
@@ -46,6 +46,7 @@ enum Command {
     #[command(flatten)]
     Docs(rigger_daemon::cli::DocsCommand),
     Wait(wait::Args),
+    Version(version::Args),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +57,13 @@ fn main() -> ExitCode {
     // Completions, the man page and explain need no controller.
     if let Command::Docs(docs) = &cli.command {
         return docs.print(<Cli as clap::CommandFactory>::command());
+    }
+    if let Command::Version(args) = &cli.command {
+        // Printed before the controller is asked: an unreachable one still shows it.
+        println!("{}", version::client_line());
+        if args.client {
+            return ExitCode::SUCCESS;
+        }
     }
     if let Command::Explain(args) = &cli.command {
         return match explain::run(args) {
@@ -102,6 +110,7 @@ async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Exec(args) => return exec::run(args, client, namespace).await,
         Command::Set(args) => set::run(args, client, &cli.connection, namespace).await,
         Command::Recreate(args) => recreate::run(args, client, &cli.connection, namespace).await,
+        Command::Version(_) => version::run(client).await,
         Command::Wait(_) => Ok(()),
         Command::Docs(_) | Command::Explain(_) => Ok(()),
     }

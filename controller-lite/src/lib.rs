@@ -51,4 +51,5 @@ pub mod server;
 pub mod sidecars;
 pub mod store;
 
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The controller's version (its release; `rigger_version` has its commit too).
+pub use rigger_version::VERSION;

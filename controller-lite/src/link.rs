@@ -258,6 +258,14 @@ impl AgentLink for AgentLinkService {
         check_identity(identity.as_ref(), &register.node_name).inspect_err(|status| {
             tracing::warn!(%peer, node = %register.node_name, reason = %status.message(), "agent session refused");
         })?;
+        if let Err(refusal) = rigger_version::check_agent(crate::VERSION, &register.agent_version) {
+            tracing::warn!(%peer, node = %register.node_name, reason = %refusal, "agent session refused: outside the version skew policy");
+            self.nodes.refuse(&register, &refusal, SystemTime::now());
+            return Err(Status::failed_precondition(format!(
+                "node {}: {refusal}",
+                register.node_name
+            )));
+        }
 
         let session = new_session_id()?;
         let node = register.node_name.clone();
@@ -269,6 +277,7 @@ impl AgentLink for AgentLinkService {
                     .max(1),
                 peer_grant_public_keys: self.peer_grant_public_keys.to_vec(),
                 session,
+                controller_version: crate::VERSION.to_owned(),
             })),
         };
         tx.try_send(Ok(ack))

@@ -327,7 +327,7 @@ pub async fn session(
         message: Some(agent_message::Message::Register(Register {
             node_name: node_name.clone(),
             labels: [("bench".to_owned(), "fleet".to_owned())].into(),
-            agent_version: "bench".to_owned(),
+            agent_version: env!("CARGO_PKG_VERSION").to_owned(),
             inventory: None,
             tasks: Vec::new(),
             peer_address: String::new(),

@@ -11,4 +11,5 @@ pub mod label;
 pub mod logs;
 pub mod recreate;
 pub mod set;
+pub mod version;
 pub mod wait;

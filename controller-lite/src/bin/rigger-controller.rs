@@ -10,7 +10,7 @@ use rigger_controller::config::{ControllerArgs, ControllerConfig};
 #[derive(Debug, Parser)]
 #[command(
     name = "rigger-controller",
-    version,
+    version = rigger_version::LONG,
     about = "Rigger's controller: dispatches work to node agents",
     args_conflicts_with_subcommands = true
 )]

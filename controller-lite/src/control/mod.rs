@@ -20,7 +20,7 @@ use rigger_proto::v1::control_server::Control;
 use rigger_proto::v1::{
     ApplyRequest, ApplyResponse, ContainerExec, ContainerLogs, DeleteRequest, DeleteResponse,
     GetRequest, LabelRequest, ListRequest, ListResponse, Object, PodExecRequest, PodLogsRequest,
-    PodOutput, WatchRequest, agent_request,
+    PodOutput, VersionInfo, VersionRequest, WatchRequest, agent_request,
 };
 use serde::Serialize;
 use tonic::{Request, Response, Status};
@@ -399,6 +399,17 @@ impl Control for ControlService {
         let (_, request) = self.admit(request, Role::Viewer)?;
         let (node, uid) = self.placement(&request.namespace, &request.name).await?;
         Ok(Response::new(self.follow(node, uid, request)))
+    }
+
+    async fn version(
+        &self,
+        request: Request<VersionRequest>,
+    ) -> Result<Response<VersionInfo>, Status> {
+        self.admit(request, Role::Viewer)?;
+        Ok(Response::new(VersionInfo {
+            version: rigger_version::VERSION.to_owned(),
+            commit: rigger_version::COMMIT.to_owned(),
+        }))
     }
 
     async fn label(&self, request: Request<LabelRequest>) -> Result<Response<Object>, Status> {

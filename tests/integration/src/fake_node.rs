@@ -362,7 +362,7 @@ async fn session(
     let _ = tx
         .send(send(agent_message::Message::Register(Register {
             node_name: name.to_owned(),
-            agent_version: "0.0.0-liar".to_owned(),
+            agent_version: env!("CARGO_PKG_VERSION").to_owned(),
             peer_address: peer_address.to_string(),
             ..Register::default()
         })))

@@ -575,7 +575,7 @@ fn an_inventory_is_taken_only_from_the_nodes_own_current_session() {
         .block_on(tx.send(AgentMessage {
             message: Some(agent_message::Message::Register(Register {
                 node_name: "inv-a".to_owned(),
-                agent_version: "0.0.0-test".to_owned(),
+                agent_version: env!("CARGO_PKG_VERSION").to_owned(),
                 inventory_follows: true,
                 ..Register::default()
             })),
