@@ -15,86 +15,41 @@ use serde_json::Value;
 
 /// `written` decoded as Kubernetes' type `T`, refusing a field `T` does not have
 /// (`"PATH: unknown field `NAME`"`, the path relative to `written`).
-pub fn decode_strict<T: DeserializeOwned + Serialize>(written: &Value) -> Result<T, String> {
-    let decoded: T = serde_path_to_error::deserialize(written).map_err(|e| {
-        let path = e.path().to_string();
-        let message = e.into_inner().to_string();
-        if path == "." {
-            message
+pub fn decode_strict<T: DeserializeOwned>(written: &Value) -> Result<T, String> {
+    crate::strict::decode_strict(written.clone()).map_err(|e| {
+        // An unknown field is named by its parent's path and its key.
+        let path = match e.reason.starts_with("unknown field") {
+            true => e.path.rfind('.').map_or("", |i| &e.path[..i]),
+            false => e.path.as_str(),
+        };
+        if path.is_empty() {
+            e.reason
         } else {
-            format!("{path}: {message}")
+            format!("{path}: {}", e.reason)
         }
-    })?;
-    let again = serde_json::to_value(&decoded).map_err(|e| e.to_string())?;
-    match unknown_field(written, &again, "") {
-        Some(path) => Err(path),
-        None => Ok(decoded),
-    }
-}
-
-/// The first key of `written` that the decoded copy lost (a field the type lacks), as
-/// `"PATH: unknown field `KEY`"`; `null` values count as absent.
-fn unknown_field(written: &Value, decoded: &Value, at: &str) -> Option<String> {
-    match (written, decoded) {
-        (Value::Object(written), Value::Object(decoded)) => {
-            for (key, value) in written {
-                if value.is_null() {
-                    continue;
-                }
-                let Some(kept) = decoded.get(key) else {
-                    let place = if at.is_empty() {
-                        String::new()
-                    } else {
-                        format!("{at}: ")
-                    };
-                    return Some(format!("{place}unknown field `{key}`"));
-                };
-                let path = if at.is_empty() {
-                    key.clone()
-                } else {
-                    format!("{at}.{key}")
-                };
-                if let Some(found) = unknown_field(value, kept, &path) {
-                    return Some(found);
-                }
-            }
-            None
-        }
-        (Value::Array(written), Value::Array(decoded)) => written
-            .iter()
-            .zip(decoded)
-            .enumerate()
-            .find_map(|(i, (w, d))| unknown_field(w, d, &format!("{at}[{i}]"))),
-        _ => None,
-    }
+    })
 }
 
 /// Kubernetes' `kube` (already checked) as Rigger's own pod type `T`: `Err` names the
 /// first field Rigger's agent does not carry out, with its path relative to `kube`.
 pub fn to_rigger<K: Serialize, T: DeserializeOwned>(kube: &K) -> Result<T, String> {
     let value = serde_json::to_value(kube).map_err(|e| e.to_string())?;
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let mut path = e.path().to_string();
-        let message = e.into_inner().to_string();
-        let Some(field) = message
+    crate::strict::decode_strict(value).map_err(|e| {
+        let Some(field) = e
+            .reason
             .strip_prefix("unknown field `")
             .and_then(|rest| rest.split('`').next())
         else {
-            return if path == "." {
-                message
+            return if e.path.is_empty() {
+                e.reason
             } else {
-                format!("{path}: {message}")
+                format!("{}: {}", e.path, e.reason)
             };
         };
-        // serde's path ends with the unknown field itself.
-        if let Some(i) = path.rfind(['.']) {
-            path.truncate(i);
-            path.push('.');
-        } else {
-            path.clear();
-        }
+        // The path ends with the unknown field itself.
+        let parent = e.path.rfind('.').map_or("", |i| &e.path[..=i]);
         format!(
-            "{path}{field}: Rigger's agent does not carry this out on its own pods; kubelet does, in Kubernetes mode"
+            "{parent}{field}: Rigger's agent does not carry this out on its own pods; kubelet does, in Kubernetes mode"
         )
     })
 }

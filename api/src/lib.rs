@@ -12,6 +12,7 @@ pub mod kube_types;
 pub mod object;
 pub mod reference;
 pub mod selectors;
+pub mod strict;
 pub mod table;
 
 pub use fields::*;

@@ -65,12 +65,10 @@ pub fn admit<T: Object>(value: serde_json::Value) -> Result<(T, String), (String
             .unwrap_or(crate::fields::DEFAULT_NAMESPACE)
             .to_owned()
     });
-    let mut object: T = serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        let path = if path == "." { String::new() } else { path };
+    let mut object: T = crate::strict::decode_strict(value).map_err(|e| {
         (
             what_of(namespace.as_deref(), &name),
-            nested(path, e.into_inner().to_string()),
+            nested(e.path, e.reason),
         )
     })?;
     object.strip_owned();

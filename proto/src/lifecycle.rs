@@ -44,7 +44,7 @@ pub enum FailurePolicy {
 
 /// One cooperator as the agent runs it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Cooperator {
     /// `namespace/name` of the LifecycleCooperator object, for messages.
     pub name: String,
@@ -68,7 +68,7 @@ pub struct Cooperator {
 /// POSTs a JSON description of the pod and the stage; any 2xx answer acknowledges, any
 /// other answer (or none) is asked again each second until the timeout.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Webhook {
     pub url: String,
 }
@@ -76,7 +76,7 @@ pub struct Webhook {
 /// Runs a command on the node (environment: RIGGER_STAGE, RIGGER_OPERATION,
 /// RIGGER_POD_NAMESPACE, RIGGER_POD_NAME, RIGGER_POD_UID); exit 0 acknowledges.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct NodeExec {
     pub command: Vec<String>,
 }

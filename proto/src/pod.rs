@@ -1,7 +1,9 @@
 //! `kind: Pod` as the controller stores it and the agent runs it: the subset of
 //! Kubernetes' Pod that Rigger supports, with Kubernetes' field names. Validation (what
 //! is refused, naming the field) lives with the controller's objects; this is the shape
-//! both ends share.
+//! both ends share. Unknown fields are passed by here, since a newer controller may send
+//! a field an older agent lacks (the version skew policy); users' input is refused
+//! strictly where it is admitted (`rigger_api::strict`).
 
 use std::collections::BTreeMap;
 
@@ -25,7 +27,7 @@ pub enum PullPolicy {
 
 /// Kubernetes' object metadata (every kind uses it; pods travel to agents with it).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ObjectMeta {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -63,7 +65,7 @@ pub struct ObjectMeta {
 
 /// Kubernetes' reference to an object's owner.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct OwnerReference {
     pub api_version: String,
     pub kind: String,
@@ -79,7 +81,7 @@ pub const KIND: &str = "Pod";
 pub const API_VERSION: &str = "v1";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Pod {
     pub api_version: String,
     pub kind: String,
@@ -90,7 +92,7 @@ pub struct Pod {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct PodSpec {
     /// The node; the controller sets it when only `nodeSelector` is given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -118,7 +120,6 @@ pub struct PodSpec {
 
 /// Kubernetes' reference to an object of the same namespace, by name.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct LocalObjectReference {
     pub name: String,
 }
@@ -143,7 +144,7 @@ pub enum RestartPolicy {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Container {
     pub name: String,
     pub image: String,
@@ -175,7 +176,7 @@ pub struct Container {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ContainerPort {
     pub container_port: u16,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -185,7 +186,7 @@ pub struct ContainerPort {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct EnvVar {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -195,13 +196,13 @@ pub struct EnvVar {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct EnvVarSource {
     pub field_ref: FieldRef,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct FieldRef {
     pub field_path: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -209,7 +210,7 @@ pub struct FieldRef {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct VolumeMount {
     pub name: String,
     pub mount_path: String,
@@ -218,7 +219,7 @@ pub struct VolumeMount {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Volume {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -228,7 +229,7 @@ pub struct Volume {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct HostPathVolume {
     pub path: String,
     /// "", Directory, DirectoryOrCreate, File, FileOrCreate.
@@ -237,14 +238,14 @@ pub struct HostPathVolume {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct EmptyDirVolume {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_limit: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Resources {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub limits: BTreeMap<String, String>,
@@ -254,7 +255,7 @@ pub struct Resources {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Lifecycle {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub post_start: Option<Handler>,
@@ -264,7 +265,7 @@ pub struct Lifecycle {
 
 /// One of exec, httpGet, sleep, tcpSocket (exactly one).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Handler {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec: Option<ExecAction>,
@@ -295,19 +296,19 @@ impl Handler {
 /// Kubernetes' `sleep` hook (on by default since 1.30): wait this many seconds — 0 is
 /// allowed — within the termination grace period; nothing runs in the container.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct SleepAction {
     pub seconds: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ExecAction {
     pub command: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct HttpGetAction {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
@@ -322,14 +323,13 @@ pub struct HttpGetAction {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct HttpHeader {
     pub name: String,
     pub value: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct TcpSocketAction {
     pub port: IntOrName,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -337,7 +337,7 @@ pub struct TcpSocketAction {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct Probe {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec: Option<ExecAction>,

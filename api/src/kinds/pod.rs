@@ -574,7 +574,7 @@ mod tests {
             "metadata": {"name": "web", "namespace": "default"},
             "spec": spec,
         });
-        let pod: Pod = serde_json::from_value(value).map_err(|e| e.to_string())?;
+        let pod: Pod = crate::strict::decode_strict(value).map_err(|e| e.to_string())?;
         validate(&pod).map_err(|e| e.to_string())?;
         Ok(pod)
     }
