@@ -46,9 +46,9 @@ fn path_text(path: &serde_ignored::Path<'_>) -> String {
             parent if parent.is_empty() => key.clone(),
             parent => format!("{parent}.{key}"),
         },
-        Path::Some { parent } | Path::NewtypeStruct { parent } | Path::NewtypeVariant { parent } => {
-            path_text(parent)
-        }
+        Path::Some { parent }
+        | Path::NewtypeStruct { parent }
+        | Path::NewtypeVariant { parent } => path_text(parent),
     }
 }
 

@@ -122,10 +122,6 @@ pub async fn read(
     let mut status = match store.get_as::<ImagePullJobStatus>(summary_key(job)).await {
         Ok(Some(summary)) => summary.value,
         Ok(None) => return Ok(None),
-        Err(StoreError::Undecodable { .. }) => {
-            tracing::warn!(%job, "stored job status unreadable; starting afresh");
-            return Ok(None);
-        }
         Err(error) => return Err(error),
     };
     let mut written = Written {

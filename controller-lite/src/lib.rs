@@ -50,6 +50,7 @@ pub mod report_limits;
 pub mod server;
 pub mod sidecars;
 pub mod store;
+pub mod undecodable;
 
 /// The controller's version (its release; `rigger_version` has its commit too).
 pub use rigger_version::VERSION;

@@ -3,7 +3,7 @@
 //! statuses it reports are stored beside the pods (`Pod.status/<ns>/<name>`). The agent
 //! owns the running; the controller only says what should run where.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use rigger_proto::v1::{AssignedPod, ControllerMessage, PodSet, PodStatus, controller_message};
@@ -54,9 +54,14 @@ struct Registered {
 
 /// The pods and cooperators of the store, as one read gave them.
 struct Placed {
-    /// By the node they are placed on.
-    pods: HashMap<String, Vec<Pod>>,
+    /// By the node they are placed on: each decoded, and as stored (sent as stored, so a
+    /// field a newer release wrote reaches the agent, which may know it, unchanged).
+    pods: HashMap<String, Vec<(Pod, String)>>,
     cooperators: Vec<LifecycleCooperator>,
+    /// Nodes a pod that does not decode is placed on (`None`: a pod whose node cannot
+    /// be read either, so every node): their sets are not sent, since a set without the
+    /// pod would stop it. Their agents keep running what they have.
+    held: Option<HashSet<String>>,
 }
 
 impl PodSync {
@@ -123,13 +128,40 @@ impl PodSync {
             .into_iter()
             .map(|c| c.value)
             .collect();
-        let mut pods: HashMap<String, Vec<Pod>> = HashMap::new();
-        for pod in self.store.list_objects::<Pod>().await? {
-            if let Some(node) = pod.value.spec.node_name.clone() {
-                pods.entry(node).or_default().push(pod.value);
+        let mut pods: HashMap<String, Vec<(Pod, String)>> = HashMap::new();
+        let mut held = Some(HashSet::new());
+        for stored in self.store.list(pod::KIND).await? {
+            let text = String::from_utf8_lossy(&stored.object).into_owned();
+            match crate::store::typed::decode::<Pod>(stored) {
+                Ok(pod) => {
+                    if let Some(node) = pod.value.spec.node_name.clone() {
+                        pods.entry(node).or_default().push((pod.value, text));
+                    }
+                }
+                Err(error) => {
+                    // Placed where `spec.nodeName` says, if that much reads; an
+                    // unplaced pod holds no node, an unreadable one every node.
+                    let node = serde_json::from_str::<serde_json::Value>(&text).map(|v| {
+                        v.pointer("/spec/nodeName")
+                            .and_then(serde_json::Value::as_str)
+                            .map(str::to_owned)
+                    });
+                    tracing::warn!(%error, node = ?node.as_ref().ok(), "a stored pod does not decode; the pods of its node are left as they are");
+                    match (node, held.as_mut()) {
+                        (Ok(Some(node)), Some(held)) => {
+                            held.insert(node);
+                        }
+                        (Ok(_), _) => {}
+                        (Err(_), _) => held = None,
+                    }
+                }
             }
         }
-        Ok(Placed { pods, cooperators })
+        Ok(Placed {
+            pods,
+            cooperators,
+            held,
+        })
     }
 
     /// Where questions for agents (logs, exec) wait for their answers.
@@ -150,7 +182,7 @@ impl PodSync {
     /// The pods of `placed` on `node`.
     async fn pods_of(&self, placed: &Placed, node: &str) -> Result<Vec<AssignedPod>, StoreError> {
         let mut assigned = Vec::new();
-        for pod in placed.pods.get(node).into_iter().flatten() {
+        for (pod, stored) in placed.pods.get(node).into_iter().flatten() {
             let matching: Vec<_> = placed
                 .cooperators
                 .iter()
@@ -163,7 +195,7 @@ impl PodSync {
             let docker_configs = self.pull_secrets_of(pod).await?;
             assigned.push(AssignedPod {
                 uid: pod.metadata.uid.clone().unwrap_or_default(),
-                json: serde_json::to_string(pod).unwrap_or_default(),
+                json: stored.clone(),
                 cooperators: serde_json::to_string(&matching).unwrap_or_default(),
                 docker_configs,
             });
@@ -234,6 +266,10 @@ impl PodSync {
 
     /// Send `node`'s agent its set as `placed` has it.
     async fn send_from(&self, placed: &Placed, node: &str) {
+        if placed.held.as_ref().is_none_or(|held| held.contains(node)) {
+            tracing::warn!(%node, "a pod of the node does not decode; its pod set is not sent");
+            return;
+        }
         match self.pods_of(placed, node).await {
             Ok(pods) => {
                 let message = ControllerMessage {

@@ -318,6 +318,11 @@ pub async fn run(
         matches!(&config.store, StoreConfig::Kubernetes(settings) if settings.write_node_images);
     // In a cluster, image lists made with kubectl are carried out by a pass of their own.
     let lists = (cluster.is_some() && !kruise_manager).then(|| control.clone());
+    // Rigger's own pods (a cluster's are its scheduler's): those applied while no node
+    // took them are placed as nodes come.
+    let pending_pods = cluster
+        .is_none()
+        .then(|| crate::control::pending::PendingPods::new(control.clone(), events.clone()));
     let in_cluster = cluster.is_some();
     // In a cluster, Rigger alone: SidecarSets act on the cluster's pods, read from the
     // Pods' one watch.
@@ -437,11 +442,17 @@ pub async fn run(
                         );
                     }
                 };
+                let pending = async {
+                    if let Some(pending) = pending_pods {
+                        crate::engine::supervise_watching(pending, &watched, token.clone()).await;
+                    }
+                };
                 tokio::join!(
                     labels,
                     managers,
                     crate::engine::supervise_watching(recreates, &watched, token.clone()),
-                    cluster_only
+                    cluster_only,
+                    pending
                 );
             }
         })

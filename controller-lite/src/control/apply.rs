@@ -456,15 +456,23 @@ impl ControlService {
             rigger_api::pod::check_in_place_change(&old.spec, &pod.spec)
                 .map_err(|e| refuse(&draft.what, &e))?;
         }
+        // No ready node matching now (agents reconnecting after a restart, say): taken
+        // and left Pending, as Kubernetes does; the pending pods' pass places it.
+        let mut waits = None;
         if pod.spec.node_name.is_none() {
-            let node = self.place(pod).await.map_err(|e| draft.refuse(&e))?;
-            draft.object.spec.node_name = Some(node);
+            match self.place(pod).await {
+                Ok(node) => draft.object.spec.node_name = Some(node),
+                Err(error) => waits = Some(error.reason),
+            }
         }
         let committed = self.commit(&mut draft, dry_run).await?;
         if committed.written {
             tracing::info!(pod = %draft.what, node = ?draft.object.spec.node_name, outcome = ?committed.outcome, "pod applied");
             if let Some(node) = &draft.object.spec.node_name {
                 self.pods.send_to(node).await;
+            }
+            if let Some(why) = &waits {
+                tracing::info!(pod = %draft.what, %why, "pod pending: no node takes it now");
             }
         }
         applied(&draft.object, committed)

@@ -9,6 +9,7 @@ mod apply;
 pub mod lists;
 mod logs;
 pub mod node_images;
+pub mod pending;
 mod placement;
 mod show;
 mod watch;

@@ -66,6 +66,8 @@ struct Inner {
     grants: Option<Arc<rigger_proto::peer_grant::GrantSigner>>,
     /// Where each node's pull that ends is told (Kruise's events, in a cluster).
     events: Arc<dyn crate::events::EventSink>,
+    /// Jobs that did not decode at the last pass, left as they are.
+    undecodable: std::sync::Mutex<crate::undecodable::Undecodable>,
 }
 
 /// The engine; cheap to clone.
@@ -185,6 +187,7 @@ impl JobEngine {
                 statuses_written: tokio::sync::watch::channel(0).0,
                 grants,
                 events: Arc::new(crate::events::NoEvents),
+                undecodable: std::sync::Mutex::default(),
             }),
         }
     }
@@ -298,16 +301,31 @@ impl crate::engine::Engine for JobEngine {
     }
 
     async fn observe(&self) -> Result<JobSnapshot, StoreError> {
-        let specs = self.inner.store.list_objects::<ImagePullJob>().await?;
+        let listed = self.inner.store.list_all_objects::<ImagePullJob>().await?;
         let known: HashMap<ObjectKey, u64> = self
             .lock()
             .jobs
             .iter()
             .map(|(k, j)| (k.clone(), j.spec_revision))
             .collect();
-        let mut present = HashMap::with_capacity(specs.len());
+        let mut present = HashMap::with_capacity(listed.decoded.len());
+        // A job this release cannot read (a newer one wrote it) is left as it is: never
+        // taken for deleted, so its pulls go on and its status stays; one already held
+        // goes on as it was read last.
+        self.inner
+            .undecodable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .observe(
+                rigger_api::fields::KRUISE_API_VERSION,
+                &listed.undecodable,
+                &*self.inner.events,
+            );
+        for (key, _) in &listed.undecodable {
+            present.insert(key.clone(), known.get(key).copied().unwrap_or_default());
+        }
         let mut changed = Vec::new();
-        for stored in specs {
+        for stored in listed.decoded {
             present.insert(stored.key.clone(), stored.revision);
             if known.get(&stored.key) == Some(&stored.revision) {
                 continue;
@@ -327,7 +345,16 @@ impl crate::engine::Engine for JobEngine {
             }
             let loaded = match known.contains_key(&stored.key) {
                 true => None,
-                false => Some(job_status::read(&self.inner.store, &stored.key).await?),
+                false => match job_status::read(&self.inner.store, &stored.key).await {
+                    Ok(status) => Some(status),
+                    // A status this release cannot read is left as it is, and its job
+                    // with it: started afresh, the job would pull again and overwrite it.
+                    Err(StoreError::Undecodable { detail, .. }) => {
+                        tracing::warn!(job = %stored.key, %detail, "the job's stored status does not decode; the job is left as it is");
+                        continue;
+                    }
+                    Err(error) => return Err(error),
+                },
             };
             changed.push(ChangedJob {
                 key: stored.key,

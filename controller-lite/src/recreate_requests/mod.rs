@@ -135,6 +135,8 @@ struct Inner {
     beside_kruise_manager: bool,
     /// Where a request's completion is told.
     events: Arc<dyn crate::events::EventSink>,
+    /// Requests that did not decode at the last pass, left as they are.
+    undecodable: std::sync::Mutex<crate::undecodable::Undecodable>,
 }
 
 /// The engine; cheap to clone.
@@ -155,6 +157,7 @@ impl RecreateEngine {
                 cluster_pods: None,
                 beside_kruise_manager: false,
                 events: Arc::new(crate::events::NoEvents),
+                undecodable: std::sync::Mutex::default(),
             }),
         }
     }
@@ -255,7 +258,19 @@ impl crate::engine::Engine for RecreateEngine {
 
     async fn observe(&self) -> Result<RecreateSnapshot, StoreError> {
         let store = &self.inner.store;
-        let specs = store.list_objects::<ContainerRecreateRequest>().await?;
+        let listed = store.list_all_objects::<ContainerRecreateRequest>().await?;
+        // A request this release cannot read (a newer one wrote it) is left as it is:
+        // never taken for deleted, so its recreate is not cancelled.
+        self.inner
+            .undecodable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .observe(
+                rigger_api::fields::KRUISE_API_VERSION,
+                &listed.undecodable,
+                &*self.inner.events,
+            );
+        let specs = listed.decoded;
         let (known, mut pod_keys): (HashSet<ObjectKey>, Vec<ObjectKey>) = {
             let state = self.lock();
             let pods = state
@@ -266,6 +281,7 @@ impl crate::engine::Engine for RecreateEngine {
             (state.requests.keys().cloned().collect(), pods.collect())
         };
         let mut present = HashSet::with_capacity(specs.len());
+        present.extend(listed.undecodable.into_iter().map(|(key, _)| key));
         let mut new = Vec::new();
         let mut refused = Vec::new();
         for stored in specs {
@@ -274,10 +290,14 @@ impl crate::engine::Engine for RecreateEngine {
                 continue;
             }
             let mut request = stored.value;
-            // An unreadable status starts the request afresh.
+            // A status this release cannot read is left as it is, and its request with
+            // it: started afresh, the request would recreate the container again.
             let status = match store.get_as::<CrrStatus>(status_key(&stored.key)).await {
                 Ok(status) => status.map(|s| s.value),
-                Err(StoreError::Undecodable { .. }) => None,
+                Err(StoreError::Undecodable { detail, .. }) => {
+                    tracing::warn!(request = %stored.key, %detail, "the request's stored status does not decode; the request is left as it is");
+                    continue;
+                }
                 Err(error) => return Err(error),
             };
             let finished = status

@@ -9,7 +9,8 @@ use super::{Backend, ObjectKey, Precondition, StoreError, Stored, check};
 
 /// `kind/namespace/name` → `revision (8 bytes, big endian) ++ object JSON`.
 const OBJECTS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("objects");
-/// `"revision"` → the last revision handed out.
+/// `"revision"` → the last revision handed out; `"format"` → the store's format
+/// ([`super::STORE_FORMAT`]; absent in stores written before 0.2.0).
 const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
 
 /// The embedded store. Cheap to clone; calls run on the blocking pool.
@@ -33,11 +34,23 @@ impl EmbeddedStore {
         })?;
         let db =
             redb::Database::create(&path).map_err(|e| backend(format!("cannot be opened: {e}")))?;
-        // Tables exist from the start, so readers never meet a missing one.
+        // Tables exist from the start, so readers never meet a missing one; the format is
+        // checked first, and a store of a newer one is left uncommitted, as it was.
         let txn = db.begin_write().map_err(|e| backend(e.to_string()))?;
+        {
+            let mut meta = txn.open_table(META).map_err(|e| backend(e.to_string()))?;
+            let format = meta
+                .get("format")
+                .map_err(|e| backend(e.to_string()))?
+                .map(|v| v.value());
+            super::check_format(&path.display().to_string(), format)?;
+            if format.is_none() {
+                meta.insert("format", super::STORE_FORMAT)
+                    .map_err(|e| backend(e.to_string()))?;
+            }
+        }
         txn.open_table(OBJECTS)
             .map_err(|e| backend(e.to_string()))?;
-        txn.open_table(META).map_err(|e| backend(e.to_string()))?;
         txn.commit().map_err(|e| backend(e.to_string()))?;
         Ok(Self {
             db: Arc::new(db),
@@ -224,6 +237,61 @@ mod tests {
 
     fn key(name: &str) -> ObjectKey {
         ObjectKey::new("ImagePullJob", "default", name)
+    }
+
+    #[tokio::test]
+    async fn a_store_of_a_newer_format_is_refused_as_it_is_and_an_older_one_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        store
+            .put(key("a"), b"{}".to_vec(), Precondition::Absent)
+            .await
+            .unwrap();
+        // As a release before formats were recorded left it: opens, and records it.
+        let set_format = |store: &EmbeddedStore, format: Option<u64>| {
+            let txn = store.db.begin_write().unwrap();
+            {
+                let mut meta = txn.open_table(META).unwrap();
+                match format {
+                    Some(format) => meta.insert("format", format).unwrap(),
+                    None => meta.remove("format").unwrap(),
+                };
+            }
+            txn.commit().unwrap();
+        };
+        set_format(&store, None);
+        drop(store);
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        let format = |store: &EmbeddedStore| {
+            let txn = store.db.begin_read().unwrap();
+            let meta = txn.open_table(META).unwrap();
+            meta.get("format").unwrap().map(|v| v.value())
+        };
+        assert_eq!(format(&store), Some(super::super::STORE_FORMAT));
+
+        set_format(&store, Some(super::super::STORE_FORMAT + 1));
+        drop(store);
+        let refused = EmbeddedStore::open(dir.path()).unwrap_err().to_string();
+        assert!(refused.contains("newer release"), "{refused}");
+        assert!(refused.contains("nothing was changed"), "{refused}");
+        // As it was: the newer release opens it with its object.
+        let db = redb::Database::create(dir.path().join("rigger.redb")).unwrap();
+        let txn = db.begin_read().unwrap();
+        assert_eq!(
+            txn.open_table(META)
+                .unwrap()
+                .get("format")
+                .unwrap()
+                .map(|v| v.value()),
+            Some(super::super::STORE_FORMAT + 1)
+        );
+        assert!(
+            txn.open_table(OBJECTS)
+                .unwrap()
+                .get("ImagePullJob/default/a")
+                .unwrap()
+                .is_some()
+        );
     }
 
     #[tokio::test]

@@ -73,14 +73,47 @@ impl EtcdStore {
                 location: format!("{scheme}://{joined}"),
                 detail: format!("cannot connect: {}", rigger_daemon::error_chain(&e)),
             })?;
-        // A cheap read proves the cluster answers before the controller binds.
-        client
-            .get(format!("{prefix}probe"), None)
+        // A cheap read proves the cluster answers before the controller binds; it reads
+        // the store's format, checked before anything is written.
+        let location = format!("{scheme}://{joined}/{prefix}");
+        let unanswered = |e: etcd_client::Error| StoreError::Backend {
+            location: location.clone(),
+            detail: format!("does not answer: {}", rigger_daemon::error_chain(&e)),
+        };
+        let format_key = format!("{prefix}format");
+        let found = client
+            .get(format_key.clone(), None)
             .await
-            .map_err(|e| StoreError::Backend {
-                location: format!("{scheme}://{joined}"),
-                detail: format!("does not answer: {}", rigger_daemon::error_chain(&e)),
-            })?;
+            .map_err(unanswered)?
+            .kvs()
+            .first()
+            .map(|kv| {
+                kv.value_str()
+                    .ok()
+                    .and_then(|text| text.trim().parse::<u64>().ok())
+                    // Unreadable: no format this release knows.
+                    .unwrap_or(u64::MAX)
+            });
+        super::check_format(&location, found)?;
+        if found.is_none() {
+            // Recorded once; a replica that recorded it meanwhile wins, with the same.
+            client
+                .txn(
+                    Txn::new()
+                        .when([Compare::create_revision(
+                            format_key.clone(),
+                            CompareOp::Equal,
+                            0,
+                        )])
+                        .and_then([TxnOp::put(
+                            format_key,
+                            super::STORE_FORMAT.to_string(),
+                            None,
+                        )]),
+                )
+                .await
+                .map_err(unanswered)?;
+        }
         Ok(Self {
             client,
             endpoints: joined,

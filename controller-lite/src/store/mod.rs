@@ -18,6 +18,29 @@ pub use etcd::EtcdStore;
 pub use kubernetes::{KubernetesSettings, KubernetesStore};
 pub use typed::{Versioned, key_of};
 
+/// The layout of Rigger's own stores (embedded and etcd: keys, revisions, the JSON of
+/// each record) this release writes and reads. A store carries the format it was written
+/// in; one without (every release before 0.2.0) is of format 1. A newer format is
+/// refused before anything is written, so a controller rolled back past a store format
+/// change stops with the reason, the store as it was. In a cluster the API server's CRD
+/// versions are the format.
+pub const STORE_FORMAT: u64 = 1;
+
+/// Whether a store of format `found` (`None`: none recorded) at `location` is one this
+/// release reads. Pure.
+pub fn check_format(location: &str, found: Option<u64>) -> Result<(), StoreError> {
+    match found {
+        Some(format) if format > STORE_FORMAT => Err(StoreError::Backend {
+            location: location.to_owned(),
+            detail: format!(
+                "written in store format {format} by a newer release; controller {} reads format {STORE_FORMAT} at most: nothing was changed, run that release (or newer) again",
+                crate::VERSION
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("store {location}: {detail}")]

@@ -21,7 +21,9 @@ pub struct Versioned<T> {
     pub value: T,
 }
 
-/// `stored`, decoded as `T`.
+/// `stored`, decoded as `T`. What does not decode is said with the path of the field
+/// (`spec.pullPolicy.backoffLimit: invalid type ...`): decoded again for that, since
+/// following the path costs on every decode and the store is read on every pass.
 pub fn decode<T: DeserializeOwned>(stored: Stored) -> Result<Versioned<T>, StoreError> {
     match serde_json::from_slice(&stored.object) {
         Ok(value) => Ok(Versioned {
@@ -29,10 +31,17 @@ pub fn decode<T: DeserializeOwned>(stored: Stored) -> Result<Versioned<T>, Store
             revision: stored.revision,
             value,
         }),
-        Err(error) => Err(StoreError::Undecodable {
-            key: stored.key.to_string(),
-            detail: error.to_string(),
-        }),
+        Err(error) => {
+            let mut again = serde_json::Deserializer::from_slice(&stored.object);
+            let detail = match serde_path_to_error::deserialize::<_, T>(&mut again) {
+                Err(e) if e.path().to_string() != "." => format!("{}: {}", e.path(), e.inner()),
+                _ => error.to_string(),
+            };
+            Err(StoreError::Undecodable {
+                key: stored.key.to_string(),
+                detail,
+            })
+        }
     }
 }
 

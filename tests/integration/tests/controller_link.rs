@@ -458,12 +458,47 @@ fn pods_are_placed_on_the_ready_node_with_the_fewest_and_unsupported_ones_refuse
         stderr.contains("Pod default/p3: spec.hostNetwork: must be true"),
         "{stderr}"
     );
+    // No node matches: taken and left Pending, as Kubernetes does, with an event saying
+    // why; placed once a node matches.
     let nowhere =
         controller.apply(&pod("p4", "  hostNetwork: true\n").replace("\"yes\"", "\"no\""));
-    let stderr = String::from_utf8_lossy(&nowhere.stderr);
     assert!(
-        stderr.contains("spec.nodeSelector: no ready node matches"),
-        "{stderr}"
+        nowhere.status.success(),
+        "{}",
+        String::from_utf8_lossy(&nowhere.stderr)
+    );
+    let pending = controller.get_json(&["pod", "p4"]).unwrap();
+    assert!(pending["spec"]["nodeName"].is_null(), "{pending}");
+    wait_until(
+        "p4's FailedScheduling event",
+        Duration::from_secs(10),
+        || {
+            let events = controller.ctl(&["get", "events"]);
+            let events = String::from_utf8_lossy(&events.stdout);
+            (events.contains("FailedScheduling") && events.contains("no ready node matches"))
+                .then_some(())
+        },
+    );
+    let label = controller.ctl(&["label", "node", "place-b", "rigger.test/agent=no"]);
+    assert!(
+        label.status.success(),
+        "{}",
+        String::from_utf8_lossy(&label.stderr)
+    );
+    wait_until(
+        "p4 to be placed on place-b",
+        Duration::from_secs(10),
+        || {
+            let pod = controller.get_json(&["pod", "p4"])?;
+            (pod["spec"]["nodeName"] == "place-b").then_some(())
+        },
+    );
+    assert!(controller.ctl(&["delete", "pod", "p4"]).status.success());
+    let label = controller.ctl(&["label", "node", "place-b", "rigger.test/agent-"]);
+    assert!(
+        label.status.success(),
+        "{}",
+        String::from_utf8_lossy(&label.stderr)
     );
     let table = controller.ctl(&["get", "pods", "-o", "wide"]);
     let table = String::from_utf8_lossy(&table.stdout);
