@@ -59,6 +59,23 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
+/// The bin directory of Rigger's previous release (its rigger-agent, rigger-controller
+/// and riggerctl), which `scripts/lab-previous build` made in the lab's cache (make
+/// test's lab stage does): the version skew tests run it beside this tree's.
+pub fn previous_release() -> PathBuf {
+    let out = Command::new(repo_root().join("scripts/lab-previous"))
+        .arg("dir")
+        .output()
+        .unwrap();
+    let dir = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(
+        out.status.success() && !dir.is_empty(),
+        "the previous release is not built: run `scripts/lab-previous build` (make test's lab stage does){}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(dir)
+}
+
 /// Run `rigger-agent ARGS` to completion.
 pub fn agent(args: &[&str]) -> Output {
     Command::new(binary("rigger-agent"))
@@ -301,6 +318,9 @@ pub struct Controller {
     pub health: String,
     listen: String,
     extra: Vec<String>,
+    /// The `rigger-controller` run (this tree's; another release's for the skew tests),
+    /// from the next start on.
+    pub program: PathBuf,
     daemon: Option<Daemon>,
 }
 
@@ -392,6 +412,7 @@ impl Controller {
             health: format!("127.0.0.1:{health_port}"),
             listen,
             extra,
+            program: binary("rigger-controller"),
             daemon: None,
         }
     }
@@ -439,7 +460,7 @@ impl Controller {
         let before = std::fs::metadata(&self.log).map_or(0, |m| m.len() as usize);
         let log = append_log(&self.log);
         self.daemon = Some(Daemon::spawn(
-            Command::new(binary("rigger-controller"))
+            Command::new(&self.program)
                 .arg("--data-dir")
                 .arg(&self.data_dir)
                 .args(["--listen", &self.listen])
@@ -583,6 +604,9 @@ pub struct Agent {
     /// The node's containerd socket.
     containerd: PathBuf,
     args: Vec<String>,
+    /// The `rigger-agent` run (this tree's; another release's for the skew tests), from
+    /// the next start on.
+    pub program: PathBuf,
     daemon: Option<Daemon>,
 }
 
@@ -701,6 +725,7 @@ impl Agent {
             health: format!("127.0.0.1:{}", free_port()),
             containerd: containerd.to_owned(),
             args,
+            program: binary("rigger-agent"),
             daemon: None,
         };
         agent.spawn();
@@ -710,7 +735,7 @@ impl Agent {
     fn spawn(&mut self) {
         let log = append_log(&self.log);
         self.daemon = Some(Daemon::spawn(
-            Command::new(binary("rigger-agent"))
+            Command::new(&self.program)
                 .args(&self.args)
                 .args(["--health-listen", &self.health])
                 .env(
