@@ -75,7 +75,7 @@ impl EtcdStore {
             })?;
         // A cheap read proves the cluster answers before the controller binds; it reads
         // the store's format, checked before anything is written.
-        let location = format!("{scheme}://{joined}/{prefix}");
+        let location = format!("{scheme}://{joined}");
         let unanswered = |e: etcd_client::Error| StoreError::Backend {
             location: location.clone(),
             detail: format!("does not answer: {}", rigger_daemon::error_chain(&e)),
@@ -94,7 +94,7 @@ impl EtcdStore {
                     // Unreadable: no format this release knows.
                     .unwrap_or(u64::MAX)
             });
-        super::check_format(&location, found)?;
+        super::check_format(&format!("{location} (prefix {prefix})"), found)?;
         if found.is_none() {
             // Recorded once; a replica that recorded it meanwhile wins, with the same.
             client

@@ -22,6 +22,64 @@ async fn etcd_store_meets_the_store_contract() {
 }
 
 #[tokio::test]
+async fn a_store_of_a_newer_format_is_refused_and_left_as_it_was() {
+    let etcd = Etcd::start();
+    let endpoints = std::slice::from_ref(&etcd.endpoint);
+    let store = EtcdStore::connect(endpoints, "/itest-format/", None)
+        .await
+        .unwrap();
+    let mut client = store.client();
+    let recorded = client.get("/itest-format/format", None).await.unwrap();
+    assert_eq!(
+        recorded.kvs()[0].value_str().unwrap(),
+        rigger_controller::store::STORE_FORMAT.to_string(),
+        "the format is recorded at the first open"
+    );
+    // A newer release's store.
+    let newer = (rigger_controller::store::STORE_FORMAT + 1).to_string();
+    client
+        .put("/itest-format/format", newer.clone(), None)
+        .await
+        .unwrap();
+    client
+        .put("/itest-format/objects/Secret/default/s", "{}", None)
+        .await
+        .unwrap();
+    let before = client
+        .get(
+            "/itest-format/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    let err = EtcdStore::connect(endpoints, "/itest-format/", None)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!("store format {newer} by a newer release")),
+        "{err}"
+    );
+    assert!(err.contains("nothing was changed"), "{err}");
+    let after = client
+        .get(
+            "/itest-format/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        after.header().unwrap().revision(),
+        before,
+        "nothing written"
+    );
+    assert_eq!(after.kvs().len(), 2);
+}
+
+#[tokio::test]
 async fn a_ten_thousand_node_job_status_round_trips_through_etcd() {
     use rigger_api::image_pull_job::{ImagePullJobStatus, NodePullPhase, NodePullStatus};
     use rigger_controller::job_status;
