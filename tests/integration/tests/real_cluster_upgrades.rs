@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use rigger_integration_tests::real_cluster::{ClusterNamespace, Progress, RealCluster};
-use rigger_integration_tests::{repo_root, unique_image_with, wait_until};
-use serde_json::Value;
+use rigger_integration_tests::{Proxy, repo_root, unique_image_with, wait_until};
+use serde_json::{Value, json};
 
 fn job(cluster: &RealCluster, ns: &ClusterNamespace, name: &str) -> Value {
     cluster.object_status(&ns.name, "imagepulljob", name)
@@ -206,4 +206,114 @@ fn the_agent_daemonset_rolls_to_a_new_image_while_a_job_runs() {
         Duration::from_secs(90),
     );
     progress.say("the agents' DaemonSet rolled back");
+}
+
+/// The image of the DaemonSet's or the Deployment's first container.
+fn deployed_image(cluster: &RealCluster, object: &str) -> String {
+    cluster.kubectl_ok(&[
+        "-n",
+        "rigger-system",
+        "get",
+        object,
+        "-o",
+        "jsonpath={.spec.template.spec.containers[0].image}",
+    ])
+}
+
+/// `kubectl set image` of `object`'s container `container`, and its rollout awaited.
+fn roll(cluster: &RealCluster, object: &str, container: &str, image: &str) {
+    cluster.kubectl_ok(&[
+        "-n",
+        "rigger-system",
+        "set",
+        "image",
+        object,
+        &format!("{container}={image}"),
+    ]);
+    cluster.rollout_status("rigger-system", object, Duration::from_secs(120));
+}
+
+/// Version skew on the real cluster (docs/operator-guide.md, "Upgrades and version
+/// skew"): Rigger runs as the previous release (its image assembled from
+/// `scripts/lab-previous`'s binaries); a job over every node starts; the controller's
+/// Deployment, then the agents' DaemonSet are rolled to this release while it runs — each
+/// `kubectl rollout status` ends — and the job completes on every node, none failing.
+/// Then the controller is rolled back to the previous release over this release's agents,
+/// runs a job on them, and is rolled forward again.
+#[test]
+fn the_previous_release_is_rolled_to_this_one_mid_job_controller_first() {
+    let cluster = RealCluster::get();
+    let ns = cluster.namespace("skew");
+    let previous = rigger_integration_tests::previous_release();
+    let out = std::process::Command::new(repo_root().join("scripts/rigger-image"))
+        .arg("--binaries")
+        .arg(&previous)
+        .args(["--registry", &cluster.registry, "--tag", "lab-previous"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let old = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let this_agent = deployed_image(cluster, "daemonset/rigger-agent");
+    let this_controller = deployed_image(cluster, "deployment/rigger-controller");
+    let progress = Progress::start();
+    roll(cluster, "deployment/rigger-controller", "controller", &old);
+    roll(cluster, "daemonset/rigger-agent", "agent", &old);
+    progress.say("Rigger runs as the previous release");
+
+    // The job's image through a proxy capped at 1 MiB/s in all: each node needs 12 s of
+    // the registry's bytes, so the job is still going when the agents roll.
+    let proxy = Proxy::start_to(
+        &format!("http://{}", cluster.registry),
+        &json!([]),
+        &["--listen", "10.250.0.1:0", "--total-rate", "1MiB"],
+    );
+    let _hosts = cluster.registry_host(&proxy.address);
+    let image = format!(
+        "{}/{}",
+        proxy.address,
+        unique_image_with("skew", 2, 6 << 20, &["--base", "none"])
+    );
+    let nodes = cluster.nodes().len();
+    cluster.apply(&format!(
+        "apiVersion: apps.kruise.io/v1beta1\nkind: ImagePullJob\nmetadata: {{name: skew, namespace: {ns}}}\n\
+         spec:\n  image: {image}\n  parallelism: 1\n  completionPolicy: {{type: Always}}\n",
+        ns = ns.name
+    ));
+    progress.say("the job started");
+    roll(
+        cluster,
+        "deployment/rigger-controller",
+        "controller",
+        &this_controller,
+    );
+    progress.say("the controller's Deployment rolled to this release");
+    let status = job(cluster, &ns, "skew");
+    assert!(
+        status["completionTime"].is_null(),
+        "the job ended before the agents rolled: {status:#}"
+    );
+    roll(cluster, "daemonset/rigger-agent", "agent", &this_agent);
+    progress.say("the agents' DaemonSet rolled to this release");
+    wait_for_job(cluster, &ns, "skew", nodes);
+    let status = job(cluster, &ns, "skew");
+    assert_eq!(status["failed"].as_u64().unwrap_or(0), 0, "{status:#}");
+    progress.say("the job completed");
+
+    // A controller rolled back one release keeps this release's agents, and forward.
+    roll(cluster, "deployment/rigger-controller", "controller", &old);
+    progress.say("the controller rolled back over this release's agents");
+    start_job(cluster, &ns, "skew-back");
+    wait_for_job(cluster, &ns, "skew-back", nodes);
+    progress.say("a job completed on the previous controller with this release's agents");
+    roll(
+        cluster,
+        "deployment/rigger-controller",
+        "controller",
+        &this_controller,
+    );
+    progress.say("the controller back on this release");
 }
