@@ -693,3 +693,81 @@ fn an_inventory_is_taken_only_from_the_nodes_own_current_session() {
     assert_eq!(images[0]["digest"], format!("sha256:{}", "ab".repeat(32)));
     drop(tx);
 }
+
+/// The version skew policy at the link: an agent of a release the controller does not
+/// accept is refused, naming both versions, and its node is listed NotReady saying why;
+/// the same node registering within the policy is taken.
+#[test]
+fn an_agent_outside_the_version_skew_policy_is_refused_naming_both_versions() {
+    use rigger_proto::v1::agent_link_client::AgentLinkClient;
+    use rigger_proto::v1::{AgentMessage, Register, agent_message, controller_message};
+
+    let dir = tempfile::tempdir().unwrap();
+    let controller = Controller::start(dir.path());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let register = |version: &str| -> Result<(), tonic::Status> {
+        runtime.block_on(async {
+            let channel = link_as(&controller, "skewed").await;
+            let (tx, rx) = tokio::sync::mpsc::channel::<AgentMessage>(4);
+            tx.send(AgentMessage {
+                message: Some(agent_message::Message::Register(Register {
+                    node_name: "skewed".to_owned(),
+                    agent_version: version.to_owned(),
+                    ..Register::default()
+                })),
+            })
+            .await
+            .unwrap();
+            let mut inbound = AgentLinkClient::new(channel)
+                .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await?
+                .into_inner();
+            match inbound.message().await?.and_then(|m| m.message) {
+                Some(controller_message::Message::RegisterAck(ack)) => {
+                    assert_eq!(ack.controller_version, env!("CARGO_PKG_VERSION"));
+                    Ok(())
+                }
+                other => panic!("{other:?}"),
+            }
+        })
+    };
+
+    let refused = register("0.0.9").unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(
+        refused.message(),
+        format!(
+            "node skewed: agent 0.0.9 is older than controller {} accepts (release {} at least): upgrade the agent",
+            env!("CARGO_PKG_VERSION"),
+            {
+                let mut parts = env!("CARGO_PKG_VERSION").split('.');
+                let major = parts.next().unwrap();
+                let minor: u64 = parts.next().unwrap().parse().unwrap();
+                format!("{major}.{}", minor.saturating_sub(1))
+            }
+        )
+    );
+    let node = controller.get_json(&["node", "skewed"]).unwrap();
+    let ready = &node["status"]["conditions"][0];
+    assert_eq!(ready["status"], "False", "{node:#}");
+    assert_eq!(ready["reason"], "AgentVersionTooOld", "{node:#}");
+    assert_eq!(
+        ready["message"],
+        refused.message().trim_start_matches("node skewed: ")
+    );
+    let table = controller.ctl(&["get", "nodes", "-o", "wide"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    println!("{table}");
+    assert!(
+        table.contains("skewed") && table.contains("NotReady") && table.contains("0.0.9"),
+        "{table}"
+    );
+    let unreadable = register("bench").unwrap_err();
+    assert!(
+        unreadable.message().contains("no semantic version"),
+        "{unreadable:?}"
+    );
+
+    // Within the policy, the same node is taken.
+    register(env!("CARGO_PKG_VERSION")).unwrap();
+}
