@@ -114,7 +114,8 @@ pub async fn write(
 }
 
 /// Read a job's status; `None` when none was written. A status written before shards
-/// existed (nodes inline in the summary) reads as it was.
+/// existed (nodes inline in the summary) reads as it was; a summary or shard that does
+/// not decode is `Undecodable` (the job is then left as it is).
 pub async fn read(
     store: &Store,
     job: &ObjectKey,
@@ -139,13 +140,10 @@ pub async fn read(
                 written.shards.push(print);
                 shard_nodes.extend(shard.value.nodes);
             }
-            Err(error) => {
-                // The entries from here on are lost; the engine selects those nodes
-                // again. Cleaning rewrites the shards after this one.
-                tracing::warn!(%job, shard = index, %error, "stored job status shard unreadable; the nodes after it start afresh");
-                written.cleaned = false;
-                break;
-            }
+            // A shard this release cannot read (a newer one wrote it): the job's status
+            // is left as it is, and the job with it; started afresh, its nodes would
+            // pull again and the shard be overwritten.
+            Err(error) => return Err(error),
         }
     }
     if status.nodes.is_empty() {

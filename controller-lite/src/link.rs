@@ -82,6 +82,9 @@ pub fn require_client_certificate(
     }
 }
 
+/// The longest agent version kept (a semantic version is far shorter).
+const MAX_AGENT_VERSION: usize = 64;
+
 impl AgentLinkService {
     /// Route NodeImage tasks' reports to `engine` (in a cluster).
     #[must_use]
@@ -246,7 +249,7 @@ impl AgentLink for AgentLinkService {
         let first = tokio::time::timeout(self.node_timeout, inbound.message())
             .await
             .map_err(|_| Status::deadline_exceeded("no Register message in time"))??;
-        let register = match first.and_then(|m| m.message) {
+        let mut register = match first.and_then(|m| m.message) {
             Some(agent_message::Message::Register(register)) => register,
             _ => {
                 return Err(Status::invalid_argument(
@@ -258,6 +261,9 @@ impl AgentLink for AgentLinkService {
         check_identity(identity.as_ref(), &register.node_name).inspect_err(|status| {
             tracing::warn!(%peer, node = %register.node_name, reason = %status.message(), "agent session refused");
         })?;
+        // Kept, logged and shown: a version is a short line of text, whatever was sent.
+        crate::report_limits::cut(&mut register.agent_version, MAX_AGENT_VERSION);
+        register.agent_version = register.agent_version.replace(['\n', '\t'], " ");
         if let Err(refusal) = rigger_version::check_agent(crate::VERSION, &register.agent_version) {
             tracing::warn!(%peer, node = %register.node_name, reason = %refusal, "agent session refused: outside the version skew policy");
             self.nodes.refuse(&register, &refusal, SystemTime::now());

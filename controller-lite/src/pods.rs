@@ -58,9 +58,10 @@ struct Placed {
     /// field a newer release wrote reaches the agent, which may know it, unchanged).
     pods: HashMap<String, Vec<(Pod, String)>>,
     cooperators: Vec<LifecycleCooperator>,
-    /// Nodes a pod that does not decode is placed on (`None`: a pod whose node cannot
-    /// be read either, so every node): their sets are not sent, since a set without the
-    /// pod would stop it. Their agents keep running what they have.
+    /// Nodes a pod that does not decode is placed on (`None`: every node — a pod whose
+    /// node cannot be read either, or a LifecycleCooperator that does not decode): their
+    /// sets are not sent, since a set without the pod would stop it. Their agents keep
+    /// running what they have.
     held: Option<HashSet<String>>,
 }
 
@@ -121,18 +122,21 @@ impl PodSync {
 
     /// One read of the pods and cooperators.
     async fn placed(&self) -> Result<Placed, StoreError> {
-        let cooperators = self
-            .store
-            .list_objects::<LifecycleCooperator>()
-            .await?
-            .into_iter()
-            .map(|c| c.value)
-            .collect();
+        let listed = self.store.list_all_objects::<LifecycleCooperator>().await?;
+        // A cooperator this release cannot read may gate any pod: no set is sent (a set
+        // without its gate would let a pod be stopped or changed unasked) until it reads.
+        let mut held = match listed.undecodable.first() {
+            Some((key, detail)) => {
+                tracing::warn!(cooperator = %key, %detail, "a stored LifecycleCooperator does not decode; no node's pod set is sent");
+                None
+            }
+            None => Some(HashSet::new()),
+        };
+        let cooperators = listed.decoded.into_iter().map(|c| c.value).collect();
         let mut pods: HashMap<String, Vec<(Pod, String)>> = HashMap::new();
-        let mut held = Some(HashSet::new());
         for stored in self.store.list(pod::KIND).await? {
             let text = String::from_utf8_lossy(&stored.object).into_owned();
-            match crate::store::typed::decode::<Pod>(stored) {
+            match crate::store::typed::decode_object::<Pod>(stored) {
                 Ok(pod) => {
                     if let Some(node) = pod.value.spec.node_name.clone() {
                         pods.entry(node).or_default().push((pod.value, text));
@@ -267,7 +271,7 @@ impl PodSync {
     /// Send `node`'s agent its set as `placed` has it.
     async fn send_from(&self, placed: &Placed, node: &str) {
         if placed.held.as_ref().is_none_or(|held| held.contains(node)) {
-            tracing::warn!(%node, "a pod of the node does not decode; its pod set is not sent");
+            tracing::debug!(%node, "something the node's pods need does not decode; its pod set is not sent");
             return;
         }
         match self.pods_of(placed, node).await {

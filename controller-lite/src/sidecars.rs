@@ -43,8 +43,9 @@ pub fn history_key(set: &str) -> ObjectKey {
 }
 
 /// Every SidecarSet's recorded versions by set name, each with the precondition a write
-/// of it goes under; an unreadable history is none (it only serves revision lookups).
-/// One listing (on a Kubernetes store, from its watch), not a read per set.
+/// of it goes under. A history this release cannot read (a newer one wrote it) is left
+/// out: its set's write then goes under `Absent` and is refused, so it is never
+/// overwritten. One listing (on a Kubernetes store, from its watch), not a read per set.
 pub async fn histories(
     store: &Store,
 ) -> Result<HashMap<String, (sidecar_set::History, Precondition)>, StoreError> {
@@ -52,13 +53,16 @@ pub async fn histories(
         .list(sidecar_set::HISTORY_KIND)
         .await?
         .into_iter()
-        .map(|stored| {
+        .filter_map(|stored| {
             let name = stored.key.name.clone();
             let precondition = Precondition::Revision(stored.revision);
-            let history = crate::store::typed::decode::<sidecar_set::History>(stored)
-                .map(|h| h.value)
-                .unwrap_or_default();
-            (name, (history, precondition))
+            match crate::store::typed::decode::<sidecar_set::History>(stored) {
+                Ok(history) => Some((name, (history.value, precondition))),
+                Err(error) => {
+                    tracing::debug!(set = %name, %error, "a SidecarSet's history does not decode; left as it is");
+                    None
+                }
+            }
         })
         .collect())
 }

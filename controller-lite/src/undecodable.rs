@@ -1,5 +1,6 @@
 //! Stored objects this controller cannot decode: written by a newer release (a field or
-//! a value this one does not know), or around the API. They are left alone, never taken
+//! a value this one does not know — users' objects are decoded strictly, so that one is
+//! never written back without a field it lacks), or around the API. They are left alone, never taken
 //! for deleted: a job's pulls go on and its status stays, a request is not cancelled, a
 //! node's pods keep running. Each is said once (a Warning event naming the field, and a
 //! log line) until it decodes again or goes; a controller that reads it then takes it up.

@@ -1,8 +1,8 @@
 //! What kubelet records on the containers it creates, read back as kubelet reads it:
 //! leniently. kubelet wrote it from a spec the API server validated, and newer releases
 //! add fields (1.37's `httpGet.protocol`, a port's `hostPort`) that must not make a hook
-//! Rigger can run unreadable. Only the fields Rigger reads are kept; Rigger's own strict
-//! types then decode them, so a value of the wrong shape is still an error.
+//! Rigger can run unreadable. Only the fields Rigger reads are kept; Rigger's own types
+//! then decode them, so a value of the wrong shape is still an error.
 
 use rigger_proto::pod::{ContainerPort, Handler};
 use serde_json::Value;

@@ -341,12 +341,21 @@ impl ControlService {
     async fn sidecar_sets_for(&self, what: &str, pod: &Pod) -> Result<Vec<Versioned>, Status> {
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
         let mut out = Vec::new();
-        for stored in self
+        let listed = self
             .store
-            .list_objects::<SidecarSet>()
+            .list_all_objects::<SidecarSet>()
             .await
-            .map_err(store_status)?
-        {
+            .map_err(store_status)?;
+        // A set this release cannot read may be one the pod needs: the pod waits rather
+        // than start without its sidecars (as the cluster's webhook refuses it).
+        if let Some((key, detail)) = listed.undecodable.first() {
+            return Err(Status::unavailable(format!(
+                "{what}: SidecarSet {} cannot be read by controller {} ({detail}): no pod is created until it can, so none starts without its sidecars",
+                key.name,
+                crate::VERSION
+            )));
+        }
+        for stored in listed.decoded {
             let set = stored.value;
             if !set.matches(namespace, &pod.metadata.labels) {
                 continue;
@@ -380,8 +389,9 @@ impl ControlService {
         Ok(self.read_history(set).await?.0)
     }
 
-    /// SidecarSet `set`'s history and the precondition a write of it goes under. An
-    /// unreadable history starts again: it only serves revision lookups.
+    /// SidecarSet `set`'s history and the precondition a write of it goes under. A
+    /// history this release cannot read (a newer one wrote it) is refused, never started
+    /// again over it.
     async fn read_history(&self, set: &str) -> Result<(History, Precondition), Status> {
         let stored = self
             .store
@@ -391,10 +401,11 @@ impl ControlService {
         let precondition = stored
             .as_ref()
             .map_or(Precondition::Absent, |s| Precondition::Revision(s.revision));
-        let history = stored
-            .and_then(|s| crate::store::typed::decode::<History>(s).ok())
-            .map(|h| h.value)
-            .unwrap_or_default();
+        let history = match stored.map(crate::store::typed::decode::<History>) {
+            Some(Ok(history)) => history.value,
+            Some(Err(error)) => return Err(store_status(error)),
+            None => History::default(),
+        };
         Ok((history, precondition))
     }
 

@@ -1,5 +1,6 @@
 //! Where a pod runs, and which pod a ContainerRecreateRequest is about.
 
+use std::collections::HashMap;
 use std::time::SystemTime;
 
 use rigger_api::FieldError;
@@ -100,8 +101,13 @@ impl ControlService {
 
     /// The ready node matching the pod's nodeSelector that runs the fewest pods.
     pub(super) async fn place(&self, pod: &Pod) -> Result<String, FieldError> {
-        let mut pods_per_node: std::collections::HashMap<String, usize> =
-            std::collections::HashMap::new();
+        let counts = self.pods_per_node().await?;
+        self.choose_node(pod, &counts)
+    }
+
+    /// How many pods each node runs (pods placed on it), as the store has them.
+    pub(super) async fn pods_per_node(&self) -> Result<HashMap<String, usize>, FieldError> {
+        let mut pods_per_node: HashMap<String, usize> = HashMap::new();
         let others =
             self.store.list_objects::<Pod>().await.map_err(|e| {
                 FieldError::new("spec.nodeName", format!("cannot place the pod: {e}"))
@@ -109,6 +115,16 @@ impl ControlService {
         for node in others.into_iter().filter_map(|p| p.value.spec.node_name) {
             *pods_per_node.entry(node).or_default() += 1;
         }
+        Ok(pods_per_node)
+    }
+
+    /// Of the nodes ready now, the one matching `pod`'s nodeSelector that runs the fewest
+    /// pods by `pods_per_node`.
+    pub(super) fn choose_node(
+        &self,
+        pod: &Pod,
+        pods_per_node: &HashMap<String, usize>,
+    ) -> Result<String, FieldError> {
         let selector = rigger_api::LabelSelector {
             match_labels: pod.spec.node_selector.clone(),
             match_expressions: Vec::new(),

@@ -312,16 +312,8 @@ impl crate::engine::Engine for JobEngine {
         // A job this release cannot read (a newer one wrote it) is left as it is: never
         // taken for deleted, so its pulls go on and its status stays; one already held
         // goes on as it was read last.
-        self.inner
-            .undecodable
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .observe(
-                rigger_api::fields::KRUISE_API_VERSION,
-                &listed.undecodable,
-                &*self.inner.events,
-            );
-        for (key, _) in &listed.undecodable {
+        let mut undecodable = listed.undecodable;
+        for (key, _) in &undecodable {
             present.insert(key.clone(), known.get(key).copied().unwrap_or_default());
         }
         let mut changed = Vec::new();
@@ -350,7 +342,7 @@ impl crate::engine::Engine for JobEngine {
                     // A status this release cannot read is left as it is, and its job
                     // with it: started afresh, the job would pull again and overwrite it.
                     Err(StoreError::Undecodable { detail, .. }) => {
-                        tracing::warn!(job = %stored.key, %detail, "the job's stored status does not decode; the job is left as it is");
+                        undecodable.push((stored.key, format!("its status: {detail}")));
                         continue;
                     }
                     Err(error) => return Err(error),
@@ -363,6 +355,15 @@ impl crate::engine::Engine for JobEngine {
                 loaded,
             });
         }
+        self.inner
+            .undecodable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .observe(
+                rigger_api::fields::KRUISE_API_VERSION,
+                &undecodable,
+                &*self.inner.events,
+            );
         self.inner.started.get_or_init(Instant::now);
         self.inner.resumed.get_or_init(|| {
             changed.iter().any(

@@ -107,6 +107,7 @@ pub fn sync(
     pulls: &mut BTreeMap<PullKey, TagPull>,
     specs: &[(String, NodeImageSpec)],
     previous: &BTreeMap<String, NodeImageStatus>,
+    held: &HashSet<String>,
 ) -> Synced {
     let mut synced = Synced::default();
     let mut wanted = HashSet::new();
@@ -155,9 +156,10 @@ pub fn sync(
             }
         }
     }
+    // A held node's NodeImage (or status) does not decode here: its pulls stay as they are.
     let gone: Vec<PullKey> = pulls
         .keys()
-        .filter(|k| !wanted.contains(*k))
+        .filter(|k| !wanted.contains(*k) && !held.contains(&k.0))
         .cloned()
         .collect();
     for key in gone {
@@ -310,7 +312,7 @@ mod tests {
         let mut pulls = BTreeMap::new();
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let specs = vec![("n1".to_owned(), spec(&[("1", 0)], None))];
-        let synced = sync(&mut pulls, &specs, &BTreeMap::new());
+        let synced = sync(&mut pulls, &specs, &BTreeMap::new(), &HashSet::new());
         assert_eq!(synced.dirty.len(), 1);
         let ready: HashSet<String> = ["n1".to_owned()].into();
         let start = to_start(&pulls, &ready, now, 4);
@@ -333,7 +335,11 @@ mod tests {
             (NodePullPhase::Succeeded, 100, "r.example/app@sha256:ab")
         );
         // The same spec again: nothing to do. A new version: pulled again.
-        assert!(sync(&mut pulls, &specs, &BTreeMap::new()).dirty.is_empty());
+        assert!(
+            sync(&mut pulls, &specs, &BTreeMap::new(), &HashSet::new())
+                .dirty
+                .is_empty()
+        );
         assert!(to_start(&pulls, &ready, now, 4).is_empty());
         sync(
             &mut pulls,
@@ -354,13 +360,28 @@ mod tests {
             }
             vec![("n1".to_owned(), spec)]
         };
-        sync(&mut pulls, &with_timeout(60), &BTreeMap::new());
+        sync(
+            &mut pulls,
+            &with_timeout(60),
+            &BTreeMap::new(),
+            &HashSet::new(),
+        );
         let key = ("n1".to_owned(), "r.example/app".to_owned(), "1".to_owned());
         let pull = pulls.get_mut(&key).unwrap();
         started(pull, task_id(&key, 0, 1), now);
-        sync(&mut pulls, &with_timeout(60), &BTreeMap::new());
+        sync(
+            &mut pulls,
+            &with_timeout(60),
+            &BTreeMap::new(),
+            &HashSet::new(),
+        );
         assert!(pulls[&key].sent, "the same limit: nothing to send");
-        sync(&mut pulls, &with_timeout(900), &BTreeMap::new());
+        sync(
+            &mut pulls,
+            &with_timeout(900),
+            &BTreeMap::new(),
+            &HashSet::new(),
+        );
         let pull = &pulls[&key];
         assert!(!pull.sent, "sent again, under the same id");
         assert_eq!(pull.task.as_deref(), Some(task_id(&key, 0, 1).as_str()));
@@ -409,7 +430,7 @@ mod tests {
             ("n1".to_owned(), spec(&[("1", 0), ("2", 0), ("3", 0)], None)),
             ("n2".to_owned(), spec(&[("1", 0)], None)),
         ];
-        sync(&mut pulls, &specs, &BTreeMap::new());
+        sync(&mut pulls, &specs, &BTreeMap::new(), &HashSet::new());
         let ready: HashSet<String> = ["n1".to_owned()].into();
         let start = to_start(&pulls, &ready, SystemTime::UNIX_EPOCH, 2);
         assert_eq!(start.len(), 2);
@@ -420,7 +441,7 @@ mod tests {
             "t".into(),
             SystemTime::UNIX_EPOCH,
         );
-        let synced = sync(&mut pulls, &specs[1..], &BTreeMap::new());
+        let synced = sync(&mut pulls, &specs[1..], &BTreeMap::new(), &HashSet::new());
         assert_eq!(synced.cancel, vec![("n1".to_owned(), "t".to_owned())]);
         assert_eq!(pulls.len(), 1);
     }

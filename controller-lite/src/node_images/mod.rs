@@ -80,6 +80,8 @@ pub struct NodeImageSnapshot {
     previous: BTreeMap<String, NodeImageStatus>,
     /// Docker config documents of the secrets the specs name.
     secrets: HashMap<(String, String), Result<String, String>>,
+    /// Nodes whose NodeImage or status does not decode: left as they are.
+    held: HashSet<String>,
 }
 
 impl NodeImageEngine {
@@ -376,13 +378,21 @@ impl crate::engine::Engine for NodeImageEngine {
     }
 
     async fn observe(&self) -> Result<NodeImageSnapshot, StoreError> {
-        // Read-only to Rigger's own API (no `Object`), so listed by kind.
+        // Read-only to Rigger's own API (no `Object`), so listed by kind. A NodeImage this
+        // release cannot read (a newer one wrote it) holds its node: its pulls and status
+        // stay as they are.
         let images = self
             .inner
             .store
-            .list_as::<NodeImage>(node_image::KIND)
+            .list_all_as::<NodeImage>(node_image::KIND)
             .await?;
-        let specs: Vec<(String, NodeImageSpec)> = images
+        let mut held: HashSet<String> = HashSet::new();
+        for (key, detail) in images.undecodable {
+            tracing::debug!(node_image = %key, %detail, "a NodeImage does not decode; its node's pulls are left as they are");
+            held.insert(key.name);
+        }
+        let mut specs: Vec<(String, NodeImageSpec)> = images
+            .decoded
             .into_iter()
             .map(|stored| (stored.key.name, stored.value.spec))
             .collect();
@@ -401,17 +411,24 @@ impl crate::engine::Engine for NodeImageEngine {
                 Ok(Some(status)) => {
                     previous.insert(node, status.value);
                 }
-                Ok(None) | Err(StoreError::Undecodable { .. }) => {
+                Ok(None) => {
                     previous.insert(node, NodeImageStatus::default());
+                }
+                // Written by a newer release: never flushed over.
+                Err(StoreError::Undecodable { detail, .. }) => {
+                    tracing::debug!(%node, %detail, "a NodeImage's status does not decode; its node's pulls are left as they are");
+                    held.insert(node);
                 }
                 Err(error) => return Err(error),
             }
         }
+        specs.retain(|(node, _)| !held.contains(node));
         let secrets = self.read_secrets(&specs).await;
         Ok(NodeImageSnapshot {
             specs,
             previous,
             secrets,
+            held,
         })
     }
 
@@ -424,7 +441,12 @@ impl crate::engine::Engine for NodeImageEngine {
                 .iter()
                 .map(|(node, _)| node.clone())
                 .collect();
-            let synced = decide::sync(&mut state.pulls, &snapshot.specs, &snapshot.previous);
+            let synced = decide::sync(
+                &mut state.pulls,
+                &snapshot.specs,
+                &snapshot.previous,
+                &snapshot.held,
+            );
             state.dirty.extend(synced.dirty);
             for (_, task) in &synced.cancel {
                 state.tasks.remove(task);

@@ -261,16 +261,8 @@ impl crate::engine::Engine for RecreateEngine {
         let listed = store.list_all_objects::<ContainerRecreateRequest>().await?;
         // A request this release cannot read (a newer one wrote it) is left as it is:
         // never taken for deleted, so its recreate is not cancelled.
-        self.inner
-            .undecodable
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .observe(
-                rigger_api::fields::KRUISE_API_VERSION,
-                &listed.undecodable,
-                &*self.inner.events,
-            );
         let specs = listed.decoded;
+        let mut undecodable = listed.undecodable;
         let (known, mut pod_keys): (HashSet<ObjectKey>, Vec<ObjectKey>) = {
             let state = self.lock();
             let pods = state
@@ -281,7 +273,7 @@ impl crate::engine::Engine for RecreateEngine {
             (state.requests.keys().cloned().collect(), pods.collect())
         };
         let mut present = HashSet::with_capacity(specs.len());
-        present.extend(listed.undecodable.into_iter().map(|(key, _)| key));
+        present.extend(undecodable.iter().map(|(key, _)| key.clone()));
         let mut new = Vec::new();
         let mut refused = Vec::new();
         for stored in specs {
@@ -295,7 +287,7 @@ impl crate::engine::Engine for RecreateEngine {
             let status = match store.get_as::<CrrStatus>(status_key(&stored.key)).await {
                 Ok(status) => status.map(|s| s.value),
                 Err(StoreError::Undecodable { detail, .. }) => {
-                    tracing::warn!(request = %stored.key, %detail, "the request's stored status does not decode; the request is left as it is");
+                    undecodable.push((stored.key, format!("its status: {detail}")));
                     continue;
                 }
                 Err(error) => return Err(error),
@@ -382,6 +374,15 @@ impl crate::engine::Engine for RecreateEngine {
             };
             pods.insert(key, uid);
         }
+        self.inner
+            .undecodable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .observe(
+                rigger_api::fields::KRUISE_API_VERSION,
+                &undecodable,
+                &*self.inner.events,
+            );
         Ok(RecreateSnapshot {
             present,
             new,

@@ -45,6 +45,33 @@ pub fn decode<T: DeserializeOwned>(stored: Stored) -> Result<Versioned<T>, Store
     }
 }
 
+/// `stored`, a user's object of kind `T`, decoded strictly: a field `T` does not know
+/// (one a newer release wrote) makes it undecodable, naming the field, rather than
+/// dropped from it, so that no write of the controller's ever loses it; the object is
+/// then left alone by the engines (`crate::undecodable`).
+pub fn decode_object<T: Object>(stored: Stored) -> Result<Versioned<T>, StoreError> {
+    let value: serde_json::Value =
+        serde_json::from_slice(&stored.object).map_err(|error| StoreError::Undecodable {
+            key: stored.key.to_string(),
+            detail: error.to_string(),
+        })?;
+    match rigger_api::strict::decode_strict(value) {
+        Ok(value) => Ok(Versioned {
+            key: stored.key,
+            revision: stored.revision,
+            value,
+        }),
+        Err(error) => Err(StoreError::Undecodable {
+            key: stored.key.to_string(),
+            detail: if error.path.is_empty() {
+                error.reason
+            } else {
+                format!("{}: {}", error.path, error.reason)
+            },
+        }),
+    }
+}
+
 /// A listing that says what it left out: for a reader that must not take a missing object
 /// for an absent one (the SidecarSet webhook: a set it cannot read still has pods that
 /// must not start without their sidecars).
@@ -97,6 +124,14 @@ impl Store {
         &self,
         kind: &str,
     ) -> Result<Listed<T>, StoreError> {
+        self.list_decoded(kind, decode).await
+    }
+
+    async fn list_decoded<T>(
+        &self,
+        kind: &str,
+        decode: impl Fn(Stored) -> Result<Versioned<T>, StoreError>,
+    ) -> Result<Listed<T>, StoreError> {
         let mut listed = Listed {
             decoded: Vec::new(),
             undecodable: Vec::new(),
@@ -117,9 +152,10 @@ impl Store {
         Ok(listed)
     }
 
-    /// Every object of kind `T`, those that do not decode named.
+    /// Every object of kind `T`, strictly decoded ([`decode_object`]), those that do
+    /// not decode named.
     pub async fn list_all_objects<T: Object>(&self) -> Result<Listed<T>, StoreError> {
-        self.list_all_as(T::INFO.name).await
+        self.list_decoded(T::INFO.name, decode_object).await
     }
 
     /// The user's object `name` of kind `T`.
@@ -128,12 +164,19 @@ impl Store {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Versioned<T>>, StoreError> {
-        self.get_as(key_of::<T>(namespace, name)).await
+        self.get(key_of::<T>(namespace, name))
+            .await?
+            .map(decode_object)
+            .transpose()
     }
 
     /// Every object of kind `T` (those that do not decode left out).
     pub async fn list_objects<T: Object>(&self) -> Result<Vec<Versioned<T>>, StoreError> {
-        self.list_as(T::INFO.name).await
+        let listed = self.list_all_objects::<T>().await?;
+        for (key, detail) in &listed.undecodable {
+            tracing::warn!(%key, %detail, "a stored object does not decode; left out");
+        }
+        Ok(listed.decoded)
     }
 
     /// Write `value` under `key` if `precondition` holds; its new revision.

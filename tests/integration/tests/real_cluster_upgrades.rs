@@ -233,6 +233,47 @@ fn roll(cluster: &RealCluster, object: &str, container: &str, image: &str) {
     cluster.rollout_status("rigger-system", object, Duration::from_secs(120));
 }
 
+/// Puts this release's images back on Rigger's workloads however the test ends: the
+/// real cluster is shared by the tests after it.
+struct RestoreImages {
+    cluster: &'static RealCluster,
+    agent: String,
+    controller: String,
+}
+
+impl Drop for RestoreImages {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for (object, container, image) in [
+            (
+                "deployment/rigger-controller",
+                "controller",
+                &self.controller,
+            ),
+            ("daemonset/rigger-agent", "agent", &self.agent),
+        ] {
+            let _ = self.cluster.kubectl(&[
+                "-n",
+                "rigger-system",
+                "set",
+                "image",
+                object,
+                &format!("{container}={image}"),
+            ]);
+            let _ = self.cluster.kubectl(&[
+                "-n",
+                "rigger-system",
+                "rollout",
+                "status",
+                object,
+                "--timeout=120s",
+            ]);
+        }
+    }
+}
+
 /// Version skew on the real cluster (docs/operator-guide.md, "Upgrades and version
 /// skew"): Rigger runs as the previous release (its image assembled from
 /// `scripts/lab-previous`'s binaries); a job over every node starts; the controller's
@@ -259,6 +300,11 @@ fn the_previous_release_is_rolled_to_this_one_mid_job_controller_first() {
     let old = String::from_utf8(out.stdout).unwrap().trim().to_owned();
     let this_agent = deployed_image(cluster, "daemonset/rigger-agent");
     let this_controller = deployed_image(cluster, "deployment/rigger-controller");
+    let _restore = RestoreImages {
+        cluster,
+        agent: this_agent.clone(),
+        controller: this_controller.clone(),
+    };
     let progress = Progress::start();
     roll(cluster, "deployment/rigger-controller", "controller", &old);
     roll(cluster, "daemonset/rigger-agent", "agent", &old);
