@@ -182,3 +182,69 @@ async fn failed_attempts_retry_up_to_the_backoff_limit_and_reports_need_the_righ
     engine.reconcile(&HashMap::new());
     assert!(engine.lock().jobs[&key()].status.completion_time.is_some());
 }
+
+/// A job a newer release rewrote (a field this one does not know) is left as it is:
+/// its pulls are not cancelled and its status not deleted, and it is said once.
+#[tokio::test]
+async fn a_job_a_newer_release_rewrote_is_left_alone_and_said_once() {
+    use crate::engine::Engine as _;
+    #[derive(Debug, Default)]
+    struct Recorded(std::sync::Mutex<Vec<crate::events::Event>>);
+    impl crate::events::EventSink for Recorded {
+        fn record(&self, event: crate::events::Event) {
+            self.0.lock().unwrap().push(event);
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::new(crate::store::EmbeddedStore::open(dir.path()).unwrap());
+    let events = Arc::new(Recorded::default());
+    let engine = JobEngine::new(
+        store.clone(),
+        NodeRegistry::default(),
+        Duration::from_secs(30),
+        None,
+    )
+    .with_events(events.clone());
+    let job_key = ObjectKey::new(rigger_api::image_pull_job::KIND, "default", "warm");
+    let mut written = serde_json::json!({
+        "apiVersion": "apps.kruise.io/v1alpha1", "kind": "ImagePullJob",
+        "metadata": {"name": "warm", "namespace": "default", "uid": "u1"},
+        "spec": {"image": "r.example/a:1"},
+    });
+    let put = |value: &serde_json::Value| {
+        let (store, key, bytes) = (
+            store.clone(),
+            job_key.clone(),
+            serde_json::to_vec(value).unwrap(),
+        );
+        async move { store.put(key, bytes, Precondition::Any).await.unwrap() }
+    };
+    put(&written).await;
+    let snapshot = engine.observe().await.unwrap();
+    engine.pass(snapshot).await;
+    assert!(engine.lock().jobs.contains_key(&job_key));
+
+    written["spec"]["pullPolicy"] = serde_json::json!({"newerField": true});
+    put(&written).await;
+    for _ in 0..2 {
+        let snapshot = engine.observe().await.unwrap();
+        engine.pass(snapshot).await;
+    }
+    assert!(
+        engine.lock().jobs.contains_key(&job_key),
+        "never taken for deleted"
+    );
+    let said = events.0.lock().unwrap().clone();
+    let undecodable: Vec<_> = said
+        .iter()
+        .filter(|e| e.reason == crate::undecodable::OBJECT_UNDECODABLE)
+        .collect();
+    assert_eq!(undecodable.len(), 1, "{said:?}");
+    assert!(
+        undecodable[0]
+            .message
+            .contains("spec.pullPolicy.newerField: unknown field `newerField`"),
+        "{}",
+        undecodable[0].message
+    );
+}

@@ -345,6 +345,7 @@ mod tests {
             &mut pulls,
             &[("n1".to_owned(), spec(&[("1", 2)], None))],
             &BTreeMap::new(),
+            &HashSet::new(),
         );
         assert_eq!(to_start(&pulls, &ready, now, 4), vec![key]);
     }
@@ -397,6 +398,7 @@ mod tests {
             &mut pulls,
             &[("n1".to_owned(), spec(&[("1", 0)], Some(1)))],
             &BTreeMap::new(),
+            &HashSet::new(),
         );
         let ready: HashSet<String> = ["n1".to_owned()].into();
         let key = to_start(&pulls, &ready, now, 4).remove(0);
@@ -441,6 +443,11 @@ mod tests {
             "t".into(),
             SystemTime::UNIX_EPOCH,
         );
+        // n1's NodeImage no longer decodes: its pulls are left as they are.
+        let held: HashSet<String> = ["n1".to_owned()].into();
+        let synced = sync(&mut pulls, &specs[1..], &BTreeMap::new(), &held);
+        assert!(synced.cancel.is_empty() && synced.dirty.is_empty());
+        assert_eq!(pulls.len(), 4);
         let synced = sync(&mut pulls, &specs[1..], &BTreeMap::new(), &HashSet::new());
         assert_eq!(synced.cancel, vec![("n1".to_owned(), "t".to_owned())]);
         assert_eq!(pulls.len(), 1);
@@ -467,6 +474,7 @@ mod tests {
             &mut pulls,
             &[("n1".to_owned(), spec(&[("1", 3)], None))],
             &previous,
+            &HashSet::new(),
         );
         let ready: HashSet<String> = ["n1".to_owned()].into();
         assert!(to_start(&pulls, &ready, SystemTime::UNIX_EPOCH, 4).is_empty());
