@@ -379,8 +379,8 @@ impl crate::engine::Engine for NodeImageEngine {
 
     async fn observe(&self) -> Result<NodeImageSnapshot, StoreError> {
         // Read-only to Rigger's own API (no `Object`), so listed by kind. A NodeImage this
-        // release cannot read (a newer one wrote it) holds its node: its pulls and status
-        // stay as they are.
+        // release cannot read (a newer one wrote it) holds its node: its pulls stay as
+        // they are, and its status is not written.
         let images = self
             .inner
             .store
@@ -411,13 +411,11 @@ impl crate::engine::Engine for NodeImageEngine {
                 Ok(Some(status)) => {
                     previous.insert(node, status.value);
                 }
-                Ok(None) => {
+                // A status is a report of the pulls, written again from them: one that
+                // does not decode (none yet, or Kruise's daemon's before a migration) is
+                // started afresh. Only a NodeImage's spec holds its node.
+                Ok(None) | Err(StoreError::Undecodable { .. }) => {
                     previous.insert(node, NodeImageStatus::default());
-                }
-                // Written by a newer release: never flushed over.
-                Err(StoreError::Undecodable { detail, .. }) => {
-                    tracing::debug!(%node, %detail, "a NodeImage's status does not decode; its node's pulls are left as they are");
-                    held.insert(node);
                 }
                 Err(error) => return Err(error),
             }

@@ -242,6 +242,20 @@ pub struct RecreateSnapshot {
     refused: Vec<(ObjectKey, String)>,
 }
 
+/// Whether a stored status says nothing of a recreate yet: no `phase`, or an empty one
+/// (Kruise's webhook creates requests with `phase: ""`): the request starts from the
+/// beginning. A status with a phase this release cannot read is a newer release's, and
+/// left alone.
+fn carries_no_phase(status: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(status)
+        .map(|v| match v.get("phase") {
+            None | Some(serde_json::Value::Null) => true,
+            Some(serde_json::Value::String(phase)) => phase.is_empty(),
+            Some(_) => false,
+        })
+        .unwrap_or(false)
+}
+
 impl crate::engine::Engine for RecreateEngine {
     const NAME: &'static str = "container recreate requests";
     const TICK: Duration = TICK;
@@ -284,13 +298,17 @@ impl crate::engine::Engine for RecreateEngine {
             let mut request = stored.value;
             // A status this release cannot read is left as it is, and its request with
             // it: started afresh, the request would recreate the container again.
-            let status = match store.get_as::<CrrStatus>(status_key(&stored.key)).await {
-                Ok(status) => status.map(|s| s.value),
-                Err(StoreError::Undecodable { detail, .. }) => {
-                    undecodable.push((stored.key, format!("its status: {detail}")));
-                    continue;
-                }
-                Err(error) => return Err(error),
+            let status = match store.get(status_key(&stored.key)).await? {
+                None => None,
+                Some(raw) if carries_no_phase(&raw.object) => None,
+                Some(raw) => match crate::store::typed::decode::<CrrStatus>(raw) {
+                    Ok(status) => Some(status.value),
+                    Err(StoreError::Undecodable { detail, .. }) => {
+                        undecodable.push((stored.key, format!("its status: {detail}")));
+                        continue;
+                    }
+                    Err(error) => return Err(error),
+                },
             };
             let finished = status
                 .as_ref()
@@ -719,6 +737,16 @@ fn detail(container: &crr::CrrContainer) -> RecreateContainerDetail {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_status_without_a_phase_is_none_and_one_with_an_unknown_phase_is_held() {
+        assert!(carries_no_phase(b"{}"));
+        assert!(carries_no_phase(b"null"));
+        assert!(carries_no_phase(br#"{"phase": ""}"#));
+        assert!(!carries_no_phase(br#"{"phase": "Paused"}"#));
+        assert!(!carries_no_phase(br#"{"phase": "Recreating"}"#));
+        assert!(!carries_no_phase(b"not json"));
+    }
 
     #[tokio::test]
     async fn reports_count_only_from_the_requests_node() {
