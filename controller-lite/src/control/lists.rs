@@ -135,6 +135,8 @@ impl ControlService {
             start_time: list.metadata.creation_timestamp.clone(),
             ..ImageListPullJobStatus::default()
         };
+        let never = list.spec.template.completion_policy.kind
+            == image_pull_job::CompletionPolicyType::Never;
         let mut last_completion: Option<String> = None;
         for image in &list.spec.images {
             let name = list.job_name(image);
@@ -162,22 +164,25 @@ impl ControlService {
                     ),
                 });
             }
-            // A job whose nodes are not chosen yet (desired 0) has done nothing.
+            // A job whose nodes are not chosen yet (desired 0) has done nothing. A job that
+            // completes is finished once its completion is written (as Kruise counts it:
+            // its last node's success can be stored a pass before), a `Never` job once
+            // every node is done.
             let started = job_status.desired > 0;
-            let finished = job_status.completion_time.is_some()
-                || started && job_status.desired == job_status.failed + job_status.succeeded;
+            let finished = match never {
+                false => job_status.completion_time.is_some(),
+                true => started && job_status.desired == job_status.failed + job_status.succeeded,
+            };
             if finished {
                 status.completed += 1;
             }
-            if started && job_status.desired == job_status.succeeded {
+            if finished && started && job_status.desired == job_status.succeeded {
                 status.succeeded += 1;
             }
             if let Some(done) = job_status.completion_time {
                 last_completion = last_completion.max(Some(done));
             }
         }
-        let never = list.spec.template.completion_policy.kind
-            == image_pull_job::CompletionPolicyType::Never;
         if !never && status.completed == status.desired {
             status.completion_time = last_completion;
         }
