@@ -6,6 +6,7 @@
 //! log line) until it decodes again or goes; a controller that reads it then takes it up.
 
 use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
 
 use crate::events::{Event, EventSink, Regarding};
 use crate::store::ObjectKey;
@@ -13,10 +14,11 @@ use crate::store::ObjectKey;
 /// The event's reason.
 pub const OBJECT_UNDECODABLE: &str = "ObjectUndecodable";
 
-/// The objects of one kind found undecodable, and what was said of each.
+/// The objects of one kind found undecodable, and what was said of each (an engine's
+/// passes share it).
 #[derive(Debug, Default)]
 pub struct Undecodable {
-    said: HashMap<ObjectKey, String>,
+    said: Mutex<HashMap<ObjectKey, String>>,
 }
 
 impl Undecodable {
@@ -24,35 +26,35 @@ impl Undecodable {
     /// each new one, or one with a new cause, is said once through `events`.
     /// `api_version` is the kind's, for the event's object.
     pub fn observe(
-        &mut self,
+        &self,
         api_version: &str,
         found: &[(ObjectKey, String)],
         events: &dyn EventSink,
     ) {
+        let mut said = self.said.lock().unwrap_or_else(PoisonError::into_inner);
         let mut now = HashMap::with_capacity(found.len());
         for (key, detail) in found {
-            if self.said.get(key) != Some(detail) {
+            if said.get(key) != Some(detail) {
                 tracing::warn!(object = %key, %detail, controller = crate::VERSION, "a stored object does not decode; left alone, as it is");
                 events.record(event(api_version, key, detail));
             }
             now.insert(key.clone(), detail.clone());
         }
-        for key in self.said.keys() {
+        for key in said.keys() {
             if !now.contains_key(key) {
                 tracing::info!(object = %key, "a stored object that did not decode decodes again, or is gone");
             }
         }
-        self.said = now;
+        *said = now;
     }
 
     /// Whether `key` did not decode at the last listing.
-    pub fn contains(&self, key: &ObjectKey) -> bool {
-        self.said.contains_key(key)
-    }
-
-    /// The keys that did not decode at the last listing.
-    pub fn keys(&self) -> impl Iterator<Item = &ObjectKey> {
-        self.said.keys()
+    #[cfg(test)]
+    fn contains(&self, key: &ObjectKey) -> bool {
+        self.said
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(key)
     }
 }
 
@@ -95,7 +97,7 @@ mod tests {
     fn each_undecodable_object_is_said_once_per_cause() {
         let events = Recorded::default();
         let key = ObjectKey::new("ImagePullJob", "default", "new");
-        let mut undecodable = Undecodable::default();
+        let undecodable = Undecodable::default();
         let found = vec![(key.clone(), "spec.foo: unknown variant `X`".to_owned())];
         undecodable.observe("apps.kruise.io/v1alpha1", &found, &events);
         undecodable.observe("apps.kruise.io/v1alpha1", &found, &events);

@@ -67,7 +67,7 @@ struct Inner {
     /// Where each node's pull that ends is told (Kruise's events, in a cluster).
     events: Arc<dyn crate::events::EventSink>,
     /// Jobs that did not decode at the last pass, left as they are.
-    undecodable: std::sync::Mutex<crate::undecodable::Undecodable>,
+    undecodable: crate::undecodable::Undecodable,
 }
 
 /// The engine; cheap to clone.
@@ -187,7 +187,7 @@ impl JobEngine {
                 statuses_written: tokio::sync::watch::channel(0).0,
                 grants,
                 events: Arc::new(crate::events::NoEvents),
-                undecodable: std::sync::Mutex::default(),
+                undecodable: crate::undecodable::Undecodable::default(),
             }),
         }
     }
@@ -355,15 +355,11 @@ impl crate::engine::Engine for JobEngine {
                 loaded,
             });
         }
-        self.inner
-            .undecodable
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .observe(
-                rigger_api::fields::KRUISE_API_VERSION,
-                &undecodable,
-                &*self.inner.events,
-            );
+        self.inner.undecodable.observe(
+            rigger_api::fields::KRUISE_API_VERSION,
+            &undecodable,
+            &*self.inner.events,
+        );
         self.inner.started.get_or_init(Instant::now);
         self.inner.resumed.get_or_init(|| {
             changed.iter().any(

@@ -136,7 +136,7 @@ struct Inner {
     /// Where a request's completion is told.
     events: Arc<dyn crate::events::EventSink>,
     /// Requests that did not decode at the last pass, left as they are.
-    undecodable: std::sync::Mutex<crate::undecodable::Undecodable>,
+    undecodable: crate::undecodable::Undecodable,
 }
 
 /// The engine; cheap to clone.
@@ -157,7 +157,7 @@ impl RecreateEngine {
                 cluster_pods: None,
                 beside_kruise_manager: false,
                 events: Arc::new(crate::events::NoEvents),
-                undecodable: std::sync::Mutex::default(),
+                undecodable: crate::undecodable::Undecodable::default(),
             }),
         }
     }
@@ -392,15 +392,11 @@ impl crate::engine::Engine for RecreateEngine {
             };
             pods.insert(key, uid);
         }
-        self.inner
-            .undecodable
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .observe(
-                rigger_api::fields::KRUISE_API_VERSION,
-                &undecodable,
-                &*self.inner.events,
-            );
+        self.inner.undecodable.observe(
+            rigger_api::fields::KRUISE_API_VERSION,
+            &undecodable,
+            &*self.inner.events,
+        );
         Ok(RecreateSnapshot {
             present,
             new,
