@@ -169,6 +169,17 @@ pub fn check_dns_subdomain(name: &str) -> Result<(), String> {
     }
 }
 
+/// A DNS label, as namespaces are named: a subdomain of one part, at most 63 long.
+pub fn check_dns_label(name: &str) -> Result<(), String> {
+    check_dns_subdomain(name)?;
+    if name.len() > 63 || name.contains('.') {
+        return Err(format!(
+            "{name:?} is not a valid DNS label (no '.', at most 63 characters)"
+        ));
+    }
+    Ok(())
+}
+
 /// `[prefix/]name`, name up to 63 of `[A-Za-z0-9._-]`, alphanumeric at both ends.
 pub fn check_label_key(key: &str) -> Result<(), String> {
     let name = key.rsplit_once('/').map_or(key, |(prefix, name)| {

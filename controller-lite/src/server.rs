@@ -167,6 +167,11 @@ pub async fn run(
             (leadership, Some(task))
         }
     };
+    // Where replicas elect a leader, only the leader writes, and not an instant longer.
+    let store = match &elector {
+        Some(_) => store.fenced(leadership.changes()),
+        None => store,
+    };
     // In a cluster, Rigger alone: the SidecarSet webhook (every replica serves; the
     // leader keeps its configuration). `webhook_serving`: whether it answers reviews yet
     // (true at once without a webhook).

@@ -33,6 +33,13 @@ pub const CONFIGURATION_NAME: &str = "rigger-sidecar-injection";
 pub const WEBHOOK_PATH: &str = "/inject-sidecars";
 /// Never sent: the cluster's own and the controller's.
 pub const SYSTEM_NAMESPACE: &str = "kube-system";
+/// The label by which a namespace, or a pod, opts out of every SidecarSet (as other
+/// injectors have theirs): the webhook entries leave out namespaces and pods that
+/// carry it with [`INJECTION_DISABLED`], so the API server never waits on Rigger for
+/// them — CNI or cert-manager pods a broad SidecarSet would otherwise catch, which
+/// after an outage must start before Rigger can answer.
+pub const INJECTION_LABEL: &str = "rigger.dev/sidecar-injection";
+pub const INJECTION_DISABLED: &str = "disabled";
 /// How long the API server waits for an answer.
 const TIMEOUT_SECONDS: i32 = 10;
 /// How often the configuration is read back even when nothing changed (someone may
@@ -84,11 +91,14 @@ fn entry(
     own_namespace: &str,
 ) -> Option<MutatingWebhook> {
     let mut namespaces = LabelSelector {
-        match_expressions: Some(vec![LabelSelectorRequirement {
-            key: NAMESPACE_NAME_LABEL.to_owned(),
-            operator: "NotIn".to_owned(),
-            values: Some(vec![SYSTEM_NAMESPACE.to_owned(), own_namespace.to_owned()]),
-        }]),
+        match_expressions: Some(vec![
+            LabelSelectorRequirement {
+                key: NAMESPACE_NAME_LABEL.to_owned(),
+                operator: "NotIn".to_owned(),
+                values: Some(vec![SYSTEM_NAMESPACE.to_owned(), own_namespace.to_owned()]),
+            },
+            opted_out(),
+        ]),
         match_labels: None,
     };
     if let Some(namespace) = &set.spec.namespace {
@@ -130,7 +140,11 @@ fn entry(
             service: None,
         },
     };
-    let object_selector = kube_selector(&set.spec.selector)?;
+    let mut object_selector = kube_selector(&set.spec.selector)?;
+    object_selector
+        .match_expressions
+        .get_or_insert_with(Vec::new)
+        .push(opted_out());
     Some(MutatingWebhook {
         name,
         admission_review_versions: vec!["v1".to_owned()],
@@ -151,6 +165,15 @@ fn entry(
         timeout_seconds: Some(TIMEOUT_SECONDS),
         match_conditions: None,
     })
+}
+
+/// What leaves out namespaces and pods that opted out.
+fn opted_out() -> LabelSelectorRequirement {
+    LabelSelectorRequirement {
+        key: INJECTION_LABEL.to_owned(),
+        operator: "NotIn".to_owned(),
+        values: Some(vec![INJECTION_DISABLED.to_owned()]),
+    }
 }
 
 /// Rigger's selector in Kubernetes' type (the same fields); `None` when it does not
@@ -310,15 +333,19 @@ mod tests {
         assert_eq!(entries.len(), 2, "{value:#}");
         assert_eq!(value[0]["name"], "mesh.sidecarsets.rigger.dev");
         assert_eq!(value[0]["failurePolicy"], "Fail");
+        // Pods and namespaces labelled `rigger.dev/sidecar-injection: disabled` are never
+        // sent, whatever the set selects.
+        let opted_out =
+            json!({"key": INJECTION_LABEL, "operator": "NotIn", "values": ["disabled"]});
         assert_eq!(
             value[0]["objectSelector"],
-            json!({"matchLabels": {"app": "web"}})
+            json!({"matchLabels": {"app": "web"}, "matchExpressions": [opted_out]})
         );
         assert_eq!(
             value[0]["namespaceSelector"],
             json!({"matchLabels": {NAMESPACE_NAME_LABEL: "shop"},
                 "matchExpressions": [{"key": NAMESPACE_NAME_LABEL, "operator": "NotIn",
-                    "values": ["kube-system", "rigger-system"]}]})
+                    "values": ["kube-system", "rigger-system"]}, opted_out]})
         );
         assert_eq!(
             value[0]["clientConfig"]["service"],
@@ -330,7 +357,7 @@ mod tests {
             json!({"team": "a"})
         );
         assert_eq!(
-            value[1]["namespaceSelector"]["matchExpressions"][1]["key"],
+            value[1]["namespaceSelector"]["matchExpressions"][2]["key"],
             "tier"
         );
         assert!(current(&entries, &entries));

@@ -13,6 +13,7 @@
 
 pub mod certificate;
 pub mod configuration;
+pub mod connections;
 pub mod namespaces;
 pub mod pods;
 pub mod review;

@@ -17,29 +17,36 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::admission::{AdmissionRequest, AdmissionReview};
 use rigger_api::sidecar_set::{History, NAMESPACE_NAME_LABEL, SidecarSet};
+use serde::Deserialize as _;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use super::configuration::WEBHOOK_PATH;
+use super::configuration::{INJECTION_DISABLED, INJECTION_LABEL, WEBHOOK_PATH};
+use super::connections::{Connections, Limits, Slot};
 use super::namespaces::NamespaceLabels;
 use super::review;
 use super::usable::{self, SetState};
 use crate::store::Store;
 
-/// The largest review read: the API server's own request limit is 3 MiB.
-const MAX_REVIEW: usize = 4 << 20;
-/// A connection's TLS handshake and a request's headers.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest review read. The API server takes no request over 3 MiB, so no pod it
+/// admits is larger; the review around the pod adds a few hundred bytes.
+const MAX_REVIEW: usize = (3 << 20) + (16 << 10);
+/// A connection's TLS handshake (the API server's takes milliseconds) and a request's
+/// headers.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections served at once (the API server keeps a few open), and from one address:
-/// anyone on the network can connect, and must not hold every slot.
-const MAX_CONNECTIONS: usize = 256;
-const MAX_CONNECTIONS_PER_ADDRESS: usize = 64;
+/// Connections kept ([`super::connections`]): the API server keeps a few open per
+/// replica; anyone on the network can connect, and must not hold what it needs.
+const CONNECTION_LIMITS: Limits = Limits {
+    total: 256,
+    per_address: 32,
+    handshakes_per_address: 8,
+};
 /// A whole request, body included, from its first byte to its answer.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
-/// Reviews answered at once (the injection is CPU work, off the async workers).
+/// Reviews decoded and answered at once (CPU work, off the async workers).
 const ANSWERING: usize = 2;
 
 /// The serving certificate as rustls takes it (`None` until the Secret is read).
@@ -67,18 +74,9 @@ pub async fn serve(
     namespaces: Arc<NamespaceLabels>,
     stop: CancellationToken,
 ) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let connections = Connections::new(CONNECTION_LIMITS);
     let answering = Arc::new(Semaphore::new(ANSWERING));
-    let per_address: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>> =
-        Arc::default();
     loop {
-        let permit = tokio::select! {
-            () = stop.cancelled() => return,
-            permit = slots.clone().acquire_owned() => permit,
-        };
-        let Ok(permit) = permit else {
-            return;
-        };
         let (stream, remote) = tokio::select! {
             () = stop.cancelled() => return,
             accepted = listener.accept() => match accepted {
@@ -94,9 +92,12 @@ pub async fn serve(
             // No certificate yet: the API server retries (failure policy Fail).
             continue;
         };
-        let Some(address_slot) = AddressSlot::take(&per_address, remote.ip()) else {
-            tracing::debug!(%remote, "sidecar webhook: too many connections from one address");
-            continue;
+        let slot = match connections.take(remote.ip()) {
+            Ok(slot) => slot,
+            Err(why) => {
+                tracing::debug!(%remote, why, "sidecar webhook connection refused");
+                continue;
+            }
         };
         let (store, stop, answering, namespaces) = (
             store.clone(),
@@ -105,87 +106,67 @@ pub async fn serve(
             namespaces.clone(),
         );
         tokio::spawn(async move {
-            let _permit = permit;
-            let _address_slot = address_slot;
-            let acceptor = TlsAcceptor::from(config);
-            let stream =
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                    Ok(Ok(stream)) => stream,
-                    Ok(Err(error)) => {
-                        tracing::debug!(%remote, %error, "sidecar webhook TLS handshake refused");
-                        return;
-                    }
-                    Err(_) => return,
-                };
-            let service = service_fn(move |request| {
-                let (store, answering, namespaces) =
-                    (store.clone(), answering.clone(), namespaces.clone());
-                async move {
-                    let reading = Reading {
-                        store: &store,
-                        namespaces: &namespaces,
-                    };
-                    let answered =
-                        tokio::time::timeout(REQUEST_TIMEOUT, handle(request, reading, &answering))
-                            .await
-                            .unwrap_or_else(|_| {
-                                plain(
-                                    StatusCode::REQUEST_TIMEOUT,
-                                    "the review took too long to arrive or to answer".to_owned(),
-                                )
-                            });
-                    Ok::<_, std::convert::Infallible>(answered)
-                }
-            });
-            let served = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service);
-            let mut served = std::pin::pin!(served);
+            let evicted = slot.evicted.clone();
             tokio::select! {
-                _ = served.as_mut() => {}
-                () = stop.cancelled() => {
-                    served.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(Duration::from_secs(5), served).await;
+                () = serve_connection(stream, config, &slot, store, answering, namespaces, stop) => {}
+                () = evicted.cancelled() => {
+                    tracing::debug!(%remote, "sidecar webhook connection closed for a newcomer");
                 }
             }
         });
     }
 }
 
-/// One connection's place in the count of connections from its address.
-struct AddressSlot {
-    counts: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
-    address: std::net::IpAddr,
-}
-
-impl AddressSlot {
-    fn take(
-        counts: &Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
-        address: std::net::IpAddr,
-    ) -> Option<Self> {
-        let mut held = counts.lock().ok()?;
-        let count = held.entry(address).or_default();
-        if *count >= MAX_CONNECTIONS_PER_ADDRESS {
-            return None;
+/// One connection: its TLS handshake within [`HANDSHAKE_TIMEOUT`], then its requests
+/// until it closes or the webhook stops.
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    config: Arc<rustls::ServerConfig>,
+    slot: &Slot,
+    store: Store,
+    answering: Arc<Semaphore>,
+    namespaces: Arc<NamespaceLabels>,
+    stop: CancellationToken,
+) {
+    let acceptor = TlsAcceptor::from(config);
+    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(error)) => {
+            tracing::debug!(%error, "sidecar webhook TLS handshake refused");
+            return;
         }
-        *count += 1;
-        Some(Self {
-            counts: counts.clone(),
-            address,
-        })
-    }
-}
-
-impl Drop for AddressSlot {
-    fn drop(&mut self) {
-        if let Ok(mut held) = self.counts.lock()
-            && let Some(count) = held.get_mut(&self.address)
-        {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                held.remove(&self.address);
-            }
+        Err(_) => return,
+    };
+    slot.handshaken();
+    let service = service_fn(move |request| {
+        let (store, answering, namespaces) = (store.clone(), answering.clone(), namespaces.clone());
+        async move {
+            let reading = Reading {
+                store: &store,
+                namespaces: &namespaces,
+            };
+            let answered =
+                tokio::time::timeout(REQUEST_TIMEOUT, handle(request, reading, &answering))
+                    .await
+                    .unwrap_or_else(|_| {
+                        plain(
+                            StatusCode::REQUEST_TIMEOUT,
+                            "the review took too long to arrive or to answer".to_owned(),
+                        )
+                    });
+            Ok::<_, std::convert::Infallible>(answered)
+        }
+    });
+    let served = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .serve_connection(TokioIo::new(stream), service);
+    let mut served = std::pin::pin!(served);
+    tokio::select! {
+        _ = served.as_mut() => {}
+        () = stop.cancelled() => {
+            served.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(Duration::from_secs(5), served).await;
         }
     }
 }
@@ -234,28 +215,21 @@ async fn handle(
             );
         }
     };
-    // The pod as sent, every field (the typed review drops what its types lack).
-    let sent: serde_json::Value = serde_json::from_slice::<serde_json::Value>(&body)
-        .map(|mut review| review["request"]["object"].take())
-        .unwrap_or_default();
-    let review: AdmissionReview<Pod> = match serde_json::from_slice(&body) {
-        Ok(review) => review,
-        Err(error) => {
-            return plain(
-                StatusCode::BAD_REQUEST,
-                format!("not an AdmissionReview of a Pod: {error}"),
-            );
-        }
+    // Decoding is CPU work on what anyone may send: done once, off the async workers,
+    // and only by the reviews answered at once.
+    let Ok(_answering) = answering.clone().acquire_owned().await else {
+        return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down".to_owned());
     };
-    let request: AdmissionRequest<Pod> = match review.try_into() {
-        Ok(request) => request,
-        Err(error) => return plain(StatusCode::BAD_REQUEST, format!("{error}")),
+    let decoded = match tokio::task::spawn_blocking(move || decode_review(&body)).await {
+        Ok(decoded) => decoded,
+        Err(error) => return plain(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()),
+    };
+    let (request, sent) = match decoded {
+        Ok(decoded) => decoded,
+        Err(why) => return plain(StatusCode::BAD_REQUEST, why),
     };
     let response = match catalog_for(reading, &request, &set).await {
         Ok((catalog, namespace_labels)) => {
-            let Ok(_answering) = answering.clone().acquire_owned().await else {
-                return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down".to_owned());
-            };
             let (request, now, chance) = (
                 request.clone(),
                 rigger_proto::time::now_rfc3339(),
@@ -285,6 +259,31 @@ async fn handle(
     }
 }
 
+/// The review in `body`, parsed once: the typed request, and its pod as sent, every
+/// field (the typed pod drops what its types lack, and the patch must keep them).
+fn decode_review(body: &[u8]) -> Result<(AdmissionRequest<Pod>, serde_json::Value), String> {
+    let mut review: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|error| format!("not an AdmissionReview of a Pod: {error}"))?;
+    let sent = review
+        .get_mut("request")
+        .and_then(|request| request.get_mut("object"))
+        .map(serde_json::Value::take)
+        .unwrap_or_default();
+    let pod = if sent.is_null() {
+        None
+    } else {
+        Some(
+            Pod::deserialize(&sent)
+                .map_err(|error| format!("the review's request.object is not a Pod: {error}"))?,
+        )
+    };
+    let review: AdmissionReview<Pod> = serde_json::from_value(review)
+        .map_err(|error| format!("not an AdmissionReview of a Pod: {error}"))?;
+    let mut request: AdmissionRequest<Pod> = review.try_into().map_err(|e| format!("{e}"))?;
+    request.object = pod;
+    Ok((request, sent))
+}
+
 /// Why a pod is refused when what a review reads cannot be read.
 fn unknown_sidecars(error: impl std::fmt::Display) -> String {
     format!("SidecarSets cannot be read, so the pod's sidecars are unknown; retry: {error}")
@@ -300,14 +299,20 @@ async fn catalog_for(
     let Some(pod) = &request.object else {
         return Ok((Vec::new(), BTreeMap::new()));
     };
-    let namespace = pod
-        .metadata
+    // The API server names the namespace of what it admits; a review that names none
+    // (or a name no namespace can have) is no API server's, and makes no lookup.
+    let namespace = request
         .namespace
         .as_deref()
+        .or(pod.metadata.namespace.as_deref())
         .filter(|n| !n.is_empty())
-        .or(request.namespace.as_deref())
         .unwrap_or("default");
+    rigger_api::fields::check_dns_label(namespace)
+        .map_err(|e| format!("the review's namespace is not a namespace's name: {e}"))?;
     let labels = pod.metadata.labels.clone().unwrap_or_default();
+    if opted_out(&labels) {
+        return Ok((Vec::new(), BTreeMap::new()));
+    }
     let listed = reading
         .store
         .list_all_objects::<SidecarSet>()
@@ -328,7 +333,7 @@ async fn catalog_for(
             .namespaces
             .of(namespace)
             .await
-            .map_err(|e| unknown_sidecars(format!("namespace {namespace}: {e}")))?
+            .map_err(unknown_sidecars)?
     } else {
         BTreeMap::from([(NAMESPACE_NAME_LABEL.to_owned(), namespace.to_owned())])
     };
@@ -356,8 +361,69 @@ async fn catalog_for(
     Ok((catalog, namespace_labels))
 }
 
+/// Whether a pod's labels keep it from every SidecarSet (the webhook entries' object
+/// selector leaves such pods out; a review of one sent anyway changes nothing).
+fn opted_out(labels: &BTreeMap<String, String>) -> bool {
+    labels.get(INJECTION_LABEL).map(String::as_str) == Some(INJECTION_DISABLED)
+}
+
 fn plain(status: StatusCode, text: String) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(text)));
     *response.status_mut() = status;
     response
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn review(object: &serde_json::Value) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "operation": "CREATE", "namespace": "shop",
+                "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+                "object": object,
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_review_is_decoded_once_with_the_pod_as_sent_and_garbage_is_named() {
+        let pod = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-1", "labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "app", "image": "busybox"}],
+                     "someFieldOfANewerKubernetes": {"kept": true}},
+        });
+        let (request, sent) = decode_review(&review(&pod)).unwrap();
+        assert_eq!(sent, pod, "the pod as sent, every field");
+        assert_eq!(request.namespace.as_deref(), Some("shop"));
+        let typed = request.object.unwrap();
+        assert_eq!(typed.metadata.name.as_deref(), Some("web-1"));
+
+        let refused = decode_review(b"\x16\x03\x01garbage").unwrap_err();
+        assert!(
+            refused.starts_with("not an AdmissionReview of a Pod"),
+            "{refused}"
+        );
+        let not_a_pod = decode_review(&review(&serde_json::json!({"spec": 7}))).unwrap_err();
+        assert!(
+            not_a_pod.contains("request.object is not a Pod"),
+            "{not_a_pod}"
+        );
+    }
+
+    #[test]
+    fn pods_that_opt_out_are_never_injected() {
+        let labels = |v: &str| BTreeMap::from([(INJECTION_LABEL.to_owned(), v.to_owned())]);
+        assert!(opted_out(&labels("disabled")));
+        assert!(!opted_out(&labels("enabled")));
+        assert!(!opted_out(&BTreeMap::new()));
+    }
 }

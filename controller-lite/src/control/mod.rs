@@ -254,6 +254,7 @@ fn store_status(e: StoreError) -> Status {
         StoreError::Conflict { .. } => Status::aborted(e.to_string()),
         StoreError::Backend { .. } => Status::unavailable(e.to_string()),
         StoreError::Undecodable { .. } => Status::data_loss(e.to_string()),
+        StoreError::NotLeading { .. } => rigger_proto::not_leader(&e.to_string()),
     }
 }
 

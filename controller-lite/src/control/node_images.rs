@@ -70,12 +70,12 @@ impl ControlService {
 /// from the watch) and written only when it differs.
 pub async fn write_in_cluster(control: &ControlService) -> Result<(), Status> {
     let store = &control.store;
-    let current: HashMap<String, serde_json::Value> = store
+    let current: HashMap<String, (u64, serde_json::Value)> = store
         .list_as::<serde_json::Value>(rigger_api::node_image::KIND)
         .await
         .map_err(store_status)?
         .into_iter()
-        .map(|stored| (stored.key.name, stored.value))
+        .map(|stored| (stored.key.name, (stored.revision, stored.value)))
         .collect();
     let statuses: HashMap<String, serde_json::Value> = store
         .list_as::<serde_json::Value>(crate::node_images::STATUS_KIND)
@@ -93,16 +93,19 @@ pub async fn write_in_cluster(control: &ControlService) -> Result<(), Status> {
             .unwrap_or_default();
         let key = crate::store::ObjectKey::new(rigger_api::node_image::KIND, "", &name);
         let held = current.get(&name);
-        let same_spec = held.is_some_and(|held| {
+        let same_spec = held.is_some_and(|(_, held)| {
             held["spec"] == image["spec"]
                 && held["metadata"]["labels"] == image["metadata"]["labels"]
         });
         if !same_spec {
-            let bytes = serde_json::to_vec(&image).map_err(|e| Status::internal(e.to_string()))?;
-            store
-                .put(key.clone(), bytes, crate::store::Precondition::Any)
-                .await
-                .map_err(store_status)?;
+            let (object, at) = node_image_update(held, image);
+            let bytes = serde_json::to_vec(&object).map_err(|e| Status::internal(e.to_string()))?;
+            match store.put(key.clone(), bytes, at).await {
+                Ok(_) => {}
+                // Changed meanwhile (a user's annotation, say): written over it next pass.
+                Err(crate::store::StoreError::Conflict { .. }) => continue,
+                Err(error) => return Err(store_status(error)),
+            }
         }
         if statuses.get(&name) != Some(&status) {
             let key = crate::store::ObjectKey::new(crate::node_images::STATUS_KIND, "", &name);
@@ -116,6 +119,35 @@ pub async fn write_in_cluster(control: &ControlService) -> Result<(), Status> {
     Ok(())
 }
 
+/// The NodeImage to write for `rendered` (its spec, and its Node's labels as Kruise's
+/// manager copies them) over the one stored, if any, and at which revision: everything
+/// else of the stored one (annotations, finalizers, owner references a user or another
+/// controller wrote) is kept, and a write over a version changed meanwhile is refused.
+fn node_image_update(
+    stored: Option<&(u64, serde_json::Value)>,
+    rendered: serde_json::Value,
+) -> (serde_json::Value, crate::store::Precondition) {
+    let Some((revision, stored)) = stored else {
+        return (rendered, crate::store::Precondition::Absent);
+    };
+    let at = crate::store::Precondition::Revision(*revision);
+    if !stored["metadata"].is_object() {
+        // Not an object Rigger can keep parts of (indexing would panic): written whole.
+        return (rendered, at);
+    }
+    let mut object = stored.clone();
+    object["spec"] = rendered["spec"].clone();
+    match rendered["metadata"].get("labels") {
+        Some(labels) => object["metadata"]["labels"] = labels.clone(),
+        None => {
+            if let Some(metadata) = object["metadata"].as_object_mut() {
+                metadata.remove("labels");
+            }
+        }
+    }
+    (object, at)
+}
+
 /// Run [`write_in_cluster`] every ten seconds until `token` is cancelled: NodeImages are
 /// for people and Kruise's tools to read, and each pass may write one per node.
 pub async fn keep_written(control: ControlService, token: tokio_util::sync::CancellationToken) {
@@ -127,5 +159,46 @@ pub async fn keep_written(control: ControlService, token: tokio_util::sync::Canc
             () = token.cancelled() => return,
             () = tokio::time::sleep(std::time::Duration::from_secs(10)) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::store::Precondition;
+
+    #[test]
+    fn a_node_image_update_keeps_what_others_wrote_and_is_conditional() {
+        let rendered = serde_json::json!({
+            "apiVersion": "apps.kruise.io/v1alpha1", "kind": "NodeImage",
+            "metadata": {"name": "n1", "labels": {"zone": "b"}},
+            "spec": {"images": {"web": {"tags": [{"tag": "2"}]}}},
+        });
+        let stored = serde_json::json!({
+            "apiVersion": "apps.kruise.io/v1alpha1", "kind": "NodeImage",
+            "metadata": {
+                "name": "n1", "labels": {"zone": "a"},
+                "annotations": {"team": "platform"}, "finalizers": ["example.com/audit"],
+            },
+            "spec": {"images": {"web": {"tags": [{"tag": "1"}]}}},
+        });
+        let (object, at) = node_image_update(Some(&(7, stored)), rendered.clone());
+        assert_eq!(at, Precondition::Revision(7));
+        assert_eq!(object["spec"], rendered["spec"]);
+        assert_eq!(
+            object["metadata"]["labels"],
+            serde_json::json!({"zone": "b"})
+        );
+        assert_eq!(object["metadata"]["annotations"]["team"], "platform");
+        assert_eq!(object["metadata"]["finalizers"][0], "example.com/audit");
+
+        // None yet: created, only if still none.
+        let (object, at) = node_image_update(None, rendered.clone());
+        assert_eq!((object, at), (rendered.clone(), Precondition::Absent));
+        // A stored one Rigger cannot read parts of is written whole, still conditionally.
+        let (object, at) =
+            node_image_update(Some(&(3, serde_json::json!("garbage"))), rendered.clone());
+        assert_eq!((object, at), (rendered, Precondition::Revision(3)));
     }
 }

@@ -5,7 +5,10 @@
 //! every write is conditional on the resourceVersion read, so two replicas never both
 //! believe they won. A holder that cannot renew within two thirds of the duration
 //! (counted from the start of its last successful round, so a slow answer is allowed
-//! what is left of it) stops, before any other replica may take over.
+//! what is left of it) stops, before any other replica may take over. A Lease that is
+//! gone (deleted by someone) is the same to everyone: its holder stops at once, and no
+//! replica creates it again before it has seen it absent for a whole term — by then
+//! the old holder, which saw its renewals fail or the Lease gone, has stopped.
 //!
 //! [`decide`] is the whole decision, pure; [`campaign`] does the I/O around it.
 
@@ -35,8 +38,11 @@ pub struct Observed {
 /// What to do with the Lease now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
-    /// There is none: create it, holding it.
+    /// There has been none for a whole term: create it, holding it.
     Create,
+    /// There is none, and this replica held it: someone deleted it, and another replica
+    /// may create it; stop acting.
+    Gone,
     /// It is ours: renew it.
     Renew,
     /// Its holder let it lapse (or released it): take it over.
@@ -45,17 +51,26 @@ pub enum Step {
     Follow,
 }
 
-/// The decision for `me` given the Lease as read (`None`: there is none) and when its
-/// current version was first seen.
+/// The decision for `me` (`holding`: as it believes) given the Lease as read (`None`:
+/// there is none) and when its current version (or its absence) was first seen.
 pub fn decide(
     lease: Option<&LeaseSpec>,
     me: &str,
+    holding: bool,
     observed_since: Instant,
     now: Instant,
     duration: Duration,
 ) -> Step {
     let Some(spec) = lease else {
-        return Step::Create;
+        if holding {
+            return Step::Gone;
+        }
+        // Whoever held the deleted Lease may lead for the rest of its term.
+        return if now.saturating_duration_since(observed_since) >= duration {
+            Step::Create
+        } else {
+            Step::Follow
+        };
     };
     match spec.holder_identity.as_deref() {
         Some(holder) if holder == me => Step::Renew,
@@ -137,14 +152,15 @@ async fn run(
         let started = Instant::now();
         let round = match round_bound(held, last_renewal.elapsed(), retry, renew_deadline) {
             Some(bound) => {
-                tokio::time::timeout(bound, attempt(&api, &identity, duration, &mut observed))
+                let attempted = attempt(&api, &identity, held, duration, &mut observed);
+                tokio::time::timeout(bound, attempted)
                     .await
                     .unwrap_or_else(|_| Err(format!("no answer within {bound:?}")))
             }
             None => Err(format!("not renewed within {renew_deadline:?}")),
         };
         match round {
-            Ok(true) => {
+            Ok(Held::Yes) => {
                 // The round's start, not its answer: the write happened after it, so
                 // the renew deadline counted from here ends before any other replica,
                 // counting a whole term from seeing the write, may take over.
@@ -154,13 +170,18 @@ async fn run(
                     leading.send_replace(true);
                 }
             }
-            Ok(false) => {
+            Ok(outcome @ (Held::ByAnother | Held::Gone)) => {
                 if held {
-                    // Someone else holds it now: we must have lapsed. Stop acting at once.
+                    // Someone else holds it now (we must have lapsed), or it was deleted
+                    // and anyone may take it: stop acting at once.
                     leading.send_replace(false);
+                    let detail = match outcome {
+                        Held::Gone => "it was deleted",
+                        _ => "another replica holds it",
+                    };
                     return Err(LeaderError::KubernetesLeaseLost {
                         lease: name,
-                        detail: "another replica holds it".into(),
+                        detail: detail.into(),
                     });
                 }
             }
@@ -177,7 +198,11 @@ async fn run(
         }
         // Rounds start a retry period apart, however long one took (a slow round does
         // not eat into the next one's share of the deadline); never back to back.
-        let pause = retry.saturating_sub(started.elapsed()).max(retry / 10);
+        let mut pause = retry.saturating_sub(started.elapsed()).max(retry / 10);
+        if *leading.borrow() {
+            // Never asleep past the renew deadline: the next round finds it passed.
+            pause = pause.min(renew_deadline.saturating_sub(last_renewal.elapsed()));
+        }
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
             () = token.cancelled() => {
@@ -208,13 +233,22 @@ fn round_bound(
     Some(renew_deadline.saturating_sub(since_last_renewal)).filter(|left| !left.is_zero())
 }
 
-/// One round: read the Lease, decide, write. `Ok(true)`: we hold it now.
+/// Who holds the Lease after a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    Yes,
+    ByAnother,
+    Gone,
+}
+
+/// One round: read the Lease, decide, write.
 async fn attempt(
     api: &Api<Lease>,
     identity: &str,
+    leading: bool,
     duration: Duration,
     observed: &mut Option<Observed>,
-) -> Result<bool, String> {
+) -> Result<Held, String> {
     let current = api.get_opt(LEASE_NAME).await.map_err(|e| e.to_string())?;
     let now = Instant::now();
     let version = current
@@ -232,9 +266,10 @@ async fn attempt(
         }
     };
     let spec = current.as_ref().and_then(|lease| lease.spec.as_ref());
-    let step = decide(spec, identity, since, now, duration);
+    let step = decide(spec, identity, leading, since, now, duration);
     let lease = match step {
-        Step::Follow => return Ok(false),
+        Step::Follow => return Ok(Held::ByAnother),
+        Step::Gone => return Ok(Held::Gone),
         Step::Create => Lease {
             metadata: ObjectMeta {
                 name: Some(LEASE_NAME.into()),
@@ -256,9 +291,9 @@ async fn attempt(
         }
     };
     match written {
-        Ok(_) => Ok(true),
+        Ok(_) => Ok(Held::Yes),
         // Another replica wrote first: it won this round.
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(Held::ByAnother),
         Err(error) => Err(error.to_string()),
     }
 }
@@ -312,9 +347,29 @@ mod tests {
     fn a_lease_is_created_renewed_followed_and_taken_only_after_a_whole_term_unchanged() {
         let start = Instant::now();
         let term = Duration::from_secs(15);
-        assert_eq!(decide(None, "a", start, start, term), Step::Create);
+        // None: created only once seen absent for a whole term, and never by its holder.
+        assert_eq!(decide(None, "a", false, start, start, term), Step::Follow);
         assert_eq!(
-            decide(Some(&spec(Some("a"), 15)), "a", start, start, term),
+            decide(
+                None,
+                "a",
+                false,
+                start,
+                start + Duration::from_secs(14),
+                term
+            ),
+            Step::Follow
+        );
+        assert_eq!(
+            decide(None, "a", false, start, start + term, term),
+            Step::Create
+        );
+        assert_eq!(
+            decide(None, "a", true, start, start + term, term),
+            Step::Gone
+        );
+        assert_eq!(
+            decide(Some(&spec(Some("a"), 15)), "a", true, start, start, term),
             Step::Renew
         );
         let theirs = spec(Some("b"), 15);
@@ -322,6 +377,7 @@ mod tests {
             decide(
                 Some(&theirs),
                 "a",
+                false,
                 start,
                 start + Duration::from_secs(14),
                 term
@@ -332,6 +388,7 @@ mod tests {
             decide(
                 Some(&theirs),
                 "a",
+                false,
                 start,
                 start + Duration::from_secs(15),
                 term
@@ -343,6 +400,7 @@ mod tests {
             decide(
                 Some(&spec(Some("b"), 60)),
                 "a",
+                false,
                 start,
                 start + Duration::from_secs(30),
                 term
@@ -351,11 +409,11 @@ mod tests {
         );
         // Released: taken at once.
         assert_eq!(
-            decide(Some(&spec(None, 15)), "a", start, start, term),
+            decide(Some(&spec(None, 15)), "a", false, start, start, term),
             Step::TakeOver
         );
         assert_eq!(
-            decide(Some(&spec(Some(""), 15)), "a", start, start, term),
+            decide(Some(&spec(Some(""), 15)), "a", false, start, start, term),
             Step::TakeOver
         );
     }

@@ -49,6 +49,11 @@ impl Leadership {
         }
     }
 
+    /// Leadership as it changes (what [`crate::store::Store::fenced`] takes).
+    pub fn changes(&self) -> watch::Receiver<bool> {
+        self.leading.clone()
+    }
+
     pub fn is_leader(&self) -> bool {
         *self.leading.borrow()
     }

@@ -14,7 +14,7 @@ impl RecreateEngine {
         if self.inner.cluster_pods.is_none() || self.inner.beside_kruise_manager {
             return;
         }
-        let finished: Vec<(ObjectKey, ContainerRecreateRequest)> = {
+        let finished: Vec<ObjectKey> = {
             let mut state = self.lock();
             state
                 .requests
@@ -22,23 +22,12 @@ impl RecreateEngine {
                 .filter(|(_, t)| t.finished() && t.label(ACTIVE_LABEL) == "true")
                 .map(|(key, t)| {
                     t.request.metadata.labels.remove(ACTIVE_LABEL);
-                    (key.clone(), t.request.clone())
+                    key.clone()
                 })
                 .collect()
         };
-        for (key, request) in finished {
-            // Only over the request as it is now: one deleted meanwhile stays deleted.
-            let written = match self.inner.store.get(key.clone()).await {
-                Ok(None) => Ok(0),
-                Ok(Some(current)) => match crate::store::typed::encode(&key, &request) {
-                    Ok(bytes) => {
-                        let at = Precondition::Revision(current.revision);
-                        self.inner.store.put(key.clone(), bytes, at).await
-                    }
-                    Err(error) => Err(error),
-                },
-                Err(error) => Err(error),
-            };
+        for key in finished {
+            let written = self.remove_active_label(&key).await;
             match written {
                 Ok(_) | Err(StoreError::NotFound { .. }) => {}
                 Err(error) => {
@@ -52,5 +41,25 @@ impl RecreateEngine {
                 }
             }
         }
+    }
+
+    /// Remove the label from the request as it is now, and only the label: what users
+    /// and other controllers wrote meanwhile (labels, annotations, finalizers) stays, a
+    /// request deleted meanwhile stays deleted, and a request kept only by a finalizer
+    /// is kept. A request changed between the read and the write is a conflict, and
+    /// read again next pass.
+    async fn remove_active_label(&self, key: &ObjectKey) -> Result<u64, StoreError> {
+        let store = &self.inner.store;
+        let Some(current) = store.get(key.clone()).await? else {
+            return Ok(0);
+        };
+        let at = Precondition::Revision(current.revision);
+        let mut request: ContainerRecreateRequest =
+            crate::store::typed::decode_object(current)?.value;
+        if request.metadata.labels.remove(ACTIVE_LABEL).is_none() {
+            return Ok(0);
+        }
+        let bytes = crate::store::typed::encode(key, &request)?;
+        store.put(key.clone(), bytes, at).await
     }
 }

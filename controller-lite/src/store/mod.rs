@@ -57,6 +57,9 @@ pub enum StoreError {
     /// another version).
     #[error("{key}: stored object does not decode: {detail}")]
     Undecodable { key: String, detail: String },
+    /// A write of a replica that does not lead (any more): refused before it is sent.
+    #[error("{key}: not written: this controller replica does not lead")]
+    NotLeading { key: String },
 }
 
 /// One stored object.
@@ -218,6 +221,73 @@ impl Store {
         precondition: Precondition,
     ) -> Result<(), StoreError> {
         self.0.delete(key, precondition).await
+    }
+
+    /// This store with its writes refused (`NotLeading`) whenever `leading` is false:
+    /// a replica that lost its lease stops writing the instant its campaign says so,
+    /// even in the middle of a pass or in its last flush, before any other replica may
+    /// take over. Reads go through.
+    pub fn fenced(&self, leading: tokio::sync::watch::Receiver<bool>) -> Self {
+        Self::new(Fenced {
+            inner: self.0.clone(),
+            leading,
+        })
+    }
+}
+
+/// See [`Store::fenced`].
+#[derive(Debug)]
+struct Fenced {
+    inner: std::sync::Arc<dyn Backend>,
+    leading: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Fenced {
+    fn check(&self, key: &ObjectKey) -> Result<(), StoreError> {
+        if *self.leading.borrow() {
+            Ok(())
+        } else {
+            Err(StoreError::NotLeading {
+                key: key.to_string(),
+            })
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for Fenced {
+    async fn put(
+        &self,
+        key: ObjectKey,
+        object: Vec<u8>,
+        precondition: Precondition,
+    ) -> Result<u64, StoreError> {
+        self.check(&key)?;
+        self.inner.put(key, object, precondition).await
+    }
+
+    async fn put_all(&self, objects: Vec<(ObjectKey, Vec<u8>)>) -> Result<(), StoreError> {
+        if let Some((key, _)) = objects.first() {
+            self.check(key)?;
+        }
+        self.inner.put_all(objects).await
+    }
+
+    async fn get(&self, key: ObjectKey) -> Result<Option<Stored>, StoreError> {
+        self.inner.get(key).await
+    }
+
+    async fn list(&self, kind: &str) -> Result<Vec<Stored>, StoreError> {
+        self.inner.list(kind).await
+    }
+
+    async fn delete(&self, key: ObjectKey, precondition: Precondition) -> Result<(), StoreError> {
+        self.check(&key)?;
+        self.inner.delete(key, precondition).await
+    }
+
+    fn changes(&self, kind: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.inner.changes(kind)
     }
 }
 

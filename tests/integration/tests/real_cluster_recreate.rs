@@ -112,3 +112,107 @@ fn a_recreate_runs_the_containers_own_pre_stops_and_kubelet_starts_them_again() 
         "the sleep preStop (4 s) did not delay the stop: asked at {asked}, stopped at {stopped}"
     );
 }
+
+/// What a user writes on a request while Rigger works on it stays: a label, an annotation
+/// and a finalizer added while the recreate runs are there once Rigger has finished the
+/// request and cleared its `crr.apps.kruise.io/active` label; deleted, the request is
+/// kept by the user's finalizer until the user removes it.
+#[test]
+fn a_users_edits_to_a_running_request_are_kept_when_rigger_finishes_it() {
+    let cluster = RealCluster::get();
+    let ns = cluster.namespace("crr-edits");
+    cluster.apply(&format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: slow, namespace: {ns}}}\n\
+         spec:\n  replicas: 1\n  selector: {{matchLabels: {{app: slow}}}}\n  template:\n    \
+         metadata: {{labels: {{app: slow}}}}\n    spec:\n      terminationGracePeriodSeconds: 20\n      \
+         containers:\n      - name: main\n        image: {busybox}\n        command: {WAITS}\n        \
+           lifecycle: {{preStop: {{sleep: {{seconds: 6}}}}}}\n",
+        ns = ns.name,
+        busybox = cluster.image("rigger-lab/busybox:1"),
+    ));
+    cluster.rollout_status(&ns.name, "deployment/slow", Duration::from_secs(120));
+    let pods = cluster
+        .get_json(&["pods", "-n", &ns.name, "-l", "app=slow"])
+        .unwrap();
+    let pod = pods["items"][0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    cluster.apply(&format!(
+        "apiVersion: apps.kruise.io/v1alpha1\nkind: ContainerRecreateRequest\n\
+         metadata: {{name: edited, namespace: {ns}}}\nspec:\n  podName: {pod}\n  \
+         containers: [{{name: main}}]\n",
+        ns = ns.name
+    ));
+    let get = || cluster.get_json(&["containerrecreaterequest", "edited", "-n", &ns.name]);
+    // Rigger has taken it (its active label) and the 6 s preStop runs.
+    wait_until(
+        "Rigger to take the request",
+        Duration::from_secs(60),
+        || {
+            let request = get()?;
+            (request["metadata"]["labels"]["crr.apps.kruise.io/active"] == "true").then_some(())
+        },
+    );
+    cluster.kubectl_ok(&[
+        "-n",
+        &ns.name,
+        "patch",
+        "containerrecreaterequest/edited",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"labels":{"team":"checkout"},"annotations":{"audit/ticket":"T-42"},"finalizers":["example.com/audit"]}}"#,
+    ]);
+    let finished = wait_until(
+        "the request to complete and lose its active label",
+        Duration::from_secs(120),
+        || {
+            let request = get()?;
+            (request["status"]["phase"] == "Completed"
+                && request["metadata"]["labels"]
+                    .get("crr.apps.kruise.io/active")
+                    .is_none())
+            .then_some(request)
+        },
+    );
+    assert_eq!(
+        finished["metadata"]["labels"]["team"], "checkout",
+        "{finished}"
+    );
+    assert_eq!(
+        finished["metadata"]["annotations"]["audit/ticket"], "T-42",
+        "{finished}"
+    );
+    assert_eq!(
+        finished["metadata"]["finalizers"],
+        serde_json::json!(["example.com/audit"]),
+        "{finished}"
+    );
+    // Spec and status as Rigger left them; the user's finalizer holds a deletion.
+    assert_eq!(finished["spec"]["podName"], pod.as_str());
+    cluster.kubectl_ok(&[
+        "-n",
+        &ns.name,
+        "delete",
+        "containerrecreaterequest/edited",
+        "--wait=false",
+    ]);
+    std::thread::sleep(Duration::from_secs(3));
+    let held = get().expect("the user's finalizer keeps the request");
+    assert!(held["metadata"]["deletionTimestamp"].is_string(), "{held}");
+    assert_eq!(held["metadata"]["labels"]["team"], "checkout", "{held}");
+    cluster.kubectl_ok(&[
+        "-n",
+        &ns.name,
+        "patch",
+        "containerrecreaterequest/edited",
+        "--type=json",
+        "-p",
+        r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+    ]);
+    wait_until(
+        "the request to go once its finalizer is removed",
+        Duration::from_secs(30),
+        || get().is_none().then_some(()),
+    );
+}

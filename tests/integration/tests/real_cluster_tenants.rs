@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use rigger_integration_tests::real_cluster::RealCluster;
+use rigger_integration_tests::real_cluster::{DeletedOnDrop, RealCluster};
 use rigger_integration_tests::{unique_image_with, wait_until};
 use serde_json::Value;
 
@@ -283,4 +283,170 @@ fn a_nodes_own_credentials_labelling_its_node_cannot_draw_a_jobs_pull_secrets() 
             &format!("{fenced}-"),
         ]);
     }
+}
+
+/// What each tenant pod runs against the webhook: 64 connections to every replica, 48 of
+/// them silent from the start (a TLS handshake that never comes) and 16 sending 300
+/// random bytes, each opened again as soon as the webhook closes it. A FIFO held open
+/// keeps `nc`'s input from ending, so a connection stays idle until the server ends it.
+fn flood_script(replicas: &[String]) -> String {
+    format!(
+        "n=0; for ip in {ips}; do for i in $(seq 64); do n=$((n+1)); \
+         (f=/tmp/f$n; mkfifo $f; exec 3<>$f; while true; do \
+         if [ $i -le 16 ]; then head -c 300 /dev/urandom >&3; fi; \
+         nc $ip 9443 <$f >/dev/null 2>&1; sleep 0.2; done) & done; done; wait",
+        ips = replicas.join(" ")
+    )
+}
+
+/// Tenants flood the SidecarSet webhook: four pods each hold 64 connections to every
+/// replica (idle, or sending garbage). Pods a SidecarSet matches, created six at once,
+/// are still admitted with their sidecar, each answered within the webhook's 10 s
+/// timeout (past it the API server refuses the pod: failure policy Fail). A namespace,
+/// or a pod, labelled `rigger.dev/sidecar-injection: disabled` is never sent.
+#[test]
+fn the_webhook_answers_the_api_server_while_tenants_flood_it_and_skips_opted_out_pods() {
+    let cluster = RealCluster::get();
+    let ns = cluster.namespace("flood");
+    let opted_out = cluster.namespace("optout");
+    cluster.kubectl_ok(&[
+        "label",
+        "namespace",
+        &opted_out.name,
+        "rigger.dev/sidecar-injection=disabled",
+    ]);
+    let set = format!("flood-{}", std::process::id());
+    let _guard = DeletedOnDrop(cluster, "sidecarset", set.clone());
+    let busybox = cluster.image("rigger-lab/busybox:1");
+    cluster.apply(&format!(
+        "apiVersion: apps.kruise.io/v1alpha1\nkind: SidecarSet\nmetadata: {{name: {set}}}\n\
+         spec:\n  selector: {{matchLabels: {{app: {set}}}}}\n  containers:\n  - name: side\n    \
+         image: {busybox}\n    command: [sleep, '3600']\n"
+    ));
+    let pod = |namespace: &str, name: &str, extra_labels: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, \
+             labels: {{app: {set}{extra_labels}}}}}\nspec:\n  terminationGracePeriodSeconds: 1\n  \
+             containers:\n  - name: app\n    image: {busybox}\n    command: [sleep, '3600']\n"
+        )
+    };
+    let containers = |namespace: &str, name: &str| {
+        cluster
+            .get_json(&["pod", name, "-n", namespace])
+            .map(|p| p["spec"]["containers"].as_array().map_or(0, Vec::len))
+    };
+    // The set's webhook entry reaches the API server a moment after the set.
+    let mut probe = 0;
+    wait_until(
+        "the set's webhook entry to inject",
+        Duration::from_secs(120),
+        || {
+            probe += 1;
+            let name = format!("probe-{probe}");
+            let created = cluster.kubectl_stdin(&["create"], &pod(&ns.name, &name, ""));
+            let injected = created.status.success() && containers(&ns.name, &name) == Some(2);
+            let _ = cluster.kubectl(&["-n", &ns.name, "delete", "pod", &name, "--wait=false"]);
+            injected.then_some(())
+        },
+    );
+
+    // The flood, from four tenant pods, at every replica's own address.
+    let replicas: Vec<String> = cluster
+        .get_json(&[
+            "pods",
+            "-n",
+            "rigger-system",
+            "-l",
+            "app.kubernetes.io/name=rigger-controller",
+        ])
+        .unwrap()["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["status"]["podIP"].as_str().map(str::to_owned))
+        .collect();
+    assert!(!replicas.is_empty(), "no controller replica has an address");
+    let script = flood_script(&replicas);
+    for tenant in 0..4 {
+        cluster.apply(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: tenant-{tenant}, namespace: {ns}, labels: {{app: tenant}}}}\n\
+             spec:\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: flood\n    \
+             image: {busybox}\n    command: [sh, -c, '{script}']\n",
+            ns = ns.name
+        ));
+    }
+    let held = wait_until(
+        "the tenants to hold connections to the webhook",
+        Duration::from_secs(120),
+        || {
+            let counts: Vec<usize> = (0..4)
+                .map(|tenant| {
+                    let out = cluster.kubectl(&[
+                        "-n",
+                        &ns.name,
+                        "exec",
+                        &format!("tenant-{tenant}"),
+                        "--",
+                        "sh",
+                        "-c",
+                        "netstat -tn | grep ':9443 ' | grep -c ESTABLISHED",
+                    ]);
+                    String::from_utf8_lossy(&out.stdout)
+                        .trim()
+                        .parse()
+                        .unwrap_or(0)
+                })
+                .collect();
+            counts.iter().all(|held| *held >= 4).then_some(counts)
+        },
+    );
+    std::thread::sleep(Duration::from_secs(5));
+
+    // Six matched pods at once: each admitted with its sidecar, within the timeout.
+    let admitted: Vec<(String, Duration, bool)> = std::thread::scope(|scope| {
+        let creating: Vec<_> = (0..6)
+            .map(|index| {
+                let (pod, ns) = (&pod, &ns);
+                scope.spawn(move || {
+                    let name = format!("matched-{index}");
+                    let started = std::time::Instant::now();
+                    let out = cluster.kubectl_stdin(&["create"], &pod(&ns.name, &name, ""));
+                    let took = started.elapsed();
+                    let said = format!(
+                        "{}{}",
+                        String::from_utf8_lossy(&out.stdout),
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                    (said, took, out.status.success())
+                })
+            })
+            .collect();
+        creating.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for (index, (said, took, ok)) in admitted.iter().enumerate() {
+        assert!(
+            *ok && *took < Duration::from_secs(10),
+            "pod matched-{index} not admitted in time ({took:?}) while tenants held {held:?} connections: {said}"
+        );
+        assert_eq!(
+            containers(&ns.name, &format!("matched-{index}")),
+            Some(2),
+            "matched-{index} has no sidecar"
+        );
+    }
+
+    // Opted out, by its namespace or by its own label: admitted as written.
+    let created = cluster.kubectl_stdin(&["create"], &pod(&opted_out.name, "free", ""));
+    assert!(created.status.success(), "{created:?}");
+    assert_eq!(containers(&opted_out.name, "free"), Some(1));
+    let created = cluster.kubectl_stdin(
+        &["create"],
+        &pod(
+            &ns.name,
+            "own-label",
+            ", rigger.dev/sidecar-injection: disabled",
+        ),
+    );
+    assert!(created.status.success(), "{created:?}");
+    assert_eq!(containers(&ns.name, "own-label"), Some(1));
 }
