@@ -10,7 +10,7 @@
 //! container ID) changed from what the update recorded, and it is running and ready.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::Event;
@@ -24,8 +24,9 @@ use crate::cluster::watched::Relisted;
 use crate::sidecars::Member;
 use crate::store::ObjectKey;
 
-/// One injected pod, as much of it as the rollout reads.
-#[derive(Debug, Clone, PartialEq)]
+/// One injected pod, as much of it as the rollout reads: in a big cluster every injected
+/// pod is kept, so nothing more (its status cut to [`rollout_status`]).
+#[derive(Debug, Clone)]
 pub struct InjectedPod {
     pub namespace: String,
     pub name: String,
@@ -44,11 +45,64 @@ pub struct InjectedPod {
     /// those are a set's sidecars, whatever the annotations say.
     pub marked: std::collections::BTreeSet<String>,
     pub node: Option<String>,
-    /// `status`, as the API server has it.
+    /// What the rollout reads of `status` ([`rollout_status`]).
     pub status: Value,
 }
 
-fn injected_of(pod: &Pod) -> Option<(String, InjectedPod)> {
+/// The same pod, whatever its resourceVersion: a change the rollout does not read (a
+/// probe's time, a condition it ignores) is no change, and wakes no pass. The version
+/// kept is still the newest, for the patch's test.
+impl PartialEq for InjectedPod {
+    fn eq(&self, other: &Self) -> bool {
+        self.namespace == other.namespace
+            && self.name == other.name
+            && self.uid == other.uid
+            && self.labels == other.labels
+            && self.annotations == other.annotations
+            && self.containers == other.containers
+            && self.init_containers == other.init_containers
+            && self.native == other.native
+            && self.marked == other.marked
+            && self.node == other.node
+            && self.status == other.status
+    }
+}
+
+/// What the rollout reads of a pod's status (`sidecars::Member::of`, its readiness, and
+/// which image each container runs): the Ready condition, and each container's name,
+/// image, image and container IDs, readiness and whether it runs.
+pub fn rollout_status(status: &k8s_openapi::api::core::v1::PodStatus) -> Value {
+    let containers = |statuses: &Option<Vec<k8s_openapi::api::core::v1::ContainerStatus>>| {
+        statuses
+            .iter()
+            .flatten()
+            .map(|c| {
+                let mut kept = json!({
+                    "name": c.name, "image": c.image, "imageID": c.image_id,
+                    "containerID": c.container_id, "ready": c.ready,
+                });
+                if c.state.as_ref().is_some_and(|s| s.running.is_some()) {
+                    kept["state"] = json!({"running": {}});
+                }
+                kept
+            })
+            .collect::<Vec<_>>()
+    };
+    let ready: Vec<Value> = status
+        .conditions
+        .iter()
+        .flatten()
+        .filter(|c| c.type_ == "Ready")
+        .map(|c| json!({"type": c.type_, "status": c.status}))
+        .collect();
+    json!({
+        "conditions": ready,
+        "containerStatuses": containers(&status.container_statuses),
+        "initContainerStatuses": containers(&status.init_container_statuses),
+    })
+}
+
+fn injected_of(pod: &Pod) -> Option<(String, Arc<InjectedPod>)> {
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     // Pods going away, or done, are nobody's to update.
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
@@ -62,7 +116,7 @@ fn injected_of(pod: &Pod) -> Option<(String, InjectedPod)> {
     let spec = pod.spec.as_ref()?;
     Some((
         uid.clone(),
-        InjectedPod {
+        Arc::new(InjectedPod {
             namespace: pod.metadata.namespace.clone().unwrap_or_default(),
             name: pod.metadata.name.clone().unwrap_or_default(),
             uid,
@@ -95,19 +149,15 @@ fn injected_of(pod: &Pod) -> Option<(String, InjectedPod)> {
                 .map(|c| c.name.clone())
                 .collect(),
             node: spec.node_name.clone(),
-            status: pod
-                .status
-                .as_ref()
-                .and_then(|s| serde_json::to_value(s).ok())
-                .unwrap_or(Value::Null),
-        },
+            status: pod.status.as_ref().map_or(Value::Null, rollout_status),
+        }),
     ))
 }
 
 /// The injected pods, kept by one watch; `listed` once the first listing is in.
 #[derive(Debug, Default)]
 pub struct InjectedPods {
-    kept: Mutex<(Relisted<InjectedPod>, bool)>,
+    kept: Mutex<(Relisted<Arc<InjectedPod>>, bool)>,
     /// Notified when they change.
     pub changed: Notify,
 }
@@ -131,8 +181,8 @@ impl InjectedPods {
         }
     }
 
-    /// Every injected pod, once listed.
-    pub fn snapshot(&self) -> Option<Vec<InjectedPod>> {
+    /// Every injected pod, once listed (shared: a pass copies no pod).
+    pub fn snapshot(&self) -> Option<Vec<Arc<InjectedPod>>> {
         let kept = self.kept.lock().ok()?;
         kept.1.then(|| kept.0.current.values().cloned().collect())
     }

@@ -78,7 +78,7 @@ pub struct Snapshot {
     sets: Vec<(SidecarSet, History, Precondition)>,
     /// Sets that do not decode, by name, with why.
     undecodable: Vec<(String, String)>,
-    pods: Option<Vec<InjectedPod>>,
+    pods: Option<Vec<std::sync::Arc<InjectedPod>>>,
 }
 
 impl crate::engine::Engine for ClusterRollout {
@@ -179,7 +179,12 @@ impl ClusterRollout {
         }
     }
 
-    async fn roll(&self, set: &SidecarSet, history: &History, pods: &[InjectedPod]) {
+    async fn roll(
+        &self,
+        set: &SidecarSet,
+        history: &History,
+        pods: &[std::sync::Arc<InjectedPod>],
+    ) {
         let hash = set.hash();
         // The namespaces' labels, as the webhook matched them (when the set selects by
         // them); a namespace not read this pass leaves its pods out of it.
@@ -208,7 +213,7 @@ impl ClusterRollout {
                     .get(pod.namespace.as_str())
                     .is_some_and(|ns| set.matches_in(&pod.namespace, ns, &pod.labels))
             })
-            .filter_map(|pod| member_of(set, &hash, pod).map(|m| (m, pod)))
+            .filter_map(|pod| member_of(set, &hash, pod).map(|m| (m, &**pod)))
             .unzip();
         let left = left_behind(set, &hash, history, &members);
         self.write_status(set, history, &hash, &members, &left)

@@ -150,3 +150,66 @@ fn a_pods_own_init_container_named_like_a_native_sidecar_is_never_changed() {
     forged.marked.clear();
     assert!(member_of(&set, &hash, &forged).is_none());
 }
+
+/// A kube Pod the webhook injected, at `version`, with a status of its own.
+fn kube_pod(version: &str, pod_ip: &str, proxy_ready: bool) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "web-1", "namespace": "shop", "uid": "u1",
+            "resourceVersion": version, "labels": {"app": "web"},
+            "annotations": {HASH_ANNOTATION: "{}"}},
+        "spec": {"nodeName": "n1", "containers": [
+            {"name": "app", "image": "app:1"},
+            {"name": "proxy", "image": "proxy:1", "env": [{"name": "IS_INJECTED", "value": "true"}]}]},
+        "status": {
+            "phase": "Running", "podIP": pod_ip, "startTime": "2026-11-30T09:00:00Z",
+            "conditions": [
+                {"type": "Ready", "status": "True"},
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-11-30T09:00:00Z"}],
+            "containerStatuses": [
+                {"name": "app", "image": "app:1", "imageID": "i-app", "containerID": "c-app",
+                 "ready": true, "restartCount": 0, "started": true,
+                 "state": {"running": {"startedAt": "2026-11-30T09:00:01Z"}}},
+                {"name": "proxy", "image": "proxy:1", "imageID": "i-proxy", "containerID": "c-proxy",
+                 "ready": proxy_ready, "restartCount": 0,
+                 "state": {"running": {"startedAt": "2026-11-30T09:00:01Z"}}}],
+        },
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_status_change_the_rollout_does_not_read_keeps_the_newest_version_and_wakes_nothing() {
+    let pods = InjectedPods::default();
+    pods.apply(Event::Init);
+    pods.apply(Event::InitApply(kube_pod("7", "10.244.1.5", true)));
+    pods.apply(Event::InitDone);
+    let kept = pods.snapshot().unwrap();
+    assert_eq!(kept.len(), 1);
+    // Only what the rollout reads is kept of the status.
+    assert_eq!(
+        kept[0].status["containerStatuses"][1],
+        json!({"name": "proxy", "image": "proxy:1", "imageID": "i-proxy",
+               "containerID": "c-proxy", "ready": true, "state": {"running": {}}})
+    );
+    assert_eq!(
+        kept[0].status["conditions"],
+        json!([{"type": "Ready", "status": "True"}])
+    );
+
+    // A new version changing only what the rollout ignores: no pass is woken, and the
+    // version kept is the new one (the patch's test must name it). (The listing's own
+    // wake-up is taken first.)
+    let _ = futures::FutureExt::now_or_never(pods.changed.notified());
+    let woken = pods.changed.notified();
+    let mut woken = std::pin::pin!(woken);
+    woken.as_mut().enable();
+    pods.apply(Event::Apply(kube_pod("8", "10.244.1.6", true)));
+    assert!(
+        futures::FutureExt::now_or_never(woken.as_mut()).is_none(),
+        "a pass was woken for a change the rollout does not read"
+    );
+    assert_eq!(pods.snapshot().unwrap()[0].resource_version, "8");
+    // A sidecar no longer ready is a change.
+    pods.apply(Event::Apply(kube_pod("9", "10.244.1.6", false)));
+    assert!(futures::FutureExt::now_or_never(woken).is_some());
+}
