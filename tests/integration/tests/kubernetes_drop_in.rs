@@ -652,7 +652,14 @@ fn the_controllers_roles_grant_exactly_the_calls_it_makes() {
         not_granted.is_empty(),
         "calls the roles do not grant: {not_granted:?}"
     );
-    let used = cluster.calls_since("rigger-controller", mark);
+    let mut used = cluster.calls_since("rigger-controller", mark);
+    // Read only when a write meets a conflict (the store reads the version there is): a
+    // NodeImage is written at the version listed, and this scenario changes none under it.
+    used.insert((
+        "apps.kruise.io".to_owned(),
+        "nodeimages".to_owned(),
+        "get".to_owned(),
+    ));
     let unused: Vec<_> = granted.difference(&used).collect();
     assert!(
         unused.is_empty(),
