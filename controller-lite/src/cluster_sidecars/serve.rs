@@ -217,19 +217,24 @@ async fn handle(
     };
     // Decoding is CPU work on what anyone may send: done once, off the async workers,
     // and only by the reviews answered at once.
-    let Ok(_answering) = answering.clone().acquire_owned().await else {
+    let Ok(decoding) = answering.clone().acquire_owned().await else {
         return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down".to_owned());
     };
     let decoded = match tokio::task::spawn_blocking(move || decode_review(&body)).await {
         Ok(decoded) => decoded,
         Err(error) => return plain(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()),
     };
+    // Reading the sets and the namespace waits on I/O, not on the CPU: no slot held.
+    drop(decoding);
     let (request, sent) = match decoded {
         Ok(decoded) => decoded,
         Err(why) => return plain(StatusCode::BAD_REQUEST, why),
     };
     let response = match catalog_for(reading, &request, &set).await {
         Ok((catalog, namespace_labels)) => {
+            let Ok(_answering) = answering.clone().acquire_owned().await else {
+                return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down".to_owned());
+            };
             let (request, now, chance) = (
                 request.clone(),
                 rigger_proto::time::now_rfc3339(),
