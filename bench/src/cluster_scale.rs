@@ -108,8 +108,8 @@ async fn main() -> anyhow::Result<()> {
 struct Sample {
     at: Duration,
     pods: u64,
-    leader_rss_kib: u64,
-    follower_rss_kib: u64,
+    leader_rss: u64,
+    follower_rss: u64,
 }
 
 async fn run(client: &kube::Client, args: &Args, audit_log: &Path) -> anyhow::Result<String> {
@@ -127,7 +127,7 @@ async fn run(client: &kube::Client, args: &Args, audit_log: &Path) -> anyhow::Re
     let nodes_took = nodes_made.elapsed();
     println!("{} Nodes in {nodes_took:?}", args.nodes);
     let webhook_before = admission_histogram(client).await?;
-    let audit_from = chrono_now();
+    let audit_from = audit_now();
     let started = Instant::now();
     let created = Arc::new(AtomicU64::new(0));
     let changed = Arc::new(AtomicU64::new(0));
@@ -148,8 +148,8 @@ async fn run(client: &kube::Client, args: &Args, audit_log: &Path) -> anyhow::Re
         samples.push(Sample {
             at: started.elapsed(),
             pods: created.load(Ordering::Relaxed),
-            leader_rss_kib: leader.0,
-            follower_rss_kib: follower.0,
+            leader_rss: leader.0,
+            follower_rss: follower.0,
         });
         println!(
             "{:>5.0} s: {} pods, {} statuses changed, {} failed; leader RSS {} MiB, follower {} MiB",
@@ -157,8 +157,8 @@ async fn run(client: &kube::Client, args: &Args, audit_log: &Path) -> anyhow::Re
             created.load(Ordering::Relaxed),
             changed.load(Ordering::Relaxed),
             failed.load(Ordering::Relaxed),
-            leader.0 >> 10,
-            follower.0 >> 10
+            leader.0 >> 20,
+            follower.0 >> 20
         );
     }
     load.await??;
@@ -182,7 +182,8 @@ async fn run(client: &kube::Client, args: &Args, audit_log: &Path) -> anyhow::Re
     ))
 }
 
-async fn apply_sidecar_set(client: &kube::Client) -> anyhow::Result<()> {
+/// The cluster's SidecarSets (Kruise's kind, served by Rigger's CRD).
+fn sidecar_sets(client: &kube::Client) -> Api<kube::api::DynamicObject> {
     let resource = kube::discovery::ApiResource {
         group: "apps.kruise.io".into(),
         version: "v1alpha1".into(),
@@ -190,7 +191,11 @@ async fn apply_sidecar_set(client: &kube::Client) -> anyhow::Result<()> {
         kind: "SidecarSet".into(),
         plural: "sidecarsets".into(),
     };
-    let sets: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
+    Api::all_with(client.clone(), &resource)
+}
+
+async fn apply_sidecar_set(client: &kube::Client) -> anyhow::Result<()> {
+    let sets = sidecar_sets(client);
     let set: kube::api::DynamicObject = serde_json::from_value(json!({
         "apiVersion": "apps.kruise.io/v1alpha1", "kind": "SidecarSet",
         "metadata": {"name": SET},
@@ -339,7 +344,7 @@ async fn load(
     Ok(())
 }
 
-/// RSS now and peak (KiB) of the leading and the following controller replica.
+/// RSS now and peak (bytes) of the leading and the following controller replica.
 async fn controller_rss(client: &kube::Client) -> ((u64, u64), (u64, u64)) {
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(client.clone(), "rigger-system");
@@ -376,16 +381,10 @@ async fn controller_rss(client: &kube::Client) -> ((u64, u64), (u64, u64)) {
         if !hostname.starts_with("rigger-controller-") {
             continue;
         }
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find(|l| l.starts_with(name))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|n| n.parse::<u64>().ok())
-                .unwrap_or(0)
+        let Ok((rss, peak, _)) = simulated::proc_stats(pid) else {
+            continue;
         };
-        let rss = (field("VmRSS:"), field("VmHWM:"));
+        let rss = (rss, peak);
         if hostname == leader {
             leading = rss;
         } else {
@@ -465,23 +464,12 @@ fn quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> Option<f64> 
     None
 }
 
-/// Now as the audit log writes it (RFC 3339, UTC, microseconds): lines compare as text.
-fn chrono_now() -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let output = std::process::Command::new("date")
-        .args([
-            "-u",
-            "-d",
-            &format!("@{}", now.as_secs()),
-            "+%Y-%m-%dT%H:%M:%S",
-        ])
-        .output();
-    output
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default()
+/// Now as the audit log's timestamps begin (RFC 3339 to the second, without its zone):
+/// its lines compare as text, an event of this very second not before it.
+fn audit_now() -> String {
+    rigger_proto::time::now_rfc3339()
+        .trim_end_matches('Z')
+        .to_owned()
 }
 
 /// The controller's requests by minute since `since` (the audit log's
@@ -528,7 +516,7 @@ fn report(
     [created, changed, failed]: [u64; 3],
 ) -> String {
     let ms = |s: Option<f64>| s.map_or("—".to_owned(), |s| format!("{:.1} ms", s * 1000.0));
-    let mib = |kib: u64| format!("{} MiB", kib >> 10);
+    let mib = |bytes: u64| format!("{} MiB", bytes >> 20);
     let mut out = format!(
         "Reproduce with (the lab's cluster with Rigger deployed, nothing else running on it):\n\n\
          ```sh\nscripts/lab up --k8s --cluster && scripts/lab-rigger up\n\
@@ -590,8 +578,8 @@ fn report(
             "| {:.0} s | {} | {} | {} |\n",
             sample.at.as_secs_f64(),
             sample.pods,
-            mib(sample.leader_rss_kib),
-            mib(sample.follower_rss_kib)
+            mib(sample.leader_rss),
+            mib(sample.follower_rss)
         ));
     }
     out
@@ -608,14 +596,7 @@ async fn clean(client: &kube::Client) {
     let _ = pods.delete_collection(&now, &ListParams::default()).await;
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let _ = namespaces.delete(NAMESPACE, &DeleteParams::default()).await;
-    let resource = kube::discovery::ApiResource {
-        group: "apps.kruise.io".into(),
-        version: "v1alpha1".into(),
-        api_version: "apps.kruise.io/v1alpha1".into(),
-        kind: "SidecarSet".into(),
-        plural: "sidecarsets".into(),
-    };
-    let sets: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
+    let sets = sidecar_sets(client);
     let _ = sets.delete(SET, &DeleteParams::default()).await;
     let nodes: Api<Node> = Api::all(client.clone());
     let _ = nodes
