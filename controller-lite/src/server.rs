@@ -75,8 +75,13 @@ async fn bind(setting: &'static str, address: SocketAddr) -> Result<TcpListener,
 
 /// Where replicas elect their leader: beside the store.
 enum Elector {
-    Etcd(Box<EtcdStore>),
-    Kubernetes(KubernetesStore),
+    /// The election's key prefix, and where the elector's own client connects.
+    Etcd {
+        election: String,
+        endpoints: Vec<String>,
+        tls: Option<crate::config::EtcdTls>,
+    },
+    Kubernetes(Box<KubernetesStore>),
 }
 
 /// Largest message from an agent (a Register with a big inventory).
@@ -104,7 +109,11 @@ pub async fn run(
             // Leader election runs on the same etcd, beside the store.
             (
                 Store::new(etcd.clone()),
-                Some(Elector::Etcd(Box::new(etcd))),
+                Some(Elector::Etcd {
+                    election: format!("{}leader", etcd.prefix()),
+                    endpoints: endpoints.clone(),
+                    tls: tls.clone(),
+                }),
             )
         }
         StoreConfig::Kubernetes(settings) => {
@@ -112,7 +121,7 @@ pub async fn run(
             // ... and on a Lease of the same API server.
             (
                 Store::new(kubernetes.clone()),
-                Some(Elector::Kubernetes(kubernetes)),
+                Some(Elector::Kubernetes(Box::new(kubernetes))),
             )
         }
     };
@@ -146,10 +155,15 @@ pub async fn run(
     );
     let (leadership, mut campaign) = match &elector {
         None => (Leadership::sole(), None),
-        Some(Elector::Etcd(etcd)) => {
+        Some(Elector::Etcd {
+            election,
+            endpoints,
+            tls,
+        }) => {
             let (leadership, task) = crate::leader::campaign(
-                etcd.client(),
-                format!("{}leader", etcd.prefix()),
+                endpoints.clone(),
+                tls.clone(),
+                election.clone(),
                 identity,
                 config.leader_lease,
                 token.clone(),
@@ -158,7 +172,7 @@ pub async fn run(
         }
         Some(Elector::Kubernetes(kubernetes)) => {
             let (leadership, task) = crate::leader::lease::campaign(
-                kubernetes.client(),
+                kubernetes.config(),
                 kubernetes.namespace(),
                 identity,
                 config.leader_lease,

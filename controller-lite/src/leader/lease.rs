@@ -120,17 +120,24 @@ fn holding(
 /// Campaign for the Lease `LEASE_NAME` in `namespace`; the returned [`Leadership`] turns
 /// true once held. The task ends `Ok` on shutdown (the Lease released, so a successor
 /// takes it at once) and with an error when a held Lease could not be renewed in time.
+/// The campaign runs on a thread of its own ([`super::on_own_thread`]), with its own
+/// client made from `config`.
 pub fn campaign(
-    client: Client,
+    config: kube::Config,
     namespace: &str,
     identity: String,
     duration: Duration,
     token: CancellationToken,
 ) -> (Leadership, tokio::task::JoinHandle<Result<(), LeaderError>>) {
     let (tx, rx) = watch::channel(false);
-    let api: Api<Lease> = Api::namespaced(client, namespace);
-    let name = format!("{namespace}/{LEASE_NAME}");
-    let task = tokio::spawn(run(api, name, identity, duration, tx, token));
+    let namespace = namespace.to_owned();
+    let task = super::on_own_thread(move || async move {
+        let client = Client::try_from(config)
+            .map_err(|e| LeaderError::Start(format!("a client for the Lease: {e}")))?;
+        let api: Api<Lease> = Api::namespaced(client, &namespace);
+        let name = format!("{namespace}/{LEASE_NAME}");
+        run(api, name, identity, duration, tx, token).await
+    });
     (Leadership::following(rx), task)
 }
 

@@ -44,6 +44,43 @@ fn revision_of(value: i64) -> u64 {
     u64::try_from(value).unwrap_or(0)
 }
 
+/// How long the store waits for one etcd request.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A client to `endpoints` (`host:port`, several for an etcd cluster), over TLS when
+/// `tls` is given; its connection runs on the calling runtime. `request_timeout` bounds
+/// every request; `None` for the leader election's, whose Campaign waits as long as
+/// another replica leads (and whose keep-alives are bounded by the lease itself).
+pub async fn connect_client(
+    endpoints: &[String],
+    tls: Option<&crate::config::EtcdTls>,
+    request_timeout: Option<std::time::Duration>,
+) -> Result<Client, StoreError> {
+    let joined = endpoints.join(",");
+    let scheme = if tls.is_some() { "etcds" } else { "etcd" };
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(std::time::Duration::from_secs(5))
+        .with_keep_alive(
+            std::time::Duration::from_secs(10),
+            std::time::Duration::from_secs(5),
+        );
+    if let Some(timeout) = request_timeout {
+        options = options.with_timeout(timeout);
+    }
+    if let Some(tls) = tls {
+        options = options.with_tls(tls_options(tls).map_err(|detail| StoreError::Backend {
+            location: format!("{scheme}://{joined}"),
+            detail,
+        })?);
+    }
+    Client::connect(endpoints, Some(options))
+        .await
+        .map_err(|e| StoreError::Backend {
+            location: format!("{scheme}://{joined}"),
+            detail: format!("cannot connect: {}", rigger_daemon::error_chain(&e)),
+        })
+}
+
 impl EtcdStore {
     /// Connect to `endpoints` (`host:port`, several for an etcd cluster), over TLS when
     /// `tls` is given.
@@ -54,25 +91,7 @@ impl EtcdStore {
     ) -> Result<Self, StoreError> {
         let joined = endpoints.join(",");
         let scheme = if tls.is_some() { "etcds" } else { "etcd" };
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(std::time::Duration::from_secs(5))
-            .with_timeout(std::time::Duration::from_secs(10))
-            .with_keep_alive(
-                std::time::Duration::from_secs(10),
-                std::time::Duration::from_secs(5),
-            );
-        if let Some(tls) = tls {
-            options = options.with_tls(tls_options(tls).map_err(|detail| StoreError::Backend {
-                location: format!("{scheme}://{joined}"),
-                detail,
-            })?);
-        }
-        let mut client = Client::connect(endpoints, Some(options))
-            .await
-            .map_err(|e| StoreError::Backend {
-                location: format!("{scheme}://{joined}"),
-                detail: format!("cannot connect: {}", rigger_daemon::error_chain(&e)),
-            })?;
+        let mut client = connect_client(endpoints, tls, Some(REQUEST_TIMEOUT)).await?;
         // A cheap read proves the cluster answers before the controller binds; it reads
         // the store's format, checked before anything is written.
         let location = format!("{scheme}://{joined}");

@@ -324,6 +324,32 @@ pub struct Controller {
     daemon: Option<Daemon>,
 }
 
+/// A failing test shows what its controller said last: on a loaded CI machine, the log
+/// is the only account of what it was doing.
+impl Drop for Controller {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            print_log_tail("controller", &self.log);
+        }
+    }
+}
+
+/// The last 60 lines of the log at `path` on stderr, headed by `what` and the path.
+pub fn print_log_tail(what: &str, path: &Path) {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = &lines[lines.len().saturating_sub(60)..];
+    eprintln!(
+        "--- the last {} lines of the {what}'s log ({}):",
+        tail.len(),
+        path.display()
+    );
+    for line in tail {
+        eprintln!("{line}");
+    }
+    eprintln!("--- end of the {what}'s log");
+}
+
 /// `rigger-controller certs ARGS`; panics on failure.
 pub fn controller_certs(out: &Path, nodes: &[&str]) {
     let mut command = Command::new(binary("rigger-controller"));
@@ -614,6 +640,9 @@ pub struct Agent {
 /// sandbox left there lengthens the listings of every later test.
 impl Drop for Agent {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            print_log_tail("agent", &self.log);
+        }
         self.kill();
         remove_agent_pods(&self.containerd, &self.node);
     }

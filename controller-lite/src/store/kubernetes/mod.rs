@@ -38,6 +38,9 @@ pub struct KubernetesSettings {
 #[derive(Clone)]
 pub struct KubernetesStore {
     client: Client,
+    /// What the client was made from, for clients made elsewhere (the leader's, on a
+    /// runtime of its own).
+    config: Config,
     records_namespace: String,
     location: String,
     /// Lists come from watches (one per resource), with this store's own writes.
@@ -78,12 +81,13 @@ impl KubernetesStore {
             })?,
         };
         let location = config.cluster_url.to_string();
-        let client = Client::try_from(config).map_err(|e| StoreError::Backend {
+        let client = Client::try_from(config.clone()).map_err(|e| StoreError::Backend {
             location: location.clone(),
             detail: format!("cannot make a client: {e}"),
         })?;
         let store = Self {
             client,
+            config,
             records_namespace: settings.namespace.clone(),
             location,
             cache: std::sync::Arc::default(),
@@ -96,6 +100,11 @@ impl KubernetesStore {
     /// Lease, the cluster's Nodes).
     pub fn client(&self) -> Client {
         self.client.clone()
+    }
+
+    /// What the client was made from (the leader election makes its own from it).
+    pub fn config(&self) -> Config {
+        self.config.clone()
     }
 
     /// The controller's own namespace (records, Lease).
