@@ -519,7 +519,7 @@ fn report(
     let mib = |bytes: u64| format!("{} MiB", bytes >> 20);
     let mut out = format!(
         "Reproduce with (the lab's cluster with Rigger deployed, nothing else running on it):\n\n\
-         ```sh\nscripts/lab up --k8s --cluster && scripts/lab-rigger up\n\
+         ```sh\nscripts/lab up --k8s --cluster && scripts/lab-rigger up --profile release\n\
          source <(scripts/lab env)\n\
          target/release/rigger-bench-cluster-scale --nodes {} --pods {} --matched {} --rate {} --duration {} --write BENCHMARKS.md\n```\n\n",
         args.nodes,
