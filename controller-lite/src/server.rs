@@ -75,7 +75,7 @@ async fn bind(setting: &'static str, address: SocketAddr) -> Result<TcpListener,
 
 /// Where replicas elect their leader: beside the store.
 enum Elector {
-    /// The election's key prefix, and where the elector's own client connects.
+    /// The election's key, and where the elector's own client connects.
     Etcd {
         election: String,
         endpoints: Vec<String>,

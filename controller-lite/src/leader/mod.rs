@@ -102,13 +102,13 @@ impl Leadership {
     }
 }
 
-/// Campaign for leadership; the returned [`Leadership`] turns true once elected. The
-/// task ends `Ok` on shutdown (lease revoked, so a successor is elected at once) and with
-/// an error when the lease is lost.
 /// How long granting (or revoking) the election's lease may take: its client has no
 /// request timeout, as Campaign waits while another replica leads.
 const GRANT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Campaign for leadership; the returned [`Leadership`] turns true once elected. The
+/// task ends `Ok` on shutdown (lease revoked, so a successor is elected at once) and with
+/// an error when the lease is lost.
 /// The campaign runs on a thread of its own ([`on_own_thread`]), with its own client to
 /// `endpoints`.
 pub fn campaign(
@@ -173,10 +173,7 @@ async fn run(
     tracing::info!(%identity, lease, ?ttl, "campaigning for leadership");
     let mut campaigner = client.clone();
     tokio::select! {
-        lost = &mut renewing => {
-            leading.send_replace(false);
-            return Err(lost);
-        }
+        lost = &mut renewing => return Err(lost),
         elected = campaigner.campaign(election.clone(), identity.clone(), lease) => {
             elected?;
         }

@@ -140,7 +140,7 @@ impl EtcdStore {
         })
     }
 
-    /// The client, for leader election on the same connection.
+    /// The store's client (the leader election makes its own: [`connect_client`]).
     pub fn client(&self) -> Client {
         self.client.clone()
     }
