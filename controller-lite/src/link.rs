@@ -325,6 +325,18 @@ impl AgentLink for AgentLinkService {
     }
 }
 
+/// How late a heartbeat deadline may fire and still be the agent's silence. A deadline
+/// that fires later found the controller itself not running when it passed: on a
+/// loaded machine, an agent's heartbeats were seen to wait unread while the session's
+/// timer, woken in the same turn, ended it.
+const STALLED_PAST: Duration = Duration::from_millis(500);
+
+/// Whether a heartbeat deadline that fired `late` past its time proves the agent silent
+/// (pure).
+fn silence_proven(late: Duration) -> bool {
+    late < STALLED_PAST
+}
+
 impl AgentLinkService {
     /// Read the agent's messages until the session ends. Kept small: ten thousand of these
     /// wait at once, so the wait holds no message and the rare asynchronous step (a pod's
@@ -345,17 +357,32 @@ impl AgentLinkService {
         }
     }
 
-    /// The agent's next message; `None` when it ended the stream.
+    /// The agent's next message; `None` when it ended the stream. Silence past
+    /// `node_timeout` ends the session, unless the deadline fired late: then this
+    /// controller was the one not running (a stalled machine or runtime), the agent's
+    /// heartbeats may be waiting unread behind the wakeup, and the wait starts again.
     async fn next_message(
         &self,
         inbound: &mut Streaming<AgentMessage>,
     ) -> Result<Option<AgentMessage>, Status> {
-        tokio::select! {
-            // Another replica leads next (or this one, restarted): the agent tries again
-            // soon rather than backing off as from a fault.
-            _ = self.shutdown.cancelled() => Err(rigger_proto::not_leader("controller shutting down")),
-            next = tokio::time::timeout(self.node_timeout, inbound.message()) => {
-                next.map_err(|_| Status::deadline_exceeded("heartbeats stopped"))?
+        let mut deadline = tokio::time::Instant::now() + self.node_timeout;
+        loop {
+            tokio::select! {
+                // Another replica leads next (or this one, restarted): the agent tries
+                // again soon rather than backing off as from a fault.
+                _ = self.shutdown.cancelled() => {
+                    return Err(rigger_proto::not_leader("controller shutting down"));
+                }
+                // Cancel-safe: a message read meanwhile stays in the stream.
+                next = inbound.message() => return next,
+                () = tokio::time::sleep_until(deadline) => {
+                    let late = tokio::time::Instant::now().saturating_duration_since(deadline);
+                    if silence_proven(late) {
+                        return Err(Status::deadline_exceeded("heartbeats stopped"));
+                    }
+                    tracing::debug!(?late, "an agent's heartbeat deadline fired late: this controller stalled, so it waits again");
+                    deadline = tokio::time::Instant::now() + self.node_timeout;
+                }
             }
         }
     }
@@ -419,5 +446,24 @@ impl AgentLinkService {
             None => return Err(Status::invalid_argument("empty message")),
         }
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadline_that_fired_late_proves_no_silence() {
+        assert!(silence_proven(Duration::ZERO));
+        assert!(
+            silence_proven(Duration::from_millis(120)),
+            "a busy machine's timer"
+        );
+        assert!(!silence_proven(STALLED_PAST));
+        assert!(
+            !silence_proven(Duration::from_secs(3)),
+            "the controller was stalled"
+        );
     }
 }

@@ -190,6 +190,7 @@ pub async fn run(
     // leader keeps its configuration). `webhook_serving`: whether it answers reviews yet
     // (true at once without a webhook).
     let (webhook_serving_sender, webhook_serving) = tokio::sync::watch::channel(false);
+    let metrics = Arc::new(crate::metrics::ControllerMetrics::default());
     let webhook = match (&elector, webhook_listener, &config.sidecar_webhook) {
         (Some(Elector::Kubernetes(kubernetes)), Some(listener), Some(settings)) => {
             let webhook = crate::cluster_sidecars::SidecarWebhook {
@@ -198,6 +199,7 @@ pub async fn run(
                 client: kubernetes.client(),
                 store: store.clone(),
                 namespace: kubernetes.namespace().to_owned(),
+                metrics: metrics.webhook.clone(),
             };
             Some(tokio::spawn(webhook.run(
                 leadership.clone(),
@@ -534,7 +536,6 @@ pub async fn run(
                 grpc_token.cancelled().await;
             }),
     );
-    let metrics = Arc::new(crate::metrics::ControllerMetrics::default());
     tokio::spawn(metrics.clone().run(metrics_sources, token.clone()));
     let readiness = Readiness::new("starting");
     let health_token = token.clone();

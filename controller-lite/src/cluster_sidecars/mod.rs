@@ -47,6 +47,7 @@ pub struct SidecarWebhook {
     pub store: Store,
     /// The controller's namespace: the certificate's Secret lives there.
     pub namespace: String,
+    pub metrics: crate::metrics::WebhookMetrics,
 }
 
 impl std::fmt::Debug for SidecarWebhook {
@@ -87,6 +88,7 @@ impl SidecarWebhook {
             tls,
             self.store.clone(),
             namespaces,
+            self.metrics.clone(),
             token.clone(),
         );
         let configuring = async {

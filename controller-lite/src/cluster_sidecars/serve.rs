@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::{Bytes, Incoming};
@@ -28,6 +28,7 @@ use super::connections::{Connections, Limits, Slot};
 use super::namespaces::NamespaceLabels;
 use super::review;
 use super::usable::{self, SetState};
+use crate::metrics::{ReviewAnswer, WebhookMetrics};
 use crate::store::Store;
 
 /// The largest review read. The API server takes no request over 3 MiB, so no pod it
@@ -72,6 +73,7 @@ pub async fn serve(
     tls: ServerTls,
     store: Store,
     namespaces: Arc<NamespaceLabels>,
+    metrics: WebhookMetrics,
     stop: CancellationToken,
 ) {
     let connections = Connections::new(CONNECTION_LIMITS);
@@ -99,16 +101,17 @@ pub async fn serve(
                 continue;
             }
         };
-        let (store, stop, answering, namespaces) = (
-            store.clone(),
-            stop.clone(),
-            answering.clone(),
-            namespaces.clone(),
-        );
+        let serving = Serving {
+            store: store.clone(),
+            answering: answering.clone(),
+            namespaces: namespaces.clone(),
+            metrics: metrics.clone(),
+        };
+        let stop = stop.clone();
         tokio::spawn(async move {
             let evicted = slot.evicted.clone();
             tokio::select! {
-                () = serve_connection(stream, config, &slot, store, answering, namespaces, stop) => {}
+                () = serve_connection(stream, config, &slot, serving, stop) => {}
                 () = evicted.cancelled() => {
                     tracing::debug!(%remote, "sidecar webhook connection closed for a newcomer");
                 }
@@ -117,15 +120,22 @@ pub async fn serve(
     }
 }
 
+/// What every connection's requests share.
+#[derive(Clone)]
+struct Serving {
+    store: Store,
+    answering: Arc<Semaphore>,
+    namespaces: Arc<NamespaceLabels>,
+    metrics: WebhookMetrics,
+}
+
 /// One connection: its TLS handshake within [`HANDSHAKE_TIMEOUT`], then its requests
 /// until it closes or the webhook stops.
 async fn serve_connection(
     stream: tokio::net::TcpStream,
     config: Arc<rustls::ServerConfig>,
     slot: &Slot,
-    store: Store,
-    answering: Arc<Semaphore>,
-    namespaces: Arc<NamespaceLabels>,
+    serving: Serving,
     stop: CancellationToken,
 ) {
     let acceptor = TlsAcceptor::from(config);
@@ -139,21 +149,30 @@ async fn serve_connection(
     };
     slot.handshaken();
     let service = service_fn(move |request| {
-        let (store, answering, namespaces) = (store.clone(), answering.clone(), namespaces.clone());
+        let serving = serving.clone();
         async move {
+            let started = Instant::now();
             let reading = Reading {
-                store: &store,
-                namespaces: &namespaces,
+                store: &serving.store,
+                namespaces: &serving.namespaces,
             };
-            let answered =
-                tokio::time::timeout(REQUEST_TIMEOUT, handle(request, reading, &answering))
-                    .await
-                    .unwrap_or_else(|_| {
-                        plain(
-                            StatusCode::REQUEST_TIMEOUT,
-                            "the review took too long to arrive or to answer".to_owned(),
-                        )
-                    });
+            let answered = tokio::time::timeout(
+                REQUEST_TIMEOUT,
+                handle(request, reading, &serving.answering),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                plain(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "the review took too long to arrive or to answer".to_owned(),
+                )
+            });
+            let answer = answered
+                .extensions()
+                .get::<ReviewAnswer>()
+                .copied()
+                .unwrap_or(ReviewAnswer::Error);
+            serving.metrics.observe(answer, started.elapsed());
             Ok::<_, std::convert::Infallible>(answered)
         }
     });
@@ -255,9 +274,16 @@ async fn handle(
         // than start it without its sidecars (its owner retries).
         Err(refusal) => kube::core::admission::AdmissionResponse::from(&request).deny(refusal),
     };
+    let answer = if response.allowed {
+        ReviewAnswer::Allowed
+    } else {
+        ReviewAnswer::Denied
+    };
     match serde_json::to_vec(&response.into_review()) {
         Ok(bytes) => Response::builder()
             .header("content-type", "application/json")
+            // What the review's time is counted under (`serve_connection`).
+            .extension(answer)
             .body(Full::new(Bytes::from(bytes)))
             .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))),
         Err(error) => plain(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()),

@@ -201,8 +201,12 @@ impl Store {
             else {
                 continue;
             };
-            let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
-            if alive {
+            // Signal 0 probes without signalling. Only "no such process" means gone: a
+            // refusal (EPERM, a process of another user now has the pid) is someone's,
+            // so the lease is kept, and the agent needs no CAP_KILL to ask.
+            let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+                == Err(nix::errno::Errno::ESRCH);
+            if !gone {
                 continue;
             }
             let resources = self
