@@ -47,6 +47,10 @@ pub(super) struct NodeRun {
     pub(super) lost_at: Option<Instant>,
     /// Its task must be sent again (the node reconnected).
     pub(super) resend: bool,
+    /// It was lost with its attempt under way: back, that attempt goes on (its task sent
+    /// again, which the agent answers for) instead of a new one racing the report of the
+    /// task it held.
+    pub(super) lost_pulling: bool,
     /// The nodes its current task fetches from.
     pub(super) planned: Vec<String>,
     /// The nodes whose bytes it found wrong, never planned as its sources for this job

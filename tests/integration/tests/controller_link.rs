@@ -573,7 +573,7 @@ async fn link_as(controller: &Controller, node: &str) -> tonic::transport::Chann
 fn an_inventory_is_taken_only_from_the_nodes_own_current_session() {
     use rigger_proto::v1::agent_link_client::AgentLinkClient;
     use rigger_proto::v1::{
-        AgentMessage, Image, InventoryReport, NodeInventory, Register, agent_message,
+        AgentMessage, Heartbeat, Image, InventoryReport, NodeInventory, Register, agent_message,
         controller_message,
     };
 
@@ -635,6 +635,24 @@ fn an_inventory_is_taken_only_from_the_nodes_own_current_session() {
         other => panic!("{other:?}"),
     };
     assert_ne!(session, 0, "the controller names the session");
+    // Heartbeats, as an agent sends them: the steps below (each a riggerctl process) may
+    // outlast the controller's node timeout on a loaded machine.
+    let beat = tx.clone();
+    let heartbeats = runtime.spawn(async move {
+        for sequence in 1.. {
+            let heartbeat = Heartbeat {
+                sequence,
+                ..Heartbeat::default()
+            };
+            let message = AgentMessage {
+                message: Some(agent_message::Message::Heartbeat(heartbeat)),
+            };
+            if beat.send(message).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
     let (ready, why, images) = node_state();
     assert_eq!(ready, "False");
     assert_eq!(why, "registered; waiting for the agent's inventory");
@@ -691,6 +709,7 @@ fn an_inventory_is_taken_only_from_the_nodes_own_current_session() {
     assert_eq!(ready, "True");
     assert_eq!(images[0]["names"][0], "registry.example/app:1");
     assert_eq!(images[0]["digest"], format!("sha256:{}", "ab".repeat(32)));
+    heartbeats.abort();
     drop(tx);
 }
 

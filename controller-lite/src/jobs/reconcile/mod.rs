@@ -208,12 +208,24 @@ fn watch_nodes(
                 }
             }
             NodePullPhase::Failed if node_lost && not_ready.is_none() => {
-                // Back before the job finished: the work resumes.
+                // Back before the job finished: the work resumes, the attempt it held
+                // included (the agent's report of it may come after this pass).
+                let run = job.run(&name);
+                run.lost_at = None;
+                let resume = std::mem::take(&mut run.lost_pulling);
+                if resume {
+                    run.resend = true;
+                    run.sent_at = Some(pass.now.mono);
+                }
                 let entry = &mut job.status.nodes[i];
-                entry.phase = NodePullPhase::Waiting;
                 entry.node_lost = false;
-                entry.message = "node is back".to_owned();
-                job.run(&name).lost_at = None;
+                if resume {
+                    entry.phase = NodePullPhase::Pulling;
+                    entry.message = "node is back; its pull goes on".to_owned();
+                } else {
+                    entry.phase = NodePullPhase::Waiting;
+                    entry.message = "node is back".to_owned();
+                }
                 job.dirty = true;
             }
             NodePullPhase::Failed
@@ -232,7 +244,9 @@ fn watch_nodes(
                     entry.message,
                     timeout.as_secs()
                 );
-                job.run(&name).lost_at = None;
+                let run = job.run(&name);
+                run.lost_at = None;
+                run.lost_pulling = false;
                 job.dirty = true;
             }
             _ => {}
@@ -269,7 +283,9 @@ fn watch_pulling(
         entry.phase = NodePullPhase::Failed;
         entry.node_lost = true;
         entry.message = format!("node lost while pulling: {reason}");
-        job.run(&name).lost_at = Some(pass.now.mono);
+        let run = job.run(&name);
+        run.lost_at = Some(pass.now.mono);
+        run.lost_pulling = true;
         job.dirty = true;
     } else if silent {
         let entry = &mut job.status.nodes[i];
@@ -361,7 +377,9 @@ fn dispatch(
                 entry.phase = NodePullPhase::Failed;
                 entry.node_lost = true;
                 entry.message = format!("node not ready: {reason}");
-                job.run(&name).lost_at = Some(pass.now.mono);
+                let run = job.run(&name);
+                run.lost_at = Some(pass.now.mono);
+                run.lost_pulling = false;
                 job.dirty = true;
             }
             continue;

@@ -462,6 +462,41 @@ fn a_node_lost_while_pulling_has_its_timeout_to_come_back() {
 }
 
 #[test]
+fn a_node_back_from_a_loss_goes_on_with_the_attempt_it_held() {
+    let mut j = job(&serde_json::json!({"image": "r.example/a:1", "parallelism": 2}));
+    let mut views = nodes(&["n1", "n2"]);
+    assert_eq!(step(&mut j, &views), ["n1", "n2"]);
+    views.get_mut("n1").unwrap().not_ready = Some("its link is down".to_owned());
+    pass_at(&mut j, &views, at(5));
+    assert!(j.status.nodes[0].node_lost);
+    // Back: its attempt goes on, and the same task is sent again (the agent answers for
+    // it, running or done); no second attempt races the report of the first.
+    views.get_mut("n1").unwrap().not_ready = None;
+    pass_at(&mut j, &views, at(8));
+    let back = &j.status.nodes[0];
+    assert_eq!(back.phase, NodePullPhase::Pulling);
+    assert_eq!((back.attempts, back.task_id.as_str()), (1, "u1/n1/1"));
+    let effects = pass_at(&mut j, &views, at(9));
+    let resent: Vec<&str> = effects
+        .messages
+        .iter()
+        .filter_map(|(_, m)| match &m.message {
+            Some(controller_message::Message::Task(task)) => Some(task.id.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(resent, ["u1/n1/1"]);
+    let running = rigger_proto::v1::TaskStatus {
+        id: "u1/n1/1".to_owned(),
+        phase: rigger_proto::v1::TaskPhase::Succeeded.into(),
+        ..rigger_proto::v1::TaskStatus::default()
+    };
+    super::super::report::fold(&key(), &mut j, "n1", running, at(10));
+    assert_eq!(j.status.nodes[0].phase, NodePullPhase::Succeeded);
+    assert_eq!(j.status.nodes[0].attempts, 1);
+}
+
+#[test]
 fn a_silent_node_is_given_up_after_its_timeout_and_a_margin() {
     let mut j = job(&serde_json::json!({
         "image": "r.example/a:1", "pullPolicy": {"timeoutSeconds": 60, "backoffLimit": 1}
