@@ -240,13 +240,14 @@ fn the_previous_release_is_rolled_to_this_one_mid_job_controller_first() {
     roll(cluster, "daemonset/rigger-agent", "agent", &old);
     progress.say("Rigger runs as the previous release");
 
-    // The job's image through a proxy capped at 1 MiB/s in all: each node needs 8 s of the
-    // registry's bytes, one node at a time, so the job is still going when the agents
-    // roll (the controller's roll takes about as long as one node).
+    // The job's image through a proxy capped at 512 KiB/s in all: each node needs 16 s of
+    // the registry's bytes, one node at a time, so the job is still going when the agents
+    // roll (the controller's roll took 20 s on an idle machine and 69 s beside a full run,
+    // when 1 MiB/s let the job end first).
     let proxy = Proxy::start_to(
         &format!("http://{}", cluster.registry),
         &json!([]),
-        &["--listen", "10.250.0.1:0", "--total-rate", "1MiB"],
+        &["--listen", "10.250.0.1:0", "--total-rate", "512KiB"],
     );
     let _hosts = cluster.registry_host(&proxy.address);
     let image = format!(
