@@ -30,16 +30,14 @@ fn seeds(containerd: Containerd) -> Vec<u64> {
             .expect("RIGGER_FIDELITY_SEEDS is FROM..TO");
         return (from.parse().unwrap()..to.parse().unwrap()).collect();
     }
-    let index = match containerd {
-        Containerd::V1_6 => 0,
-        Containerd::V1_7 => 1,
-        Containerd::V2_1 => 2,
-        Containerd::V2_3 => 3,
-        Containerd::V2_4 => 4,
-    };
+    let versions = Containerd::ALL.len() as u64;
+    let index = Containerd::ALL
+        .iter()
+        .position(|c| *c == containerd)
+        .expect("a lab version") as u64;
     // Seed s on the versions s % 5 and the one after it (2.4's after is 1.6).
     SEEDS
-        .filter(|seed| [index, (index + 4) % 5].contains(&(seed % 5)))
+        .filter(|seed| [index, (index + versions - 1) % versions].contains(&(seed % versions)))
         .collect()
 }
 
