@@ -49,6 +49,7 @@ pub mod relay;
 pub mod report_limits;
 pub mod server;
 pub mod sidecars;
+pub mod stall;
 pub mod store;
 pub mod undecodable;
 

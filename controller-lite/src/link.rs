@@ -325,16 +325,12 @@ impl AgentLink for AgentLinkService {
     }
 }
 
-/// How late a heartbeat deadline may fire and still be the agent's silence. A deadline
-/// that fires later found the controller itself not running when it passed: on a
-/// loaded machine, an agent's heartbeats were seen to wait unread while the session's
-/// timer, woken in the same turn, ended it.
-const STALLED_PAST: Duration = Duration::from_millis(500);
-
 /// Whether a heartbeat deadline that fired `late` past its time proves the agent silent
-/// (pure).
+/// (pure): a deadline that fires later found the controller itself not running when it
+/// passed ([`crate::stall`]); on a loaded machine, an agent's heartbeats were seen to wait
+/// unread while the session's timer, woken in the same turn, ended it.
 fn silence_proven(late: Duration) -> bool {
-    late < STALLED_PAST
+    !crate::stall::is_stall(late)
 }
 
 impl AgentLinkService {
@@ -460,7 +456,7 @@ mod tests {
             silence_proven(Duration::from_millis(120)),
             "a busy machine's timer"
         );
-        assert!(!silence_proven(STALLED_PAST));
+        assert!(!silence_proven(crate::stall::STALLED_PAST));
         assert!(
             !silence_proven(Duration::from_secs(3)),
             "the controller was stalled"

@@ -213,6 +213,7 @@ pub async fn run(
         }
     };
     let nodes = NodeRegistry::default();
+    tokio::spawn(nodes.stall_clock().watch(token.child_token()));
     let grants = match &config.peer_grant_key {
         Some(key) => Some(Arc::new(rigger_proto::peer_grant::GrantSigner::from_pem(
             &key.private_pem,

@@ -13,6 +13,8 @@ use rigger_api::node::{self, ContainerImage, Node, NodeCondition, NodeInfo, Node
 use rigger_proto::v1::{ControllerMessage, NodeInventory, Register};
 use tonic::Status;
 
+use crate::stall::{StallClock, net_silence};
+
 /// Where messages to one agent go. A queue that allocates per queued message, not in
 /// blocks up front: thousands of idle agents each hold one, nearly always empty.
 pub type AgentSender = mpsc::Sender<Result<ControllerMessage, Status>>;
@@ -40,6 +42,9 @@ struct NodeRecord {
     /// Locked to send: a sender is `&mut` to send, and the registry is read-locked then.
     sender: Option<Mutex<AgentSender>>,
     last_heartbeat: SystemTime,
+    /// This controller's stalls up to `last_heartbeat` ([`crate::stall`]): the node's
+    /// silence is counted without the ones after it.
+    stalled_at_heartbeat: Duration,
     inventory: Option<InventorySummary>,
     /// The agent said its inventory follows by `ReportInventory`; not ready until it has.
     awaiting_inventory: bool,
@@ -287,9 +292,17 @@ pub struct NodeRegistry {
     cluster_pods: Arc<RwLock<Option<PodsByNode>>>,
     /// Admin (in a cluster: the Nodes') labels were set at least once.
     admin_labels_loaded: Arc<std::sync::atomic::AtomicBool>,
+    /// This controller's stalls, which no node's silence is blamed for.
+    stalls: StallClock,
 }
 
 impl NodeRegistry {
+    /// This controller's stalls, as the registry discounts them from nodes' silences
+    /// (its watch task is the server's to run).
+    pub fn stall_clock(&self) -> StallClock {
+        self.stalls.clone()
+    }
+
     /// Record a registration; a newer session for the same node replaces the older one.
     pub fn register(
         &self,
@@ -326,6 +339,7 @@ impl NodeRegistry {
             session: Some(session),
             sender: Some(Mutex::new(sender)),
             last_heartbeat: now,
+            stalled_at_heartbeat: self.stalls.stalled(),
             inventory,
             awaiting_inventory: register.inventory_follows && register.inventory.is_none(),
             peer_address: peer_address(&register.peer_address).map(Arc::from),
@@ -359,6 +373,7 @@ impl NodeRegistry {
                 record.session = None;
                 record.sender = None;
                 record.last_heartbeat = now;
+                record.stalled_at_heartbeat = self.stalls.stalled();
                 record.refusal = refusal;
             }
             None => {
@@ -371,6 +386,7 @@ impl NodeRegistry {
                         session: None,
                         sender: None,
                         last_heartbeat: now,
+                        stalled_at_heartbeat: self.stalls.stalled(),
                         inventory: None,
                         awaiting_inventory: false,
                         peer_address: None,
@@ -423,10 +439,11 @@ impl NodeRegistry {
         let (Ok(admin), Ok(nodes)) = (self.admin_labels.read(), self.nodes.read()) else {
             return Some(false);
         };
+        let stalled = self.stalls.stalled();
         Some(admin.keys().all(|name| {
             nodes
                 .get(name)
-                .is_some_and(|r| not_ready_reason(r, now, timeout).is_empty())
+                .is_some_and(|r| not_ready_reason(r, now, timeout, stalled).is_empty())
         }))
     }
 
@@ -477,6 +494,7 @@ impl NodeRegistry {
         match nodes.get_mut(node) {
             Some(record) if record.session == Some(session) => {
                 record.last_heartbeat = now;
+                record.stalled_at_heartbeat = self.stalls.stalled();
                 if let Some(inventory) = inventory {
                     record.inventory = Some(self.strings().summarize(&inventory));
                     record.awaiting_inventory = false;
@@ -512,6 +530,7 @@ impl NodeRegistry {
             .get_mut(node)
             .filter(|record| record.session == Some(session))?;
         record.last_heartbeat = now;
+        record.stalled_at_heartbeat = self.stalls.stalled();
         record.inventory = Some(summary);
         Some(std::mem::take(&mut record.awaiting_inventory))
     }
@@ -582,10 +601,11 @@ impl NodeRegistry {
         let Ok(nodes) = self.nodes.read() else {
             return HashMap::new();
         };
+        let stalled = self.stalls.stalled();
         nodes
             .iter()
             .map(|(name, r)| {
-                let reason = not_ready_reason(r, now, timeout);
+                let reason = not_ready_reason(r, now, timeout, stalled);
                 (name.clone(), (!reason.is_empty()).then_some(reason))
             })
             .collect()
@@ -607,11 +627,12 @@ impl NodeRegistry {
             .cluster_labels_only
             .load(std::sync::atomic::Ordering::Relaxed);
         let cluster = self.cluster_nodes_listed();
+        let stalled = self.stalls.stalled();
         nodes
             .iter()
             .filter(|(name, _)| !cluster || admin.contains_key(*name))
             .map(|(name, r)| {
-                let reason = not_ready_reason(r, now, timeout);
+                let reason = not_ready_reason(r, now, timeout, stalled);
                 let pod_labels = match &*cluster_pods {
                     Some(by_node) => by_node.get(name).cloned().unwrap_or_default(),
                     None => r
@@ -660,18 +681,30 @@ impl NodeRegistry {
         let mut names: Vec<&String> = nodes.keys().collect();
         names.sort();
         let none = BTreeMap::new();
+        let stalled = self.stalls.stalled();
         names
             .into_iter()
             .filter_map(|name| {
                 let admin = admin.get(name).unwrap_or(&none);
-                Some(node_object(name, nodes.get(name)?, admin, now, timeout))
+                let record = nodes.get(name)?;
+                Some(node_object(name, record, admin, now, (timeout, stalled)))
             })
             .collect()
     }
 }
 
-fn not_ready_reason(r: &NodeRecord, now: SystemTime, timeout: Duration) -> String {
-    let silent = now.duration_since(r.last_heartbeat).unwrap_or_default();
+/// Why a node is not ready (empty when it is), `stalled` this controller's stalls so far:
+/// those since the node's last heartbeat are no silence of the node's.
+fn not_ready_reason(
+    r: &NodeRecord,
+    now: SystemTime,
+    timeout: Duration,
+    stalled: Duration,
+) -> String {
+    let silent = net_silence(
+        now.duration_since(r.last_heartbeat).unwrap_or_default(),
+        stalled.saturating_sub(r.stalled_at_heartbeat),
+    );
     if let Some((_, message)) = &r.refusal {
         message.to_string()
     } else if r.session.is_none() {
@@ -694,9 +727,9 @@ fn node_object(
     r: &NodeRecord,
     admin_labels: &BTreeMap<String, String>,
     now: SystemTime,
-    timeout: Duration,
+    (timeout, stalled): (Duration, Duration),
 ) -> serde_json::Value {
-    let reason = not_ready_reason(r, now, timeout);
+    let reason = not_ready_reason(r, now, timeout, stalled);
     let inventory = r.inventory.as_ref();
     let mut images = Vec::new();
     let mut seen = HashSet::new();

@@ -46,6 +46,25 @@ fn readiness_follows_session_and_heartbeats() {
     assert!(!registry.send("n1", ControllerMessage::default()));
 }
 
+/// Seen under a loaded CI run: the controller stalled for seconds, its agents'
+/// heartbeats waited unread, and the first pass after the stall found nodes silent.
+#[test]
+fn a_silence_this_controller_stalled_through_is_not_the_nodes() {
+    let registry = NodeRegistry::default();
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+    registry.stall_clock().add(Duration::from_secs(5));
+    registry.register(&register("n1"), 1, sender(), t0);
+    // Stalls before the last heartbeat do not count.
+    let late = t0 + Duration::from_secs(33);
+    assert!(ready(&registry, late).is_some());
+
+    registry.stall_clock().add(Duration::from_secs(4));
+    assert_eq!(ready(&registry, late), None, "29 s of its own silence");
+    let later = late + Duration::from_secs(2);
+    let reason = ready(&registry, later).unwrap();
+    assert!(reason.starts_with("no heartbeat for 31s"), "{reason}");
+}
+
 /// Found in the real cluster: a Node deleted (kubectl delete node) kept its agent's
 /// record, and jobs over every node waited for it.
 #[test]

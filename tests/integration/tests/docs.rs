@@ -93,6 +93,10 @@ fn script(documents: &[&str], info: &str) -> String {
     script
 }
 
+/// How long one document's session may run: under the harness's limit
+/// (.config/nextest.toml, 180 s), which kills the test with nothing said.
+const SESSION_LIMIT: std::time::Duration = std::time::Duration::from_secs(150);
+
 /// Run `documents`' `sh` blocks in one session; its daemons are stopped after.
 fn run(documents: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
@@ -136,7 +140,21 @@ fn run_in(dir: &Path, documents: &[&str], info: &str, env: &[(&str, &Path)], mor
     let stderr = child.stderr.take().unwrap();
     let out = std::thread::spawn(move || std::io::read_to_string(stdout).unwrap());
     let err = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap());
+    // Ended before the harness's limit, so that a hang fails with its output and the
+    // daemons' logs rather than with nothing.
+    let (ended, watched) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        let hung = watched.recv_timeout(SESSION_LIMIT).is_err();
+        if hung {
+            let _ = Command::new("kill")
+                .args(["-TERM", "--", &format!("-{pid}")])
+                .status();
+        }
+        hung
+    });
     let status = child.wait().unwrap();
+    let _ = ended.send(());
+    let hung = watchdog.join().unwrap();
     // The daemons the docs started in the background go with the session.
     let _ = Command::new("kill")
         .args(["-TERM", "--", &format!("-{pid}")])
@@ -146,9 +164,10 @@ fn run_in(dir: &Path, documents: &[&str], info: &str, env: &[(&str, &Path)], mor
         .args(["-KILL", "--", &format!("-{pid}")])
         .status();
     let (out, err) = (out.join().unwrap(), err.join().unwrap());
+    // The docs' own daemons (under `home`) and the test's stand-ins (beside it).
     let logs: String = ["controller.log", "agent.log"]
         .iter()
-        .filter_map(|name| find(&home, name))
+        .filter_map(|name| find(dir, name))
         .map(|(path, text)| {
             let tail: Vec<&str> = text.lines().rev().take(15).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
@@ -160,9 +179,14 @@ fn run_in(dir: &Path, documents: &[&str], info: &str, env: &[(&str, &Path)], mor
         .rfind(|l| l.starts_with("### "))
         .unwrap_or("### before the first block")
         .to_owned();
+    let how = if hung {
+        format!("was still running after {} s", SESSION_LIMIT.as_secs())
+    } else {
+        format!("failed ({status})")
+    };
     assert!(
         status.success() && failed_at == "### done",
-        "{documents:?}: the block at {} failed ({status}):\n--- stdout\n{out}\n--- stderr\n{err}\n{logs}",
+        "{documents:?}: the block at {} {how}:\n--- stdout\n{out}\n--- stderr\n{err}\n{logs}",
         failed_at.trim_start_matches("### ")
     );
 }
