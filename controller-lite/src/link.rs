@@ -246,9 +246,9 @@ impl AgentLink for AgentLinkService {
             tracing::warn!(%peer, "agent session refused: no client certificate");
         })?;
         let mut inbound = request.into_inner();
-        let first = tokio::time::timeout(self.node_timeout, inbound.message())
-            .await
-            .map_err(|_| Status::deadline_exceeded("no Register message in time"))??;
+        let first = self
+            .next_message(&mut inbound, "no Register message in time")
+            .await?;
         let mut register = match first.and_then(|m| m.message) {
             Some(agent_message::Message::Register(register)) => register,
             _ => {
@@ -344,7 +344,7 @@ impl AgentLinkService {
         inbound: &mut Streaming<AgentMessage>,
     ) -> Result<(), Status> {
         loop {
-            let Some(message) = self.next_message(inbound).await? else {
+            let Some(message) = self.next_message(inbound, "heartbeats stopped").await? else {
                 return Ok(());
             };
             if let Some(status) = self.take(node, session, message)? {
@@ -354,12 +354,13 @@ impl AgentLinkService {
     }
 
     /// The agent's next message; `None` when it ended the stream. Silence past
-    /// `node_timeout` ends the session, unless the deadline fired late: then this
+    /// `node_timeout` ends the session with `silence`, unless the deadline fired late: then this
     /// controller was the one not running (a stalled machine or runtime), the agent's
     /// heartbeats may be waiting unread behind the wakeup, and the wait starts again.
     async fn next_message(
         &self,
         inbound: &mut Streaming<AgentMessage>,
+        silence: &'static str,
     ) -> Result<Option<AgentMessage>, Status> {
         let mut deadline = tokio::time::Instant::now() + self.node_timeout;
         loop {
@@ -374,7 +375,7 @@ impl AgentLinkService {
                 () = tokio::time::sleep_until(deadline) => {
                     let late = tokio::time::Instant::now().saturating_duration_since(deadline);
                     if silence_proven(late) {
-                        return Err(Status::deadline_exceeded("heartbeats stopped"));
+                        return Err(Status::deadline_exceeded(silence));
                     }
                     tracing::debug!(?late, "an agent's heartbeat deadline fired late: this controller stalled, so it waits again");
                     deadline = tokio::time::Instant::now() + self.node_timeout;

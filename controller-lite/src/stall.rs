@@ -4,8 +4,7 @@
 //! A watch task that wakes every [`TICK`] adds up how late it woke, and an agent's
 //! silence is counted net of the stalls inside it ([`net_silence`]).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -18,30 +17,17 @@ const TICK: Duration = Duration::from_millis(100);
 /// milliseconds late).
 pub const STALLED_PAST: Duration = Duration::from_millis(500);
 
-/// Not yet watching: no wake is due.
-const NOT_WATCHING: u64 = u64::MAX;
-
 /// The stalls seen so far, shared; cheap to clone.
-#[derive(Debug, Clone)]
-pub struct StallClock(Arc<Inner>);
+#[derive(Debug, Clone, Default)]
+pub struct StallClock(Arc<Mutex<Stalls>>);
 
-#[derive(Debug)]
-struct Inner {
-    start: Instant,
-    /// Stalls added up, in milliseconds.
-    stalled_ms: AtomicU64,
-    /// When the watch task is due next, in milliseconds since `start`.
-    due_ms: AtomicU64,
-}
-
-impl Default for StallClock {
-    fn default() -> Self {
-        Self(Arc::new(Inner {
-            start: Instant::now(),
-            stalled_ms: AtomicU64::new(0),
-            due_ms: AtomicU64::new(NOT_WATCHING),
-        }))
-    }
+/// Behind one lock, so that a reader never sees a stall both counted and still pending,
+/// or neither.
+#[derive(Debug, Default)]
+struct Stalls {
+    counted: Duration,
+    /// When the watch task is due next (`None`: not watching).
+    due: Option<Instant>,
 }
 
 impl StallClock {
@@ -49,22 +35,23 @@ impl StallClock {
     /// [`STALLED_PAST`] has not counted its stall yet, and whatever reads the clock in the
     /// same turn must see it.
     pub fn stalled(&self) -> Duration {
-        let now = self.since_start(Instant::now());
-        let counted = self.0.stalled_ms.load(Ordering::Acquire);
-        let due = self.0.due_ms.load(Ordering::Acquire);
-        let pending = Duration::from_millis(now.saturating_sub(due));
-        let pending = if is_stall(pending) {
-            pending
-        } else {
-            Duration::ZERO
+        let Ok(stalls) = self.0.lock() else {
+            return Duration::ZERO;
         };
-        Duration::from_millis(counted).saturating_add(pending)
+        let pending = stalls
+            .due
+            .map(|due| Instant::now().saturating_duration_since(due))
+            .filter(|late| is_stall(*late))
+            .unwrap_or_default();
+        stalls.counted.saturating_add(pending)
     }
 
-    /// Count `late` as a stall (the watch task; tests).
+    /// Count `late` as a stall (tests).
+    #[cfg(test)]
     pub(crate) fn add(&self, late: Duration) {
-        let ms = u64::try_from(late.as_millis()).unwrap_or(u64::MAX);
-        self.0.stalled_ms.fetch_add(ms, Ordering::AcqRel);
+        if let Ok(mut stalls) = self.0.lock() {
+            stalls.counted = stalls.counted.saturating_add(late);
+        }
     }
 
     /// Wake every [`TICK`] until `shutdown`, counting each wake [`STALLED_PAST`] late or
@@ -72,30 +59,34 @@ impl StallClock {
     pub async fn watch(self, shutdown: CancellationToken) {
         let mut due = Instant::now() + TICK;
         loop {
-            self.0
-                .due_ms
-                .store(self.since_start(due), Ordering::Release);
+            self.set_due(Some(due));
             tokio::select! {
-                () = shutdown.cancelled() => return,
+                () = shutdown.cancelled() => break,
                 () = tokio::time::sleep_until(due) => {}
             }
             let woke = Instant::now();
             let late = woke.saturating_duration_since(due);
-            if is_stall(late) {
-                tracing::debug!(
-                    ?late,
-                    "this controller did not run for a while: agents' silences are counted without it"
-                );
-                // Counted before the next due time is set, so that `stalled` never sees
-                // the stall twice or not at all.
-                self.add(late);
-            }
             due = woke + TICK;
+            if !is_stall(late) {
+                continue;
+            }
+            tracing::debug!(
+                ?late,
+                "this controller did not run for a while: agents' silences are counted without it"
+            );
+            // Counted and the next wake set at once: `stalled` sees the stall once.
+            if let Ok(mut stalls) = self.0.lock() {
+                stalls.counted = stalls.counted.saturating_add(late);
+                stalls.due = Some(due);
+            }
         }
+        self.set_due(None);
     }
 
-    fn since_start(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.0.start).as_millis()).unwrap_or(u64::MAX)
+    fn set_due(&self, due: Option<Instant>) {
+        if let Ok(mut stalls) = self.0.lock() {
+            stalls.due = due;
+        }
     }
 }
 
@@ -139,34 +130,37 @@ mod tests {
 
     #[test]
     fn an_overdue_watch_counts_its_stall_before_it_runs() {
-        let clock = StallClock(Arc::new(Inner {
-            start: Instant::now() - Duration::from_secs(10),
-            stalled_ms: AtomicU64::new(0),
-            due_ms: AtomicU64::new(NOT_WATCHING),
-        }));
+        let clock = StallClock::default();
         assert_eq!(clock.stalled(), Duration::ZERO, "not watching yet");
         // Due a second ago: the stall is under way and already counted.
-        let due = clock.since_start(Instant::now()).saturating_sub(1_000);
-        clock.0.due_ms.store(due, Ordering::Release);
+        clock.set_due(Instant::now().checked_sub(Duration::from_secs(1)));
         assert!(clock.stalled() >= Duration::from_secs(1));
         // Due just now: a timer a little late is no stall.
-        clock
-            .0
-            .due_ms
-            .store(clock.since_start(Instant::now()), Ordering::Release);
+        clock.set_due(Some(Instant::now()));
         assert!(clock.stalled() < STALLED_PAST);
         clock.add(Duration::from_secs(2));
         assert!(clock.stalled() >= Duration::from_secs(2));
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_watch_counts_nothing_on_time() {
+    async fn the_watch_counts_a_stall_once() {
         let clock = StallClock::default();
         let shutdown = CancellationToken::new();
         let watch = tokio::spawn(clock.clone().watch(shutdown.clone()));
         tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(clock.stalled(), Duration::ZERO, "on time");
+        // The whole runtime held up for 3 s, as a blocked thread or a starved process.
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let seen = clock.stalled();
+        assert!(seen >= Duration::from_secs(2), "{seen:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let counted = clock.stalled();
+        assert!(
+            counted >= seen && counted < seen + STALLED_PAST,
+            "{seen:?} then {counted:?}"
+        );
         shutdown.cancel();
         watch.await.unwrap();
-        assert_eq!(clock.0.stalled_ms.load(Ordering::Acquire), 0);
+        assert_eq!(clock.stalled(), counted);
     }
 }

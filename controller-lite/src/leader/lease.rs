@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::Client;
 use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -132,7 +131,9 @@ pub fn campaign(
     let (tx, rx) = watch::channel(false);
     let namespace = namespace.to_owned();
     let task = super::on_own_thread(move || async move {
-        let client = Client::try_from(config)
+        // Its renewals, too, are applied within the term they were sent in, or never.
+        let unacknowledged = crate::store::kubernetes::client::unacknowledged_limit(duration);
+        let client = crate::store::kubernetes::client::fenced(&config, unacknowledged)
             .map_err(|e| LeaderError::Start(format!("a client for the Lease: {e}")))?;
         let api: Api<Lease> = Api::namespaced(client, &namespace);
         let name = format!("{namespace}/{LEASE_NAME}");

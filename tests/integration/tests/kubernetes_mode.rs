@@ -89,6 +89,7 @@ fn connect(rt: &tokio::runtime::Runtime, cluster: &Cluster, namespace: &str) -> 
                 namespace: namespace.to_owned(),
                 kruise_manager: false,
                 write_node_images: true,
+                unacknowledged_limit: std::time::Duration::from_secs(4),
             })
             .await
             .unwrap(),

@@ -7,6 +7,7 @@
 //! write is its 409, a [`StoreError::Conflict`].
 
 pub mod cache;
+pub mod client;
 pub mod route;
 
 use kube::api::{
@@ -32,6 +33,9 @@ pub struct KubernetesSettings {
     pub kruise_manager: bool,
     /// Alone, write each node's NodeImage (see the `write_node_images` setting).
     pub write_node_images: bool,
+    /// How long a write may wait unacknowledged before its connection is aborted
+    /// ([`client::unacknowledged_limit`] of the leader lease).
+    pub unacknowledged_limit: std::time::Duration,
 }
 
 /// The controller's store on a Kubernetes API server.
@@ -81,9 +85,11 @@ impl KubernetesStore {
             })?,
         };
         let location = config.cluster_url.to_string();
-        let client = Client::try_from(config.clone()).map_err(|e| StoreError::Backend {
-            location: location.clone(),
-            detail: format!("cannot make a client: {e}"),
+        let client = client::fenced(&config, settings.unacknowledged_limit).map_err(|e| {
+            StoreError::Backend {
+                location: location.clone(),
+                detail: format!("cannot make a client: {e}"),
+            }
         })?;
         let store = Self {
             client,
