@@ -66,9 +66,50 @@ pub fn fenced(config: &Config, unacknowledged: Duration) -> Result<Client, kube:
     Ok(client)
 }
 
+/// How long a starting controller waits for the API server to answer at all.
+const STARTUP_WAIT: Duration = Duration::from_secs(90);
+
+/// `call`'s answer, the API server given [`STARTUP_WAIT`] to be reached: a replica that
+/// restarted while cut off from it (a leader that lost its Lease in a partition) waits,
+/// saying why, instead of failing at once and restarting in a loop. An answer, refusals
+/// included, ends the wait.
+pub async fn once_reachable<T, F, Fut>(location: &str, mut call: F) -> Result<T, kube::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let started = tokio::time::Instant::now();
+    let mut pause = Duration::from_millis(500);
+    loop {
+        match call().await {
+            Err(error) if unreached(&error) && started.elapsed() + pause < STARTUP_WAIT => {
+                tracing::warn!(%location, %error, ?pause, "the API server is not reachable; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(8));
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+/// Whether `error` says the API server was not reached, rather than what it answered
+/// (pure).
+fn unreached(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Service(_) | kube::Error::HyperError(_))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_server_not_reached_is_waited_for() {
+        assert!(unreached(&kube::Error::Service(
+            "client error (Connect)".into()
+        )));
+        let refused = kube::core::Status::failure("forbidden", "Forbidden").with_code(403);
+        assert!(!unreached(&kube::Error::Api(Box::new(refused))));
+    }
 
     #[test]
     fn a_write_is_given_up_before_a_successor_may_lead() {

@@ -122,10 +122,11 @@ impl KubernetesStore {
     /// [`conversion_refused`]), and its own namespace exists.
     async fn check_definitions(&self, kruise_manager: bool) -> Result<(), StoreError> {
         let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(self.client.clone());
-        let found = namespaces
-            .get_opt(&self.records_namespace)
-            .await
-            .map_err(|e| self.error(&format!("namespace {}", self.records_namespace), &e))?;
+        let found = client::once_reachable(&self.location, || {
+            namespaces.get_opt(&self.records_namespace)
+        })
+        .await
+        .map_err(|e| self.error(&format!("namespace {}", self.records_namespace), &e))?;
         if found.is_none() {
             return Err(StoreError::Backend {
                 location: self.location.clone(),
