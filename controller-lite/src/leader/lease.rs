@@ -133,7 +133,7 @@ pub fn campaign(
     let task = super::on_own_thread(move || async move {
         // Its renewals, too, are applied within the term they were sent in, or never.
         let unacknowledged = crate::store::kubernetes::client::unacknowledged_limit(duration);
-        let client = crate::store::kubernetes::client::fenced(&config, unacknowledged)
+        let client = crate::store::kubernetes::client::term_bounded(&config, unacknowledged)
             .map_err(|e| LeaderError::Start(format!("a client for the Lease: {e}")))?;
         let api: Api<Lease> = Api::namespaced(client, &namespace);
         let name = format!("{namespace}/{LEASE_NAME}");

@@ -9,11 +9,15 @@
 //! Every connection here sets `TCP_USER_TIMEOUT`: data unacknowledged that long aborts
 //! the connection and its queue is dropped. The limit is kept below the gap between the
 //! leader's renew deadline (two thirds of the Lease) and the soonest a follower may take
-//! over (the whole Lease), so a write sent while leading is applied before any successor
-//! acts, or never.
+//! over (the whole Lease), so a write sent while leading reaches the API server's host
+//! before any successor acts, or never. What it bounds is the network: a request the
+//! server's kernel (or an L4 balancer in front of it) acknowledged may still wait in
+//! the server's own queues.
 //!
 //! The stack is kube's documented custom client (`ConfigExt`): its TLS, base URI,
 //! authentication and extra headers, over hyper's connector with these socket options.
+//! Left out of kube's default stack: its retry of 429/503/504 (the engines' passes try
+//! again, and a retried write would be sent again past the term), and its tracing layer.
 
 use std::time::Duration;
 
@@ -23,7 +27,8 @@ use kube::client::{ClientBuilder, ConfigExt as _};
 use kube::{Client, Config};
 
 /// Keepalive probes on idle connections (watches wait minutes for an event), so that a
-/// partition also ends those within [`unacknowledged_limit`] of a probe.
+/// partition also ends those: the first probe after this much idleness, the next ones
+/// the unacknowledged limit apart, which ends the connection.
 const KEEPALIVE: Duration = Duration::from_secs(15);
 
 /// How long data may stay unacknowledged before its connection is aborted, for a
@@ -35,12 +40,20 @@ pub fn unacknowledged_limit(lease: Duration) -> Duration {
 
 /// A client of the API server `config` names whose connections are aborted, their unsent
 /// writes dropped, once data waits `unacknowledged` for the server's acknowledgement.
-pub fn fenced(config: &Config, unacknowledged: Duration) -> Result<Client, kube::Error> {
+pub fn term_bounded(config: &Config, unacknowledged: Duration) -> Result<Client, kube::Error> {
+    if let Some(proxy) = &config.proxy_url {
+        // kube's own client refuses it too (its proxy features are off here): never
+        // bypassed unsaid.
+        return Err(kube::Error::ProxyProtocolUnsupported {
+            proxy_url: Box::new(proxy.clone()),
+        });
+    }
     let mut connector = HttpConnector::new();
     connector.enforce_http(false);
     connector.set_nodelay(true);
     connector.set_connect_timeout(config.connect_timeout);
     connector.set_keepalive(Some(KEEPALIVE));
+    connector.set_keepalive_interval(Some(unacknowledged));
     connector.set_tcp_user_timeout(Some(unacknowledged));
     let https = config.rustls_https_connector_with_connector(connector)?;
     let client: hyper_util::client::legacy::Client<_, kube::client::Body> =
@@ -66,8 +79,10 @@ pub fn fenced(config: &Config, unacknowledged: Duration) -> Result<Client, kube:
     Ok(client)
 }
 
-/// How long a starting controller waits for the API server to answer at all.
-const STARTUP_WAIT: Duration = Duration::from_secs(90);
+/// How long a starting controller waits for the API server to answer at all: under the
+/// 30 s its liveness probe allows (deploy/kubernetes/controller.yaml) before its health
+/// endpoint is served.
+const STARTUP_WAIT: Duration = Duration::from_secs(25);
 
 /// `call`'s answer, the API server given [`STARTUP_WAIT`] to be reached: a replica that
 /// restarted while cut off from it (a leader that lost its Lease in a partition) waits,

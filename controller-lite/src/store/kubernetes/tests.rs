@@ -1,6 +1,6 @@
 use serde_json::json;
 
-use super::conversion_refused;
+use super::definitions::conversion_refused;
 
 #[test]
 fn a_crd_converting_through_a_webhook_is_refused_alone_and_named() {
