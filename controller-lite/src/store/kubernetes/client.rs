@@ -27,8 +27,9 @@ use kube::client::{ClientBuilder, ConfigExt as _};
 use kube::{Client, Config};
 
 /// Keepalive probes on idle connections (watches wait minutes for an event), so that a
-/// partition also ends those: the first probe after this much idleness, the next ones
-/// the unacknowledged limit apart, which ends the connection.
+/// partition also ends those in time. Their interval stays the kernel's: it is set in
+/// whole seconds, and a quarter of a short lease is less than one (`EINVAL`, seen with a
+/// 3 s lease).
 const KEEPALIVE: Duration = Duration::from_secs(15);
 
 /// How long data may stay unacknowledged before its connection is aborted, for a
@@ -53,7 +54,6 @@ pub fn term_bounded(config: &Config, unacknowledged: Duration) -> Result<Client,
     connector.set_nodelay(true);
     connector.set_connect_timeout(config.connect_timeout);
     connector.set_keepalive(Some(KEEPALIVE));
-    connector.set_keepalive_interval(Some(unacknowledged));
     connector.set_tcp_user_timeout(Some(unacknowledged));
     let https = config.rustls_https_connector_with_connector(connector)?;
     let client: hyper_util::client::legacy::Client<_, kube::client::Body> =
