@@ -450,9 +450,10 @@ fn buckets_of<'a>(
     metric: &str,
     filter: &str,
 ) -> Vec<(f64, f64)> {
+    let series = format!("{metric}{{");
     let mut buckets: BTreeMap<String, (f64, f64)> = BTreeMap::new();
     for line in texts.into_iter().flat_map(str::lines) {
-        if !line.starts_with(&format!("{metric}{{")) || !line.contains(filter) {
+        if !line.starts_with(&series) || !line.contains(filter) {
             continue;
         }
         let Some(le) = line

@@ -117,7 +117,7 @@ pub async fn run(
             )
         }
         StoreConfig::Kubernetes(settings) => {
-            let kubernetes = KubernetesStore::connect(settings).await?;
+            let kubernetes = KubernetesStore::connect(settings, config.leader_lease).await?;
             // ... and on a Lease of the same API server.
             (
                 Store::new(kubernetes.clone()),

@@ -468,10 +468,6 @@ impl ControllerConfig {
         if leader_lease < Duration::from_secs(2) {
             return Err(LEADER_LEASE.invalid("must be at least 2s"));
         }
-        if let StoreConfig::Kubernetes(settings) = &mut store {
-            settings.unacknowledged_limit =
-                crate::store::kubernetes::client::unacknowledged_limit(leader_lease);
-        }
         let defaults = ApiRate::default();
         let api_rate = ApiRate {
             per_second: positive(

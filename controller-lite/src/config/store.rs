@@ -82,10 +82,6 @@ pub(super) fn parse_store(text: Option<String>) -> Result<StoreConfig, ConfigErr
             namespace: String::new(),
             kruise_manager: false,
             write_node_images: true,
-            // Set from the leader lease once it is read.
-            unacknowledged_limit: crate::store::kubernetes::client::unacknowledged_limit(
-                std::time::Duration::from_secs(15),
-            ),
         }));
     }
     let hosts = text.strip_prefix("etcd://").ok_or_else(|| {

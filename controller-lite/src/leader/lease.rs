@@ -132,8 +132,8 @@ pub fn campaign(
     let namespace = namespace.to_owned();
     let task = super::on_own_thread(move || async move {
         // Its renewals, too, are applied within the term they were sent in, or never.
-        let unacknowledged = crate::store::kubernetes::client::unacknowledged_limit(duration);
-        let client = crate::store::kubernetes::client::term_bounded(&config, unacknowledged)
+        use crate::store::kubernetes::client::{term_bounded, unacknowledged_limit};
+        let client = term_bounded(&config, unacknowledged_limit(duration))
             .map_err(|e| LeaderError::Start(format!("a client for the Lease: {e}")))?;
         let api: Api<Lease> = Api::namespaced(client, &namespace);
         let name = format!("{namespace}/{LEASE_NAME}");

@@ -146,9 +146,7 @@ fn run_in(dir: &Path, documents: &[&str], info: &str, env: &[(&str, &Path)], mor
     let watchdog = std::thread::spawn(move || {
         let hung = watched.recv_timeout(SESSION_LIMIT).is_err();
         if hung {
-            let _ = Command::new("kill")
-                .args(["-TERM", "--", &format!("-{pid}")])
-                .status();
+            signal_session(pid, "TERM");
         }
         hung
     });
@@ -156,13 +154,9 @@ fn run_in(dir: &Path, documents: &[&str], info: &str, env: &[(&str, &Path)], mor
     let _ = ended.send(());
     let hung = watchdog.join().unwrap();
     // The daemons the docs started in the background go with the session.
-    let _ = Command::new("kill")
-        .args(["-TERM", "--", &format!("-{pid}")])
-        .status();
+    signal_session(pid, "TERM");
     std::thread::sleep(std::time::Duration::from_secs(1));
-    let _ = Command::new("kill")
-        .args(["-KILL", "--", &format!("-{pid}")])
-        .status();
+    signal_session(pid, "KILL");
     let (out, err) = (out.join().unwrap(), err.join().unwrap());
     // The docs' own daemons (under `home`) and the test's stand-ins (beside it).
     let logs: String = ["controller.log", "agent.log"]
@@ -189,6 +183,13 @@ fn run_in(dir: &Path, documents: &[&str], info: &str, env: &[(&str, &Path)], mor
         "{documents:?}: the block at {} {how}:\n--- stdout\n{out}\n--- stderr\n{err}\n{logs}",
         failed_at.trim_start_matches("### ")
     );
+}
+
+/// Send `signal` to every process of the session led by `pid` (its process group).
+fn signal_session(pid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{signal}"), "--", &format!("-{pid}")])
+        .status();
 }
 
 /// A file named `name` under `dir` (the session's daemons' logs), with its text.

@@ -84,13 +84,15 @@ fn connect(rt: &tokio::runtime::Runtime, cluster: &Cluster, namespace: &str) -> 
         Store::new(
             // As an administrator: this exercises the store's whole interface, not the
             // controller's calls (the RBAC test watches those).
-            KubernetesStore::connect(&KubernetesSettings {
-                kubeconfig: Some(cluster.kubeconfig.clone()),
-                namespace: namespace.to_owned(),
-                kruise_manager: false,
-                write_node_images: true,
-                unacknowledged_limit: std::time::Duration::from_secs(4),
-            })
+            KubernetesStore::connect(
+                &KubernetesSettings {
+                    kubeconfig: Some(cluster.kubeconfig.clone()),
+                    namespace: namespace.to_owned(),
+                    kruise_manager: false,
+                    write_node_images: true,
+                },
+                std::time::Duration::from_secs(15),
+            )
             .await
             .unwrap(),
         )

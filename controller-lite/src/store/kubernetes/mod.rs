@@ -34,9 +34,6 @@ pub struct KubernetesSettings {
     pub kruise_manager: bool,
     /// Alone, write each node's NodeImage (see the `write_node_images` setting).
     pub write_node_images: bool,
-    /// How long a write may wait unacknowledged before its connection is aborted
-    /// ([`client::unacknowledged_limit`] of the leader lease).
-    pub unacknowledged_limit: std::time::Duration,
 }
 
 /// The controller's store on a Kubernetes API server.
@@ -64,8 +61,12 @@ impl std::fmt::Debug for KubernetesStore {
 impl KubernetesStore {
     /// Connect as `settings` say, and check the API server serves Rigger's kinds (the
     /// CRDs from `deploy/kubernetes/crds.yaml`): a missing CRD is named now, not at the
-    /// first write.
-    pub async fn connect(settings: &KubernetesSettings) -> Result<Self, StoreError> {
+    /// first write. The replicas' `leader_lease` bounds how long a write may wait
+    /// unacknowledged ([`client::unacknowledged_limit`]).
+    pub async fn connect(
+        settings: &KubernetesSettings,
+        leader_lease: std::time::Duration,
+    ) -> Result<Self, StoreError> {
         let config = match &settings.kubeconfig {
             Some(path) => {
                 let kubeconfig =
@@ -86,12 +87,11 @@ impl KubernetesStore {
             })?,
         };
         let location = config.cluster_url.to_string();
-        let client = client::term_bounded(&config, settings.unacknowledged_limit).map_err(|e| {
-            StoreError::Backend {
+        let client = client::term_bounded(&config, client::unacknowledged_limit(leader_lease))
+            .map_err(|e| StoreError::Backend {
                 location: location.clone(),
                 detail: format!("cannot make a client: {e}"),
-            }
-        })?;
+            })?;
         let store = Self {
             client,
             config,
