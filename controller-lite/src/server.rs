@@ -18,14 +18,14 @@ use std::path::PathBuf;
 
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
-use crate::auth::{UserAuth, Users};
+use crate::serve::auth::{UserAuth, Users};
 use crate::config::{ControllerConfig, StoreConfig, TlsFiles};
-use crate::control::ControlService;
-use crate::jobs::JobEngine;
-use crate::leader::Leadership;
-use crate::link::AgentLinkService;
-use crate::nodes::NodeRegistry;
-use crate::store::{EmbeddedStore, EtcdStore, KubernetesStore, Store};
+use crate::serve::control::ControlService;
+use crate::engines::jobs::JobEngine;
+use rigger_store::Leadership;
+use crate::serve::link::AgentLinkService;
+use crate::fleet::nodes::NodeRegistry;
+use rigger_store::{EmbeddedStore, EtcdStore, KubernetesStore, Store};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -38,11 +38,11 @@ pub enum ServerError {
     #[error("gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
     #[error(transparent)]
-    Store(#[from] crate::store::StoreError),
+    Store(#[from] rigger_store::StoreError),
     #[error("{}: {detail}", path.display())]
     Security { path: PathBuf, detail: String },
     #[error(transparent)]
-    Leader(#[from] crate::leader::LeaderError),
+    Leader(#[from] rigger_store::LeaderError),
     #[error("peer_grant_key: {0}")]
     PeerGrantKey(#[from] rigger_proto::peer_grant::GrantError),
 }
@@ -104,7 +104,7 @@ pub async fn run(
         StoreConfig::Embedded => (Store::new(EmbeddedStore::open(&config.data_dir)?), None),
         StoreConfig::Etcd { endpoints, tls } => {
             let etcd =
-                EtcdStore::connect(endpoints, crate::store::etcd::DEFAULT_PREFIX, tls.as_ref())
+                EtcdStore::connect(endpoints, rigger_store::etcd::DEFAULT_PREFIX, tls.as_ref())
                     .await?;
             // Leader election runs on the same etcd, beside the store.
             (
@@ -160,7 +160,7 @@ pub async fn run(
             endpoints,
             tls,
         }) => {
-            let (leadership, task) = crate::leader::campaign(
+            let (leadership, task) = rigger_store::etcd::election::campaign(
                 endpoints.clone(),
                 tls.clone(),
                 election.clone(),
@@ -171,7 +171,7 @@ pub async fn run(
             (leadership, Some(task))
         }
         Some(Elector::Kubernetes(kubernetes)) => {
-            let (leadership, task) = crate::leader::lease::campaign(
+            let (leadership, task) = rigger_store::kubernetes::lease::campaign(
                 kubernetes.config(),
                 kubernetes.namespace(),
                 identity,
@@ -190,10 +190,10 @@ pub async fn run(
     // leader keeps its configuration). `webhook_serving`: whether it answers reviews yet
     // (true at once without a webhook).
     let (webhook_serving_sender, webhook_serving) = tokio::sync::watch::channel(false);
-    let metrics = Arc::new(crate::metrics::ControllerMetrics::default());
+    let metrics = Arc::new(crate::serve::metrics::ControllerMetrics::default());
     let webhook = match (&elector, webhook_listener, &config.sidecar_webhook) {
         (Some(Elector::Kubernetes(kubernetes)), Some(listener), Some(settings)) => {
-            let webhook = crate::cluster_sidecars::SidecarWebhook {
+            let webhook = crate::serve::webhook::SidecarWebhook {
                 listener,
                 settings: settings.clone(),
                 client: kubernetes.client(),
@@ -224,7 +224,7 @@ pub async fn run(
     // What happens is told as Events: the cluster's in a cluster, else in the store.
     let events: Arc<dyn crate::events::EventSink> = match &elector {
         Some(Elector::Kubernetes(kubernetes)) => Arc::new(
-            crate::cluster::events::KubeEvents::start(kubernetes.client()),
+            crate::events::api_server::KubeEvents::start(kubernetes.client()),
         ),
         _ => Arc::new(crate::events::store::StoreEvents::start(
             store.clone(),
@@ -238,7 +238,7 @@ pub async fn run(
         matches!(&config.store, StoreConfig::Kubernetes(settings) if settings.kruise_manager);
     let recreates = match &elector {
         Some(Elector::Kubernetes(kubernetes)) => {
-            let engine = crate::recreate_requests::RecreateEngine::in_cluster(
+            let engine = crate::engines::recreate_requests::RecreateEngine::in_cluster(
                 store.clone(),
                 nodes.clone(),
                 config.node_timeout,
@@ -250,15 +250,15 @@ pub async fn run(
                 engine
             }
         }
-        _ => crate::recreate_requests::RecreateEngine::new(
+        _ => crate::engines::recreate_requests::RecreateEngine::new(
             store.clone(),
             nodes.clone(),
             config.node_timeout,
         ),
     }
     .with_events(events.clone());
-    let pods = crate::pods::PodSync::new(store.clone(), nodes.clone());
-    let metrics_sources = crate::metrics::Sources {
+    let pods = crate::engines::pods::PodSync::new(store.clone(), nodes.clone());
+    let metrics_sources = crate::serve::metrics::Sources {
         nodes: nodes.clone(),
         jobs: jobs.clone(),
         recreates: recreates.clone(),
@@ -268,7 +268,7 @@ pub async fn run(
     // Nodes registering, lost and back, told as events while this replica leads. In a
     // cluster a Node's readiness is kubelet's to tell, not its agent's.
     if !matches!(&elector, Some(Elector::Kubernetes(_))) {
-        tokio::spawn(crate::node_events::run(
+        tokio::spawn(crate::fleet::node_events::run(
             nodes.clone(),
             config.node_timeout,
             leadership.clone(),
@@ -276,12 +276,12 @@ pub async fn run(
             token.clone(),
         ));
     }
-    let sidecars = crate::sidecars::SidecarRollout::new(store.clone(), pods.clone())
+    let sidecars = crate::engines::sidecar_sets::SidecarRollout::new(store.clone(), pods.clone())
         .with_events(events.clone());
     // Beside Kruise's manager, the NodeImages it writes are pulled (Kruise's daemon's part);
     // alone, Rigger writes each node's NodeImage itself (Kruise's manager's part).
     let node_images = kruise_manager.then(|| {
-        crate::node_images::NodeImageEngine::new(
+        crate::engines::node_images::NodeImageEngine::new(
             store.clone(),
             nodes.clone(),
             config.node_timeout,
@@ -344,14 +344,14 @@ pub async fn run(
     // took them are placed as nodes come.
     let pending_pods = cluster
         .is_none()
-        .then(|| crate::control::pending::PendingPods::new(control.clone(), events.clone()));
+        .then(|| crate::serve::control::pending::PendingPods::new(control.clone(), events.clone()));
     let in_cluster = cluster.is_some();
     // In a cluster, Rigger alone: SidecarSets act on the cluster's pods, read from the
     // Pods' one watch.
     let (cluster_rollout, injected_pods) = match (&cluster, kruise_manager) {
         (Some(client), false) => {
-            let pods = Arc::new(crate::cluster_sidecars::pods::InjectedPods::default());
-            let rollout = crate::cluster_sidecars::rollout::ClusterRollout::new(
+            let pods = Arc::new(crate::engines::sidecar_sets::injected_pods::InjectedPods::default());
+            let rollout = crate::engines::sidecar_sets::cluster_rollout::ClusterRollout::new(
                 store.clone(),
                 client.clone(),
                 pods.clone(),
@@ -384,18 +384,22 @@ pub async fn run(
                                 crate::cluster::pods::keep_placed(
                                     client,
                                     move |pods| placed.set_cluster_pods(pods),
-                                    injected_pods,
+                                    move |event: &kube::runtime::watcher::Event<_>| {
+                                        if let Some(injected) = &injected_pods {
+                                            injected.apply(event.clone());
+                                        }
+                                    },
                                     token.clone(),
                                 )
                             );
                         })
                     }
                     None => {
-                        match crate::node_labels::load(&store).await {
+                        match crate::fleet::node_labels::load(&store).await {
                             Ok(all) => nodes.set_admin_labels(all),
                             Err(error) => tracing::warn!(%error, "cannot read node labels yet"),
                         }
-                        futures::future::Either::Right(crate::node_labels::keep_loaded(
+                        futures::future::Either::Right(crate::fleet::node_labels::keep_loaded(
                             store,
                             move |all| nodes.set_admin_labels(all),
                             token.clone(),
@@ -406,7 +410,7 @@ pub async fn run(
                 let cluster_only = async {
                     let node_images = async {
                         if let Some(engine) = node_images {
-                            crate::engine::supervise_watching(engine, &watched, token.clone())
+                            crate::engines::supervise_watching(engine, &watched, token.clone())
                                 .await;
                         }
                     };
@@ -414,7 +418,7 @@ pub async fn run(
                         if let Some(control) = lists {
                             let node_images = async {
                                 if write_node_images {
-                                    crate::control::node_images::keep_written(
+                                    crate::serve::control::node_images::keep_written(
                                         control.clone(),
                                         token.clone(),
                                     )
@@ -422,7 +426,7 @@ pub async fn run(
                                 }
                             };
                             tokio::join!(
-                                crate::control::lists::keep_in_cluster(
+                                crate::serve::control::lists::keep_in_cluster(
                                     control.clone(),
                                     token.clone()
                                 ),
@@ -448,31 +452,31 @@ pub async fn run(
                         let sidecar_sets = async {
                             match cluster_rollout {
                                 Some(rollout) => {
-                                    crate::engine::supervise_watching(
+                                    crate::engines::supervise_watching(
                                         rollout,
                                         &watched,
                                         token.clone(),
                                     )
                                     .await;
                                 }
-                                None => crate::engine::supervise(sidecars, token.clone()).await,
+                                None => crate::engines::supervise(sidecars, token.clone()).await,
                             }
                         };
                         tokio::join!(
-                            crate::engine::supervise_watching(jobs, &watched, token.clone()),
+                            crate::engines::supervise_watching(jobs, &watched, token.clone()),
                             sidecar_sets
                         );
                     }
                 };
                 let pending = async {
                     if let Some(pending) = pending_pods {
-                        crate::engine::supervise_watching(pending, &watched, token.clone()).await;
+                        crate::engines::supervise_watching(pending, &watched, token.clone()).await;
                     }
                 };
                 tokio::join!(
                     labels,
                     managers,
-                    crate::engine::supervise_watching(recreates, &watched, token.clone()),
+                    crate::engines::supervise_watching(recreates, &watched, token.clone()),
                     cluster_only,
                     pending
                 );
@@ -529,7 +533,7 @@ pub async fn run(
             // outgrows gRPC's default 4 MiB per message.
             .add_service(tonic::service::interceptor::InterceptedService::new(
                 AgentLinkServer::new(link).max_decoding_message_size(MAX_AGENT_MESSAGE),
-                crate::link::require_client_certificate(tls.is_some()),
+                crate::serve::link::require_client_certificate(tls.is_some()),
             ))
             .add_service(ControlServer::new(control).max_decoding_message_size(MAX_OBJECT_MESSAGE))
             .add_service(grpc_health.clone())

@@ -24,10 +24,10 @@ use rigger_api::lifecycle_cooperator::LifecycleCooperator;
 use rigger_api::object::{Object, admit};
 use rigger_api::pod::Pod;
 use rigger_api::sidecar_set::SidecarSet;
-use rigger_controller::engine::Engine as _;
-use rigger_controller::jobs::JobEngine;
-use rigger_controller::nodes::NodeRegistry;
-use rigger_controller::store::{EmbeddedStore, ObjectKey, Precondition, Store};
+use rigger_controller::engines::Engine as _;
+use rigger_controller::engines::jobs::JobEngine;
+use rigger_controller::fleet::nodes::NodeRegistry;
+use rigger_store::{EmbeddedStore, ObjectKey, Precondition, Store};
 use rigger_proto::v1::{Register, TaskPhase, TaskStatus};
 use serde_json::{Value, json};
 

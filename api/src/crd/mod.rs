@@ -12,65 +12,13 @@ pub mod structural;
 
 use serde_json::{Value, json};
 
-use crate::kind::KindInfo;
+use crate::kind::{AGE, KRUISE_GROUP, KindInfo, RIGGER_GROUP};
 use crate::kinds::Kind;
-
-/// Kruise's API group, where its kinds are served.
-pub const KRUISE_GROUP: &str = "apps.kruise.io";
-/// The group of Rigger's own kinds (LifecycleCooperator).
-pub const RIGGER_GROUP: &str = "rigger.dev";
 
 /// The kind of the controller's own records on a Kubernetes store (per-node job
 /// status shards, node labels, SidecarSet histories): its bookkeeping, never applied
 /// by users, in the controller's namespace.
 pub const RECORD_KIND: &str = "ControllerRecord";
-
-/// How a kind is served as a custom resource.
-#[derive(Debug)]
-pub struct CrdInfo {
-    pub group: &'static str,
-    /// The versions served, oldest first; the last is the one stored (Kruise stores
-    /// v1beta1 since 1.9). Every version has the kind's one schema: Rigger's types
-    /// accept each version's fields, so no conversion is needed between them.
-    pub versions: &'static [&'static str],
-    /// kubectl's short names, as Kruise declares them (only `crr`).
-    pub short_names: &'static [&'static str],
-    /// `kubectl get`'s columns (Kruise's), besides NAME.
-    pub columns: &'static [PrinterColumn],
-}
-
-/// One column of `kubectl get`.
-#[derive(Debug)]
-pub struct PrinterColumn {
-    pub name: &'static str,
-    /// `integer`, `string` or `date`.
-    pub kind: &'static str,
-    pub json_path: &'static str,
-    pub description: &'static str,
-    /// Shown in this version only (Kruise's v1alpha1 ImagePullJob has MESSAGE).
-    pub only_in: Option<&'static str>,
-}
-
-/// The AGE column every kind ends with.
-pub const AGE: PrinterColumn = PrinterColumn {
-    name: "AGE",
-    kind: "date",
-    json_path: ".metadata.creationTimestamp",
-    description: "When the object was created.",
-    only_in: None,
-};
-
-impl CrdInfo {
-    /// The version the API server stores.
-    pub fn storage_version(&self) -> &'static str {
-        self.versions.last().copied().unwrap_or("v1alpha1")
-    }
-
-    /// `group/version` of the stored version, as in an object's `apiVersion`.
-    pub fn storage_api_version(&self) -> String {
-        format!("{}/{}", self.group, self.storage_version())
-    }
-}
 
 /// The plural resource name of a kind (`imagepulljobs`): its first spelling.
 pub fn plural(info: &KindInfo) -> String {

@@ -353,33 +353,33 @@ pub const INFO: KindInfo = KindInfo {
              sooner, so it is often empty there.",
     ),
     schema: Some(crate::kind::schema_of::<ContainerRecreateRequest>),
-    crd: Some(&crate::crd::CrdInfo {
-        group: crate::crd::KRUISE_GROUP,
+    crd: Some(&crate::kind::CrdInfo {
+        group: crate::kind::KRUISE_GROUP,
         versions: &["v1alpha1", "v1beta1"],
         short_names: &["crr"],
         columns: &[
-            crate::crd::PrinterColumn {
+            crate::kind::PrinterColumn {
                 name: "PHASE",
                 kind: "string",
                 json_path: ".status.phase",
                 description: "Where the request is.",
                 only_in: None,
             },
-            crate::crd::PrinterColumn {
+            crate::kind::PrinterColumn {
                 name: "POD",
                 kind: "string",
                 json_path: ".spec.podName",
                 description: "The pod whose containers are recreated.",
                 only_in: None,
             },
-            crate::crd::PrinterColumn {
+            crate::kind::PrinterColumn {
                 name: "NODE",
                 kind: "string",
                 json_path: ".metadata.labels.crr\\.apps\\.kruise\\.io/node-name",
                 description: "The pod's node.",
                 only_in: None,
             },
-            crate::crd::AGE,
+            crate::kind::AGE,
         ],
     }),
     table: crate::table::table_of::<ContainerRecreateRequest>,

@@ -244,33 +244,33 @@ pub const INFO: KindInfo = KindInfo {
              job of that name that is not the list's is left alone and reported.",
     ),
     schema: Some(crate::kind::schema_of::<ImageListPullJob>),
-    crd: Some(&crate::crd::CrdInfo {
-        group: crate::crd::KRUISE_GROUP,
+    crd: Some(&crate::kind::CrdInfo {
+        group: crate::kind::KRUISE_GROUP,
         versions: &["v1alpha1", "v1beta1"],
         short_names: &[],
         columns: &[
-            crate::crd::PrinterColumn {
+            crate::kind::PrinterColumn {
                 name: "TOTAL",
                 kind: "integer",
                 json_path: ".status.desired",
                 description: "ImagePullJobs of the list.",
                 only_in: None,
             },
-            crate::crd::PrinterColumn {
+            crate::kind::PrinterColumn {
                 name: "SUCCEEDED",
                 kind: "integer",
                 json_path: ".status.succeeded",
                 description: "ImagePullJobs that succeeded.",
                 only_in: None,
             },
-            crate::crd::PrinterColumn {
+            crate::kind::PrinterColumn {
                 name: "COMPLETED",
                 kind: "integer",
                 json_path: ".status.completed",
                 description: "ImagePullJobs that finished.",
                 only_in: None,
             },
-            crate::crd::AGE,
+            crate::kind::AGE,
         ],
     }),
     table: crate::table::table_of::<ImageListPullJob>,

@@ -421,41 +421,41 @@ pub const INFO: KindInfo = KindInfo {
              Kruise's daemon keeps the limit it started with).",
     ),
     schema: Some(crate::kind::schema_of::<ImagePullJob>),
-    crd: Some(&crate::crd::CrdInfo {
-        group: crate::crd::KRUISE_GROUP,
+    crd: Some(&crate::kind::CrdInfo {
+        group: crate::kind::KRUISE_GROUP,
         versions: &["v1alpha1", "v1beta1"],
         short_names: &[],
         columns: &[
-            crate::crd::PrinterColumn {
+            crate::kind::PrinterColumn {
                 name: "TOTAL",
                 kind: "integer",
                 json_path: ".status.desired",
                 description: "Nodes the job selected.",
                 only_in: None,
             },
-            crate::crd::PrinterColumn {
+            crate::kind::PrinterColumn {
                 name: "ACTIVE",
                 kind: "integer",
                 json_path: ".status.active",
                 description: "Nodes pulling now.",
                 only_in: None,
             },
-            crate::crd::PrinterColumn {
+            crate::kind::PrinterColumn {
                 name: "SUCCEED",
                 kind: "integer",
                 json_path: ".status.succeeded",
                 description: "Nodes that pulled the image.",
                 only_in: None,
             },
-            crate::crd::PrinterColumn {
+            crate::kind::PrinterColumn {
                 name: "FAILED",
                 kind: "integer",
                 json_path: ".status.failed",
                 description: "Nodes whose pull failed.",
                 only_in: None,
             },
-            crate::crd::AGE,
-            crate::crd::PrinterColumn {
+            crate::kind::AGE,
+            crate::kind::PrinterColumn {
                 name: "MESSAGE",
                 kind: "string",
                 json_path: ".status.message",

@@ -146,11 +146,11 @@ pub const INFO: KindInfo = KindInfo {
              in-place updates, recreates and deletions of the pods it selects.",
     ),
     schema: Some(crate::kind::schema_of::<LifecycleCooperator>),
-    crd: Some(&crate::crd::CrdInfo {
-        group: crate::crd::RIGGER_GROUP,
+    crd: Some(&crate::kind::CrdInfo {
+        group: crate::kind::RIGGER_GROUP,
         versions: &["v1alpha1"],
         short_names: &["lc"],
-        columns: &[crate::crd::AGE],
+        columns: &[crate::kind::AGE],
     }),
     table: crate::table::table_of::<LifecycleCooperator>,
 };

@@ -383,40 +383,40 @@ pub const INFO: KindInfo = KindInfo {
              (Kruise's daemon writes these; here each is built when read).",
     ),
     schema: Some(crate::kind::schema_of::<NodeImage>),
-    crd: Some(&crate::crd::CrdInfo {
-        group: crate::crd::KRUISE_GROUP,
+    crd: Some(&crate::kind::CrdInfo {
+        group: crate::kind::KRUISE_GROUP,
         versions: &["v1alpha1", "v1beta1"],
         short_names: &[],
         columns: &[
-            crate::crd::PrinterColumn {
+            crate::kind::PrinterColumn {
                 name: "DESIRED",
                 kind: "integer",
                 json_path: ".status.desired",
                 description: "Image tags asked of the node.",
                 only_in: None,
             },
-            crate::crd::PrinterColumn {
+            crate::kind::PrinterColumn {
                 name: "PULLING",
                 kind: "integer",
                 json_path: ".status.pulling",
                 description: "Tags pulling now.",
                 only_in: None,
             },
-            crate::crd::PrinterColumn {
+            crate::kind::PrinterColumn {
                 name: "SUCCEED",
                 kind: "integer",
                 json_path: ".status.succeeded",
                 description: "Tags pulled.",
                 only_in: None,
             },
-            crate::crd::PrinterColumn {
+            crate::kind::PrinterColumn {
                 name: "FAILED",
                 kind: "integer",
                 json_path: ".status.failed",
                 description: "Tags whose pull failed.",
                 only_in: None,
             },
-            crate::crd::AGE,
+            crate::kind::AGE,
         ],
     }),
     table: crate::table::table_of::<NodeImage>,

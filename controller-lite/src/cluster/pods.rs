@@ -11,7 +11,24 @@ use kube::runtime::watcher::{self, Event};
 use tokio_util::sync::CancellationToken;
 
 use super::watched::{Relisted, follow};
-use crate::recreate_requests::{ClusterPods, PodFacts};
+
+/// What the cluster says about a pod.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodFacts {
+    pub uid: String,
+    /// `spec.nodeName` (`None`: not scheduled yet).
+    pub node: Option<String>,
+    /// `status.containerStatuses`: name, container ID (`containerd://…`), restarts.
+    pub containers: Vec<(String, String, u32)>,
+}
+
+/// Where pods are, in a cluster: the one question a recreate request's admission asks
+/// of it (a fake in the engine's tests).
+#[async_trait::async_trait]
+pub trait ClusterPods: std::fmt::Debug + Send + Sync + 'static {
+    /// The pod `name` in `namespace` (`None`: there is none).
+    async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodFacts>, String>;
+}
 
 /// Pods read from the API server.
 #[derive(Clone)]
@@ -79,7 +96,7 @@ pub struct PodPlaces {
 /// Where a Pod runs: its node, namespace and labels.
 type Place = (String, Arc<str>, BTreeMap<String, String>);
 
-pub use crate::nodes::PodsByNode;
+pub use crate::fleet::nodes::PodsByNode;
 
 fn place_of(pod: &Pod) -> Option<(String, Place)> {
     let uid = pod.metadata.uid.clone()?;
@@ -114,20 +131,18 @@ impl PodPlaces {
 }
 
 /// Watch every Pod until `token` is cancelled, publishing the pods by node whenever
-/// they change; the same watch keeps the pods SidecarSets were injected into, when
-/// `injected` is given (one watch on Pods, whoever reads them).
+/// they change; every event is shown to `also` first (the pods SidecarSets were
+/// injected into are kept from the same watch: one watch on Pods, whoever reads them).
 pub async fn keep_placed(
     client: kube::Client,
     publish: impl Fn(PodsByNode) + Send,
-    injected: Option<Arc<crate::cluster_sidecars::pods::InjectedPods>>,
+    also: impl Fn(&Event<Pod>) + Send,
     token: CancellationToken,
 ) {
     let api: Api<Pod> = Api::all(client);
     let mut places = PodPlaces::default();
     let take = |event: Event<Pod>| {
-        if let Some(injected) = &injected {
-            injected.apply(event.clone());
-        }
+        also(&event);
         if places.apply(event) {
             publish(places.by_node());
         }

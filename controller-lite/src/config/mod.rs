@@ -9,7 +9,7 @@ use std::time::Duration;
 use rigger_daemon::config::{ConfigError, LOG_FORMAT, LOG_LEVEL, Setting, load_toml};
 use rigger_daemon::logging::LogFormat;
 
-use crate::rate_limit::ApiRate;
+use crate::serve::rate_limit::ApiRate;
 
 mod peer_grant;
 mod store;
@@ -416,7 +416,7 @@ impl ControllerConfig {
         let tokens_file = args.tokens_file.or(file.tokens_file);
         match &tokens_file {
             Some(path) => {
-                crate::auth::Users::load(path)
+                crate::serve::auth::Users::load(path)
                     .map_err(|e| TOKENS_FILE.invalid(format!("{}: {e}", path.display())))?;
             }
             None if tls.is_some() => {

@@ -18,16 +18,10 @@ pub enum StoreConfig {
         tls: Option<EtcdTls>,
     },
     /// A Kubernetes API server; replicas elect a leader on a Lease.
-    Kubernetes(crate::store::KubernetesSettings),
+    Kubernetes(rigger_store::KubernetesSettings),
 }
 
-/// How the controller reaches etcd over TLS (paths; checked when the config is resolved).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EtcdTls {
-    pub ca: PathBuf,
-    /// Client certificate and key, for an etcd with `--client-cert-auth`.
-    pub identity: Option<(PathBuf, PathBuf)>,
-}
+pub use rigger_store::etcd::EtcdTls;
 
 pub(super) const STORE: Setting = Setting {
     key: "store",
@@ -77,7 +71,7 @@ pub(super) fn parse_store(text: Option<String>) -> Result<StoreConfig, ConfigErr
         return Ok(StoreConfig::Embedded);
     }
     if text == "kubernetes" {
-        return Ok(StoreConfig::Kubernetes(crate::store::KubernetesSettings {
+        return Ok(StoreConfig::Kubernetes(rigger_store::KubernetesSettings {
             kubeconfig: None,
             namespace: String::new(),
             kruise_manager: false,

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use rigger_daemon::config::{ConfigError, Setting};
 
 use super::StoreConfig;
+pub use crate::serve::webhook::settings::{SidecarWebhookSettings, WebhookAddress};
 
 pub const DEFAULT_WEBHOOK_LISTEN: &str = "0.0.0.0:9443";
 pub const DEFAULT_WEBHOOK_SERVICE: &str = "rigger-controller";
@@ -55,40 +56,6 @@ pub(super) const SIDECAR_WEBHOOK_URL: Setting = Setting {
     flag: "--sidecar-webhook-url",
     env: "RIGGER_CONTROLLER_SIDECAR_WEBHOOK_URL",
 };
-
-/// The webhook, resolved.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SidecarWebhookSettings {
-    pub listen: SocketAddr,
-    pub reached_at: WebhookAddress,
-}
-
-/// How the API server reaches the webhook (its `clientConfig`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WebhookAddress {
-    Service {
-        namespace: String,
-        name: String,
-    },
-    /// `https://HOST:PORT`, without a path.
-    Url {
-        base: String,
-        host: String,
-    },
-}
-
-impl WebhookAddress {
-    /// The names the serving certificate must hold.
-    pub fn certificate_names(&self) -> Vec<String> {
-        match self {
-            Self::Service { namespace, name } => vec![
-                format!("{name}.{namespace}.svc"),
-                format!("{name}.{namespace}.svc.cluster.local"),
-            ],
-            Self::Url { host, .. } => vec![host.clone()],
-        }
-    }
-}
 
 /// The webhook's settings: only with the kubernetes store, and not beside Kruise's
 /// manager (whose webhook injects the sidecars then).

@@ -4,6 +4,7 @@
 //! shape in the store ([`store::StoreEvents`]), which `riggerctl get events` and
 //! `riggerctl describe` show. Engines record through [`EventSink`].
 
+pub mod api_server;
 pub mod store;
 
 use std::sync::Arc;

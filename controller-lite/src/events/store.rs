@@ -17,8 +17,8 @@ use rigger_proto::time::rfc3339;
 use tokio_util::sync::CancellationToken;
 
 use super::{Event, EventQueue, EventSink};
-use crate::leader::Leadership;
-use crate::store::{ObjectKey, Precondition, Store};
+use rigger_store::Leadership;
+use rigger_store::{ObjectKey, Precondition, Store};
 
 /// Events waiting to be written.
 const QUEUE: usize = 1024;
@@ -277,7 +277,7 @@ mod tests {
     use crate::events::Regarding;
 
     fn writer(dir: &std::path::Path) -> Writer {
-        Writer::new(Store::new(crate::store::EmbeddedStore::open(dir).unwrap()))
+        Writer::new(Store::new(rigger_store::EmbeddedStore::open(dir).unwrap()))
     }
 
     fn event(name: &str, message: &str) -> Event {

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use rigger_controller::config::EtcdTls;
-use rigger_controller::store::{EtcdStore, Store, conformance};
+use rigger_store::{EtcdStore, Store, conformance};
 use std::io::BufRead as _;
 use std::process::Child;
 use std::sync::mpsc::Receiver;
@@ -32,11 +32,11 @@ async fn a_store_of_a_newer_format_is_refused_and_left_as_it_was() {
     let recorded = client.get("/itest-format/format", None).await.unwrap();
     assert_eq!(
         recorded.kvs()[0].value_str().unwrap(),
-        rigger_controller::store::STORE_FORMAT.to_string(),
+        rigger_store::STORE_FORMAT.to_string(),
         "the format is recorded at the first open"
     );
     // A newer release's store.
-    let newer = (rigger_controller::store::STORE_FORMAT + 1).to_string();
+    let newer = (rigger_store::STORE_FORMAT + 1).to_string();
     client
         .put("/itest-format/format", newer.clone(), None)
         .await
@@ -82,8 +82,8 @@ async fn a_store_of_a_newer_format_is_refused_and_left_as_it_was() {
 #[tokio::test]
 async fn a_ten_thousand_node_job_status_round_trips_through_etcd() {
     use rigger_api::image_pull_job::{ImagePullJobStatus, NodePullPhase, NodePullStatus};
-    use rigger_controller::job_status;
-    use rigger_controller::store::{ObjectKey, Precondition};
+    use rigger_controller::engines::jobs::status as job_status;
+    use rigger_store::{ObjectKey, Precondition};
 
     let etcd = Etcd::start();
     let store = EtcdStore::connect(std::slice::from_ref(&etcd.endpoint), "/itest-big/", None)

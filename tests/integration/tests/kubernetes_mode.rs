@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use rigger_controller::store::{
+use rigger_store::{
     KubernetesSettings, KubernetesStore, Precondition, Store, StoreError,
 };
 use rigger_integration_tests::kubernetes::{Cluster, corpus};
@@ -107,7 +107,7 @@ fn the_store_keeps_its_promises_on_the_api_server() {
     let rt = runtime();
     let store = connect(&rt, cluster, &namespace.name);
     // The controller's records: the same behaviour as the embedded store and etcd.
-    rt.block_on(rigger_controller::store::conformance_of(
+    rt.block_on(rigger_store::conformance_of(
         &store,
         "ImagePullJob.nodes",
         "Node.labels",
@@ -122,9 +122,9 @@ fn the_store_keeps_its_promises_on_the_api_server() {
         "spec": {"image": "registry.invalid/app:1", "selector": {"names": ["n1"]},
                  "completionPolicy": {"type": "Never"}},
     });
-    let key = rigger_controller::store::ObjectKey::new("ImagePullJob", &namespace.name, "warm");
+    let key = rigger_store::ObjectKey::new("ImagePullJob", &namespace.name, "warm");
     let status_key =
-        rigger_controller::store::ObjectKey::new("ImagePullJob.status", &namespace.name, "warm");
+        rigger_store::ObjectKey::new("ImagePullJob.status", &namespace.name, "warm");
     let created = rt
         .block_on(store.put(
             key.clone(),
@@ -220,7 +220,7 @@ fn a_kubectl_apply_is_told_by_the_store_as_it_happens() {
 
     // A write "whatever is there" starts from the version the watch knows, which another
     // writer may just have made stale: it still lands, once, over the newest.
-    let key = rigger_controller::store::ObjectKey::new("ImagePullJob", &namespace.name, "applied");
+    let key = rigger_store::ObjectKey::new("ImagePullJob", &namespace.name, "applied");
     let edited = cluster.kubectl_ok(&[
         "-n",
         &namespace.name,
@@ -241,7 +241,7 @@ fn a_kubectl_apply_is_told_by_the_store_as_it_happens() {
         .block_on(store.put(key, ours.to_string().into_bytes(), Precondition::Any))
         .unwrap();
     let status_key =
-        rigger_controller::store::ObjectKey::new("ImagePullJob.status", &namespace.name, "applied");
+        rigger_store::ObjectKey::new("ImagePullJob.status", &namespace.name, "applied");
     let status = serde_json::json!({"desired": 1, "active": 1, "succeeded": 0, "failed": 0,
                                     "message": "pulling"});
     let with_status = rt

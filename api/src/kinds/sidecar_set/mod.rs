@@ -603,33 +603,33 @@ pub const INFO: KindInfo = KindInfo {
              the field.",
     ),
     schema: Some(crate::kind::schema_of::<SidecarSet>),
-    crd: Some(&crate::crd::CrdInfo {
-        group: crate::crd::KRUISE_GROUP,
+    crd: Some(&crate::kind::CrdInfo {
+        group: crate::kind::KRUISE_GROUP,
         versions: &["v1alpha1", "v1beta1"],
         short_names: &[],
         columns: &[
-            crate::crd::PrinterColumn {
+            crate::kind::PrinterColumn {
                 name: "MATCHED",
                 kind: "integer",
                 json_path: ".status.matchedPods",
                 description: "Pods the SidecarSet matches.",
                 only_in: None,
             },
-            crate::crd::PrinterColumn {
+            crate::kind::PrinterColumn {
                 name: "UPDATED",
                 kind: "integer",
                 json_path: ".status.updatedPods",
                 description: "Matched pods at the latest revision.",
                 only_in: None,
             },
-            crate::crd::PrinterColumn {
+            crate::kind::PrinterColumn {
                 name: "READY",
                 kind: "integer",
                 json_path: ".status.readyPods",
                 description: "Matched pods that are ready.",
                 only_in: None,
             },
-            crate::crd::AGE,
+            crate::kind::AGE,
         ],
     }),
     table: crate::table::table_of::<SidecarSet>,

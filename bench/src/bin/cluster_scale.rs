@@ -1,0 +1,709 @@
+//! `rigger-bench-cluster-scale`: Rigger's controller, as deployed in the lab's real
+//! cluster (`scripts/lab-cluster`, `scripts/lab-rigger`), while the cluster grows to
+//! `--nodes` Nodes and `--pods` Pods, `--matched` of which a SidecarSet matches (so the
+//! API server calls Rigger's webhook for each), created at `--rate` a second while as
+//! many pod statuses change a second, for `--duration`.
+//!
+//! The Nodes are virtual (`type: virtual-kubelet`, as Virtual Kubelet labels its nodes:
+//! no kubelet, so the agent DaemonSet leaves them out) and the Pods are bound to them
+//! (`nodeName`, tolerating every taint, so the node lifecycle controller evicts none).
+//! Read while it runs: both controller replicas' RSS (from `/proc` on the machine, the
+//! leader told by the Lease), the API server's own webhook latency histogram
+//! (`apiserver_admission_webhook_admission_duration_seconds`) beside the controller's
+//! own time per review (`rigger_controller_webhook_review_duration_seconds`, through the
+//! API server's pod proxy), and the controller's API requests per minute from the audit
+//! log, beside the pod count of that minute.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use rigger_bench::{report, simulated};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rigger-bench-cluster-scale",
+    about = "Rigger's controller as a real cluster grows"
+)]
+struct Args {
+    #[arg(long, default_value_t = 5000)]
+    nodes: usize,
+    #[arg(long, default_value_t = 50000)]
+    pods: usize,
+    /// Of the pods, how many a SidecarSet matches.
+    #[arg(long, default_value_t = 10000)]
+    matched: usize,
+    /// Pods created a second (until `--pods`), and pod statuses changed a second.
+    #[arg(long, default_value_t = 100)]
+    rate: u32,
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// The lab cluster's audit log [default: $RIGGER_LAB_CLUSTER_AUDIT_LOG].
+    #[arg(long)]
+    audit_log: Option<PathBuf>,
+    /// Write the results into this markdown file (its cluster-scale section).
+    #[arg(long)]
+    write: Option<PathBuf>,
+    /// Leave the Nodes and Pods in place afterwards.
+    #[arg(long)]
+    keep: bool,
+}
+
+const NAMESPACE: &str = "rigger-scale";
+const SET: &str = "rigger-scale";
+const CONTROLLER: &str = "system:serviceaccount:rigger-system:rigger-controller";
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if args.matched > args.pods || args.nodes == 0 || args.rate == 0 {
+        bail!("--matched must be at most --pods, and --nodes and --rate above 0");
+    }
+    let audit_log = match &args.audit_log {
+        Some(path) => path.clone(),
+        None => std::env::var("RIGGER_LAB_CLUSTER_AUDIT_LOG")
+            .context("--audit-log or RIGGER_LAB_CLUSTER_AUDIT_LOG (source <(scripts/lab env))")?
+            .into(),
+    };
+    // The lab cluster's admin [default: $RIGGER_LAB_CLUSTER_KUBECONFIG, else kube's own
+    // search: $KUBECONFIG, ~/.kube/config].
+    let client = match std::env::var_os("RIGGER_LAB_CLUSTER_KUBECONFIG") {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(&path)
+                .context("the lab cluster's kubeconfig")?;
+            let config = kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await?;
+            kube::Client::try_from(config)?
+        }
+        None => kube::Client::try_default().await.context("a kubeconfig")?,
+    };
+    let outcome = run(&client, &args, &audit_log).await;
+    if !args.keep {
+        clean(&client).await;
+    }
+    let report = outcome?;
+    println!("{report}");
+    if let Some(path) = &args.write {
+        report::CLUSTER_SCALE.write(path, &report)?;
+    }
+    Ok(())
+}
+
+/// One sample of the run.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    at: Duration,
+    pods: u64,
+    leader_rss: u64,
+    follower_rss: u64,
+}
+
+async fn run(client: &kube::Client, args: &Args, audit_log: &Path) -> anyhow::Result<String> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?,
+        )
+        .await
+        .context("creating the bench's namespace (a run left it? delete it first)")?;
+    apply_sidecar_set(client).await?;
+    let nodes_made = Instant::now();
+    create_nodes(client, args.nodes).await?;
+    let nodes_took = nodes_made.elapsed();
+    println!("{} Nodes in {nodes_took:?}", args.nodes);
+    let webhook_before = admission_histogram(client).await?;
+    let reviews_before = review_histogram(client).await?;
+    let audit_from = audit_now();
+    let started = Instant::now();
+    let created = Arc::new(AtomicU64::new(0));
+    let changed = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let load = tokio::spawn(load(
+        client.clone(),
+        args.pods,
+        args.matched,
+        args.nodes,
+        args.rate,
+        args.duration,
+        [created.clone(), changed.clone(), failed.clone()],
+    ));
+    let mut samples = Vec::new();
+    while started.elapsed() < args.duration {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let (leader, follower) = controller_rss(client).await;
+        samples.push(Sample {
+            at: started.elapsed(),
+            pods: created.load(Ordering::Relaxed),
+            leader_rss: leader.0,
+            follower_rss: follower.0,
+        });
+        println!(
+            "{:>5.0} s: {} pods, {} statuses changed, {} failed; leader RSS {} MiB, follower {} MiB",
+            started.elapsed().as_secs_f64(),
+            created.load(Ordering::Relaxed),
+            changed.load(Ordering::Relaxed),
+            failed.load(Ordering::Relaxed),
+            leader.0 >> 20,
+            follower.0 >> 20
+        );
+    }
+    load.await??;
+    let (leader, follower) = controller_rss(client).await;
+    let webhook_after = admission_histogram(client).await?;
+    let reviews_after = review_histogram(client).await?;
+    let latency = |before: &[(f64, f64)], after: &[(f64, f64)]| {
+        (quantile(before, after, 0.5), quantile(before, after, 0.99))
+    };
+    let admission = latency(&webhook_before, &webhook_after);
+    let reviews = latency(&reviews_before, &reviews_after);
+    let per_minute = requests_per_minute(audit_log, &audit_from)?;
+    Ok(report(
+        args,
+        nodes_took,
+        &samples,
+        [leader, follower],
+        [admission, reviews],
+        &per_minute,
+        [
+            created.load(Ordering::Relaxed),
+            changed.load(Ordering::Relaxed),
+            failed.load(Ordering::Relaxed),
+        ],
+    ))
+}
+
+/// The cluster's SidecarSets (Kruise's kind, served by Rigger's CRD).
+fn sidecar_sets(client: &kube::Client) -> Api<kube::api::DynamicObject> {
+    let resource = kube::discovery::ApiResource {
+        group: "apps.kruise.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "apps.kruise.io/v1alpha1".into(),
+        kind: "SidecarSet".into(),
+        plural: "sidecarsets".into(),
+    };
+    Api::all_with(client.clone(), &resource)
+}
+
+async fn apply_sidecar_set(client: &kube::Client) -> anyhow::Result<()> {
+    let sets = sidecar_sets(client);
+    let set: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1alpha1", "kind": "SidecarSet",
+        "metadata": {"name": SET},
+        "spec": {
+            "namespace": NAMESPACE,
+            "selector": {"matchLabels": {"rigger-scale/sidecar": "yes"}},
+            "containers": [{"name": "proxy", "image": "10.250.0.1:5000/rigger-lab/busybox:1",
+                            "command": ["sleep", "3600"]}],
+        },
+    }))?;
+    sets.create(&PostParams::default(), &set)
+        .await
+        .context("creating the bench's SidecarSet")?;
+    // Its webhook entry reaches the API server a moment later.
+    let configurations: Api<
+        k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration,
+    > = Api::all(client.clone());
+    let entry = format!("{SET}.sidecarsets.rigger.dev");
+    let waited = Instant::now();
+    loop {
+        let configuration = configurations.get("rigger-sidecar-injection").await?;
+        if configuration
+            .webhooks
+            .iter()
+            .flatten()
+            .any(|w| w.name == entry)
+        {
+            // The API server reads the configuration from its own watch.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            return Ok(());
+        }
+        if waited.elapsed() > Duration::from_secs(60) {
+            bail!("the SidecarSet's webhook entry never came");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn node_name(index: usize) -> String {
+    format!("rigger-scale-{index:05}")
+}
+
+async fn create_nodes(client: &kube::Client, count: usize) -> anyhow::Result<()> {
+    let api: Api<Node> = Api::all(client.clone());
+    let made = futures::stream::iter(0..count).map(|index| {
+        let api = api.clone();
+        async move {
+            let node: Node = serde_json::from_value(json!({
+                "metadata": {"name": node_name(index), "labels": {
+                    "type": "virtual-kubelet", "rigger-scale": "yes",
+                    "topology.kubernetes.io/zone": format!("zone-{}", index % 3)}},
+                "spec": {"taints": [{"key": "virtual-kubelet.io/provider",
+                                     "value": "rigger-scale", "effect": "NoSchedule"}]},
+            }))?;
+            api.create(&PostParams::default(), &node)
+                .await
+                .with_context(|| format!("creating node {}", node_name(index)))
+        }
+    });
+    let results: Vec<_> = made.buffer_unordered(16).collect().await;
+    for result in results {
+        result?;
+    }
+    Ok(())
+}
+
+/// Pods created at `rate` a second until `pods`, and as many statuses changed a second,
+/// for `duration`; counts created, changed and failed.
+async fn load(
+    client: kube::Client,
+    pods: usize,
+    matched: usize,
+    nodes: usize,
+    rate: u32,
+    duration: Duration,
+    [created, changed, failed]: [Arc<AtomicU64>; 3],
+) -> anyhow::Result<()> {
+    let api: Api<Pod> = Api::namespaced(client, NAMESPACE);
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(64));
+    let every = pods.checked_div(matched).unwrap_or(usize::MAX).max(1);
+    let mut tick = tokio::time::interval(Duration::from_secs(1) / rate);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let started = Instant::now();
+    let mut next = 0usize;
+    let mut tasks = tokio::task::JoinSet::new();
+    while started.elapsed() < duration {
+        tick.tick().await;
+        let made = usize::try_from(created.load(Ordering::Relaxed)).unwrap_or(usize::MAX);
+        // A new pod, while there are fewer than asked.
+        if next < pods {
+            let index = next;
+            next += 1;
+            let (api, created, failed) = (api.clone(), created.clone(), failed.clone());
+            let permit = in_flight.clone().acquire_owned().await?;
+            tasks.spawn(async move {
+                let _permit = permit;
+                let sidecar = if index.is_multiple_of(every) { "yes" } else { "no" };
+                let pod: Pod = match serde_json::from_value(json!({
+                    "metadata": {"name": format!("p-{index:06}"), "labels": {
+                        "app": format!("app-{}", index % 200), "rigger-scale/sidecar": sidecar}},
+                    "spec": {"nodeName": node_name(index % nodes),
+                             "tolerations": [{"operator": "Exists"}],
+                             "containers": [{"name": "app", "image": "10.250.0.1:5000/rigger-lab/busybox:1"}]},
+                })) {
+                    Ok(pod) => pod,
+                    Err(_) => return,
+                };
+                match api.create(&PostParams::default(), &pod).await {
+                    Ok(_) => created.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => failed.fetch_add(1, Ordering::Relaxed),
+                };
+            });
+        }
+        // A status change of a pod made already: readiness flips, a container restarts.
+        if made > 0 {
+            let index = fastrand::usize(0..made);
+            let (api, changed, failed) = (api.clone(), changed.clone(), failed.clone());
+            let permit = in_flight.clone().acquire_owned().await?;
+            tasks.spawn(async move {
+                let _permit = permit;
+                let ready = fastrand::bool();
+                let restarts = fastrand::u32(0..5);
+                let status = json!({"status": {
+                    "phase": "Running",
+                    "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+                    "containerStatuses": [{"name": "app", "image": "busybox", "imageID": "sha256:app",
+                        "containerID": format!("containerd://{index}-{restarts}"), "ready": ready,
+                        "restartCount": restarts, "state": {"running": {}}}],
+                }});
+                let patched = api
+                    .patch_status(
+                        &format!("p-{index:06}"),
+                        &PatchParams::default(),
+                        &Patch::Merge(&status),
+                    )
+                    .await;
+                match patched {
+                    Ok(_) => changed.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => failed.fetch_add(1, Ordering::Relaxed),
+                };
+            });
+        }
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// RSS now and peak (bytes) of the leading and the following controller replica.
+async fn controller_rss(client: &kube::Client) -> ((u64, u64), (u64, u64)) {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "rigger-system");
+    let leader = leases
+        .get_opt("rigger-controller")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.holder_identity)
+        .and_then(|h| h.split('/').next().map(str::to_owned))
+        .unwrap_or_default();
+    let (mut leading, mut following) = ((0, 0), (0, 0));
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return (leading, following);
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() != "rigger-controll" {
+            continue;
+        }
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let hostname = environ
+            .split(|b| *b == 0)
+            .find_map(|v| v.strip_prefix(b"HOSTNAME="))
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default();
+        if !hostname.starts_with("rigger-controller-") {
+            continue;
+        }
+        let Ok((rss, peak, _)) = simulated::proc_stats(pid) else {
+            continue;
+        };
+        let rss = (rss, peak);
+        if hostname == leader {
+            leading = rss;
+        } else {
+            following = rss;
+        }
+    }
+    (leading, following)
+}
+
+/// The API server's webhook admission latency histogram for the bench's set: bucket
+/// upper bound (seconds) → cumulative count.
+async fn admission_histogram(client: &kube::Client) -> anyhow::Result<Vec<(f64, f64)>> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(request).await?;
+    let entry = format!("name=\"{SET}.sidecarsets.rigger.dev\"");
+    Ok(buckets_of(
+        [text.as_str()],
+        "apiserver_admission_webhook_admission_duration_seconds_bucket",
+        &entry,
+    ))
+}
+
+/// The webhook's own time per review, from every controller replica's `/metrics` (read
+/// through the API server's pod proxy, as Prometheus in the cluster would scrape it),
+/// whatever the answer: what of the API server's figure the controller spends.
+async fn review_histogram(client: &kube::Client) -> anyhow::Result<Vec<(f64, f64)>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "rigger-system");
+    let replicas = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=rigger-controller"))
+        .await
+        .context("listing the controller's pods")?;
+    let mut texts = Vec::new();
+    for pod in replicas {
+        let name = pod.metadata.name.unwrap_or_default();
+        let path = format!("/api/v1/namespaces/rigger-system/pods/{name}:9451/proxy/metrics");
+        let request = http::Request::get(path).body(Vec::new())?;
+        texts.push(
+            client
+                .request_text(request)
+                .await
+                .with_context(|| format!("the metrics of controller pod {name}"))?,
+        );
+    }
+    Ok(buckets_of(
+        texts.iter().map(String::as_str),
+        "rigger_controller_webhook_review_duration_seconds_bucket",
+        "",
+    ))
+}
+
+/// The cumulative buckets of histogram `metric` (its `_bucket` series) in Prometheus
+/// texts, the series whose line holds `filter` added up by bound: upper bound (seconds)
+/// → cumulative count, sorted (pure).
+fn buckets_of<'a>(
+    texts: impl IntoIterator<Item = &'a str>,
+    metric: &str,
+    filter: &str,
+) -> Vec<(f64, f64)> {
+    let series = format!("{metric}{{");
+    let mut buckets: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for line in texts.into_iter().flat_map(str::lines) {
+        if !line.starts_with(&series) || !line.contains(filter) {
+            continue;
+        }
+        let Some(le) = line
+            .split("le=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+        else {
+            continue;
+        };
+        let bound = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            le.parse().unwrap_or(f64::INFINITY)
+        };
+        let count: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0.0);
+        let slot = buckets.entry(le.to_owned()).or_insert((bound, 0.0));
+        slot.1 += count;
+    }
+    let mut out: Vec<(f64, f64)> = buckets.into_values().collect();
+    out.sort_by(|a, b| a.0.total_cmp(&b.0));
+    out
+}
+
+/// The `q` quantile (seconds) of what was observed between two readings of a histogram,
+/// interpolated within its bucket as Prometheus's `histogram_quantile` does.
+fn quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> Option<f64> {
+    let counts: Vec<(f64, f64)> = after
+        .iter()
+        .map(|(bound, count)| {
+            let earlier = before
+                .iter()
+                .find(|(b, _)| b == bound)
+                .map_or(0.0, |(_, c)| *c);
+            (*bound, count - earlier)
+        })
+        .collect();
+    let total = counts.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let mut lower = (0.0, 0.0);
+    for (bound, count) in counts {
+        if count >= rank {
+            if bound.is_infinite() {
+                return Some(lower.0);
+            }
+            let within = (rank - lower.1) / (count - lower.1).max(f64::MIN_POSITIVE);
+            return Some(lower.0 + (bound - lower.0) * within);
+        }
+        lower = (bound, count);
+    }
+    None
+}
+
+/// Now as the audit log's timestamps begin (RFC 3339 to the second, without its zone):
+/// its lines compare as text, an event of this very second not before it.
+fn audit_now() -> String {
+    rigger_proto::time::now_rfc3339()
+        .trim_end_matches('Z')
+        .to_owned()
+}
+
+/// The controller's requests by minute since `since` (the audit log's
+/// `requestReceivedTimestamp`, to the minute), each with its verbs.
+fn requests_per_minute(
+    audit_log: &Path,
+    since: &str,
+) -> anyhow::Result<BTreeMap<String, BTreeMap<String, u64>>> {
+    let text = std::fs::read_to_string(audit_log)
+        .with_context(|| format!("reading {}", audit_log.display()))?;
+    let mut minutes: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    for line in text.lines() {
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if event["user"]["username"] != CONTROLLER {
+            continue;
+        }
+        let Some(at) = event["requestReceivedTimestamp"].as_str() else {
+            continue;
+        };
+        if at < since {
+            continue;
+        }
+        let minute = at.get(..16).unwrap_or(at).to_owned();
+        let resource = event["objectRef"]["resource"].as_str().unwrap_or("?");
+        let verb = event["verb"].as_str().unwrap_or("?");
+        *minutes
+            .entry(minute)
+            .or_default()
+            .entry(format!("{verb} {resource}"))
+            .or_default() += 1;
+    }
+    Ok(minutes)
+}
+
+fn report(
+    args: &Args,
+    nodes_took: Duration,
+    samples: &[Sample],
+    [leader, follower]: [(u64, u64); 2],
+    [admission, reviews]: [(Option<f64>, Option<f64>); 2],
+    per_minute: &BTreeMap<String, BTreeMap<String, u64>>,
+    [created, changed, failed]: [u64; 3],
+) -> String {
+    let ms = |s: Option<f64>| s.map_or("—".to_owned(), |s| format!("{:.1} ms", s * 1000.0));
+    let mib = |bytes: u64| format!("{} MiB", bytes >> 20);
+    let mut out = format!(
+        "Reproduce with (the lab's cluster with Rigger deployed, nothing else running on it):\n\n\
+         ```sh\nscripts/lab up --k8s --cluster && scripts/lab-rigger up --profile release\n\
+         source <(scripts/lab env)\n\
+         target/release/rigger-bench-cluster-scale --nodes {} --pods {} --matched {} --rate {} --duration {} --write BENCHMARKS.md\n```\n\n",
+        args.nodes,
+        args.pods,
+        args.matched,
+        args.rate,
+        humantime::format_duration(args.duration)
+    );
+    out.push_str(&format!(
+        "{} virtual Nodes made in {:.0} s; then for {}: {created} Pods created ({} matched by the SidecarSet), {changed} pod statuses changed, {failed} requests failed.\n\n",
+        args.nodes,
+        nodes_took.as_secs_f64(),
+        humantime::format_duration(args.duration),
+        (created as usize).div_ceil(args.pods.checked_div(args.matched).unwrap_or(usize::MAX).max(1)),
+    ));
+    out.push_str("| measure | target | measured |\n|---|---|---|\n");
+    out.push_str(&format!(
+        "| leader's peak RSS | ≤ 1 GiB | {} (now {}) |\n",
+        mib(leader.1),
+        mib(leader.0)
+    ));
+    out.push_str(&format!(
+        "| follower's peak RSS | ≤ 512 MiB | {} (now {}) |\n",
+        mib(follower.1),
+        mib(follower.0)
+    ));
+    out.push_str(&format!(
+        "| webhook admission, the API server's histogram | p99 ≤ 50 ms | p50 {}, p99 {} |\n",
+        ms(admission.0),
+        ms(admission.1)
+    ));
+    out.push_str(&format!(
+        "| of which the webhook's own time per review (the controller's histogram) | | p50 {}, p99 {} |\n\n",
+        ms(reviews.0),
+        ms(reviews.1)
+    ));
+    out.push_str("The controller's API requests by minute (audit log), and the pods there were:\n\n| minute (UTC) | pods at its end | requests | of which |\n|---|---|---|---|\n");
+    let start = samples.first().map_or(Duration::ZERO, |s| s.at);
+    for (index, (minute, verbs)) in per_minute.iter().enumerate() {
+        let pods = samples
+            .iter()
+            .take_while(|s| s.at <= start + Duration::from_secs(60 * (index as u64 + 1)))
+            .last()
+            .map_or(0, |s| s.pods);
+        let total: u64 = verbs.values().sum();
+        let mut top: Vec<(&String, &u64)> = verbs.iter().collect();
+        top.sort_by(|a, b| b.1.cmp(a.1));
+        let top: Vec<String> = top
+            .iter()
+            .take(4)
+            .map(|(verb, n)| format!("{n} {verb}"))
+            .collect();
+        out.push_str(&format!(
+            "| {minute} | {pods} | {total} | {} |\n",
+            top.join(", ")
+        ));
+    }
+    out.push_str("\nRSS over the run (every 30 s):\n\n| at | pods | leader RSS | follower RSS |\n|---|---|---|---|\n");
+    for sample in samples.iter().step_by(6) {
+        out.push_str(&format!(
+            "| {:.0} s | {} | {} | {} |\n",
+            sample.at.as_secs_f64(),
+            sample.pods,
+            mib(sample.leader_rss),
+            mib(sample.follower_rss)
+        ));
+    }
+    out
+}
+
+/// Remove what the bench made: the pods at once (no kubelet will confirm their end),
+/// the namespace, the SidecarSet and the Nodes.
+async fn clean(client: &kube::Client) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    let _ = pods.delete_collection(&now, &ListParams::default()).await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let _ = namespaces.delete(NAMESPACE, &DeleteParams::default()).await;
+    let sets = sidecar_sets(client);
+    let _ = sets.delete(SET, &DeleteParams::default()).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let _ = nodes
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels("rigger-scale=yes"),
+        )
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_interpolate_within_the_bucket_of_the_delta() {
+        let before = [
+            (0.005, 10.0),
+            (0.025, 10.0),
+            (0.1, 10.0),
+            (f64::INFINITY, 10.0),
+        ];
+        let after = [
+            (0.005, 60.0),
+            (0.025, 150.0),
+            (0.1, 160.0),
+            (f64::INFINITY, 160.0),
+        ];
+        // 150 observed: 50 under 5 ms, 90 in 5–25 ms, 10 in 25–100 ms.
+        let p50 = quantile(&before, &after, 0.5).unwrap_or_default();
+        assert!((p50 - (0.005 + 0.02 * (25.0 / 90.0))).abs() < 1e-9, "{p50}");
+        let p99 = quantile(&before, &after, 0.99).unwrap_or_default();
+        assert!((p99 - (0.025 + 0.075 * (8.5 / 10.0))).abs() < 1e-9, "{p99}");
+        assert_eq!(quantile(&after, &after, 0.99), None);
+    }
+
+    #[test]
+    fn buckets_add_up_across_series_and_replicas_and_skip_other_metrics() {
+        let leader = "# TYPE rigger_controller_webhook_review_duration_seconds histogram\n\
+            rigger_controller_webhook_review_duration_seconds_sum{answer=\"allowed\"} 0.5\n\
+            rigger_controller_webhook_review_duration_seconds_bucket{le=\"0.005\",answer=\"allowed\"} 3\n\
+            rigger_controller_webhook_review_duration_seconds_bucket{le=\"+Inf\",answer=\"allowed\"} 4\n\
+            rigger_controller_webhook_review_duration_seconds_bucket{le=\"0.005\",answer=\"denied\"} 1\n\
+            rigger_controller_webhook_review_duration_seconds_bucket{le=\"+Inf\",answer=\"denied\"} 1\n";
+        let follower = "rigger_controller_webhook_review_duration_seconds_bucket{le=\"0.005\",answer=\"allowed\"} 2\n\
+            rigger_controller_webhook_review_duration_seconds_bucket{le=\"+Inf\",answer=\"allowed\"} 2\n";
+        let buckets = buckets_of(
+            [leader, follower],
+            "rigger_controller_webhook_review_duration_seconds_bucket",
+            "",
+        );
+        assert_eq!(buckets, vec![(0.005, 6.0), (f64::INFINITY, 7.0)]);
+        let denied = buckets_of(
+            [leader],
+            "rigger_controller_webhook_review_duration_seconds_bucket",
+            "answer=\"denied\"",
+        );
+        assert_eq!(denied, vec![(0.005, 1.0), (f64::INFINITY, 1.0)]);
+    }
+}

@@ -1,0 +1,7 @@
+//! What the benchmark binaries (`src/bin/`) share: a real controller and agent on the lab
+//! node ([`cluster`]), a real controller under simulated agents ([`simulated`]), and the
+//! sections of BENCHMARKS.md each benchmark writes ([`report`]).
+
+pub mod cluster;
+pub mod report;
+pub mod simulated;
