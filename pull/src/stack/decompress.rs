@@ -4,7 +4,8 @@
 //!
 //! gzip inflates through ISA-L (`isal-rs`, Debian's `libisal2`), which on the CPUs nodes
 //! run on is ~2.5x zlib's speed; a layer's inflate is on the critical path of its unpack
-//! (BENCHMARKS.md, "where the time goes"). Two things keep ISA-L's reader exact:
+//! (docs/benchmarks/containerd-2.1-where-the-time-goes.md). Two things keep ISA-L's
+//! reader exact:
 //! - its input is always as full as the layer allows ([`FullReads`]): the reader counts a
 //!   step that produced no output as a sign of corrupt input, and a short read (the end
 //!   of a network piece) could otherwise starve a step and fail a good layer;
