@@ -10,7 +10,8 @@ marker lines:
 A re-run replaces what is between its two markers and touches nothing else, so the
 hand-written text around them (targets, where the time goes) survives it. If the markers
 are not in the file yet, the section is added at its end. The Rust benches write theirs
-the same way (bench/src/simulated/mod.rs `write_section`); the Python ones use this module:
+the same way (bench/src/report.rs, whose test holds this list and BENCHMARKS.md to
+its own); the Python ones use this module:
 
   sys.path.insert(0, os.path.join(ROOT, "bench")); import report
   report.check(path, "pull")                  # at the start: a long run must not fail at its end

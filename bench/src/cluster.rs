@@ -10,6 +10,7 @@ use rigger_proto::v1::control_client::ControlClient;
 use tonic::transport::Channel;
 
 /// A child process killed when dropped.
+#[derive(Debug)]
 pub struct Killed(pub Child);
 
 impl Drop for Killed {
@@ -19,6 +20,7 @@ impl Drop for Killed {
     }
 }
 
+#[derive(Debug)]
 pub struct Cluster {
     pub control: ControlClient<Channel>,
     pub agent: Killed,

@@ -16,6 +16,18 @@ pub struct Section {
     pub writer: &'static str,
 }
 
+pub const PULL: Section = Section {
+    name: "pull",
+    writer: "bench/pull",
+};
+pub const CONCURRENCY: Section = Section {
+    name: "concurrency",
+    writer: "bench/pull-concurrent",
+};
+pub const FLEET_PULL: Section = Section {
+    name: "fleet-pull",
+    writer: "bench/fleet-pull",
+};
 pub const FLEET: Section = Section {
     name: "fleet",
     writer: "rigger-bench-fleet",
@@ -29,8 +41,23 @@ pub const CLUSTER_SCALE: Section = Section {
     writer: "rigger-bench-cluster-scale",
 };
 
-/// Every section a benchmark writes, in the report's order.
-pub const SECTIONS: &[Section] = &[FLEET, API_LOAD, CLUSTER_SCALE];
+pub const KRUISE: Section = Section {
+    name: "kruise",
+    writer: "bench/kruise",
+};
+
+/// Every section a benchmark writes, in the report's order. The Python benches write
+/// theirs through `bench/report.py`, whose list must say the same (a test holds it to
+/// this one).
+pub const SECTIONS: &[Section] = &[
+    PULL,
+    CONCURRENCY,
+    FLEET_PULL,
+    FLEET,
+    API_LOAD,
+    CLUSTER_SCALE,
+    KRUISE,
+];
 
 impl Section {
     /// The line before the section's table.
@@ -47,14 +74,12 @@ impl Section {
     /// where it has none yet). Pure.
     pub fn replaced_in(&self, text: &str, table: &str) -> String {
         let (begin, end) = (self.begin(), self.end());
-        let section = format!("{begin}\n{table}{end}\n");
+        let section = format!("{begin}\n{table}{end}");
         match (text.find(&begin), text.find(&end)) {
-            (Some(start), Some(stop)) if stop > start => format!(
-                "{}{section}{}",
-                &text[..start],
-                text[stop + end.len()..].trim_start_matches('\n')
-            ),
-            _ => format!("{}\n\n{section}", text.trim_end()),
+            (Some(start), Some(stop)) if stop > start => {
+                format!("{}{section}{}", &text[..start], &text[stop + end.len()..])
+            }
+            _ => format!("{}\n\n{section}\n", text.trim_end()),
         }
     }
 
@@ -134,6 +159,18 @@ mod tests {
     }
 
     #[test]
+    fn the_python_benches_list_the_same_sections() {
+        let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("report.py");
+        let code = std::fs::read_to_string(module).unwrap();
+        let listed = code.matches("\": \"").count();
+        assert_eq!(listed, SECTIONS.len(), "report.py lists {listed} writers");
+        for section in SECTIONS {
+            let entry = format!("\"{}\": \"{}\",", section.name, section.writer);
+            assert!(code.contains(&entry), "report.py lacks {entry}");
+        }
+    }
+
+    #[test]
     fn a_rewrite_replaces_its_own_table_and_nothing_around_it() {
         let text = format!(
             "# Report\n\nbefore\n{}\nold table\n{}\nafter\n",
@@ -163,15 +200,11 @@ mod tests {
         assert!(check_layout(&missing).unwrap_err().contains("api-load"));
         let twice = format!("{whole}{}", FLEET.begin());
         assert!(check_layout(&twice).unwrap_err().contains("2 times"));
-        let nested = format!(
-            "{}\n{}\nt\n{}\n{}\n{}\nt\n{}\n",
-            FLEET.begin(),
-            API_LOAD.begin(),
-            API_LOAD.end(),
-            FLEET.end(),
-            CLUSTER_SCALE.begin(),
-            CLUSTER_SCALE.end()
-        );
+        let api_load = format!("{}\nt\n{}\n", API_LOAD.begin(), API_LOAD.end());
+        let fleet_begin = format!("{}\n", FLEET.begin());
+        let nested = whole
+            .replace(&api_load, "")
+            .replace(&fleet_begin, &format!("{fleet_begin}{api_load}"));
         assert!(check_layout(&nested).unwrap_err().contains("api-load"));
     }
 }

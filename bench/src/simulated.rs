@@ -91,6 +91,7 @@ pub fn soft_open_files(pid: u32) -> anyhow::Result<u64> {
 }
 
 /// A controller with its PKI and data directory, which can be restarted in place.
+#[derive(Debug)]
 pub struct Lab {
     pub dir: tempfile::TempDir,
     pub binary: PathBuf,
@@ -249,6 +250,7 @@ pub fn spawn_controller(
 }
 
 /// What every simulated agent shares.
+#[derive(Debug)]
 pub struct Shared {
     /// Registrations acknowledged, reconnections included.
     pub registered: AtomicUsize,

@@ -18,13 +18,13 @@ use std::path::PathBuf;
 
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
-use crate::serve::auth::{UserAuth, Users};
 use crate::config::{ControllerConfig, StoreConfig, TlsFiles};
-use crate::serve::control::ControlService;
 use crate::engines::jobs::JobEngine;
-use rigger_store::Leadership;
-use crate::serve::link::AgentLinkService;
 use crate::fleet::nodes::NodeRegistry;
+use crate::serve::auth::{UserAuth, Users};
+use crate::serve::control::ControlService;
+use crate::serve::link::AgentLinkService;
+use rigger_store::Leadership;
 use rigger_store::{EmbeddedStore, EtcdStore, KubernetesStore, Store};
 
 #[derive(Debug, thiserror::Error)]
@@ -350,7 +350,8 @@ pub async fn run(
     // Pods' one watch.
     let (cluster_rollout, injected_pods) = match (&cluster, kruise_manager) {
         (Some(client), false) => {
-            let pods = Arc::new(crate::engines::sidecar_sets::injected_pods::InjectedPods::default());
+            let pods =
+                Arc::new(crate::engines::sidecar_sets::injected_pods::InjectedPods::default());
             let rollout = crate::engines::sidecar_sets::cluster_rollout::ClusterRollout::new(
                 store.clone(),
                 client.clone(),

@@ -20,8 +20,8 @@ pub mod typed;
 
 pub use embedded::EmbeddedStore;
 pub use etcd::EtcdStore;
-pub use leadership::{LeaderError, Leadership};
 pub use kubernetes::{KubernetesSettings, KubernetesStore};
+pub use leadership::{LeaderError, Leadership};
 pub use typed::{Versioned, key_of};
 
 /// The layout of Rigger's own stores (embedded and etcd: keys, revisions, the JSON of

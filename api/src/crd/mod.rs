@@ -12,7 +12,7 @@ pub mod structural;
 
 use serde_json::{Value, json};
 
-use crate::kind::{AGE, KRUISE_GROUP, KindInfo, RIGGER_GROUP};
+use crate::kind::{AGE, KindInfo, RIGGER_GROUP};
 use crate::kinds::Kind;
 
 /// The kind of the controller's own records on a Kubernetes store (per-node job
@@ -227,7 +227,7 @@ mod tests {
                 .map(|v| v["name"].as_str().unwrap())
                 .collect();
             assert_eq!(stored.len(), 1, "{}", crd["metadata"]["name"]);
-            if crd["spec"]["group"] == KRUISE_GROUP {
+            if crd["spec"]["group"] == crate::kind::KRUISE_GROUP {
                 assert_eq!(stored, ["v1beta1"]);
                 assert_eq!(versions.len(), 2);
             }

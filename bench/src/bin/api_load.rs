@@ -206,7 +206,6 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-
 fn show(counts: &Counts) -> String {
     let parts: Vec<String> = counts
         .iter()
@@ -265,7 +264,7 @@ async fn run(
     )?;
 
     // The SidecarSet webhook as deployed: its certificate's Secret and configuration.
-    let webhook = include_str!("../../deploy/kubernetes/webhook.yaml").replace(
+    let webhook = include_str!("../../../deploy/kubernetes/webhook.yaml").replace(
         "namespace: rigger-system",
         &format!("namespace: {namespace}"),
     );

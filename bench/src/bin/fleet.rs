@@ -114,7 +114,6 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-
 fn mib(bytes: u64) -> String {
     format!("{} MiB", bytes >> 20)
 }

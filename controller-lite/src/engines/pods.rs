@@ -10,10 +10,10 @@ use rigger_proto::v1::{AssignedPod, ControllerMessage, PodSet, PodStatus, contro
 
 use crate::fleet::nodes::NodeRegistry;
 use crate::fleet::relay::Relay;
-use rigger_store::{ObjectKey, Precondition, Store, StoreError};
 use rigger_api::lifecycle_cooperator::LifecycleCooperator;
 use rigger_api::pod::{self, Pod};
 use rigger_api::secret;
+use rigger_store::{ObjectKey, Precondition, Store, StoreError};
 
 /// Whether a reported PodStatus has condition Ready=True.
 pub fn is_ready(status: &serde_json::Value) -> bool {

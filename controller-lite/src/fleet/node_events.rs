@@ -10,8 +10,8 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 
 use crate::events::{Event, EventSink, NODE_NOT_READY, NODE_READY, REGISTERED_NODE, node};
-use rigger_store::Leadership;
 use crate::fleet::nodes::{AWAITING_INVENTORY, NodeRegistry};
+use rigger_store::Leadership;
 
 const SAMPLE: Duration = Duration::from_secs(2);
 

@@ -23,11 +23,11 @@ use rigger_proto::peer_grant::is_sha256_digest;
 use crate::serve::peer_queries::{Admission, PeerQueryGate, Question};
 
 use crate::engines::jobs::JobEngine;
-use rigger_store::Leadership;
 use crate::engines::node_images::{NodeImageEngine, is_node_image_task};
-use crate::fleet::nodes::{NodeRegistry, SessionId};
 use crate::engines::pods::PodSync;
 use crate::engines::recreate_requests::{RecreateEngine, is_recreate_task};
+use crate::fleet::nodes::{NodeRegistry, SessionId};
+use rigger_store::Leadership;
 
 /// Messages queued for one agent before the engine holds back (and offers them again).
 const AGENT_QUEUE: usize = 64;
@@ -192,7 +192,9 @@ type Identity = Arc<Vec<rustls_pki_types::CertificateDer<'static>>>;
 
 /// Whether `identity` (none without mTLS) is node `name`'s.
 fn check_identity(identity: Option<&Identity>, name: &str) -> Result<(), Status> {
-    identity.map_or(Ok(()), |certs| crate::serve::auth::check_certificates(certs, name))
+    identity.map_or(Ok(()), |certs| {
+        crate::serve::auth::check_certificates(certs, name)
+    })
 }
 
 type MessageStream = Pin<Box<dyn Stream<Item = Result<ControllerMessage, Status>> + Send>>;

@@ -14,9 +14,9 @@ use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::engines::jobs::JobEngine;
-use rigger_store::Leadership;
-use crate::fleet::nodes::NodeRegistry;
 use crate::engines::recreate_requests::RecreateEngine;
+use crate::fleet::nodes::NodeRegistry;
+use rigger_store::Leadership;
 
 const REFRESH: Duration = Duration::from_secs(2);
 
@@ -231,7 +231,7 @@ mod tests {
     #[test]
     fn the_operator_guide_lists_every_series() {
         let registry = Arc::new(ControllerMetrics::default()).registry();
-        let guide = include_str!("../../docs/operator-guide.md");
+        let guide = include_str!("../../../docs/operator-guide.md");
         assert_eq!(
             rigger_daemon::metrics::check_documented(&registry, guide, "rigger_controller_"),
             Ok(()),

@@ -11,13 +11,11 @@
 
 use std::time::Duration;
 
-use rigger_store::{
-    KubernetesSettings, KubernetesStore, Precondition, Store, StoreError,
-};
 use rigger_integration_tests::kubernetes::{Cluster, corpus};
 use rigger_integration_tests::{
     Agent, Controller, Lab, TestNamespace, repo_root, unique_image, wait_until,
 };
+use rigger_store::{KubernetesSettings, KubernetesStore, Precondition, Store, StoreError};
 
 #[test]
 fn every_kruise_example_applies_with_kubectl_in_both_versions() {
@@ -123,8 +121,7 @@ fn the_store_keeps_its_promises_on_the_api_server() {
                  "completionPolicy": {"type": "Never"}},
     });
     let key = rigger_store::ObjectKey::new("ImagePullJob", &namespace.name, "warm");
-    let status_key =
-        rigger_store::ObjectKey::new("ImagePullJob.status", &namespace.name, "warm");
+    let status_key = rigger_store::ObjectKey::new("ImagePullJob.status", &namespace.name, "warm");
     let created = rt
         .block_on(store.put(
             key.clone(),

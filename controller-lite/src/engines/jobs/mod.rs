@@ -28,12 +28,11 @@ mod tasks;
 
 use self::reconcile::{Out, Pass, cancel, reconcile_job};
 use self::state::{JobState, Now};
-use crate::engines::jobs::status;
 use crate::fleet::nodes::NodeRegistry;
-use rigger_store::{ObjectKey, Precondition, Store, StoreError};
 use rigger_api::Object as _;
 use rigger_api::image_pull_job::{ImagePullJob, ImagePullJobStatus, NodePullPhase};
 use rigger_api::secret::{self, Secret};
+use rigger_store::{ObjectKey, Precondition, Store, StoreError};
 
 const TICK: Duration = Duration::from_millis(500);
 
@@ -288,7 +287,7 @@ struct ChangedJob {
     revision: u64,
     job: ImagePullJob,
     /// `Some` for a job this engine did not know: its status as stored, if any.
-    loaded: Option<Option<(ImagePullJobStatus, job_status::Written)>>,
+    loaded: Option<Option<(ImagePullJobStatus, status::Written)>>,
 }
 
 impl crate::engines::Engine for JobEngine {
@@ -338,7 +337,7 @@ impl crate::engines::Engine for JobEngine {
             }
             let loaded = match known.contains_key(&stored.key) {
                 true => None,
-                false => match job_status::read(&self.inner.store, &stored.key).await {
+                false => match status::read(&self.inner.store, &stored.key).await {
                     Ok(status) => Some(status),
                     // A status this release cannot read is left as it is, and its job
                     // with it: started afresh, the job would pull again and overwrite it.
@@ -468,7 +467,7 @@ impl JobEngine {
         for (node, message) in cancels {
             self.inner.nodes.send(&node, message);
         }
-        if let Err(error) = job_status::delete(&self.inner.store, key).await {
+        if let Err(error) = status::delete(&self.inner.store, key).await {
             tracing::warn!(job = %key, %error, "cannot delete the job's status");
         }
         tracing::info!(job = %key, "job deleted");
@@ -649,7 +648,7 @@ impl JobEngine {
     /// them when the controller stops.
     async fn flush(&self, stopping: bool) {
         let now = Instant::now();
-        let dirty: Vec<(ObjectKey, ImagePullJobStatus, job_status::Written)> = {
+        let dirty: Vec<(ObjectKey, ImagePullJobStatus, status::Written)> = {
             let mut state = self.lock();
             state
                 .jobs
@@ -667,7 +666,7 @@ impl JobEngine {
         // Image lists add up their jobs' statuses: told when one of theirs was written.
         let mut listed_written = false;
         for (key, status, mut written) in dirty {
-            let result = job_status::write(&self.inner.store, &key, status, &mut written).await;
+            let result = status::write(&self.inner.store, &key, status, &mut written).await;
             let mut state = self.lock();
             let Some(job) = state.jobs.get_mut(&key) else {
                 continue;

@@ -7,7 +7,7 @@ use std::time::{Instant, SystemTime};
 
 use rigger_api::image_pull_job::{ImagePullJob, ImagePullJobStatus, NodePullPhase, NodePullStatus};
 
-use crate::engines::jobs::status;
+use super::status;
 use crate::fleet::nodes::NodeView;
 
 /// The moment a pass decides at, read once by the engine and handed down: the wall
@@ -70,7 +70,7 @@ pub(super) struct JobState {
     pub(super) runs: HashMap<String, NodeRun>,
     pub(super) dirty: bool,
     /// What of the status is in the store (which shards to write again).
-    pub(super) written: job_status::Written,
+    pub(super) written: status::Written,
     /// When the status was last written.
     pub(super) written_at: Option<Instant>,
 }
@@ -99,7 +99,7 @@ impl JobState {
         spec_revision: u64,
         job: ImagePullJob,
         status: ImagePullJobStatus,
-        written: job_status::Written,
+        written: status::Written,
     ) -> Self {
         let mut state = Self {
             spec_revision,

@@ -11,8 +11,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use rigger_store::{ObjectKey, Precondition, Store, StoreError};
 use rigger_api::image_pull_job::{ImagePullJobStatus, NodePullStatus};
+use rigger_store::{ObjectKey, Precondition, Store, StoreError};
 
 /// The store kind of a job's status summary.
 pub const SUMMARY_KIND: &str = "ImagePullJob.status";
@@ -185,8 +185,8 @@ async fn delete_shards_from(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rigger_store::EmbeddedStore;
     use rigger_api::image_pull_job::NodePullPhase;
+    use rigger_store::EmbeddedStore;
 
     fn status(nodes: usize) -> ImagePullJobStatus {
         ImagePullJobStatus {

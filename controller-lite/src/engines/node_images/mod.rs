@@ -25,8 +25,8 @@ use rigger_proto::v1::{
 use tokio::sync::Notify;
 
 use crate::fleet::nodes::NodeRegistry;
-use rigger_store::{ObjectKey, Precondition, Store, StoreError};
 use decide::{PullKey, TagPull};
+use rigger_store::{ObjectKey, Precondition, Store, StoreError};
 
 pub use decide::TASK_PREFIX;
 

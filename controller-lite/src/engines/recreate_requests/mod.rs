@@ -15,20 +15,19 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use rigger_proto::v1::{
-    CancelTask, ContainerRecreatePhase as WirePhase, ControllerMessage, RecreateContainerDetail,
-    RecreateContainers, Task, TaskPhase, TaskStatus, controller_message, task,
+    ContainerRecreatePhase as WirePhase, ControllerMessage, TaskPhase, TaskStatus,
 };
 use tokio::sync::Notify;
 
 use crate::fleet::nodes::NodeRegistry;
-use rigger_store::{ObjectKey, Precondition, Store, StoreError};
 use rigger_api::Condition;
 use rigger_api::Object as _;
 use rigger_api::container_recreate_request::{
     self as crr, ContainerRecreatePhase, ContainerRecreateRequest, ContainerRecreateState,
-    CrrPhase, CrrStatus, FailurePolicy,
+    CrrPhase, CrrStatus,
 };
 use rigger_api::pod::{self, Pod};
+use rigger_store::{ObjectKey, Precondition, Store, StoreError};
 
 /// The store kind under which request statuses live.
 pub const STATUS_KIND: &str = "ContainerRecreateRequest.status";

@@ -22,8 +22,8 @@ use rigger_api::sidecar_set::{
 use tokio::sync::Notify;
 
 use super::injected_pods::{InjectedPod, InjectedPods, member_of, patch_of};
-use crate::events::{Event, EventSink};
 use crate::engines::sidecar_sets::{Member, histories, history_key, to_upgrade, upgraded};
+use crate::events::{Event, EventSink};
 use rigger_store::{Precondition, Store, StoreError};
 
 const TICK: Duration = Duration::from_secs(1);

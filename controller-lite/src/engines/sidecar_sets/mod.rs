@@ -34,10 +34,10 @@ use tokio::sync::Notify;
 
 use crate::engines::pods::{PodSync, is_ready};
 use crate::engines::predownload::{self, PreDownload, RolloutPod};
-use rigger_store::{ObjectKey, Precondition, Store, StoreError, Versioned};
 use rigger_api::image_pull_job;
 use rigger_api::pod::Pod;
 use rigger_api::sidecar_set::{self, InjectedVersion, SidecarSet, UpdateStrategyType, UpgradeType};
+use rigger_store::{ObjectKey, Precondition, Store, StoreError, Versioned};
 
 const TICK: Duration = Duration::from_secs(1);
 

@@ -749,7 +749,10 @@ fn node_object(
         kind: node::KIND.to_owned(),
         metadata: ObjectMeta {
             name: name.to_owned(),
-            labels: crate::fleet::node_labels::merged(label_pairs(&r.reported_labels), admin_labels),
+            labels: crate::fleet::node_labels::merged(
+                label_pairs(&r.reported_labels),
+                admin_labels,
+            ),
             ..ObjectMeta::default()
         },
         status: NodeStatus {

@@ -548,7 +548,10 @@ impl ControlService {
             return Ok(());
         }
         let pod_key = ObjectKey::new(rigger_api::pod::KIND, namespace, &request.spec.pod_name);
-        let Some(status) = self.record_of(crate::engines::pods::status_key(&pod_key)).await? else {
+        let Some(status) = self
+            .record_of(crate::engines::pods::status_key(&pod_key))
+            .await?
+        else {
             return Ok(());
         };
         let statuses = status["containerStatuses"]

@@ -27,16 +27,16 @@ use serde::Serialize;
 use tonic::{Request, Response, Status};
 
 use self::apply::object_name;
-use crate::serve::auth::{Role, UserAuth};
 use crate::engines::jobs::JobEngine;
-use rigger_store::Leadership;
-use crate::fleet::nodes::NodeRegistry;
 use crate::engines::pods::PodSync;
-use crate::serve::rate_limit::{ApiRate, ClientLimiter};
 use crate::engines::recreate_requests::RecreateEngine;
-use rigger_store::{ObjectKey, Precondition, Store, StoreError};
+use crate::fleet::nodes::NodeRegistry;
+use crate::serve::auth::{Role, UserAuth};
+use crate::serve::rate_limit::{ApiRate, ClientLimiter};
 use rigger_api::pod::Pod;
 use rigger_api::{DEFAULT_NAMESPACE, Kind};
+use rigger_store::Leadership;
+use rigger_store::{ObjectKey, Precondition, Store, StoreError};
 
 /// Largest object accepted (a job or secret is a few kilobytes).
 pub const MAX_OBJECT_BYTES: usize = 1 << 20;

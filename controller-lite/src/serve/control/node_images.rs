@@ -108,7 +108,8 @@ pub async fn write_in_cluster(control: &ControlService) -> Result<(), Status> {
             }
         }
         if statuses.get(&name) != Some(&status) {
-            let key = rigger_store::ObjectKey::new(crate::engines::node_images::STATUS_KIND, "", &name);
+            let key =
+                rigger_store::ObjectKey::new(crate::engines::node_images::STATUS_KIND, "", &name);
             let bytes = serde_json::to_vec(&status).map_err(|e| Status::internal(e.to_string()))?;
             store
                 .put(key, bytes, rigger_store::Precondition::Any)

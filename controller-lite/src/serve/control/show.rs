@@ -9,10 +9,10 @@ use rigger_proto::v1::Object;
 use tonic::Status;
 
 use super::{ControlService, decoded, store_status, to_json};
-use rigger_store::ObjectKey;
 use rigger_api::image_pull_job::ImagePullJob;
 use rigger_api::pod::LIFECYCLE_STATE_LABEL;
 use rigger_api::secret::Secret;
+use rigger_store::ObjectKey;
 
 impl ControlService {
     /// One stored object as the API shows it (job with status, secret redacted).
@@ -29,7 +29,10 @@ impl ControlService {
             }
             Kind::Pod => {
                 let mut pod = decoded::<serde_json::Value>(stored.clone())?.value;
-                if let Some(status) = self.record_of(crate::engines::pods::status_key(&stored.key)).await? {
+                if let Some(status) = self
+                    .record_of(crate::engines::pods::status_key(&stored.key))
+                    .await?
+                {
                     // The agent's lifecycle state shows as a label, as Kruise shows its own.
                     if let Some(state) = status.pointer("/lifecycle/state").and_then(|s| s.as_str())
                     {

@@ -22,8 +22,8 @@ use kube::api::{Api, PostParams};
 use rigger_api::sidecar_set::{NAMESPACE_NAME_LABEL, SidecarSet};
 use tokio_util::sync::CancellationToken;
 
-use crate::engines::sidecar_sets::usable::{self, SetState};
 use super::settings::WebhookAddress;
+use crate::engines::sidecar_sets::usable::{self, SetState};
 use rigger_store::Store;
 
 /// The MutatingWebhookConfiguration `deploy/kubernetes` installs and the controller

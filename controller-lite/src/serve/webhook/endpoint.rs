@@ -25,8 +25,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::configuration::{INJECTION_DISABLED, INJECTION_LABEL, WEBHOOK_PATH};
 use super::connections::{Connections, Limits, Slot};
-use crate::cluster::namespaces::NamespaceLabels;
 use super::review;
+use crate::cluster::namespaces::NamespaceLabels;
 use crate::engines::sidecar_sets::usable::{self, SetState};
 use crate::serve::metrics::{ReviewAnswer, WebhookMetrics};
 use rigger_store::Store;

@@ -26,9 +26,9 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use settings::SidecarWebhookSettings;
 use rigger_store::Leadership;
 use rigger_store::Store;
+use settings::SidecarWebhookSettings;
 
 /// How often the certificate's Secret is read (another replica may have renewed it).
 const CERTIFICATE_RESYNC: Duration = Duration::from_secs(60);
@@ -77,7 +77,9 @@ impl SidecarWebhook {
             ca_sender,
             token.clone(),
         );
-        let namespaces = Arc::new(crate::cluster::namespaces::NamespaceLabels::new(self.client.clone()));
+        let namespaces = Arc::new(crate::cluster::namespaces::NamespaceLabels::new(
+            self.client.clone(),
+        ));
         let primed = primed(tls.clone(), self.store.clone(), serving, token.clone());
         let serving = endpoint::serve(
             self.listener,

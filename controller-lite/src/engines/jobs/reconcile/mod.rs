@@ -15,11 +15,11 @@ use std::time::{Duration, SystemTime};
 use rigger_proto::v1::{CancelTask, ControllerMessage, controller_message};
 
 use crate::fleet::nodes::NodeView;
-use rigger_store::ObjectKey;
 use rigger_api::Condition;
 use rigger_api::image_pull_job::{
     CompletionPolicyType, ImagePullJobStatus, NodePullPhase, NodePullStatus,
 };
+use rigger_store::ObjectKey;
 
 use super::sources::{self, Fanout, Source};
 use super::state::{JobState, Now};

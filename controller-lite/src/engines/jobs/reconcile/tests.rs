@@ -21,7 +21,7 @@ pub(crate) fn job(spec: &serde_json::Value) -> JobState {
         1,
         job,
         ImagePullJobStatus::default(),
-        job_status::Written::default(),
+        status::Written::default(),
     )
 }
 
