@@ -14,8 +14,8 @@ the same way (bench/src/report.rs, whose test holds this list and BENCHMARKS.md 
 its own); the Python ones use this module:
 
   sys.path.insert(0, os.path.join(ROOT, "bench")); import report
-  report.check(path, "pull")                  # at the start: a long run must not fail at its end
-  report.write_section(path, "pull", text)    # at the end
+  report.check(path, "cold-pull")                  # at the start: a long run must not fail at its end
+  report.write_section(path, "cold-pull", text)    # at the end
 
 `python3 bench/report.py [BENCHMARKS.md]` checks every bench's section at once.
 """
@@ -24,7 +24,7 @@ import sys
 
 # Every section a bench writes: its name and the writer its begin marker names.
 WRITERS = {
-    "pull": "bench/pull",
+    "cold-pull": "bench/cold-pull",
     "concurrency": "bench/pull-concurrent",
     "fleet-pull": "bench/fleet-pull",
     "kruise": "bench/kruise",

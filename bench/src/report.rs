@@ -12,13 +12,13 @@ use anyhow::Context as _;
 pub struct Section {
     /// The section's name in its markers (`fleet`).
     pub name: &'static str,
-    /// Who writes it: a binary (`rigger-bench-fleet`) or a script (`bench/pull`).
+    /// Who writes it: a binary (`rigger-bench-fleet`) or a script (`bench/cold-pull`).
     pub writer: &'static str,
 }
 
-pub const PULL: Section = Section {
-    name: "pull",
-    writer: "bench/pull",
+pub const COLD_PULL: Section = Section {
+    name: "cold-pull",
+    writer: "bench/cold-pull",
 };
 pub const CONCURRENCY: Section = Section {
     name: "concurrency",
@@ -50,7 +50,7 @@ pub const KRUISE: Section = Section {
 /// theirs through `bench/report.py`, whose list must say the same (a test holds it to
 /// this one).
 pub const SECTIONS: &[Section] = &[
-    PULL,
+    COLD_PULL,
     CONCURRENCY,
     FLEET_PULL,
     FLEET,

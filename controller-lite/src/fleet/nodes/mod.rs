@@ -15,6 +15,11 @@ use tonic::Status;
 
 use crate::fleet::stall::{StallClock, net_silence};
 
+mod inventory;
+
+use inventory::{Interner, InventorySummary};
+pub use inventory::{KubeletPod, KubeletPodPlace, NodeImages, PodLabels, PodsByNode};
+
 /// Where messages to one agent go. A queue that allocates per queued message, not in
 /// blocks up front: thousands of idle agents each hold one, nearly always empty.
 pub type AgentSender = mpsc::Sender<Result<ControllerMessage, Status>>;
@@ -31,6 +36,15 @@ pub const AWAITING_INVENTORY: &str = "registered; waiting for the agent's invent
 /// record of its successor.
 pub type SessionId = u64;
 
+/// When a node was last heard from (its registration, heartbeat or inventory), with this
+/// controller's stalls up to then ([`crate::fleet::stall`]): the node's silence is counted
+/// without the stalls after it.
+#[derive(Debug, Clone, Copy)]
+struct Heard {
+    at: SystemTime,
+    stalled: Duration,
+}
+
 #[derive(Debug)]
 struct NodeRecord {
     /// The labels the agent reports, reserved ones dropped (see [`crate::fleet::node_labels`]).
@@ -41,10 +55,7 @@ struct NodeRecord {
     session: Option<SessionId>,
     /// Locked to send: a sender is `&mut` to send, and the registry is read-locked then.
     sender: Option<Mutex<AgentSender>>,
-    last_heartbeat: SystemTime,
-    /// This controller's stalls up to `last_heartbeat` ([`crate::fleet::stall`]): the node's
-    /// silence is counted without the ones after it.
-    stalled_at_heartbeat: Duration,
+    last_heard: Heard,
     inventory: Option<InventorySummary>,
     /// The agent said its inventory follows by `ReportInventory`; not ready until it has.
     awaiting_inventory: bool,
@@ -53,198 +64,6 @@ struct NodeRecord {
     /// The agent's last registration was refused (the version skew policy): the
     /// condition's reason and message.
     refusal: Option<(&'static str, Arc<str>)>,
-}
-
-/// One pod's namespace and labels, as its node reported them.
-pub type PodLabels = (Arc<str>, BTreeMap<String, String>);
-/// Pods' namespaces and labels, by node.
-pub type PodsByNode = HashMap<String, Vec<PodLabels>>;
-
-/// What the controller keeps of a node's inventory: what Node objects show and what
-/// selectors need. Strings that repeat across a fleet (image names, digests, versions)
-/// are shared, so ten thousand nodes holding the same images cost one copy of each name.
-#[derive(Debug, Clone)]
-struct InventorySummary {
-    containerd_version: Arc<str>,
-    cri_runtime: Arc<str>,
-    images: NodeImages,
-    /// Namespace and labels of each pod (for podSelector).
-    pod_labels: Box<[PodLabels]>,
-    pods: u32,
-    containers: u32,
-    /// Running pods of kubelet's (container recreate requests find them here).
-    kubelet_pods: Box<[KubeletPod]>,
-    received_at: SystemTime,
-}
-
-/// Where a kubelet pod runs, as inventories say.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KubeletPodPlace {
-    Nowhere,
-    On(String, KubeletPod),
-    /// More than one node reports it (sorted names): one of them is wrong, perhaps lying.
-    ClaimedBy(Vec<String>),
-}
-
-/// A running kubelet pod as the node's inventory shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KubeletPod {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-    pub containers: Vec<String>,
-}
-
-#[derive(Debug, Clone)]
-struct ImageSummary {
-    namespace: Arc<str>,
-    name: Arc<str>,
-    digest: Digest,
-    size: u64,
-}
-
-/// The images a node reported, shared with the views jobs take of it.
-#[derive(Debug, Clone, Default)]
-pub struct NodeImages(Arc<[ImageSummary]>);
-
-impl NodeImages {
-    /// Whether the node holds an image of this name (in any namespace).
-    pub fn has(&self, name: &str) -> bool {
-        self.0.iter().any(|image| &*image.name == name)
-    }
-
-    /// Images of these names (tests of what reads a node's images).
-    #[cfg(test)]
-    pub fn named(names: &[&str]) -> Self {
-        Self(
-            names
-                .iter()
-                .map(|name| ImageSummary {
-                    namespace: Arc::from("default"),
-                    name: Arc::from(*name),
-                    digest: Digest::Other(Arc::from("")),
-                    size: 0,
-                })
-                .collect(),
-        )
-    }
-}
-
-/// An image digest as its node reported it. A sha256 one, nearly every digest, is kept as
-/// its 32 bytes: digests differ from node to node far more than names do, so sharing
-/// their text saves little and 71 characters each add up over a fleet.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Digest {
-    Sha256([u8; 32]),
-    /// Any other text, as reported (shown back unchanged).
-    Other(Arc<str>),
-}
-
-impl Digest {
-    fn read(text: &str, strings: &mut Interner) -> Self {
-        let mut bytes = [0; 32];
-        match text.strip_prefix("sha256:") {
-            // Lowercase only, so that the digest is shown back exactly as reported.
-            Some(hex)
-                if !hex.bytes().any(|b| b.is_ascii_uppercase())
-                    && hex::decode_to_slice(hex, &mut bytes).is_ok() =>
-            {
-                Self::Sha256(bytes)
-            }
-            _ => Self::Other(strings.intern(text)),
-        }
-    }
-}
-
-impl std::fmt::Display for Digest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Sha256(bytes) => write!(f, "sha256:{}", hex::encode(bytes)),
-            Self::Other(text) => f.write_str(text),
-        }
-    }
-}
-
-/// Shared copies of repeated strings; copies no node uses any more are dropped now and then.
-#[derive(Debug, Default)]
-struct Interner {
-    strings: HashSet<Arc<str>>,
-    /// Size after the last sweep; the next sweep waits until it doubled.
-    swept_at: usize,
-}
-
-impl Interner {
-    fn intern(&mut self, text: &str) -> Arc<str> {
-        if let Some(shared) = self.strings.get(text) {
-            return shared.clone();
-        }
-        let shared: Arc<str> = Arc::from(text);
-        self.strings.insert(shared.clone());
-        if self.strings.len() > 4096 && self.strings.len() > 2 * self.swept_at {
-            self.strings.retain(|s| Arc::strong_count(s) > 1);
-            self.swept_at = self.strings.len();
-        }
-        shared
-    }
-
-    /// `labels` (sorted, as a map iterates) as shared strings.
-    fn labels(&mut self, labels: &BTreeMap<String, String>) -> SharedLabels {
-        labels
-            .iter()
-            .map(|(key, value)| (self.intern(key), self.intern(value)))
-            .collect()
-    }
-
-    fn summarize(&mut self, inventory: &NodeInventory) -> InventorySummary {
-        let runtime = inventory.runtime.clone().unwrap_or_default();
-        InventorySummary {
-            containerd_version: self.intern(&runtime.containerd_version),
-            cri_runtime: self.intern(&runtime.cri_runtime_name),
-            images: NodeImages(
-                inventory
-                    .images
-                    .iter()
-                    .map(|i| ImageSummary {
-                        namespace: self.intern(&i.namespace),
-                        name: self.intern(&i.name),
-                        digest: Digest::read(&i.digest, self),
-                        size: i.size,
-                    })
-                    .collect(),
-            ),
-            pod_labels: inventory
-                .pods
-                .iter()
-                .map(|p| {
-                    (
-                        self.intern(&p.namespace),
-                        p.labels.clone().into_iter().collect(),
-                    )
-                })
-                .collect(),
-            pods: count(Some(inventory.pods.len())),
-            containers: count(Some(inventory.containers.len())),
-            kubelet_pods: inventory
-                .pods
-                .iter()
-                .filter(|p| p.owner == "kubelet" && p.state == "ready")
-                .map(|p| KubeletPod {
-                    namespace: p.namespace.clone(),
-                    name: p.name.clone(),
-                    uid: p.uid.clone(),
-                    containers: inventory
-                        .containers
-                        .iter()
-                        .filter(|c| c.pod_sandbox_id == p.id)
-                        .map(|c| c.name.clone())
-                        .collect::<std::collections::BTreeSet<_>>()
-                        .into_iter()
-                        .collect(),
-                })
-                .collect(),
-            received_at: SystemTime::now(),
-        }
-    }
 }
 
 /// What job selection and dispatch need to know about a node.
@@ -303,6 +122,14 @@ impl NodeRegistry {
         self.stalls.clone()
     }
 
+    /// Heard from at `now`, as this controller's stall clock stands.
+    fn heard(&self, now: SystemTime) -> Heard {
+        Heard {
+            at: now,
+            stalled: self.stalls.stalled(),
+        }
+    }
+
     /// Record a registration; a newer session for the same node replaces the older one.
     pub fn register(
         &self,
@@ -338,8 +165,7 @@ impl NodeRegistry {
             agent_version,
             session: Some(session),
             sender: Some(Mutex::new(sender)),
-            last_heartbeat: now,
-            stalled_at_heartbeat: self.stalls.stalled(),
+            last_heard: self.heard(now),
             inventory,
             awaiting_inventory: register.inventory_follows && register.inventory.is_none(),
             peer_address: peer_address(&register.peer_address).map(Arc::from),
@@ -372,8 +198,7 @@ impl NodeRegistry {
                 record.agent_version = agent_version;
                 record.session = None;
                 record.sender = None;
-                record.last_heartbeat = now;
-                record.stalled_at_heartbeat = self.stalls.stalled();
+                record.last_heard = self.heard(now);
                 record.refusal = refusal;
             }
             None => {
@@ -385,8 +210,7 @@ impl NodeRegistry {
                         agent_version,
                         session: None,
                         sender: None,
-                        last_heartbeat: now,
-                        stalled_at_heartbeat: self.stalls.stalled(),
+                        last_heard: self.heard(now),
                         inventory: None,
                         awaiting_inventory: false,
                         peer_address: None,
@@ -493,8 +317,7 @@ impl NodeRegistry {
         };
         match nodes.get_mut(node) {
             Some(record) if record.session == Some(session) => {
-                record.last_heartbeat = now;
-                record.stalled_at_heartbeat = self.stalls.stalled();
+                record.last_heard = self.heard(now);
                 if let Some(inventory) = inventory {
                     record.inventory = Some(self.strings().summarize(&inventory));
                     record.awaiting_inventory = false;
@@ -529,8 +352,7 @@ impl NodeRegistry {
         let record = nodes
             .get_mut(node)
             .filter(|record| record.session == Some(session))?;
-        record.last_heartbeat = now;
-        record.stalled_at_heartbeat = self.stalls.stalled();
+        record.last_heard = self.heard(now);
         record.inventory = Some(summary);
         Some(std::mem::take(&mut record.awaiting_inventory))
     }
@@ -702,8 +524,8 @@ fn not_ready_reason(
     stalled: Duration,
 ) -> String {
     let silent = net_silence(
-        now.duration_since(r.last_heartbeat).unwrap_or_default(),
-        stalled.saturating_sub(r.stalled_at_heartbeat),
+        now.duration_since(r.last_heard.at).unwrap_or_default(),
+        stalled.saturating_sub(r.last_heard.stalled),
     );
     if let Some((_, message)) = &r.refusal {
         message.to_string()
@@ -770,7 +592,7 @@ fn node_object(
                 }
                 .to_owned(),
                 message: reason,
-                last_heartbeat_time: rfc3339(r.last_heartbeat),
+                last_heartbeat_time: rfc3339(r.last_heard.at),
             }],
             node_info: NodeInfo {
                 agent_version: r.agent_version.to_string(),
