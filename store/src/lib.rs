@@ -179,6 +179,13 @@ pub trait Backend: std::fmt::Debug + Send + Sync + 'static {
     fn changes(&self, _kind: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
         None
     }
+
+    /// Hold every write request from now on to `leading`, checked as each request is
+    /// sent, where the backend's writes take several requests (a Kubernetes API server:
+    /// no transaction spans objects, and a write read afresh after a conflict is sent
+    /// again). A backend whose every write is one request needs nothing beyond
+    /// [`Store::fenced`]'s check.
+    fn fence_writes(&self, _leading: tokio::sync::watch::Receiver<bool>) {}
 }
 
 /// The store the controller runs on: one backend, shared by every task (cheap to clone).
@@ -234,6 +241,7 @@ impl Store {
     /// even in the middle of a pass or in its last flush, before any other replica may
     /// take over. Reads go through.
     pub fn fenced(&self, leading: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.0.fence_writes(leading.clone());
         Self::new(Fenced {
             inner: self.0.clone(),
             leading,
@@ -294,6 +302,10 @@ impl Backend for Fenced {
 
     fn changes(&self, kind: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
         self.inner.changes(kind)
+    }
+
+    fn fence_writes(&self, leading: tokio::sync::watch::Receiver<bool>) {
+        self.inner.fence_writes(leading);
     }
 }
 

@@ -18,13 +18,23 @@
 //! authentication and extra headers, over hyper's connector with these socket options.
 //! Left out of kube's default stack: its retry of 429/503/504 (the engines' passes try
 //! again, and a retried write would be sent again past the term), and its tracing layer.
+//!
+//! And a replica's writes are checked against its leadership one request at a time, as
+//! each is about to be sent ([`WriteFence`]): a store write that takes several requests
+//! (`put_all`, a write read afresh after its conflict) stops at the first one sent after
+//! the campaign said the replica no longer leads.
 
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures::future::{Either, Ready, ready};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use kube::client::{ClientBuilder, ConfigExt as _};
 use kube::{Client, Config};
+use tokio::sync::watch;
+use tower::BoxError;
 
 /// Keepalive probes on idle connections (watches wait minutes for an event), so that a
 /// partition also ends those in time. Their interval stays the kernel's: it is set in
@@ -39,9 +49,73 @@ pub fn unacknowledged_limit(lease: Duration) -> Duration {
     lease / 4
 }
 
+/// Whether this replica's writes may be sent: bound once to its campaign's word, when
+/// the store is fenced; until then (the checks at start, before any campaign) they go.
+/// Reads always go.
+#[derive(Debug, Clone, Default)]
+pub struct WriteFence(Arc<OnceLock<watch::Receiver<bool>>>);
+
+impl WriteFence {
+    /// From now on, writes go only while `leading` is true.
+    pub fn bind(&self, leading: watch::Receiver<bool>) {
+        if self.0.set(leading).is_err() {
+            tracing::warn!("the store's writes were fenced already; the first fence holds");
+        }
+    }
+
+    /// Whether a request of this method is refused now (pure but for the word read).
+    fn refuses(&self, method: &http::Method) -> bool {
+        !method.is_safe() && self.0.get().is_some_and(|leading| !*leading.borrow())
+    }
+}
+
+/// A write not sent: this replica does not lead (any more).
+#[derive(Debug, thiserror::Error)]
+#[error("not sent: this controller replica does not lead")]
+pub struct WriteRefused;
+
+/// Whether `error` is a write the fence kept from being sent.
+pub fn refused_by_fence(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Service(source) if source.is::<WriteRefused>())
+}
+
+/// The fence as a service in front of the connection, so that it judges each request as
+/// it is sent, retries and later requests of one store call included.
+#[derive(Debug, Clone)]
+struct Fenced<S> {
+    inner: S,
+    fence: WriteFence,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Fenced<S>
+where
+    S: tower::Service<http::Request<B>, Error = BoxError>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = Either<Ready<Result<S::Response, BoxError>>, S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        if self.fence.refuses(request.method()) {
+            Either::Left(ready(Err(Box::new(WriteRefused))))
+        } else {
+            Either::Right(self.inner.call(request))
+        }
+    }
+}
+
 /// A client of the API server `config` names whose connections are aborted, their unsent
-/// writes dropped, once data waits `unacknowledged` for the server's acknowledgement.
-pub fn term_bounded(config: &Config, unacknowledged: Duration) -> Result<Client, kube::Error> {
+/// writes dropped, once data waits `unacknowledged` for the server's acknowledgement;
+/// its writes held by `fence` where one is given.
+pub fn term_bounded(
+    config: &Config,
+    unacknowledged: Duration,
+    fence: Option<&WriteFence>,
+) -> Result<Client, kube::Error> {
     if let Some(proxy) = &config.proxy_url {
         // kube's own client refuses it too (its proxy features are off here): never
         // bypassed unsaid.
@@ -60,8 +134,12 @@ pub fn term_bounded(config: &Config, unacknowledged: Duration) -> Result<Client,
         hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
     // Authentication may fail on its own (a token file unreadable): one error type.
     let client = tower::ServiceBuilder::new()
-        .map_err(tower::BoxError::from)
+        .map_err(BoxError::from)
         .service(client);
+    let client = Fenced {
+        inner: client,
+        fence: fence.cloned().unwrap_or_default(),
+    };
     let namespace = config.default_namespace.clone();
     let headers = config.extra_headers_layer()?;
     let base = config.base_uri_layer();
@@ -115,7 +193,47 @@ fn unreached(error: &kube::Error) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Api, PostParams};
+
+    #[tokio::test]
+    async fn a_write_is_refused_as_it_is_sent_once_the_replica_does_not_lead_and_reads_go() {
+        let answered = Arc::new(AtomicUsize::new(0));
+        let server = {
+            let answered = answered.clone();
+            tower::service_fn(move |_request: http::Request<kube::client::Body>| {
+                answered.fetch_add(1, Ordering::SeqCst);
+                let map = br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"m","resourceVersion":"1"}}"#;
+                async move { Ok::<_, BoxError>(http::Response::new(kube::client::Body::from(map.to_vec()))) }
+            })
+        };
+        let fence = WriteFence::default();
+        let client = Client::new(
+            Fenced {
+                inner: server,
+                fence: fence.clone(),
+            },
+            "default",
+        );
+        let api: Api<ConfigMap> = Api::namespaced(client, "default");
+        let map: ConfigMap = serde_json::from_value(serde_json::json!({"metadata": {"name": "m"}})).unwrap();
+        // Before any campaign (the checks at start) writes go.
+        api.create(&PostParams::default(), &map).await.unwrap();
+        let (leading, word) = watch::channel(true);
+        fence.bind(word);
+        api.replace("m", &PostParams::default(), &map).await.unwrap();
+        leading.send_replace(false);
+        let refused = api.replace("m", &PostParams::default(), &map).await.unwrap_err();
+        assert!(refused_by_fence(&refused), "{refused}");
+        assert!(!refused_by_fence(&kube::Error::Service("client error (Connect)".into())));
+        api.get("m").await.unwrap();
+        // The refused write never reached the server.
+        assert_eq!(answered.load(Ordering::SeqCst), 3);
+    }
 
     #[test]
     fn only_a_server_not_reached_is_waited_for() {

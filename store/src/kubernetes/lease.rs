@@ -133,7 +133,7 @@ pub fn campaign(
     let task = on_own_thread(move || async move {
         // Its renewals, too, are applied within the term they were sent in, or never.
         use super::client::{term_bounded, unacknowledged_limit};
-        let client = term_bounded(&config, unacknowledged_limit(duration))
+        let client = term_bounded(&config, unacknowledged_limit(duration), None)
             .map_err(|e| LeaderError::Start(format!("a client for the Lease: {e}")))?;
         let api: Api<Lease> = Api::namespaced(client, &namespace);
         let name = format!("{namespace}/{LEASE_NAME}");

@@ -40,7 +40,11 @@ pub struct KubernetesSettings {
 /// The controller's store on a Kubernetes API server.
 #[derive(Clone)]
 pub struct KubernetesStore {
+    /// Every request of the store's, and of the leader's work beside it, goes through
+    /// `fence` as it is sent.
     client: Client,
+    replica_client: Client,
+    fence: client::WriteFence,
     /// What the client was made from, for clients made elsewhere (the leader's, on a
     /// runtime of its own).
     config: Config,
@@ -88,13 +92,20 @@ impl KubernetesStore {
             })?,
         };
         let location = config.cluster_url.to_string();
-        let client = client::term_bounded(&config, client::unacknowledged_limit(leader_lease))
-            .map_err(|e| StoreError::Backend {
+        let fence = client::WriteFence::default();
+        let unacknowledged = client::unacknowledged_limit(leader_lease);
+        let made = |fence| {
+            client::term_bounded(&config, unacknowledged, fence).map_err(|e| StoreError::Backend {
                 location: location.clone(),
                 detail: format!("cannot make a client: {e}"),
-            })?;
+            })
+        };
+        let client = made(Some(&fence))?;
+        let replica_client = made(None)?;
         let store = Self {
             client,
+            replica_client,
+            fence,
             config,
             records_namespace: settings.namespace.clone(),
             location,
@@ -104,10 +115,17 @@ impl KubernetesStore {
         Ok(store)
     }
 
-    /// The client, for what runs beside the store on the same API server (the leader
-    /// Lease, the cluster's Nodes).
+    /// The client, for what runs beside the store on the same API server (the cluster's
+    /// Nodes and Pods, Events, the SidecarSet rollout): its writes fenced as the store's
+    /// are ([`Backend::fence_writes`]).
     pub fn client(&self) -> Client {
         self.client.clone()
+    }
+
+    /// A client whose writes no fence holds, for what every replica writes whether it
+    /// leads or not (the webhook's serving certificate).
+    pub fn replica_client(&self) -> Client {
+        self.replica_client.clone()
     }
 
     /// What the client was made from (the leader election makes its own from it).
@@ -134,6 +152,11 @@ impl KubernetesStore {
     }
 
     fn error(&self, what: &str, error: &kube::Error) -> StoreError {
+        if client::refused_by_fence(error) {
+            return StoreError::NotLeading {
+                key: what.to_owned(),
+            };
+        }
         StoreError::Backend {
             location: self.location.clone(),
             detail: format!("{what}: {error}"),
@@ -512,6 +535,10 @@ fn stored_status(
 
 #[async_trait::async_trait]
 impl Backend for KubernetesStore {
+    fn fence_writes(&self, leading: tokio::sync::watch::Receiver<bool>) {
+        self.fence.bind(leading);
+    }
+
     async fn put(
         &self,
         key: ObjectKey,
