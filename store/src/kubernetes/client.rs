@@ -208,7 +208,9 @@ mod tests {
             tower::service_fn(move |_request: http::Request<kube::client::Body>| {
                 answered.fetch_add(1, Ordering::SeqCst);
                 let map = br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"m","resourceVersion":"1"}}"#;
-                async move { Ok::<_, BoxError>(http::Response::new(kube::client::Body::from(map.to_vec()))) }
+                async move {
+                    Ok::<_, BoxError>(http::Response::new(kube::client::Body::from(map.to_vec())))
+                }
             })
         };
         let fence = WriteFence::default();
@@ -220,16 +222,24 @@ mod tests {
             "default",
         );
         let api: Api<ConfigMap> = Api::namespaced(client, "default");
-        let map: ConfigMap = serde_json::from_value(serde_json::json!({"metadata": {"name": "m"}})).unwrap();
+        let map: ConfigMap =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "m"}})).unwrap();
         // Before any campaign (the checks at start) writes go.
         api.create(&PostParams::default(), &map).await.unwrap();
         let (leading, word) = watch::channel(true);
         fence.bind(word);
-        api.replace("m", &PostParams::default(), &map).await.unwrap();
+        api.replace("m", &PostParams::default(), &map)
+            .await
+            .unwrap();
         leading.send_replace(false);
-        let refused = api.replace("m", &PostParams::default(), &map).await.unwrap_err();
+        let refused = api
+            .replace("m", &PostParams::default(), &map)
+            .await
+            .unwrap_err();
         assert!(refused_by_fence(&refused), "{refused}");
-        assert!(!refused_by_fence(&kube::Error::Service("client error (Connect)".into())));
+        assert!(!refused_by_fence(&kube::Error::Service(
+            "client error (Connect)".into()
+        )));
         api.get("m").await.unwrap();
         // The refused write never reached the server.
         assert_eq!(answered.load(Ordering::SeqCst), 3);
