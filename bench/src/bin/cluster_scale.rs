@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use clap::Parser;
 use futures::StreamExt as _;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -110,7 +111,33 @@ struct Sample {
     follower_rss: u64,
 }
 
+/// Rigger's injection webhook configuration, the one the bench measures.
+const RIGGER_WEBHOOK: &str = "rigger-sidecar-injection";
+
+/// Refuse a cluster where another mutating webhook sees the bench's pods (Kruise's
+/// manager left by an earlier run, say): its injection would meet Rigger's, and its
+/// latency would be measured as Rigger's.
+async fn alone(client: &kube::Client) -> anyhow::Result<()> {
+    let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let others: Vec<String> = configurations
+        .list(&ListParams::default())
+        .await
+        .context("listing the mutating webhook configurations")?
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .filter(|name| name != RIGGER_WEBHOOK)
+        .collect();
+    if !others.is_empty() {
+        bail!(
+            "another mutating webhook is installed ({}): the bench measures Rigger's alone (`scripts/lab clean` starts the cluster afresh)",
+            others.join(", ")
+        );
+    }
+    Ok(())
+}
+
 async fn run(client: &kube::Client, args: &Args, audit_log: &Path) -> anyhow::Result<String> {
+    alone(client).await?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
     namespaces
         .create(
@@ -213,13 +240,11 @@ async fn apply_sidecar_set(client: &kube::Client) -> anyhow::Result<()> {
         .await
         .context("creating the bench's SidecarSet")?;
     // Its webhook entry reaches the API server a moment later.
-    let configurations: Api<
-        k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration,
-    > = Api::all(client.clone());
+    let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let entry = format!("{SET}.sidecarsets.rigger.dev");
     let waited = Instant::now();
     loop {
-        let configuration = configurations.get("rigger-sidecar-injection").await?;
+        let configuration = configurations.get(RIGGER_WEBHOOK).await?;
         if configuration
             .webhooks
             .iter()
@@ -517,14 +542,38 @@ fn audit_now() -> String {
         .to_owned()
 }
 
+/// The audit log and the backups the API server rotated it into
+/// (`<stem>-<time>.log` beside it: a long run at scale passes its size limit).
+fn audit_files(audit_log: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let stem = audit_log
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .context("the audit log's name")?;
+    let dir = audit_log.parent().unwrap_or(Path::new("."));
+    let mut files = vec![audit_log.to_path_buf()];
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.starts_with(&format!("{stem}-")) && name.ends_with(".log") {
+            files.push(path);
+        }
+    }
+    Ok(files)
+}
+
 /// The controller's requests by minute since `since` (the audit log's
 /// `requestReceivedTimestamp`, to the minute), each with its verbs.
 fn requests_per_minute(
     audit_log: &Path,
     since: &str,
 ) -> anyhow::Result<BTreeMap<String, BTreeMap<String, u64>>> {
-    let text = std::fs::read_to_string(audit_log)
-        .with_context(|| format!("reading {}", audit_log.display()))?;
+    let mut text = String::new();
+    for file in audit_files(audit_log)? {
+        text.push_str(
+            &std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?,
+        );
+    }
     let mut minutes: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
     for line in text.lines() {
         let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
