@@ -10,7 +10,7 @@ use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
 use tokio_util::sync::CancellationToken;
 
-use super::watched::{Relisted, follow};
+use super::watched::{Relisted, Step, follow_gathering};
 
 /// What the cluster says about a pod.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -130,8 +130,13 @@ impl PodPlaces {
     }
 }
 
-/// Watch every Pod until `token` is cancelled, publishing the pods by node whenever
-/// they change; every event is shown to `also` first (the pods SidecarSets were
+/// How often the Pods' places are published when they changed: a job's `podSelector`
+/// sees a pod that half a second late, and the view (every pod's labels) is rebuilt at
+/// most twice a second whatever the cluster's rate of change.
+const PUBLISH_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Watch every Pod until `token` is cancelled, publishing the pods by node when they
+/// changed, every [`PUBLISH_EVERY`]; every event is shown to `also` first (the pods SidecarSets were
 /// injected into are kept from the same watch: one watch on Pods, whoever reads them).
 pub async fn keep_placed(
     client: kube::Client,
@@ -141,15 +146,22 @@ pub async fn keep_placed(
 ) {
     let api: Api<Pod> = Api::all(client);
     let mut places = PodPlaces::default();
-    let take = |event: Event<Pod>| {
-        also(&event);
-        if places.apply(event) {
-            publish(places.by_node());
+    let mut changed = false;
+    let take = |step: Step<Event<Pod>>| match step {
+        Step::Event(event) => {
+            also(&event);
+            changed |= places.apply(event);
+        }
+        Step::Publish => {
+            if std::mem::take(&mut changed) {
+                publish(places.by_node());
+            }
         }
     };
-    follow(
+    follow_gathering(
         watcher::watcher(api, watcher::Config::default()),
         "Pods",
+        Some(PUBLISH_EVERY),
         take,
         token,
     )

@@ -72,15 +72,64 @@ pub async fn follow<K>(
     mut take: impl FnMut(Event<K>),
     token: CancellationToken,
 ) {
+    follow_gathering(
+        stream,
+        what,
+        None,
+        |step| {
+            if let Step::Event(event) = step {
+                take(event);
+            }
+        },
+        token,
+    )
+    .await;
+}
+
+/// What [`follow_gathering`] hands on: an event, or the moment to publish what the
+/// events since the last one gathered.
+#[derive(Debug)]
+pub enum Step<K> {
+    Event(K),
+    Publish,
+}
+
+/// [`follow`], with `take` also told to publish every `publish_every` (where given):
+/// for a watch whose readers need a whole view rebuilt from every object, not each
+/// event. At a hundred Pods made a second that rebuild on every event held the watch
+/// behind the API server, which then ended it ("too old resource version") and it
+/// listed every Pod again.
+pub async fn follow_gathering<K>(
+    stream: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send,
+    what: &str,
+    publish_every: Option<std::time::Duration>,
+    mut take: impl FnMut(Step<Event<K>>),
+    token: CancellationToken,
+) {
     let stream = stream.default_backoff();
     futures::pin_mut!(stream);
+    let mut publishing = publish_every.map(|every| {
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks
+    });
+    let next_publish = async |ticks: &mut Option<tokio::time::Interval>| match ticks {
+        Some(ticks) => {
+            ticks.tick().await;
+        }
+        None => std::future::pending().await,
+    };
     loop {
         let event = tokio::select! {
             () = token.cancelled() => return,
+            () = next_publish(&mut publishing) => {
+                take(Step::Publish);
+                continue;
+            }
             event = stream.next() => event,
         };
         match event {
-            Some(Ok(event)) => take(event),
+            Some(Ok(event)) => take(Step::Event(event)),
             Some(Err(error)) => {
                 tracing::warn!(%error, "watching the cluster's {what}; retrying after a backoff");
             }
@@ -114,5 +163,36 @@ mod tests {
         // 0.8 s doubling (jittered) to 30 s: a handful of lists in a minute, not sixty.
         let lists = polls.load(Ordering::SeqCst);
         assert!((3..=9).contains(&lists), "{lists} lists in a minute");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_are_published_by_the_clock_not_one_by_one_and_the_last_ones_too() {
+        // A burst of a thousand events, then a watch that falls quiet.
+        let events = (0..1000_u32).map(|n| Ok::<_, watcher::Error>(Event::Apply(n)));
+        let stream = futures::stream::iter(events).chain(futures::stream::pending());
+        let published = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let token = CancellationToken::new();
+        let following = {
+            let published = published.clone();
+            let mut taken = 0_u32;
+            tokio::spawn(follow_gathering(
+                stream,
+                "things",
+                Some(Duration::from_millis(500)),
+                move |step| match step {
+                    Step::Event(_) => taken += 1,
+                    Step::Publish => published.lock().unwrap().push(taken),
+                },
+                token.clone(),
+            ))
+        };
+        tokio::time::sleep(Duration::from_millis(1600)).await;
+        token.cancel();
+        following.await.ok();
+        let published = published.lock().unwrap().clone();
+        // Ticks at 0, 0.5, 1 and 1.5 s: four publishes for a thousand events, the last
+        // with every event in it although none came after the burst.
+        assert_eq!(published.len(), 4, "{published:?}");
+        assert_eq!(published.last(), Some(&1000), "{published:?}");
     }
 }
