@@ -196,8 +196,8 @@ pub async fn run(
             let webhook = crate::serve::webhook::SidecarWebhook {
                 listener,
                 settings: settings.clone(),
-                // Every replica keeps the serving certificate, leading or not.
-                client: kubernetes.replica_client(),
+                replica_client: kubernetes.replica_client(),
+                leader_client: kubernetes.client(),
                 store: store.clone(),
                 namespace: kubernetes.namespace().to_owned(),
                 metrics: metrics.webhook.clone(),

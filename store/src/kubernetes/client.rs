@@ -20,9 +20,11 @@
 //! again, and a retried write would be sent again past the term), and its tracing layer.
 //!
 //! And a replica's writes are checked against its leadership one request at a time, as
-//! each is about to be sent ([`WriteFence`]): a store write that takes several requests
-//! (`put_all`, a write read afresh after its conflict) stops at the first one sent after
-//! the campaign said the replica no longer leads.
+//! each is handed to the connection pool ([`WriteFence`]): a store write that takes
+//! several requests (`put_all`, a write read afresh after its conflict) stops at the
+//! first one dispatched after the campaign said the replica no longer leads. A request
+//! dispatched while leading may still wait for a connection (its TCP connect, bounded by
+//! the kubeconfig's connect timeout, and TLS handshake) before its bytes go.
 
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
@@ -130,8 +132,12 @@ pub fn term_bounded(
     connector.set_keepalive(Some(KEEPALIVE));
     connector.set_tcp_user_timeout(Some(unacknowledged));
     let https = config.rustls_https_connector_with_connector(connector)?;
+    // A request hyper cancelled before it started is not sent again on another
+    // connection, past the fence's word.
     let client: hyper_util::client::legacy::Client<_, kube::client::Body> =
-        hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
+        hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .retry_canceled_requests(fence.is_none())
+            .build(https);
     // Authentication may fail on its own (a token file unreadable): one error type.
     let client = tower::ServiceBuilder::new()
         .map_err(BoxError::from)
@@ -189,6 +195,7 @@ where
 /// (pure).
 fn unreached(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Service(_) | kube::Error::HyperError(_))
+        && !refused_by_fence(error)
 }
 
 #[cfg(test)]
@@ -252,6 +259,7 @@ mod tests {
         )));
         let refused = kube::core::Status::failure("forbidden", "Forbidden").with_code(403);
         assert!(!unreached(&kube::Error::Api(Box::new(refused))));
+        assert!(!unreached(&kube::Error::Service(Box::new(WriteRefused))));
     }
 
     #[test]

@@ -215,8 +215,10 @@ async fn run(
             () = tokio::time::sleep(pause) => {}
             () = token.cancelled() => {
                 if *leading.borrow() {
-                    release(&api, &identity).await;
+                    // Writes stop before the Lease is let go: a successor may take it
+                    // the moment the release is applied, before its answer is back.
                     leading.send_replace(false);
+                    release(&api, &identity).await;
                     tracing::info!(lease = %name, "resigned leadership");
                 }
                 return Ok(());

@@ -39,7 +39,12 @@ const CERTIFICATE_RETRY: Duration = Duration::from_secs(5);
 pub struct SidecarWebhook {
     pub listener: TcpListener,
     pub settings: SidecarWebhookSettings,
-    pub client: kube::Client,
+    /// For what every replica does, leading or not: the serving certificate, the
+    /// namespaces' labels.
+    pub replica_client: kube::Client,
+    /// For what only the leader writes (the webhook configuration): its writes fenced on
+    /// the leadership as the store's are.
+    pub leader_client: kube::Client,
     pub store: Store,
     /// The controller's namespace: the certificate's Secret lives there.
     pub namespace: String,
@@ -70,7 +75,7 @@ impl SidecarWebhook {
         let (ca_sender, ca_bundle) = watch::channel(None);
         let names = self.settings.reached_at.certificate_names();
         let certificates = keep_certificate(
-            self.client.clone(),
+            self.replica_client.clone(),
             self.namespace.clone(),
             names,
             tls_sender,
@@ -78,7 +83,7 @@ impl SidecarWebhook {
             token.clone(),
         );
         let namespaces = Arc::new(crate::cluster::namespaces::NamespaceLabels::new(
-            self.client.clone(),
+            self.replica_client.clone(),
         ));
         let primed = primed(tls.clone(), self.store.clone(), serving, token.clone());
         let serving = endpoint::serve(
@@ -92,7 +97,7 @@ impl SidecarWebhook {
         let configuring = async {
             if leadership.elected().await {
                 configuration::keep_current(
-                    self.client.clone(),
+                    self.leader_client.clone(),
                     self.store.clone(),
                     self.settings.reached_at.clone(),
                     self.namespace.clone(),
