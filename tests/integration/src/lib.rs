@@ -134,18 +134,53 @@ fn append_log(path: &Path) -> std::fs::File {
         .unwrap()
 }
 
-/// A loopback TCP port free right now.
+/// A loopback TCP port for a daemon of this test to listen on ([`free_ports`]).
 pub fn free_port() -> u16 {
     let [port] = free_ports();
     port
 }
 
-/// `N` loopback TCP ports free right now, all different (each is held until all are
-/// chosen: ports chosen one after another may repeat).
+/// The ports [`free_ports`] hands out: below the kernel's ephemeral range
+/// (`ip_local_port_range`, from 32768 by default), where no process's outgoing
+/// connection is given one. A port the kernel chose (`bind` to port 0) and let go could
+/// be taken by any connection before the daemon bound it: seen as a controller's
+/// "Address already in use" with six tests running side by side.
+const DAEMON_PORTS: std::ops::Range<u16> = 24000..32000;
+
+/// Ports this test process holds ([`free_ports`]), each by a lock on its file, released
+/// when the process ends (nextest runs every test in a process of its own).
+static HELD_PORTS: std::sync::Mutex<Vec<nix::fcntl::Flock<std::fs::File>>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// `N` loopback TCP ports, all different, for daemons this test starts: free now, and
+/// held for this test until it ends, so no other test process is given one, and outside
+/// the range the kernel hands to outgoing connections.
 pub fn free_ports<const N: usize>() -> [u16; N] {
-    let listeners: [std::net::TcpListener; N] =
-        std::array::from_fn(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap());
-    listeners.map(|listener| listener.local_addr().unwrap().port())
+    let dir = std::env::temp_dir().join("rigger-test-ports");
+    std::fs::create_dir_all(&dir).unwrap();
+    let span = u32::from(DAEMON_PORTS.end - DAEMON_PORTS.start);
+    // Each process starts somewhere else in the range, so that few locks are tried.
+    let start = std::process::id().wrapping_mul(7919) % span;
+    let mut held = HELD_PORTS.lock().unwrap();
+    let mut candidates = (0..span).map(|i| {
+        let offset = u16::try_from((start + i) % span).unwrap();
+        DAEMON_PORTS.start + offset
+    });
+    std::array::from_fn(|_| {
+        candidates
+            .by_ref()
+            .find_map(|port| {
+                let file = std::fs::File::create(dir.join(port.to_string())).ok()?;
+                let lock =
+                    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+                        .ok()?;
+                // Free now: nothing (a daemon of a test before, say) listens on it.
+                std::net::TcpListener::bind(("127.0.0.1", port)).ok()?;
+                held.push(lock);
+                Some(port)
+            })
+            .expect("a free port in 24000..32000")
+    })
 }
 
 /// Minimal HTTP/1.0 GET: (status code, body). `None` if nothing listens yet.
