@@ -567,35 +567,32 @@ fn requests_per_minute(
     audit_log: &Path,
     since: &str,
 ) -> anyhow::Result<BTreeMap<String, BTreeMap<String, u64>>> {
-    let mut text = String::new();
-    for file in audit_files(audit_log)? {
-        text.push_str(
-            &std::fs::read_to_string(&file)
-                .with_context(|| format!("reading {}", file.display()))?,
-        );
-    }
     let mut minutes: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
-    for line in text.lines() {
-        let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        if event["user"]["username"] != CONTROLLER {
-            continue;
+    for file in audit_files(audit_log)? {
+        let text = std::fs::read_to_string(&file)
+            .with_context(|| format!("reading {}", file.display()))?;
+        for line in text.lines() {
+            let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if event["user"]["username"] != CONTROLLER {
+                continue;
+            }
+            let Some(at) = event["requestReceivedTimestamp"].as_str() else {
+                continue;
+            };
+            if at < since {
+                continue;
+            }
+            let minute = at.get(..16).unwrap_or(at).to_owned();
+            let resource = event["objectRef"]["resource"].as_str().unwrap_or("?");
+            let verb = event["verb"].as_str().unwrap_or("?");
+            *minutes
+                .entry(minute)
+                .or_default()
+                .entry(format!("{verb} {resource}"))
+                .or_default() += 1;
         }
-        let Some(at) = event["requestReceivedTimestamp"].as_str() else {
-            continue;
-        };
-        if at < since {
-            continue;
-        }
-        let minute = at.get(..16).unwrap_or(at).to_owned();
-        let resource = event["objectRef"]["resource"].as_str().unwrap_or("?");
-        let verb = event["verb"].as_str().unwrap_or("?");
-        *minutes
-            .entry(minute)
-            .or_default()
-            .entry(format!("{verb} {resource}"))
-            .or_default() += 1;
     }
     Ok(minutes)
 }

@@ -136,8 +136,9 @@ impl PodPlaces {
 const PUBLISH_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Watch every Pod until `token` is cancelled, publishing the pods by node when they
-/// changed, every [`PUBLISH_EVERY`]; every event is shown to `also` first (the pods SidecarSets were
-/// injected into are kept from the same watch: one watch on Pods, whoever reads them).
+/// changed, every [`PUBLISH_EVERY`]; every event is shown to `also` first (the pods
+/// SidecarSets were injected into are kept from the same watch: one watch on Pods,
+/// whoever reads them).
 pub async fn keep_placed(
     client: kube::Client,
     publish: impl Fn(PodsByNode) + Send,
