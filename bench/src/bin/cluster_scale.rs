@@ -28,7 +28,8 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use rigger_bench::{report, simulated};
+use rigger_bench::histogram::{buckets_of, quantile};
+use rigger_bench::{machine, report, simulated};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -57,6 +58,9 @@ struct Args {
     /// Leave the Nodes and Pods in place afterwards.
     #[arg(long)]
     keep: bool,
+    /// Write the API server's CPU profile (Go's pprof, the run's middle minute) here.
+    #[arg(long)]
+    profiles: Option<PathBuf>,
 }
 
 const NAMESPACE: &str = "rigger-scale";
@@ -151,9 +155,11 @@ async fn run(client: &kube::Client, args: &Args, audit_log: &Path) -> anyhow::Re
     create_nodes(client, args.nodes).await?;
     let nodes_took = nodes_made.elapsed();
     println!("{} Nodes in {nodes_took:?}", args.nodes);
-    let webhook_before = admission_histogram(client).await?;
+    let webhook_before = apiserver_histogram(client, ADMISSION, &webhook_entry()).await?;
+    let scheduling_before = apiserver_histogram(client, SCHEDULING, "").await?;
     let reviews_before = review_histogram(client).await?;
     let audit_from = audit_now();
+    let cpu_before = machine::read()?;
     let started = Instant::now();
     let created = Arc::new(AtomicU64::new(0));
     let changed = Arc::new(AtomicU64::new(0));
@@ -167,6 +173,14 @@ async fn run(client: &kube::Client, args: &Args, audit_log: &Path) -> anyhow::Re
         args.duration,
         [created.clone(), changed.clone(), failed.clone()],
     ));
+    let profile = args.profiles.clone().map(|dir| {
+        let client = client.clone();
+        let middle = args.duration.saturating_sub(PROFILED) / 2;
+        tokio::spawn(async move {
+            tokio::time::sleep(middle).await;
+            apiserver_profile(&client, &dir).await
+        })
+    });
     let mut samples = Vec::new();
     while started.elapsed() < args.duration {
         tokio::time::sleep(Duration::from_secs(5)).await;
@@ -188,27 +202,40 @@ async fn run(client: &kube::Client, args: &Args, audit_log: &Path) -> anyhow::Re
         );
     }
     load.await??;
+    let cpu = machine::table(&cpu_before, &machine::read()?, cores(), 0.01);
+    if let Some(profile) = profile {
+        let path = profile.await??;
+        println!(
+            "the API server's CPU profile: go tool pprof -top {}",
+            path.display()
+        );
+    }
     let (leader, follower) = controller_rss(client).await;
-    let webhook_after = admission_histogram(client).await?;
+    let webhook_after = apiserver_histogram(client, ADMISSION, &webhook_entry()).await?;
+    let scheduling_after = apiserver_histogram(client, SCHEDULING, "").await?;
     let reviews_after = review_histogram(client).await?;
     let latency = |before: &[(f64, f64)], after: &[(f64, f64)]| {
         (quantile(before, after, 0.5), quantile(before, after, 0.99))
     };
     let admission = latency(&webhook_before, &webhook_after);
+    let scheduling = latency(&scheduling_before, &scheduling_after);
     let reviews = latency(&reviews_before, &reviews_after);
     let per_minute = requests_per_minute(audit_log, &audit_from)?;
     Ok(report(
         args,
-        nodes_took,
-        &samples,
-        [leader, follower],
-        [admission, reviews],
-        &per_minute,
-        [
-            created.load(Ordering::Relaxed),
-            changed.load(Ordering::Relaxed),
-            failed.load(Ordering::Relaxed),
-        ],
+        &Measured {
+            nodes_took,
+            samples: &samples,
+            rss: [leader, follower],
+            latencies: [admission, reviews, scheduling],
+            per_minute: &per_minute,
+            cpu: &cpu,
+            counts: [
+                created.load(Ordering::Relaxed),
+                changed.load(Ordering::Relaxed),
+                failed.load(Ordering::Relaxed),
+            ],
+        },
     ))
 }
 
@@ -422,17 +449,53 @@ async fn controller_rss(client: &kube::Client) -> ((u64, u64), (u64, u64)) {
     (leading, following)
 }
 
-/// The API server's webhook admission latency histogram for the bench's set: bucket
-/// upper bound (seconds) → cumulative count.
-async fn admission_histogram(client: &kube::Client) -> anyhow::Result<Vec<(f64, f64)>> {
+/// How long the API server's CPU profile samples.
+const PROFILED: Duration = Duration::from_secs(60);
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// The API server's CPU profile over [`PROFILED`] (its `/debug/pprof/profile`, which
+/// `--profiling` serves by default to whom may `get` that path), written into `dir`.
+async fn apiserver_profile(client: &kube::Client, dir: &Path) -> anyhow::Result<PathBuf> {
+    use futures::AsyncReadExt as _;
+    let path = format!("/debug/pprof/profile?seconds={}", PROFILED.as_secs());
+    let request = http::Request::get(path).body(Vec::new())?;
+    let mut body = Vec::new();
+    client
+        .request_stream(request)
+        .await
+        .context("the API server's CPU profile")?
+        .read_to_end(&mut body)
+        .await
+        .context("reading the API server's CPU profile")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let file = dir.join("kube-apiserver-cpu.pprof");
+    std::fs::write(&file, body).with_context(|| format!("writing {}", file.display()))?;
+    Ok(file)
+}
+
+/// The API server's webhook admission latency histogram.
+const ADMISSION: &str = "apiserver_admission_webhook_admission_duration_seconds_bucket";
+/// How long the API server's goroutines waited, runnable, for a CPU (Go's runtime).
+const SCHEDULING: &str = "go_sched_latencies_seconds_bucket";
+
+/// The bench's set's entry in the webhook histogram's labels.
+fn webhook_entry() -> String {
+    format!("name=\"{SET}.sidecarsets.rigger.dev\"")
+}
+
+/// A histogram of the API server's own `/metrics` (its series whose line holds
+/// `filter`): bucket upper bound (seconds) → cumulative count.
+async fn apiserver_histogram(
+    client: &kube::Client,
+    metric: &str,
+    filter: &str,
+) -> anyhow::Result<Vec<(f64, f64)>> {
     let request = http::Request::get("/metrics").body(Vec::new())?;
     let text = client.request_text(request).await?;
-    let entry = format!("name=\"{SET}.sidecarsets.rigger.dev\"");
-    Ok(buckets_of(
-        [text.as_str()],
-        "apiserver_admission_webhook_admission_duration_seconds_bucket",
-        &entry,
-    ))
+    Ok(buckets_of([text.as_str()], metric, filter))
 }
 
 /// The webhook's own time per review, from every controller replica's `/metrics` (read
@@ -461,77 +524,6 @@ async fn review_histogram(client: &kube::Client) -> anyhow::Result<Vec<(f64, f64
         "rigger_controller_webhook_review_duration_seconds_bucket",
         "",
     ))
-}
-
-/// The cumulative buckets of histogram `metric` (its `_bucket` series) in Prometheus
-/// texts, the series whose line holds `filter` added up by bound: upper bound (seconds)
-/// → cumulative count, sorted (pure).
-fn buckets_of<'a>(
-    texts: impl IntoIterator<Item = &'a str>,
-    metric: &str,
-    filter: &str,
-) -> Vec<(f64, f64)> {
-    let series = format!("{metric}{{");
-    let mut buckets: BTreeMap<String, (f64, f64)> = BTreeMap::new();
-    for line in texts.into_iter().flat_map(str::lines) {
-        if !line.starts_with(&series) || !line.contains(filter) {
-            continue;
-        }
-        let Some(le) = line
-            .split("le=\"")
-            .nth(1)
-            .and_then(|rest| rest.split('"').next())
-        else {
-            continue;
-        };
-        let bound = if le == "+Inf" {
-            f64::INFINITY
-        } else {
-            le.parse().unwrap_or(f64::INFINITY)
-        };
-        let count: f64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0.0);
-        let slot = buckets.entry(le.to_owned()).or_insert((bound, 0.0));
-        slot.1 += count;
-    }
-    let mut out: Vec<(f64, f64)> = buckets.into_values().collect();
-    out.sort_by(|a, b| a.0.total_cmp(&b.0));
-    out
-}
-
-/// The `q` quantile (seconds) of what was observed between two readings of a histogram,
-/// interpolated within its bucket as Prometheus's `histogram_quantile` does.
-fn quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> Option<f64> {
-    let counts: Vec<(f64, f64)> = after
-        .iter()
-        .map(|(bound, count)| {
-            let earlier = before
-                .iter()
-                .find(|(b, _)| b == bound)
-                .map_or(0.0, |(_, c)| *c);
-            (*bound, count - earlier)
-        })
-        .collect();
-    let total = counts.last()?.1;
-    if total <= 0.0 {
-        return None;
-    }
-    let rank = q * total;
-    let mut lower = (0.0, 0.0);
-    for (bound, count) in counts {
-        if count >= rank {
-            if bound.is_infinite() {
-                return Some(lower.0);
-            }
-            let within = (rank - lower.1) / (count - lower.1).max(f64::MIN_POSITIVE);
-            return Some(lower.0 + (bound - lower.0) * within);
-        }
-        lower = (bound, count);
-    }
-    None
 }
 
 /// Now as the audit log's timestamps begin (RFC 3339 to the second, without its zone):
@@ -597,15 +589,32 @@ fn requests_per_minute(
     Ok(minutes)
 }
 
-fn report(
-    args: &Args,
+/// What a run measured, for its report.
+struct Measured<'a> {
     nodes_took: Duration,
-    samples: &[Sample],
-    [leader, follower]: [(u64, u64); 2],
-    [admission, reviews]: [(Option<f64>, Option<f64>); 2],
-    per_minute: &BTreeMap<String, BTreeMap<String, u64>>,
-    [created, changed, failed]: [u64; 3],
-) -> String {
+    samples: &'a [Sample],
+    /// RSS now and peak of the leader, and of the follower.
+    rss: [(u64, u64); 2],
+    /// p50 and p99 of admission, of the webhook's own time, and of the API server's
+    /// goroutines' wait for a CPU.
+    latencies: [(Option<f64>, Option<f64>); 3],
+    per_minute: &'a BTreeMap<String, BTreeMap<String, u64>>,
+    /// Where the machine's CPU went ([`machine::table`]).
+    cpu: &'a str,
+    /// Pods created, statuses changed, requests failed.
+    counts: [u64; 3],
+}
+
+fn report(args: &Args, measured: &Measured<'_>) -> String {
+    let &Measured {
+        nodes_took,
+        samples,
+        rss: [leader, follower],
+        latencies: [admission, reviews, scheduling],
+        per_minute,
+        cpu,
+        counts: [created, changed, failed],
+    } = measured;
     let ms = |s: Option<f64>| s.map_or("—".to_owned(), |s| format!("{:.1} ms", s * 1000.0));
     let mib = |bytes: u64| format!("{} MiB", bytes >> 20);
     let mut out = format!(
@@ -643,11 +652,19 @@ fn report(
         ms(admission.1)
     ));
     out.push_str(&format!(
-        "| of which the webhook's own time per review (the controller's histogram) | | p50 {}, p99 {} |\n\n",
+        "| of which the webhook's own time per review (the controller's histogram) | | p50 {}, p99 {} |\n",
         ms(reviews.0),
         ms(reviews.1)
     ));
-    out.push_str("The controller's API requests by minute (audit log), and the pods there were:\n\n| minute (UTC) | pods at its end | requests | of which |\n|---|---|---|---|\n");
+    out.push_str(&format!(
+        "| the API server's goroutines waiting, runnable, for a CPU (Go's `{}`) | | p50 {}, p99 {} |\n\n",
+        SCHEDULING.trim_end_matches("_bucket"),
+        ms(scheduling.0),
+        ms(scheduling.1)
+    ));
+    out.push_str("Where the machine's CPU went while the pods came (`/proc`; commands under 1 % summed):\n\n");
+    out.push_str(cpu);
+    out.push_str("\nThe controller's API requests by minute (audit log), and the pods there were:\n\n| minute (UTC) | pods at its end | requests | of which |\n|---|---|---|---|\n");
     let start = samples.first().map_or(Duration::ZERO, |s| s.at);
     for (index, (minute, verbs)) in per_minute.iter().enumerate() {
         let pods = samples
@@ -701,55 +718,4 @@ async fn clean(client: &kube::Client) {
             &ListParams::default().labels("rigger-scale=yes"),
         )
         .await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn quantiles_interpolate_within_the_bucket_of_the_delta() {
-        let before = [
-            (0.005, 10.0),
-            (0.025, 10.0),
-            (0.1, 10.0),
-            (f64::INFINITY, 10.0),
-        ];
-        let after = [
-            (0.005, 60.0),
-            (0.025, 150.0),
-            (0.1, 160.0),
-            (f64::INFINITY, 160.0),
-        ];
-        // 150 observed: 50 under 5 ms, 90 in 5–25 ms, 10 in 25–100 ms.
-        let p50 = quantile(&before, &after, 0.5).unwrap_or_default();
-        assert!((p50 - (0.005 + 0.02 * (25.0 / 90.0))).abs() < 1e-9, "{p50}");
-        let p99 = quantile(&before, &after, 0.99).unwrap_or_default();
-        assert!((p99 - (0.025 + 0.075 * (8.5 / 10.0))).abs() < 1e-9, "{p99}");
-        assert_eq!(quantile(&after, &after, 0.99), None);
-    }
-
-    #[test]
-    fn buckets_add_up_across_series_and_replicas_and_skip_other_metrics() {
-        let leader = "# TYPE rigger_controller_webhook_review_duration_seconds histogram\n\
-            rigger_controller_webhook_review_duration_seconds_sum{answer=\"allowed\"} 0.5\n\
-            rigger_controller_webhook_review_duration_seconds_bucket{le=\"0.005\",answer=\"allowed\"} 3\n\
-            rigger_controller_webhook_review_duration_seconds_bucket{le=\"+Inf\",answer=\"allowed\"} 4\n\
-            rigger_controller_webhook_review_duration_seconds_bucket{le=\"0.005\",answer=\"denied\"} 1\n\
-            rigger_controller_webhook_review_duration_seconds_bucket{le=\"+Inf\",answer=\"denied\"} 1\n";
-        let follower = "rigger_controller_webhook_review_duration_seconds_bucket{le=\"0.005\",answer=\"allowed\"} 2\n\
-            rigger_controller_webhook_review_duration_seconds_bucket{le=\"+Inf\",answer=\"allowed\"} 2\n";
-        let buckets = buckets_of(
-            [leader, follower],
-            "rigger_controller_webhook_review_duration_seconds_bucket",
-            "",
-        );
-        assert_eq!(buckets, vec![(0.005, 6.0), (f64::INFINITY, 7.0)]);
-        let denied = buckets_of(
-            [leader],
-            "rigger_controller_webhook_review_duration_seconds_bucket",
-            "answer=\"denied\"",
-        );
-        assert_eq!(denied, vec![(0.005, 1.0), (f64::INFINITY, 1.0)]);
-    }
 }

@@ -93,8 +93,9 @@ pub struct PodPlaces {
     pods: Relisted<Place>,
 }
 
-/// Where a Pod runs: its node, namespace and labels.
-type Place = (String, Arc<str>, BTreeMap<String, String>);
+/// Where a Pod runs: its node, namespace and labels (shared with each published view:
+/// a view copies no pod's labels).
+type Place = (String, Arc<str>, Arc<BTreeMap<String, String>>);
 
 pub use crate::fleet::nodes::PodsByNode;
 
@@ -107,7 +108,7 @@ fn place_of(pod: &Pod) -> Option<(String, Place)> {
         .clone()
         .filter(|n| !n.is_empty())?;
     let namespace: Arc<str> = pod.metadata.namespace.as_deref().unwrap_or_default().into();
-    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    let labels = Arc::new(pod.metadata.labels.clone().unwrap_or_default());
     Some((uid, (node, namespace, labels)))
 }
 

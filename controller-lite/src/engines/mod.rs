@@ -35,6 +35,10 @@ pub trait Engine: Send + Sync {
     const NAME: &'static str;
     /// Passes run at least this often, woken or not (deadlines, retries, timeouts).
     const TICK: Duration;
+    /// Passes start at most this often, however often they are woken: an engine whose
+    /// pass reads every pod of a busy cluster takes in the changes of this long at once
+    /// instead of passing again for each.
+    const SPACING: Duration = Duration::ZERO;
     /// The kinds whose changes by another writer wake a pass, where the store tells
     /// them ([`supervise_watching`]).
     const WATCHES: &'static [&'static str] = &[];
@@ -61,7 +65,7 @@ pub trait Engine: Send + Sync {
 /// Run `engine` until `token` is cancelled.
 pub async fn run<E: Engine>(engine: &E, token: CancellationToken) {
     loop {
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let observed = engine.observe().await;
         if started.elapsed() > Duration::from_secs(5) {
             tracing::warn!(engine = E::NAME, took = ?started.elapsed(), "reading the store for a pass was slow");
@@ -76,6 +80,13 @@ pub async fn run<E: Engine>(engine: &E, token: CancellationToken) {
             () = token.cancelled() => break,
             () = engine.wake_signal().notified() => {}
             () = tokio::time::sleep(E::TICK) => {}
+        }
+        let spacing = E::SPACING.saturating_sub(started.elapsed());
+        if !spacing.is_zero() {
+            tokio::select! {
+                () = token.cancelled() => break,
+                () = tokio::time::sleep(spacing) => {}
+            }
         }
     }
     engine.finish().await;
@@ -223,6 +234,64 @@ mod tests {
             3,
             "one read per pass"
         );
+    }
+
+    /// [`Counting`] whose passes start at most every second.
+    #[derive(Default)]
+    struct Spaced(Counting);
+
+    impl Engine for Spaced {
+        const NAME: &'static str = "spaced";
+        const TICK: Duration = Duration::from_secs(3600);
+        const SPACING: Duration = Duration::from_secs(1);
+        type Snapshot = usize;
+
+        fn wake_signal(&self) -> &Notify {
+            &self.0.wake
+        }
+
+        async fn observe(&self) -> Result<usize, StoreError> {
+            self.0.observe().await
+        }
+
+        async fn pass(&self, snapshot: usize) {
+            self.0.pass(snapshot).await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wakes_closer_than_the_spacing_are_taken_in_by_one_pass_and_none_is_lost() {
+        let engine = std::sync::Arc::new(Spaced::default());
+        let token = CancellationToken::new();
+        let task = tokio::spawn({
+            let (engine, token) = (engine.clone(), token.clone());
+            async move { run(&*engine, token).await }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // A hundred changes over the next two seconds, one every 20 ms.
+        for _ in 0..100 {
+            engine.0.wake.notify_one();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let passes = engine.0.passes.load(Ordering::SeqCst);
+        assert!(
+            (2..=4).contains(&passes),
+            "one pass at start, then one a second: {passes}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            engine.0.passes.load(Ordering::SeqCst),
+            passes + 1,
+            "the last wake still gets its pass"
+        );
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(
+            engine.0.passes.load(Ordering::SeqCst),
+            passes + 1,
+            "and nothing more until a wake or a tick"
+        );
+        token.cancel();
+        task.await.unwrap();
     }
 
     /// Panics in its first two passes.

@@ -21,7 +21,8 @@ use rigger_api::sidecar_set::{
 };
 use tokio::sync::Notify;
 
-use super::injected_pods::{InjectedPod, InjectedPods, member_of, patch_of};
+use super::injected_pods::{InjectedPod, InjectedPods, patch_of};
+use super::known_members::KnownMembers;
 use crate::engines::sidecar_sets::{Member, histories, history_key, to_upgrade, upgraded};
 use crate::events::{Event, EventSink};
 use rigger_store::{Precondition, Store, StoreError};
@@ -49,6 +50,8 @@ struct Inner {
     /// What was last written per set: a status, the report of pods left on an older
     /// version (an event each time it changes), and when.
     written: Mutex<HashMap<String, Written>>,
+    /// Each set's members as last worked out (a pass works out only what changed).
+    known: Mutex<KnownMembers>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -72,6 +75,7 @@ impl ClusterRollout {
                 pods,
                 events,
                 written: Mutex::new(HashMap::new()),
+                known: Mutex::new(KnownMembers::default()),
             }),
         }
     }
@@ -98,6 +102,9 @@ pub struct Snapshot {
 impl crate::engines::Engine for ClusterRollout {
     const NAME: &'static str = "sidecar rollout (cluster)";
     const TICK: Duration = TICK;
+    /// Every injected pod's change wakes a pass: in a busy cluster they come faster
+    /// than passes end.
+    const SPACING: Duration = Duration::from_millis(500);
     const WATCHES: &'static [&'static str] = &[SidecarSet::INFO.name];
     type Snapshot = Snapshot;
 
@@ -132,6 +139,14 @@ impl crate::engines::Engine for ClusterRollout {
     async fn pass(&self, snapshot: Snapshot) {
         for (name, cause) in &snapshot.undecodable {
             self.refused(&undecodable_set(name), cause);
+        }
+        if let Ok(mut known) = self.inner.known.lock() {
+            let names = snapshot
+                .sets
+                .iter()
+                .map(|(set, _, _)| set.metadata.name.as_str())
+                .collect();
+            known.keep_only(&names);
         }
         for (set, mut history, precondition) in snapshot.sets {
             // What Rigger refuses (an empty selector, say: the API server prunes a
@@ -222,15 +237,20 @@ impl ClusterRollout {
             };
             namespace_labels.insert(&pod.namespace, labels);
         }
-        let (members, by_name): (Vec<Member>, Vec<&InjectedPod>) = pods
-            .iter()
-            .filter(|pod| {
-                namespace_labels
-                    .get(pod.namespace.as_str())
-                    .is_some_and(|ns| set.matches_in(&pod.namespace, ns, &pod.labels))
-            })
-            .filter_map(|pod| member_of(set, &hash, pod).map(|m| (m, &**pod)))
-            .unzip();
+        let matched = pods.iter().filter(|pod| {
+            namespace_labels
+                .get(pod.namespace.as_str())
+                .is_some_and(|ns| set.matches_in(&pod.namespace, ns, &pod.labels))
+        });
+        let Ok(known) = self
+            .inner
+            .known
+            .lock()
+            .map(|mut known| known.of(set, &hash, matched).0)
+        else {
+            return;
+        };
+        let members: Vec<Arc<Member>> = known.iter().map(|(member, _)| member.clone()).collect();
         let left = left_behind(set, &hash, history, &members);
         self.write_status(set, history, &hash, &members, &left)
             .await;
@@ -238,10 +258,7 @@ impl ClusterRollout {
             let Some(after) = upgraded(set, &hash, member) else {
                 continue;
             };
-            let Some(pod) = by_name.iter().find(|p| {
-                p.name == member.pod.metadata.name
-                    && Some(&p.namespace) == member.pod.metadata.namespace.as_ref()
-            }) else {
+            let Some((_, pod)) = known.iter().find(|(m, _)| std::ptr::eq(&**m, member)) else {
                 continue;
             };
             let patch = patch_of(
@@ -291,7 +308,7 @@ impl ClusterRollout {
         set: &SidecarSet,
         history: &History,
         hash: &str,
-        members: &[Member],
+        members: &[Arc<Member>],
         left: &str,
     ) {
         let mut status = SidecarSetStatus {
@@ -400,7 +417,7 @@ fn write_due(
 
 /// Which pods keep an older version because it differs in more than images, and what
 /// differs (pure): "" when none does.
-fn left_behind(set: &SidecarSet, hash: &str, history: &History, members: &[Member]) -> String {
+fn left_behind(set: &SidecarSet, hash: &str, history: &History, members: &[Arc<Member>]) -> String {
     let without_image = set.hash_without_image();
     let mut by_revision: std::collections::BTreeMap<&str, usize> = Default::default();
     for member in members {

@@ -272,8 +272,8 @@ pub(crate) fn member_of(set: &SidecarSet, hash: &str, pod: &InjectedPod) -> Opti
         hash,
         ObjectKey::new("Pod", &pod.namespace, &pod.name),
         0,
-        &shadow,
-        &status,
+        shadow,
+        status,
     )?;
     // Kruise's annotations are the pod's creator's to write: a pod is the set's only if
     // every sidecar they name is one the webhook injected (else a forged list would

@@ -23,6 +23,7 @@
 
 pub mod cluster_rollout;
 pub mod injected_pods;
+mod known_members;
 pub mod usable;
 
 use std::cmp::Reverse;
@@ -98,18 +99,18 @@ impl Member {
         hash: &str,
         key: ObjectKey,
         revision: u64,
-        pod: &Pod,
-        status: &serde_json::Value,
+        pod: Pod,
+        status: serde_json::Value,
     ) -> Option<Self> {
-        let version = sidecar_set::injected(pod).remove(&set.metadata.name)?;
+        let version = sidecar_set::injected(&pod).remove(&set.metadata.name)?;
         Some(Member {
             key,
             revision,
-            pod: pod.clone(),
-            ready: is_ready(status),
-            running_spec: runs_spec(pod, status, &version.sidecar_list),
-            hot_in_progress: version.hash != hash && hot_started(set, pod),
-            status: status.clone(),
+            ready: is_ready(&status),
+            running_spec: runs_spec(&pod, &status, &version.sidecar_list),
+            hot_in_progress: version.hash != hash && hot_started(set, &pod),
+            pod,
+            status,
             version,
         })
     }
@@ -326,8 +327,8 @@ fn members(
                 hash,
                 stored.key.clone(),
                 stored.revision,
-                &stored.value,
-                status,
+                stored.value.clone(),
+                status.clone(),
             )
         })
         .collect()
@@ -338,11 +339,12 @@ fn members(
 /// selector; nothing while paused or with updateStrategy.type NotUpdate. Pods whose
 /// sidecars changed more than their images are left alone (only pods created from now
 /// on get the new version).
-pub(crate) fn to_upgrade<'a>(
+pub(crate) fn to_upgrade<'a, M: std::borrow::Borrow<Member>>(
     set: &SidecarSet,
     hash: &str,
-    members: &'a [Member],
+    members: &'a [M],
 ) -> Vec<&'a Member> {
+    let members: Vec<&Member> = members.iter().map(std::borrow::Borrow::borrow).collect();
     let strategy = &set.spec.update_strategy;
     if strategy.paused || strategy.kind == UpdateStrategyType::NotUpdate {
         return Vec::new();
@@ -352,7 +354,11 @@ pub(crate) fn to_upgrade<'a>(
     let updated = members.iter().filter(|m| m.updated(hash)).count();
     let budget = total.saturating_sub(keep_old).saturating_sub(updated);
     let max_unavailable = strategy.max_unavailable.map_or(1, |m| m.of(total)).max(1);
-    let mut chosen: Vec<&Member> = members.iter().filter(|m| m.hot_in_progress).collect();
+    let mut chosen: Vec<&Member> = members
+        .iter()
+        .copied()
+        .filter(|m| m.hot_in_progress)
+        .collect();
     let unavailable = members.iter().filter(|m| m.unavailable(hash)).count();
     let slots = max_unavailable.saturating_sub(unavailable).min(budget);
     if slots == 0 {
@@ -361,6 +367,7 @@ pub(crate) fn to_upgrade<'a>(
     let without_image = set.hash_without_image();
     let mut candidates: Vec<&Member> = members
         .iter()
+        .copied()
         .filter(|m| !m.updated(hash) && !m.hot_in_progress)
         .filter(|m| m.version.hash_without_image == without_image)
         .filter(|m| {

@@ -11,7 +11,7 @@ use rigger_proto::v1::NodeInventory;
 use super::{SharedLabels, count};
 
 /// One pod's namespace and labels, as its node reported them.
-pub type PodLabels = (Arc<str>, BTreeMap<String, String>);
+pub type PodLabels = (Arc<str>, Arc<BTreeMap<String, String>>);
 /// Pods' namespaces and labels, by node.
 pub type PodsByNode = HashMap<String, Vec<PodLabels>>;
 
@@ -173,7 +173,7 @@ impl Interner {
                 .map(|p| {
                     (
                         self.intern(&p.namespace),
-                        p.labels.clone().into_iter().collect(),
+                        Arc::new(p.labels.clone().into_iter().collect()),
                     )
                 })
                 .collect(),

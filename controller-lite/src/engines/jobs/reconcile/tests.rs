@@ -257,7 +257,7 @@ fn selectors_pick_nodes_by_label_name_or_pods() {
         .unwrap()
         .labels
         .insert("disk".to_owned(), "ssd".to_owned());
-    let web = || [("app".to_owned(), "web".to_owned())].into();
+    let web = || std::sync::Arc::new([("app".to_owned(), "web".to_owned())].into());
     views
         .get_mut("n3")
         .unwrap()
