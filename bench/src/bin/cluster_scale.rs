@@ -621,12 +621,16 @@ fn report(args: &Args, measured: &Measured<'_>) -> String {
         "Reproduce with (the lab's cluster with Rigger deployed, nothing else running on it):\n\n\
          ```sh\nscripts/lab up --k8s --cluster && scripts/lab-rigger up --profile release\n\
          source <(scripts/lab env)\n\
-         target/release/rigger-bench-cluster-scale --nodes {} --pods {} --matched {} --rate {} --duration {} --write BENCHMARKS.md\n```\n\n",
+         target/release/rigger-bench-cluster-scale --nodes {} --pods {} --matched {} --rate {} --duration {}{} --write BENCHMARKS.md\n```\n\n",
         args.nodes,
         args.pods,
         args.matched,
         args.rate,
-        humantime::format_duration(args.duration)
+        humantime::format_duration(args.duration),
+        args.profiles.as_ref().map_or(String::new(), |dir| format!(
+            " --profiles {}",
+            dir.display()
+        ))
     );
     out.push_str(&format!(
         "{} virtual Nodes made in {:.0} s; then for {}: {created} Pods created ({} matched by the SidecarSet), {changed} pod statuses changed, {failed} requests failed.\n\n",
