@@ -67,16 +67,27 @@ pub fn pki(controller: &Path, dir: &Path) -> anyhow::Result<(Vec<u8>, Identity)>
         bail!("rigger-controller certs failed");
     }
     let ca_pem = std::fs::read_to_string(out.join("ca.pem"))?;
-    let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(out.join("ca-key.pem"))?)?;
+    let identity = agent_identity(&out)?;
+    Ok((ca_pem.into_bytes(), identity))
+}
+
+/// A client certificate for every simulated agent (`*.bench.rigger`, the names
+/// [`session`] registers), signed by the CA in `pki` (`ca.pem`, `ca-key.pem`, as
+/// `rigger-controller certs` writes them).
+pub fn agent_identity(pki: &Path) -> anyhow::Result<Identity> {
+    let ca_pem = std::fs::read_to_string(pki.join("ca.pem"))?;
+    let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(pki.join("ca-key.pem"))?)?;
     let ca = rcgen::CertificateParams::from_ca_cert_pem(&ca_pem)?.self_signed(&ca_key)?;
     let key = rcgen::KeyPair::generate()?;
     let mut params = rcgen::CertificateParams::new(vec!["*.bench.rigger".to_owned()])?;
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
     let cert = params.signed_by(&key, &ca, &ca_key)?;
-    Ok((
-        ca_pem.into_bytes(),
-        Identity::from_pem(cert.pem(), key.serialize_pem()),
-    ))
+    Ok(Identity::from_pem(cert.pem(), key.serialize_pem()))
+}
+
+/// The name simulated agent `node` registers as.
+pub fn node_name(node: usize) -> String {
+    format!("node-{node:05}.bench.rigger")
 }
 
 /// The controller's soft open-files limit, from /proc.
@@ -323,7 +334,7 @@ pub async fn session(
     backoff: &mut rigger_daemon::backoff::Backoff,
 ) -> anyhow::Result<()> {
     let channel = endpoint.connect().await?;
-    let node_name = format!("node-{node:05}.bench.rigger");
+    let node_name = node_name(node);
     let (tx, rx) = mpsc::channel(8);
     tx.send(AgentMessage {
         message: Some(agent_message::Message::Register(Register {

@@ -29,7 +29,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use rigger_bench::histogram::{buckets_of, quantile};
-use rigger_bench::{machine, report, simulated};
+use rigger_bench::{in_cluster, machine, report, simulated};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -61,6 +61,13 @@ struct Args {
     /// Write the API server's CPU profile (Go's pprof, the run's middle minute) here.
     #[arg(long)]
     profiles: Option<PathBuf>,
+    /// Connect no simulated agent (by default each Node has one, registered with the
+    /// leader as a node's agent is).
+    #[arg(long)]
+    no_agents: bool,
+    /// Images in each simulated agent's inventory.
+    #[arg(long, default_value_t = 10)]
+    images: usize,
 }
 
 const NAMESPACE: &str = "rigger-scale";
@@ -155,6 +162,14 @@ async fn run(client: &kube::Client, args: &Args, audit_log: &Path) -> anyhow::Re
     create_nodes(client, args.nodes).await?;
     let nodes_took = nodes_made.elapsed();
     println!("{} Nodes in {nodes_took:?}", args.nodes);
+    // Held until the run ends: dropping the set ends the agents' sessions.
+    let agents = if args.no_agents {
+        None
+    } else {
+        let agents = in_cluster::connect_agents(client, args.nodes, args.images).await?;
+        println!("{} agents registered in {:?}", args.nodes, agents.2);
+        Some(agents)
+    };
     let webhook_before = apiserver_histogram(client, ADMISSION, &webhook_entry()).await?;
     let scheduling_before = apiserver_histogram(client, SCHEDULING, "").await?;
     let reviews_before = review_histogram(client).await?;
@@ -184,7 +199,7 @@ async fn run(client: &kube::Client, args: &Args, audit_log: &Path) -> anyhow::Re
     let mut samples = Vec::new();
     while started.elapsed() < args.duration {
         tokio::time::sleep(Duration::from_secs(5)).await;
-        let (leader, follower) = controller_rss(client).await;
+        let (leader, follower) = in_cluster::controller_rss(client).await;
         samples.push(Sample {
             at: started.elapsed(),
             pods: created.load(Ordering::Relaxed),
@@ -203,6 +218,8 @@ async fn run(client: &kube::Client, args: &Args, audit_log: &Path) -> anyhow::Re
     }
     load.await??;
     let cpu = machine::table(&cpu_before, &machine::read()?, cores(), 0.01);
+    let agents =
+        agents.map(|(_fleet, shared, took)| (took, shared.failures.load(Ordering::Relaxed)));
     if let Some(profile) = profile {
         let path = profile.await??;
         println!(
@@ -210,7 +227,7 @@ async fn run(client: &kube::Client, args: &Args, audit_log: &Path) -> anyhow::Re
             path.display()
         );
     }
-    let (leader, follower) = controller_rss(client).await;
+    let (leader, follower) = in_cluster::controller_rss(client).await;
     let webhook_after = apiserver_histogram(client, ADMISSION, &webhook_entry()).await?;
     let scheduling_after = apiserver_histogram(client, SCHEDULING, "").await?;
     let reviews_after = review_histogram(client).await?;
@@ -230,6 +247,7 @@ async fn run(client: &kube::Client, args: &Args, audit_log: &Path) -> anyhow::Re
             latencies: [admission, reviews, scheduling],
             per_minute: &per_minute,
             cpu: &cpu,
+            agents,
             counts: [
                 created.load(Ordering::Relaxed),
                 changed.load(Ordering::Relaxed),
@@ -289,8 +307,9 @@ async fn apply_sidecar_set(client: &kube::Client) -> anyhow::Result<()> {
     }
 }
 
+/// Node `index`'s name: the name its simulated agent registers with.
 fn node_name(index: usize) -> String {
-    format!("rigger-scale-{index:05}")
+    simulated::node_name(index)
 }
 
 async fn create_nodes(client: &kube::Client, count: usize) -> anyhow::Result<()> {
@@ -397,83 +416,6 @@ async fn load(
     }
     while tasks.join_next().await.is_some() {}
     Ok(())
-}
-
-/// RSS now and peak (bytes) of the leading and the following controller replica.
-async fn controller_rss(client: &kube::Client) -> ((u64, u64), (u64, u64)) {
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(client.clone(), "rigger-system");
-    let leader = leases
-        .get_opt("rigger-controller")
-        .await
-        .ok()
-        .flatten()
-        .and_then(|l| l.spec?.holder_identity)
-        .and_then(|h| h.split('/').next().map(str::to_owned))
-        .unwrap_or_default();
-    let (mut leading, mut following) = ((0, 0), (0, 0));
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return (leading, following);
-    };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        if comm.trim() != "rigger-controll" {
-            continue;
-        }
-        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-        let hostname = environ
-            .split(|b| *b == 0)
-            .find_map(|v| v.strip_prefix(b"HOSTNAME="))
-            .map(|v| String::from_utf8_lossy(v).into_owned())
-            .unwrap_or_default();
-        if !hostname.starts_with("rigger-controller-") {
-            continue;
-        }
-        let Ok((rss, peak, _)) = simulated::proc_stats(pid) else {
-            continue;
-        };
-        let rss = (rss, peak);
-        if hostname == leader {
-            leading = rss;
-        } else {
-            following = rss;
-        }
-    }
-    (leading, following)
-}
-
-/// How long the API server's CPU profile samples.
-const PROFILED: Duration = Duration::from_secs(60);
-
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from)
-}
-
-/// The API server's CPU profile over [`PROFILED`] (its `/debug/pprof/profile`, which
-/// `--profiling` serves by default to whom may `get` that path), written into `dir`.
-async fn apiserver_profile(client: &kube::Client, dir: &Path) -> anyhow::Result<PathBuf> {
-    use futures::AsyncReadExt as _;
-    let path = format!("/debug/pprof/profile?seconds={}", PROFILED.as_secs());
-    let request = http::Request::get(path).body(Vec::new())?;
-    let mut body = Vec::new();
-    client
-        .request_stream(request)
-        .await
-        .context("the API server's CPU profile")?
-        .read_to_end(&mut body)
-        .await
-        .context("reading the API server's CPU profile")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let file = dir.join("kube-apiserver-cpu.pprof");
-    std::fs::write(&file, body).with_context(|| format!("writing {}", file.display()))?;
-    Ok(file)
 }
 
 /// The API server's webhook admission latency histogram.
@@ -601,6 +543,8 @@ struct Measured<'a> {
     per_minute: &'a BTreeMap<String, BTreeMap<String, u64>>,
     /// Where the machine's CPU went ([`machine::table`]).
     cpu: &'a str,
+    /// How long the simulated agents took to register, and how many sessions failed.
+    agents: Option<(Duration, usize)>,
     /// Pods created, statuses changed, requests failed.
     counts: [u64; 3],
 }
@@ -613,6 +557,7 @@ fn report(args: &Args, measured: &Measured<'_>) -> String {
         latencies: [admission, reviews, scheduling],
         per_minute,
         cpu,
+        agents,
         counts: [created, changed, failed],
     } = measured;
     let ms = |s: Option<f64>| s.map_or("—".to_owned(), |s| format!("{:.1} ms", s * 1000.0));
@@ -639,6 +584,14 @@ fn report(args: &Args, measured: &Measured<'_>) -> String {
         humantime::format_duration(args.duration),
         (created as usize).div_ceil(args.pods.checked_div(args.matched).unwrap_or(usize::MAX).max(1)),
     ));
+    if let Some((took, lost)) = agents {
+        out.push_str(&format!(
+            "Each Node had a simulated agent ({} images in its inventory) registered with the leader, as a node's agent is: all {} in {:.0} s; {lost} sessions lost.\n\n",
+            args.images,
+            args.nodes,
+            took.as_secs_f64()
+        ));
+    }
     out.push_str("| measure | target | measured |\n|---|---|---|\n");
     out.push_str(&format!(
         "| leader's peak RSS | ≤ 1 GiB | {} (now {}) |\n",

@@ -167,6 +167,8 @@ mod tests {
         finished: AtomicUsize,
         /// The store fails every other read.
         flaky_store: bool,
+        /// Each pass wakes the engine again once (a change while it runs).
+        wake_during_pass: std::sync::atomic::AtomicBool,
     }
 
     impl Engine for Counting {
@@ -196,6 +198,9 @@ mod tests {
                 "each pass gets the snapshot read just before it"
             );
             self.passes.fetch_add(1, Ordering::SeqCst);
+            if self.wake_during_pass.swap(false, Ordering::SeqCst) {
+                self.wake.notify_one();
+            }
         }
 
         async fn finish(&self) {
@@ -278,20 +283,40 @@ mod tests {
             (2..=4).contains(&passes),
             "one pass at start, then one a second: {passes}"
         );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        assert_eq!(
-            engine.0.passes.load(Ordering::SeqCst),
-            passes + 1,
-            "the last wake still gets its pass"
-        );
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let settled = engine.0.passes.load(Ordering::SeqCst);
+        assert!(settled <= passes + 1, "then at most the last wake's pass");
         tokio::time::sleep(Duration::from_secs(10)).await;
         assert_eq!(
             engine.0.passes.load(Ordering::SeqCst),
-            passes + 1,
+            settled,
             "and nothing more until a wake or a tick"
         );
+        // A wake that comes while a pass runs, after its snapshot was read, gets a
+        // pass of its own once the spacing is over.
+        engine.0.wake_during_pass.store(true, Ordering::SeqCst);
+        engine.0.wake.notify_one();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(engine.0.passes.load(Ordering::SeqCst), settled + 1);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            engine.0.passes.load(Ordering::SeqCst),
+            settled + 1,
+            "not before the spacing"
+        );
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(
+            engine.0.passes.load(Ordering::SeqCst),
+            settled + 2,
+            "the wake during the pass was not lost"
+        );
+        // Cancelled while spacing: it stops at once, not when the spacing ends.
+        engine.0.wake.notify_one();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let cancelled = tokio::time::Instant::now();
         token.cancel();
         task.await.unwrap();
+        assert!(cancelled.elapsed() < Duration::from_millis(100));
     }
 
     /// Panics in its first two passes.

@@ -140,14 +140,7 @@ impl crate::engines::Engine for ClusterRollout {
         for (name, cause) in &snapshot.undecodable {
             self.refused(&undecodable_set(name), cause);
         }
-        if let Ok(mut known) = self.inner.known.lock() {
-            let names = snapshot
-                .sets
-                .iter()
-                .map(|(set, _, _)| set.metadata.name.as_str())
-                .collect();
-            known.keep_only(&names);
-        }
+        let mut rolled = std::collections::HashSet::new();
         for (set, mut history, precondition) in snapshot.sets {
             // What Rigger refuses (an empty selector, say: the API server prunes a
             // typo'd one to `{}`) is rolled nowhere, and the pods its webhook entry
@@ -163,11 +156,29 @@ impl crate::engines::Engine for ClusterRollout {
                 continue;
             };
             self.roll(&set, &history, pods).await;
+            rolled.insert(set.metadata.name);
         }
+        // Deleted sets, refused ones and any not rolled this pass keep no members.
+        self.known().keep_only(&rolled);
     }
 }
 
 impl ClusterRollout {
+    /// The members as last worked out. A panic while they were being worked out (a
+    /// bug a pod reached) leaves them in doubt: they are forgotten, and worked out
+    /// anew, rather than the rollout stopping for good on a poisoned lock.
+    fn known(&self) -> std::sync::MutexGuard<'_, KnownMembers> {
+        self.inner.known.lock().unwrap_or_else(|poisoned| {
+            tracing::warn!(
+                "the SidecarSet members were being worked out when a pass panicked: worked out anew"
+            );
+            self.inner.known.clear_poison();
+            let mut known = poisoned.into_inner();
+            *known = KnownMembers::default();
+            known
+        })
+    }
+
     /// Tell, once per cause, that the set `regarding` names is refused.
     fn refused(&self, regarding: &crate::events::Regarding, cause: &str) {
         let Ok(mut written) = self.inner.written.lock() else {
@@ -242,14 +253,7 @@ impl ClusterRollout {
                 .get(pod.namespace.as_str())
                 .is_some_and(|ns| set.matches_in(&pod.namespace, ns, &pod.labels))
         });
-        let Ok(known) = self
-            .inner
-            .known
-            .lock()
-            .map(|mut known| known.of(set, &hash, matched).0)
-        else {
-            return;
-        };
+        let (known, _) = self.known().of(set, &hash, matched);
         let members: Vec<Arc<Member>> = known.iter().map(|(member, _)| member.clone()).collect();
         let left = left_behind(set, &hash, history, &members);
         self.write_status(set, history, &hash, &members, &left)

@@ -6,10 +6,9 @@
 //! (the cluster-scale section of BENCHMARKS.md).
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{DefaultHasher, Hash as _, Hasher as _};
 use std::sync::Arc;
 
-use rigger_api::sidecar_set::SidecarSet;
+use rigger_api::sidecar_set::{SidecarSet, SidecarSetSpec};
 
 use super::Member;
 use super::injected_pods::{InjectedPod, member_of};
@@ -22,8 +21,8 @@ pub(crate) struct KnownMembers {
 
 #[derive(Debug, Default)]
 struct KnownOfSet {
-    /// The set's spec these were worked out for (`None`: reused by no later pass).
-    spec: Option<u64>,
+    /// The set's spec these were worked out for.
+    spec: Option<SidecarSetSpec>,
     /// By pod uid: the pod as it was, and whether (and how) it is the set's member.
     by_uid: HashMap<String, (Arc<InjectedPod>, Option<Arc<Member>>)>,
 }
@@ -41,15 +40,10 @@ impl KnownMembers {
         hash: &str,
         pods: impl Iterator<Item = &'p Arc<InjectedPod>>,
     ) -> (Vec<Known>, usize) {
-        let spec = serde_json::to_vec(&set.spec).ok().map(|bytes| {
-            let mut hasher = DefaultHasher::new();
-            bytes.hash(&mut hasher);
-            hasher.finish()
-        });
         let mut before = self.sets.remove(&set.metadata.name).unwrap_or_default();
-        let reusable = spec.is_some() && before.spec == spec;
+        let reusable = before.spec.as_ref() == Some(&set.spec);
         let mut now = KnownOfSet {
-            spec,
+            spec: Some(set.spec.clone()),
             by_uid: HashMap::with_capacity(before.by_uid.len()),
         };
         let (mut members, mut worked_out) = (Vec::new(), 0);
@@ -72,9 +66,9 @@ impl KnownMembers {
         (members, worked_out)
     }
 
-    /// Forget the sets not in `names` (deleted, or refused this pass).
-    pub(crate) fn keep_only(&mut self, names: &HashSet<&str>) {
-        self.sets.retain(|name, _| names.contains(name.as_str()));
+    /// Forget the sets not in `names`.
+    pub(crate) fn keep_only(&mut self, names: &HashSet<String>) {
+        self.sets.retain(|name, _| names.contains(name));
     }
 }
 
@@ -152,6 +146,14 @@ mod tests {
         let (members, worked_out) = known.of(&upgraded, &upgraded.hash(), [&a, &b].into_iter());
         assert_eq!((members.len(), worked_out), (2, 2), "a new spec: all again");
         assert!(members.iter().all(|(m, _)| !m.updated(&upgraded.hash())));
+
+        // The same pod again from the watch (a new version the rollout reads nothing
+        // of): another Arc, worked out again, and the member goes with that copy.
+        let a_again = Arc::new((*a).clone());
+        let (members, worked_out) =
+            known.of(&upgraded, &upgraded.hash(), [&a_again, &b].into_iter());
+        assert_eq!(worked_out, 1);
+        assert!(Arc::ptr_eq(&members[0].1, &a_again));
     }
 
     #[test]

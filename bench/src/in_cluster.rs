@@ -1,0 +1,148 @@
+//! Rigger's controller as deployed in the lab's cluster (`scripts/lab-rigger`): its
+//! replicas' memory, the leading replica's address, and simulated agents connected to it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+
+use crate::simulated;
+
+/// A simulated agent for each Node (`simulated`, the fleet bench's), connected to the
+/// leading replica's pod (only the leader serves agents) with a certificate from the
+/// lab cluster's PKI: the agents, what they share, and how long until all registered.
+pub async fn connect_agents(
+    client: &kube::Client,
+    nodes: usize,
+    images: usize,
+) -> anyhow::Result<(tokio::task::JoinSet<()>, Arc<simulated::Shared>, Duration)> {
+    let pki = std::env::var_os("RIGGER_LAB_CLUSTER_DIR")
+        .map(PathBuf::from)
+        .context("RIGGER_LAB_CLUSTER_DIR (source <(scripts/lab env)), or --no-agents")?
+        .join("rigger-pki");
+    let ca = std::fs::read(pki.join("ca.pem"))
+        .with_context(|| format!("the lab cluster's CA in {}", pki.display()))?;
+    let identity = simulated::agent_identity(&pki)?;
+    let endpoint = Endpoint::from_shared(format!("https://{}", leader_address(client).await?))?
+        .connect_timeout(Duration::from_secs(30))
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(ca))
+                .identity(identity)
+                .domain_name("localhost"),
+        )?;
+    let (shared, agents) = simulated::spawn_fleet(&endpoint, nodes, images);
+    let took = simulated::wait_registered(&shared, nodes, nodes).await?;
+    Ok((agents, shared, took))
+}
+
+/// The leading replica's agent link: its pod's address, at the port of the Lease's
+/// holder identity (`<pod>/<listen address>`).
+pub async fn leader_address(client: &kube::Client) -> anyhow::Result<String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "rigger-system");
+    let holder = leases
+        .get("rigger-controller")
+        .await
+        .context("the controller's Lease")?
+        .spec
+        .and_then(|spec| spec.holder_identity)
+        .context("the controller's Lease has no holder")?;
+    let (pod, listen) = holder
+        .split_once('/')
+        .with_context(|| format!("the Lease's holder {holder:?} is not <pod>/<address>"))?;
+    let port = listen
+        .rsplit_once(':')
+        .map(|(_, port)| port)
+        .with_context(|| format!("no port in the Lease's holder {holder:?}"))?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "rigger-system");
+    let ip = pods
+        .get(pod)
+        .await
+        .with_context(|| format!("the leading controller's pod {pod}"))?
+        .status
+        .and_then(|status| status.pod_ip)
+        .with_context(|| format!("pod {pod} has no IP"))?;
+    Ok(format!("{ip}:{port}"))
+}
+
+/// RSS now and peak (bytes) of the leading and the following controller replica.
+pub async fn controller_rss(client: &kube::Client) -> ((u64, u64), (u64, u64)) {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "rigger-system");
+    let leader = leases
+        .get_opt("rigger-controller")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.holder_identity)
+        .and_then(|h| h.split('/').next().map(str::to_owned))
+        .unwrap_or_default();
+    let (mut leading, mut following) = ((0, 0), (0, 0));
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return (leading, following);
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() != "rigger-controll" {
+            continue;
+        }
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let hostname = environ
+            .split(|b| *b == 0)
+            .find_map(|v| v.strip_prefix(b"HOSTNAME="))
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default();
+        if !hostname.starts_with("rigger-controller-") {
+            continue;
+        }
+        let Ok((rss, peak, _)) = simulated::proc_stats(pid) else {
+            continue;
+        };
+        let rss = (rss, peak);
+        if hostname == leader {
+            leading = rss;
+        } else {
+            following = rss;
+        }
+    }
+    (leading, following)
+}
+
+/// How long the API server's CPU profile samples.
+const PROFILED: Duration = Duration::from_secs(60);
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// The API server's CPU profile over [`PROFILED`] (its `/debug/pprof/profile`, which
+/// `--profiling` serves by default to whom may `get` that path), written into `dir`.
+async fn apiserver_profile(client: &kube::Client, dir: &Path) -> anyhow::Result<PathBuf> {
+    use futures::AsyncReadExt as _;
+    let path = format!("/debug/pprof/profile?seconds={}", PROFILED.as_secs());
+    let request = http::Request::get(path).body(Vec::new())?;
+    let mut body = Vec::new();
+    client
+        .request_stream(request)
+        .await
+        .context("the API server's CPU profile")?
+        .read_to_end(&mut body)
+        .await
+        .context("reading the API server's CPU profile")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let file = dir.join("kube-apiserver-cpu.pprof");
+    std::fs::write(&file, body).with_context(|| format!("writing {}", file.display()))?;
+    Ok(file)
+}
