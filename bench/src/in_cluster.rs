@@ -119,30 +119,3 @@ pub async fn controller_rss(client: &kube::Client) -> ((u64, u64), (u64, u64)) {
     }
     (leading, following)
 }
-
-/// How long the API server's CPU profile samples.
-const PROFILED: Duration = Duration::from_secs(60);
-
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from)
-}
-
-/// The API server's CPU profile over [`PROFILED`] (its `/debug/pprof/profile`, which
-/// `--profiling` serves by default to whom may `get` that path), written into `dir`.
-async fn apiserver_profile(client: &kube::Client, dir: &Path) -> anyhow::Result<PathBuf> {
-    use futures::AsyncReadExt as _;
-    let path = format!("/debug/pprof/profile?seconds={}", PROFILED.as_secs());
-    let request = http::Request::get(path).body(Vec::new())?;
-    let mut body = Vec::new();
-    client
-        .request_stream(request)
-        .await
-        .context("the API server's CPU profile")?
-        .read_to_end(&mut body)
-        .await
-        .context("reading the API server's CPU profile")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let file = dir.join("kube-apiserver-cpu.pprof");
-    std::fs::write(&file, body).with_context(|| format!("writing {}", file.display()))?;
-    Ok(file)
-}

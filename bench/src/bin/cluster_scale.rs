@@ -418,6 +418,33 @@ async fn load(
     Ok(())
 }
 
+/// How long the API server's CPU profile samples.
+const PROFILED: Duration = Duration::from_secs(60);
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// The API server's CPU profile over [`PROFILED`] (its `/debug/pprof/profile`, which
+/// `--profiling` serves by default to whom may `get` that path), written into `dir`.
+async fn apiserver_profile(client: &kube::Client, dir: &Path) -> anyhow::Result<PathBuf> {
+    use futures::AsyncReadExt as _;
+    let path = format!("/debug/pprof/profile?seconds={}", PROFILED.as_secs());
+    let request = http::Request::get(path).body(Vec::new())?;
+    let mut body = Vec::new();
+    client
+        .request_stream(request)
+        .await
+        .context("the API server's CPU profile")?
+        .read_to_end(&mut body)
+        .await
+        .context("reading the API server's CPU profile")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let file = dir.join("kube-apiserver-cpu.pprof");
+    std::fs::write(&file, body).with_context(|| format!("writing {}", file.display()))?;
+    Ok(file)
+}
+
 /// The API server's webhook admission latency histogram.
 const ADMISSION: &str = "apiserver_admission_webhook_admission_duration_seconds_bucket";
 /// How long the API server's goroutines waited, runnable, for a CPU (Go's runtime).
