@@ -119,3 +119,41 @@ pub async fn controller_rss(client: &kube::Client) -> ((u64, u64), (u64, u64)) {
     }
     (leading, following)
 }
+
+/// Until the leader has written a NodeImage for each of the simulated agents' `nodes`
+/// Nodes (Kruise's kind, one per node, written once the node's agent registered), as a
+/// cluster Rigger has run in has them: how long that took.
+pub async fn wait_node_images(client: &kube::Client, nodes: usize) -> anyhow::Result<Duration> {
+    let resource = kube::discovery::ApiResource {
+        group: "apps.kruise.io".into(),
+        version: "v1beta1".into(),
+        api_version: "apps.kruise.io/v1beta1".into(),
+        kind: "NodeImage".into(),
+        plural: "nodeimages".into(),
+    };
+    let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
+    let started = std::time::Instant::now();
+    loop {
+        let written = api
+            .list_metadata(&kube::api::ListParams::default())
+            .await
+            .context("listing the NodeImages")?
+            .items
+            .iter()
+            .filter(|image| {
+                image
+                    .metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|name| name.ends_with(".bench.rigger"))
+            })
+            .count();
+        if written >= nodes {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > Duration::from_secs(900) {
+            anyhow::bail!("only {written} of {nodes} NodeImages written in 15 minutes");
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
