@@ -72,7 +72,7 @@ fn machine_ticks(proc_stat: &str) -> Option<(u64, u64)> {
 
 /// A process's command and its user plus system ticks from its `/proc/PID/stat` (pure):
 /// the command is between the first `(` and the last `)`, since it may hold either.
-fn process_ticks(stat: &str) -> Option<(&str, u64)> {
+pub fn process_ticks(stat: &str) -> Option<(&str, u64)> {
     let (_, rest) = stat.split_once('(')?;
     let (command, after) = rest.rsplit_once(')')?;
     let mut fields = after.split_whitespace();
@@ -80,6 +80,11 @@ fn process_ticks(stat: &str) -> Option<(&str, u64)> {
     let utime: u64 = fields.nth(11)?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
     Some((command, utime + stime))
+}
+
+/// `ticks` of `/proc`'s CPU time as a duration.
+pub fn cpu_time(ticks: u64) -> std::time::Duration {
+    std::time::Duration::from_millis(ticks * 1000 / TICKS_PER_SECOND)
 }
 
 /// What each command used between `before` and `after`, biggest first, as a markdown

@@ -34,17 +34,8 @@ pub fn proc_stats(pid: u32) -> anyhow::Result<(u64, u64, Duration)> {
             * 1024
     };
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the parenthesised command name; utime and stime are 14 and 15.
-    let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    let hz = 100; // USER_HZ on Linux
-    let cpu = Duration::from_millis((ticks(11) + ticks(12)) * 1000 / hz);
+    let ticks = crate::machine::process_ticks(&stat).map_or(0, |(_, ticks)| ticks);
+    let cpu = crate::machine::cpu_time(ticks);
     Ok((field("VmRSS:"), field("VmHWM:"), cpu))
 }
 

@@ -312,18 +312,13 @@ async fn apply_sidecar_set(client: &kube::Client) -> anyhow::Result<()> {
     }
 }
 
-/// Node `index`'s name: the name its simulated agent registers with.
-fn node_name(index: usize) -> String {
-    simulated::node_name(index)
-}
-
 async fn create_nodes(client: &kube::Client, count: usize) -> anyhow::Result<()> {
     let api: Api<Node> = Api::all(client.clone());
     let made = futures::stream::iter(0..count).map(|index| {
         let api = api.clone();
         async move {
             let node: Node = serde_json::from_value(json!({
-                "metadata": {"name": node_name(index), "labels": {
+                "metadata": {"name": simulated::node_name(index), "labels": {
                     "type": "virtual-kubelet", "rigger-scale": "yes",
                     "topology.kubernetes.io/zone": format!("zone-{}", index % 3)}},
                 "spec": {"taints": [{"key": "virtual-kubelet.io/provider",
@@ -331,7 +326,7 @@ async fn create_nodes(client: &kube::Client, count: usize) -> anyhow::Result<()>
             }))?;
             api.create(&PostParams::default(), &node)
                 .await
-                .with_context(|| format!("creating node {}", node_name(index)))
+                .with_context(|| format!("creating node {}", simulated::node_name(index)))
         }
     });
     let results: Vec<_> = made.buffer_unordered(16).collect().await;
@@ -375,7 +370,7 @@ async fn load(
                 let pod: Pod = match serde_json::from_value(json!({
                     "metadata": {"name": format!("p-{index:06}"), "labels": {
                         "app": format!("app-{}", index % 200), "rigger-scale/sidecar": sidecar}},
-                    "spec": {"nodeName": node_name(index % nodes),
+                    "spec": {"nodeName": simulated::node_name(index % nodes),
                              "tolerations": [{"operator": "Exists"}],
                              "containers": [{"name": "app", "image": "10.250.0.1:5000/rigger-lab/busybox:1"}]},
                 })) {

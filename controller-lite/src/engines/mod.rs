@@ -212,10 +212,7 @@ mod tests {
     async fn a_wake_runs_a_pass_and_cancel_flushes_once() {
         let engine = std::sync::Arc::new(Counting::default());
         let token = CancellationToken::new();
-        let task = tokio::spawn({
-            let (engine, token) = (engine.clone(), token.clone());
-            async move { run(&*engine, token).await }
-        });
+        let task = spawn_run(&engine, &token);
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert_eq!(engine.passes.load(Ordering::SeqCst), 1, "one pass at start");
         engine.wake.notify_one();
@@ -239,6 +236,15 @@ mod tests {
             3,
             "one read per pass"
         );
+    }
+
+    /// `engine` run in a task of its own until `token` is cancelled.
+    fn spawn_run<E: Engine + 'static>(
+        engine: &std::sync::Arc<E>,
+        token: &CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        let (engine, token) = (engine.clone(), token.clone());
+        tokio::spawn(async move { run(&*engine, token).await })
     }
 
     /// [`Counting`] whose passes start at most every second.
@@ -268,10 +274,7 @@ mod tests {
     async fn wakes_closer_than_the_spacing_are_taken_in_by_one_pass_and_none_is_lost() {
         let engine = std::sync::Arc::new(Spaced::default());
         let token = CancellationToken::new();
-        let task = tokio::spawn({
-            let (engine, token) = (engine.clone(), token.clone());
-            async move { run(&*engine, token).await }
-        });
+        let task = spawn_run(&engine, &token);
         tokio::time::sleep(Duration::from_millis(10)).await;
         // A hundred changes over the next two seconds, one every 20 ms.
         for _ in 0..100 {
@@ -368,10 +371,7 @@ mod tests {
             ..Counting::default()
         });
         let token = CancellationToken::new();
-        let task = tokio::spawn({
-            let (engine, token) = (engine.clone(), token.clone());
-            async move { run(&*engine, token).await }
-        });
+        let task = spawn_run(&engine, &token);
         tokio::time::sleep(Duration::from_millis(10)).await;
         engine.wake.notify_one();
         tokio::time::sleep(Duration::from_millis(10)).await;
