@@ -277,6 +277,14 @@ fn watch_pulling(
         });
     if let Some(reason) = why_not_ready(pass.views.get(&name)) {
         if pass.starting && pass.views.get(&name).is_none_or(|v| v.not_ready.is_some()) {
+            // Its agent may be back without its inventory yet: the resend its return
+            // asked for waits for the pass that finds it ready. Dropped, the agent's
+            // answer for the attempt (its report at registration came before this
+            // controller knew the job) would never come, and the node would wait out
+            // the attempt and pull again.
+            if resend {
+                job.run(&name).resend = true;
+            }
             return;
         }
         let entry = &mut job.status.nodes[i];

@@ -496,6 +496,39 @@ fn a_node_back_from_a_loss_goes_on_with_the_attempt_it_held() {
     assert_eq!(j.status.nodes[0].attempts, 1);
 }
 
+/// Found in `make test` (a controller killed mid-job): the new controller loaded the job
+/// 175 ms after the agent registered, before its inventory made the node ready; the pass
+/// then dropped the resend the load asked for, the agent's answer for the attempt never
+/// came, and the node pulled a second time once the attempt's time ran out. The resend
+/// waits for the node instead.
+#[test]
+fn a_resend_asked_while_the_node_is_not_ready_yet_is_sent_once_it_is() {
+    let mut j = job(&serde_json::json!({"image": "r.example/a:1"}));
+    let mut views = nodes(&["n1"]);
+    assert_eq!(step(&mut j, &views), ["n1"]);
+    // A new controller's load: the attempt in flight is to be sent again.
+    j.run("n1").resend = true;
+    views.get_mut("n1").unwrap().not_ready = Some("no inventory yet".to_owned());
+    let early = pass_starting(&mut j, &views, &no_credentials(), at(1), true);
+    assert!(sent_to(&early, false).is_empty());
+    assert_eq!(j.status.nodes[0].phase, NodePullPhase::Pulling);
+    views.get_mut("n1").unwrap().not_ready = None;
+    let ready = pass_starting(&mut j, &views, &no_credentials(), at(2), true);
+    let resent: Vec<&str> = ready
+        .messages
+        .iter()
+        .filter_map(|(_, m)| match &m.message {
+            Some(controller_message::Message::Task(task)) => Some(task.id.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(resent, ["u1/n1/1"], "the same attempt, not a new one");
+    assert!(
+        sent_to(&pass_at(&mut j, &views, at(3)), false).is_empty(),
+        "once"
+    );
+}
+
 #[test]
 fn a_silent_node_is_given_up_after_its_timeout_and_a_margin() {
     let mut j = job(&serde_json::json!({
