@@ -172,6 +172,18 @@ pub trait Backend: std::fmt::Debug + Send + Sync + 'static {
     /// Delete `key` if `precondition` holds; deleting what is not there is `NotFound`.
     async fn delete(&self, key: ObjectKey, precondition: Precondition) -> Result<(), StoreError>;
 
+    /// Every object of `kind` in [`list`](Self::list)'s order, whole only where
+    /// `known(key, revision)` is false: a caller that keeps what it decoded reads again
+    /// only what changed. A backend that holds its objects unencoded (a Kubernetes watch
+    /// cache) skips encoding the others.
+    async fn list_changed(
+        &self,
+        kind: &str,
+        known: &KnownRevision<'_>,
+    ) -> Result<Listing, StoreError> {
+        Ok(Listing::of(self.list(kind).await?, known))
+    }
+
     /// Changes to objects of `kind` that others made (its value counts them), where the
     /// backend sees them: a Kubernetes API server's watches (a user's `kubectl apply`).
     /// `None` where every write comes through this controller's API, which wakes the
@@ -186,6 +198,32 @@ pub trait Backend: std::fmt::Debug + Send + Sync + 'static {
     /// again). A backend whose every write is one request needs nothing beyond
     /// [`Store::fenced`]'s check.
     fn fence_writes(&self, _leading: tokio::sync::watch::Receiver<bool>) {}
+}
+
+/// Whether the caller holds object `key` at `revision` already.
+pub type KnownRevision<'a> = dyn Fn(&ObjectKey, u64) -> bool + Send + Sync + 'a;
+
+/// A [`Backend::list_changed`]: every object present, and the changed ones whole.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Listing {
+    /// Every object of the kind, with its revision, in list order.
+    pub present: Vec<(ObjectKey, u64)>,
+    /// Those the caller did not know at their revision.
+    pub changed: Vec<Stored>,
+}
+
+impl Listing {
+    /// `listed` split by what `known` holds.
+    pub fn of(listed: Vec<Stored>, known: &KnownRevision<'_>) -> Self {
+        let mut listing = Self::default();
+        for stored in listed {
+            listing.present.push((stored.key.clone(), stored.revision));
+            if !known(&stored.key, stored.revision) {
+                listing.changed.push(stored);
+            }
+        }
+        listing
+    }
 }
 
 /// The store the controller runs on: one backend, shared by every task (cheap to clone).
@@ -225,6 +263,15 @@ impl Store {
     /// Every object of `kind`, ordered by namespace and name.
     pub async fn list(&self, kind: &str) -> Result<Vec<Stored>, StoreError> {
         self.0.list(kind).await
+    }
+
+    /// See [`Backend::list_changed`].
+    pub async fn list_changed(
+        &self,
+        kind: &str,
+        known: &KnownRevision<'_>,
+    ) -> Result<Listing, StoreError> {
+        self.0.list_changed(kind, known).await
     }
 
     /// Delete `key` if `precondition` holds; deleting what is not there is `NotFound`.
@@ -293,6 +340,14 @@ impl Backend for Fenced {
 
     async fn list(&self, kind: &str) -> Result<Vec<Stored>, StoreError> {
         self.inner.list(kind).await
+    }
+
+    async fn list_changed(
+        &self,
+        kind: &str,
+        known: &KnownRevision<'_>,
+    ) -> Result<Listing, StoreError> {
+        self.inner.list_changed(kind, known).await
     }
 
     async fn delete(&self, key: ObjectKey, precondition: Precondition) -> Result<(), StoreError> {
@@ -382,6 +437,25 @@ pub async fn conformance_of(
         .map(|s| s.key.name)
         .collect();
     ensure(names == ["a", "b", "c"], "list returns one kind, in order")?;
+    let known_a = key("a");
+    let listing = store
+        .list_changed(kind, &|key, revision| *key == known_a && revision == r2)
+        .await
+        .map_err(e)?;
+    let present: Vec<&str> = listing
+        .present
+        .iter()
+        .map(|(k, _)| k.name.as_str())
+        .collect();
+    let changed: Vec<&str> = listing
+        .changed
+        .iter()
+        .map(|s| s.key.name.as_str())
+        .collect();
+    ensure(
+        present == ["a", "b", "c"] && changed == ["b", "c"] && listing.present[0].1 == r2,
+        "list_changed names every object and gives whole only those not known at their revision",
+    )?;
     let stale_delete = store.delete(key("a"), Precondition::Revision(r1)).await;
     ensure(
         matches!(stale_delete, Err(StoreError::Conflict { .. })),

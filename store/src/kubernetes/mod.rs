@@ -177,6 +177,22 @@ impl KubernetesStore {
         })
     }
 
+    /// Every object of `resource` (all namespaces) from the watch cache; `kind` names it
+    /// in errors.
+    async fn cached(
+        &self,
+        kind: &str,
+        resource: &Resource,
+    ) -> Result<Vec<std::sync::Arc<DynamicObject>>, StoreError> {
+        self.cache
+            .list(&self.client, &api_resource(resource), None)
+            .await
+            .map_err(|detail| StoreError::Backend {
+                location: self.location.clone(),
+                detail: format!("list {kind}: {detail}"),
+            })
+    }
+
     async fn get_object(
         &self,
         api: &Api<DynamicObject>,
@@ -515,6 +531,15 @@ fn stored_object(
     })
 }
 
+/// A cached object's key as kind `kind`.
+fn cached_key(kind: &str, object: &DynamicObject) -> ObjectKey {
+    ObjectKey::new(
+        kind,
+        object.metadata.namespace.as_deref().unwrap_or_default(),
+        object.metadata.name.as_deref().unwrap_or_default(),
+    )
+}
+
 /// An object's status as a stored record (`None`: it has none yet).
 fn stored_status(
     store: &KubernetesStore,
@@ -606,6 +631,38 @@ impl Backend for KubernetesStore {
         }
     }
 
+    async fn list_changed(
+        &self,
+        kind: &str,
+        known: &crate::KnownRevision<'_>,
+    ) -> Result<crate::Listing, StoreError> {
+        let route = route::route(kind);
+        let (Route::Object(resource) | Route::Status(resource)) = &route else {
+            return Ok(crate::Listing::of(self.list(kind).await?, known));
+        };
+        let mut listing = crate::Listing::default();
+        for object in self.cached(kind, resource).await? {
+            let key = cached_key(kind, &object);
+            if matches!(route, Route::Status(_))
+                && object.data.get("status").is_none_or(Value::is_null)
+            {
+                continue; // No status yet: not a stored status (as `list` has it).
+            }
+            let revision = self.revision(&key, &object)?;
+            if !known(&key, revision) {
+                let stored = match route {
+                    Route::Status(_) => stored_status(self, key.clone(), &object)?,
+                    _ => Some(stored_object(self, key.clone(), &object)?),
+                };
+                listing.changed.extend(stored);
+            }
+            listing.present.push((key, revision));
+        }
+        listing.present.sort();
+        listing.changed.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(listing)
+    }
+
     async fn list(&self, kind: &str) -> Result<Vec<Stored>, StoreError> {
         let mut listed = Vec::new();
         match route::route(kind) {
@@ -613,20 +670,8 @@ impl Backend for KubernetesStore {
                 let (Route::Object(resource) | Route::Status(resource)) = &route else {
                     return Ok(listed);
                 };
-                let objects = self
-                    .cache
-                    .list(&self.client, &api_resource(resource), None)
-                    .await
-                    .map_err(|detail| StoreError::Backend {
-                        location: self.location.clone(),
-                        detail: format!("list {kind}: {detail}"),
-                    })?;
-                for object in &objects {
-                    let key = ObjectKey::new(
-                        kind,
-                        object.metadata.namespace.as_deref().unwrap_or_default(),
-                        object.metadata.name.as_deref().unwrap_or_default(),
-                    );
+                for object in &self.cached(kind, resource).await? {
+                    let key = cached_key(kind, object);
                     let stored = match route {
                         Route::Status(_) => stored_status(self, key, object)?,
                         _ => Some(stored_object(self, key, object)?),

@@ -100,18 +100,20 @@ pub struct Synced {
     pub dirty: BTreeSet<String>,
 }
 
-/// Take in every node's spec: new tags wait, a new version starts the tag again (its
-/// old status kept until the new one has one: `previous` statuses from the store after
-/// a restart), tags no longer there are dropped.
+/// Take in the specs of the nodes whose NodeImage changed (`changed`) and of those whose
+/// NodeImage is gone (`gone`): new tags wait, a new version starts the tag again (its old
+/// status kept until the new one has one: `previous` statuses from the store after a
+/// restart), tags no longer asked for are dropped. Other nodes' pulls are not looked at:
+/// a node whose NodeImage does not decode is in neither list, and its pulls stay.
 pub fn sync(
     pulls: &mut BTreeMap<PullKey, TagPull>,
-    specs: &[(String, NodeImageSpec)],
+    changed: &[(String, NodeImageSpec)],
+    gone: &[String],
     previous: &BTreeMap<String, NodeImageStatus>,
-    held: &HashSet<String>,
 ) -> Synced {
     let mut synced = Synced::default();
-    let mut wanted = HashSet::new();
-    for (node, spec) in specs {
+    for (node, spec) in changed {
+        let mut wanted = HashSet::new();
         for (image, image_spec) in &spec.images {
             for tag in &image_spec.tags {
                 let key = (node.clone(), image.clone(), tag.tag.clone());
@@ -155,14 +157,30 @@ pub fn sync(
                 }
             }
         }
+        drop_pulls(pulls, node, |key| !wanted.contains(key), &mut synced);
     }
-    // A held node's NodeImage (or status) does not decode here: its pulls stay as they are.
-    let gone: Vec<PullKey> = pulls
-        .keys()
-        .filter(|k| !wanted.contains(*k) && !held.contains(&k.0))
+    for node in gone {
+        drop_pulls(pulls, node, |_| true, &mut synced);
+    }
+    synced
+}
+
+/// Drop `node`'s pulls that `unwanted` names, their tasks cancelled.
+fn drop_pulls(
+    pulls: &mut BTreeMap<PullKey, TagPull>,
+    node: &str,
+    unwanted: impl Fn(&PullKey) -> bool,
+    synced: &mut Synced,
+) {
+    let first = (node.to_owned(), String::new(), String::new());
+    let dropped: Vec<PullKey> = pulls
+        .range(first..)
+        .take_while(|(key, _)| key.0 == node)
+        .map(|(key, _)| key)
+        .filter(|key| unwanted(key))
         .cloned()
         .collect();
-    for key in gone {
+    for key in dropped {
         if let Some(pull) = pulls.remove(&key) {
             if let Some(task) = pull.task {
                 synced.cancel.push((key.0.clone(), task));
@@ -170,7 +188,6 @@ pub fn sync(
             synced.dirty.insert(key.0);
         }
     }
-    synced
 }
 
 /// The tags to start now: waiting (past any retry time) on a ready node, at most
@@ -312,7 +329,7 @@ mod tests {
         let mut pulls = BTreeMap::new();
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let specs = vec![("n1".to_owned(), spec(&[("1", 0)], None))];
-        let synced = sync(&mut pulls, &specs, &BTreeMap::new(), &HashSet::new());
+        let synced = sync(&mut pulls, &specs, &[], &BTreeMap::new());
         assert_eq!(synced.dirty.len(), 1);
         let ready: HashSet<String> = ["n1".to_owned()].into();
         let start = to_start(&pulls, &ready, now, 4);
@@ -336,7 +353,7 @@ mod tests {
         );
         // The same spec again: nothing to do. A new version: pulled again.
         assert!(
-            sync(&mut pulls, &specs, &BTreeMap::new(), &HashSet::new())
+            sync(&mut pulls, &specs, &[], &BTreeMap::new())
                 .dirty
                 .is_empty()
         );
@@ -344,8 +361,8 @@ mod tests {
         sync(
             &mut pulls,
             &[("n1".to_owned(), spec(&[("1", 2)], None))],
+            &[],
             &BTreeMap::new(),
-            &HashSet::new(),
         );
         assert_eq!(to_start(&pulls, &ready, now, 4), vec![key]);
     }
@@ -361,28 +378,13 @@ mod tests {
             }
             vec![("n1".to_owned(), spec)]
         };
-        sync(
-            &mut pulls,
-            &with_timeout(60),
-            &BTreeMap::new(),
-            &HashSet::new(),
-        );
+        sync(&mut pulls, &with_timeout(60), &[], &BTreeMap::new());
         let key = ("n1".to_owned(), "r.example/app".to_owned(), "1".to_owned());
         let pull = pulls.get_mut(&key).unwrap();
         started(pull, task_id(&key, 0, 1), now);
-        sync(
-            &mut pulls,
-            &with_timeout(60),
-            &BTreeMap::new(),
-            &HashSet::new(),
-        );
+        sync(&mut pulls, &with_timeout(60), &[], &BTreeMap::new());
         assert!(pulls[&key].sent, "the same limit: nothing to send");
-        sync(
-            &mut pulls,
-            &with_timeout(900),
-            &BTreeMap::new(),
-            &HashSet::new(),
-        );
+        sync(&mut pulls, &with_timeout(900), &[], &BTreeMap::new());
         let pull = &pulls[&key];
         assert!(!pull.sent, "sent again, under the same id");
         assert_eq!(pull.task.as_deref(), Some(task_id(&key, 0, 1).as_str()));
@@ -397,8 +399,8 @@ mod tests {
         sync(
             &mut pulls,
             &[("n1".to_owned(), spec(&[("1", 0)], Some(1)))],
+            &[],
             &BTreeMap::new(),
-            &HashSet::new(),
         );
         let ready: HashSet<String> = ["n1".to_owned()].into();
         let key = to_start(&pulls, &ready, now, 4).remove(0);
@@ -432,7 +434,7 @@ mod tests {
             ("n1".to_owned(), spec(&[("1", 0), ("2", 0), ("3", 0)], None)),
             ("n2".to_owned(), spec(&[("1", 0)], None)),
         ];
-        sync(&mut pulls, &specs, &BTreeMap::new(), &HashSet::new());
+        sync(&mut pulls, &specs, &[], &BTreeMap::new());
         let ready: HashSet<String> = ["n1".to_owned()].into();
         let start = to_start(&pulls, &ready, SystemTime::UNIX_EPOCH, 2);
         assert_eq!(start.len(), 2);
@@ -443,14 +445,21 @@ mod tests {
             "t".into(),
             SystemTime::UNIX_EPOCH,
         );
-        // n1's NodeImage no longer decodes: its pulls are left as they are.
-        let held: HashSet<String> = ["n1".to_owned()].into();
-        let synced = sync(&mut pulls, &specs[1..], &BTreeMap::new(), &held);
+        // n2's NodeImage changed, n1's is not looked at (it did not change, or no longer
+        // decodes): n1's pulls are left as they are.
+        let synced = sync(&mut pulls, &specs[1..], &[], &BTreeMap::new());
         assert!(synced.cancel.is_empty() && synced.dirty.is_empty());
         assert_eq!(pulls.len(), 4);
-        let synced = sync(&mut pulls, &specs[1..], &BTreeMap::new(), &HashSet::new());
+        // n1 asks for one tag less: that tag's pull is cancelled, the others stay.
+        let fewer = ("n1".to_owned(), spec(&[("2", 0), ("3", 0)], None));
+        let synced = sync(&mut pulls, &[fewer], &[], &BTreeMap::new());
         assert_eq!(synced.cancel, vec![("n1".to_owned(), "t".to_owned())]);
+        assert_eq!(pulls.len(), 3);
+        // n1's NodeImage is gone: all of its pulls with it, n2's kept.
+        let synced = sync(&mut pulls, &[], &["n1".to_owned()], &BTreeMap::new());
+        assert_eq!(synced.dirty, BTreeSet::from(["n1".to_owned()]));
         assert_eq!(pulls.len(), 1);
+        assert!(pulls.keys().all(|k| k.0 == "n2"));
     }
 
     #[test]
@@ -473,8 +482,8 @@ mod tests {
         sync(
             &mut pulls,
             &[("n1".to_owned(), spec(&[("1", 3)], None))],
+            &[],
             &previous,
-            &HashSet::new(),
         );
         let ready: HashSet<String> = ["n1".to_owned()].into();
         assert!(to_start(&pulls, &ready, SystemTime::UNIX_EPOCH, 4).is_empty());
