@@ -104,6 +104,24 @@ pub fn matches_kruise_labels(
     Ok(())
 }
 
+/// A request already started (`started`, as stored) and admitted again after a restart
+/// (`admitted`, labelled from the pod found now) acts on the same pod: a pod of the same
+/// name made meanwhile (a StatefulSet's replacement) is refused, never recreated in.
+pub fn same_pod(
+    started: &ContainerRecreateRequest,
+    admitted: &ContainerRecreateRequest,
+) -> Result<(), String> {
+    let uid =
+        |request: &ContainerRecreateRequest| request.metadata.labels.get(POD_UID_LABEL).cloned();
+    match (uid(started), uid(admitted)) {
+        (Some(was), Some(is)) if was != is => Err(format!(
+            "pod {} was replaced since the request started (uid {was}, now {is})",
+            started.spec.pod_name
+        )),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -221,5 +239,29 @@ mod tests {
         written.metadata.labels.clear();
         let error = matches_kruise_labels(&written, &admitted).unwrap_err();
         assert!(error.contains("missing"), "{error}");
+    }
+
+    /// Found reading the restart path: a controller that restarts admits every open
+    /// request again from the pod found now; a request it had started whose pod was
+    /// replaced meanwhile (a StatefulSet's pod, same name) was relabelled for the new
+    /// pod and recreated its containers. It is refused instead, naming both uids.
+    #[test]
+    fn a_started_request_whose_pod_was_replaced_is_refused() {
+        let mut started = request();
+        admit(&mut started, Some(&pod(Some("n1")))).unwrap();
+        let mut again = started.clone();
+        admit(&mut again, Some(&pod(Some("n1")))).unwrap();
+        assert_eq!(same_pod(&started, &again), Ok(()));
+        let replacement = PodFacts {
+            uid: "u2".into(),
+            ..pod(Some("n2"))
+        };
+        let mut again = started.clone();
+        admit(&mut again, Some(&replacement)).unwrap();
+        let error = same_pod(&started, &again).unwrap_err();
+        assert!(
+            error.contains("web was replaced") && error.contains("u1") && error.contains("u2"),
+            "{error}"
+        );
     }
 }

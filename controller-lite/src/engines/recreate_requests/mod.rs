@@ -340,7 +340,17 @@ impl crate::engines::Engine for RecreateEngine {
                     }
                 };
                 let before = request.clone();
-                match admission::admit(&mut request, pod.as_ref()) {
+                // A request an earlier life of the controller started is the pod's it
+                // was admitted for: one made since under the same name is not it.
+                let admitted =
+                    admission::admit(&mut request, pod.as_ref()).and_then(|()| match &status {
+                        Some(_) => admission::same_pod(&before, &request),
+                        None => Ok(()),
+                    });
+                if admitted.is_err() {
+                    request = before.clone();
+                }
+                match admitted {
                     Ok(()) if request == before => {}
                     Ok(()) if self.inner.beside_kruise_manager => {
                         if let Err(reason) = admission::matches_kruise_labels(&before, &request) {
