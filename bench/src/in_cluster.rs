@@ -40,9 +40,9 @@ pub async fn connect_agents(
     Ok((agents, shared, took))
 }
 
-/// The leading replica's agent link: its pod's address, at the port of the Lease's
-/// holder identity (`<pod>/<listen address>`).
-pub async fn leader_address(client: &kube::Client) -> anyhow::Result<String> {
+/// The controller's Lease holder: the leading replica's pod and its agent link's listen
+/// address (the identity is `<pod>/<listen address>`).
+async fn leader(client: &kube::Client) -> anyhow::Result<(String, String)> {
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(client.clone(), "rigger-system");
     let holder = leases
@@ -55,13 +55,20 @@ pub async fn leader_address(client: &kube::Client) -> anyhow::Result<String> {
     let (pod, listen) = holder
         .split_once('/')
         .with_context(|| format!("the Lease's holder {holder:?} is not <pod>/<address>"))?;
+    Ok((pod.to_owned(), listen.to_owned()))
+}
+
+/// The leading replica's agent link: its pod's address, at the port of the Lease's
+/// holder identity.
+pub async fn leader_address(client: &kube::Client) -> anyhow::Result<String> {
+    let (pod, listen) = leader(client).await?;
     let port = listen
         .rsplit_once(':')
         .map(|(_, port)| port)
-        .with_context(|| format!("no port in the Lease's holder {holder:?}"))?;
+        .with_context(|| format!("no port in the Lease's holder {pod}/{listen}"))?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "rigger-system");
     let ip = pods
-        .get(pod)
+        .get(&pod)
         .await
         .with_context(|| format!("the leading controller's pod {pod}"))?
         .status
@@ -72,16 +79,8 @@ pub async fn leader_address(client: &kube::Client) -> anyhow::Result<String> {
 
 /// RSS now and peak (bytes) of the leading and the following controller replica.
 pub async fn controller_rss(client: &kube::Client) -> ((u64, u64), (u64, u64)) {
-    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(client.clone(), "rigger-system");
-    let leader = leases
-        .get_opt("rigger-controller")
-        .await
-        .ok()
-        .flatten()
-        .and_then(|l| l.spec?.holder_identity)
-        .and_then(|h| h.split('/').next().map(str::to_owned))
-        .unwrap_or_default();
+    // No Lease or no holder (between leaders): both counted as following.
+    let leader = leader(client).await.map(|(pod, _)| pod).unwrap_or_default();
     let (mut leading, mut following) = ((0, 0), (0, 0));
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return (leading, following);

@@ -387,6 +387,15 @@ impl PodRunner {
         &self,
         cri: &mut RuntimeServiceClient<Channel>,
     ) -> Result<(), tonic::Status> {
+        // The hold first, then the set: `set_desired` stores the set before it lifts the
+        // hold, so a pass that sees the hold lifted also sees the set that lifted it.
+        // Read the other way round (found in `make test`), a pass that took the empty
+        // set of a torn file, then saw the controller's set lift the hold, removed the
+        // pod that set had just confirmed.
+        let hold = self
+            .inner
+            .hold_removals
+            .load(std::sync::atomic::Ordering::SeqCst);
         let desired = lock(&self.inner.desired).clone();
         {
             let mut known = lock(&self.inner.known);
@@ -435,10 +444,6 @@ impl PodRunner {
         // Sandboxes of pods no longer placed here: stop and remove them, each in its own
         // task (cooperators may hold a deletion; other pods must not wait for it). Not
         // while the node's pod set is unknown: an unreadable file is no order to remove.
-        let hold = self
-            .inner
-            .hold_removals
-            .load(std::sync::atomic::Ordering::SeqCst);
         for (uid, sandbox) in sandboxes.iter().filter(|_| !hold) {
             let uid = uid.clone();
             if desired
