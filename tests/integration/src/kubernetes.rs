@@ -233,8 +233,10 @@ impl Cluster {
             // The shipped lease (deploy/kubernetes/controller.yaml, Kubernetes' own
             // default): CI's API server, beside a full test run, left a 6 s lease's
             // renewal unanswered past its 4 s deadline, and the leader stepped down as
-            // it must. A lone replica takes a fresh Lease at once, so this costs no
-            // test time; the tests of a handover between replicas set their own.
+            // it must. A fresh Lease is taken a whole term after the replica first saw
+            // none (a deleted one's holder may lead that long), so the start waits for
+            // the election below; the tests of a handover between replicas set their
+            // own lease and wait as they need.
             "--leader-lease",
             "15s",
         ];
@@ -255,7 +257,22 @@ impl Cluster {
                 &url,
             ]);
         }
-        Controller::start_with(&dir.join("controller"), &all)
+        let controller = Controller::start_with(&dir.join("controller"), &all);
+        if !flags.contains(&"--leader-lease") {
+            // Leading, as a deployed controller is by the time users apply anything: a
+            // test that acts before the election races the leader's first passes.
+            crate::wait_until(
+                "the controller to be elected",
+                std::time::Duration::from_secs(60),
+                || {
+                    std::fs::read_to_string(&controller.log)
+                        .ok()?
+                        .contains("elected leader")
+                        .then_some(())
+                },
+            );
+        }
+        controller
     }
 }
 
@@ -282,6 +299,24 @@ impl Cluster {
     /// Wait until the SidecarSet webhook's configuration has an entry for each of `sets`
     /// (the leader writes them once it has read the sets).
     pub fn wait_for_sidecar_webhook(&self, sets: &[String]) {
+        // Each set's revision history first (a pod pinned to a `customVersion` is refused
+        // until it is written): the leader writes the history, then the status naming
+        // its latest revision. The webhook's entries are written apart from both.
+        crate::wait_until(
+            "the SidecarSets' revisions to be recorded",
+            std::time::Duration::from_secs(30),
+            || {
+                sets.iter()
+                    .all(|set| {
+                        self.get_json(&["sidecarset", set]).is_some_and(|read| {
+                            read["status"]["latestRevision"]
+                                .as_str()
+                                .is_some_and(|r| !r.is_empty())
+                        })
+                    })
+                    .then_some(())
+            },
+        );
         crate::wait_until(
             "the webhook configuration to list the SidecarSets",
             std::time::Duration::from_secs(30),

@@ -57,6 +57,8 @@ struct State {
     /// Each node's NodeImage as last taken in, by store revision (decoded or held): a
     /// pass reads again only the NodeImages that changed since.
     revisions: HashMap<String, u64>,
+    /// A pass has taken the NodeImages in.
+    passed: bool,
 }
 
 #[derive(Debug)]
@@ -471,24 +473,34 @@ impl crate::engines::Engine for NodeImageEngine {
         let cancels = {
             let mut state = self.lock();
             let state = &mut *state;
-            state.loaded.extend(snapshot.previous.keys().cloned());
-            state.revisions.extend(snapshot.revisions);
-            for node in &snapshot.gone {
-                state.revisions.remove(node);
-                state.with_node_image.remove(node);
-            }
-            for node in &snapshot.held {
-                state.with_node_image.remove(node);
-            }
-            state
-                .with_node_image
-                .extend(snapshot.changed.iter().map(|(node, _)| node.clone()));
             let synced = decide::sync(
                 &mut state.pulls,
                 &snapshot.changed,
                 &snapshot.gone,
                 &snapshot.previous,
             );
+            // Taken in only now that the pulls are synced: a pass that stopped short
+            // leaves these NodeImages to be read again.
+            state.loaded.extend(snapshot.previous.keys().cloned());
+            state.revisions.extend(snapshot.revisions);
+            for node in &snapshot.gone {
+                state.revisions.remove(node);
+                state.with_node_image.remove(node);
+                // A NodeImage made again under this name starts from its own status.
+                state.loaded.remove(node);
+            }
+            for node in &snapshot.held {
+                state.with_node_image.remove(node);
+            }
+            for (node, _) in &snapshot.changed {
+                // Back (it decodes again, or was made again) after the first pass: its
+                // status is written from the pulls, not left to the next report. At the
+                // start, agents' registrations mark theirs.
+                if state.with_node_image.insert(node.clone()) && state.passed {
+                    state.dirty.insert(node.clone());
+                }
+            }
+            state.passed = true;
             state.dirty.extend(synced.dirty);
             for (_, task) in &synced.cancel {
                 state.tasks.remove(task);

@@ -354,6 +354,8 @@ impl crate::engines::Engine for RecreateEngine {
                     Ok(()) if request == before => {}
                     Ok(()) if self.inner.beside_kruise_manager => {
                         if let Err(reason) = admission::matches_kruise_labels(&before, &request) {
+                            // Kept as stored: never relabelled for a pod it is not for.
+                            request = before;
                             refused.push((stored.key.clone(), reason));
                             pod_keys.extend(pod_key(&stored.key, &request));
                             new.push((stored.key, request, status));
