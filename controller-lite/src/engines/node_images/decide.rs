@@ -141,13 +141,17 @@ pub fn sync(
                             image_spec.pull_secrets.clone(),
                             &tag.tag,
                         );
-                        // After a restart: a tag already pulled at this version stays so.
+                        // After a restart: a tag that ended at this version stays as it
+                        // ended. Pulled, it is not pulled again; failed past its retries,
+                        // it is not tried again (as Kruise's daemon: a new version asks).
                         if let Some(done) = previous
                             .get(node)
                             .and_then(|s| s.image_statuses.get(image))
                             .and_then(|s| s.tags.iter().find(|t| t.tag == tag.tag))
                             .filter(|t| t.version == tag.version)
-                            .filter(|t| t.phase == NodePullPhase::Succeeded)
+                            .filter(|t| {
+                                matches!(t.phase, NodePullPhase::Succeeded | NodePullPhase::Failed)
+                            })
                         {
                             pull.status = done.clone();
                         }
@@ -466,25 +470,32 @@ mod tests {
     fn after_a_restart_a_tag_pulled_at_its_version_is_not_pulled_again() {
         let mut previous = BTreeMap::new();
         let mut status = NodeImageStatus::default();
+        let ended = |tag: &str, phase| ImageTagStatus {
+            tag: tag.into(),
+            phase,
+            version: 3,
+            ..ImageTagStatus::default()
+        };
         status.image_statuses.insert(
             "r.example/app".into(),
             ImageStatus {
-                tags: vec![ImageTagStatus {
-                    tag: "1".into(),
-                    phase: NodePullPhase::Succeeded,
-                    version: 3,
-                    ..ImageTagStatus::default()
-                }],
+                // Pulled; and failed past its retries (a helper's read found a restart
+                // sent it through all of them again).
+                tags: vec![
+                    ended("1", NodePullPhase::Succeeded),
+                    ended("2", NodePullPhase::Failed),
+                ],
             },
         );
         previous.insert("n1".to_owned(), status);
         let mut pulls = BTreeMap::new();
         sync(
             &mut pulls,
-            &[("n1".to_owned(), spec(&[("1", 3)], None))],
+            &[("n1".to_owned(), spec(&[("1", 3), ("2", 3)], None))],
             &[],
             &previous,
         );
+        assert_eq!(node_status(&pulls, "n1").failed, 1, "still said failed");
         let ready: HashSet<String> = ["n1".to_owned()].into();
         assert!(to_start(&pulls, &ready, SystemTime::UNIX_EPOCH, 4).is_empty());
         assert_eq!(
