@@ -540,15 +540,38 @@ fn cached_key(kind: &str, object: &DynamicObject) -> ObjectKey {
     )
 }
 
+/// A cached object as `route` stores it: the object itself, or its status (`None`: it
+/// has none yet).
+fn stored_cached(
+    store: &KubernetesStore,
+    route: &Route,
+    key: ObjectKey,
+    object: &DynamicObject,
+) -> Result<Option<Stored>, StoreError> {
+    match route {
+        Route::Status(_) => stored_status(store, key, object),
+        _ => stored_object(store, key, object).map(Some),
+    }
+}
+
+/// Whether `object` has a status (a null one is none).
+fn has_status(object: &DynamicObject) -> bool {
+    object
+        .data
+        .get("status")
+        .is_some_and(|status| !status.is_null())
+}
+
 /// An object's status as a stored record (`None`: it has none yet).
 fn stored_status(
     store: &KubernetesStore,
     key: ObjectKey,
     object: &DynamicObject,
 ) -> Result<Option<Stored>, StoreError> {
-    let Some(status) = object.data.get("status").filter(|s| !s.is_null()) else {
+    if !has_status(object) {
         return Ok(None);
-    };
+    }
+    let status = &object.data["status"];
     let revision = store.revision(&key, object)?;
     let object = encode(&key, status)?;
     Ok(Some(Stored {
@@ -643,18 +666,14 @@ impl Backend for KubernetesStore {
         let mut listing = crate::Listing::default();
         for object in self.cached(kind, resource).await? {
             let key = cached_key(kind, &object);
-            if matches!(route, Route::Status(_))
-                && object.data.get("status").is_none_or(Value::is_null)
-            {
+            if matches!(route, Route::Status(_)) && !has_status(&object) {
                 continue; // No status yet: not a stored status (as `list` has it).
             }
             let revision = self.revision(&key, &object)?;
             if !known(&key, revision) {
-                let stored = match route {
-                    Route::Status(_) => stored_status(self, key.clone(), &object)?,
-                    _ => Some(stored_object(self, key.clone(), &object)?),
-                };
-                listing.changed.extend(stored);
+                listing
+                    .changed
+                    .extend(stored_cached(self, &route, key.clone(), &object)?);
             }
             listing.present.push((key, revision));
         }
@@ -672,11 +691,7 @@ impl Backend for KubernetesStore {
                 };
                 for object in &self.cached(kind, resource).await? {
                     let key = cached_key(kind, object);
-                    let stored = match route {
-                        Route::Status(_) => stored_status(self, key, object)?,
-                        _ => Some(stored_object(self, key, object)?),
-                    };
-                    listed.extend(stored);
+                    listed.extend(stored_cached(self, &route, key, object)?);
                 }
             }
             Route::Record => {

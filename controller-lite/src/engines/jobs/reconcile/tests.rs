@@ -139,6 +139,18 @@ fn sent_to(effects: &Effects, cancels: bool) -> Vec<String> {
         .collect()
 }
 
+/// The ids of the tasks `effects` send.
+fn task_ids(effects: &Effects) -> Vec<&str> {
+    effects
+        .messages
+        .iter()
+        .filter_map(|(_, m)| match &m.message {
+            Some(controller_message::Message::Task(task)) => Some(task.id.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// One pass at the start of the test's time; the nodes that were sent a task.
 fn step(job: &mut JobState, views: &HashMap<String, NodeView>) -> Vec<String> {
     sent_to(&pass_at(job, views, at(0)), false)
@@ -477,15 +489,7 @@ fn a_node_back_from_a_loss_goes_on_with_the_attempt_it_held() {
     assert_eq!(back.phase, NodePullPhase::Pulling);
     assert_eq!((back.attempts, back.task_id.as_str()), (1, "u1/n1/1"));
     let effects = pass_at(&mut j, &views, at(9));
-    let resent: Vec<&str> = effects
-        .messages
-        .iter()
-        .filter_map(|(_, m)| match &m.message {
-            Some(controller_message::Message::Task(task)) => Some(task.id.as_str()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(resent, ["u1/n1/1"]);
+    assert_eq!(task_ids(&effects), ["u1/n1/1"]);
     let running = rigger_proto::v1::TaskStatus {
         id: "u1/n1/1".to_owned(),
         phase: rigger_proto::v1::TaskPhase::Succeeded.into(),
@@ -514,15 +518,11 @@ fn a_resend_asked_while_the_node_is_not_ready_yet_is_sent_once_it_is() {
     assert_eq!(j.status.nodes[0].phase, NodePullPhase::Pulling);
     views.get_mut("n1").unwrap().not_ready = None;
     let ready = pass_starting(&mut j, &views, &no_credentials(), at(2), true);
-    let resent: Vec<&str> = ready
-        .messages
-        .iter()
-        .filter_map(|(_, m)| match &m.message {
-            Some(controller_message::Message::Task(task)) => Some(task.id.as_str()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(resent, ["u1/n1/1"], "the same attempt, not a new one");
+    assert_eq!(
+        task_ids(&ready),
+        ["u1/n1/1"],
+        "the same attempt, not a new one"
+    );
     assert!(
         sent_to(&pass_at(&mut j, &views, at(3)), false).is_empty(),
         "once"
